@@ -1,0 +1,176 @@
+"""The `veritrain` command: parse arguments, call one library function, render, exit.
+
+Exit codes: 0 success; 1 the command ran and found a problem (failed run); 2 it could not start
+(bad usage, config or missing input); 130/143 interrupted by SIGINT/SIGTERM. Errors are one line on
+stderr (`error: ...`); `--json` prints exactly one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+import click
+
+from veritrain import __version__, logs
+from veritrain.errors import UserError, VeritrainError
+
+workdir_option = click.option(
+    "--workdir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Workspace folder holding runs/ and .veritrain/ (default: the current directory).",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; progress goes to stderr.")
+set_option = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY.PATH=VALUE",
+    help="Override a config value, e.g. --set train.epochs=5 (repeatable; values are YAML).",
+)
+config_argument = click.argument("config", required=False, type=click.Path(dir_okay=True))
+
+
+def emit_json(payload: Any) -> None:
+    click.echo(json.dumps(payload, indent=2, sort_keys=False))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="veritrain", message="%(prog)s %(version)s")
+def cli() -> None:
+    """veritrain: verifiable training for PyTorch.
+
+    Every run is recorded in runs/<run_id>/ with its config, data version, environment, logs,
+    metrics, checkpoints and a record.json that lists every file with its SHA-256.
+    """
+
+
+@cli.command("run")
+@config_argument
+@set_option
+@workdir_option
+@json_option
+def run_command(config: Optional[str], overrides: tuple[str, ...], workdir: Optional[str], as_json: bool) -> int:
+    """Prepare data, train and evaluate: one recorded run.
+
+    CONFIG is a YAML run config; without it the built-in default runs (scikit-learn's bundled digits,
+    the same as configs/digits.yaml).
+
+    \b
+    Example:
+      veritrain run configs/digits.yaml --set train.epochs=5
+    """
+    from veritrain import pipeline
+    from veritrain.config import load_config
+    from veritrain.workspace import Workspace
+
+    resolved = load_config(config, overrides)
+    workspace = Workspace.open(workdir)
+    outcome = pipeline.run(resolved, workspace, pipeline.python_argv())
+    if as_json:
+        emit_json(outcome.summary)
+    _render_run_summary(outcome)
+    if outcome.error is not None:
+        if outcome.record["status"] == "interrupted":
+            logs.console.print(f"run {outcome.summary['run_id']} interrupted; its record is in {outcome.summary['run_dir']}", markup=False)
+        raise outcome.error
+    return 0
+
+
+def _render_run_summary(outcome: Any) -> None:
+    from rich.table import Table
+
+    summary, record = outcome.summary, outcome.record
+    table = Table(title=f"run {summary['run_id']}", show_header=False, title_justify="left")
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("status", summary["status"])
+    table.add_row("experiment", str(record.get("exp_name")))
+    for split, metrics in summary["metrics"].items():
+        for name, value in metrics.items():
+            if isinstance(value, float):
+                table.add_row(f"{split} {name}", f"{value:.4f}")
+    training = record.get("training") or {}
+    if training:
+        best = training["best_metric"]
+        table.add_row("best epoch", f"{training['best_epoch']} ({best['name']} {best['value']:.4f})")
+    table.add_row("data version", summary["data_version"] or "-")
+    table.add_row("final state", summary["final_state_sha256"] or "-")
+    table.add_row("duration", f"{outcome.seconds:.1f}s")
+    table.add_row("run dir", summary["run_dir"])
+    table.add_row("record", f"{summary['run_dir']}/record.json")
+    table.add_row("seal", outcome.seal)
+    logs.console.print(table)
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Inspect run configs."""
+
+
+@config_group.command("show")
+@config_argument
+@set_option
+@workdir_option
+@json_option
+def config_show(config: Optional[str], overrides: tuple[str, ...], workdir: Optional[str], as_json: bool) -> int:
+    """Print the resolved config (defaults filled in, overrides applied, validated).
+
+    \b
+    Example:
+      veritrain config show configs/digits.yaml --set optim.lr=0.01
+    """
+    from veritrain.config import load_config, to_yaml
+
+    resolved = load_config(config, overrides)
+    if as_json:
+        emit_json({"config": resolved.as_dict(), "config_hash": resolved.hash, "source": resolved.source_label})
+    else:
+        click.echo(f"# {resolved.source_label}, config_hash {resolved.hash}")
+        click.echo(to_yaml(resolved.config), nl=False)
+    return 0
+
+
+@config_group.command("keys")
+@workdir_option
+@json_option
+def config_keys(workdir: Optional[str], as_json: bool) -> int:
+    """List every config key with its type, default and meaning (the table in docs/config.md).
+
+    \b
+    Example:
+      veritrain config keys
+    """
+    from veritrain.config import reference_markdown, reference_rows
+
+    if as_json:
+        emit_json({"keys": [dict(zip(("key", "type", "default", "meaning"), row)) for row in reference_rows()]})
+    else:
+        click.echo(reference_markdown(), nl=False)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    logs.setup_console_logging()
+    try:
+        code = cli.main(args=argv, prog_name="veritrain", standalone_mode=False)
+    except click.exceptions.Exit as err:
+        code = err.exit_code
+    except click.UsageError as err:
+        command = err.ctx.command_path if err.ctx else "veritrain"
+        _error(f"{command}: {err.format_message()}; see `{command} --help`", UserError.exit_code)
+    except click.Abort:
+        _error("interrupted", 130)
+    except VeritrainError as err:
+        _error(str(err), err.exit_code)
+    except KeyboardInterrupt:
+        _error("interrupted by SIGINT", 130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _error(message: str, code: int) -> None:
+    sys.stdout.flush()
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(code)

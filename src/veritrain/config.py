@@ -1,0 +1,438 @@
+"""Run configuration: small typed sections composed into one `RunConfig`.
+
+A config is a YAML file (read with `yaml.safe_load`) plus `--set key.path=value` overrides. Every
+field is declared once below with its type, default, range and meaning; unknown keys, wrong types
+and out-of-range values are refused with one line naming the file (or `--set`) and the key path:
+
+    error: configs/x.yaml: train.epochs: expected an integer ≥ 1, got 'abc'
+
+Try it: `veritrain config show configs/digits.yaml --set train.epochs=3`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import annotated_types
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from veritrain.errors import ConfigError
+from veritrain.hashing import sha256_json
+
+# The built-in default config is the one shipped as configs/digits.yaml; its experiment name
+# follows the same rule as a file's (the file name without extension).
+DEFAULT_CONFIG_NAME = "digits"
+
+PositiveInt = typing.Annotated[int, annotated_types.Ge(1)]
+
+
+class Section(BaseModel):
+    """Base for config sections: unknown keys are errors, numbers given for text fields are kept as text."""
+
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, validate_default=True)
+
+
+class DataConfig(Section):
+    source: str = Field("digits", description="where samples come from: `digits` (scikit-learn's bundled 8×8 digits)")
+    root: Optional[str] = Field(
+        None,
+        description="folder of the raw data; relative paths resolve against the config file's folder "
+        "(against the current directory when given with --set). Unused by `digits`",
+    )
+    split_seed: int = Field(
+        0, description="seed of the train/val/test split; separate from `seed` so a new training seed keeps the data version"
+    )
+    split_ratios: tuple[float, float, float] = Field(
+        (0.8, 0.1, 0.1), description="fractions of each class in train, val and test; must sum to 1"
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _known_source(cls, value: str) -> str:
+        from veritrain.data.sources import SOURCES
+
+        if value not in SOURCES:
+            raise ValueError(f"expected one of {_quoted(sorted(SOURCES))}, got {value!r}")
+        return value
+
+    @field_validator("split_ratios")
+    @classmethod
+    def _ratios_sum_to_one(cls, value: tuple[float, float, float]) -> tuple[float, float, float]:
+        if any(r < 0 for r in value) or value[0] <= 0:
+            raise ValueError(f"expected three fractions ≥ 0 with train > 0, got {list(value)}")
+        if abs(sum(value) - 1.0) > 1e-6:
+            raise ValueError(f"expected fractions that sum to 1, got {list(value)} (sum {sum(value):g})")
+        return value
+
+
+class ModelConfig(Section):
+    name: Literal["mlp", "cnn"] = Field(
+        "cnn", description="`cnn`: blocks of Conv3×3 (no bias) → BatchNorm → ReLU → MaxPool(2), global average pooling, linear head; `mlp`: fully connected layers on flattened inputs"
+    )
+    widths: list[PositiveInt] = Field(
+        [32, 64, 128], min_length=1, description="cnn: output channels of each conv block, one entry per block"
+    )
+    hidden: list[PositiveInt] = Field(
+        [256], description="mlp: widths of the hidden layers (empty list: a linear model)"
+    )
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the output layer")
+
+
+class OptimConfig(Section):
+    name: Literal["sgd", "adamw"] = Field("adamw", description="optimizer")
+    lr: float = Field(3e-3, gt=0.0, description="peak learning rate (reached after warmup)")
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="sgd: momentum; adamw: beta1")
+    weight_decay: float = Field(5e-4, ge=0.0, description="decoupled for adamw, L2 for sgd")
+    nesterov: bool = Field(False, description="sgd: use Nesterov momentum")
+
+
+class ScheduleConfig(Section):
+    name: Literal["cosine", "constant"] = Field(
+        "cosine", description="learning-rate schedule over all optimizer steps: `cosine` decays to 0, `constant` keeps lr"
+    )
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup from 0 to lr, before the schedule")
+
+
+class TrainConfig(Section):
+    epochs: int = Field(15, ge=1, description="passes over the train split")
+    batch_size: int = Field(64, ge=1, description="samples per optimizer step")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="`auto` takes CUDA when available, else the CPU"
+    )
+    threads: Optional[int] = Field(
+        None, ge=1, description="CPU threads for torch (intra-op); null leaves torch's default. Results are bit-exact only for the same value"
+    )
+    deterministic: bool = Field(
+        True, description="use only deterministic kernels (`torch.use_deterministic_algorithms`); same seed → same weights"
+    )
+
+
+class EvalConfig(Section):
+    split: Literal["test", "val"] = Field("test", description="split the final evaluation reports on")
+    batch_size: int = Field(512, ge=1, description="samples per forward pass during validation and evaluation")
+
+
+class RunConfig(Section):
+    exp_name: Optional[str] = Field(
+        None, description="experiment family this run belongs to; null: the config file's name (`digits` for the built-in default)"
+    )
+    seed: int = Field(0, description="seed of model init, data order and augmentation")
+    task: str = Field("classification", description="what is learned: `classification`")
+    data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="training loop")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        from veritrain.tasks import TASKS
+
+        if value not in TASKS:
+            raise ValueError(f"expected one of {_quoted(sorted(TASKS))}, got {value!r}")
+        return value
+
+
+
+
+# ---------------------------------------------------------------- loading
+
+
+@dataclass
+class ResolvedConfig:
+    """A validated config together with where it came from."""
+
+    config: RunConfig
+    path: Optional[Path]  # the YAML file, None for the built-in default
+    overrides: list[str] = field(default_factory=list)  # the --set arguments, as given
+    data_root: Optional[Path] = None  # data.root made absolute (see DataConfig.root)
+
+    @property
+    def source_label(self) -> str:
+        return str(self.path) if self.path else "<default>"
+
+    def as_dict(self) -> dict[str, Any]:
+        return config_dict(self.config)
+
+    @property
+    def hash(self) -> str:
+        return config_hash(self.config)
+
+
+def config_dict(config: RunConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json")
+
+
+def config_hash(config: RunConfig) -> str:
+    """SHA-256 of the resolved config in canonical JSON: equal configs hash equal, however written."""
+    return sha256_json(config_dict(config))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ResolvedConfig:
+    """Read a YAML config (or the built-in default), apply `--set` overrides, validate.
+
+    Raises ConfigError with a one-line, located message on any problem.
+    """
+    source = str(path) if path is not None else "<default>"
+    raw: dict[str, Any] = {}
+    file_path: Optional[Path] = None
+    if path is not None:
+        file_path = Path(path)
+        raw = _read_yaml(file_path)
+
+    overridden: set[str] = set()
+    root_from_set = False
+    for item in overrides:
+        key, value = _parse_override(item)
+        _apply_override(raw, key, value)
+        overridden.add(key)
+        root_from_set |= key in ("data", "data.root")
+
+    try:
+        config = RunConfig.model_validate(raw)
+    except ValidationError as err:
+        raise _config_error(err, raw, source, overridden) from None
+
+    if config.exp_name is None:
+        name = file_path.stem if file_path else DEFAULT_CONFIG_NAME
+        config = config.model_copy(update={"exp_name": name})
+
+    data_root = None
+    if config.data.root is not None:
+        root = Path(config.data.root).expanduser()
+        if not root.is_absolute():
+            base = Path.cwd() if (root_from_set or file_path is None) else file_path.resolve().parent
+            root = base / root
+        data_root = root.resolve()
+    return ResolvedConfig(config=config, path=file_path, overrides=list(overrides), data_root=data_root)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(str(path), None, "file not found; give the path of a YAML config, or none for the built-in default")
+    if path.is_dir():
+        raise ConfigError(str(path), None, "is a folder; give the path of a YAML config file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(str(path), None, f"cannot read the file ({err.__class__.__name__}: {err}); check its permissions and encoding (UTF-8)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(str(path), where, f"invalid YAML: {problem}; fix the syntax there") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), None, f"expected a mapping of keys (seed, data, model, ...) at the top level, got {_kind(data)}")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError("--set", item, "expected KEY.PATH=VALUE, e.g. --set train.epochs=5")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text  # not YAML: keep the text; validation says what was expected
+    return key, value
+
+
+def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            prefix = ".".join(parts[: depth + 1])
+            raise ConfigError("--set", key, f"{prefix} is a value, not a section; set {prefix}=... instead")
+        node = child
+    node[parts[-1]] = value
+
+
+# ---------------------------------------------------------------- error messages
+
+
+def _config_error(err: ValidationError, raw: dict[str, Any], source: str, overridden: set[str]) -> ConfigError:
+    first = err.errors()[0]
+    loc = [p for p in first["loc"] if isinstance(p, str)]
+    # report at the level of a declared field: `model.widths`, not `model.widths.1`
+    model: type[BaseModel] = RunConfig
+    field_path: list[str] = []
+    field_info = None
+    for part in loc:
+        if field_info is not None:
+            sub = _section_type(field_info.annotation)
+            if sub is None:
+                break
+            model = sub
+        if part not in model.model_fields:
+            field_path.append(part)
+            field_info = None
+            break
+        field_path.append(part)
+        field_info = model.model_fields[part]
+    key = ".".join(field_path) if field_path else "(top level)"
+    origin = "--set" if any(key == o or key.startswith(o + ".") or o.startswith(key + ".") for o in overridden) else source
+
+    if first["type"] == "extra_forbidden":
+        valid = list(model.model_fields)
+        close = difflib.get_close_matches(field_path[-1], valid, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        scope = ".".join(field_path[:-1]) or "the top level"
+        return ConfigError(origin, key, f"unknown key; {hint}valid keys in {scope}: {', '.join(valid)}")
+
+    value = _lookup(raw, field_path)
+    if field_info is not None and first["type"] == "value_error":
+        message = str(first["ctx"]["error"]) if "ctx" in first else first["msg"]
+        return ConfigError(origin, key, message)
+    if field_info is not None:
+        return ConfigError(origin, key, f"expected {describe_field(field_info)}, got {_shown(value)}")
+    return ConfigError(origin, key, first["msg"])
+
+
+def _section_type(annotation: Any) -> Optional[type[BaseModel]]:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _lookup(raw: Any, path: list[str]) -> Any:
+    for part in path:
+        if not isinstance(raw, dict) or part not in raw:
+            return None
+        raw = raw[part]
+    return raw
+
+
+def describe_field(info: Any) -> str:
+    """Human description of a field's type and range, e.g. 'an integer ≥ 1'."""
+    return _describe(info.annotation) + _constraints(info.metadata)
+
+
+def _constraints(metadata: list[Any]) -> str:
+    words = []
+    for item in metadata:
+        for attr, symbol in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            bound = getattr(item, attr, None)
+            if bound is not None:
+                words.append(f"{symbol} {bound:g}" if isinstance(bound, float) else f"{symbol} {bound}")
+        if getattr(item, "min_length", None):
+            words.append(f"with at least {item.min_length} item(s)")
+    return (" " + " and ".join(words)) if words else ""
+
+
+def _describe(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _describe(args[0]) + _constraints(list(args[1:]))
+    if origin is Literal:
+        return f"one of {_quoted(args)}"
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        text = " or ".join(_describe(a) for a in inner)
+        return text + " or null" if len(inner) < len(args) else text
+    if origin is list:
+        return f"a list of {_plural(args[0])}"
+    if origin is tuple:
+        return f"a list of {len(args)} {_plural(args[0])}"
+    if _section_type(annotation):
+        return f"a section (mapping) with keys {', '.join(annotation.model_fields)}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
+
+
+def _plural(annotation: Any) -> str:
+    text = _describe(annotation)
+    for article in ("an ", "a "):
+        if text.startswith(article):
+            noun, _, rest = text[len(article):].partition(" ")
+            return f"{noun}s {rest}".strip()
+    return text
+
+
+def _quoted(values: Any) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+def _kind(value: Any) -> str:
+    return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(type(value), type(value).__name__)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+# ---------------------------------------------------------------- display
+
+
+def compact(config: RunConfig) -> str:
+    """One line per section, for the start of a run: `train: epochs=15 batch_size=64 ...`."""
+    data = config_dict(config)
+    top = " ".join(f"{k}={_short(v)}" for k, v in data.items() if not isinstance(v, dict))
+    lines = [top] + [
+        f"{name}: " + " ".join(f"{k}={_short(v)}" for k, v in section.items())
+        for name, section in data.items()
+        if isinstance(section, dict)
+    ]
+    return "\n".join(lines)
+
+
+def _short(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+class _FlowListDumper(yaml.SafeDumper):
+    """Sections as block mappings, lists on one line: `widths: [32, 64, 128]`."""
+
+
+_FlowListDumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True)
+)
+
+
+def to_yaml(config: RunConfig) -> str:
+    return yaml.dump(config_dict(config), Dumper=_FlowListDumper, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def reference_rows(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key path, type, default, meaning) for every leaf key: the source of docs/config.md."""
+    rows = []
+    for name, info in model.model_fields.items():
+        path = prefix + name
+        sub = _section_type(info.annotation)
+        if sub is not None:
+            rows.extend(reference_rows(sub, path + "."))
+            continue
+        default = info.get_default(call_default_factory=True)
+        shown = json.dumps(list(default) if isinstance(default, tuple) else default)
+        rows.append((path, describe_field(info), shown, info.description or ""))
+    return rows
+
+
+def reference_markdown() -> str:
+    lines = [
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for key, kind, default, meaning in reference_rows():
+        lines.append(f"| `{key}` | {kind} | `{default}` | {meaning} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,55 @@
+"""Console and log file: people read stderr, `train.log` in the run keeps everything (debug included).
+
+stdout is reserved for the one JSON document of `--json`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console(stderr=True, highlight=False)
+log = logging.getLogger("veritrain")
+FILE_ONLY = {"console": False}  # `log.x(..., extra=FILE_ONLY)`: keep a line out of the console
+
+
+class ConsoleHandler(logging.Handler):
+    """INFO and above to the console (through rich, so progress bars stay intact)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "console", True) is False:
+            return
+        try:
+            message = self.format(record)
+            if record.levelno >= logging.WARNING:
+                console.print(f"{record.levelname.lower()}: {message}", style="yellow", markup=False, soft_wrap=True)
+            else:
+                console.print(message, markup=False, soft_wrap=True)
+        except Exception:  # a logging failure must never end a run
+            self.handleError(record)
+
+
+def setup_console_logging() -> None:
+    if any(isinstance(h, ConsoleHandler) for h in log.handlers):
+        return
+    handler = ConsoleHandler(level=logging.INFO)
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+
+
+def attach_file(path: Path) -> logging.Handler:
+    """Send everything (DEBUG and up, with timestamps) to `path` until `detach` is called."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    return handler
+
+
+def detach(handler: logging.Handler) -> None:
+    log.removeHandler(handler)
+    handler.close()

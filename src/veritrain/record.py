@@ -1,0 +1,136 @@
+"""The run record: `runs/<run_id>/record.json` (schema in docs/record.md) and its seal `record.sha256`.
+
+`record.json` is written in canonical form (sorted keys, 2-space indent, UTF-8, trailing newline);
+`record.sha256` holds the hex SHA-256 of its exact bytes. `artifacts` lists every other file of the
+run with its SHA-256 and size, so a changed, missing or added file can be detected.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain import __version__
+from veritrain.hashing import sha256_file
+
+RECORD_VERSION = 1
+RECORD_FILE = "record.json"
+SEAL_FILE = "record.sha256"
+STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def artifact_table(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """relative path → {sha256, size} for every file except the record and its seal."""
+    table = {}
+    for path in sorted(run_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(run_dir).as_posix()
+        if rel in (RECORD_FILE, SEAL_FILE):
+            continue
+        table[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    return table
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> str:
+    """Refresh `artifacts`, write record.json atomically, then its seal; returns the seal (hex SHA-256)."""
+    record["artifacts"] = artifact_table(run_dir)
+    data = record_bytes(record)
+    _atomic_write(run_dir / RECORD_FILE, data)
+    seal = hashlib.sha256(data).hexdigest()
+    _atomic_write(run_dir / SEAL_FILE, (seal + "\n").encode())
+    return seal
+
+
+def read_record(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- environment and code
+
+
+def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:
+    """The environment summary for the record, and the installed package list (`name==version` lines)."""
+    packages = sorted(
+        {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata.get("Name")},
+        key=str.lower,
+    )
+    package_list = "".join(p + "\n" for p in packages)
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "packages_sha256": hashlib.sha256(package_list.encode()).hexdigest(),
+        "device": device,
+    }
+    if "torch" in sys.modules:
+        import torch
+
+        env["torch"] = torch.__version__
+        env["torch_threads"] = torch.get_num_threads()
+        env["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return env, package_list
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def capture_code(workspace_root: Path) -> dict[str, Any]:
+    """veritrain's version and the git state of the workspace (null outside git).
+
+    The workspace's own `runs/`, `.veritrain/` and `experiments.md` never count as dirty.
+    """
+    code: dict[str, Any] = {"veritrain": __version__, "git_commit": None, "git_dirty": None}
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(workspace_root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
+        if commit.returncode != 0:
+            return code
+        status = subprocess.run(
+            ["git", "-C", str(workspace_root), "status", "--porcelain", "--",
+             ":(exclude)runs", ":(exclude).veritrain", ":(exclude)experiments.md"],
+            capture_output=True, text=True, timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return code
+    code["git_commit"] = commit.stdout.strip()
+    code["git_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
+    return code

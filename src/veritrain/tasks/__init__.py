@@ -1,0 +1,61 @@
+"""Tasks: what is learned. The rest of veritrain (workspace, records, data versions, training loop,
+CLI) only talks to a task through the `Task` protocol below, so a new task (regression, a language
+model) plugs in with `register_task` without touching the core.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from veritrain.config import ModelConfig
+    from veritrain.data.prepare import DataVersion
+
+
+class Task(Protocol):
+    name: str
+    # per-epoch metrics besides the loss, summed by `batch_stats` and divided by the sample count;
+    # logged as train_<name> and val_<name> in metrics.jsonl
+    epoch_metrics: tuple[str, ...]
+    # (metrics.jsonl key, "max" | "min") that picks checkpoints/best.pt
+    best_metric: tuple[str, str]
+
+    def build_model(self, cfg: "ModelConfig", data: "DataVersion") -> "torch.nn.Module": ...
+
+    def batch(
+        self, data: "DataVersion", rows: "np.ndarray", device: "torch.device", train: bool, generator: "torch.Generator"
+    ) -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Model inputs and targets for these rows of the data version (augmented when `train`)."""
+        ...
+
+    def loss(self, outputs: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
+        """Mean loss over the batch."""
+        ...
+
+    def batch_stats(self, outputs: "torch.Tensor", targets: "torch.Tensor") -> dict[str, float]:
+        """Sums over the batch for each of `epoch_metrics` (e.g. the number of correct predictions)."""
+        ...
+
+    def metrics(self, outputs: "torch.Tensor", targets: "torch.Tensor", data: "DataVersion") -> dict[str, Any]:
+        """Final evaluation metrics from all outputs of a split (e.g. accuracy, macro_f1, loss)."""
+        ...
+
+
+def _classification() -> Task:
+    from veritrain.tasks.classification import ClassificationTask
+
+    return ClassificationTask()
+
+
+TASKS: dict[str, Callable[[], Task]] = {"classification": _classification}
+
+
+def register_task(name: str, factory: Callable[[], Task]) -> None:
+    TASKS[name] = factory
+
+
+def get_task(name: str) -> Task:
+    return TASKS[name]()

@@ -1,0 +1,1 @@
+"""The training stage: `veritrain.train.loop.run` (the loop written out) and checkpoint files."""

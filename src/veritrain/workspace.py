@@ -1,0 +1,85 @@
+"""The workspace: a folder holding `runs/<run_id>/`, and veritrain's own state in `.veritrain/`.
+
+`.veritrain/data/<version>/` stores prepared data versions (content-addressed, immutable);
+`.veritrain/locks/<run_id>.lock` marks a run that a live process is writing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from veritrain.errors import UserError
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @classmethod
+    def open(cls, workdir: str | Path | None) -> "Workspace":
+        root = Path(workdir or ".").expanduser()
+        if root.exists() and not root.is_dir():
+            raise UserError(f"--workdir {root}: not a folder; give a folder for runs and .veritrain/")
+        root.mkdir(parents=True, exist_ok=True)
+        return cls(root.resolve())
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".veritrain"
+
+    @property
+    def data_store(self) -> Path:
+        path = self.state_dir / "data"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def new_run_dir(self) -> tuple[str, Path]:
+        """Create `runs/<run_id>/`; the id sorts by start time (UTC, milliseconds) and a random
+        suffix keeps parallel starts apart (the folder is created exclusively, so never shared)."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            now = datetime.now(timezone.utc)
+            run_id = now.strftime("%Y%m%d-%H%M%S-") + f"{now.microsecond // 1000:03d}-" + secrets.token_hex(3)
+            path = self.runs_dir / run_id
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return run_id, path
+
+    def lock_run(self, run_id: str) -> Path:
+        locks = self.state_dir / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        lock = locks / f"{run_id}.lock"
+        lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n", encoding="utf-8")
+        return lock
+
+    def unlock_run(self, run_id: str) -> None:
+        (self.state_dir / "locks" / f"{run_id}.lock").unlink(missing_ok=True)
+
+    def resolve_run(self, ref: str) -> Path:
+        """A run by full id, unique id prefix, `latest`, or a run directory path."""
+        candidate = Path(ref).expanduser()
+        if candidate.is_dir() and (candidate / "record.json").exists():
+            return candidate.resolve()
+        runs = sorted(p for p in self.runs_dir.glob("*") if (p / "record.json").exists()) if self.runs_dir.exists() else []
+        if ref == "latest":
+            if not runs:
+                raise UserError(f"latest: no runs in {self.runs_dir}; start one with `veritrain run`")
+            return runs[-1]
+        matches = [p for p in runs if p.name.startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise UserError(f"{ref}: no such run in {self.runs_dir}; give a run id, a unique prefix, `latest` or a run folder")
+        raise UserError(f"{ref}: matches {len(matches)} runs ({', '.join(p.name for p in matches[:3])}, ...); give a longer prefix")
