@@ -14,7 +14,7 @@ from typing import Any, Optional
 import click
 
 from veritrain import __version__, logs
-from veritrain.errors import UserError, VeritrainError
+from veritrain.errors import Interrupted, UserError, VeritrainError
 
 workdir_option = click.option(
     "--workdir",
@@ -163,7 +163,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         _error(f"{command}: {err.format_message()}; see `{command} --help`", UserError.exit_code)
     except click.Abort:
         _error("interrupted", 130)
-    except VeritrainError as err:
+    except (VeritrainError, Interrupted) as err:
         _error(str(err), err.exit_code)
     except KeyboardInterrupt:
         _error("interrupted by SIGINT", 130)

@@ -254,13 +254,16 @@ def _parse_override(item: str) -> tuple[str, Any]:
 def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     node = raw
+    schema: Optional[type[BaseModel]] = RunConfig  # None once the path leaves the declared sections
     for depth, part in enumerate(parts[:-1]):
+        prefix = ".".join(parts[: depth + 1])
+        info = schema.model_fields.get(part) if schema else None
+        schema = _section_type(info.annotation) if info else None
         child = node.get(part)
+        if (info is not None and schema is None) or (child is not None and not isinstance(child, dict)):
+            raise ConfigError("--set", key, f"{prefix} is a value, not a section; set {prefix}=... instead")
         if child is None:
             child = node[part] = {}
-        if not isinstance(child, dict):
-            prefix = ".".join(parts[: depth + 1])
-            raise ConfigError("--set", key, f"{prefix} is a value, not a section; set {prefix}=... instead")
         node = child
     node[parts[-1]] = value
 
@@ -320,7 +323,14 @@ def _lookup(raw: Any, path: list[str]) -> Any:
 
 def describe_field(info: Any) -> str:
     """Human description of a field's type and range, e.g. 'an integer ≥ 1'."""
-    return _describe(info.annotation) + _constraints(info.metadata)
+    annotation = info.annotation
+    optional = typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in typing.get_args(annotation)
+    if optional:
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+    text = _describe(annotation) + _constraints(info.metadata)
+    if any(getattr(item, "min_length", None) == 1 for item in info.metadata) and text.startswith("a list"):
+        text = "a non-empty list" + text[len("a list"):]
+    return text + (" or null" if optional else "")
 
 
 def _constraints(metadata: list[Any]) -> str:
@@ -330,8 +340,8 @@ def _constraints(metadata: list[Any]) -> str:
             bound = getattr(item, attr, None)
             if bound is not None:
                 words.append(f"{symbol} {bound:g}" if isinstance(bound, float) else f"{symbol} {bound}")
-        if getattr(item, "min_length", None):
-            words.append(f"with at least {item.min_length} item(s)")
+        if (getattr(item, "min_length", None) or 0) > 1:
+            words.append(f"with at least {item.min_length} items")
     return (" " + " and ".join(words)) if words else ""
 
 

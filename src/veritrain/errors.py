@@ -1,7 +1,7 @@
 """Errors that the CLI turns into one-line messages and exit codes.
 
 A `UserError` means the command could not start (bad usage, config or input: exit 2); a `RunFailed`
-means it ran and found a problem (exit 1); `Interrupted` carries the signal that stopped it
+means it ran and found a problem (exit 1); `Interrupted` (not an Exception) carries the signal that stopped it
 (exit 130 for SIGINT, 143 for SIGTERM). Anything else is a bug and is logged with its traceback.
 """
 
@@ -37,13 +37,14 @@ class RunFailed(VeritrainError):
     exit_code = 1
 
 
-class Interrupted(VeritrainError):
-    """Stopped by SIGINT or SIGTERM; exit code follows the shell convention 128 + signal number."""
+class Interrupted(BaseException):
+    """Stopped by SIGINT or SIGTERM; exit code follows the shell convention 128 + signal number.
+
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way (a logging
+    handler, a library) can swallow it.
+    """
 
     def __init__(self, signum: int):
         self.signum = signum
+        self.exit_code = 128 + signum
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
-
-    @property
-    def exit_code(self) -> int:  # type: ignore[override]
-        return 128 + self.signum

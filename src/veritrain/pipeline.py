@@ -35,7 +35,7 @@ class RunOutcome:
     record: dict[str, Any]
     seal: str
     seconds: float
-    error: Optional[VeritrainError] = None  # set when the run did not complete
+    error: Optional[VeritrainError | Interrupted] = None  # set when the run did not complete
 
 
 def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunOutcome:
@@ -75,7 +75,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
         "events": [],
         "error": None,
     }
-    error: Optional[VeritrainError] = None
+    error: Optional[VeritrainError | Interrupted] = None
     try:
         with interruptible() as stop:
             import torch  # noqa: F401  (imported here so the environment below names its version)

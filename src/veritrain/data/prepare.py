@@ -71,7 +71,7 @@ def run(data_cfg: Any, data_root: Optional[Path], store_dir: Path) -> DataVersio
     if n == 0:
         raise RunFailed(f"data: source {data_cfg.source!r} has no samples; check data.root")
     strata = source.targets.tolist() if source.classes is not None else None
-    split_names = stratified_split(strata, n, data_cfg.split_ratios, data_cfg.split_seed)
+    split_names = stratified_split(strata, n, data_cfg.split_ratios, data_cfg.split_seed, source.classes)
     labels = source.label_names()
     preprocessing = preprocessing_config(data_cfg, source.preprocessing)
 

@@ -11,7 +11,9 @@ from veritrain.errors import RunFailed
 SPLITS = ("train", "val", "test")
 
 
-def stratified_split(strata: Optional[Sequence[int]], n: int, ratios: Sequence[float], seed: int) -> list[str]:
+def stratified_split(
+    strata: Optional[Sequence[int]], n: int, ratios: Sequence[float], seed: int, names: Optional[Sequence[str]] = None
+) -> list[str]:
     """Assign each of `n` samples to a split name.
 
     Within each stratum (class), samples are shuffled with a generator seeded by `seed` and cut by
@@ -22,11 +24,12 @@ def stratified_split(strata: Optional[Sequence[int]], n: int, ratios: Sequence[f
     labels = np.zeros(n, dtype=np.int64) if strata is None else np.asarray(strata)
     assignment = np.empty(n, dtype=object)
     for stratum in np.unique(labels):
+        shown = repr(names[stratum]) if names is not None else f"{int(stratum)!r}"
         members = np.flatnonzero(labels == stratum)
         needed = 1 + sum(1 for r in ratios[1:] if r > 0)
         if len(members) < needed:
             raise RunFailed(
-                f"data: class {stratum!r} has {len(members)} sample(s), too few for a split with ratios {list(ratios)}; "
+                f"data: class {shown} has {len(members)} sample(s), too few for a split with ratios {list(ratios)}; "
                 "add samples or set data.split_ratios"
             )
         members = members[rng.permutation(len(members))]
@@ -35,7 +38,7 @@ def stratified_split(strata: Optional[Sequence[int]], n: int, ratios: Sequence[f
         n_train = len(members) - n_val - n_test
         if n_train < 1:
             raise RunFailed(
-                f"data: class {stratum!r} has {len(members)} sample(s), none left for train with ratios {list(ratios)}; "
+                f"data: class {shown} has {len(members)} sample(s), none left for train with ratios {list(ratios)}; "
                 "add samples or raise the train ratio in data.split_ratios"
             )
         assignment[members[:n_train]] = "train"

@@ -153,12 +153,11 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             epoch_started = time.perf_counter()
             order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
             augment_generator = epoch_generator(cfg.seed, epoch, 1)
-            progress.reset(bar, total=len(starts), epoch=f"{epoch}/{tcfg.epochs}", loss="-", rate="-")
-            model.train()
-            loss_sum, seen = 0.0, 0
-            stat_sums = {name: 0.0 for name in task.epoch_metrics}
-
-            with stop.deferred():
+            with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
+                progress.reset(bar, total=len(starts), epoch=f"{epoch}/{tcfg.epochs}", loss="-", rate="-")
+                model.train()
+                loss_sum, seen = 0.0, 0
+                stat_sums = {name: 0.0 for name in task.epoch_metrics}
                 for start in starts:
                     rows = order[start : start + tcfg.batch_size]
                     x, y = task.batch(data, rows, device, True, augment_generator)
@@ -183,33 +182,33 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                     progress.update(bar, advance=1, loss=f"{loss_value:.4f}", rate=f"{seen / max(elapsed, 1e-9):,.0f}")
                     stop.check()
 
-            row: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": loss_sum / seen}
-            row.update({f"train_{name}": total / seen for name, total in stat_sums.items()})
-            if has_val:
-                val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
-                row["val_loss"] = float(task.loss(val_out, val_y))
-                row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
-            row["lr"] = optimizer.param_groups[0]["lr"]
-            row["seconds"] = round(time.perf_counter() - epoch_started, 4)
-            history.append(row)
-            with open(metrics_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+                row: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": loss_sum / seen}
+                row.update({f"train_{name}": total / seen for name, total in stat_sums.items()})
+                if has_val:
+                    val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
+                    row["val_loss"] = float(task.loss(val_out, val_y))
+                    row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
+                row["lr"] = optimizer.param_groups[0]["lr"]
+                row["seconds"] = round(time.perf_counter() - epoch_started, 4)
+                history.append(row)
+                with open(metrics_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
 
-            value = row[best_key]
-            improved = best_value is None or (value > best_value if best_mode == "max" else value < best_value)
-            state = _checkpoint_state(cfg, data, model, optimizer, schedule, epoch, step, best_value if not improved else value)
-            save_started = time.perf_counter()
-            checkpoint.save(state, run_dir / "checkpoints" / "last.pt")
-            if improved:
-                best_value, best_epoch = value, epoch
-                checkpoint.save(state, run_dir / "checkpoints" / "best.pt")
-            log.info(
-                "epoch %d/%d  %s  (%.1fs, checkpoint %.2fs%s)",
-                epoch, tcfg.epochs,
-                "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")) + f"  lr {row['lr']:.2e}",
-                row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
-            )
-            stop.check()
+                value = row[best_key]
+                improved = best_value is None or (value > best_value if best_mode == "max" else value < best_value)
+                state = _checkpoint_state(cfg, data, model, optimizer, schedule, epoch, step, best_value if not improved else value)
+                save_started = time.perf_counter()
+                checkpoint.save(state, run_dir / "checkpoints" / "last.pt")
+                if improved:
+                    best_value, best_epoch = value, epoch
+                    checkpoint.save(state, run_dir / "checkpoints" / "best.pt")
+                log.info(
+                    "epoch %d/%d  %s  (%.1fs, checkpoint %.2fs%s)",
+                    epoch, tcfg.epochs,
+                    "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")) + f"  lr {row['lr']:.2e}",
+                    row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
+                )
+                stop.check()
 
     return TrainResult(
         final_state_sha256=state_dict_sha256(model.state_dict()),

@@ -1,0 +1,120 @@
+"""The digits data version: content hashes, stratified seeded split, train-only stats, stable version id."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from veritrain.config import DataConfig
+from veritrain.data import prepare
+from veritrain.data.split import stratified_split
+from veritrain.errors import RunFailed
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    return prepare.run(DataConfig(), None, tmp_path_factory.mktemp("store"))
+
+
+def test_digits_samples_and_scaling(digits):
+    from sklearn.datasets import load_digits
+
+    raw = load_digits()
+    assert digits.inputs.shape == (1797, 8, 8, 1) and digits.inputs.dtype == np.uint8
+    assert np.array_equal(digits.inputs[..., 0], np.rint(raw.images * 255 / 16).astype(np.uint8))
+    assert digits.inputs.max() == 255  # 16 → 255
+    assert digits.sample_ids[42] == "digits#00042"
+    assert digits.classes == [str(i) for i in range(10)]
+
+
+def test_png_written_from_stored_array_decodes_identically(digits):
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(digits.inputs[7, :, :, 0])).save(buffer, format="PNG")
+    buffer.seek(0)
+    assert np.array_equal(np.asarray(Image.open(buffer)), digits.inputs[7, :, :, 0])
+
+
+def test_split_files_partition_samples_stratified(digits):
+    counts = digits.counts
+    assert sum(counts.values()) == 1797
+    assert counts == {"train": 1439, "val": 179, "test": 179}
+    all_rows = np.concatenate(list(digits.splits.values()))
+    assert len(np.unique(all_rows)) == 1797  # a partition: no sample in two splits
+    for split, rows in digits.splits.items():
+        per_class = np.bincount(digits.targets[rows], minlength=10)
+        expected = {"train": 0.8, "val": 0.1, "test": 0.1}[split] * np.bincount(digits.targets, minlength=10)
+        assert np.all(np.abs(per_class - expected) <= 1)  # each class keeps its share
+    ids = (digits.path / "splits" / "test.txt").read_text().split()
+    assert ids == [digits.sample_ids[i] for i in digits.splits["test"]]
+
+
+def test_manifest_has_one_content_hash_per_sample(digits):
+    import hashlib
+
+    with open(digits.path / "manifest.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["sample_id", "size", "sha256", "label", "split", "status"]
+    assert len(rows) == 1797
+    assert rows[3]["sha256"] == hashlib.sha256(np.asarray(digits.inputs[3]).tobytes()).hexdigest()
+    assert rows[3]["label"] == digits.classes[digits.targets[3]]
+
+
+def test_normalization_uses_train_split_only(digits):
+    train = digits.inputs[digits.splits["train"]].astype(np.float64) / 255
+    stats = digits.info["normalization"]
+    assert stats["mean"] == pytest.approx([train.mean()])
+    assert stats["std"] == pytest.approx([train.std()])
+    everything = np.asarray(digits.inputs, dtype=np.float64) / 255
+    assert stats["mean"][0] != pytest.approx(everything.mean(), abs=1e-9)
+
+
+def test_version_is_stable_and_reused(digits, tmp_path):
+    again = prepare.run(DataConfig(), None, digits.path.parent)
+    assert again.version == digits.version and again.path == digits.path
+    elsewhere = prepare.run(DataConfig(), None, tmp_path)  # another store, same data → same id
+    assert elsewhere.version == digits.version
+
+
+@pytest.mark.parametrize("change", [{"split_seed": 1}, {"split_ratios": (0.7, 0.15, 0.15)}])
+def test_version_changes_with_split(digits, tmp_path, change):
+    other = prepare.run(DataConfig(**change), None, tmp_path)
+    assert other.version != digits.version
+
+
+def test_version_changes_with_a_relabel_or_a_changed_byte(digits, tmp_path, monkeypatch):
+    from veritrain.data import sources
+
+    original = sources.load_digits_source
+
+    def tampered(kind):
+        def load(cfg, root):
+            data = original(cfg, root)
+            if kind == "label":
+                data.targets[5] = (data.targets[5] + 1) % 10
+            else:
+                data.inputs[5, 0, 0, 0] ^= 1
+                data.content_hashes = sources.array_sample_hashes(data.inputs)
+            return data
+
+        return load
+
+    versions = set()
+    for kind in ("label", "byte"):
+        monkeypatch.setitem(sources.SOURCES, "digits", tampered(kind))
+        versions.add(prepare.run(DataConfig(), None, tmp_path / kind).version)
+    assert len(versions) == 2 and digits.version not in versions
+
+
+def test_split_is_seeded():
+    labels = [0] * 50 + [1] * 50
+    assert stratified_split(labels, 100, (0.8, 0.1, 0.1), 3) == stratified_split(labels, 100, (0.8, 0.1, 0.1), 3)
+    assert stratified_split(labels, 100, (0.8, 0.1, 0.1), 3) != stratified_split(labels, 100, (0.8, 0.1, 0.1), 4)
+
+
+def test_class_too_small_for_split_is_an_error():
+    with pytest.raises(RunFailed, match="class 1 has 2 sample"):
+        stratified_split([0] * 10 + [1] * 2, 12, (0.8, 0.1, 0.1), 0)

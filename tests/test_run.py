@@ -1,0 +1,194 @@
+"""`veritrain run` end to end: the record, its artifacts, determinism, honest failure, interrupts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import FAST, FAST_OVERRIDES, in_process_run
+from veritrain.config import load_config
+from veritrain.hashing import sha256_file, state_dict_sha256
+from veritrain.train import checkpoint
+
+TIMING_FIELDS = {"seconds"}  # wall-clock fields; everything else in metrics.jsonl must reproduce exactly
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timing(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in TIMING_FIELDS} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory):
+    return in_process_run(tmp_path_factory.mktemp("ws"), FAST_OVERRIDES)
+
+
+def test_record_holds_the_contract_fields(fast_run):
+    record = fast_run.record
+    run_dir = Path(fast_run.summary["run_dir"])
+    on_disk = json.loads((run_dir / "record.json").read_text())
+    assert on_disk == record
+    assert record["status"] == "completed" and fast_run.error is None
+    assert record["record_version"] == 1
+    assert record["run_id"] == run_dir.name
+    for key in ("started_at", "ended_at", "argv", "config", "config_hash", "code", "env", "data", "seed", "metrics",
+                "final_state_sha256", "artifacts", "error"):
+        assert key in record, key
+    assert set(record["code"]) >= {"veritrain", "git_commit", "git_dirty"}
+    assert set(record["env"]) >= {"python", "platform", "cpu", "torch", "device", "packages_sha256"}
+    assert record["env"]["device"] == "cpu"
+    assert record["data"]["counts"] == {"train": 1439, "val": 179, "test": 179}
+    assert record["data"]["version"] == fast_run.summary["data_version"]
+    assert set(record["metrics"]["test"]) >= {"accuracy", "macro_f1"}
+    assert record["config_hash"] == load_config(None, FAST_OVERRIDES).hash
+    assert record["error"] is None
+
+
+def test_run_directory_layout(fast_run):
+    run_dir = Path(fast_run.summary["run_dir"])
+    for name in ("record.json", "record.sha256", "config.yaml", "train.log", "metrics.jsonl",
+                 "checkpoints/last.pt", "checkpoints/best.pt", "eval/test/metrics.json", "env/requirements.lock"):
+        assert (run_dir / name).is_file(), name
+    assert not any(p.is_symlink() for p in run_dir.rglob("*"))
+    saved = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert saved == fast_run.record["config"]
+    log_text = (run_dir / "train.log").read_text()
+    assert "epoch 2/2" in log_text and "eval: test split" in log_text and "completed" in log_text
+
+
+def test_every_artifact_hash_matches_its_file(fast_run):
+    run_dir = Path(fast_run.summary["run_dir"])
+    artifacts = fast_run.record["artifacts"]
+    files = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
+    assert set(artifacts) == files - {"record.json", "record.sha256"}
+    for rel, entry in artifacts.items():
+        assert entry == {"sha256": sha256_file(run_dir / rel), "size": (run_dir / rel).stat().st_size}, rel
+    seal = (run_dir / "record.sha256").read_text().strip()
+    assert seal == hashlib.sha256((run_dir / "record.json").read_bytes()).hexdigest() == fast_run.seal
+
+
+def test_metrics_jsonl_has_one_row_per_epoch(fast_run):
+    rows = metrics_rows(Path(fast_run.summary["run_dir"]))
+    assert [r["epoch"] for r in rows] == [1, 2]
+    for row in rows:
+        assert {"epoch", "train_loss", "train_acc", "val_loss", "val_acc", "lr", "seconds"} <= set(row)
+
+
+def test_final_state_hash_is_the_last_step_weights(fast_run):
+    run_dir = Path(fast_run.summary["run_dir"])
+    last = checkpoint.load(run_dir / "checkpoints" / "last.pt")
+    assert state_dict_sha256(last["model"]) == fast_run.record["final_state_sha256"]
+
+
+def test_state_hash_follows_the_documented_recipe():
+    import torch
+
+    state = {"b": torch.tensor([1, 2], dtype=torch.int64), "a": torch.ones(2, 1)}
+    digest = hashlib.sha256()
+    digest.update(b"a\0torch.float32\x002,1\0" + torch.ones(2, 1).numpy().tobytes())
+    digest.update(b"b\0torch.int64\x002\0" + torch.tensor([1, 2]).numpy().tobytes())
+    assert state_dict_sha256(state) == digest.hexdigest()
+
+
+def test_same_seed_same_weights_and_metrics_other_seed_differs(fast_run, tmp_path):
+    again = in_process_run(tmp_path, FAST_OVERRIDES)
+    # Exact equality is promised for the same config and seed on the same machine.
+    assert again.record["final_state_sha256"] == fast_run.record["final_state_sha256"]
+    assert again.record["metrics"] == fast_run.record["metrics"]
+    assert without_timing(metrics_rows(Path(again.summary["run_dir"]))) == without_timing(
+        metrics_rows(Path(fast_run.summary["run_dir"]))
+    )
+    assert again.summary["run_id"] != fast_run.summary["run_id"]
+
+    other = in_process_run(tmp_path, FAST_OVERRIDES + ["seed=1"])
+    assert other.record["final_state_sha256"] != fast_run.record["final_state_sha256"]
+    assert other.record["data"]["version"] == fast_run.record["data"]["version"]  # the split has its own seed
+
+
+def test_default_config_reaches_095_on_digits(tmp_path):
+    outcome = in_process_run(tmp_path, [])
+    assert outcome.record["status"] == "completed"
+    assert outcome.record["metrics"]["test"]["accuracy"] >= 0.95
+
+
+def test_a_crash_mid_run_is_recorded_as_failed(tmp_path, monkeypatch):
+    from veritrain.tasks.classification import ClassificationTask
+
+    calls = {"n": 0}
+    original = ClassificationTask.loss
+
+    def exploding_loss(self, outputs, targets):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("simulated failure in the loss")
+        return original(self, outputs, targets)
+
+    monkeypatch.setattr(ClassificationTask, "loss", exploding_loss)
+    outcome = in_process_run(tmp_path, FAST_OVERRIDES)
+    run_dir = Path(outcome.summary["run_dir"])
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["status"] == "failed"
+    assert record["error"] == {"type": "RuntimeError", "message": "simulated failure in the loss"}
+    assert outcome.error is not None and outcome.error.exit_code == 1
+    assert str(outcome.error) == f"run {run_dir.name} failed: RuntimeError: simulated failure in the loss (traceback in {run_dir / 'train.log'})"
+    log_text = (run_dir / "train.log").read_text()
+    assert "Traceback (most recent call last)" in log_text and "exploding_loss" in log_text
+    for rel, entry in record["artifacts"].items():  # a failed run is still sealed and consistent
+        assert sha256_file(run_dir / rel) == entry["sha256"]
+    assert not (tmp_path / ".veritrain" / "locks" / f"{run_dir.name}.lock").exists()
+
+
+def test_cli_run_json_and_summary(cli, tmp_path):
+    result = cli("run", *FAST, "--workdir", str(tmp_path), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()  # stdout holds exactly one JSON document
+    assert set(payload) == {"run_id", "run_dir", "status", "data_version", "final_state_sha256", "metrics"}
+    assert payload["status"] == "completed"
+    assert Path(payload["run_dir"]) == tmp_path / "runs" / payload["run_id"]
+    assert "record.json" in result.stderr and "data version" in result.stderr
+    record = json.loads((Path(payload["run_dir"]) / "record.json").read_text())
+    assert record["argv"][1:] == ["run", *FAST, "--workdir", str(tmp_path), "--json"]
+    assert record["config_source"]["overrides"] == FAST_OVERRIDES
+    assert record["config"]["train"]["epochs"] == 2
+
+
+def test_cli_failed_run_exits_1_with_one_line(cli, tmp_path):
+    result = cli("run", *FAST, "--set", "optim.name=sgd", "--set", "optim.lr=1e30", "--workdir", str(tmp_path))
+    assert result.code == 1
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: run ") and "failed: train: loss became" in last_line
+    assert "Traceback" not in result.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "record.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_signal_marks_run_interrupted(tmp_path, signum, code):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "veritrain", "run", "--workdir", str(tmp_path), "--set", "train.epochs=500",
+         "--set", "model.name=mlp"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*/metrics.jsonl")):  # training has started
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code, stderr
+    assert stderr.strip().splitlines()[-1] == f"error: interrupted by {signal.Signals(signum).name}"
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["status"] == "interrupted" and record["ended_at"]
+    assert "Traceback" not in stderr
