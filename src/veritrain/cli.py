@@ -160,7 +160,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         code = err.exit_code
     except click.UsageError as err:
         command = err.ctx.command_path if err.ctx else "veritrain"
-        _error(f"{command}: {err.format_message()}; see `{command} --help`", UserError.exit_code)
+        message = " ".join(err.format_message().split()).rstrip(".")  # click's text, on one line
+        _error(f"{command}: {message}; see `{command} --help`", UserError.exit_code)
     except click.Abort:
         _error("interrupted", 130)
     except (VeritrainError, Interrupted) as err:
