@@ -17,7 +17,7 @@ from veritrain.errors import RunFailed
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    return prepare.run(DataConfig(), None, tmp_path_factory.mktemp("store"))
+    return prepare.run(DataConfig(), {}, tmp_path_factory.mktemp("state"))
 
 
 def test_digits_samples_and_scaling(digits):
@@ -53,13 +53,13 @@ def test_split_files_partition_samples_stratified(digits):
 
 
 def test_manifest_has_one_content_hash_per_sample(digits):
-    import hashlib
+    import blake3
 
     with open(digits.path / "manifest.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["sample_id", "size", "sha256", "label", "split", "status"]
+    assert list(rows[0]) == ["sample_id", "size", "blake3", "label", "split", "status"]
     assert len(rows) == 1797
-    assert rows[3]["sha256"] == hashlib.sha256(np.asarray(digits.inputs[3]).tobytes()).hexdigest()
+    assert rows[3]["blake3"] == blake3.blake3(np.asarray(digits.inputs[3]).tobytes()).hexdigest()
     assert rows[3]["label"] == digits.classes[digits.targets[3]]
 
 
@@ -73,15 +73,15 @@ def test_normalization_uses_train_split_only(digits):
 
 
 def test_version_is_stable_and_reused(digits, tmp_path):
-    again = prepare.run(DataConfig(), None, digits.path.parent)
-    assert again.version == digits.version and again.path == digits.path
-    elsewhere = prepare.run(DataConfig(), None, tmp_path)  # another store, same data → same id
+    again = prepare.run(DataConfig(), {}, digits.path.parent.parent)
+    assert again.version == digits.version and again.path == digits.path and again.reused
+    elsewhere = prepare.run(DataConfig(), {}, tmp_path)  # another workspace, same data → same id
     assert elsewhere.version == digits.version
 
 
 @pytest.mark.parametrize("change", [{"split_seed": 1}, {"split_ratios": (0.7, 0.15, 0.15)}])
 def test_version_changes_with_split(digits, tmp_path, change):
-    other = prepare.run(DataConfig(**change), None, tmp_path)
+    other = prepare.run(DataConfig(**change), {}, tmp_path)
     assert other.version != digits.version
 
 
@@ -91,8 +91,8 @@ def test_version_changes_with_a_relabel_or_a_changed_byte(digits, tmp_path, monk
     original = sources.load_digits_source
 
     def tampered(kind):
-        def load(cfg, root):
-            data = original(cfg, root)
+        def load(cfg, paths):
+            data = original(cfg, paths)
             if kind == "label":
                 data.targets[5] = (data.targets[5] + 1) % 10
             else:
@@ -105,7 +105,7 @@ def test_version_changes_with_a_relabel_or_a_changed_byte(digits, tmp_path, monk
     versions = set()
     for kind in ("label", "byte"):
         monkeypatch.setitem(sources.SOURCES, "digits", tampered(kind))
-        versions.add(prepare.run(DataConfig(), None, tmp_path / kind).version)
+        versions.add(prepare.run(DataConfig(), {}, tmp_path / kind).version)
     assert len(versions) == 2 and digits.version not in versions
 
 

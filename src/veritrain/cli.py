@@ -105,6 +105,124 @@ def _render_run_summary(outcome: Any) -> None:
     logs.console.print(table)
 
 
+@cli.group("data")
+def data_group() -> None:
+    """Prepare, inspect and compare data versions."""
+
+
+@data_group.command("prepare")
+@config_argument
+@set_option
+@click.option("--rehash", is_flag=True, help="Hash every file again instead of trusting the stat cache.")
+@workdir_option
+@json_option
+def data_prepare(config: Optional[str], overrides: tuple[str, ...], rehash: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Validate, split and store the data of a config as a data version (reused when unchanged).
+
+    Bad files are quarantined (data.on_bad_file), duplicates kept in one split, and a report written
+    beside the version in .veritrain/data/<version>/.
+
+    \b
+    Example:
+      veritrain data prepare configs/digits.yaml --json
+    """
+    from veritrain.config import load_config
+    from veritrain.data import prepare
+    from veritrain.workspace import Workspace
+
+    resolved = load_config(config, overrides)
+    workspace = Workspace.open(workdir)
+    data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir, rehash=rehash)
+    report = data.report()
+    payload = {
+        "data_version": data.version,
+        "counts": data.counts,
+        "quarantined": report["quarantined"],
+        "findings": report["findings"],
+        "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
+        "split_files": {name: str(data.path / "splits" / f"{name}.txt") for name in data.splits},
+        "report": {
+            "json": str(data.path / "data_report.json"),
+            "markdown": str(data.path / "data_report.md"),
+            "charts": [str(data.path / c) for c in report["charts"]],
+        },
+        "reused": data.reused,
+    }
+    if as_json:
+        emit_json(payload)
+    _render_data_summary(data, report)
+    return 0
+
+
+def _render_data_summary(data: Any, report: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"data version {data.version[:12]}", show_header=False, title_justify="left")
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("data version", data.version)
+    table.add_row("samples", "  ".join(f"{k} {v}" for k, v in data.counts.items()))
+    table.add_row("quarantined", str(len(report["quarantined"])))
+    for kind, count in report["findings_by_kind"].items():
+        table.add_row(f"finding: {kind}", str(count))
+    table.add_row("leakage pairs", str(report["leakage"]["cross_split_duplicate_pairs"]))
+    for warning in report["card_warnings"]:
+        table.add_row("card", warning)
+    table.add_row("report", str(data.path / "data_report.md"))
+    logs.console.print(table)
+
+
+@data_group.command("report")
+@click.argument("ref", metavar="VERSION|RUN")
+@workdir_option
+@json_option
+def data_report(ref: str, workdir: Optional[str], as_json: bool) -> int:
+    """Show the data report of a data version (id or prefix) or of the version a run used.
+
+    \b
+    Example:
+      veritrain data report latest
+    """
+    from veritrain.workspace import Workspace
+
+    path = Workspace.open(workdir).resolve_data_version(ref)
+    if as_json:
+        click.echo((path / "data_report.json").read_text(encoding="utf-8"), nl=False)
+    else:
+        click.echo((path / "data_report.md").read_text(encoding="utf-8"), nl=False)
+    return 0
+
+
+@data_group.command("diff")
+@click.argument("old", metavar="V1")
+@click.argument("new", metavar="V2")
+@workdir_option
+@json_option
+def data_diff(old: str, new: str, workdir: Optional[str], as_json: bool) -> int:
+    """Samples added, removed, relabelled or moved between splits from V1 to V2 (versions or runs).
+
+    \b
+    Example:
+      veritrain data diff 6ee98039 3fa1c2d4
+    """
+    from veritrain.data.report import diff
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    result = diff(workspace.resolve_data_version(old), workspace.resolve_data_version(new))
+    if as_json:
+        emit_json(result)
+        return 0
+    click.echo(f"{result['old'][:12]} → {result['new'][:12]}")
+    for key in ("added", "removed", "content_changed"):
+        click.echo(f"{key}: {len(result[key])}" + (f"  ({', '.join(result[key][:5])}{', ...' if len(result[key]) > 5 else ''})" if result[key] else ""))
+    for key in ("relabelled", "moved"):
+        items = result[key]
+        shown = ", ".join(f"{item['sample_id']}: {item['old']} → {item['new']}" for item in items[:5])
+        click.echo(f"{key}: {len(items)}" + (f"  ({shown}{', ...' if len(items) > 5 else ''})" if items else ""))
+    return 0
+
+
 @cli.group("config")
 def config_group() -> None:
     """Inspect run configs."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ DEFAULT_CONFIG_NAME = "digits"
 
 PositiveInt = typing.Annotated[int, annotated_types.Ge(1)]
 
+# data keys that name files or folders: relative values resolve against the config file's folder
+DATA_PATH_KEYS = ("root", "csv", "labels", "split_dir", "test_split_file")
+
 
 class Section(BaseModel):
     """Base for config sections: unknown keys are errors, numbers given for text fields are kept as text."""
@@ -39,12 +43,71 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, validate_default=True)
 
 
+class DataCard(Section):
+    """Where the data comes from and on what terms; carried into the report and every run record.
+    Editing the card never changes the data version."""
+
+    origin: Optional[str] = Field(None, description="where the data comes from (a URL, a paper, a team)")
+    license: Optional[str] = Field(None, description="license or terms of use of the data")
+    collection: Optional[str] = Field(None, description="how the data was collected and labelled")
+    limitations: Optional[str] = Field(None, description="known gaps, biases or label noise")
+    contact: Optional[str] = Field(None, description="who answers questions about the data")
+
+
 class DataConfig(Section):
-    source: str = Field("digits", description="where samples come from: `digits` (scikit-learn's bundled 8×8 digits)")
+    source: str = Field(
+        "digits",
+        description="where samples come from: `digits` (scikit-learn's bundled 8×8 digits), `imagefolder` "
+        "(root/<class>/<images>), `csv` (data.csv with path,label), `labelmap` (data.labels JSON), `cifar10` (python batches in root)",
+    )
     root: Optional[str] = Field(
         None,
         description="folder of the raw data; relative paths resolve against the config file's folder "
         "(against the current directory when given with --set). Unused by `digits`",
+    )
+    csv: Optional[str] = Field(
+        None, description="csv source: file with columns path,label (paths relative to root) and optional group, split, timestamp; relative to the config's folder like root"
+    )
+    labels: Optional[str] = Field(None, description="labelmap source: JSON file mapping relpath → label; relative to the config's folder like root")
+    split_dir: Optional[str] = Field(
+        None, description="labelmap source: folder with train.txt, val.txt, test.txt (one relpath per line) fixing the split"
+    )
+    test_split_file: Optional[str] = Field(
+        None, description="file with one sample id (relpath) per line that forms a fixed test split, kept across runs"
+    )
+    classes: Optional[list[str]] = Field(
+        None, description="the class names in order; null: discovered (folder names or sorted labels). Labels outside the list are `unknown_label`"
+    )
+    image_size: Optional[tuple[PositiveInt, PositiveInt]] = Field(  # type: ignore[valid-type]
+        None, description="[height, width] every image must have (pixels); null: the most common size in the data"
+    )
+    channels: Optional[Literal[1, 3]] = Field(None, description="1 (grey) or 3 (RGB); null: the most common in the data")
+    convert: bool = Field(
+        False, description="resize (bilinear) and convert images whose size or mode differs, instead of quarantining them as `bad_shape`"
+    )
+    max_pixels: int = Field(
+        50_000_000, ge=1, description="images with more pixels (width × height) are quarantined as `bomb` before decoding"
+    )
+    on_bad_file: Literal["quarantine", "fail", "warn"] = Field(
+        "quarantine",
+        description="`quarantine`: exclude bad samples from every split and list them in quarantine.csv; `fail`: stop (exit 1) listing them; "
+        "`warn`: keep every sample that can still be used (unusable ones are quarantined regardless)",
+    )
+    near_duplicates: Literal["auto", "on", "off"] = Field(
+        "auto", description="perceptual-hash near-duplicate search; `auto`: on for images of 16 px and larger (off for digits)"
+    )
+    near_duplicate_distance: int = Field(
+        4, ge=0, le=64, description="largest Hamming distance (of 64 bits) between perceptual hashes counted as near-duplicates"
+    )
+    max_cluster_size: int = Field(
+        50, ge=2, description="near-duplicate clusters larger than this are still kept in one split but reported as a finding"
+    )
+    imbalance_ratio: float = Field(10.0, ge=1.0, description="warn when the largest class has more than this many times the samples of the smallest")
+    group_regex: Optional[str] = Field(
+        None, description="regex with one capture group over the relpath; samples with the same group stay in one split (e.g. '^(patient_\\d+)/')"
+    )
+    split_by: Literal["random", "time"] = Field(
+        "random", description="`random`: stratified by class and seeded; `time`: chronological by the csv timestamp column (test = latest)"
     )
     split_seed: int = Field(
         0, description="seed of the train/val/test split; separate from `seed` so a new training seed keeps the data version"
@@ -52,6 +115,8 @@ class DataConfig(Section):
     split_ratios: tuple[float, float, float] = Field(
         (0.8, 0.1, 0.1), description="fractions of each class in train, val and test; must sum to 1"
     )
+    workers: Optional[int] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
+    card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")
 
     @field_validator("source")
     @classmethod
@@ -69,6 +134,19 @@ class DataConfig(Section):
             raise ValueError(f"expected three fractions ≥ 0 with train > 0, got {list(value)}")
         if abs(sum(value) - 1.0) > 1e-6:
             raise ValueError(f"expected fractions that sum to 1, got {list(value)} (sum {sum(value):g})")
+        return value
+
+    @field_validator("group_regex")
+    @classmethod
+    def _one_capture_group(cls, value: Optional[str]) -> Optional[str]:
+        if value is None:
+            return value
+        try:
+            pattern = re.compile(value)
+        except re.error as err:
+            raise ValueError(f"expected a regular expression, got {value!r} ({err})") from None
+        if pattern.groups != 1:
+            raise ValueError(f"expected a regular expression with exactly one capture group, got {value!r} ({pattern.groups} groups)")
         return value
 
 
@@ -154,7 +232,12 @@ class ResolvedConfig:
     config: RunConfig
     path: Optional[Path]  # the YAML file, None for the built-in default
     overrides: list[str] = field(default_factory=list)  # the --set arguments, as given
-    data_root: Optional[Path] = None  # data.root made absolute (see DataConfig.root)
+    # data.root, data.csv, data.labels, data.split_dir, data.test_split_file made absolute (see DataConfig.root)
+    data_paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def data_root(self) -> Optional[Path]:
+        return self.data_paths.get("root")
 
     @property
     def source_label(self) -> str:
@@ -190,12 +273,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raw = _read_yaml(file_path)
 
     overridden: set[str] = set()
-    root_from_set = False
     for item in overrides:
         key, value = _parse_override(item)
         _apply_override(raw, key, value)
         overridden.add(key)
-        root_from_set |= key in ("data", "data.root")
 
     try:
         config = RunConfig.model_validate(raw)
@@ -206,14 +287,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         name = file_path.stem if file_path else DEFAULT_CONFIG_NAME
         config = config.model_copy(update={"exp_name": name})
 
-    data_root = None
-    if config.data.root is not None:
-        root = Path(config.data.root).expanduser()
-        if not root.is_absolute():
-            base = Path.cwd() if (root_from_set or file_path is None) else file_path.resolve().parent
-            root = base / root
-        data_root = root.resolve()
-    return ResolvedConfig(config=config, path=file_path, overrides=list(overrides), data_root=data_root)
+    data_paths = {}
+    for name in DATA_PATH_KEYS:
+        value = getattr(config.data, name)
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        if not path.is_absolute():
+            from_set = bool({"data", f"data.{name}"} & overridden)
+            base = Path.cwd() if (from_set or file_path is None) else file_path.resolve().parent
+            path = base / path
+        data_paths[name] = path.resolve()
+    return ResolvedConfig(config=config, path=file_path, overrides=list(overrides), data_paths=data_paths)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:

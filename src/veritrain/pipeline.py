@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections import Counter
 import time
 import traceback
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
             "overrides": resolved.overrides,
             "data_root": cfg.data.root,
             "data_root_resolved": str(resolved.data_root) if resolved.data_root else None,
+            "data_paths_resolved": {k: str(v) for k, v in resolved.data_paths.items()},
         },
         "code": capture_code(workspace.root),
         "env": None,
@@ -97,15 +99,9 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
             write_record(run_dir, record)
 
             t = time.perf_counter()
-            data = prepare.run(cfg.data, resolved.data_root, workspace.data_store)
+            data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
             record["timings"]["prepare"] = round(time.perf_counter() - t, 3)
-            record["data"] = {
-                "version": data.version,
-                "path": str(data.path),
-                "source": cfg.data.source,
-                "counts": data.counts,
-                "classes": data.classes,
-            }
+            record["data"] = data_summary(data, cfg.data.card.model_dump())
             log.info("data: version %s  %s", data.version[:12], "  ".join(f"{k} {v}" for k, v in data.counts.items()))
             write_record(run_dir, record)
 
@@ -165,6 +161,34 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
     if error is not None:
         summary["error"] = str(error)
     return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
+
+
+def data_summary(data: Any, card: dict[str, Any]) -> dict[str, Any]:
+    """What a run record says about its data: the version, counts, findings by kind, the card."""
+    report = data.report()
+    for kind, count in report["findings_by_kind"].items():
+        log.debug("data finding: %s × %d", kind, count)
+    quarantined = len(report["quarantined"])
+    warnings = {k: n for k, n in report["findings_by_kind"].items() if k not in {q["kind"] for q in report["quarantined"]}}
+    if quarantined:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(Counter(q["kind"] for q in report["quarantined"]).items()))
+        log.warning("data: %d sample(s) quarantined (%s); see %s", quarantined, kinds, data.path / "data_report.md")
+    if warnings:
+        log.info("data: findings %s; see %s", ", ".join(f"{k} {n}" for k, n in warnings.items()), data.path / "data_report.md")
+    for warning in report["card_warnings"]:
+        log.warning("data: %s", warning)
+    return {
+        "version": data.version,
+        "path": str(data.path),
+        "source": report["source"],
+        "counts": data.counts,
+        "classes": data.classes,
+        "quarantined": quarantined,
+        "findings_by_kind": report["findings_by_kind"],
+        "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
+        "hash_algorithm": report["hash_algorithm"],
+        "card": card,
+    }
 
 
 def _record_failure(record: dict[str, Any], err: BaseException) -> None:

@@ -83,3 +83,23 @@ class Workspace:
         if not matches:
             raise UserError(f"{ref}: no such run in {self.runs_dir}; give a run id, a unique prefix, `latest` or a run folder")
         raise UserError(f"{ref}: matches {len(matches)} runs ({', '.join(p.name for p in matches[:3])}, ...); give a longer prefix")
+
+    def resolve_data_version(self, ref: str) -> Path:
+        """A data version folder by full id or unique prefix, or the version a run used (any RUN form)."""
+        store = self.state_dir / "data"
+        versions = sorted(p for p in store.glob("*") if (p / "version.json").exists()) if store.exists() else []
+        matches = [p for p in versions if p.name.startswith(ref)] if len(ref) >= 4 else []
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise UserError(f"{ref}: matches {len(matches)} data versions; give a longer prefix")
+        try:
+            run_dir = self.resolve_run(ref)
+        except UserError:
+            raise UserError(f"{ref}: neither a data version in {store} nor a run; give a version id (or prefix), a run id, `latest` or a run folder") from None
+        record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+        version = (record.get("data") or {}).get("version")
+        if not version or not (store / version / "version.json").exists():
+            raise UserError(f"{ref}: run {run_dir.name} used data version {version}, which is not in {store}; prepare it with `veritrain data prepare`")
+        return store / version
+

@@ -1,20 +1,25 @@
-"""Data sources: each turns raw data (never modified) into arrays with one content hash per sample.
+"""Data sources: each lists the raw data (never modified, only opened for reading).
 
-A source is a function `(DataConfig, data_root) -> SourceData` registered under the name used in
-`data.source`. Inputs are stored as arrays training can read without decoding again; for images that
-is uint8 N×H×W×C.
+A source is a function `(DataConfig, paths) -> SourceData | FileListing` registered under the name
+used in `data.source`; `paths` holds the absolute data paths of the config (`root`, `csv`, ...).
+Array sources (`digits`, `cifar10`) return decoded arrays with one content hash per sample and ids
+`<batch>#<index>`; file sources (`imagefolder`, `csv`, `labelmap`) return the files with their
+labels, and the data stage hashes, decodes and validates them. Inputs end up as arrays training can
+read without decoding again; for images that is uint8 N×H×W×C.
 """
 
 from __future__ import annotations
 
-import hashlib
+import csv
+import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from veritrain.errors import UserError
+from veritrain.errors import RunFailed, UserError
 
 
 @dataclass
@@ -23,10 +28,11 @@ class SourceData:
     inputs: np.ndarray  # N × ...; images: uint8 N×H×W×C
     targets: np.ndarray  # N; class indices (int64) for classification
     classes: Optional[list[str]]  # class names in target-index order; None for non-class targets
-    content_hashes: list[str]  # SHA-256 per sample (see `array_sample_hashes`)
+    content_hashes: list[str]  # BLAKE3 per sample (see `array_sample_hashes`)
     sizes: list[int]  # bytes per sample as stored
     preprocessing: dict[str, Any]  # everything that shaped `inputs` from the raw data (part of the version)
     origin: dict[str, Any] = field(default_factory=dict)  # where it came from, for the report (not hashed)
+    fixed_split: Optional[list[Optional[str]]] = None  # an official split per sample (e.g. CIFAR's test batch)
 
     def label_names(self) -> list[str]:
         if self.classes is not None:
@@ -34,13 +40,38 @@ class SourceData:
         return [repr(float(t)) for t in self.targets]
 
 
+@dataclass
+class FileSample:
+    sample_id: str  # the path relative to data.root, with `/` separators
+    path: Path  # absolute
+    label: Optional[str]  # None: no label found (a `missing_label` finding)
+    group: Optional[str] = None  # samples of one group stay in one split
+    fixed_split: Optional[str] = None  # train | val | test when given by the data
+    timestamp: Optional[str] = None  # for data.split_by: time (ISO 8601 or any sortable text)
+
+
+@dataclass
+class FileListing:
+    root: Path
+    samples: list[FileSample]
+    classes: Optional[list[str]]  # declared or discovered class names, in target-index order
+    preprocessing: dict[str, Any]
+    origin: dict[str, Any] = field(default_factory=dict)
+    findings: list[tuple[str, list[str], str]] = field(default_factory=list)  # (kind, sample ids, reason) found while listing
+
+
+Source = Union[SourceData, FileListing]
+
+
 def array_sample_hashes(inputs: np.ndarray) -> list[str]:
-    """SHA-256 of each sample's bytes in C order (dtype and shape are recorded in the version)."""
+    """BLAKE3 of each sample's bytes in C order (dtype and shape are recorded in the version)."""
+    import blake3
+
     flat = np.ascontiguousarray(inputs).reshape(len(inputs), -1)
-    return [hashlib.sha256(row.tobytes()).hexdigest() for row in flat]
+    return [blake3.blake3(row.tobytes()).hexdigest() for row in flat]
 
 
-def load_digits_source(cfg: Any, data_root: Optional[Path]) -> SourceData:
+def load_digits_source(cfg: Any, paths: dict[str, Path]) -> SourceData:
     """scikit-learn's bundled digits: 1,797 8×8 grey images of 10 classes, no download.
 
     Pixel values 0–16 are stored as uint8 `round(v * 255 / 16)`, so a PNG written from the stored
@@ -64,9 +95,157 @@ def load_digits_source(cfg: Any, data_root: Optional[Path]) -> SourceData:
     )
 
 
-SourceLoader = Callable[[Any, Optional[Path]], SourceData]
+def load_cifar10_source(cfg: Any, paths: dict[str, Path]) -> SourceData:
+    """CIFAR-10's python batches in data.root; the official test batch is the fixed test split."""
+    from veritrain.data.cifar10 import load_cifar10
 
-SOURCES: dict[str, SourceLoader] = {"digits": load_digits_source}
+    root = _required(paths, "root", "the folder holding data_batch_1..5, test_batch and batches.meta")
+    data = load_cifar10(root)
+    return SourceData(
+        sample_ids=data.sample_ids,
+        inputs=data.images,
+        targets=data.labels,
+        classes=data.classes,
+        content_hashes=array_sample_hashes(data.images),
+        sizes=[data.images[0].nbytes] * len(data.images),
+        preprocessing={"source": "cifar10", "dtype": "uint8", "layout": "NHWC", "channel_order": "RGB"},
+        origin={"provider": "CIFAR-10 python batches", "files_sha256": data.files},
+        fixed_split=data.fixed_split,
+    )
+
+
+# ---------------------------------------------------------------- file sources
+
+
+def _required(paths: dict[str, Path], key: str, what: str) -> Path:
+    if key not in paths:
+        raise UserError(f"data.{key}: not set; give {what}")
+    return paths[key]
+
+
+def _root(paths: dict[str, Path]) -> Path:
+    root = _required(paths, "root", "the folder holding the data files")
+    if not root.is_dir():
+        raise UserError(f"data.root: {root}: no such folder; point data.root at the data (relative paths start at the config file's folder)")
+    return root
+
+
+def walk_files(root: Path) -> list[Path]:
+    """Every regular file under `root` in sorted order; hidden files and folders (`.name`) are skipped."""
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.startswith("."):
+                found.append(Path(folder) / name)
+    return found
+
+
+def _relpath(path: Path, root: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def load_imagefolder_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
+    """`root/<class name>/<image files>`, any nesting below the class folder."""
+    root = _root(paths)
+    samples = []
+    for path in walk_files(root):
+        rel = _relpath(path, root)
+        label = rel.split("/", 1)[0] if "/" in rel else None  # a file directly in root has no class folder
+        samples.append(FileSample(rel, path, label))
+    discovered = sorted({s.label for s in samples if s.label is not None})
+    return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "imagefolder"})
+
+
+SPLIT_NAMES = ("train", "val", "test")
+
+
+def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
+    """A csv file (data.csv) with columns path,label and optional group, split, timestamp."""
+    root = _root(paths)
+    csv_path = _required(paths, "csv", "the csv file listing path,label (paths relative to data.root)")
+    try:
+        with open(csv_path, newline="", encoding="utf-8-sig") as f:
+            reader = csv.DictReader(f)
+            columns = set(reader.fieldnames or [])
+            rows = list(reader)
+    except FileNotFoundError:
+        raise UserError(f"data.csv: {csv_path}: file not found; give the csv listing path,label") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
+        raise UserError(f"data.csv: {csv_path}: cannot read it ({err}); save it as UTF-8 csv with a header row") from None
+    missing = {"path", "label"} - columns
+    if missing:
+        raise UserError(f"data.csv: {csv_path}: missing column(s) {', '.join(sorted(missing))}; the header needs path,label (optional group, split, timestamp)")
+    if cfg.split_by == "time" and "timestamp" not in columns:
+        raise UserError(f"data.split_by: 'time' needs a timestamp column in {csv_path}; add it or use split_by: random")
+    samples: list[FileSample] = []
+    seen: dict[str, int] = {}
+    findings = []
+    for line, row in enumerate(rows, start=2):
+        rel = (row.get("path") or "").strip().replace("\\", "/")
+        if not rel:
+            continue
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise RunFailed(f"data.csv: {csv_path}: line {line}: path {rel!r} leaves data.root; give paths relative to data.root")
+        if rel in seen:
+            findings.append(("duplicate_entry", [rel], f"listed again on line {line} of {csv_path.name}; the first entry (line {seen[rel]}) is used"))
+            continue
+        seen[rel] = line
+        split = (row.get("split") or "").strip().lower() or None
+        if split is not None and split not in SPLIT_NAMES:
+            raise RunFailed(f"data.csv: {csv_path}: line {line}: split {split!r}; use train, val, test or leave it empty")
+        label = (row.get("label") or "").strip() or None
+        samples.append(FileSample(rel, root / rel, label, (row.get("group") or "").strip() or None, split, (row.get("timestamp") or "").strip() or None))
+    if cfg.split_by == "time":
+        undated = [s.sample_id for s in samples if s.timestamp is None]
+        if undated:
+            raise RunFailed(f"data.csv: {len(undated)} row(s) without a timestamp (first: {undated[0]}); data.split_by: time needs one on every row")
+    discovered = sorted({s.label for s in samples if s.label is not None})
+    return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "csv"}, findings=findings)
+
+
+def load_labelmap_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
+    """Every file under data.root, labelled by a JSON map (data.labels) relpath → label; optional
+    split lists in data.split_dir (train.txt, val.txt, test.txt)."""
+    root = _root(paths)
+    labels_path = _required(paths, "labels", "the JSON file mapping relpath → label")
+    try:
+        mapping = json.loads(labels_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"data.labels: {labels_path}: file not found; give the JSON map of relpath → label") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"data.labels: {labels_path}: not valid JSON ({err}); it must map relpath → label") from None
+    if not isinstance(mapping, dict) or not all(isinstance(v, (str, int)) for v in mapping.values()):
+        raise UserError(f"data.labels: {labels_path}: expected a JSON object mapping relpath → label (text or integer)")
+    mapping = {str(k).replace("\\", "/"): str(v) for k, v in mapping.items()}
+    fixed: dict[str, str] = {}
+    if "split_dir" in paths:
+        for split in SPLIT_NAMES:
+            listed = paths["split_dir"] / f"{split}.txt"
+            if listed.exists():
+                for rel in listed.read_text(encoding="utf-8").splitlines():
+                    if rel.strip():
+                        fixed[rel.strip()] = split
+    files = walk_files(root)
+    present = {_relpath(p, root) for p in files}
+    samples = [FileSample(rel, root / rel, mapping.get(rel), None, fixed.get(rel)) for rel in sorted(present)]
+    findings = []
+    ghosts = sorted(set(mapping) - present)
+    if ghosts:
+        findings.append(("unreadable", ghosts, f"labelled in {labels_path.name} but no such file under data.root"))
+    discovered = sorted(set(mapping.values()))
+    return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "labelmap"}, findings=findings)
+
+
+SourceLoader = Callable[[Any, dict[str, Path]], Source]
+
+SOURCES: dict[str, SourceLoader] = {
+    "digits": load_digits_source,
+    "cifar10": load_cifar10_source,
+    "imagefolder": load_imagefolder_source,
+    "csv": load_csv_source,
+    "labelmap": load_labelmap_source,
+}
 
 
 def register_source(name: str, loader: SourceLoader) -> None:
@@ -74,9 +253,9 @@ def register_source(name: str, loader: SourceLoader) -> None:
     SOURCES[name] = loader
 
 
-def load_source(cfg: Any, data_root: Optional[Path]) -> SourceData:
+def load_source(cfg: Any, paths: dict[str, Path]) -> Source:
     try:
         loader = SOURCES[cfg.source]
     except KeyError:  # validated in config; kept for callers that build configs by hand
         raise UserError(f"data.source: unknown source {cfg.source!r}; use one of {', '.join(sorted(SOURCES))}") from None
-    return loader(cfg, data_root)
+    return loader(cfg, paths)

@@ -1,0 +1,152 @@
+"""The data report of a data version: `data_report.json` (for scripts), `data_report.md` (for people)
+and one class-distribution chart per split (`class_distribution_<split>.png`).
+
+    veritrain data report <version or run>
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+CARD_REQUIRED = ("origin", "license")  # the seed of open training: say where data comes from and on what terms
+
+
+def card_warnings(card: dict[str, Any]) -> list[str]:
+    return [f"data.card.{key} is missing: say {'where the data comes from' if key == 'origin' else 'under which license it may be used'}"
+            for key in CARD_REQUIRED if not card.get(key)]
+
+
+def write(out: Path, info: dict[str, Any], findings: list[dict[str, Any]], quarantined: list[dict[str, Any]],
+          images: dict[str, Any], leakage_pairs: int, timings: dict[str, float], card: dict[str, Any]) -> dict[str, Any]:
+    by_kind = Counter(f["kind"] for f in findings)
+    report = {
+        "data_version": info["data_version"],
+        "hash_algorithm": info["hash_algorithm"],
+        "source": info["preprocessing"]["data"]["source"],
+        "counts": info["counts"],
+        "counts_per_class": info["counts_per_class"],
+        "classes": info["classes"],
+        "quarantined": quarantined,
+        "findings": findings,
+        "findings_by_kind": dict(sorted(by_kind.items())),
+        "leakage": {"cross_split_duplicate_pairs": leakage_pairs, "required": 0, "ok": leakage_pairs == 0},
+        "normalization": info["normalization"],
+        "images": images,
+        "input_shape": info["input_shape"],
+        "card": card,
+        "card_warnings": card_warnings(card),
+        "decoders": info.get("decoders"),
+        "timings_seconds": timings,
+        "charts": [],
+    }
+    if info["counts_per_class"]:
+        report["charts"] = _charts(out, info["counts_per_class"])
+    (out / "data_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out / "data_report.md").write_text(markdown(report), encoding="utf-8")
+    return report
+
+
+def _charts(out: Path, per_class: dict[str, dict[str, int]]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    names = []
+    for split, counts in per_class.items():
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(counts) + 1.5), 3.2), dpi=100)
+        ax.bar(list(counts), list(counts.values()), color="#4c72b0")
+        ax.set_title(f"{split}: samples per class ({sum(counts.values())} total)")
+        ax.set_ylabel("samples")
+        ax.tick_params(axis="x", labelrotation=45 if len(counts) > 8 else 0)
+        fig.tight_layout()
+        name = f"class_distribution_{split}.png"
+        fig.savefig(out / name, metadata={"Software": None})  # no version stamp: same data, same bytes
+        plt.close(fig)
+        names.append(name)
+    return names
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Data report: {report['data_version'][:12]}",
+        "",
+        f"- data version: `{report['data_version']}`",
+        f"- source: `{report['source']}`, content hash: {report['hash_algorithm']}",
+        f"- samples: " + ", ".join(f"{k} {v}" for k, v in report["counts"].items()) + f"; quarantined {len(report['quarantined'])}",
+        f"- input shape: {report['input_shape']}",
+        f"- leakage check: {report['leakage']['cross_split_duplicate_pairs']} cross-split duplicate pairs "
+        f"({'ok' if report['leakage']['ok'] else 'FAILED'}; 0 required)",
+        f"- normalization (train split only): mean {_fmt(report['normalization']['mean'])}, std {_fmt(report['normalization']['std'])}",
+        "",
+        "## Data card",
+        "",
+    ]
+    for key, value in report["card"].items():
+        lines.append(f"- {key}: {value if value else '_not given_'}")
+    for warning in report["card_warnings"]:
+        lines.append(f"- **warning:** {warning}")
+    if report["counts_per_class"]:
+        splits = list(report["counts_per_class"])
+        lines += ["", "## Samples per class", "", "| class | " + " | ".join(splits) + " |", "|---|" + "---|" * len(splits)]
+        for name in report["classes"]:
+            lines.append(f"| {name} | " + " | ".join(str(report["counts_per_class"][s][name]) for s in splits) + " |")
+        lines += [""] + [f"![{c}]({c})" for c in report["charts"]]
+    lines += ["", "## Findings", ""]
+    if report["findings"]:
+        lines += ["| kind | count |", "|---|---|"] + [f"| {k} | {n} |" for k, n in report["findings_by_kind"].items()]
+        lines += ["", "| kind | severity | samples | reason |", "|---|---|---|---|"]
+        for f in report["findings"][:200]:
+            shown = ", ".join(f["samples"][:5]) + (f" (+{len(f['samples']) - 5})" if len(f["samples"]) > 5 else "")
+            lines.append(f"| {f['kind']} | {f['severity']} | {shown} | {_cell(f['reason'])} |")
+        if len(report["findings"]) > 200:
+            lines.append(f"| … | | | {len(report['findings']) - 200} more in data_report.json |")
+    else:
+        lines.append("None.")
+    lines += ["", "## Quarantine", ""]
+    if report["quarantined"]:
+        lines += ["| sample | kind | reason |", "|---|---|---|"]
+        lines += [f"| {q['sample_id']} | {q['kind']} | {_cell(q['reason'])} |" for q in report["quarantined"][:500]]
+    else:
+        lines.append("Nothing quarantined.")
+    if report["images"]:
+        lines += ["", "## Images", "", "```", json.dumps(report["images"], indent=2), "```"]
+    lines += ["", "## Timings (seconds)", ""] + [f"- {k}: {v}" for k, v in report["timings_seconds"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:.4f}" for v in values) + "]"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
+    """Samples added, removed, relabelled, moved between splits, or changed in content between two versions."""
+    import csv
+
+    def read(path: Path) -> dict[str, dict[str, str]]:
+        with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
+            return {row["sample_id"]: row for row in csv.DictReader(f)}
+
+    old, new = read(old_dir), read(new_dir)
+    common = sorted(set(old) & set(new))
+
+    def where(row: dict[str, str]) -> str:
+        return row["split"] if row["status"] == "ok" else "quarantined"
+
+    return {
+        "old": old_dir.name,
+        "new": new_dir.name,
+        "added": sorted(set(new) - set(old)),
+        "removed": sorted(set(old) - set(new)),
+        "relabelled": [{"sample_id": s, "old": old[s]["label"], "new": new[s]["label"]} for s in common if old[s]["label"] != new[s]["label"]],
+        "moved": [{"sample_id": s, "old": where(old[s]), "new": where(new[s])} for s in common if where(old[s]) != where(new[s])],
+        # the third manifest column is the content hash, named by its algorithm
+        "content_changed": [s for s in common if list(old[s].values())[2] != list(new[s].values())[2]],
+    }

@@ -1,0 +1,250 @@
+"""Content validation of image files: every file is fully decoded before it may be trained on.
+
+A check reads the header (format, size, mode), refuses decompression bombs before decoding, decodes
+every pixel (Pillow's LOAD_TRUNCATED_IMAGES stays off, so a truncated file is an error, not a grey
+stripe), compares the format with the file extension, and converts the image to the target size and
+channels when asked. Results that depend only on a file's content are cached by content hash in
+`.veritrain/cache/images.sqlite`, so re-preparing unchanged data decodes nothing.
+
+Runs in worker processes; this module must stay importable without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import numpy as np
+
+FINDING_SEVERITY = {
+    # kind → what happens to the sample (the names are part of the public contract)
+    "empty": "quarantine",
+    "unreadable": "quarantine",
+    "undecodable": "quarantine",
+    "bomb": "quarantine",
+    "format_mismatch": "warning",
+    "bad_shape": "quarantine",
+    "missing_label": "quarantine",
+    "unknown_label": "quarantine",
+    "duplicate": "warning",
+    "conflicting_duplicate": "quarantine",
+    "near_duplicate": "warning",
+    "near_duplicate_cluster_capped": "warning",
+    "leak_duplicate": "quarantine",
+    "imbalance": "warning",
+    "too_small": "error",
+    "duplicate_entry": "warning",
+}
+# kinds that make a sample impossible to train on, whatever `data.on_bad_file` says
+UNUSABLE = {"empty", "unreadable", "undecodable", "bomb", "bad_shape", "missing_label", "unknown_label"}
+
+
+@dataclass(frozen=True)
+class CheckParams:
+    """Everything besides the file's bytes that decides a check's result (part of its cache key)."""
+
+    height: int
+    width: int
+    channels: int  # 1 → Pillow mode "L", 3 → "RGB"
+    convert: bool
+    max_pixels: int
+    perceptual_hash: bool
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass
+class Header:
+    format: Optional[str]
+    width: int
+    height: int
+    mode: str
+    error: Optional[str] = None  # why the header could not be read
+
+
+@dataclass
+class Check:
+    findings: list[tuple[str, str]] = field(default_factory=list)  # (kind, reason)
+    phash: Optional[int] = None
+    array: Optional[np.ndarray] = None  # uint8 H×W×C at the target shape, when usable and kept
+
+    @property
+    def usable(self) -> bool:
+        return not any(kind in UNUSABLE for kind, _ in self.findings)
+
+
+def _pillow():
+    from PIL import Image, ImageFile
+
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # never accept a truncated image as valid
+    return Image
+
+
+def read_header(path: str) -> Header:
+    Image = _pillow()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # bombs are judged by data.max_pixels, not Pillow's warning
+            with Image.open(path) as img:
+                return Header(img.format, img.width, img.height, img.mode)
+    except Exception as err:  # Pillow raises many types for garbage input; all mean "not an image"
+        return Header(None, 0, 0, "", f"{err.__class__.__name__}: {err}")
+
+
+def expected_formats(path: str) -> set[str]:
+    Image = _pillow()
+    ext = os.path.splitext(path)[1].lower()
+    return {fmt for e, fmt in Image.registered_extensions().items() if e == ext}
+
+
+def check_file(path: str, header: Header, params: CheckParams, keep_array: bool) -> Check:
+    """Full check of one file whose header was read: bomb, format, complete decode, shape, hash."""
+    Image = _pillow()
+    check = Check()
+    if header.error is not None:
+        check.findings.append(("undecodable", f"not a readable image ({header.error})"))
+        return check
+    pixels = header.width * header.height
+    if pixels > params.max_pixels:
+        check.findings.append(("bomb", f"{header.width}×{header.height} = {pixels:,} pixels > data.max_pixels {params.max_pixels:,}"))
+        return check
+    formats = expected_formats(path)
+    if header.format not in formats:
+        ext = os.path.splitext(path)[1] or "(none)"
+        check.findings.append(("format_mismatch", f"extension {ext} but the content is {header.format}"))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            Image.MAX_IMAGE_PIXELS = None  # the bomb check above already applied data.max_pixels
+            with Image.open(path) as img:
+                img.load()  # decodes every pixel: truncation and corrupt data raise here
+                image = img.copy()
+    except Exception as err:
+        check.findings.append(("undecodable", f"decoding failed ({err.__class__.__name__}: {err})"))
+        return check
+
+    target_mode = "L" if params.channels == 1 else "RGB"
+    size_ok = (image.height, image.width) == (params.height, params.width)
+    mode_ok = image.mode == target_mode
+    if not (size_ok and mode_ok):
+        if not params.convert:
+            check.findings.append(
+                ("bad_shape", f"{image.width}×{image.height} {image.mode}, expected {params.width}×{params.height} {target_mode}; "
+                 "set data.convert: true to convert")
+            )
+            return check
+        image = image.convert(target_mode) if image.mode != target_mode else image
+        if not size_ok:
+            image = image.resize((params.width, params.height), Image.BILINEAR)
+    array = np.asarray(image, dtype=np.uint8)
+    if array.ndim == 2:
+        array = array[:, :, np.newaxis]
+    if params.perceptual_hash:
+        from veritrain.data.dedup import perceptual_hash
+
+        check.phash = perceptual_hash(array)
+    if keep_array:
+        check.array = array
+    return check
+
+
+def _check_batch(items: list[tuple[str, str, Header]], params: CheckParams, keep_array: bool) -> list[tuple[str, Check]]:
+    return [(digest, check_file(path, header, params, keep_array)) for digest, path, header in items]
+
+
+def _header_batch(items: list[tuple[str, str]]) -> list[tuple[str, Header]]:
+    return [(digest, read_header(path)) for digest, path in items]
+
+
+def _in_parallel(func: Any, items: list[Any], workers: int, *args: Any) -> Iterable[Any]:
+    """Run `func(batch, *args)` over batches of items; serial for small inputs (process start-up costs ~0.3 s)."""
+    if workers <= 1 or len(items) < 200:
+        yield from func(items, *args)
+        return
+    size = max(16, min(256, len(items) // (workers * 4)))
+    batches = [items[i : i + size] for i in range(0, len(items), size)]
+    # spawn: a clean interpreter, safe even when the parent has torch and its thread pools loaded
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        for result in pool.map(func, batches, *([a] * len(batches) for a in args)):
+            yield from result
+
+
+class CheckCache:
+    """Header and check results by content hash (files with equal bytes get equal results)."""
+
+    def __init__(self, db_path: Path):
+        db_path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(db_path, timeout=60)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("CREATE TABLE IF NOT EXISTS headers (hash TEXT PRIMARY KEY, json TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS checks (hash TEXT, params TEXT, json TEXT, PRIMARY KEY (hash, params))")
+
+    def _get(self, table: str, hashes: list[str], params: Optional[str] = None) -> dict[str, dict[str, Any]]:
+        found = {}
+        for start in range(0, len(hashes), 900):
+            chunk = hashes[start : start + 900]
+            marks = ",".join("?" * len(chunk))
+            if params is None:
+                rows = self.db.execute(f"SELECT hash, json FROM {table} WHERE hash IN ({marks})", chunk)
+            else:
+                rows = self.db.execute(f"SELECT hash, json FROM {table} WHERE params = ? AND hash IN ({marks})", [params, *chunk])
+            found.update((h, json.loads(j)) for h, j in rows)
+        return found
+
+    def headers(self, hashes: list[str]) -> dict[str, Header]:
+        return {h: Header(**v) for h, v in self._get("headers", hashes).items()}
+
+    def checks(self, hashes: list[str], params: CheckParams) -> dict[str, Check]:
+        return {
+            h: Check(findings=[tuple(f) for f in v["findings"]], phash=v["phash"])  # type: ignore[misc]
+            for h, v in self._get("checks", hashes, params.key()).items()
+        }
+
+    def store_headers(self, rows: dict[str, Header]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO headers VALUES (?, ?)", [(h, json.dumps(asdict(v))) for h, v in rows.items()])
+
+    def store_checks(self, rows: dict[str, Check], params: CheckParams) -> None:
+        key = params.key()
+        with self.db:
+            self.db.executemany(
+                "INSERT OR REPLACE INTO checks VALUES (?, ?, ?)",
+                [(h, key, json.dumps({"findings": c.findings, "phash": c.phash})) for h, c in rows.items()],
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def headers_for(files: dict[str, str], cache: Optional[CheckCache], workers: int) -> dict[str, Header]:
+    """content hash → header, for one path per distinct content."""
+    found = cache.headers(list(files)) if cache else {}
+    todo = [(h, p) for h, p in files.items() if h not in found]
+    fresh = dict(_in_parallel(_header_batch, todo, workers))
+    if cache and fresh:
+        cache.store_headers(fresh)
+    return {**found, **fresh}
+
+
+def checks_for(
+    files: dict[str, str], headers: dict[str, Header], params: CheckParams, cache: Optional[CheckCache], workers: int, keep_arrays: bool
+) -> dict[str, Check]:
+    """content hash → check. Cached results are used unless arrays are wanted (arrays are not cached)."""
+    found = cache.checks(list(files), params) if (cache and not keep_arrays) else {}
+    todo = [(h, p, headers[h]) for h, p in files.items() if h not in found]
+    fresh = dict(_in_parallel(_check_batch, todo, workers, params, keep_arrays))
+    if cache and fresh:
+        cache.store_checks(fresh, params)
+    return {**found, **fresh}
+
+
+def default_workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

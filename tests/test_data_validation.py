@@ -1,0 +1,265 @@
+"""Content validation on a fault-injection fixture: every bad file quarantined with the right kind,
+duplicates kept in one split, no leakage; the version id is stable and sensitive."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from datafixtures import FAULTY_CONFIG, faulty_imagefolder, good_imagefolder, save, structured_image
+from veritrain.config import load_config
+from veritrain.data import prepare
+from veritrain.errors import RunFailed, UserError
+from veritrain.hashing import blake3_file
+
+
+def prepare_config(config_text: str, tmp_path: Path, overrides=(), name="data.yaml", rehash=False):
+    path = tmp_path / name
+    path.write_text(config_text, encoding="utf-8")
+    resolved = load_config(path, list(overrides))
+    return prepare.run(resolved.config.data, resolved.data_paths, tmp_path / "ws" / ".veritrain", rehash=rehash)
+
+
+def raw_hashes(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): blake3_file(p) for p in sorted(root.rglob("*")) if p.is_file() and not p.is_symlink()}
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faulty")
+    root = tmp / "raw"
+    expected = faulty_imagefolder(root)
+    before = raw_hashes(root)
+    data = prepare_config(FAULTY_CONFIG.format(root=root), tmp)
+    return tmp, root, expected, data, before
+
+
+def splits_of(data) -> dict[str, str]:
+    return {data.sample_ids[row]: name for name, rows in data.splits.items() for row in rows}
+
+
+def test_every_bad_file_is_quarantined_with_its_kind(faulty):
+    _, _, expected, data, _ = faulty
+    report = data.report()
+    quarantined = {q["sample_id"]: q["kind"] for q in report["quarantined"]}
+    for sample_id, kind in expected.items():
+        if kind in ("format_mismatch", "duplicate", "near_duplicate"):
+            continue  # warnings: kept
+        assert quarantined.get(sample_id) == kind, (sample_id, quarantined.get(sample_id))
+    in_splits = splits_of(data)
+    assert not set(quarantined) & set(in_splits)  # none of them is in a split
+    with open(data.path / "quarantine.csv", newline="") as f:
+        assert {row["sample_id"]: row["kind"] for row in csv.DictReader(f)} == quarantined
+
+
+def test_warnings_are_reported_and_samples_kept(faulty):
+    _, _, _, data, _ = faulty
+    report = data.report()
+    kinds = {f["kind"]: f for f in report["findings"]}
+    assert kinds["format_mismatch"]["samples"] == ["cat/really_a_jpeg.png"]
+    assert kinds["format_mismatch"]["severity"] == "warning"
+    in_splits = splits_of(data)
+    assert "cat/really_a_jpeg.png" in in_splits
+    assert sorted(kinds["duplicate"]["samples"]) == ["dog/dog_03.png", "dog/dog_03_copy.png"]
+    assert sorted(kinds["near_duplicate"]["samples"]) == ["cat/near_a.png", "cat/near_b.png"]
+
+
+def test_duplicates_share_a_split_and_nothing_leaks(faulty):
+    _, _, _, data, _ = faulty
+    in_splits = splits_of(data)
+    assert in_splits["dog/dog_03.png"] == in_splits["dog/dog_03_copy.png"]
+    assert in_splits["cat/near_a.png"] == in_splits["cat/near_b.png"]
+    assert data.report()["leakage"] == {"cross_split_duplicate_pairs": 0, "required": 0, "ok": True}
+
+
+def test_raw_data_is_never_modified(faulty):
+    _, root, _, _, before = faulty
+    assert raw_hashes(root) == before
+
+
+def test_report_files_and_manifest(faulty):
+    _, _, _, data, _ = faulty
+    for name in ("data_report.json", "data_report.md", "manifest.csv", "quarantine.csv", "card.json",
+                 "class_distribution_train.png", "class_distribution_test.png"):
+        assert (data.path / name).is_file(), name
+    assert (data.path / "class_distribution_train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(data.path / "manifest.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["sample_id", "size", "blake3", "label", "split", "status"]
+    statuses = {r["sample_id"]: r["status"] for r in rows}
+    assert statuses["cat/empty.png"] == "quarantined" and statuses["cat/cat_00.png"] == "ok"
+    report = data.report()
+    assert report["card"]["license"] == "CC0" and report["card_warnings"] == []
+    assert report["hash_algorithm"] == "blake3"
+    text = (data.path / "data_report.md").read_text()
+    assert "leakage check: 0" in text and "undecodable" in text
+
+
+def test_fail_policy_exits_naming_the_files(faulty, tmp_path):
+    _, root, _, _, _ = faulty
+    with pytest.raises(RunFailed) as info:
+        prepare_config(FAULTY_CONFIG.format(root=root), tmp_path, ["data.on_bad_file=fail"])
+    message = str(info.value)
+    assert "data.on_bad_file: fail" in message and "cat/empty.png: empty" in message
+
+
+def test_fail_policy_through_the_cli(cli, faulty, tmp_path):
+    _, root, _, _, _ = faulty
+    config = tmp_path / "c.yaml"
+    config.write_text(FAULTY_CONFIG.format(root=root))
+    result = cli("data", "prepare", str(config), "--set", "data.on_bad_file=fail", "--workdir", str(tmp_path))
+    assert result.code == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: data: ")
+    assert "empty" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_prepare_json_contract(cli, faulty, tmp_path):
+    _, root, _, _, _ = faulty
+    config = tmp_path / "c.yaml"
+    config.write_text(FAULTY_CONFIG.format(root=root))
+    result = cli("data", "prepare", str(config), "--workdir", str(tmp_path), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert {"data_version", "counts", "quarantined", "findings", "leakage_pairs", "split_files", "report"} <= set(payload)
+    assert set(payload["counts"]) == {"train", "val", "test"} and payload["leakage_pairs"] == 0
+    assert set(payload["quarantined"][0]) == {"sample_id", "path", "kind", "reason"}
+    assert set(payload["findings"][0]) == {"kind", "severity", "samples", "reason"}
+    for name, path in payload["split_files"].items():
+        assert Path(path).is_absolute() and Path(path).name == f"{name}.txt"
+
+
+def test_convert_turns_bad_shape_into_usable(faulty, tmp_path):
+    _, root, _, _, _ = faulty
+    data = prepare_config(FAULTY_CONFIG.format(root=root), tmp_path, ["data.convert=true"])
+    quarantined = {q["sample_id"] for q in data.report()["quarantined"]}
+    assert "dog/grey.png" not in quarantined and "cat/wrong_size.png" not in quarantined
+    assert data.inputs.shape[1:] == (32, 32, 3)
+
+
+def test_version_stable_under_touch_copy_and_rehash(tmp_path):
+    root = good_imagefolder(tmp_path / "raw")
+    config = "data:\n  source: imagefolder\n  root: {root}\n"
+    first = prepare_config(config.format(root=root), tmp_path).version
+    for p in root.rglob("*.png"):
+        os.utime(p, None)  # touch: new mtimes, same bytes
+    assert prepare_config(config.format(root=root), tmp_path).version == first
+    copy = tmp_path / "elsewhere" / "raw"
+    shutil.copytree(root, copy)
+    assert prepare_config(config.format(root=copy), tmp_path / "elsewhere").version == first
+    assert prepare_config(config.format(root=root), tmp_path, rehash=True).version == first
+
+
+def test_version_changes_on_byte_label_ratio_seed(tmp_path):
+    root = good_imagefolder(tmp_path / "raw")
+    config = "data:\n  source: imagefolder\n  root: {root}\n".format(root=root)
+    base = prepare_config(config, tmp_path).version
+    versions = {
+        prepare_config(config, tmp_path, ["data.split_seed=1"]).version,
+        prepare_config(config, tmp_path, ["data.split_ratios=[0.5,0.25,0.25]"]).version,
+    }
+    target = root / "cat" / "cat_01.png"
+    data = bytearray(target.read_bytes())
+    data[-20] ^= 0x01  # one flipped bit in the last chunk
+    flipped_root = tmp_path / "flipped"
+    shutil.copytree(root, flipped_root)
+    (flipped_root / "cat" / "cat_01.png").write_bytes(bytes(data))
+    versions.add(prepare_config(config.replace(str(root), str(flipped_root)), tmp_path).version)
+    relabelled = tmp_path / "relabelled"
+    shutil.copytree(root, relabelled)
+    shutil.move(relabelled / "cat" / "cat_02.png", relabelled / "dog" / "cat_02.png")
+    versions.add(prepare_config(config.replace(str(root), str(relabelled)), tmp_path).version)
+    assert base not in versions and len(versions) == 4
+
+
+def test_csv_fixed_split_and_leak_duplicate(tmp_path):
+    root = good_imagefolder(tmp_path / "raw")
+    shutil.copy(root / "cat" / "cat_00.png", root / "cat" / "cat_00_again.png")
+    rows = [("cat/cat_00.png", "cat", "test"), ("cat/cat_00_again.png", "cat", "train")]
+    rows += [(f"{c}/{c}_{i:02d}.png", c, "") for c in ("cat", "dog") for i in range(1, 12)]
+    with open(tmp_path / "list.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "label", "split"])
+        writer.writerows(rows)
+    data = prepare_config(f"data:\n  source: csv\n  root: raw\n  csv: list.csv\n", tmp_path)
+    quarantined = {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]}
+    assert quarantined == {"cat/cat_00_again.png": "leak_duplicate"}
+    assert splits_of(data)["cat/cat_00.png"] == "test"
+    assert data.report()["leakage"]["cross_split_duplicate_pairs"] == 0
+
+
+def test_group_regex_keeps_groups_together(tmp_path):
+    root = tmp_path / "raw"
+    for c, name in enumerate(("a", "b")):
+        for patient in range(6):
+            for shot in range(3):
+                save(structured_image(c * 1000 + patient * 10 + shot), root / name / f"p{c}{patient}" / f"{shot}.png")
+    data = prepare_config("data:\n  source: imagefolder\n  root: raw\n  group_regex: '^[ab]/(p\\d+)/'\n", tmp_path)
+    where: dict[str, set] = {}
+    for sid, split in splits_of(data).items():
+        where.setdefault(sid.rsplit("/", 1)[0], set()).add(split)
+    assert all(len(s) == 1 for s in where.values())
+    assert {next(iter(s)) for s in where.values()} == {"train", "val", "test"}
+
+
+def test_time_split_puts_latest_in_test(tmp_path):
+    root = good_imagefolder(tmp_path / "raw", per_class=10)
+    with open(tmp_path / "list.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "label", "timestamp"])
+        for c in ("cat", "dog"):
+            for i in range(10):
+                writer.writerow([f"{c}/{c}_{i:02d}.png", c, f"2024-01-{i + 1:02d}T00:00:0{0 if c == 'cat' else 1}"])
+    data = prepare_config("data:\n  source: csv\n  root: raw\n  csv: list.csv\n  split_by: time\n", tmp_path)
+    in_splits = splits_of(data)
+    latest_train = max(sid for sid, s in in_splits.items() if s == "train").split("_")[-1]
+    earliest_test = min(sid.split("_")[-1] for sid, s in in_splits.items() if s == "test")
+    assert latest_train < earliest_test
+
+
+def test_too_small_class_exits_1(tmp_path):
+    root = good_imagefolder(tmp_path / "raw", per_class=12)
+    for p in list((root / "dog").glob("*.png"))[2:]:
+        p.unlink()
+    with pytest.raises(RunFailed, match="class 'dog' has 2 sample"):
+        prepare_config("data:\n  source: imagefolder\n  root: raw\n", tmp_path)
+
+
+def test_imbalance_is_a_warning(tmp_path):
+    root = good_imagefolder(tmp_path / "raw", per_class=12)
+    for i in range(12, 40):
+        save(structured_image(5000 + i), root / "cat" / f"extra_{i}.png")
+    data = prepare_config("data:\n  source: imagefolder\n  root: raw\n  imbalance_ratio: 2\n", tmp_path)
+    (finding,) = [f for f in data.report()["findings"] if f["kind"] == "imbalance"]
+    assert finding["severity"] == "warning" and "'cat' has 40" in finding["reason"]
+
+
+def test_missing_root_is_a_usage_error(tmp_path):
+    with pytest.raises(UserError, match="data.root: .*no such folder"):
+        prepare_config("data:\n  source: imagefolder\n  root: nowhere\n", tmp_path)
+
+
+def test_card_warning_when_origin_or_license_missing(tmp_path):
+    good_imagefolder(tmp_path / "raw")
+    data = prepare_config("data:\n  source: imagefolder\n  root: raw\n", tmp_path)
+    warnings = data.report()["card_warnings"]
+    assert any("origin" in w for w in warnings) and any("license" in w for w in warnings)
+    # editing the card keeps the version
+    other = prepare_config("data:\n  source: imagefolder\n  root: raw\n  card: {origin: x, license: y}\n", tmp_path)
+    assert other.version == data.version
+    assert json.loads((other.path / "card.json").read_text())["origin"] == "x"
+
+
+def test_labelmap_source(tmp_path):
+    root = good_imagefolder(tmp_path / "raw")
+    mapping = {p.relative_to(root).as_posix(): p.parent.name for p in root.rglob("*.png")}
+    unlabelled = sorted(mapping)[0]
+    del mapping[unlabelled]
+    (tmp_path / "labels.json").write_text(json.dumps(mapping))
+    data = prepare_config("data:\n  source: labelmap\n  root: raw\n  labels: labels.json\n", tmp_path)
+    quarantined = {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]}
+    assert quarantined == {unlabelled: "missing_label"}
