@@ -480,14 +480,19 @@ def _shown(value: Any) -> str:
 
 
 def compact(config: RunConfig) -> str:
-    """One line per section, for the start of a run: `train: epochs=15 batch_size=64 ...`."""
+    """One line per section, for the start of a run: `train: epochs=15 batch_size=64 ...`; keys left
+    null are omitted (config.yaml in the run has every key)."""
     data = config_dict(config)
-    top = " ".join(f"{k}={_short(v)}" for k, v in data.items() if not isinstance(v, dict))
-    lines = [top] + [
-        f"{name}: " + " ".join(f"{k}={_short(v)}" for k, v in section.items())
-        for name, section in data.items()
-        if isinstance(section, dict)
-    ]
+
+    def items(section: dict[str, Any]) -> str:
+        return " ".join(f"{k}={_short(v)}" for k, v in section.items() if v is not None and not isinstance(v, dict))
+
+    lines = [items(data)]
+    for name, section in data.items():
+        if isinstance(section, dict):
+            nested = [f"{name}.{k}: {items(v)}" for k, v in section.items() if isinstance(v, dict) and items(v)]
+            lines.append(f"{name}: {items(section)}")
+            lines.extend(nested)
     return "\n".join(lines)
 
 

@@ -101,7 +101,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
             t = time.perf_counter()
             data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
             record["timings"]["prepare"] = round(time.perf_counter() - t, 3)
-            record["data"] = data_summary(data, cfg.data.card.model_dump())
+            record["data"] = data_summary(data)
             log.info("data: version %s  %s", data.version[:12], "  ".join(f"{k} {v}" for k, v in data.counts.items()))
             write_record(run_dir, record)
 
@@ -163,7 +163,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
     return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
 
 
-def data_summary(data: Any, card: dict[str, Any]) -> dict[str, Any]:
+def data_summary(data: Any) -> dict[str, Any]:
     """What a run record says about its data: the version, counts, findings by kind, the card."""
     report = data.report()
     for kind, count in report["findings_by_kind"].items():
@@ -187,7 +187,7 @@ def data_summary(data: Any, card: dict[str, Any]) -> dict[str, Any]:
         "findings_by_kind": report["findings_by_kind"],
         "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
         "hash_algorithm": report["hash_algorithm"],
-        "card": card,
+        "card": report["card"],
     }
 
 

@@ -76,7 +76,15 @@ class DataVersion:
         return {name: int(len(rows)) for name, rows in self.splits.items()}
 
     def report(self) -> dict[str, Any]:
-        return json.loads((self.path / "data_report.json").read_text(encoding="utf-8"))
+        """The data report, with the data card as it is now (the card may be edited after preparing)."""
+        from veritrain.data.report import card_warnings
+
+        report = json.loads((self.path / "data_report.json").read_text(encoding="utf-8"))
+        card_file = self.path / "card.json"
+        if card_file.exists():
+            report["card"] = json.loads(card_file.read_text(encoding="utf-8"))
+            report["card_warnings"] = card_warnings(report["card"])
+        return report
 
 
 @dataclass
@@ -166,7 +174,8 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     store = workspace_state / "data"
     store.mkdir(parents=True, exist_ok=True)
     final = store / version
-    _write_card(final, data_cfg)
+    card = merged_card(data_cfg.card.model_dump(), getattr(source, "card", {}))
+    _write_card(final, card)
     if (final / "version.json").exists():
         log.info("data: reusing data version %s (%d samples)", version[:12], len(table.ids))
         loaded = load_version(final)
@@ -181,7 +190,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     tmp = store / f".tmp-{uuid.uuid4().hex}"
     (tmp / "splits").mkdir(parents=True)
     try:
-        _write_version(tmp, version, data_cfg, table, classes, assigned, rows, inputs, preprocessing, origin, headers, leakage_pairs, timings, started)
+        _write_version(tmp, version, data_cfg, table, classes, assigned, rows, inputs, preprocessing, origin, headers, leakage_pairs, timings, started, card)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -189,7 +198,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _write_card(final, data_cfg)
+    _write_card(final, card)
     return load_version(final)
 
 
@@ -541,7 +550,8 @@ def _inputs_for(rows: list[int], table: _Table, source: Any, cfg: Any, target: d
 
 def _write_version(out: Path, version: str, cfg: Any, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
                    rows: list[int], inputs: np.ndarray, preprocessing: dict[str, Any], origin: dict[str, Any],
-                   image_summary: dict[str, Any], leakage_pairs: int, timings: dict[str, float], started: float) -> None:
+                   image_summary: dict[str, Any], leakage_pairs: int, timings: dict[str, float], started: float,
+                   card: dict[str, Any]) -> None:
     from veritrain.data import report
 
     with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
@@ -596,13 +606,18 @@ def _write_version(out: Path, version: str, cfg: Any, table: _Table, classes: Op
     report.write(out, info, [f.as_dict() for f in table.findings],
                  [{"sample_id": table.ids[i], "path": str(table.paths[i]) if table.paths[i] else None, "kind": f.kind, "reason": f.reason}
                   for i, f in quarantined],
-                 image_summary, leakage_pairs, {k: round(v, 4) for k, v in timings.items()}, cfg.card.model_dump())
+                 image_summary, leakage_pairs, {k: round(v, 4) for k, v in timings.items()}, card)
 
 
-def _write_card(version_dir: Path, cfg: Any) -> None:
+def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:
+    """data.card, with what the source knows of itself (digits, CIFAR-10) filling the keys left empty."""
+    return {key: value if value else source_card.get(key) for key, value in config_card.items()}
+
+
+def _write_card(version_dir: Path, card: dict[str, Any]) -> None:
     """The data card sits beside the version (not inside its hash): editing it keeps the version."""
     if version_dir.exists():
-        (version_dir / "card.json").write_text(json.dumps(cfg.card.model_dump(), indent=2) + "\n", encoding="utf-8")
+        (version_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
 
 
 def normalization_stats(train_inputs: np.ndarray) -> dict[str, Any]:

@@ -33,6 +33,7 @@ class SourceData:
     preprocessing: dict[str, Any]  # everything that shaped `inputs` from the raw data (part of the version)
     origin: dict[str, Any] = field(default_factory=dict)  # where it came from, for the report (not hashed)
     fixed_split: Optional[list[Optional[str]]] = None  # an official split per sample (e.g. CIFAR's test batch)
+    card: dict[str, str] = field(default_factory=dict)  # what the source knows of its provenance; data.card overrides
 
     def label_names(self) -> list[str]:
         if self.classes is not None:
@@ -92,6 +93,13 @@ def load_digits_source(cfg: Any, paths: dict[str, Path]) -> SourceData:
         sizes=[images[0].nbytes] * len(images),
         preprocessing={"source": "digits", "pixel_scale": "round(v * 255 / 16)", "dtype": "uint8", "layout": "NHWC"},
         origin={"provider": "scikit-learn load_digits (UCI optical recognition of handwritten digits, test part)", "scikit_learn": sklearn.__version__},
+        card={
+            "origin": "UCI Machine Learning Repository, Optical Recognition of Handwritten Digits (Alpaydin & Kaynak, 1998), "
+            "test part as bundled with scikit-learn (sklearn.datasets.load_digits)",
+            "license": "CC BY 4.0 (UCI Machine Learning Repository)",
+            "collection": "32×32 bitmaps of digits written by 43 people, downsampled to 8×8 counts of on-pixels (0–16)",
+            "limitations": "tiny grey images of a single script style; 1,797 samples",
+        },
     )
 
 
@@ -111,6 +119,10 @@ def load_cifar10_source(cfg: Any, paths: dict[str, Path]) -> SourceData:
         preprocessing={"source": "cifar10", "dtype": "uint8", "layout": "NHWC", "channel_order": "RGB"},
         origin={"provider": "CIFAR-10 python batches", "files_sha256": data.files},
         fixed_split=data.fixed_split,
+        card={
+            "origin": "CIFAR-10 (Krizhevsky, 2009), https://www.cs.toronto.edu/~kriz/cifar.html",
+            "collection": "32×32 colour images from the 80 Million Tiny Images collection, labelled into 10 classes",
+        },
     )
 
 
