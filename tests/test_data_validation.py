@@ -263,3 +263,32 @@ def test_labelmap_source(tmp_path):
     data = prepare_config("data:\n  source: labelmap\n  root: raw\n  labels: labels.json\n", tmp_path)
     quarantined = {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]}
     assert quarantined == {unlabelled: "missing_label"}
+
+
+def test_stat_cache_skips_unchanged_files_and_notices_changes(tmp_path):
+    from veritrain.hashing import StatCache, hash_files
+
+    files = [tmp_path / f"f{i}.bin" for i in range(3)]
+    for i, f in enumerate(files):
+        f.write_bytes(bytes([i]) * (100 + i * 100_000))  # small and large files
+    cache = StatCache(tmp_path / "cache.sqlite")
+    first = hash_files(files, cache)
+    assert not any(r.cached for r in first.values())
+    second = hash_files(files, cache)
+    assert all(r.cached for r in second.values()) and second[files[2]].digest == first[files[2]].digest
+    files[1].write_bytes(b"changed")
+    third = hash_files(files, cache)
+    assert not third[files[1]].cached and third[files[1]].digest == blake3_file(files[1])
+    assert not any(r.cached for r in hash_files(files, cache, rehash=True).values())
+    cache.close()
+
+
+def test_warn_policy_keeps_usable_samples(faulty, tmp_path):
+    _, root, _, _, _ = faulty
+    data = prepare_config(FAULTY_CONFIG.format(root=root), tmp_path, ["data.on_bad_file=warn"])
+    quarantined = {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]}
+    assert "dog/cat_05_as_dog.png" not in quarantined  # conflicting labels kept, with a warning
+    assert quarantined["cat/empty.png"] == "empty"  # what cannot be used stays out
+    in_splits = splits_of(data)
+    assert in_splits["dog/cat_05_as_dog.png"] == in_splits["cat/cat_05.png"]
+    assert data.report()["leakage"]["cross_split_duplicate_pairs"] == 0

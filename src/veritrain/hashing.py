@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -65,16 +67,35 @@ def state_dict_sha256(state_dict: Any) -> str:
 DATA_HASH_ALGORITHM = "blake3"  # ~2.5× SHA-256's speed on one core; 256-bit, collision resistant
 
 
-def blake3_file(path: str | Path) -> str:
+SMALL_FILE_BYTES = 1 << 16  # 64 KiB: read in one call; larger files stream through a reused buffer
+
+
+def blake3_file(path: str | Path, buffer: Optional[bytearray] = None) -> str:
     """BLAKE3 of a file read in 1 MiB chunks (never the whole file in memory)."""
     import blake3
 
     digest = blake3.blake3()
+    buffer = buffer if buffer is not None else bytearray(CHUNK_BYTES)
+    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
-        buffer = bytearray(CHUNK_BYTES)
-        view = memoryview(buffer)
         while n := f.readinto(buffer):
             digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def _blake3_small(path: str) -> str:
+    """A small file in one read: per-file overhead, not bandwidth, is what costs here."""
+    import blake3
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.read(fd, SMALL_FILE_BYTES + 1)
+        digest = blake3.blake3(data)
+        while len(data) > SMALL_FILE_BYTES:  # it grew since stat: keep reading
+            data = os.read(fd, CHUNK_BYTES)
+            digest.update(data)
+    finally:
+        os.close(fd)
     return digest.hexdigest()
 
 
@@ -121,8 +142,11 @@ class FileHash:
 
 
 def hash_files(paths: list[Path], cache: Optional[StatCache] = None, rehash: bool = False, threads: Optional[int] = None) -> dict[Path, FileHash]:
-    """BLAKE3 of many files, in parallel threads (hashing releases the GIL), reusing the stat cache."""
-    import os
+    """BLAKE3 of many files, reusing the stat cache.
+
+    Small files are hashed in this thread (a thread pool's hand-offs cost more than the hashing);
+    large ones in parallel threads, since reading and BLAKE3 release the GIL.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     results: dict[Path, FileHash] = {}
@@ -133,32 +157,44 @@ def hash_files(paths: list[Path], cache: Optional[StatCache] = None, rehash: boo
         except OSError as err:
             results[path] = FileHash(0, None, f"{err.strerror or err.__class__.__name__}")
     known = cache.lookup([str(p) for p in stats]) if (cache and not rehash) else {}
-    todo = []
+    small, large = [], []
     for path, st in stats.items():
         hit = known.get(str(path))
         if hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns and hit[2] == st.st_ino and hit[3] == DATA_HASH_ALGORITHM:
             results[path] = FileHash(st.st_size, hit[4], cached=True)
+        elif st.st_size <= SMALL_FILE_BYTES:
+            small.append(path)
         else:
-            todo.append(path)
+            large.append(path)
 
-    def work(path: Path) -> FileHash:
+    def hashed(path: Path, digest_of: Any) -> FileHash:
         try:
-            return FileHash(stats[path].st_size, blake3_file(path))
+            return FileHash(stats[path].st_size, digest_of(path))
         except OSError as err:
             return FileHash(stats[path].st_size, None, f"{err.strerror or err.__class__.__name__}")
 
-    workers = threads or min(8, (os.cpu_count() or 1) + 2)  # a little over the core count hides I/O waits
-    if len(todo) > 1 and workers > 1:
+    fresh: dict[Path, FileHash] = {path: hashed(path, lambda p: _blake3_small(str(p))) for path in small}
+    workers = threads or min(4, os.cpu_count() or 1)
+    if len(large) > 1 and workers > 1:
+        local = threading.local()
+
+        def hash_large(path: Path) -> str:
+            if not hasattr(local, "buffer"):
+                local.buffer = bytearray(CHUNK_BYTES)
+            return blake3_file(path, local.buffer)
+
         with ThreadPoolExecutor(workers) as pool:
-            done = list(pool.map(work, todo, chunksize=64))
+            fresh.update(zip(large, pool.map(lambda p: hashed(p, hash_large), large)))
     else:
-        done = [work(p) for p in todo]
-    fresh = []
-    for path, result in zip(todo, done):
+        buffer = bytearray(CHUNK_BYTES)
+        fresh.update((p, hashed(p, lambda q: blake3_file(q, buffer))) for p in large)
+
+    rows = []
+    for path, result in fresh.items():
         results[path] = result
         if result.digest is not None:
             st = stats[path]
-            fresh.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino, DATA_HASH_ALGORITHM, result.digest))
-    if cache and fresh:
-        cache.store(fresh)
+            rows.append((str(path), st.st_size, st.st_mtime_ns, st.st_ino, DATA_HASH_ALGORITHM, result.digest))
+    if cache and rows:
+        cache.store(rows)
     return results

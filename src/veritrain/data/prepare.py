@@ -142,13 +142,30 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     workers = data_cfg.workers or _default_workers()
 
     if isinstance(source, FileListing):
-        table, classes, target, headers = _from_files(data_cfg, source, cache_dir, rehash, workers, timings)
-        source_preprocessing = source.preprocessing
-        origin = source.origin
+        table = _list_files(data_cfg, source, cache_dir, rehash, timings)
     else:
-        table, classes, target, headers = _from_arrays(data_cfg, source, cache_dir, timings)
-        source_preprocessing = source.preprocessing
-        origin = source.origin
+        table = _table_from_arrays(source)
+    classes = source.classes
+
+    # Everything the version depends on is known now; a prepare of the same inputs that already
+    # ran maps them to its version, so unchanged data skips decoding, deduplication and splitting.
+    fingerprint = _fingerprint(data_cfg, source, table)
+    memo = cache_dir / "prepared" / fingerprint
+    remembered = memo.read_text().strip() if memo.exists() else None
+    if remembered and (workspace_state / "data" / remembered / "version.json").exists():
+        final = workspace_state / "data" / remembered
+        _write_card(final, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
+        log.info("data: reusing data version %s (%d samples, unchanged)", remembered[:12], len(table.ids))
+        loaded = load_version(final)
+        loaded.reused = True
+        return loaded
+
+    if isinstance(source, FileListing):
+        target, headers = _validate_files(data_cfg, table, cache_dir, workers, timings)
+    else:
+        target, headers = _array_target(data_cfg, source, table, cache_dir, timings)
+    origin = source.origin
+    source_preprocessing = source.preprocessing
 
     t = time.perf_counter()
     table.keep_usable = data_cfg.on_bad_file == "warn"
@@ -177,6 +194,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     card = merged_card(data_cfg.card.model_dump(), getattr(source, "card", {}))
     _write_card(final, card)
     if (final / "version.json").exists():
+        _remember(memo, version)
         log.info("data: reusing data version %s (%d samples)", version[:12], len(table.ids))
         loaded = load_version(final)
         loaded.reused = True
@@ -199,6 +217,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _write_card(final, card)
+    _remember(memo, version)
     return load_version(final)
 
 
@@ -211,29 +230,53 @@ def _default_workers() -> int:
 # ---------------------------------------------------------------- building the sample table
 
 
-def _from_arrays(cfg: Any, source: SourceData, cache_dir: Path, timings: dict[str, float]):
-    labels = source.label_names()
+def _table_from_arrays(source: SourceData) -> _Table:
     n = len(source.sample_ids)
     table = _Table(
         ids=list(source.sample_ids),
         paths=[None] * n,
         sizes=list(source.sizes),
         hashes=list(source.content_hashes),
-        labels=labels,
+        labels=source.label_names(),
         groups=[None] * n,
         fixed=list(source.fixed_split) if source.fixed_split else [None] * n,
         timestamps=[None] * n,
     )
     for i in range(n):
         table.arrays[i] = source.inputs[i]
+    return table
+
+
+def _array_target(cfg: Any, source: SourceData, table: _Table, cache_dir: Path, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     shape = list(source.inputs.shape[1:])
-    target = {"shape": shape, "dtype": str(source.inputs.dtype)}
     if _near_duplicates_on(cfg, shape) and source.inputs.dtype == np.uint8 and source.inputs.ndim == 4:
         t = time.perf_counter()
         table.phash.update(_array_phashes(source.inputs, source.content_hashes, cache_dir))
         timings["perceptual_hash"] = time.perf_counter() - t
-    headers = {"shape": {"×".join(map(str, shape)): n}}
-    return table, source.classes, target, headers
+    return {"shape": shape, "dtype": str(source.inputs.dtype)}, {"shape": {"×".join(map(str, shape)): len(table.ids)}}
+
+
+def _fingerprint(cfg: Any, source: Any, table: _Table) -> str:
+    """Hash of every input of the stage: data config (minus locations and card), the source's
+    preprocessing, each sample's id, content hash, label, group, fixed split and timestamp, the
+    listing's findings, and the versions of veritrain and the decoders."""
+    import PIL
+
+    from veritrain import __version__
+
+    return sha256_json({
+        "config": preprocessing_config(cfg, source.preprocessing),
+        "samples": list(zip(table.ids, table.hashes, table.labels, table.groups, table.fixed, table.timestamps)),
+        "findings": [f.as_dict() for f in table.findings],
+        "versions": {"veritrain": __version__, "pillow": PIL.__version__, "numpy": np.__version__},
+    })
+
+
+def _remember(memo: Path, version: str) -> None:
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f".{memo.name}.{uuid.uuid4().hex}")
+    tmp.write_text(version + "\n")
+    os.replace(tmp, memo)
 
 
 def _array_phashes(inputs: np.ndarray, hashes: list[str], cache_dir: Path) -> dict[int, int]:
@@ -266,8 +309,8 @@ def _near_duplicates_on(cfg: Any, shape: list[int]) -> bool:
     return cfg.near_duplicates == "on"
 
 
-def _from_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, workers: int, timings: dict[str, float]):
-    from veritrain.data import validate
+def _list_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, timings: dict[str, float]) -> _Table:
+    """The sample table of a file source with every file hashed (stat cache first)."""
     from veritrain.hashing import StatCache, hash_files
 
     samples = sorted(source.samples, key=lambda s: s.sample_id)
@@ -306,10 +349,18 @@ def _from_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, wo
             table.hashes[i] = result.digest
             if result.size == 0:
                 table.add("empty", [i], "zero-byte file", exclude=True)
+    if cfg.test_split_file is not None:
+        _apply_test_split_file(cfg, source.root, table, index_of)
+    return table
 
-    # one check per distinct content: copies share the result
+
+def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Decode and check every distinct content once (cached by content hash); returns the target
+    shape and a summary of sizes, modes and formats."""
+    from veritrain.data import validate
+
     t = time.perf_counter()
-    files = {}
+    files: dict[str, str] = {}
     for i in table.included():
         files.setdefault(table.hashes[i], str(table.paths[i]))
     check_cache = validate.CheckCache(cache_dir / "images.sqlite")
@@ -340,15 +391,12 @@ def _from_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, wo
             table.phash[i] = check.phash
         if check.array is not None:
             table.arrays[i] = check.array
-
-    if cfg.test_split_file is not None:
-        _apply_test_split_file(cfg, source.root, table, index_of)
     summary = {
         "sizes": {f"{w}×{h}": n for (h, w), n in sizes.most_common(10)},
         "modes": dict(Counter(h.mode for h in headers.values() if h.error is None).most_common()),
         "formats": dict(Counter(h.format for h in headers.values() if h.error is None).most_common()),
     }
-    return table, source.classes, target, summary
+    return target, summary
 
 
 def _apply_test_split_file(cfg: Any, root: Path, table: _Table, index_of: dict[str, int]) -> None:

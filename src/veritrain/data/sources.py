@@ -44,7 +44,7 @@ class SourceData:
 @dataclass
 class FileSample:
     sample_id: str  # the path relative to data.root, with `/` separators
-    path: Path  # absolute
+    path: str  # absolute (text, not Path: listing a million files should not build a million Paths)
     label: Optional[str]  # None: no label found (a `missing_label` finding)
     group: Optional[str] = None  # samples of one group stay in one split
     fixed_split: Optional[str] = None  # train | val | test when given by the data
@@ -142,27 +142,26 @@ def _root(paths: dict[str, Path]) -> Path:
     return root
 
 
-def walk_files(root: Path) -> list[Path]:
-    """Every regular file under `root` in sorted order; hidden files and folders (`.name`) are skipped."""
+def walk_files(root: Path) -> list[tuple[str, str]]:
+    """(relpath, absolute path) of every regular file under `root`, sorted by relpath; hidden files
+    and folders (`.name`) are skipped."""
     found = []
-    for folder, dirs, files in os.walk(root):
+    base = str(root)
+    for folder, dirs, files in os.walk(base):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        prefix = folder[len(base) + 1 :].replace(os.sep, "/")
         for name in sorted(files):
             if not name.startswith("."):
-                found.append(Path(folder) / name)
+                found.append((f"{prefix}/{name}" if prefix else name, os.path.join(folder, name)))
+    found.sort()
     return found
-
-
-def _relpath(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()
 
 
 def load_imagefolder_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     """`root/<class name>/<image files>`, any nesting below the class folder."""
     root = _root(paths)
     samples = []
-    for path in walk_files(root):
-        rel = _relpath(path, root)
+    for rel, path in walk_files(root):
         label = rel.split("/", 1)[0] if "/" in rel else None  # a file directly in root has no class folder
         samples.append(FileSample(rel, path, label))
     discovered = sorted({s.label for s in samples if s.label is not None})
@@ -207,7 +206,7 @@ def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
         if split is not None and split not in SPLIT_NAMES:
             raise RunFailed(f"data.csv: {csv_path}: line {line}: split {split!r}; use train, val, test or leave it empty")
         label = (row.get("label") or "").strip() or None
-        samples.append(FileSample(rel, root / rel, label, (row.get("group") or "").strip() or None, split, (row.get("timestamp") or "").strip() or None))
+        samples.append(FileSample(rel, os.path.join(root, rel), label, (row.get("group") or "").strip() or None, split, (row.get("timestamp") or "").strip() or None))
     if cfg.split_by == "time":
         undated = [s.sample_id for s in samples if s.timestamp is None]
         if undated:
@@ -239,8 +238,8 @@ def load_labelmap_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
                     if rel.strip():
                         fixed[rel.strip()] = split
     files = walk_files(root)
-    present = {_relpath(p, root) for p in files}
-    samples = [FileSample(rel, root / rel, mapping.get(rel), None, fixed.get(rel)) for rel in sorted(present)]
+    present = {rel for rel, _ in files}
+    samples = [FileSample(rel, path, mapping.get(rel), None, fixed.get(rel)) for rel, path in files]
     findings = []
     ghosts = sorted(set(mapping) - present)
     if ghosts:

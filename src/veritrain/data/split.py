@@ -59,9 +59,11 @@ def assign(units: list[Unit], ratios: Sequence[float], seed: int, by_time: bool 
         _assign_by_time(units, free, ratios, result)
     else:
         rng = np.random.default_rng(seed)
-        strata = sorted({units[i].stratum for i in free})
-        for stratum in strata:
-            members = [i for i in free if units[i].stratum == stratum]
+        by_stratum: dict[int, list[int]] = {}
+        for i in free:
+            by_stratum.setdefault(units[i].stratum, []).append(i)
+        for stratum in sorted(by_stratum):
+            members = by_stratum[stratum]
             if stratum < 0:
                 shown = "(all samples)"
             else:

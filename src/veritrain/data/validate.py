@@ -164,6 +164,9 @@ def _header_batch(items: list[tuple[str, str]]) -> list[tuple[str, Header]]:
     return [(digest, read_header(path)) for digest, path in items]
 
 
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def _in_parallel(func: Any, items: list[Any], workers: int, *args: Any) -> Iterable[Any]:
     """Run `func(batch, *args)` over batches of items; serial for small inputs (process start-up costs ~0.3 s)."""
     if workers <= 1 or len(items) < 200:
@@ -171,10 +174,21 @@ def _in_parallel(func: Any, items: list[Any], workers: int, *args: Any) -> Itera
         return
     size = max(16, min(256, len(items) // (workers * 4)))
     batches = [items[i : i + size] for i in range(0, len(items), size)]
-    # spawn: a clean interpreter, safe even when the parent has torch and its thread pools loaded
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        for result in pool.map(func, batches, *([a] * len(batches) for a in args)):
-            yield from result
+    # spawn: a clean interpreter, safe even when the parent has torch and its thread pools loaded.
+    # One BLAS thread per worker: the workers already use every core, and oversubscribed BLAS
+    # threads (numpy's matmul in the perceptual hash) made 2 workers slower than 1.
+    saved = {k: os.environ.get(k) for k in _THREAD_VARIABLES}
+    os.environ.update({k: "1" for k in _THREAD_VARIABLES})
+    try:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            for result in pool.map(func, batches, *([a] * len(batches) for a in args)):
+                yield from result
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class CheckCache:
@@ -225,10 +239,17 @@ class CheckCache:
 
 
 def headers_for(files: dict[str, str], cache: Optional[CheckCache], workers: int) -> dict[str, Header]:
-    """content hash → header, for one path per distinct content."""
+    """content hash → header, for one path per distinct content. Headers are a few hundred bytes:
+    threads suffice (and cost no process start-up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     found = cache.headers(list(files)) if cache else {}
     todo = [(h, p) for h, p in files.items() if h not in found]
-    fresh = dict(_in_parallel(_header_batch, todo, workers))
+    if workers > 1 and len(todo) > 200:
+        with ThreadPoolExecutor(workers) as pool:
+            fresh = dict(pool.map(lambda item: (item[0], read_header(item[1])), todo))
+    else:
+        fresh = dict(_header_batch(todo))
     if cache and fresh:
         cache.store_headers(fresh)
     return {**found, **fresh}
@@ -237,8 +258,9 @@ def headers_for(files: dict[str, str], cache: Optional[CheckCache], workers: int
 def checks_for(
     files: dict[str, str], headers: dict[str, Header], params: CheckParams, cache: Optional[CheckCache], workers: int, keep_arrays: bool
 ) -> dict[str, Check]:
-    """content hash → check. Cached results are used unless arrays are wanted (arrays are not cached)."""
-    found = cache.checks(list(files), params) if (cache and not keep_arrays) else {}
+    """content hash → check. Cached results carry no array (arrays are not cached); files decoded
+    now keep theirs when `keep_arrays`."""
+    found = cache.checks(list(files), params) if cache else {}
     todo = [(h, p, headers[h]) for h, p in files.items() if h not in found]
     fresh = dict(_in_parallel(_check_batch, todo, workers, params, keep_arrays))
     if cache and fresh:
