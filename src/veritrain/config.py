@@ -123,9 +123,7 @@ class DataConfig(Section):
     def _known_source(cls, value: str) -> str:
         from veritrain.data.sources import SOURCES
 
-        if value not in SOURCES:
-            raise ValueError(f"expected one of {_quoted(sorted(SOURCES))}, got {value!r}")
-        return value
+        return _registered(value, SOURCES)
 
     @field_validator("split_ratios")
     @classmethod
@@ -215,9 +213,7 @@ class RunConfig(Section):
     def _known_task(cls, value: str) -> str:
         from veritrain.tasks import TASKS
 
-        if value not in TASKS:
-            raise ValueError(f"expected one of {_quoted(sorted(TASKS))}, got {value!r}")
-        return value
+        return _registered(value, TASKS)
 
 
 
@@ -457,6 +453,13 @@ def _plural(annotation: Any) -> str:
             noun, _, rest = text[len(article):].partition(" ")
             return f"{noun}s {rest}".strip()
     return text
+
+
+def _registered(value: str, registry: dict[str, Any]) -> str:
+    """Names that plugins can add to (sources, tasks) are checked against the registry, not a Literal."""
+    if value not in registry:
+        raise ValueError(f"expected one of {_quoted(sorted(registry))}, got {value!r}")
+    return value
 
 
 def _quoted(values: Any) -> str:
