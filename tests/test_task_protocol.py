@@ -40,6 +40,9 @@ class RegressionTask:
     epoch_metrics = ("abs_err",)
     best_metric = ("val_loss", "min")
 
+    def __init__(self, cfg=None):
+        self.cfg = cfg
+
     def build_model(self, cfg, data):
         return models.build("mlp", data.info["input_shape"], 1, [], cfg.hidden, cfg.dropout)
 

@@ -69,12 +69,50 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], workdir: Opti
     resolved = load_config(config, overrides)
     workspace = Workspace.open(workdir)
     outcome = pipeline.run(resolved, workspace, pipeline.python_argv())
+    return _finish_run(outcome, as_json)
+
+
+@cli.command("train")
+@config_argument
+@set_option
+@click.option("--resume", "resume_ref", metavar="RUN|auto", help="Continue RUN (id, prefix, latest or folder) from its newest valid checkpoint; "
+              "`auto`: the newest interrupted run of this config and data version.")
+@workdir_option
+@json_option
+def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+    """Train only (preparing the data version if needed), or resume an interrupted run.
+
+    A run killed at any moment and resumed ends with the same weights as one never interrupted.
+
+    \b
+    Examples:
+      veritrain train configs/digits.yaml --set checkpoint.every_steps=50
+      veritrain train --resume latest
+    """
+    from veritrain import pipeline
+    from veritrain.config import load_config
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    if resume_ref and resume_ref != "auto":
+        if config or overrides:
+            raise UserError(f"--resume {resume_ref}: a resumed run keeps its own recorded config; drop CONFIG and --set")
+        outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv())
+    elif resume_ref == "auto":
+        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=load_config(config, overrides))
+    else:
+        outcome = pipeline.run(load_config(config, overrides), workspace, pipeline.python_argv(), kind="train")
+    return _finish_run(outcome, as_json)
+
+
+def _finish_run(outcome: Any, as_json: bool) -> int:
     if as_json:
         emit_json(outcome.summary)
     _render_run_summary(outcome)
     if outcome.error is not None:
         if outcome.record["status"] == "interrupted":
-            logs.console.print(f"run {outcome.summary['run_id']} interrupted; its record is in {outcome.summary['run_dir']}", markup=False)
+            run_id = outcome.summary["run_id"]
+            logs.console.print(f"run {run_id} interrupted and saved; resume with: veritrain train --resume {run_id}", markup=False)
         raise outcome.error
     return 0
 
@@ -278,8 +316,8 @@ def main(argv: Optional[list[str]] = None) -> None:
         code = err.exit_code
     except click.UsageError as err:
         command = err.ctx.command_path if err.ctx else "veritrain"
-        message = " ".join(err.format_message().split()).rstrip(".")  # click's text, on one line
-        _error(f"{command}: {message}; see `{command} --help`", UserError.exit_code)
+        message = " ".join(err.format_message().split()).replace(". Did you mean", "; did you mean").rstrip(".")  # one line
+        _error(f"{command}: {message} (see `{command} --help`)", UserError.exit_code)
     except click.Abort:
         _error("interrupted", 130)
     except (VeritrainError, Interrupted) as err:

@@ -149,9 +149,14 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    name: Literal["mlp", "cnn"] = Field(
-        "cnn", description="`cnn`: blocks of Conv3×3 (no bias) → BatchNorm → ReLU → MaxPool(2), global average pooling, linear head; `mlp`: fully connected layers on flattened inputs"
+    name: Literal["mlp", "cnn", "resnet18"] = Field(
+        "cnn", description="`cnn`: blocks of Conv3×3 (no bias) → BatchNorm → ReLU → MaxPool(2), global average pooling, linear head; "
+        "`mlp`: fully connected layers on flattened inputs; `resnet18`: ResNet-18, CIFAR variant (3×3 stem, no max-pool). Ignored when `target` is set"
     )
+    target: Optional[str] = Field(
+        None, description="a user model as `package.module:factory`; called as factory(input_shape=[C, H, W], num_outputs=N, **kwargs)"
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the `target` factory")
     widths: list[PositiveInt] = Field(
         [32, 64, 128], min_length=1, description="cnn: output channels of each conv block, one entry per block"
     )
@@ -170,24 +175,69 @@ class OptimConfig(Section):
 
 
 class ScheduleConfig(Section):
-    name: Literal["cosine", "constant"] = Field(
-        "cosine", description="learning-rate schedule over all optimizer steps: `cosine` decays to 0, `constant` keeps lr"
+    name: Literal["cosine", "constant", "step"] = Field(
+        "cosine", description="learning-rate schedule over all optimizer steps: `cosine` decays to 0, `constant` keeps lr, "
+        "`step` multiplies lr by `gamma` every `step_epochs` epochs"
     )
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup from 0 to lr, before the schedule")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup from 0 to lr, before the schedule (warmup + cosine: set both)")
+    step_epochs: int = Field(10, ge=1, description="`step`: epochs between lr drops")
+    gamma: float = Field(0.1, gt=0.0, le=1.0, description="`step`: factor applied to lr at each drop")
 
 
 class TrainConfig(Section):
     epochs: int = Field(15, ge=1, description="passes over the train split")
-    batch_size: int = Field(64, ge=1, description="samples per optimizer step")
+    batch_size: int = Field(64, ge=1, description="samples per forward pass (an optimizer step sees batch_size × accumulate_steps)")
+    accumulate_steps: int = Field(1, ge=1, description="batches whose gradients are summed before one optimizer step")
+    grad_clip: Optional[float] = Field(None, gt=0.0, description="clip the gradient's global L2 norm to this value; null: no clipping")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="`bf16`: autocast to bfloat16 (CPU or GPU); `fp16`: autocast to float16 with a gradient scaler (CUDA only)"
+    )
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="classification: label smoothing of the cross-entropy")
+    early_stopping_patience: Optional[int] = Field(
+        None, ge=1, description="stop after this many epochs without improvement of the best metric; null: never"
+    )
+    on_nonfinite: Literal["stop", "rollback", "skip_batch"] = Field(
+        "rollback", description="when the loss (or, with check_grad_norm, the gradient norm) is NaN/inf: `stop` fails the run, "
+        "`rollback` restores the last step-scheduled snapshot and lowers lr, `skip_batch` drops that batch's update"
+    )
+    rollback_lr_factor: float = Field(0.5, gt=0.0, le=1.0, description="lr multiplier applied at each rollback")
+    max_rollbacks: int = Field(3, ge=0, description="rollbacks allowed before the run stops as failed")
+    check_grad_norm: bool = Field(False, description="also check the gradient norm for NaN/inf every step")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="`auto` takes CUDA when available, else the CPU"
     )
     threads: Optional[int] = Field(
         None, ge=1, description="CPU threads for torch (intra-op); null leaves torch's default. Results are bit-exact only for the same value"
     )
+    num_workers: int = Field(0, ge=0, description="recorded for comparison across resumes; batches are built in the training process from the prepared arrays")
     deterministic: bool = Field(
         True, description="use only deterministic kernels (`torch.use_deterministic_algorithms`); same seed → same weights"
     )
+    compile: bool = Field(False, description="`torch.compile` the model (outside the bit-exact promise)")
+    channels_last: bool = Field(False, description="channels-last memory format for image models")
+
+
+class AugmentConfig(Section):
+    crop_padding: int = Field(0, ge=0, description="random crop after zero-padding each side by this many pixels; 0: off")
+    hflip: bool = Field(False, description="random horizontal flip with probability 0.5")
+    mixup_alpha: float = Field(0.0, ge=0.0, description="mixup Beta(α, α) mixing of batch pairs; 0: off")
+    cutmix_alpha: float = Field(0.0, ge=0.0, description="cutmix Beta(α, α) box mixing; 0: off (with mixup too, each batch picks one at random)")
+
+
+class CheckpointConfig(Section):
+    every_epochs: int = Field(1, ge=0, description="save at the end of every N-th epoch; 0: never by epoch")
+    every_steps: int = Field(0, ge=0, description="save every N optimizer steps (also the rollback targets); 0: never by step")
+    every_minutes: Optional[float] = Field(None, gt=0.0, description="save when this many minutes passed since the last save; null: off")
+    last: bool = Field(True, description="keep checkpoints/last.pt, a copy of the newest checkpoint")
+    best: bool = Field(True, description="keep checkpoints/best.pt, the epoch with the best `best_metric`")
+    best_metric: Optional[str] = Field(None, description="metrics.jsonl key that picks best.pt; null: the task's (val_acc for classification)")
+    best_mode: Optional[Literal["max", "min"]] = Field(None, description="whether a larger or smaller best_metric is better; null: the task's")
+    keep_last: int = Field(2, ge=1, description="step-<N>.pt files kept (the newest); older ones are deleted")
+
+
+class LoggingConfig(Section):
+    every_steps: int = Field(50, ge=0, description="write a steps.jsonl line (step, loss, lr, grad norm, samples/s) every N steps; 0: off")
+    tensorboard: bool = Field(False, description="also write TensorBoard event files to tensorboard/ in the run (needs the tensorboard package)")
 
 
 class EvalConfig(Section):
@@ -206,6 +256,9 @@ class RunConfig(Section):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer")
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")
     train: TrainConfig = Field(default_factory=TrainConfig, description="training loop")
+    augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batch augmentation (images)")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="when and what to save")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="step logs")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
 
     @field_validator("task")

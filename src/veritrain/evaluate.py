@@ -45,7 +45,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, che
     outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
     metrics = task.metrics(outputs, targets, data)
     metrics["checkpoint"] = f"checkpoints/{checkpoint_name}.pt"
-    metrics["checkpoint_epoch"] = state["epoch"]
+    metrics["checkpoint_epoch"] = state["loop"]["epochs_done"]
     out_dir = run_dir / "eval" / split
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -53,7 +53,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, che
         "eval: %s split, %s (epoch %d): %s",
         split,
         metrics["checkpoint"],
-        state["epoch"],
+        state["loop"]["epochs_done"],
         "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float)),
     )
     return metrics

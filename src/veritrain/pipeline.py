@@ -1,33 +1,38 @@
-"""`veritrain run`: prepare → train → evaluate, recorded in `runs/<run_id>/`.
+"""`veritrain run` and `veritrain train`: prepare → train (→ evaluate), recorded in `runs/<run_id>/`.
 
 Each stage is a plain function in its own module; this one only wires them together and keeps the
 run record honest: `record.json` is written when the run starts (status `running`), after each stage,
-and at the end with `completed`, `failed` (and the error) or `interrupted`.
+and at the end with `completed`, `failed` (and the error) or `interrupted`. A resumed run continues in
+its own folder with its own recorded config and data version.
 
     veritrain run                          # the built-in default (configs/digits.yaml)
     veritrain run configs/digits.yaml --set train.epochs=5 --json
+    veritrain train --resume latest
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
-from collections import Counter
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from veritrain import config as config_module
 from veritrain import logs
-from veritrain.config import ResolvedConfig
+from veritrain.config import ResolvedConfig, RunConfig, config_hash
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
-from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, write_record
+from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, write_record
 from veritrain.signals import interruptible
 from veritrain.workspace import Workspace
 
 log = logging.getLogger("veritrain")
+
+STAGES = {"run": ("prepare", "train", "eval"), "train": ("prepare", "train")}
 
 
 @dataclass
@@ -39,18 +44,16 @@ class RunOutcome:
     error: Optional[VeritrainError | Interrupted] = None  # set when the run did not complete
 
 
-def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunOutcome:
-    """Execute one run of the pipeline; never raises for a run that started (see `RunOutcome.error`)."""
-    started = time.perf_counter()
+def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run") -> RunOutcome:
+    """Start a new run of `kind` ("run": prepare, train, evaluate; "train": prepare, train)."""
     cfg = resolved.config
     run_id, run_dir = workspace.new_run_dir()
-    file_log = logs.attach_file(run_dir / "train.log")
-    workspace.lock_run(run_id)
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
         "run_id": run_id,
-        "kind": "run",
+        "kind": kind,
+        "stages": list(STAGES[kind]),
         "status": "running",
         "started_at": now_iso(),
         "ended_at": None,
@@ -75,8 +78,61 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
         "final_state_sha256": None,
         "timings": {},
         "events": [],
+        "resumes": [],
         "error": None,
     }
+    return _execute(record, run_dir, resolved, workspace, resume=False)
+
+
+def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[ResolvedConfig] = None) -> RunOutcome:
+    """Continue a run in its own folder from its newest valid checkpoint. `ref` is a RUN reference
+    or `auto`: the newest interrupted (or stale running) run whose config hash and data version
+    match `match`."""
+    run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref)
+    record = read_record(run_dir)
+    status = record.get("status")
+    if status == "completed":
+        raise UserError(f"--resume {ref}: run {run_dir.name} already completed; start a new run instead")
+    if status == "running" and not workspace.lock_is_stale(run_dir.name):
+        raise UserError(f"--resume {ref}: run {run_dir.name} is still running (its lock is held by a live process)")
+    cfg = RunConfig.model_validate(record["config"])
+    if config_hash(cfg) != record["config_hash"]:
+        raise RunFailed(f"--resume {ref}: the recorded config of {run_dir.name} no longer hashes to its config_hash; this veritrain cannot resume it")
+    paths = {k: Path(v) for k, v in record["config_source"].get("data_paths_resolved", {}).items()}
+    resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
+    record.update(status="running", ended_at=None, error=None)
+    record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": status})
+    return _execute(record, run_dir, resolved, workspace, resume=True)
+
+
+def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -> Path:
+    if match is None:
+        raise UserError("--resume auto: give the config the run was started with (or --resume RUN)")
+    from veritrain.data import prepare
+
+    data_version = prepare.run(match.config.data, match.data_paths, workspace.state_dir).version
+    candidates = []
+    for run_dir in sorted(workspace.runs_dir.glob("*"), reverse=True) if workspace.runs_dir.exists() else []:
+        try:
+            record = read_record(run_dir)
+        except (OSError, json.JSONDecodeError):
+            continue
+        resumable = record.get("status") == "interrupted" or (
+            record.get("status") == "running" and workspace.lock_is_stale(run_dir.name)
+        )
+        if resumable and record.get("config_hash") == match.hash and (record.get("data") or {}).get("version") == data_version:
+            candidates.append(run_dir)
+    if not candidates:
+        raise UserError("--resume auto: no interrupted run with this config and data version; start one with `veritrain train`")
+    return candidates[0]
+
+
+def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, workspace: Workspace, resume: bool) -> RunOutcome:
+    started = time.perf_counter()
+    cfg = resolved.config
+    run_id = record["run_id"]
+    file_log = logs.attach_file(run_dir / "train.log")
+    workspace.lock_run(run_id)
     error: Optional[VeritrainError | Interrupted] = None
     try:
         with interruptible() as stop:
@@ -88,44 +144,50 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
             from veritrain.train import loop
 
             env, package_list = capture_env()
+            if resume and record.get("env"):
+                drift = {k: (record["env"].get(k), v) for k, v in env.items() if k in ("python", "torch", "packages_sha256") and record["env"].get(k) != v}
+                if drift:
+                    log.warning("resume: environment differs from the run's start (%s)", ", ".join(f"{k} {a} → {b}" for k, (a, b) in drift.items()))
             record["env"] = env
-            (run_dir / "env").mkdir()
+            (run_dir / "env").mkdir(exist_ok=True)
             (run_dir / "env" / "requirements.lock").write_text(package_list, encoding="utf-8")
-            log.info("run %s (%s) in %s", run_id, cfg.exp_name, run_dir)
-            log.info("config %s (%s):\n%s", resolved.hash[:12], resolved.source_label, config_module.compact(cfg))
-            log.debug("argv: %s", argv)
-            log.debug("code: %s", record["code"])
-            log.debug("env: %s", env)
+            _log_header(record, resolved, run_dir, resume)
             write_record(run_dir, record)
 
             t = time.perf_counter()
             data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
+            if resume and data.version != (record.get("data") or {}).get("version"):
+                raise RunFailed(f"resume: the data now prepares to version {data.version[:12]}, the run used "
+                                f"{(record.get('data') or {}).get('version', '?')[:12]}; restore the data or start a new run")
             record["timings"]["prepare"] = round(time.perf_counter() - t, 3)
             record["data"] = data_summary(data)
             log.info("data: version %s  %s", data.version[:12], "  ".join(f"{k} {v}" for k, v in data.counts.items()))
             write_record(run_dir, record)
 
-            task = get_task(cfg.task)
+            task = get_task(cfg)
             t = time.perf_counter()
-            result = loop.run(cfg, data, task, run_dir, stop, logs.console)
-            record["timings"]["train"] = round(time.perf_counter() - t, 3)
+            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"])
+            record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
             record["env"]["device"] = result.device
             record["env"]["torch_threads"] = result.threads
             record["final_state_sha256"] = result.final_state_sha256
-            best_key, _ = task.best_metric
             record["training"] = {
                 "epochs": len(result.epochs),
                 "steps": result.steps,
                 "best_epoch": result.best_epoch,
-                "best_metric": {"name": best_key, "value": result.best_value},
-                "last_epoch": result.epochs[-1],
+                "best_metric": {"name": result.best_metric[0], "mode": result.best_metric[1], "value": result.best_value},
+                "last_epoch": result.epochs[-1] if result.epochs else None,
+                "peak_memory_mb": result.peak_memory_mb,
+                "settings": {"device": result.device, "threads": result.threads, "num_workers": cfg.train.num_workers},
             }
             write_record(run_dir, record)
 
-            t = time.perf_counter()
-            device = loop.resolve_device(cfg.train.device)
-            record["metrics"][cfg.eval.split] = evaluate.run(cfg, data, task, run_dir, device, "best")
-            record["timings"]["eval"] = round(time.perf_counter() - t, 3)
+            if "eval" in record["stages"]:
+                t = time.perf_counter()
+                device = loop.resolve_device(cfg.train.device)
+                which = "best" if cfg.checkpoint.best else "last"
+                record["metrics"][cfg.eval.split] = evaluate.run(cfg, data, task, run_dir, device, which)
+                record["timings"]["eval"] = round(time.perf_counter() - t, 3)
             record["status"] = "completed"
     except Interrupted as err:
         error = err
@@ -141,7 +203,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
     finally:
         seconds = time.perf_counter() - started
         record["ended_at"] = now_iso()
-        record["timings"]["total"] = round(seconds, 3)
+        record["timings"]["total"] = round(record["timings"].get("total", 0) + seconds, 3)
         if record["env"] is None:
             record["env"], _ = capture_env()
         if record["status"] == "completed":
@@ -161,6 +223,22 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str]) -> RunO
     if error is not None:
         summary["error"] = str(error)
     return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
+
+
+def _log_header(record: dict[str, Any], resolved: ResolvedConfig, run_dir: Path, resume: bool) -> None:
+    import torch
+
+    cfg, code, env = resolved.config, record["code"], record["env"]
+    verb = "resuming" if resume else "starting"
+    log.info("%s %s %s (%s) in %s", verb, record["kind"], record["run_id"], cfg.exp_name, run_dir)
+    log.info("command: %s", " ".join(record["argv"]))
+    log.info("config %s (%s):\n%s", resolved.hash[:12], resolved.source_label, config_module.compact(cfg))
+    log.info(
+        "code: veritrain %s, git %s%s | torch %s, CUDA %s | threads %d",
+        code["veritrain"], (code["git_commit"] or "-")[:12], " (dirty)" if code["git_dirty"] else "",
+        torch.__version__, torch.version.cuda or "-", torch.get_num_threads(),
+    )
+    log.debug("env: %s", env)
 
 
 def data_summary(data: Any) -> dict[str, Any]:
@@ -201,10 +279,3 @@ def _record_failure(record: dict[str, Any], err: BaseException) -> None:
 def python_argv() -> list[str]:
     """The command line as the user typed it (program name shortened to `veritrain`)."""
     return ["veritrain", *sys.argv[1:]]
-
-
-def relative_to_cwd(path: Path) -> str:
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)

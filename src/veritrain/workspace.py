@@ -64,6 +64,24 @@ class Workspace:
         lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n", encoding="utf-8")
         return lock
 
+    def lock_is_stale(self, run_id: str) -> bool:
+        """True when no live process on this host holds the run's lock (missing lock, dead pid).
+        A lock from another host cannot be checked and counts as held."""
+        lock = self.state_dir / "locks" / f"{run_id}.lock"
+        try:
+            holder = json.loads(lock.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return True
+        if holder.get("host") != socket.gethostname():
+            return False
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, KeyError, ValueError):
+            return False
+        return False  # alive (a reused pid also looks alive: resume by id after checking)
+
     def unlock_run(self, run_id: str) -> None:
         (self.state_dir / "locks" / f"{run_id}.lock").unlink(missing_ok=True)
 

@@ -44,18 +44,19 @@ class Task(Protocol):
         ...
 
 
-def _classification() -> Task:
+def _classification(cfg: Any) -> Task:
     from veritrain.tasks.classification import ClassificationTask
 
-    return ClassificationTask()
+    return ClassificationTask(cfg)
 
 
-TASKS: dict[str, Callable[[], Task]] = {"classification": _classification}
+# name → factory(run config) → Task
+TASKS: dict[str, Callable[[Any], Task]] = {"classification": _classification}
 
 
-def register_task(name: str, factory: Callable[[], Task]) -> None:
+def register_task(name: str, factory: Callable[[Any], Task]) -> None:
     TASKS[name] = factory
 
 
-def get_task(name: str) -> Task:
-    return TASKS[name]()
+def get_task(cfg: Any) -> Task:
+    return TASKS[cfg.task](cfg)

@@ -1,7 +1,9 @@
 """Image classification: uint8 N×H×W×C images → normalized C×H×W tensors → class logits.
 
-Loss is cross-entropy; per epoch it tracks accuracy, and the final evaluation reports accuracy,
-macro-F1 and loss on the chosen split.
+Augmentation works on whole batches with tensor ops (random crop after zero padding, horizontal
+flip, mixup/cutmix), drawing from the epoch's augmentation generator, so it replays exactly on
+resume. Loss is cross-entropy (with optional label smoothing); per epoch it tracks accuracy, and the
+final evaluation reports accuracy, macro-F1 and loss.
 """
 
 from __future__ import annotations
@@ -20,27 +22,74 @@ class ClassificationTask:
     epoch_metrics = ("acc",)
     best_metric = ("val_acc", "max")
 
+    def __init__(self, cfg: Any):
+        self.augment = cfg.augment
+        self.label_smoothing = cfg.train.label_smoothing
+
     def build_model(self, cfg: Any, data: Any) -> torch.nn.Module:
         if not data.classes:
             raise ValueError("classification needs a data source with class labels")
         h, w, c = data.info["input_shape"]
+        if cfg.target:
+            return models.from_target(cfg.target, (c, h, w), len(data.classes), cfg.kwargs)
         return models.build(cfg.name, (c, h, w), len(data.classes), cfg.widths, cfg.hidden, cfg.dropout)
 
     def batch(self, data: Any, rows: np.ndarray, device: torch.device, train: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         stats = data.info["normalization"]
-        images = torch.from_numpy(np.ascontiguousarray(data.inputs[rows])).to(device)
-        mean = torch.tensor(stats["mean"], dtype=torch.float32, device=device)
-        std = torch.tensor(stats["std"], dtype=torch.float32, device=device)
-        x = (images.float() / 255.0 - mean) / std  # N×H×W×C, per-channel statistics of the train split
-        x = x.permute(0, 3, 1, 2).contiguous()  # → N×C×H×W
-        y = torch.from_numpy(np.ascontiguousarray(data.targets[rows])).to(device)
+        images = torch.from_numpy(np.ascontiguousarray(data.inputs[rows]))
+        x = images.float().permute(0, 3, 1, 2) / 255.0  # N×C×H×W in [0, 1]
+        y = torch.from_numpy(np.ascontiguousarray(data.targets[rows]))
+        if train:
+            x, y = self._augment(x, y, len(data.classes), generator)
+        mean = torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(stats["std"], dtype=torch.float32).view(1, -1, 1, 1)
+        x = ((x - mean) / std).contiguous()  # per-channel statistics of the train split
+        return x.to(device), y.to(device)
+
+    def _augment(self, x: torch.Tensor, y: torch.Tensor, n_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        aug = self.augment
+        n, _, h, w = x.shape
+        if aug.crop_padding:
+            p = aug.crop_padding
+            padded = F.pad(x, (p, p, p, p))  # zeros: black borders, as in the usual CIFAR recipe
+            dy = torch.randint(0, 2 * p + 1, (n,), generator=generator)
+            dx = torch.randint(0, 2 * p + 1, (n,), generator=generator)
+            rows = (dy[:, None] + torch.arange(h))[:, None, :, None]  # N×1×H×1
+            cols = (dx[:, None] + torch.arange(w))[:, None, None, :]  # N×1×1×W
+            x = padded[torch.arange(n)[:, None, None, None], torch.arange(x.shape[1])[None, :, None, None], rows, cols]
+        if aug.hflip:
+            flip = torch.rand(n, generator=generator) < 0.5
+            x = torch.where(flip[:, None, None, None], x.flip(3), x)
+        mixers = [m for m, alpha in (("mixup", aug.mixup_alpha), ("cutmix", aug.cutmix_alpha)) if alpha > 0]
+        if mixers:
+            choice = mixers[int(torch.randint(0, len(mixers), (1,), generator=generator))]
+            alpha = aug.mixup_alpha if choice == "mixup" else aug.cutmix_alpha
+            # Beta(α, α) from two Gamma draws, so the generator (not numpy's global RNG) decides
+            g1 = torch._standard_gamma(torch.full((1,), alpha), generator=generator)
+            g2 = torch._standard_gamma(torch.full((1,), alpha), generator=generator)
+            lam = float(g1 / (g1 + g2))
+            partner = torch.randperm(n, generator=generator)
+            soft = F.one_hot(y, n_classes).float()
+            if choice == "mixup":
+                x = lam * x + (1 - lam) * x[partner]
+            else:
+                cut_h, cut_w = int(h * (1 - lam) ** 0.5), int(w * (1 - lam) ** 0.5)
+                cy = int(torch.randint(0, h, (1,), generator=generator))
+                cx = int(torch.randint(0, w, (1,), generator=generator))
+                y0, y1 = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, h)
+                x0, x1 = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, w)
+                x = x.clone()
+                x[:, :, y0:y1, x0:x1] = x[partner][:, :, y0:y1, x0:x1]
+                lam = 1 - (y1 - y0) * (x1 - x0) / (h * w)  # the share of the image that kept its label
+            y = lam * soft + (1 - lam) * soft[partner]  # soft targets: N×classes
         return x, y
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs, targets)
+        return F.cross_entropy(outputs, targets, label_smoothing=self.label_smoothing)
 
     def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-        return {"acc": float((outputs.argmax(dim=1) == targets).sum())}
+        hard = targets.argmax(dim=1) if targets.dim() == 2 else targets  # mixed batches: the dominant label
+        return {"acc": float((outputs.argmax(dim=1) == hard).sum())}
 
     def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: Any) -> dict[str, Any]:
         n_classes = len(data.classes)

@@ -1,42 +1,72 @@
-"""Checkpoint files, written atomically: temp file in the same folder, fsync, rename, fsync the folder.
+"""Checkpoint files, written atomically: temp file in the same folder, flush + fsync, rename, fsync the
+folder, then a `<name>.sha256` sidecar, written last.
 
-A crash during a save leaves the previous checkpoint whole; a reader never sees a half-written file
-under the final name. A `<name>.sha256` sidecar is written last and checked on load, which uses
-`torch.load(weights_only=True)` so a checkpoint cannot run code.
+A crash at any moment leaves either the previous file or the complete new one under the final name;
+a file whose sidecar does not match (killed between rename and sidecar) is detected on load, and the
+resume falls back to an older checkpoint. Loading uses `torch.load(weights_only=True)`, so a
+checkpoint cannot run code.
+
+Files: `checkpoints/step-<N>.pt` (the newest `checkpoint.keep_last` are kept), `last.pt` (a copy of
+the newest) and `best.pt` — all real files, never links.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import logging
 import os
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+log = logging.getLogger("veritrain")
+
 FORMAT_VERSION = 1
+STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
+
+
+class CheckpointError(Exception):
+    """A checkpoint file that is missing, truncated or does not match its sidecar."""
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
 
 
 def save(state: dict[str, Any], path: Path) -> None:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    data = buffer.getvalue()
-    _write_atomic(path, data)
-    _write_atomic(path.with_name(path.name + ".sha256"), (hashlib.sha256(data).hexdigest() + "\n").encode())
+    write_bytes(encode(state), path)
+
+
+def write_bytes(data: bytes, path: Path) -> None:
+    """Write checkpoint bytes under `path` atomically, then its SHA-256 sidecar."""
+    write_atomic(path, data)
+    write_atomic(path.with_name(path.name + ".sha256"), (hashlib.sha256(data).hexdigest() + "\n").encode())
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read it ({err.strerror})") from None
     sidecar = path.with_name(path.name + ".sha256")
-    if sidecar.exists():
+    try:
         expected = sidecar.read_text().strip()
-        if hashlib.sha256(data).hexdigest() != expected:
-            raise ValueError(f"{path}: content does not match {sidecar.name}; the checkpoint is damaged")
-    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except OSError:
+        raise CheckpointError(f"{path}: its {sidecar.name} is missing; the save did not finish") from None
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise CheckpointError(f"{path}: content does not match {sidecar.name} (truncated or changed)")
+    try:
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as err:  # a matching hash makes this unlikely; refuse anything odd all the same
+        raise CheckpointError(f"{path}: cannot be loaded ({err.__class__.__name__}: {err})") from None
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -45,9 +75,52 @@ def _write_atomic(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # only left when the write failed (e.g. disk full)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def step_files(folder: Path) -> list[tuple[int, Path]]:
+    """(global step, path) of the step-<N>.pt files, newest first."""
+    found = []
+    for path in folder.glob("step-*.pt"):
+        match = STEP_FILE.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found, reverse=True)
+
+
+def prune(folder: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` step files (and their sidecars); returns what was removed."""
+    removed = []
+    for _, path in step_files(folder)[keep:]:
+        path.unlink(missing_ok=True)
+        path.with_name(path.name + ".sha256").unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def newest_valid(folder: Path) -> tuple[Optional[Path], Optional[dict[str, Any]], list[str]]:
+    """The newest checkpoint that loads and matches its sidecar: last.pt and the step files, by
+    global step. Returns (path, state, warnings about the files skipped)."""
+    candidates: list[tuple[int, int, Path]] = [(step, 1, path) for step, path in step_files(folder)]
+    last = folder / "last.pt"
+    problems: list[str] = []
+    states: dict[Path, dict[str, Any]] = {}
+    if last.exists():
+        try:
+            states[last] = load(last)
+            candidates.append((int(states[last]["loop"]["step"]), 2, last))  # last.pt wins a tie: same state
+        except CheckpointError as err:
+            problems.append(str(err))
+    for _, _, path in sorted(candidates, key=lambda c: (c[0], c[1]), reverse=True):
+        if path in states:
+            return path, states[path], problems
+        try:
+            return path, load(path), problems
+        except CheckpointError as err:
+            problems.append(str(err))
+    return None, None, problems

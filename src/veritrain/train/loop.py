@@ -1,22 +1,30 @@
 """The training stage, with the loop written out.
 
 Seeds python, numpy and torch, uses only deterministic kernels, and draws each epoch's data order
-from a generator seeded by (seed, epoch), so the same config and seed on the same machine give the
-same weights bit for bit. Validation runs after every epoch; `checkpoints/last.pt` is saved every
-epoch and `checkpoints/best.pt` whenever the task's best metric improves.
+and augmentation from generators seeded by (seed, epoch). Everything the loop carries from one step
+to the next — weights, optimizer, schedule, gradient scaler, RNG states, position in the epoch,
+partial-epoch sums, best metric, rollback count — is in every checkpoint, so a run killed at any
+moment and resumed ends with bit-identical weights and metrics on the same machine.
 
-    veritrain run --set train.epochs=5      # prepare → train → evaluate, recorded in runs/<id>/
+Checkpoints are saved on an explicit schedule (`checkpoint.every_epochs`, `every_steps`,
+`every_minutes`) and when SIGINT/SIGTERM arrives (after the current step). A NaN/inf loss is caught
+the step it happens and handled by `train.on_nonfinite`.
+
+    veritrain train configs/digits.yaml                 # train only (prepares the data version if needed)
+    veritrain train --resume latest                     # continue an interrupted run
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
 import os
 import random
+import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -25,7 +33,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from veritrain.errors import RunFailed
+from veritrain.errors import Interrupted, RunFailed
 from veritrain.evaluate import forward_split
 from veritrain.hashing import state_dict_sha256
 from veritrain.signals import StopFlag
@@ -35,16 +43,41 @@ log = logging.getLogger("veritrain")
 
 
 @dataclass
+class LoopState:
+    """Where the loop is; saved in every checkpoint under "loop"."""
+
+    epoch: int = 1  # the epoch in progress, 1-based
+    batch_index: int = 0  # batches of that epoch already trained on
+    step: int = 0  # optimizer steps taken
+    epochs_done: int = 0  # completed epochs (= rows in metrics.jsonl)
+    loss_sum: float = 0.0  # partial-epoch sums (loss × samples, samples, task statistics)
+    seen: int = 0
+    stat_sums: dict[str, float] = field(default_factory=dict)
+    best_value: Optional[float] = None
+    best_epoch: int = 0
+    bad_epochs: int = 0  # epochs since the best metric last improved (early stopping)
+    rollbacks: int = 0
+    lr_factor: float = 1.0  # product of rollback_lr_factor over the rollbacks so far
+    stopped_early: bool = False
+
+
+@dataclass
 class TrainResult:
     final_state_sha256: str
     epochs: list[dict[str, Any]]  # the rows of metrics.jsonl
     best_epoch: int
     best_value: Optional[float]
+    best_metric: tuple[str, str]
     steps: int
     seconds: float
     device: str
     threads: int
-    extra: dict[str, Any] = field(default_factory=dict)
+    peak_memory_mb: float
+    resumed_from: Optional[str] = None
+
+
+class _RolledBack(Exception):
+    """Raised inside the epoch to restart the loop from the restored snapshot."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,7 +101,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 def epoch_generator(seed: int, epoch: int, stream: int) -> torch.Generator:
     """A generator for one epoch and purpose (0: data order, 1: augmentation), independent of how
-    many random numbers earlier epochs drew."""
+    many random numbers earlier epochs drew — so an epoch can be replayed from its number alone."""
     state = np.random.SeedSequence([seed % 2**63, epoch, stream]).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state))
 
@@ -81,8 +114,9 @@ def build_optimizer(cfg: Any, model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
 
 
-def build_schedule(cfg: Any, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Stepped once per optimizer step: linear warmup over `warmup_steps`, then cosine to 0 or constant."""
+def schedule_factor(cfg: Any, steps_per_epoch: int, total_steps: int):
+    """lr multiplier per optimizer step: linear warmup over `warmup_steps`, then cosine to 0, constant,
+    or a drop by `gamma` every `step_epochs` epochs."""
     warmup = cfg.warmup_steps
 
     def factor(step: int) -> float:
@@ -90,10 +124,12 @@ def build_schedule(cfg: Any, optimizer: torch.optim.Optimizer, total_steps: int)
             return (step + 1) / warmup
         if cfg.name == "constant":
             return 1.0
+        if cfg.name == "step":
+            return cfg.gamma ** (step // (cfg.step_epochs * steps_per_epoch))
         progress = (step - warmup) / max(1, total_steps - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return factor
 
 
 def batch_starts(n: int, batch_size: int) -> list[int]:
@@ -103,123 +139,6 @@ def batch_starts(n: int, batch_size: int) -> list[int]:
     if len(starts) > 1 and n - starts[-1] == 1:
         starts.pop()
     return starts
-
-
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console] = None) -> TrainResult:
-    """Stage entry: train `cfg.model` on `data` for `cfg.train.epochs`; writes metrics.jsonl and checkpoints/."""
-    started = time.perf_counter()
-    tcfg = cfg.train
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
-    seed_everything(cfg.seed, tcfg.deterministic)
-    device = resolve_device(tcfg.device)
-
-    model = task.build_model(cfg.model, data).to(device)
-    optimizer = build_optimizer(cfg.optim, model)
-    train_rows = data.splits["train"]
-    starts = batch_starts(len(train_rows), tcfg.batch_size)
-    total_steps = len(starts) * tcfg.epochs
-    schedule = build_schedule(cfg.schedule, optimizer, total_steps)
-    best_key, best_mode = task.best_metric
-    has_val = len(data.splits["val"]) > 0
-    if not has_val:
-        best_key = "train_" + best_key.removeprefix("val_")
-        log.warning("train: the val split is empty; best.pt follows %s on the train split", best_key)
-
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info(
-        "train: %s (%s parameters) on %s, %d threads, %d samples, %d steps/epoch × %d epochs",
-        cfg.model.name, f"{n_params:,}", device, torch.get_num_threads(), len(train_rows), len(starts), tcfg.epochs,
-    )
-    (run_dir / "checkpoints").mkdir(exist_ok=True)
-    metrics_path = run_dir / "metrics.jsonl"
-    history: list[dict[str, Any]] = []
-    best_value: Optional[float] = None
-    best_epoch = 0
-    step = 0
-
-    progress = Progress(
-        TextColumn("[bold]epoch {task.fields[epoch]}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}  {task.fields[rate]} samples/s"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-    with progress:
-        bar = progress.add_task("train", total=len(starts), epoch="", loss="-", rate="-")
-        for epoch in range(1, tcfg.epochs + 1):
-            epoch_started = time.perf_counter()
-            order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
-            augment_generator = epoch_generator(cfg.seed, epoch, 1)
-            with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
-                progress.reset(bar, total=len(starts), epoch=f"{epoch}/{tcfg.epochs}", loss="-", rate="-")
-                model.train()
-                loss_sum, seen = 0.0, 0
-                stat_sums = {name: 0.0 for name in task.epoch_metrics}
-                for start in starts:
-                    rows = order[start : start + tcfg.batch_size]
-                    x, y = task.batch(data, rows, device, True, augment_generator)
-                    outputs = model(x)
-                    loss = task.loss(outputs, y)
-                    loss_value = loss.detach().item()
-                    if not math.isfinite(loss_value):
-                        raise RunFailed(
-                            f"train: loss became {loss_value} at step {step + 1} (epoch {epoch}); lower optim.lr or check the data"
-                        )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    optimizer.step()
-                    schedule.step()
-                    step += 1
-
-                    loss_sum += loss_value * len(rows)
-                    seen += len(rows)
-                    for name, value in task.batch_stats(outputs.detach(), y).items():
-                        stat_sums[name] += value
-                    elapsed = time.perf_counter() - epoch_started
-                    progress.update(bar, advance=1, loss=f"{loss_value:.4f}", rate=f"{seen / max(elapsed, 1e-9):,.0f}")
-                    stop.check()
-
-                row: dict[str, Any] = {"epoch": epoch, "step": step, "train_loss": loss_sum / seen}
-                row.update({f"train_{name}": total / seen for name, total in stat_sums.items()})
-                if has_val:
-                    val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
-                    row["val_loss"] = float(task.loss(val_out, val_y))
-                    row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
-                row["lr"] = optimizer.param_groups[0]["lr"]
-                row["seconds"] = round(time.perf_counter() - epoch_started, 4)
-                history.append(row)
-                with open(metrics_path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps(row) + "\n")
-
-                value = row[best_key]
-                improved = best_value is None or (value > best_value if best_mode == "max" else value < best_value)
-                state = _checkpoint_state(cfg, data, model, optimizer, schedule, epoch, step, best_value if not improved else value)
-                save_started = time.perf_counter()
-                checkpoint.save(state, run_dir / "checkpoints" / "last.pt")
-                if improved:
-                    best_value, best_epoch = value, epoch
-                    checkpoint.save(state, run_dir / "checkpoints" / "best.pt")
-                log.info(
-                    "epoch %d/%d  %s  (%.1fs, checkpoint %.2fs%s)",
-                    epoch, tcfg.epochs,
-                    "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")) + f"  lr {row['lr']:.2e}",
-                    row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
-                )
-                stop.check()
-
-    return TrainResult(
-        final_state_sha256=state_dict_sha256(model.state_dict()),
-        epochs=history,
-        best_epoch=best_epoch,
-        best_value=best_value,
-        steps=step,
-        seconds=time.perf_counter() - started,
-        device=str(device),
-        threads=torch.get_num_threads(),
-    )
 
 
 def rng_state() -> dict[str, Any]:
@@ -235,18 +154,311 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def _checkpoint_state(cfg: Any, data: Any, model: torch.nn.Module, optimizer: Any, schedule: Any, epoch: int, step: int, best: Optional[float]) -> dict[str, Any]:
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _truncate_jsonl(path: Path, keep) -> None:
+    """Rewrite a .jsonl file with only the rows `keep(row)` accepts (rows after a checkpoint are
+    replayed on resume and written again)."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and keep(json.loads(line))]
+    checkpoint.write_atomic(path, "".join(r + "\n" for r in rows).encode())
+
+
+def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
+        resume: bool = False, events: Optional[list[dict[str, Any]]] = None) -> TrainResult:
+    """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
+    checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`."""
+    started = time.perf_counter()
+    tcfg, ccfg = cfg.train, cfg.checkpoint
+    events = events if events is not None else []
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    seed_everything(cfg.seed, tcfg.deterministic)
+    device = resolve_device(tcfg.device)
+    if tcfg.precision == "fp16" and device.type != "cuda":
+        raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
+    autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
+
     from veritrain.config import config_hash
 
-    return {
-        "format_version": checkpoint.FORMAT_VERSION,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "schedule": schedule.state_dict(),
-        "epoch": epoch,
-        "global_step": step,
-        "best_metric": best,
-        "rng": rng_state(),
-        "config_hash": config_hash(cfg),
-        "data_version": data.version,
-    }
+    model = task.build_model(cfg.model, data).to(device)
+    if tcfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(cfg.optim, model)
+    train_rows = data.splits["train"]
+    starts = batch_starts(len(train_rows), tcfg.batch_size)
+    steps_per_epoch = math.ceil(len(starts) / tcfg.accumulate_steps)
+    state = LoopState(stat_sums={name: 0.0 for name in task.epoch_metrics})
+    factor = schedule_factor(cfg.schedule, steps_per_epoch, steps_per_epoch * tcfg.epochs)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: factor(step) * state.lr_factor)
+    scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
+    best_key = ccfg.best_metric or task.best_metric[0]
+    best_mode = ccfg.best_mode or task.best_metric[1]
+    has_val = len(data.splits["val"]) > 0
+    if not has_val and best_key.startswith("val_"):
+        best_key = "train_" + best_key.removeprefix("val_")
+        log.warning("train: the val split is empty; best.pt follows %s on the train split", best_key)
+    ckpt_dir = run_dir / "checkpoints"
+    ckpt_dir.mkdir(exist_ok=True)
+    metrics_path, steps_path = run_dir / "metrics.jsonl", run_dir / "steps.jsonl"
+    settings = {"device": str(device), "threads": torch.get_num_threads(), "num_workers": tcfg.num_workers}
+
+    def full_state(reason: str, augment: Optional[torch.Generator]) -> dict[str, Any]:
+        return {
+            "format_version": checkpoint.FORMAT_VERSION,
+            "reason": reason,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "schedule": schedule.state_dict(),
+            "scaler": scaler.state_dict(),
+            "rng": rng_state(),
+            "augment_rng": augment.get_state() if augment is not None else None,
+            "loop": asdict(state),
+            "settings": settings,
+            "config_hash": config_hash(cfg),
+            "data_version": data.version,
+        }
+
+    history: list[dict[str, Any]] = []  # the rows of metrics.jsonl so far
+
+    def restore(saved: dict[str, Any]) -> Optional[torch.Tensor]:
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        schedule.load_state_dict(saved["schedule"])
+        scaler.load_state_dict(saved["scaler"])
+        for key, value in saved["loop"].items():
+            setattr(state, key, value)
+        set_rng_state(saved["rng"])
+        _truncate_jsonl(metrics_path, lambda row: row["epoch"] <= state.epochs_done)
+        _truncate_jsonl(steps_path, lambda row: row["step"] <= state.step)
+        del history[state.epochs_done :]
+        return saved["augment_rng"]
+
+    resumed_from = None
+    augment_resume: Optional[torch.Tensor] = None
+    if resume:
+        path, saved, problems = checkpoint.newest_valid(ckpt_dir)
+        for problem in problems:
+            log.warning("checkpoint: %s; falling back to an older one", problem)
+        if saved is None:
+            raise RunFailed(f"resume: no valid checkpoint in {ckpt_dir}; start a new run instead")
+        if saved["config_hash"] != config_hash(cfg) or saved["data_version"] != data.version:
+            raise RunFailed(f"resume: {path.name} was saved with another config or data version; resume with the run's own config.yaml")
+        changed = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
+        if changed:
+            log.warning("resume: settings differ from the saved run (%s); the result may not be bit-identical",
+                        ", ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items()))
+        augment_resume = restore(saved)
+        resumed_from = path.name
+        events.append({"kind": "resume", "step": state.step, "detail": f"from checkpoints/{path.name} (epoch {state.epoch}, batch {state.batch_index})"})
+        log.info("resume: from %s at step %d (epoch %d, batch %d)", path.name, state.step, state.epoch, state.batch_index)
+    if metrics_path.exists():
+        history.extend(json.loads(line) for line in metrics_path.read_text().splitlines())
+
+    # the rollback target: the initial (or resumed) state, then every step-scheduled checkpoint
+    snapshot = checkpoint.encode(full_state("snapshot", _generator_with(cfg.seed, state.epoch, augment_resume)))
+    forward = torch.compile(model) if tcfg.compile else model
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info(
+        "train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d batches (%d steps)/epoch × %d epochs",
+        cfg.model.target or cfg.model.name, f"{n_params:,}", device, torch.get_num_threads(), tcfg.precision,
+        len(train_rows), len(starts), steps_per_epoch, tcfg.epochs,
+    )
+
+    last_save = time.monotonic()
+
+    def save(reason: str, augment: Optional[torch.Generator], best: bool = False) -> bytes:
+        nonlocal last_save
+        t = time.perf_counter()
+        data_bytes = checkpoint.encode(full_state(reason, augment))
+        try:
+            if best:
+                checkpoint.write_bytes(data_bytes, ckpt_dir / "best.pt")
+            checkpoint.write_bytes(data_bytes, ckpt_dir / f"step-{state.step}.pt")
+            if ccfg.last:
+                checkpoint.write_bytes(data_bytes, ckpt_dir / "last.pt")
+        except OSError as err:
+            raise RunFailed(f"checkpoint: saving at step {state.step} failed ({err.strerror or err}); the previous checkpoint is intact") from None
+        removed = checkpoint.prune(ckpt_dir, ccfg.keep_last)
+        last_save = time.monotonic()
+        log.debug("checkpoint: step-%d.pt (%s%s) saved in %.3fs, %d bytes%s", state.step, reason, ", best" if best else "",
+                  time.perf_counter() - t, len(data_bytes), f", removed {', '.join(p.name for p in removed)}" if removed else "")
+        return data_bytes
+
+    def nonfinite(what: str, value: float) -> None:
+        """Apply train.on_nonfinite; returns to skip the batch, raises to stop or roll back."""
+        nonlocal augment_resume
+        detail = f"{what} became {value} at step {state.step + 1} (epoch {state.epoch}, batch {state.batch_index + 1})"
+        if tcfg.on_nonfinite == "skip_batch":
+            events.append({"kind": "skip_batch", "step": state.step + 1, "detail": detail})
+            log.warning("train: %s; batch skipped", detail)
+            return
+        if tcfg.on_nonfinite == "stop" or state.rollbacks >= tcfg.max_rollbacks:
+            why = "on_nonfinite is stop" if tcfg.on_nonfinite == "stop" else f"after {state.rollbacks} rollback(s) (train.max_rollbacks)"
+            events.append({"kind": "nonfinite_stop", "step": state.step + 1, "detail": detail})
+            raise RunFailed(f"train: {detail}; stopped {why}; lower optim.lr or check the data")
+        rollbacks, lr_factor, failed_step = state.rollbacks + 1, state.lr_factor * tcfg.rollback_lr_factor, state.step + 1
+        augment_resume = restore(torch.load(io.BytesIO(snapshot), weights_only=True))
+        state.rollbacks, state.lr_factor = rollbacks, lr_factor
+        for group, base in zip(optimizer.param_groups, schedule.base_lrs):
+            group["lr"] = base * factor(schedule.last_epoch) * state.lr_factor
+        events.append({"kind": "rollback", "step": failed_step, "detail": f"{detail}; restored step {state.step}, lr × {lr_factor:g}"})
+        log.warning("train: %s; rolled back to step %d, lr factor %g (rollback %d of %d)", detail, state.step, lr_factor, rollbacks, tcfg.max_rollbacks)
+        raise _RolledBack()
+
+    progress = Progress(
+        TextColumn("[bold]epoch {task.fields[epoch]}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[rate]} samples/s"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    with progress:
+        bar = progress.add_task("train", total=len(starts), epoch="", loss="-", lr="-", rate="-")
+        while state.epoch <= tcfg.epochs and not state.stopped_early:
+            epoch = state.epoch
+            order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
+            augment = _generator_with(cfg.seed, epoch, augment_resume)
+            augment_resume = None
+            epoch_started = time.perf_counter()
+            seen_at_start = state.seen
+            progress.reset(bar, total=len(starts), completed=state.batch_index, epoch=f"{epoch}/{tcfg.epochs}", loss="-", lr="-", rate="-")
+            try:
+                with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
+                    model.train()
+                    while state.batch_index < len(starts):
+                        first = state.batch_index
+                        group = range(first, min(len(starts), (first // tcfg.accumulate_steps + 1) * tcfg.accumulate_steps))
+                        optimizer.zero_grad(set_to_none=True)
+                        step_loss, stepped = 0.0, False
+                        for b in group:
+                            rows = order[starts[b] : starts[b] + tcfg.batch_size]
+                            x, y = task.batch(data, rows, device, True, augment)
+                            if tcfg.channels_last and x.dim() == 4:
+                                x = x.contiguous(memory_format=torch.channels_last)
+                            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                                outputs = forward(x)
+                                loss = task.loss(outputs, y)
+                            loss_value = loss.detach().float().item()
+                            if not math.isfinite(loss_value):
+                                nonfinite("loss", loss_value)
+                                continue  # skip_batch
+                            scaler.scale(loss / len(group)).backward()
+                            stepped = True
+                            step_loss += loss_value / len(group)
+                            state.loss_sum += loss_value * len(rows)
+                            state.seen += len(rows)
+                            for name, value in task.batch_stats(outputs.detach().float(), y).items():
+                                state.stat_sums[name] = state.stat_sums.get(name, 0.0) + value
+                        grad_norm = None
+                        if stepped:
+                            logging_step = cfg.logging.every_steps and (state.step + 1) % cfg.logging.every_steps == 0
+                            if tcfg.grad_clip or tcfg.check_grad_norm or logging_step:
+                                scaler.unscale_(optimizer)
+                                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
+                                if tcfg.check_grad_norm and not math.isfinite(grad_norm):
+                                    nonfinite("gradient norm", grad_norm)
+                                    stepped = False
+                        if stepped:
+                            scaler.step(optimizer)
+                            scaler.update()
+                            schedule.step()
+                            state.step += 1
+                        state.batch_index = group[-1] + 1
+
+                        lr = optimizer.param_groups[0]["lr"]
+                        elapsed = max(time.perf_counter() - epoch_started, 1e-9)
+                        rate = (state.seen - seen_at_start) / elapsed
+                        progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
+                        if stepped and cfg.logging.every_steps and state.step % cfg.logging.every_steps == 0:
+                            with open(steps_path, "a", encoding="utf-8") as f:
+                                f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
+                                                    "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
+                        if state.batch_index < len(starts):  # the epoch's end saves below
+                            if stepped and ccfg.every_steps and state.step % ccfg.every_steps == 0:
+                                snapshot = save("step", augment)
+                            elif ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60:
+                                save("minutes", augment)
+                            if stop.signum is not None:
+                                save("signal", augment)
+                                raise Interrupted(stop.signum)
+
+                    # ---- end of epoch: validate, log, checkpoint
+                    row: dict[str, Any] = {"epoch": epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
+                    row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
+                    if has_val:
+                        val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
+                        row["val_loss"] = float(task.loss(val_out, val_y))
+                        row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
+                    row["lr"] = optimizer.param_groups[0]["lr"]
+                    row["seconds"] = round(time.perf_counter() - epoch_started, 4)
+                    if best_key not in row:
+                        raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
+                    value = row[best_key]
+                    improved = state.best_value is None or (value > state.best_value if best_mode == "max" else value < state.best_value)
+                    if improved:
+                        state.best_value, state.best_epoch, state.bad_epochs = value, epoch, 0
+                    else:
+                        state.bad_epochs += 1
+                    state.epochs_done, state.epoch, state.batch_index = epoch, epoch + 1, 0
+                    state.loss_sum, state.seen, state.stat_sums = 0.0, 0, {name: 0.0 for name in task.epoch_metrics}
+                    if tcfg.early_stopping_patience and state.bad_epochs >= tcfg.early_stopping_patience:
+                        state.stopped_early = True
+                        events.append({"kind": "early_stop", "step": state.step,
+                                       "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
+                    history.append(row)
+                    with open(metrics_path, "a", encoding="utf-8") as f:
+                        f.write(json.dumps(row) + "\n")
+                    save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
+                    save_started = time.perf_counter()
+                    if save_now or (improved and ccfg.best) or stop.signum is not None:
+                        snapshot = save("epoch", None, best=improved and ccfg.best)
+                    log.info(
+                        "epoch %d/%d  %s  lr %.2e  (%.1fs, checkpoint %.2fs%s)",
+                        epoch, tcfg.epochs,
+                        "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
+                        row["lr"], row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
+                    )
+                    if state.stopped_early:
+                        log.info("train: early stop, %s", events[-1]["detail"])
+                    if stop.signum is not None:
+                        raise Interrupted(stop.signum)
+            except _RolledBack:
+                continue
+
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    if device.type == "cuda":
+        peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
+    log.info("train: %d steps in %.1fs, peak memory %.0f MB", state.step, time.perf_counter() - started, peak_mb)
+    return TrainResult(
+        final_state_sha256=state_dict_sha256(model.state_dict()),
+        epochs=history,
+        best_epoch=state.best_epoch,
+        best_value=state.best_value,
+        best_metric=(best_key, best_mode),
+        steps=state.step,
+        seconds=time.perf_counter() - started,
+        device=str(device),
+        threads=torch.get_num_threads(),
+        peak_memory_mb=round(peak_mb, 1),
+        resumed_from=resumed_from,
+    )
+
+
+def _generator_with(seed: int, epoch: int, saved_state: Optional[torch.Tensor]) -> torch.Generator:
+    generator = epoch_generator(seed, epoch, 1)
+    if saved_state is not None:
+        generator.set_state(saved_state)
+    return generator
