@@ -41,14 +41,20 @@ def cli():
     return veritrain
 
 
-def in_process_run(workdir: Path, overrides: list[str], config: str | Path | None = None):
+def in_process_run(workdir: Path, overrides: list[str], config: str | Path | None = None, kind: str = "run"):
     """Run the pipeline in this process (no torch import per test), as `veritrain run` does."""
+    import torch
+
     from veritrain import pipeline
     from veritrain.config import load_config
     from veritrain.workspace import Workspace
 
+    threads = torch.get_num_threads()
     resolved = load_config(config, overrides)
-    return pipeline.run(resolved, Workspace.open(workdir), ["veritrain", "run", *overrides])
+    try:
+        return pipeline.run(resolved, Workspace.open(workdir), ["veritrain", kind, *overrides], kind=kind)
+    finally:
+        torch.set_num_threads(threads)  # train.threads must not leak into later tests
 
 
 FAST_OVERRIDES = ["train.epochs=2", "model.name=mlp", "model.hidden=[32]"]

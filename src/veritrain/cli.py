@@ -112,7 +112,7 @@ def _finish_run(outcome: Any, as_json: bool) -> int:
     if outcome.error is not None:
         if outcome.record["status"] == "interrupted":
             run_id = outcome.summary["run_id"]
-            logs.console.print(f"run {run_id} interrupted and saved; resume with: veritrain train --resume {run_id}", markup=False)
+            logs.console.print(f"run {run_id} interrupted and saved; resume with: veritrain train --resume {run_id}", markup=False, soft_wrap=True)
         raise outcome.error
     return 0
 

@@ -1,0 +1,272 @@
+"""Chaos tests: kill training at random moments (and inside saves), damage checkpoints, blow up the
+loss — every time the resumed run ends bit-identical to one never interrupted, or fails cleanly.
+
+The kill schedule comes from a seed printed on failure; `benchmarks/chaos_resume.py` runs the long
+version (20 kills).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import in_process_run
+from veritrain.train import checkpoint
+
+# small, but with everything that carries state: dropout (torch RNG), augmentation (epoch generator),
+# momentum, a cosine schedule, step checkpoints mid-epoch, gradient accumulation
+CHAOS = [
+    "--set", "model.name=mlp", "--set", "model.hidden=[64]", "--set", "model.dropout=0.2",
+    "--set", "augment.crop_padding=1", "--set", "augment.hflip=true",
+    "--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "train.accumulate_steps=2",
+    "--set", "train.batch_size=32", "--set", "train.epochs=10", "--set", "checkpoint.every_steps=5",
+    "--set", "logging.every_steps=3", "--set", "train.threads=1",
+]
+
+
+def overrides(args: list[str]) -> list[str]:
+    return [a for a in args if a != "--set"]
+
+
+def start(workdir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "veritrain", *extra, "--workdir", str(workdir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def comparable(run_dir: Path) -> tuple[str, list[dict], list[dict]]:
+    """Final weights hash, metrics.jsonl and steps.jsonl without their wall-clock fields."""
+    record = json.loads((run_dir / "record.json").read_text())
+    metrics = [{k: v for k, v in json.loads(l).items() if k != "seconds"} for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [{k: v for k, v in json.loads(l).items() if k != "samples_per_s"} for l in (run_dir / "steps.jsonl").read_text().splitlines()]
+    return record["final_state_sha256"], metrics, steps
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("reference")
+    proc = start(workdir, "train", *CHAOS, "--json")
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return comparable(Path(json.loads(out)["run_dir"]))
+
+
+def kill_and_resume(workdir: Path, seed: int, kills: int) -> Path:
+    """Start the chaos run, SIGKILL it `kills` times at random moments, resume until it completes."""
+    rng = random.Random(seed)
+    proc = start(workdir, "train", *CHAOS)
+    for _ in range(kills):
+        deadline = time.monotonic() + 120
+        while not list(workdir.glob("runs/*/checkpoints/*.pt")):  # let it get going
+            assert proc.poll() is None or proc.returncode == 0, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.0))
+        proc.kill()  # SIGKILL: no handler runs, no save, the record says `running`
+        proc.wait()
+        (run_dir,) = (workdir / "runs").iterdir()
+        if json.loads((run_dir / "record.json").read_text())["status"] == "completed":
+            return run_dir  # it finished before the kill landed
+        proc = start(workdir, "train", "--resume", run_dir.name)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"seed {seed}: {err}"
+    (run_dir,) = (workdir / "runs").iterdir()
+    return run_dir
+
+
+@pytest.mark.parametrize("seed", [11, 29])
+def test_kill_9_at_random_moments_then_resume_is_bit_identical(reference, tmp_path, seed):
+    run_dir = kill_and_resume(tmp_path, seed, kills=2)
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["status"] == "completed"
+    assert comparable(run_dir) == reference, f"kill schedule seed {seed}"
+    assert any(e["kind"] == "resume" for e in record["events"]) or not record["resumes"]
+
+
+def test_sigterm_saves_and_resume_is_identical(reference, tmp_path):
+    proc = start(tmp_path, "train", *CHAOS)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*/steps.jsonl")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert f"resume with: veritrain train --resume {run_dir.name}" in err
+    assert err.strip().splitlines()[-1] == "error: interrupted by SIGTERM"
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["status"] == "interrupted"
+    saved = checkpoint.load(run_dir / "checkpoints" / "last.pt")
+    assert saved["reason"] in ("signal", "epoch")
+
+    resumed = start(tmp_path, "train", "--resume", "auto", *CHAOS)  # auto finds it by config + data version
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert comparable(run_dir) == reference
+
+
+class SimulatedKill(BaseException):
+    """Stands for the process dying: not an Exception, so nothing on the way handles it."""
+
+
+@pytest.mark.parametrize("moment", ["before_rename", "before_sidecar"])
+def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path, monkeypatch, moment):
+    calls = {"n": 0}
+    real_replace = os.replace
+
+    def dying_replace(src, dst):
+        dst = Path(dst)
+        if dst.parent.name == "checkpoints" and dst.name.startswith("last.pt"):
+            calls["n"] += 1
+            # calls alternate last.pt, last.pt.sha256; in the 4th save, die with the temp file
+            # written but not renamed (7), or with the new last.pt in place but its old sidecar (8)
+            if calls["n"] == (7 if moment == "before_rename" else 8):
+                raise SimulatedKill()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", dying_replace)
+    with pytest.raises(SimulatedKill):
+        in_process_run(tmp_path, overrides(CHAOS), kind="train")
+    monkeypatch.setattr(os, "replace", real_replace)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    path, state, problems = checkpoint.newest_valid(run_dir / "checkpoints")
+    assert state is not None
+    if moment == "before_sidecar":
+        assert any("last.pt" in p for p in problems)  # detected, and an older file is used
+    subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
+                   check=True, capture_output=True)
+    assert comparable(run_dir) == reference
+
+
+def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
+    proc = start(tmp_path, "train", *CHAOS)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("runs/*/checkpoints/step-*.pt"))) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    folder = run_dir / "checkpoints"
+    newest = checkpoint.step_files(folder)[0][1]
+    last = folder / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # truncated
+    flipped = bytearray(newest.read_bytes())
+    flipped[len(flipped) // 2] ^= 0x10
+    newest.write_bytes(bytes(flipped))  # one bit flipped
+    resumed = start(tmp_path, "train", "--resume", run_dir.name)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err
+    assert "last.pt: content does not match" in err and f"{newest.name}: content does not match" in err
+    assert comparable(run_dir) == reference
+
+
+def test_no_valid_checkpoint_exits_1(tmp_path):
+    proc = start(tmp_path, "train", *CHAOS)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*/checkpoints/step-*.pt")):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    for path in (run_dir / "checkpoints").glob("*.pt"):
+        path.write_bytes(b"garbage")
+    resumed = start(tmp_path, "train", "--resume", "latest")
+    _, err = resumed.communicate(timeout=120)
+    assert resumed.returncode == 1
+    assert err.strip().splitlines()[-1] == f"error: run {run_dir.name} failed: resume: no valid checkpoint in {run_dir / 'checkpoints'}; start a new run instead"
+
+
+def test_resume_refuses_a_completed_run(cli, tmp_path):
+    result = cli("train", "--set", "train.epochs=1", "--set", "model.name=mlp", "--workdir", str(tmp_path), "--json")
+    run_id = result.json()["run_id"]
+    again = cli("train", "--resume", run_id, "--workdir", str(tmp_path))
+    assert again.code == 2
+    assert again.stderr == f"error: --resume {run_id}: run {run_id} already completed; start a new run instead\n"
+
+
+def test_huge_learning_rate_rolls_back_then_stops(cli, tmp_path):
+    result = cli("run", "--set", "optim.lr=1e6", "--workdir", str(tmp_path))
+    assert result.code == 1
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("error: run ") and "stopped after 3 rollback(s)" in last_line
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    record = json.loads((run_dir / "record.json").read_text())
+    kinds = [e["kind"] for e in record["events"]]
+    assert kinds == ["rollback", "rollback", "rollback", "nonfinite_stop"]
+    assert record["status"] == "failed"
+    assert all(e["step"] <= 10 for e in record["events"])  # caught within a step of going non-finite
+
+
+@pytest.mark.parametrize("policy, expected", [("stop", ["nonfinite_stop"]), ("skip_batch", "skip")])
+def test_nonfinite_policies(tmp_path, policy, expected, monkeypatch):
+    import torch
+
+    from veritrain.tasks.classification import ClassificationTask
+
+    original = ClassificationTask.loss
+    calls = {"n": 0}
+
+    def sometimes_nan(self, outputs, targets):
+        calls["n"] += 1
+        loss = original(self, outputs, targets)
+        return loss * float("nan") if calls["n"] == 4 else loss
+
+    monkeypatch.setattr(ClassificationTask, "loss", sometimes_nan)
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", f"train.on_nonfinite={policy}"])
+    kinds = [e["kind"] for e in outcome.record["events"]]
+    if expected == "skip":
+        assert outcome.record["status"] == "completed" and kinds == ["skip_batch"]
+    else:
+        assert outcome.record["status"] == "failed" and kinds == expected
+        assert "on_nonfinite is stop" in outcome.record["error"]["message"]
+
+
+def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    real_fsync = os.fsync
+    calls = {"n": 0}
+
+    def full_disk(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        if Path(target).name.startswith(".step-") and target.endswith(".pt.tmp"):
+            calls["n"] += 1
+            if calls["n"] == 2:  # the second checkpoint: its bytes do not fit on the disk
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    outcome = in_process_run(tmp_path, ["train.epochs=3", "model.name=mlp"])
+    assert outcome.record["status"] == "failed"
+    assert "No space left on device" in outcome.record["error"]["message"]
+    assert "previous checkpoint is intact" in outcome.record["error"]["message"]
+    run_dir = Path(outcome.summary["run_dir"])
+    previous = checkpoint.load(run_dir / "checkpoints" / "last.pt")  # loads and matches its sidecar
+    assert previous["loop"]["epochs_done"] == 1
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+
+
+def test_checkpoint_holds_the_full_state(tmp_path):
+    outcome = in_process_run(tmp_path, ["train.epochs=2", "model.name=mlp", "checkpoint.every_steps=10", "checkpoint.keep_last=2"])
+    folder = Path(outcome.summary["run_dir"]) / "checkpoints"
+    state = checkpoint.load(folder / "last.pt")
+    for key in ("model", "optimizer", "schedule", "scaler", "rng", "augment_rng", "loop", "settings", "config_hash", "data_version", "format_version"):
+        assert key in state, key
+    loop = state["loop"]
+    for key in ("epoch", "batch_index", "step", "epochs_done", "loss_sum", "seen", "stat_sums", "best_value", "rollbacks", "lr_factor", "bad_epochs"):
+        assert key in loop, key
+    assert set(state["settings"]) == {"device", "threads", "num_workers"}
+    assert len(checkpoint.step_files(folder)) == 2  # keep_last
+    assert not any(p.is_symlink() for p in folder.iterdir())
+    assert (folder / "best.pt.sha256").exists()
