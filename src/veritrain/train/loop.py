@@ -275,6 +275,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     )
 
     last_save = time.monotonic()
+    board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
 
     def save(reason: str, augment: Optional[torch.Generator], best: bool = False) -> bytes:
         nonlocal last_save
@@ -386,6 +387,9 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                             with open(steps_path, "a", encoding="utf-8") as f:
                                 f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
                                                     "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
+                            if board is not None:
+                                board.add_scalar("step/loss", step_loss, state.step)
+                                board.add_scalar("step/lr", lr, state.step)
                         if state.batch_index < len(starts):  # the epoch's end saves below
                             if stepped and ccfg.every_steps and state.step % ccfg.every_steps == 0:
                                 snapshot = save("step", augment)
@@ -421,6 +425,11 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                     history.append(row)
                     with open(metrics_path, "a", encoding="utf-8") as f:
                         f.write(json.dumps(row) + "\n")
+                    if board is not None:
+                        for key, value in row.items():
+                            if key not in ("epoch", "step"):
+                                board.add_scalar(f"epoch/{key}", value, epoch)
+                        board.flush()
                     save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
                     save_started = time.perf_counter()
                     if save_now or (improved and ccfg.best) or stop.signum is not None:
@@ -438,6 +447,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             except _RolledBack:
                 continue
 
+    if board is not None:
+        board.close()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     if device.type == "cuda":
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
@@ -455,6 +466,14 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         peak_memory_mb=round(peak_mb, 1),
         resumed_from=resumed_from,
     )
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise RunFailed("logging.tensorboard: the tensorboard package is not installed; `pip install tensorboard` or set logging.tensorboard=false") from None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
 
 def _generator_with(seed: int, epoch: int, saved_state: Optional[torch.Tensor]) -> torch.Generator:

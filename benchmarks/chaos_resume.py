@@ -1,0 +1,83 @@
+"""The long chaos run: kill training with SIGKILL 20 times at random moments, resume each time, and
+check that the final weights and metrics equal an uninterrupted run's.
+
+    .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--seed 0]
+
+Prints `N/20 identical` (one line per kill-and-resume cycle before it). The kill schedule comes from
+--seed, so a failure can be replayed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHAOS = [
+    "--set", "model.name=cnn", "--set", "model.widths=[16,32]", "--set", "model.dropout=0.2",
+    "--set", "augment.crop_padding=1", "--set", "augment.hflip=true",
+    "--set", "optim.name=sgd", "--set", "optim.lr=0.05", "--set", "train.accumulate_steps=2",
+    "--set", "train.batch_size=32", "--set", "train.epochs=8", "--set", "checkpoint.every_steps=5",
+    "--set", "logging.every_steps=3", "--set", "train.threads=1",
+]
+
+
+def start(workdir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "veritrain", *args, "--workdir", str(workdir)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def outcome(run_dir: Path) -> tuple[str, list[dict]]:
+    record = json.loads((run_dir / "record.json").read_text())
+    metrics = [{k: v for k, v in json.loads(l).items() if k != "seconds"} for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return record["final_state_sha256"], metrics
+
+
+def run_once(workdir: Path, rng: random.Random) -> tuple[str, list[dict], int]:
+    """One training run, killed at a random moment and resumed (until it completes)."""
+    proc = start(workdir, "train", *CHAOS)
+    kills = 0
+    while True:
+        while not list(workdir.glob("runs/*/checkpoints/*.pt")) and proc.poll() is None:
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 2.5))
+        if proc.poll() is None and kills == 0:
+            proc.kill()
+            kills += 1
+        proc.wait()
+        (run_dir,) = (workdir / "runs").iterdir()
+        if json.loads((run_dir / "record.json").read_text())["status"] == "completed":
+            return (*outcome(run_dir), kills)
+        proc = start(workdir, "train", "--resume", run_dir.name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        reference_dir = Path(tmp) / "reference"
+        subprocess.run([sys.executable, "-m", "veritrain", "train", *CHAOS, "--workdir", str(reference_dir)],
+                       check=True, capture_output=True)
+        (ref_run,) = (reference_dir / "runs").iterdir()
+        reference = outcome(ref_run)
+        identical = killed = 0
+        for i in range(args.kills):
+            workdir = Path(tmp) / f"chaos-{i}"
+            final, metrics, kills = run_once(workdir, rng)
+            same = (final, metrics) == reference
+            identical += same
+            killed += kills
+            print(f"cycle {i + 1}: {'killed and resumed' if kills else 'finished before the kill'}, {'identical' if same else 'DIFFERENT'}", flush=True)
+        print(f"{identical}/{args.kills} identical ({killed} of them killed mid-run; seed {args.seed})")
+
+
+if __name__ == "__main__":
+    main()

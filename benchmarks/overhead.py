@@ -1,0 +1,73 @@
+"""veritrain's training-loop overhead against the minimal hand-written loop in `reference_loop.py`.
+
+    .venv/bin/python benchmarks/overhead.py [--repeat 3]
+
+For two workloads — the `cnn` on CIFAR-shaped data (a generated CIFAR-10 batch set) and the `mlp`
+on digits — runs `veritrain train` (records, logging, per-epoch checkpoints with fsync and hashes)
+and the reference loop alternately, each run ≥ 10 s, and prints the median ratio of the training
+stage time and of the whole process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+WORKLOADS = {
+    "cnn on CIFAR-shaped data": (
+        "data:\n  source: cifar10\n  root: {cifar}\n  near_duplicates: 'off'\n"
+        "model:\n  name: cnn\n  widths: [32, 64, 128]\n"
+        "augment:\n  crop_padding: 4\n  hflip: true\n"
+        "train:\n  epochs: 4\n  batch_size: 128\n  threads: 2\n"
+    ),
+    "mlp on digits": (
+        "model:\n  name: mlp\n  hidden: [256]\n"
+        "train:\n  epochs: 200\n  batch_size: 64\n  threads: 2\n"
+    ),
+}
+
+
+def timed(cmd: list[str]) -> tuple[float, str]:
+    started = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return time.perf_counter() - started, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        from veritrain.data.cifar10 import write_fake_cifar10
+
+        write_fake_cifar10(tmp_path / "cifar", per_batch=2000)
+        for name, template in WORKLOADS.items():
+            config = tmp_path / "bench.yaml"
+            config.write_text(template.format(cifar=tmp_path / "cifar"))
+            workspace = tmp_path / "ws"
+            subprocess.run([sys.executable, "-m", "veritrain", "data", "prepare", str(config), "--workdir", str(workspace)], check=True, capture_output=True)
+            (data_dir,) = [p for p in (workspace / ".veritrain" / "data").iterdir() if p.is_dir() and not p.name.startswith(".")][-1:]
+            loop_ratio, process_ratio = [], []
+            for _ in range(args.repeat):  # interleaved A/B
+                vt_total, out = timed([sys.executable, "-m", "veritrain", "train", str(config), "--workdir", str(workspace), "--json"])
+                record = json.loads((Path(json.loads(out)["run_dir"]) / "record.json").read_text())
+                vt_loop = record["timings"]["train"]
+                ref_total, out = timed([sys.executable, str(HERE / "reference_loop.py"), str(data_dir), str(config), tmp])
+                ref_loop = json.loads(out)["loop_seconds"]
+                loop_ratio.append(vt_loop / ref_loop)
+                process_ratio.append(vt_total / ref_total)
+                print(f"  {name}: veritrain loop {vt_loop:.1f}s / process {vt_total:.1f}s, reference loop {ref_loop:.1f}s / process {ref_total:.1f}s", flush=True)
+            print(f"{name}: training loop {statistics.median(loop_ratio):.3f}×, whole process {statistics.median(process_ratio):.3f}× (median of {args.repeat})")
+
+
+if __name__ == "__main__":
+    main()

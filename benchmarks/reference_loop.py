@@ -1,0 +1,86 @@
+"""A minimal hand-written PyTorch training loop: the yardstick for veritrain's overhead.
+
+Does the same work as `veritrain train` — same prepared arrays, model, optimizer, cosine schedule,
+batch size, epochs, batch augmentation, per-epoch validation and one checkpoint per epoch — with
+nothing else: no records, no hashing, no progress bar, no guards.
+
+    .venv/bin/python benchmarks/reference_loop.py DATA_VERSION_DIR CONFIG.yaml OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from veritrain import models
+from veritrain.config import load_config
+
+
+def main() -> None:
+    data_dir, config_path, out_dir = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    cfg = load_config(config_path).config
+    started = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    torch.use_deterministic_algorithms(True)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    info = json.loads((data_dir / "version.json").read_text())
+    inputs = np.load(data_dir / "inputs.npy", mmap_mode="r")
+    targets = np.load(data_dir / "targets.npy", mmap_mode="r")
+    ids = [line.split(",")[0] for line in (data_dir / "manifest.csv").read_text().splitlines()[1:] if line.endswith(",ok")]
+    row = {sid: i for i, sid in enumerate(ids)}
+    split = {s: np.array([row[i] for i in (data_dir / "splits" / f"{s}.txt").read_text().split()]) for s in ("train", "val")}
+    mean = torch.tensor(info["normalization"]["mean"]).view(1, -1, 1, 1)
+    std = torch.tensor(info["normalization"]["std"]).view(1, -1, 1, 1)
+    h, w, c = info["input_shape"]
+    model = models.build(cfg.model.name, (c, h, w), len(info["classes"]), cfg.model.widths, cfg.model.hidden, cfg.model.dropout)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.momentum, 0.999), weight_decay=cfg.optim.weight_decay)
+    bs, epochs = cfg.train.batch_size, cfg.train.epochs
+    steps = math.ceil(len(split["train"]) / bs) * epochs
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    pad = cfg.augment.crop_padding
+
+    def batch(rows: np.ndarray, train: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.from_numpy(np.ascontiguousarray(inputs[rows])).float().permute(0, 3, 1, 2) / 255.0
+        if train and pad:
+            n = x.shape[0]
+            padded = F.pad(x, (pad, pad, pad, pad))
+            dy, dx = torch.randint(0, 2 * pad + 1, (n,)), torch.randint(0, 2 * pad + 1, (n,))
+            r = (dy[:, None] + torch.arange(h))[:, None, :, None]
+            q = (dx[:, None] + torch.arange(w))[:, None, None, :]
+            x = padded[torch.arange(n)[:, None, None, None], torch.arange(c)[None, :, None, None], r, q]
+        if train and cfg.augment.hflip:
+            x = torch.where((torch.rand(x.shape[0]) < 0.5)[:, None, None, None], x.flip(3), x)
+        return ((x - mean) / std).contiguous(), torch.from_numpy(np.ascontiguousarray(targets[rows]))
+
+    loop_started = time.perf_counter()
+    for epoch in range(epochs):
+        model.train()
+        order = split["train"][torch.randperm(len(split["train"])).numpy()]
+        for start in range(0, len(order), bs):
+            x, y = batch(order[start : start + bs], True)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+        model.eval()
+        with torch.no_grad():
+            correct = 0
+            for start in range(0, len(split["val"]), cfg.eval.batch_size):
+                x, y = batch(split["val"][start : start + cfg.eval.batch_size], False)
+                correct += int((model(x).argmax(1) == y).sum())
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, out_dir / "checkpoint.pt")
+    loop_seconds = time.perf_counter() - loop_started
+    print(json.dumps({"loop_seconds": loop_seconds, "seconds": time.perf_counter() - started}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Training features: batch augmentation, models, schedules, accumulation, precision, early
+stopping, step logs, the startup header."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import in_process_run
+from veritrain import models
+from veritrain.config import AugmentConfig, load_config
+from veritrain.tasks.classification import ClassificationTask
+
+FAST = ["model.name=mlp", "model.hidden=[32]"]
+
+
+def rows(run_dir: Path, name: str) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / name).read_text().splitlines()]
+
+
+def fake_data(n: int = 6, size: int = 8, channels: int = 3):
+    images = np.arange(n * size * size * channels, dtype=np.int64).reshape(n, size, size, channels) % 251
+    return SimpleNamespace(
+        inputs=images.astype(np.uint8), targets=np.arange(n) % 3, classes=["a", "b", "c"],
+        info={"normalization": {"mean": [0.0] * channels, "std": [1.0] * channels}, "input_shape": [size, size, channels]},
+    )
+
+
+def task_with(**augment) -> ClassificationTask:
+    cfg = load_config(None, [f"augment.{k}={v}" for k, v in augment.items()]).config
+    return ClassificationTask(cfg)
+
+
+def test_random_crop_takes_a_window_of_the_zero_padded_image():
+    data = fake_data()
+    plain, _ = task_with().batch(data, np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(0))
+    cropped, _ = task_with(crop_padding=2).batch(data, np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(0))
+    assert cropped.shape == plain.shape
+    padded = torch.nn.functional.pad(plain, (2, 2, 2, 2))
+    for i in range(6):  # each output is one of the 25 windows of its own padded image
+        windows = [padded[i, :, dy : dy + 8, dx : dx + 8] for dy in range(5) for dx in range(5)]
+        assert any(torch.equal(cropped[i], w) for w in windows)
+
+
+def test_flip_and_determinism_from_the_generator():
+    data = fake_data()
+    task = task_with(hflip=True)
+    a, _ = task.batch(data, np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(5))
+    b, _ = task.batch(data, np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(5))
+    plain, _ = task_with().batch(data, np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)
+    for i in range(6):
+        assert torch.equal(a[i], plain[i]) or torch.equal(a[i], plain[i].flip(2))
+    assert not torch.equal(a, plain)  # with 6 coin flips, some came up
+    evaluation, _ = task.batch(data, np.arange(6), torch.device("cpu"), False, torch.Generator().manual_seed(5))
+    assert torch.equal(evaluation, plain)  # no augmentation outside training
+
+
+@pytest.mark.parametrize("mix", ["mixup_alpha", "cutmix_alpha"])
+def test_mixing_gives_soft_targets_that_sum_to_one(mix):
+    x, y = task_with(**{mix: 1.0}).batch(fake_data(), np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(1))
+    assert y.shape == (6, 3) and torch.allclose(y.sum(1), torch.ones(6))
+
+
+def test_resnet18_is_the_cifar_variant():
+    model = models.build("resnet18", (3, 32, 32), 10, [], [], 0.0)
+    assert model.stem[0].kernel_size == (3, 3) and model.stem[0].stride == (1, 1)
+    assert not any(isinstance(m, torch.nn.MaxPool2d) for m in model.modules())
+    assert 11_000_000 < sum(p.numel() for p in model.parameters()) < 11_300_000
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+def tiny_factory(input_shape, num_outputs, hidden=8):
+    """A user model for the `model.target` test."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(input_shape)), hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_outputs))
+
+
+def test_user_model_target(tmp_path):
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.target=test_training_features:tiny_factory", "model.kwargs={hidden: 12}"])
+    assert outcome.error is None, outcome.summary
+    state = torch.load(Path(outcome.summary["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
+    assert state["model"]["1.weight"].shape == (12, 64)
+
+
+def test_bad_user_model_target_fails_cleanly(tmp_path):
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.target=no_such_module:factory"])
+    assert outcome.record["status"] == "failed"
+    assert "model.target: cannot import 'no_such_module:factory'" in outcome.record["error"]["message"]
+
+
+def test_accumulation_counts_optimizer_steps(tmp_path):
+    outcome = in_process_run(tmp_path, FAST + ["train.epochs=1", "train.batch_size=32", "train.accumulate_steps=3"])
+    batches = -(-1439 // 32)
+    assert outcome.record["training"]["steps"] == -(-batches // 3)
+
+
+def test_step_schedule_and_warmup(tmp_path):
+    outcome = in_process_run(tmp_path, FAST + ["train.epochs=3", "schedule.name=step", "schedule.step_epochs=1", "schedule.gamma=0.5", "optim.lr=0.01"])
+    lrs = [r["lr"] for r in rows(Path(outcome.summary["run_dir"]), "metrics.jsonl")]
+    assert lrs == pytest.approx([0.005, 0.0025, 0.00125])
+    warm = in_process_run(tmp_path, FAST + ["train.epochs=1", "schedule.warmup_steps=10", "logging.every_steps=2", "optim.lr=0.01"])
+    step_lrs = [r["lr"] for r in rows(Path(warm.summary["run_dir"]), "steps.jsonl")][:5]
+    assert step_lrs == pytest.approx([0.003, 0.005, 0.007, 0.009, 0.01], rel=1e-6)
+
+
+def test_steps_jsonl_rows(tmp_path):
+    outcome = in_process_run(tmp_path, FAST + ["train.epochs=1", "logging.every_steps=5", "train.grad_clip=1.0"])
+    steps = rows(Path(outcome.summary["run_dir"]), "steps.jsonl")
+    assert [r["step"] for r in steps] == list(range(5, 23, 5))
+    assert set(steps[0]) == {"step", "epoch", "loss", "lr", "grad_norm", "samples_per_s"}
+    assert all(r["grad_norm"] is not None for r in steps)
+
+
+def test_bf16_label_smoothing_channels_last_complete(tmp_path):
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.widths=[8,16]", "train.precision=bf16",
+                                        "train.label_smoothing=0.1", "train.channels_last=true"])
+    assert outcome.error is None, outcome.summary
+    assert outcome.record["metrics"]["test"]["accuracy"] > 0.2  # well above chance (0.1) after one epoch
+
+
+def test_fp16_needs_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: fp16 is allowed here")
+    outcome = in_process_run(tmp_path, FAST + ["train.epochs=1", "train.precision=fp16", "train.device=cpu"])
+    assert outcome.record["status"] == "failed" and "fp16" in outcome.record["error"]["message"]
+
+
+def test_early_stopping_records_an_event(tmp_path):
+    outcome = in_process_run(tmp_path, FAST + ["train.epochs=10", "optim.lr=1e-9", "schedule.name=constant", "train.early_stopping_patience=2"])
+    record = outcome.record
+    assert record["status"] == "completed"
+    assert record["training"]["epochs"] == 3  # epoch 1 sets the best, 2 and 3 do not improve
+    assert [e["kind"] for e in record["events"]] == ["early_stop"]
+
+
+def test_mixup_training_is_deterministic(tmp_path):
+    args = FAST + ["train.epochs=1", "augment.mixup_alpha=0.4", "augment.cutmix_alpha=1.0", "augment.hflip=true"]
+    first, second = in_process_run(tmp_path, args), in_process_run(tmp_path, args)
+    assert first.record["final_state_sha256"] == second.record["final_state_sha256"]
+
+
+def test_startup_header_and_peak_memory(tmp_path):
+    outcome = in_process_run(tmp_path, FAST + ["train.epochs=1"])
+    log_text = (Path(outcome.summary["run_dir"]) / "train.log").read_text()
+    for piece in ("command: veritrain run", "config ", "code: veritrain", "torch ", "threads", "data: version", "peak memory"):
+        assert piece in log_text, piece
+    assert outcome.record["training"]["peak_memory_mb"] > 0
+    assert outcome.record["training"]["settings"]["threads"] >= 1
+
+
+def test_tensorboard_needs_its_package(tmp_path):
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        outcome = in_process_run(tmp_path, FAST + ["train.epochs=1", "logging.tensorboard=true"])
+        assert "tensorboard package is not installed" in outcome.record["error"]["message"]
+    else:
+        outcome = in_process_run(tmp_path, FAST + ["train.epochs=1", "logging.tensorboard=true"])
+        assert list((Path(outcome.summary["run_dir"]) / "tensorboard").iterdir())
+
+
+@pytest.mark.skip(reason="torch.compile is outside the bit-exact promise and needs minutes of compilation on this CPU; "
+                         "the code path is one call (loop.py: `forward = torch.compile(model)`)")
+def test_compile():
+    pass
