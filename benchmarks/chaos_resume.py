@@ -38,17 +38,16 @@ def outcome(run_dir: Path) -> tuple[str, list[dict]]:
     return record["final_state_sha256"], metrics
 
 
-def run_once(workdir: Path, rng: random.Random) -> tuple[str, list[dict], int]:
-    """One training run, killed at a random moment and resumed (until it completes)."""
+def run_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, list[dict], int]:
+    """One training run, SIGKILLed at a random moment of its expected `duration` and resumed."""
     proc = start(workdir, "train", *CHAOS)
     kills = 0
     while True:
-        while not list(workdir.glob("runs/*/checkpoints/*.pt")) and proc.poll() is None:
-            time.sleep(0.01)
-        time.sleep(rng.uniform(0.0, 2.5))
-        if proc.poll() is None and kills == 0:
-            proc.kill()
-            kills += 1
+        if kills == 0:
+            time.sleep(rng.uniform(0.2, 0.9) * duration)
+            if proc.poll() is None:
+                proc.kill()
+                kills += 1
         proc.wait()
         (run_dir,) = (workdir / "runs").iterdir()
         if json.loads((run_dir / "record.json").read_text())["status"] == "completed":
@@ -64,14 +63,16 @@ def main() -> None:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         reference_dir = Path(tmp) / "reference"
+        started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "veritrain", "train", *CHAOS, "--workdir", str(reference_dir)],
                        check=True, capture_output=True)
+        duration = time.perf_counter() - started
         (ref_run,) = (reference_dir / "runs").iterdir()
         reference = outcome(ref_run)
         identical = killed = 0
         for i in range(args.kills):
             workdir = Path(tmp) / f"chaos-{i}"
-            final, metrics, kills = run_once(workdir, rng)
+            final, metrics, kills = run_once(workdir, rng, duration)
             same = (final, metrics) == reference
             identical += same
             killed += kills

@@ -243,6 +243,23 @@ class LoggingConfig(Section):
 class EvalConfig(Section):
     split: Literal["test", "val"] = Field("test", description="split the final evaluation reports on")
     batch_size: int = Field(512, ge=1, description="samples per forward pass during validation and evaluation")
+    bad_cases: int = Field(25, ge=0, description="how many of the most confident wrong predictions bad_cases.csv/png show")
+    baselines: bool = Field(True, description="`veritrain run` also fits the majority-class and logistic-regression baselines on the same splits")
+    baseline_margin: float = Field(
+        0.01, ge=0.0, description="warn when the model's accuracy does not beat the logistic-regression baseline by at least this much"
+    )
+    baseline_max_samples: int = Field(10_000, ge=10, description="logistic regression trains on at most this many train samples (a seeded, recorded subsample)")
+    baseline_max_iter: int = Field(200, ge=1, description="iterations cap of the logistic-regression solver")
+
+
+class ExportConfig(Section):
+    formats: list[Literal["onnx", "torchscript", "safetensors"]] = Field(
+        ["onnx", "torchscript", "safetensors"], description="what `veritrain export` and `veritrain run` write to export/"
+    )
+    parity_samples: int = Field(256, ge=1, description="real test samples the parity check runs through every exported form")
+    parity_atol: float = Field(1e-4, gt=0.0, description="largest allowed absolute difference of logits between the trained model and an export")
+    parity_min_agreement: float = Field(1.0, ge=0.0, le=1.0, description="smallest allowed fraction of samples whose predicted class agrees")
+    opset: int = Field(17, ge=7, description="ONNX opset version")
 
 
 class RunConfig(Section):
@@ -260,6 +277,7 @@ class RunConfig(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="when and what to save")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="step logs")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
+    export: ExportConfig = Field(default_factory=ExportConfig, description="exported model formats and their parity check")
 
     @field_validator("task")
     @classmethod

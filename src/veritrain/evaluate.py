@@ -1,6 +1,9 @@
-"""The evaluation stage: restore a checkpoint and compute the task's metrics on a fixed split.
+"""The evaluation stage: restore a checkpoint and evaluate it on a fixed split of the run's data
+version; writes `eval/<split>/` (metrics.json, the task's files such as predictions.csv, plots,
+bad cases, curves.png and report.md).
 
-Writes `eval/<split>/metrics.json`. Run as part of `veritrain run`.
+    veritrain eval latest --checkpoint best --split test
+    veritrain eval --predictions runs/<id>/eval/test/predictions.csv
 """
 
 from __future__ import annotations
@@ -8,20 +11,22 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
+from veritrain.hashing import sha256_file
 from veritrain.train import checkpoint
 
 log = logging.getLogger("veritrain")
 
 
 @torch.no_grad()
-def forward_split(model: torch.nn.Module, task: Any, data: Any, split: str, device: torch.device, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """All outputs and targets of one split in eval mode, in split-file order."""
+def forward_split(model: torch.nn.Module, task: Any, data: Any, split: str, device: torch.device, batch_size: int,
+                  limit: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All outputs and targets of one split (its first `limit` samples) in eval mode, in split-file order."""
     model.eval()
-    rows = data.splits[split]
+    rows = data.splits[split][:limit]
     outputs, targets = [], []
     generator = torch.Generator().manual_seed(0)  # unused without augmentation; required by the protocol
     for start in range(0, len(rows), batch_size):
@@ -33,27 +38,68 @@ def forward_split(model: torch.nn.Module, task: Any, data: Any, split: str, devi
     return torch.cat(outputs), torch.cat(targets)
 
 
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, checkpoint_name: str = "best") -> dict[str, Any]:
-    """Stage entry: evaluate `checkpoints/<checkpoint_name>.pt` on `cfg.eval.split`; returns the metrics."""
-    split = cfg.eval.split
-    if len(data.splits[split]) == 0:
-        raise ValueError(f"the {split} split is empty; set data.split_ratios so it gets samples")
-    ckpt_path = run_dir / "checkpoints" / f"{checkpoint_name}.pt"
-    state = checkpoint.load(ckpt_path)
+def checkpoint_path(run_dir: Path, which: str) -> Path:
+    """`best`, `last`, or a path (absolute, or relative to the run directory)."""
+    if which in ("best", "last"):
+        return run_dir / "checkpoints" / f"{which}.pt"
+    path = Path(which)
+    return path if path.is_absolute() else run_dir / path
+
+
+def load_model(cfg: Any, data: Any, task: Any, path: Path, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
+    state = checkpoint.load(path)
     model = task.build_model(cfg.model, data).to(device)
     model.load_state_dict(state["model"])
+    model.eval()
+    return model, state
+
+
+def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, which: str = "best",
+        split: Optional[str] = None, baselines: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics."""
+    split = split or cfg.eval.split
+    if len(data.splits[split]) == 0:
+        raise ValueError(f"the {split} split is empty; set data.split_ratios so it gets samples")
+    path = checkpoint_path(run_dir, which)
+    model, state = load_model(cfg, data, task, path, device)
     outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
-    metrics = task.metrics(outputs, targets, data)
-    metrics["checkpoint"] = f"checkpoints/{checkpoint_name}.pt"
-    metrics["checkpoint_epoch"] = state["loop"]["epochs_done"]
     out_dir = run_dir / "eval" / split
     out_dir.mkdir(parents=True, exist_ok=True)
+    write_files = getattr(task, "write_evaluation", None)  # optional part of the Task protocol
+    if write_files is not None:
+        metrics = write_files(out_dir, outputs, targets, data, split, cfg)
+    else:
+        metrics = task.metrics(outputs, targets, data)
+    try:
+        shown_path = path.relative_to(run_dir).as_posix()
+    except ValueError:
+        shown_path = str(path)
+    metrics.update(
+        split=split,
+        data_version=data.version,
+        checkpoint=shown_path,
+        checkpoint_sha256=sha256_file(path),
+        checkpoint_epoch=state["loop"]["epochs_done"],
+    )
+    history_path = run_dir / "metrics.jsonl"
+    if history_path.exists() and hasattr(task, "plot_curves"):
+        task.plot_curves(out_dir / "curves.png", [json.loads(l) for l in history_path.read_text().splitlines() if l.strip()])
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    if hasattr(task, "write_report"):
+        task.write_report(out_dir / "report.md", metrics, baselines, run_dir.name)
     log.info(
         "eval: %s split, %s (epoch %d): %s",
-        split,
-        metrics["checkpoint"],
-        state["loop"]["epochs_done"],
+        split, shown_path, metrics["checkpoint_epoch"],
         "  ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float)),
     )
+    return metrics
+
+
+def from_predictions(path: Path) -> dict[str, Any]:
+    """Every metric recomputed from a predictions.csv alone (classification)."""
+    from veritrain.tasks import classification_eval
+
+    _, labels, probabilities, classes = classification_eval.read_predictions(path)
+    metrics = classification_eval.compute(probabilities, labels, classes)
+    metrics["predictions"] = str(path)
     return metrics

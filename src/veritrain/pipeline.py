@@ -32,7 +32,11 @@ from veritrain.workspace import Workspace
 
 log = logging.getLogger("veritrain")
 
-STAGES = {"run": ("prepare", "train", "eval"), "train": ("prepare", "train")}
+STAGES = {
+    "run": ("prepare", "train", "baselines", "eval", "export"),
+    "train": ("prepare", "train"),
+    "baseline": ("prepare", "baselines"),
+}
 
 
 @dataclass
@@ -44,8 +48,10 @@ class RunOutcome:
     error: Optional[VeritrainError | Interrupted] = None  # set when the run did not complete
 
 
-def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run") -> RunOutcome:
-    """Start a new run of `kind` ("run": prepare, train, evaluate; "train": prepare, train)."""
+def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run",
+        repeat: Optional[dict[str, Any]] = None) -> RunOutcome:
+    """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
+    prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of)."""
     cfg = resolved.config
     run_id, run_dir = workspace.new_run_dir()
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
@@ -79,6 +85,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "timings": {},
         "events": [],
         "resumes": [],
+        "repeat": repeat,
         "error": None,
     }
     return _execute(record, run_dir, resolved, workspace, resume=False)
@@ -138,10 +145,8 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
         with interruptible() as stop:
             import torch  # noqa: F401  (imported here so the environment below names its version)
 
-            from veritrain import evaluate
             from veritrain.data import prepare
             from veritrain.tasks import get_task
-            from veritrain.train import loop
 
             env, package_list = capture_env()
             if resume and record.get("env"):
@@ -165,29 +170,9 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             write_record(run_dir, record)
 
             task = get_task(cfg)
-            t = time.perf_counter()
-            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"])
-            record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
-            record["env"]["device"] = result.device
-            record["env"]["torch_threads"] = result.threads
-            record["final_state_sha256"] = result.final_state_sha256
-            record["training"] = {
-                "epochs": len(result.epochs),
-                "steps": result.steps,
-                "best_epoch": result.best_epoch,
-                "best_metric": {"name": result.best_metric[0], "mode": result.best_metric[1], "value": result.best_value},
-                "last_epoch": result.epochs[-1] if result.epochs else None,
-                "peak_memory_mb": result.peak_memory_mb,
-                "settings": {"device": result.device, "threads": result.threads, "num_workers": cfg.train.num_workers},
-            }
-            write_record(run_dir, record)
-
-            if "eval" in record["stages"]:
-                t = time.perf_counter()
-                device = loop.resolve_device(cfg.train.device)
-                which = "best" if cfg.checkpoint.best else "last"
-                record["metrics"][cfg.eval.split] = evaluate.run(cfg, data, task, run_dir, device, which)
-                record["timings"]["eval"] = round(time.perf_counter() - t, 3)
+            if "train" in record["stages"]:
+                _train_stage(record, run_dir, cfg, data, task, stop, resume)
+            _evaluation_stages(record, run_dir, cfg, data, task)
             record["status"] = "completed"
     except Interrupted as err:
         error = err
@@ -223,6 +208,79 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
     if error is not None:
         summary["error"] = str(error)
     return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
+
+
+def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Any, task: Any, stop: Any, resume: bool) -> None:
+    from veritrain.train import loop
+
+    t = time.perf_counter()
+    result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"])
+    record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
+    record["env"]["device"] = result.device
+    record["env"]["torch_threads"] = result.threads
+    record["final_state_sha256"] = result.final_state_sha256
+    record["training"] = {
+        "epochs": len(result.epochs),
+        "steps": result.steps,
+        "best_epoch": result.best_epoch,
+        "best_metric": {"name": result.best_metric[0], "mode": result.best_metric[1], "value": result.best_value},
+        "last_epoch": result.epochs[-1] if result.epochs else None,
+        "peak_memory_mb": result.peak_memory_mb,
+        "settings": {"device": result.device, "threads": result.threads, "num_workers": cfg.train.num_workers},
+    }
+    write_record(run_dir, record)
+
+
+def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Any, task: Any) -> None:
+    """Baselines, evaluation and export, as far as the run's kind has them."""
+    from veritrain import evaluate
+    from veritrain.train.loop import resolve_device
+
+    stages = record["stages"]
+    which = "best" if cfg.checkpoint.best else "last"
+    baselines = None
+    if "baselines" in stages and (cfg.eval.baselines or "train" not in stages) and hasattr(task, "baselines"):
+        t = time.perf_counter()
+        baselines = task.baselines(data, cfg)
+        baselines["margin"] = cfg.eval.baseline_margin
+        (run_dir / "eval").mkdir(exist_ok=True)
+        (run_dir / "eval" / "baselines.json").write_text(json.dumps(baselines, indent=2) + "\n", encoding="utf-8")
+        record["baselines"] = baselines
+        record["timings"]["baselines"] = round(time.perf_counter() - t, 3)
+        log.info("baselines: %s", "  ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in baselines["results"].items()))
+    if "eval" in stages:
+        t = time.perf_counter()
+        metrics = evaluate.run(cfg, data, task, run_dir, resolve_device(cfg.train.device), which, baselines=baselines)
+        record["metrics"][cfg.eval.split] = metrics
+        record["timings"]["eval"] = round(time.perf_counter() - t, 3)
+        verdict = baseline_verdict(metrics, baselines)
+        if verdict and baselines is not None:
+            baselines["warning"] = verdict
+            log.warning("eval: %s", verdict)
+    if "export" in stages:
+        from veritrain import export
+
+        t = time.perf_counter()
+        try:
+            description = export.run(cfg, data, task, run_dir, which)
+        except RunFailed:
+            parity_file = run_dir / "export" / "parity.json"
+            if parity_file.exists():
+                record["export"] = {"parity": json.loads(parity_file.read_text())}
+            raise
+        record["export"] = {"files": description["files"], "parity": description["parity"]}
+        record["timings"]["export"] = round(time.perf_counter() - t, 3)
+
+
+def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
+    """A warning when the model does not beat the logistic-regression baseline by the margin."""
+    if not baselines or "accuracy" not in metrics:
+        return None
+    linear = baselines["results"].get("logistic_regression")
+    if linear and metrics["accuracy"] < linear["accuracy"] + baselines["margin"]:
+        return (f"the model's accuracy {metrics['accuracy']:.4f} does not beat the logistic-regression baseline "
+                f"{linear['accuracy']:.4f} by eval.baseline_margin {baselines['margin']:g}")
+    return None
 
 
 def _log_header(record: dict[str, Any], resolved: ResolvedConfig, run_dir: Path, resume: bool) -> None:
@@ -279,3 +337,62 @@ def _record_failure(record: dict[str, Any], err: BaseException) -> None:
 def python_argv() -> list[str]:
     """The command line as the user typed it (program name shortened to `veritrain`)."""
     return ["veritrain", *sys.argv[1:]]
+
+
+# ---------------------------------------------------------------- stages on an existing run
+
+
+@dataclass
+class OpenRun:
+    run_dir: Path
+    record: dict[str, Any]
+    config: RunConfig
+    data: Any
+    task: Any
+    drift: Optional[str] = None  # why the data differs from the recorded version, when allowed
+
+
+def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> OpenRun:
+    """A finished run with its config, task and recorded data version, for eval/export/baseline.
+
+    The data is prepared again from the raw files when they are present (fast when unchanged) and must
+    give the recorded version; without raw files the stored version is used as it is.
+    """
+    from veritrain.data import prepare
+    from veritrain.tasks import get_task
+
+    run_dir = workspace.resolve_run(ref)
+    record = read_record(run_dir)
+    if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
+        raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
+    cfg = RunConfig.model_validate(record["config"])
+    recorded = (record.get("data") or {}).get("version")
+    stored = workspace.state_dir / "data" / str(recorded)
+    paths = {k: Path(v) for k, v in record["config_source"].get("data_paths_resolved", {}).items()}
+    raw_present = "root" not in paths or paths["root"].exists()
+    drift = None
+    if raw_present:
+        data = prepare.run(cfg.data, paths, workspace.state_dir)
+        if data.version != recorded:
+            drift = f"the data now prepares to version {data.version[:12]}, the run used {str(recorded)[:12]}"
+            if not allow_data_drift:
+                raise UserError(f"{ref}: {drift}; restore the data, or pass --allow-data-drift to evaluate on the new version (recorded)")
+    elif (stored / "version.json").exists():
+        log.warning("data: raw data not found at %s; using the stored data version %s", paths.get("root"), str(recorded)[:12])
+        data = prepare.load_version(stored)
+    else:
+        raise UserError(f"{ref}: neither the raw data ({paths.get('root')}) nor the stored data version {str(recorded)[:12]} is here")
+    return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
+
+
+def amend(opened: OpenRun, workspace: Workspace, kind: str, detail: str) -> str:
+    """Record an event on a finished run and seal it again; returns the new seal."""
+    event = {"kind": kind, "step": None, "detail": detail, "at": now_iso()}
+    if opened.drift:
+        opened.record["events"].append({"kind": "data_drift", "step": None, "detail": opened.drift + " (--allow-data-drift)", "at": now_iso()})
+    opened.record["events"].append(event)
+    workspace.lock_run(opened.run_dir.name)
+    try:
+        return write_record(opened.run_dir, opened.record)
+    finally:
+        workspace.unlock_run(opened.run_dir.name)

@@ -92,26 +92,47 @@ class ClassificationTask:
         return {"acc": float((outputs.argmax(dim=1) == hard).sum())}
 
     def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: Any) -> dict[str, Any]:
-        n_classes = len(data.classes)
-        predicted = outputs.argmax(dim=1).cpu().numpy()
-        truth = targets.cpu().numpy()
-        confusion = np.zeros((n_classes, n_classes), dtype=np.int64)  # rows: true class, columns: predicted
-        np.add.at(confusion, (truth, predicted), 1)
-        return {
-            "accuracy": float(np.trace(confusion) / max(1, len(truth))),
-            "macro_f1": macro_f1(confusion),
-            "loss": float(F.cross_entropy(outputs.float(), targets)),
-            "samples": int(len(truth)),
-        }
+        from veritrain.tasks import classification_eval
 
+        probabilities = torch.softmax(outputs.double(), dim=1).numpy()
+        metrics = classification_eval.compute(probabilities, targets.cpu().numpy(), data.classes)
+        metrics["loss"] = float(F.cross_entropy(outputs.float(), targets))
+        return metrics
 
-def macro_f1(confusion: np.ndarray) -> float:
-    """Unweighted mean of per-class F1 over classes present in truth or predictions (scikit-learn's
-    `f1_score(average="macro")` with labels from the data; F1 is 0 where precision + recall is 0)."""
-    true_pos = np.diag(confusion).astype(np.float64)
-    predicted = confusion.sum(axis=0)
-    actual = confusion.sum(axis=1)
-    present = (predicted + actual) > 0
-    denominator = predicted + actual
-    f1 = np.divide(2 * true_pos, denominator, out=np.zeros_like(true_pos), where=denominator > 0)
-    return float(f1[present].mean()) if present.any() else 0.0
+    # ---- optional parts of the Task protocol, used by the evaluation stage
+
+    def write_evaluation(self, out_dir: Any, outputs: torch.Tensor, targets: torch.Tensor, data: Any, split: str, cfg: Any) -> dict[str, Any]:
+        """metrics plus predictions.csv, per_class.csv, confusion matrices and bad cases in `out_dir`."""
+        from veritrain.tasks import classification_eval as ce
+
+        rows = data.splits[split]
+        sample_ids = [data.sample_ids[r] for r in rows]
+        probabilities = torch.softmax(outputs.double(), dim=1).numpy()
+        labels = targets.cpu().numpy()
+        metrics = self.metrics(outputs, targets, data)
+        ce.write_predictions(out_dir / "predictions.csv", sample_ids, labels, probabilities, data.classes)
+        ce.write_per_class(out_dir / "per_class.csv", metrics["per_class"])
+        predicted = probabilities.argmax(axis=1)
+        ce.plot_confusion(out_dir / "confusion_matrix.png", labels, predicted, data.classes, normalized=False)
+        ce.plot_confusion(out_dir / "confusion_matrix_normalized.png", labels, predicted, data.classes, normalized=True)
+        cases = ce.bad_cases(sample_ids, labels, probabilities, data.classes, cfg.eval.bad_cases)
+        ce.write_bad_cases_csv(out_dir / "bad_cases.csv", cases)
+        images = np.asarray(data.inputs[rows]) if data.inputs.dtype == np.uint8 and data.inputs.ndim == 4 else None
+        ce.plot_bad_cases(out_dir / "bad_cases.png", cases, images)
+        return metrics
+
+    def baselines(self, data: Any, cfg: Any) -> dict[str, Any]:
+        """Majority class and logistic regression on the same splits (see classification_eval)."""
+        from veritrain.tasks.classification_eval import fit_baselines
+
+        return fit_baselines(data, cfg.eval.split, cfg.seed, cfg.eval.baseline_max_samples, cfg.eval.baseline_max_iter)
+
+    def plot_curves(self, path: Any, history: list[dict[str, Any]]) -> None:
+        from veritrain.tasks.classification_eval import plot_curves
+
+        plot_curves(path, history)
+
+    def write_report(self, path: Any, metrics: dict[str, Any], baselines: Any, run_id: str) -> None:
+        from veritrain.tasks.classification_eval import report_markdown
+
+        path.write_text(report_markdown(metrics, baselines, run_id), encoding="utf-8")

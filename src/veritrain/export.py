@@ -1,0 +1,217 @@
+"""The export stage: the trained model as ONNX, TorchScript (or torch.export `.pt2` where a model
+cannot be scripted) and safetensors in `export/`, with `model.json` describing inputs, preprocessing,
+classes and provenance — and a parity certificate: the exported forms must give the same answers as
+the trained model on real test samples (`export/parity.json`), or the export fails.
+
+    veritrain export latest
+    veritrain predict latest some/image.png --top 3
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from veritrain.errors import RunFailed, UserError
+from veritrain.hashing import sha256_file
+
+log = logging.getLogger("veritrain")
+
+MODEL_JSON_VERSION = 1
+FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
+
+
+def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: str = "best", formats: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Stage entry: export the checkpoint `which` in `formats` (default `export.formats`) and check
+    parity; returns model.json's content. Raises RunFailed when parity fails (files are kept)."""
+    import torch
+
+    from veritrain.evaluate import checkpoint_path, load_model
+
+    formats = list(formats or cfg.export.formats)
+    path = checkpoint_path(run_dir, which)
+    model, state = load_model(cfg, data, task, path, torch.device("cpu"))
+    model = model.float().eval()
+    out = run_dir / "export"
+    out.mkdir(exist_ok=True)
+    for stale in FILES.values():  # a re-export replaces everything
+        (out / stale).unlink(missing_ok=True)
+    example, _ = task.batch(data, data.splits["test"][:2] if len(data.splits["test"]) else data.splits["train"][:2],
+                            torch.device("cpu"), False, torch.Generator())
+    written: dict[str, str] = {}
+    if "onnx" in formats:
+        torch.onnx.export(
+            model, (example,), str(out / FILES["onnx"]), input_names=["input"], output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=cfg.export.opset, dynamo=False,
+        )
+        written["onnx"] = FILES["onnx"]
+    if "torchscript" in formats:
+        try:
+            torch.jit.script(model).save(str(out / FILES["torchscript"]))
+            written["torchscript"] = FILES["torchscript"]
+        except Exception as err:  # models using Python features TorchScript lacks
+            log.warning("export: TorchScript cannot script this model (%s); writing torch.export %s instead",
+                        str(err).splitlines()[0], FILES["torch_export"])
+            batch = torch.export.Dim("batch", min=1)
+            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+            torch.export.save(program, str(out / FILES["torch_export"]))
+            written["torch_export"] = FILES["torch_export"]
+    if "safetensors" in formats:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / FILES["safetensors"]))
+        written["safetensors"] = FILES["safetensors"]
+
+    h, w, c = data.info["input_shape"]
+    description = {
+        "format_version": MODEL_JSON_VERSION,
+        "source_run": run_dir.name,
+        "data_version": data.version,
+        "task": cfg.task,
+        "model": cfg.model.target or cfg.model.name,
+        "checkpoint": path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path),
+        "checkpoint_sha256": sha256_file(path),
+        "checkpoint_epoch": state["loop"]["epochs_done"],
+        "classes": data.classes,
+        "input": {"name": "input", "shape": [None, c, h, w], "dtype": "float32", "layout": "NCHW", "batch": "dynamic"},
+        "output": {"name": "logits", "shape": [None, len(data.classes or [])], "dtype": "float32", "meaning": "unnormalized class scores; softmax gives probabilities"},
+        "preprocessing": {
+            "decode": "Pillow, converted to mode " + ("L" if c == 1 else "RGB"),
+            "resize": {"size": [h, w], "filter": "bilinear", "when": "the image is not already this size"},
+            "scale": "x / 255",
+            "mean": data.info["normalization"]["mean"],
+            "std": data.info["normalization"]["std"],
+            "order": "decode → resize → scale → (x - mean) / std → HWC to CHW",
+        },
+        "files": {name: {"file": file, "sha256": sha256_file(out / file)} for name, file in written.items()},
+        "onnx_opset": cfg.export.opset if "onnx" in written else None,
+        "torch": torch.__version__,
+    }
+    description["parity"] = check_parity(cfg, data, task, model, out, written)
+    (out / "model.json").write_text(json.dumps(description, indent=2) + "\n", encoding="utf-8")
+    parity = description["parity"]
+    log.info("export: %s in %s; parity %s (max |Δlogit| %s, argmax agreement %s)", ", ".join(written), out,
+             "passed" if parity["passed"] else "FAILED",
+             ", ".join(f"{k} {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items()) or "-",
+             ", ".join(f"{k} {v['agreement']:.4f}" for k, v in parity["formats"].items()) or "-")
+    if not parity["passed"]:
+        raise RunFailed(f"export: parity check failed ({parity['reason']}); see {out / 'parity.json'}")
+    return description
+
+
+def check_parity(cfg: Any, data: Any, task: Any, model: Any, out: Path, written: dict[str, str]) -> dict[str, Any]:
+    """Trained model vs each executable export on real test samples; writes export/parity.json."""
+    import torch
+
+    from veritrain.evaluate import forward_split
+
+    split = "test" if len(data.splits["test"]) else "val"
+    reference, _ = forward_split(model, task, data, split, torch.device("cpu"), cfg.eval.batch_size, limit=cfg.export.parity_samples)
+    inputs, _ = task.batch(data, data.splits[split][: cfg.export.parity_samples], torch.device("cpu"), False, torch.Generator())
+    outputs: dict[str, np.ndarray] = {}
+    if "onnx" in written:
+        outputs["onnx"] = onnx_logits(out / written["onnx"], inputs.numpy())
+    if "torchscript" in written:
+        scripted = torch.jit.load(str(out / written["torchscript"]))
+        with torch.no_grad():
+            outputs["torchscript"] = scripted(inputs).float().numpy()
+    if "torch_export" in written:
+        program = torch.export.load(str(out / written["torch_export"]))
+        with torch.no_grad():
+            outputs["torch_export"] = program.module()(inputs).float().numpy()
+    ref = reference.numpy()
+    results = {}
+    for name, logits in outputs.items():
+        if logits.shape != ref.shape:
+            results[name] = {"max_abs_diff": float("inf"), "agreement": 0.0, "shape": list(logits.shape)}
+            continue
+        results[name] = {
+            "max_abs_diff": float(np.abs(logits.astype(np.float64) - ref.astype(np.float64)).max()),
+            "agreement": float((logits.argmax(1) == ref.argmax(1)).mean()),
+        }
+    failures = [f"{n}: max |Δlogit| {r['max_abs_diff']:.3g} > {cfg.export.parity_atol:g}" for n, r in results.items() if not r["max_abs_diff"] <= cfg.export.parity_atol]
+    failures += [f"{n}: argmax agreement {r['agreement']:.4f} < {cfg.export.parity_min_agreement:g}" for n, r in results.items() if r["agreement"] < cfg.export.parity_min_agreement]
+    parity = {
+        "samples": int(len(ref)),
+        "split": split,
+        "atol": cfg.export.parity_atol,
+        "min_agreement": cfg.export.parity_min_agreement,
+        "formats": results,
+        "passed": not failures,
+        "reason": "; ".join(failures) or None,
+        "files_sha256": {name: sha256_file(out / file) for name, file in written.items()},
+    }
+    (out / "parity.json").write_text(json.dumps(parity, indent=2) + "\n", encoding="utf-8")
+    return parity
+
+
+def onnx_logits(path: Path, inputs: np.ndarray) -> np.ndarray:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: no warnings on stderr
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: inputs.astype(np.float32)})[0]
+
+
+# ---------------------------------------------------------------- predict
+
+
+def find_export(ref_dir: Path) -> Path:
+    """An export folder: the folder itself when it holds model.json, else `<run>/export`."""
+    for candidate in (ref_dir, ref_dir / "export"):
+        if (candidate / "model.json").exists():
+            return candidate
+    raise UserError(f"{ref_dir}: no exported model (model.json) here or in its export/; run `veritrain export` first")
+
+
+def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
+    """Decode one image file and apply the recorded preprocessing; returns C×H×W float32."""
+    from PIL import Image, ImageFile
+
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    _, c, h, w = description["input"]["shape"]
+    prep = description["preprocessing"]
+    with Image.open(path) as img:
+        img.load()
+        image = img.convert("L" if c == 1 else "RGB")
+    if (image.height, image.width) != (h, w):
+        image = image.resize((w, h), Image.BILINEAR)
+    array = np.asarray(image, dtype=np.float32).reshape(h, w, c) / 255.0
+    array = (array - np.asarray(prep["mean"], dtype=np.float32)) / np.asarray(prep["std"], dtype=np.float32)
+    return array.transpose(2, 0, 1).astype(np.float32)
+
+
+def predict(export_dir: Path, files: Sequence[str], top: int = 1) -> list[dict[str, Any]]:
+    """Class names and probabilities for each file with the exported ONNX model; a file that cannot
+    be read or decoded gets an error and the others are still predicted."""
+    description = json.loads((export_dir / "model.json").read_text(encoding="utf-8"))
+    onnx_file = description["files"].get("onnx")
+    if onnx_file is None:
+        raise UserError(f"{export_dir}: no ONNX model in this export; export with --format onnx")
+    if sha256_file(export_dir / onnx_file["file"]) != onnx_file["sha256"]:
+        raise RunFailed(f"{export_dir / onnx_file['file']}: does not match the hash in model.json; re-export the run")
+    classes = description["classes"]
+    results: list[dict[str, Any]] = []
+    batch, positions = [], []
+    for i, name in enumerate(files):
+        try:
+            batch.append(preprocess(Path(name), description))
+            positions.append(i)
+            results.append({"file": name, "ok": True, "top": [], "error": None})
+        except FileNotFoundError:
+            results.append({"file": name, "ok": False, "top": [], "error": "no such file"})
+        except Exception as err:  # unreadable or not an image: report and go on
+            results.append({"file": name, "ok": False, "top": [], "error": f"cannot decode as an image ({err.__class__.__name__}: {err})"})
+    if batch:
+        logits = onnx_logits(export_dir / onnx_file["file"], np.stack(batch)).astype(np.float64)
+        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probabilities /= probabilities.sum(axis=1, keepdims=True)
+        for i, row in zip(positions, probabilities):
+            order = np.argsort(-row, kind="stable")[: max(1, top)]
+            results[i]["top"] = [{"label": classes[k], "prob": float(row[k])} for k in order]
+    return results

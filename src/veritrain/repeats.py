@@ -1,0 +1,72 @@
+"""`veritrain run --repeat N`: the same config with seeds seed, seed+1, …, as linked runs, and the
+spread of their metrics (mean, standard deviation, 95% interval from Student's t).
+
+The group summary is written to `.veritrain/repeats/<group>.json`; each run's record names its
+group, index and count under `repeat`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import statistics
+from typing import Any
+
+from veritrain import pipeline
+from veritrain.config import ResolvedConfig
+from veritrain.workspace import Workspace
+
+SUMMARIZED = ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "log_loss", "ece", "mae", "rmse")
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    from scipy.stats import t
+
+    n = len(values)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = t.ppf(0.975, n - 1) * std / math.sqrt(n) if n > 1 else 0.0
+    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half], "n": n, "values": values}
+
+
+def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: int) -> dict[str, Any]:
+    group = secrets.token_hex(4)
+    base_seed = resolved.config.seed
+    outcomes = []
+    for index in range(count):
+        config = resolved.config.model_copy(update={"seed": base_seed + index})
+        seeded = ResolvedConfig(config=config, path=resolved.path, overrides=[*resolved.overrides, f"seed={base_seed + index}"],
+                                data_paths=resolved.data_paths)
+        outcome = pipeline.run(seeded, workspace, argv, repeat={"group": group, "index": index, "of": count})
+        outcomes.append(outcome)
+    completed = [o for o in outcomes if o.record["status"] == "completed"]
+    split = resolved.config.eval.split
+    summary = {}
+    for name in SUMMARIZED:
+        values = [o.record["metrics"][split][name] for o in completed if isinstance(o.record["metrics"].get(split, {}).get(name), float)]
+        if values:
+            summary[name] = spread(values)
+    baselines = {}
+    first = completed[0].record.get("baselines") if completed else None
+    if first:
+        baselines = {name: {"accuracy": r["accuracy"]} for name, r in first["results"].items()}
+    warning = None
+    if first and "accuracy" in summary:
+        linear = first["results"]["logistic_regression"]["accuracy"]
+        if summary["accuracy"]["ci95"][0] < linear + first["margin"]:
+            warning = (f"the 95% interval of accuracy starts at {summary['accuracy']['ci95'][0]:.4f}, not above the "
+                       f"logistic-regression baseline {linear:.4f} + margin {first['margin']:g}")
+    result = {
+        "group": group,
+        "split": split,
+        "runs": [{**o.summary, "seed": o.record["seed"]} for o in outcomes],
+        "summary": summary,
+        "baselines": baselines,
+        "warning": warning,
+        "failed": [o.summary["run_id"] for o in outcomes if o.record["status"] != "completed"],
+    }
+    folder = workspace.state_dir / "repeats"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{group}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,305 @@
+"""Classification evaluation: metrics from class probabilities, the predictions file, per-class table,
+confusion matrices, bad cases and the report.
+
+Every metric scikit-learn defines is computed by scikit-learn itself (so `eval --predictions` on the
+written file reproduces it exactly); expected calibration error uses 15 equal-width confidence bins:
+ECE = Σ_b (|b| / n) · |accuracy(b) − mean confidence(b)|, bins (0, 1/15], (1/15, 2/15], …
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+ECE_BINS = 15
+
+
+def expected_calibration_error(probabilities: np.ndarray, labels: np.ndarray, bins: int = ECE_BINS) -> float:
+    confidence = probabilities.max(axis=1)
+    correct = probabilities.argmax(axis=1) == labels
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    # a sample with confidence c falls in the bin (edges[k], edges[k + 1]]; c = 0 joins the first bin
+    which = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
+    total = 0.0
+    for k in range(bins):
+        members = which == k
+        if members.any():
+            total += members.mean() * abs(correct[members].mean() - confidence[members].mean())
+    return float(total)
+
+
+def compute(probabilities: np.ndarray, labels: np.ndarray, classes: Sequence[str]) -> dict[str, Any]:
+    """All metrics of one split from N×K probabilities and N true class indices."""
+    from sklearn.metrics import accuracy_score, log_loss, precision_recall_fscore_support, top_k_accuracy_score
+
+    k = len(classes)
+    indices = list(range(k))
+    predicted = probabilities.argmax(axis=1)
+    metrics: dict[str, Any] = {
+        "samples": int(len(labels)),
+        "accuracy": float(accuracy_score(labels, predicted)),
+    }
+    if k >= 5:
+        metrics["top5_accuracy"] = float(top_k_accuracy_score(labels, probabilities, k=5, labels=indices))
+    for average in ("macro", "weighted"):
+        precision, recall, f1, _ = precision_recall_fscore_support(labels, predicted, labels=indices, average=average, zero_division=0)
+        metrics[f"precision_{average}"] = float(precision)
+        metrics[f"recall_{average}"] = float(recall)
+        metrics[f"f1_{average}"] = float(f1)
+    metrics["macro_f1"] = metrics["f1_macro"]  # the name the run summary and records use
+    metrics["log_loss"] = float(log_loss(labels, probabilities, labels=indices))
+    metrics["ece"] = expected_calibration_error(probabilities, labels)
+    precision, recall, f1, support = precision_recall_fscore_support(labels, predicted, labels=indices, average=None, zero_division=0)
+    metrics["per_class"] = {
+        name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
+        for name, p, r, f, s in zip(classes, precision, recall, f1, support)
+    }
+    return metrics
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_predictions(path: Path, sample_ids: Sequence[str], labels: np.ndarray, probabilities: np.ndarray, classes: Sequence[str]) -> None:
+    """sample_id, label, prediction, confidence, then p_<class> for every class, at full precision
+    (`repr` of a float64 round-trips exactly)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["sample_id", "label", "prediction", "confidence", *(f"p_{c}" for c in classes)])
+        for sid, label, row in zip(sample_ids, labels, probabilities):
+            best = int(row.argmax())
+            writer.writerow([sid, classes[int(label)], classes[best], repr(float(row[best])), *(repr(float(p)) for p in row)])
+
+
+def read_predictions(path: Path) -> tuple[list[str], np.ndarray, np.ndarray, list[str]]:
+    """(sample ids, label indices, probabilities, classes) from a predictions.csv."""
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        rows = list(reader)
+    if header[:4] != ["sample_id", "label", "prediction", "confidence"] or not all(h.startswith("p_") for h in header[4:]) or len(header) < 6:
+        raise ValueError("expected columns sample_id,label,prediction,confidence,p_<class>... (a veritrain predictions.csv)")
+    classes = [h[2:] for h in header[4:]]
+    index = {c: i for i, c in enumerate(classes)}
+    unknown = sorted({r[1] for r in rows} - set(index))
+    if unknown:
+        raise ValueError(f"label(s) {', '.join(map(repr, unknown[:3]))} have no p_<class> column")
+    probabilities = np.array([[float(v) for v in r[4:]] for r in rows], dtype=np.float64)
+    labels = np.array([index[r[1]] for r in rows], dtype=np.int64)
+    return [r[0] for r in rows], labels, probabilities, classes
+
+
+def write_per_class(path: Path, per_class: dict[str, dict[str, Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["class", "precision", "recall", "f1", "support"])
+        for name, m in per_class.items():
+            writer.writerow([name, repr(m["precision"]), repr(m["recall"]), repr(m["f1"]), m["support"]])
+
+
+def bad_cases(sample_ids: Sequence[str], labels: np.ndarray, probabilities: np.ndarray, classes: Sequence[str], count: int) -> list[dict[str, Any]]:
+    """The most confident wrong predictions, most confident first."""
+    predicted = probabilities.argmax(axis=1)
+    confidence = probabilities.max(axis=1)
+    wrong = np.flatnonzero(predicted != labels)
+    order = wrong[np.argsort(-confidence[wrong], kind="stable")][:count]
+    return [
+        {"sample_id": sample_ids[i], "row": int(i), "label": classes[int(labels[i])], "prediction": classes[int(predicted[i])],
+         "confidence": float(confidence[i]), "p_label": float(probabilities[i, labels[i]])}
+        for i in order
+    ]
+
+
+def write_bad_cases_csv(path: Path, cases: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["sample_id", "label", "prediction", "confidence", "p_label"])
+        for c in cases:
+            writer.writerow([c["sample_id"], c["label"], c["prediction"], repr(c["confidence"]), repr(c["p_label"])])
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_confusion(path: Path, labels: np.ndarray, predicted: np.ndarray, classes: Sequence[str], normalized: bool) -> None:
+    plt = _pyplot()
+    k = len(classes)
+    matrix = np.zeros((k, k), dtype=np.float64)
+    np.add.at(matrix, (labels, predicted), 1)
+    if normalized:
+        matrix = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    size = max(4.0, 0.45 * k + 2)
+    fig, ax = plt.subplots(figsize=(size, size), dpi=100)
+    ax.imshow(matrix, cmap="Blues")
+    ax.set_xticks(range(k), classes, rotation=45 if k > 8 else 0, ha="right" if k > 8 else "center")
+    ax.set_yticks(range(k), classes)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title("confusion matrix" + (" (rows normalized)" if normalized else ""))
+    if k <= 20:
+        top = matrix.max() or 1
+        for i in range(k):
+            for j in range(k):
+                text = f"{matrix[i, j]:.2f}" if normalized else str(int(matrix[i, j]))
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if matrix[i, j] > top / 2 else "black")
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_bad_cases(path: Path, cases: list[dict[str, Any]], images: Optional[np.ndarray]) -> None:
+    """An image grid of the bad cases, each titled `true → predicted (confidence)`."""
+    plt = _pyplot()
+    n = max(1, len(cases))
+    cols = min(5, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(2.4 * cols, 2.6 * rows), dpi=100, squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    if not cases:
+        axes[0, 0].text(0.5, 0.5, "no wrong predictions", ha="center", va="center")
+    for ax, case in zip(axes.ravel(), cases):
+        if images is not None:
+            image = np.asarray(images[case["row"]])
+            ax.imshow(image[:, :, 0] if image.shape[-1] == 1 else image, cmap="gray" if image.shape[-1] == 1 else None,
+                      vmin=0, vmax=255, interpolation="nearest")
+        ax.set_title(f"{case['label']} → {case['prediction']}\n({case['confidence']:.2f})", fontsize=9)
+    fig.suptitle("most confident wrong predictions: true → predicted (confidence)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_curves(path: Path, history: list[dict[str, Any]]) -> None:
+    """Loss and accuracy per epoch from metrics.jsonl."""
+    plt = _pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=100)
+    epochs = [row["epoch"] for row in history]
+    for key, ax in (("loss", left), ("acc", right)):
+        for split in ("train", "val"):
+            values = [row.get(f"{split}_{key}") for row in history]
+            if any(v is not None for v in values):
+                ax.plot(epochs, values, marker="o", markersize=3, label=split)
+        ax.set_xlabel("epoch")
+        ax.set_title("loss" if key == "loss" else "accuracy")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------- report
+
+HEADLINE = ("accuracy", "top5_accuracy", "f1_macro", "f1_weighted", "precision_macro", "recall_macro", "log_loss", "ece", "loss")
+
+
+def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str) -> str:
+    lines = [
+        f"# Evaluation of run {run_id}: {metrics['split']} split",
+        "",
+        f"- checkpoint: `{metrics['checkpoint']}` (epoch {metrics['checkpoint_epoch']}, sha256 `{metrics['checkpoint_sha256'][:16]}…`)",
+        f"- data version: `{metrics['data_version']}`, {metrics['samples']} samples",
+        "",
+        "## Metrics",
+        "",
+        "| metric | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {metrics[name]:.4f} |" for name in HEADLINE if name in metrics]
+    if baselines:
+        lines += ["", "## Model vs baselines (same splits)", "", "| model | accuracy | macro F1 |", "|---|---|---|"]
+        lines.append(f"| this run | {metrics['accuracy']:.4f} | {metrics['f1_macro']:.4f} |")
+        for name, result in baselines.get("results", {}).items():
+            lines.append(f"| {name} | {result['accuracy']:.4f} | {result['f1_macro']:.4f} |")
+        linear = baselines["results"].get("logistic_regression")
+        if linear and metrics["accuracy"] < linear["accuracy"] + baselines.get("margin", 0.0):
+            lines += ["", f"**warning:** the model does not beat the logistic-regression baseline by {baselines.get('margin', 0.0):g} accuracy"]
+    lines += ["", "## Per class", "", "| class | precision | recall | F1 | support |", "|---|---|---|---|---|"]
+    for name, m in metrics["per_class"].items():
+        lines.append(f"| {name} | {m['precision']:.4f} | {m['recall']:.4f} | {m['f1']:.4f} | {m['support']} |")
+    lines += [
+        "",
+        "## Plots and files",
+        "",
+        "- [confusion matrix](confusion_matrix.png), [normalized](confusion_matrix_normalized.png)",
+        "- [loss and accuracy per epoch](curves.png)",
+        "- [bad cases](bad_cases.png) ([csv](bad_cases.csv)): the most confident wrong predictions",
+        "- [predictions.csv](predictions.csv), [per_class.csv](per_class.csv), [metrics.json](metrics.json)",
+        "",
+        "![confusion matrix](confusion_matrix.png)",
+        "",
+        "![bad cases](bad_cases.png)",
+        "",
+        "![curves](curves.png)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def fit_baselines(data: Any, split: str, seed: int, max_samples: int, max_iter: int) -> dict[str, Any]:
+    """Majority class and logistic regression on flattened, normalized pixels, trained on the train
+    split (a seeded subsample of at most `max_samples`) and scored on `split` like the model."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    classes = data.classes
+    train_rows, eval_rows = data.splits["train"], data.splits[split]
+    subsampled = len(train_rows) > max_samples
+    if subsampled:
+        rng = np.random.default_rng(seed)
+        train_rows = np.sort(rng.choice(train_rows, size=max_samples, replace=False))
+    stats = data.info["normalization"]
+
+    def features(rows: np.ndarray) -> np.ndarray:
+        x = np.asarray(data.inputs[rows], dtype=np.float64)
+        if data.inputs.dtype == np.uint8:
+            x = x / 255.0
+        x = (x - np.asarray(stats["mean"])) / np.asarray(stats["std"])
+        return x.reshape(len(rows), -1)
+
+    y_train = np.asarray(data.targets[train_rows])
+    y_eval = np.asarray(data.targets[eval_rows])
+    k = len(classes)
+    prior = np.bincount(y_train, minlength=k) / len(y_train)
+    majority = np.tile(prior, (len(eval_rows), 1))  # always the most frequent class, with its frequency as confidence
+
+    model = LogisticRegression(max_iter=max_iter, random_state=seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        model.fit(features(train_rows), y_train)
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    probabilities = np.zeros((len(eval_rows), k))
+    probabilities[:, model.classes_] = model.predict_proba(features(eval_rows))
+
+    def summary(p: np.ndarray) -> dict[str, Any]:
+        m = compute(p, y_eval, classes)
+        return {key: m[key] for key in ("accuracy", "f1_macro", "f1_weighted", "log_loss", "samples") if key in m}
+
+    return {
+        "split": split,
+        "results": {"majority_class": summary(majority), "logistic_regression": summary(probabilities)},
+        "logistic_regression": {
+            "train_samples": int(len(train_rows)),
+            "subsampled": subsampled,
+            "subsample_seed": seed if subsampled else None,
+            "max_iter": max_iter,
+            "converged": converged,
+            "features": "flattened pixels, scaled to [0, 1] and normalized with the train split's mean/std",
+        },
+    }

@@ -1,0 +1,289 @@
+"""Evaluation, baselines, export with parity, predict and seed repeats."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import in_process_run
+
+FAST = ["train.epochs=3", "model.name=mlp", "model.hidden=[64]"]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("ws")
+    outcome = in_process_run(workdir, FAST)
+    assert outcome.error is None, outcome.summary
+    return workdir, Path(outcome.summary["run_dir"]), outcome.record
+
+
+def read_predictions(path: Path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    classes = [k[2:] for k in rows[0] if k.startswith("p_")]
+    probabilities = np.array([[float(r[f"p_{c}"]) for c in classes] for r in rows])
+    labels = np.array([classes.index(r["label"]) for r in rows])
+    return rows, classes, probabilities, labels
+
+
+def reference_ece(probabilities: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
+    """A plain loop over the 15 equal-width bins (0, 1/15], (1/15, 2/15], ... as in Guo et al. 2017."""
+    confidence = probabilities.max(1)
+    correct = (probabilities.argmax(1) == labels).astype(float)
+    total = 0.0
+    for b in range(bins):
+        low, high = b / bins, (b + 1) / bins
+        members = (confidence > low) & (confidence <= high) if b else (confidence >= 0) & (confidence <= high)
+        if members.sum():
+            total += members.sum() / len(labels) * abs(correct[members].mean() - confidence[members].mean())
+    return total
+
+
+def test_metrics_equal_scikit_learn_from_predictions_csv(full_run):
+    from sklearn import metrics as sk
+
+    _, run_dir, _ = full_run
+    out = run_dir / "eval" / "test"
+    metrics = json.loads((out / "metrics.json").read_text())
+    rows, classes, probabilities, labels = read_predictions(out / "predictions.csv")
+    predicted = probabilities.argmax(1)
+    k = list(range(len(classes)))
+    assert [r["prediction"] for r in rows] == [classes[i] for i in predicted]
+    assert metrics["accuracy"] == sk.accuracy_score(labels, predicted)
+    assert metrics["top5_accuracy"] == sk.top_k_accuracy_score(labels, probabilities, k=5, labels=k)
+    for average in ("macro", "weighted"):
+        assert metrics[f"precision_{average}"] == sk.precision_score(labels, predicted, labels=k, average=average, zero_division=0)
+        assert metrics[f"recall_{average}"] == sk.recall_score(labels, predicted, labels=k, average=average, zero_division=0)
+        assert metrics[f"f1_{average}"] == sk.f1_score(labels, predicted, labels=k, average=average, zero_division=0)
+    assert metrics["log_loss"] == sk.log_loss(labels, probabilities, labels=k)
+    assert metrics["ece"] == pytest.approx(reference_ece(probabilities, labels), abs=1e-12)
+    per_class = sk.precision_recall_fscore_support(labels, predicted, labels=k, zero_division=0)
+    for i, name in enumerate(classes):
+        assert metrics["per_class"][name] == {"precision": per_class[0][i], "recall": per_class[1][i], "f1": per_class[2][i], "support": int(per_class[3][i])}
+
+
+def test_eval_from_predictions_file_recomputes_every_metric(cli, full_run):
+    _, run_dir, _ = full_run
+    out = run_dir / "eval" / "test"
+    result = cli("eval", "--predictions", str(out / "predictions.csv"), "--json")
+    assert result.code == 0, result.stderr
+    recomputed = result.json()
+    stored = json.loads((out / "metrics.json").read_text())
+    for key in ("accuracy", "top5_accuracy", "f1_macro", "f1_weighted", "precision_macro", "recall_weighted", "log_loss", "ece", "per_class"):
+        assert recomputed[key] == stored[key], key
+
+
+def test_eval_files_and_plots(full_run):
+    _, run_dir, record = full_run
+    out = run_dir / "eval" / "test"
+    for name in ("metrics.json", "predictions.csv", "per_class.csv", "bad_cases.csv", "report.md"):
+        assert (out / name).is_file(), name
+    for name in ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    from PIL import Image
+
+    with Image.open(out / "bad_cases.png") as image:
+        assert image.width > 200 and image.height > 200
+    with open(out / "bad_cases.csv", newline="") as f:
+        cases = list(csv.DictReader(f))
+    assert all(c["label"] != c["prediction"] for c in cases)
+    assert [float(c["confidence"]) for c in cases] == sorted((float(c["confidence"]) for c in cases), reverse=True)
+    assert all(c["label"] in record["data"]["classes"] for c in cases)  # class names, not indices
+    report = (out / "report.md").read_text()
+    assert "logistic_regression" in report and "confusion_matrix.png" in report and "bad_cases.png" in report
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["checkpoint"] == "checkpoints/best.pt"
+    from veritrain.hashing import sha256_file
+
+    assert metrics["checkpoint_sha256"] == sha256_file(run_dir / "checkpoints" / "best.pt")
+    assert record["artifacts"]["eval/test/predictions.csv"]["sha256"] == sha256_file(out / "predictions.csv")
+
+
+def test_baselines_in_the_run(full_run):
+    _, run_dir, record = full_run
+    baselines = json.loads((run_dir / "eval" / "baselines.json").read_text())
+    assert set(baselines["results"]) == {"majority_class", "logistic_regression"}
+    assert 0.05 < baselines["results"]["majority_class"]["accuracy"] < 0.2
+    assert baselines["results"]["logistic_regression"]["accuracy"] > 0.9
+    assert record["baselines"]["results"] == baselines["results"]
+
+
+def test_worse_than_linear_baseline_warns(tmp_path):
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[4]", "optim.lr=1e-5"])
+    assert outcome.record["status"] == "completed"
+    assert "does not beat the logistic-regression baseline" in outcome.record["baselines"]["warning"]
+    assert "**warning:**" in (Path(outcome.summary["run_dir"]) / "eval" / "test" / "report.md").read_text()
+
+
+def test_export_files_model_json_and_parity(full_run):
+    _, run_dir, record = full_run
+    out = run_dir / "export"
+    description = json.loads((out / "model.json").read_text())
+    assert set(description["files"]) == {"onnx", "torchscript", "safetensors"}
+    assert description["classes"] == record["data"]["classes"]
+    assert description["input"]["shape"] == [None, 1, 8, 8] and description["data_version"] == record["data"]["version"]
+    assert description["preprocessing"]["mean"] == pytest.approx([record_mean(run_dir)])
+    parity = json.loads((out / "parity.json").read_text())
+    assert parity["passed"] and parity["samples"] == 179
+    assert parity["formats"]["onnx"]["max_abs_diff"] <= 1e-4 and parity["formats"]["onnx"]["agreement"] == 1.0
+    assert record["export"]["parity"]["passed"]
+
+
+def record_mean(run_dir: Path) -> float:
+    record = json.loads((run_dir / "record.json").read_text())
+    info = json.loads((Path(record["data"]["path"]) / "version.json").read_text())
+    return info["normalization"]["mean"][0]
+
+
+def test_onnx_has_a_dynamic_batch(full_run):
+    from veritrain.export import onnx_logits
+
+    _, run_dir, _ = full_run
+    for n in (1, 7):
+        assert onnx_logits(run_dir / "export" / "model.onnx", np.zeros((n, 1, 8, 8), dtype=np.float32)).shape == (n, 10)
+
+
+def test_parity_fails_on_an_altered_export(full_run, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    from veritrain import export, pipeline
+    from veritrain.workspace import Workspace
+
+    workdir, run_dir, _ = full_run
+    opened = pipeline.open_run(Workspace.open(workdir), run_dir.name)
+    model_path = run_dir / "export" / "model.onnx"
+    original = model_path.read_bytes()
+    try:
+        graph = onnx.load(str(model_path))
+        weight = graph.graph.initializer[-1]  # the output layer's bias
+        changed = numpy_helper.to_array(weight).copy()
+        changed[0] += 0.5
+        weight.CopyFrom(numpy_helper.from_array(changed, weight.name))
+        onnx.save(graph, str(model_path))
+        import torch
+
+        from veritrain.evaluate import load_model
+
+        model, _ = load_model(opened.config, opened.data, opened.task, run_dir / "checkpoints" / "best.pt", torch.device("cpu"))
+        parity = export.check_parity(opened.config, opened.data, opened.task, model, run_dir / "export", {"onnx": "model.onnx"})
+        assert not parity["passed"] and "onnx: max |Δlogit|" in parity["reason"]
+    finally:
+        model_path.write_bytes(original)
+        export.check_parity(opened.config, opened.data, opened.task, model, run_dir / "export",
+                            {"onnx": "model.onnx", "torchscript": "model.torchscript.pt"})
+
+
+def test_export_command_fails_with_exit_1_when_parity_fails(cli, tmp_path):
+    run = cli("train", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "export.parity_atol=1e-30",
+              "--set", "export.formats=[onnx]", "--workdir", str(tmp_path), "--json")
+    run_id = run.json()["run_id"]
+    result = cli("export", run_id, "--workdir", str(tmp_path))
+    # ONNX and torch agree to ~1e-6, never to 1e-30
+    assert result.code == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: export: parity check failed (onnx: max |Δlogit|")
+    record = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())
+    assert record["export"]["parity"]["passed"] is False and record["events"][-1]["kind"] == "export"
+
+
+def test_predict_matches_eval_on_digit_pngs(cli, full_run, tmp_path):
+    from PIL import Image
+
+    workdir, run_dir, record = full_run
+    out = run_dir / "eval" / "test"
+    with open(out / "predictions.csv", newline="") as f:
+        expected = {r["sample_id"]: r["prediction"] for r in csv.DictReader(f)}
+    info_dir = Path(record["data"]["path"])
+    inputs = np.load(info_dir / "inputs.npy")
+    with open(info_dir / "manifest.csv", newline="") as f:
+        ids = [r["sample_id"] for r in csv.DictReader(f) if r["status"] == "ok"]
+    files = []
+    for sid in list(expected)[:60]:
+        path = tmp_path / f"{sid.replace('#', '_')}.png"
+        Image.fromarray(inputs[ids.index(sid), :, :, 0]).save(path)
+        files.append((sid, path))
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"\x89PNG not really")
+    result = cli("predict", run_dir.name, *[str(p) for _, p in files], str(broken), "--top", "3", "--workdir", str(workdir), "--json")
+    assert result.code == 1  # one file failed, the others were predicted
+    results = result.json()["results"]
+    for (sid, _), r in zip(files, results):
+        assert r["ok"] and r["top"][0]["label"] == expected[sid], sid
+        assert len(r["top"]) == 3 and r["top"][0]["prob"] >= r["top"][1]["prob"]
+    assert results[-1]["ok"] is False and "cannot decode" in results[-1]["error"]
+    assert result.stderr.strip().splitlines()[-1] == "error: 1 of 61 file(s) could not be predicted: " + str(broken)
+
+
+def test_predict_resizes_any_size_and_mode(full_run, tmp_path):
+    from PIL import Image
+
+    from veritrain import export
+
+    _, run_dir, _ = full_run
+    path = tmp_path / "big.jpg"
+    Image.new("RGB", (50, 37), (200, 10, 10)).save(path)
+    (result,) = export.predict(run_dir / "export", [str(path)], top=2)
+    assert result["ok"] and len(result["top"]) == 2
+
+
+def test_eval_command_reseals_and_records(cli, full_run):
+    workdir, run_dir, _ = full_run
+    before = (run_dir / "record.sha256").read_text()
+    result = cli("eval", run_dir.name, "--checkpoint", "last", "--split", "val", "--workdir", str(workdir), "--json")
+    assert result.code == 0, result.stderr
+    metrics = result.json()
+    assert metrics["split"] == "val" and metrics["checkpoint"] == "checkpoints/last.pt"
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["events"][-1]["kind"] == "eval" and "val" in record["metrics"]
+    assert (run_dir / "record.sha256").read_text() != before
+    import hashlib
+
+    assert (run_dir / "record.sha256").read_text().strip() == hashlib.sha256((run_dir / "record.json").read_bytes()).hexdigest()
+
+
+def test_eval_refuses_data_drift(cli, tmp_path):
+    from datafixtures import good_imagefolder, save, structured_image
+
+    root = good_imagefolder(tmp_path / "images", per_class=10)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"data:\n  source: imagefolder\n  root: images\nmodel:\n  name: mlp\n  hidden: [8]\ntrain:\n  epochs: 1\n")
+    run_id = cli("train", str(config), "--workdir", str(tmp_path), "--json").json()["run_id"]
+    save(structured_image(999), root / "cat" / "new.png")
+    refused = cli("eval", run_id, "--workdir", str(tmp_path))
+    assert refused.code == 2 and "--allow-data-drift" in refused.stderr and refused.stderr.count("\n") == 1
+    allowed = cli("eval", run_id, "--allow-data-drift", "--workdir", str(tmp_path), "--json")
+    assert allowed.code == 0, allowed.stderr
+    record = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())
+    assert [e["kind"] for e in record["events"]][-2:] == ["data_drift", "eval"]
+
+
+def test_baseline_command_for_a_config(cli, tmp_path):
+    result = cli("baseline", str(Path(__file__).resolve().parents[1] / "configs" / "digits.yaml"), "--workdir", str(tmp_path), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert payload["results"]["logistic_regression"]["accuracy"] > 0.9
+    record = json.loads((tmp_path / "runs" / payload["run_id"] / "record.json").read_text())
+    assert record["kind"] == "baseline" and record["status"] == "completed"
+
+
+def test_repeat_reports_mean_std_and_interval(cli, tmp_path):
+    result = cli("run", "--repeat", "3", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "model.hidden=[32]",
+                 "--set", "export.formats=[safetensors]", "--workdir", str(tmp_path), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert [r["seed"] for r in payload["runs"]] == [0, 1, 2]
+    accuracy = payload["summary"]["accuracy"]
+    values = accuracy["values"]
+    assert accuracy["mean"] == pytest.approx(np.mean(values)) and accuracy["std"] == pytest.approx(np.std(values, ddof=1))
+    from scipy.stats import t
+
+    half = t.ppf(0.975, 2) * accuracy["std"] / np.sqrt(3)
+    assert accuracy["ci95"] == pytest.approx([accuracy["mean"] - half, accuracy["mean"] + half])
+    records = [json.loads((Path(r["run_dir"]) / "record.json").read_text()) for r in payload["runs"]]
+    assert {r["repeat"]["group"] for r in records} == {payload["group"]}
+    assert (tmp_path / ".veritrain" / "repeats" / f"{payload['group']}.json").exists()
