@@ -53,9 +53,10 @@ def main() -> None:
         for name, template in WORKLOADS.items():
             config = tmp_path / "bench.yaml"
             config.write_text(template.format(cifar=tmp_path / "cifar"))
-            workspace = tmp_path / "ws"
-            subprocess.run([sys.executable, "-m", "veritrain", "data", "prepare", str(config), "--workdir", str(workspace)], check=True, capture_output=True)
-            (data_dir,) = [p for p in (workspace / ".veritrain" / "data").iterdir() if p.is_dir() and not p.name.startswith(".")][-1:]
+            workspace = tmp_path / f"ws-{len(name)}"
+            prepared = subprocess.run([sys.executable, "-m", "veritrain", "data", "prepare", str(config), "--workdir", str(workspace), "--json"],
+                                      check=True, capture_output=True, text=True).stdout
+            data_dir = Path(json.loads(prepared)["split_files"]["train"]).parent.parent
             loop_ratio, process_ratio = [], []
             for _ in range(args.repeat):  # interleaved A/B
                 vt_total, out = timed([sys.executable, "-m", "veritrain", "train", str(config), "--workdir", str(workspace), "--json"])

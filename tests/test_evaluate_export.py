@@ -255,7 +255,8 @@ def test_eval_refuses_data_drift(cli, tmp_path):
     run_id = cli("train", str(config), "--workdir", str(tmp_path), "--json").json()["run_id"]
     save(structured_image(999), root / "cat" / "new.png")
     refused = cli("eval", run_id, "--workdir", str(tmp_path))
-    assert refused.code == 2 and "--allow-data-drift" in refused.stderr and refused.stderr.count("\n") == 1
+    last = refused.stderr.strip().splitlines()[-1]
+    assert refused.code == 2 and last.startswith(f"error: {run_id}: the data now prepares to version") and "--allow-data-drift" in last
     allowed = cli("eval", run_id, "--allow-data-drift", "--workdir", str(tmp_path), "--json")
     assert allowed.code == 0, allowed.stderr
     record = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())

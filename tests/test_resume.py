@@ -126,10 +126,10 @@ def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path
 
     def dying_replace(src, dst):
         dst = Path(dst)
-        if dst.parent.name == "checkpoints" and dst.name.startswith("last.pt"):
+        if dst.parent.name == "checkpoints" and dst.name.startswith("step-"):
             calls["n"] += 1
-            # calls alternate last.pt, last.pt.sha256; in the 4th save, die with the temp file
-            # written but not renamed (7), or with the new last.pt in place but its old sidecar (8)
+            # calls alternate step-N.pt, step-N.pt.sha256; in the 4th save, die with the temp file
+            # written but not renamed (7), or with the new step file in place but no sidecar yet (8)
             if calls["n"] == (7 if moment == "before_rename" else 8):
                 raise SimulatedKill()
         return real_replace(src, dst)
@@ -142,16 +142,16 @@ def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path
     path, state, problems = checkpoint.newest_valid(run_dir / "checkpoints")
     assert state is not None
     if moment == "before_sidecar":
-        assert any("last.pt" in p for p in problems)  # detected, and an older file is used
+        assert any("sha256 is missing" in p for p in problems)  # detected, and an older file is used
     subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
                    check=True, capture_output=True)
     assert comparable(run_dir) == reference
 
 
 def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
-    proc = start(tmp_path, "train", *CHAOS)
+    proc = start(tmp_path, "train", *CHAOS, "--set", "checkpoint.keep_last=3")  # weights and metrics do not depend on it
     deadline = time.monotonic() + 120
-    while len(list(tmp_path.glob("runs/*/checkpoints/step-*.pt"))) < 2:
+    while len(list(tmp_path.glob("runs/*/checkpoints/step-*.pt"))) < 3:
         assert time.monotonic() < deadline and proc.poll() is None
         time.sleep(0.02)
     time.sleep(0.2)
@@ -159,16 +159,15 @@ def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
     proc.wait()
     (run_dir,) = (tmp_path / "runs").iterdir()
     folder = run_dir / "checkpoints"
-    newest = checkpoint.step_files(folder)[0][1]
-    last = folder / "last.pt"
-    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # truncated
-    flipped = bytearray(newest.read_bytes())
+    newest, second = checkpoint.step_files(folder)[0][1], checkpoint.step_files(folder)[1][1]
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated
+    flipped = bytearray(second.read_bytes())
     flipped[len(flipped) // 2] ^= 0x10
-    newest.write_bytes(bytes(flipped))  # one bit flipped
+    second.write_bytes(bytes(flipped))  # one bit flipped
     resumed = start(tmp_path, "train", "--resume", run_dir.name)
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
-    assert "last.pt: content does not match" in err and f"{newest.name}: content does not match" in err
+    assert f"{newest.name}: content does not match" in err and f"{second.name}: content does not match" in err
     assert comparable(run_dir) == reference
 
 
@@ -252,8 +251,8 @@ def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, mon
     assert "No space left on device" in outcome.record["error"]["message"]
     assert "previous checkpoint is intact" in outcome.record["error"]["message"]
     run_dir = Path(outcome.summary["run_dir"])
-    previous = checkpoint.load(run_dir / "checkpoints" / "last.pt")  # loads and matches its sidecar
-    assert previous["loop"]["epochs_done"] == 1
+    path, previous, problems = checkpoint.newest_valid(run_dir / "checkpoints")  # loads and matches its sidecar
+    assert previous["loop"]["epochs_done"] == 1 and not problems
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
 
 

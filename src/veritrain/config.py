@@ -228,7 +228,7 @@ class CheckpointConfig(Section):
     every_epochs: int = Field(1, ge=0, description="save at the end of every N-th epoch; 0: never by epoch")
     every_steps: int = Field(0, ge=0, description="save every N optimizer steps (also the rollback targets); 0: never by step")
     every_minutes: Optional[float] = Field(None, gt=0.0, description="save when this many minutes passed since the last save; null: off")
-    last: bool = Field(True, description="keep checkpoints/last.pt, a copy of the newest checkpoint")
+    last: bool = Field(True, description="write checkpoints/last.pt, a copy of the newest checkpoint, when training stops (completed, early stop, signal)")
     best: bool = Field(True, description="keep checkpoints/best.pt, the epoch with the best `best_metric`")
     best_metric: Optional[str] = Field(None, description="metrics.jsonl key that picks best.pt; null: the task's (val_acc for classification)")
     best_mode: Optional[Literal["max", "min"]] = Field(None, description="whether a larger or smaller best_metric is better; null: the task's")

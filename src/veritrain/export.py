@@ -28,10 +28,16 @@ FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "torch_exp
 def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: str = "best", formats: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """Stage entry: export the checkpoint `which` in `formats` (default `export.formats`) and check
     parity; returns model.json's content. Raises RunFailed when parity fails (files are kept)."""
+    import warnings
+
     import torch
 
     from veritrain.evaluate import checkpoint_path, load_model
 
+    # TorchScript and the TorchScript-based ONNX exporter warn that they are deprecated on every call;
+    # they are what works with onnxruntime without extra packages, so keep the console clean
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.(onnx|jit)")
+    warnings.filterwarnings("ignore", message=r".*(TorchScript|torch\.jit).*", category=DeprecationWarning)
     formats = list(formats or cfg.export.formats)
     path = checkpoint_path(run_dir, which)
     model, state = load_model(cfg, data, task, path, torch.device("cpu"))
@@ -66,7 +72,6 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: str = "best", form
         save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(out / FILES["safetensors"]))
         written["safetensors"] = FILES["safetensors"]
 
-    h, w, c = data.info["input_shape"]
     description = {
         "format_version": MODEL_JSON_VERSION,
         "source_run": run_dir.name,
@@ -77,16 +82,10 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: str = "best", form
         "checkpoint_sha256": sha256_file(path),
         "checkpoint_epoch": state["loop"]["epochs_done"],
         "classes": data.classes,
-        "input": {"name": "input", "shape": [None, c, h, w], "dtype": "float32", "layout": "NCHW", "batch": "dynamic"},
-        "output": {"name": "logits", "shape": [None, len(data.classes or [])], "dtype": "float32", "meaning": "unnormalized class scores; softmax gives probabilities"},
-        "preprocessing": {
-            "decode": "Pillow, converted to mode " + ("L" if c == 1 else "RGB"),
-            "resize": {"size": [h, w], "filter": "bilinear", "when": "the image is not already this size"},
-            "scale": "x / 255",
-            "mean": data.info["normalization"]["mean"],
-            "std": data.info["normalization"]["std"],
-            "order": "decode → resize → scale → (x - mean) / std → HWC to CHW",
-        },
+        "input": {"name": "input", "shape": [None, *example.shape[1:]], "dtype": "float32", "batch": "dynamic"},
+        "output": {"name": "logits", "shape": [None, *model(example).shape[1:]], "dtype": "float32"},
+        # how raw inputs become the model's input; only the task knows (images: decode, resize, normalize)
+        "preprocessing": task.export_preprocessing(data) if hasattr(task, "export_preprocessing") else {"normalization": data.info["normalization"]},
         "files": {name: {"file": file, "sha256": sha256_file(out / file)} for name, file in written.items()},
         "onnx_opset": cfg.export.opset if "onnx" in written else None,
         "torch": torch.__version__,
@@ -176,6 +175,8 @@ def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
     ImageFile.LOAD_TRUNCATED_IMAGES = False
     _, c, h, w = description["input"]["shape"]
     prep = description["preprocessing"]
+    if "mean" not in prep:
+        raise UserError("predict: this export is not of an image model; predict reads image files")
     with Image.open(path) as img:
         img.load()
         image = img.convert("L" if c == 1 else "RGB")

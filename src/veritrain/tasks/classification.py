@@ -121,6 +121,20 @@ class ClassificationTask:
         ce.plot_bad_cases(out_dir / "bad_cases.png", cases, images)
         return metrics
 
+    def export_preprocessing(self, data: Any) -> dict[str, Any]:
+        """How `veritrain predict` (or anyone with model.json) turns an image file into the model's input."""
+        h, w, c = data.info["input_shape"]
+        return {
+            "layout": "NCHW",
+            "decode": "Pillow, converted to mode " + ("L" if c == 1 else "RGB"),
+            "resize": {"size": [h, w], "filter": "bilinear", "when": "the image is not already this size"},
+            "scale": "x / 255",
+            "mean": data.info["normalization"]["mean"],
+            "std": data.info["normalization"]["std"],
+            "order": "decode → resize → scale → (x - mean) / std → HWC to CHW",
+            "output": "logits: unnormalized class scores; softmax gives probabilities",
+        }
+
     def baselines(self, data: Any, cfg: Any) -> dict[str, Any]:
         """Majority class and logistic regression on the same splits (see classification_eval)."""
         from veritrain.tasks.classification_eval import fit_baselines

@@ -7,7 +7,8 @@ resume falls back to an older checkpoint. Loading uses `torch.load(weights_only=
 checkpoint cannot run code.
 
 Files: `checkpoints/step-<N>.pt` (the newest `checkpoint.keep_last` are kept), `last.pt` (a copy of
-the newest) and `best.pt` — all real files, never links.
+the newest, written when training stops: completed, stopped early or interrupted by a signal) and
+`best.pt` — all real files, never links.
 """
 
 from __future__ import annotations
@@ -42,10 +43,16 @@ def save(state: dict[str, Any], path: Path) -> None:
     write_bytes(encode(state), path)
 
 
-def write_bytes(data: bytes, path: Path) -> None:
-    """Write checkpoint bytes under `path` atomically, then its SHA-256 sidecar."""
-    write_atomic(path, data)
-    write_atomic(path.with_name(path.name + ".sha256"), (hashlib.sha256(data).hexdigest() + "\n").encode())
+def write_bytes(data: bytes, path: Path, digest: Optional[str] = None, sync_folder: bool = True) -> None:
+    """Write checkpoint bytes under `path` atomically (fsynced), then its SHA-256 sidecar.
+
+    The sidecar is renamed into place but not fsynced: after a power loss a missing or stale sidecar
+    only makes the loader fall back to an older checkpoint. `sync_folder=False` leaves the folder's
+    fsync to the caller (one for several files).
+    """
+    write_atomic(path, data, sync_folder=False)
+    digest = digest or hashlib.sha256(data).hexdigest()
+    write_atomic(path.with_name(path.name + ".sha256"), (digest + "\n").encode(), fsync=False, sync_folder=sync_folder)
 
 
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -66,17 +73,25 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
         raise CheckpointError(f"{path}: cannot be loaded ({err.__class__.__name__}: {err})") from None
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, fsync: bool = True, sync_folder: bool = True) -> None:
+    """Temp file in the same folder, flush (+ fsync), rename over `path` (+ fsync the folder)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if fsync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)  # only left when the write failed (e.g. disk full)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    if sync_folder:
+        sync_dir(path.parent)
+
+
+def sync_dir(folder: Path) -> None:
+    """fsync a folder so the renames in it survive a power loss."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:

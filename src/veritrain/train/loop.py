@@ -16,6 +16,7 @@ the step it happens and handled by `train.on_nonfinite`.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import logging
@@ -277,21 +278,25 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     last_save = time.monotonic()
     board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
 
-    def save(reason: str, augment: Optional[torch.Generator], best: bool = False) -> bytes:
+    def save(reason: str, augment: Optional[torch.Generator], best: bool = False, final: bool = False) -> bytes:
+        """One checkpoint: step-<N>.pt, plus best.pt when it improved and last.pt when training stops
+        (during training the newest step file is the latest state; resume looks at both)."""
         nonlocal last_save
         t = time.perf_counter()
         data_bytes = checkpoint.encode(full_state(reason, augment))
+        digest = hashlib.sha256(data_bytes).hexdigest()
+        targets = ([ckpt_dir / "best.pt"] if best else []) + [ckpt_dir / f"step-{state.step}.pt"]
+        if final and ccfg.last:
+            targets.append(ckpt_dir / "last.pt")
         try:
-            if best:
-                checkpoint.write_bytes(data_bytes, ckpt_dir / "best.pt")
-            checkpoint.write_bytes(data_bytes, ckpt_dir / f"step-{state.step}.pt")
-            if ccfg.last:
-                checkpoint.write_bytes(data_bytes, ckpt_dir / "last.pt")
+            for target in targets:  # best.pt first: a crash after it replays the epoch and rewrites it identically
+                checkpoint.write_bytes(data_bytes, target, digest, sync_folder=False)
+            checkpoint.sync_dir(ckpt_dir)
         except OSError as err:
             raise RunFailed(f"checkpoint: saving at step {state.step} failed ({err.strerror or err}); the previous checkpoint is intact") from None
         removed = checkpoint.prune(ckpt_dir, ccfg.keep_last)
         last_save = time.monotonic()
-        log.debug("checkpoint: step-%d.pt (%s%s) saved in %.3fs, %d bytes%s", state.step, reason, ", best" if best else "",
+        log.debug("checkpoint: %s (%s) saved in %.3fs, %d bytes%s", ", ".join(p.name for p in targets), reason,
                   time.perf_counter() - t, len(data_bytes), f", removed {', '.join(p.name for p in removed)}" if removed else "")
         return data_bytes
 
@@ -396,7 +401,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                             elif ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60:
                                 save("minutes", augment)
                             if stop.signum is not None:
-                                save("signal", augment)
+                                save("signal", augment, final=True)
                                 raise Interrupted(stop.signum)
 
                     # ---- end of epoch: validate, log, checkpoint
@@ -432,8 +437,9 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                         board.flush()
                     save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
                     save_started = time.perf_counter()
-                    if save_now or (improved and ccfg.best) or stop.signum is not None:
-                        snapshot = save("epoch", None, best=improved and ccfg.best)
+                    stops = epoch == tcfg.epochs or state.stopped_early or stop.signum is not None
+                    if save_now or (improved and ccfg.best) or stops:
+                        snapshot = save("epoch", None, best=improved and ccfg.best, final=stops)
                     log.info(
                         "epoch %d/%d  %s  lr %.2e  (%.1fs, checkpoint %.2fs%s)",
                         epoch, tcfg.epochs,
