@@ -288,3 +288,31 @@ def test_repeat_reports_mean_std_and_interval(cli, tmp_path):
     records = [json.loads((Path(r["run_dir"]) / "record.json").read_text()) for r in payload["runs"]]
     assert {r["repeat"]["group"] for r in records} == {payload["group"]}
     assert (tmp_path / ".veritrain" / "repeats" / f"{payload['group']}.json").exists()
+
+
+class Unscriptable(__import__("torch").nn.Module):
+    """TorchScript cannot compile *args in forward; torch.export can."""
+
+    def __init__(self, features: int, outputs: int):
+        import torch
+
+        super().__init__()
+        self.linear = torch.nn.Linear(features, outputs)
+
+    def forward(self, x, *extra):
+        import torch
+
+        return self.linear(torch.flatten(x, 1))
+
+
+def unscriptable(input_shape, num_outputs):
+    return Unscriptable(int(np.prod(input_shape)), num_outputs)
+
+
+def test_unscriptable_model_exports_with_torch_export(tmp_path):
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.target=test_evaluate_export:unscriptable"])
+    assert outcome.error is None, outcome.summary
+    out = Path(outcome.summary["run_dir"]) / "export"
+    description = json.loads((out / "model.json").read_text())
+    assert set(description["files"]) == {"onnx", "torch_export", "safetensors"} and (out / "model.pt2").is_file()
+    assert description["parity"]["passed"] and set(description["parity"]["formats"]) == {"onnx", "torch_export"}

@@ -115,36 +115,39 @@ def test_sigterm_saves_and_resume_is_identical(reference, tmp_path):
     assert comparable(run_dir) == reference
 
 
-class SimulatedKill(BaseException):
-    """Stands for the process dying: not an Exception, so nothing on the way handles it."""
+CRASHING_SAVE = """
+import os, sys
+from pathlib import Path
+real_replace, calls = os.replace, {"n": 0}
+def dying_replace(src, dst):
+    dst = Path(dst)
+    if dst.parent.name == "checkpoints" and dst.name.startswith("step-"):
+        calls["n"] += 1
+        if calls["n"] == int(sys.argv[1]):
+            os._exit(137)  # the process dies here, as under SIGKILL: no cleanup, no handler
+    return real_replace(src, dst)
+os.replace = dying_replace
+from veritrain.cli import main
+main(sys.argv[2:])
+"""
 
 
 @pytest.mark.parametrize("moment", ["before_rename", "before_sidecar"])
-def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path, monkeypatch, moment):
-    calls = {"n": 0}
-    real_replace = os.replace
-
-    def dying_replace(src, dst):
-        dst = Path(dst)
-        if dst.parent.name == "checkpoints" and dst.name.startswith("step-"):
-            calls["n"] += 1
-            # calls alternate step-N.pt, step-N.pt.sha256; in the 4th save, die with the temp file
-            # written but not renamed (7), or with the new step file in place but no sidecar yet (8)
-            if calls["n"] == (7 if moment == "before_rename" else 8):
-                raise SimulatedKill()
-        return real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", dying_replace)
-    with pytest.raises(SimulatedKill):
-        in_process_run(tmp_path, overrides(CHAOS), kind="train")
-    monkeypatch.setattr(os, "replace", real_replace)
+def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path, moment):
+    # renames alternate step-N.pt, step-N.pt.sha256: in the 4th save, die with the temp file written
+    # but not renamed (call 7), or with the new step file in place but no sidecar yet (call 8)
+    call = 7 if moment == "before_rename" else 8
+    crashed = subprocess.run([sys.executable, "-c", CRASHING_SAVE, str(call), "train", *CHAOS, "--workdir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr
     (run_dir,) = (tmp_path / "runs").iterdir()
     path, state, problems = checkpoint.newest_valid(run_dir / "checkpoints")
     assert state is not None
     if moment == "before_sidecar":
         assert any("sha256 is missing" in p for p in problems)  # detected, and an older file is used
-    subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
-                   check=True, capture_output=True)
+    resumed = subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
     assert comparable(run_dir) == reference
 
 

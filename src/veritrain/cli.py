@@ -52,9 +52,12 @@ def cli() -> None:
 @set_option
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train N seeds (seed, seed+1, …) as linked runs and report mean ± std and a 95% interval.")
+@click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
+@click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
 @workdir_option
 @json_option
-def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, workdir: Optional[str], as_json: bool) -> int:
+def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, hypothesis: Optional[str], parent: Optional[str],
+                workdir: Optional[str], as_json: bool) -> int:
     """Prepare data, train and evaluate: one recorded run.
 
     CONFIG is a YAML run config; without it the built-in default runs (scikit-learn's bundled digits,
@@ -71,7 +74,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
     resolved = load_config(config, overrides)
     workspace = Workspace.open(workdir)
     if repeat == 1:
-        outcome = pipeline.run(resolved, workspace, pipeline.python_argv())
+        outcome = pipeline.run(resolved, workspace, pipeline.python_argv(), hypothesis=hypothesis, parent=parent)
         return _finish_run(outcome, as_json)
     from veritrain import repeats
 
@@ -89,9 +92,12 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
 @set_option
 @click.option("--resume", "resume_ref", metavar="RUN|auto", help="Continue RUN (id, prefix, latest or folder) from its newest valid checkpoint; "
               "`auto`: the newest interrupted run of this config and data version.")
+@click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
+@click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
 @workdir_option
 @json_option
-def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref: Optional[str], hypothesis: Optional[str],
+                  parent: Optional[str], workdir: Optional[str], as_json: bool) -> int:
     """Train only (preparing the data version if needed), or resume an interrupted run.
 
     A run killed at any moment and resumed ends with the same weights as one never interrupted.
@@ -113,7 +119,8 @@ def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref:
     elif resume_ref == "auto":
         outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=load_config(config, overrides))
     else:
-        outcome = pipeline.run(load_config(config, overrides), workspace, pipeline.python_argv(), kind="train")
+        outcome = pipeline.run(load_config(config, overrides), workspace, pipeline.python_argv(), kind="train",
+                               hypothesis=hypothesis, parent=parent)
     return _finish_run(outcome, as_json)
 
 
@@ -374,6 +381,247 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
     failed = [r["file"] for r in results if not r["ok"]]
     if failed:
         raise RunFailed(f"{len(failed)} of {len(results)} file(s) could not be predicted: {', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}")
+    return 0
+
+
+@cli.command("verify")
+@click.argument("ref", metavar="RUN")
+@click.option("--expect", metavar="SEAL", help="The seal published for this run; verify fails when record.json does not hash to it.")
+@click.option("--strict", is_flag=True, help="Also fail on environment drift and on raw data that is not present.")
+@workdir_option
+@json_option
+def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Re-hash every file of a run against its sealed record, check the seal and the data version.
+
+    Exit 0 only when everything holds; 1 names every mismatching file.
+
+    \b
+    Example:
+      veritrain verify latest --expect 63a6a0c8...
+    """
+    from veritrain.verify import verify_run
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    run_dir = workspace.resolve_run(ref)
+    result = verify_run(run_dir, workspace.state_dir, expect=expect, strict=strict)
+    if as_json:
+        emit_json(result)
+    for p in result["problems"]:
+        logs.console.print(f"{p['kind']}: {p['path']}" + (f" ({p['detail']})" if p.get("detail") else ""), style="red", markup=False, soft_wrap=True)
+    for d in result["drift"]:
+        logs.console.print(f"drift: {d['what']}: recorded {d['recorded']}, now {d['now']}", style="yellow", markup=False, soft_wrap=True)
+    if not result["ok"]:
+        raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
+                        + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
+    logs.console.print(f"run {run_dir.name} verified: seal {result['seal']}", markup=False, soft_wrap=True)
+    return 0
+
+
+@cli.command("reproduce")
+@click.argument("ref", metavar="RUN")
+@workdir_option
+@json_option
+def reproduce_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
+    """Re-run a completed run's recorded pipeline into a new run and compare weights and metrics.
+
+    Same config, seed and data version (refused when the data changed); only the data version is
+    reused. On the same kind of machine the verdict is `identical`.
+
+    \b
+    Example:
+      veritrain reproduce latest
+    """
+    from veritrain import pipeline
+    from veritrain.verify import reproduce
+    from veritrain.workspace import Workspace
+
+    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv())
+    if as_json:
+        emit_json(result)
+    from rich.table import Table
+
+    table = Table(title=f"reproduce {result['original']} → {result['reproduction']}: {result['verdict']}", title_justify="left")
+    for column in ("check", "verdict", "first divergence"):
+        table.add_column(column, overflow="fold")
+    for check in result["checks"]:
+        first = check.get("first_divergence")
+        shown = "" if not first else (f"{first.get('where', first.get('what'))} {first.get('key', '')}: {first.get('original')} → {first.get('reproduction')}"
+                                      if "original" in first else str(first.get("detail", "")))
+        table.add_row(check["what"], check["verdict"], shown)
+    logs.console.print(table)
+    if result["error"]:
+        raise RunFailed(f"reproduce: the new run did not complete: {result['error']}")
+    if result["verdict"] == "differs":
+        raise RunFailed(f"reproduce: run {result['reproduction']} differs from {result['original']}")
+    return 0
+
+
+@cli.group("runs")
+def runs_group() -> None:
+    """List, show, compare and annotate runs (an index of the run folders)."""
+
+
+@runs_group.command("list")
+@click.option("--status", multiple=True, type=click.Choice(["running", "completed", "failed", "interrupted"]), help="Only runs with this status (repeatable).")
+@click.option("--sort", default=None, metavar="METRIC", help="Sort by a metric such as test.accuracy (largest first; -test.log_loss for smallest).")
+@click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE", help="e.g. exp_name=digits or optim.lr=0.01 (repeatable).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many runs.")
+@workdir_option
+@json_option
+def runs_list(status: tuple[str, ...], sort: Optional[str], filters: tuple[str, ...], limit: Optional[int], workdir: Optional[str], as_json: bool) -> int:
+    """List the runs of the workspace, newest first.
+
+    \b
+    Example:
+      veritrain runs list --status completed --sort test.accuracy
+    """
+    from veritrain import registry
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    rows = registry.query(workspace.state_dir, workspace.runs_dir, status, sort, filters, limit)
+    if as_json:
+        emit_json({"runs": rows})
+        return 0
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} run(s) in {workspace.runs_dir}", title_justify="left")
+    for column in ("run", "experiment", "kind", "status", "test accuracy", "data", "started"):
+        table.add_column(column, overflow="fold")
+    for r in rows:
+        accuracy = ((r["metrics"] or {}).get("test") or {}).get("accuracy")
+        table.add_row(r["run_id"], str(r["exp_name"]), str(r["kind"]), str(r["status"]),
+                      f"{accuracy:.4f}" if isinstance(accuracy, float) else "-", (r["data_version"] or "-")[:12], str(r["started_at"])[:19])
+    logs.console.print(table)
+    return 0
+
+
+@runs_group.command("show")
+@click.argument("ref", metavar="RUN")
+@workdir_option
+@json_option
+def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
+    """Show one run's record (and its notes).
+
+    \b
+    Example:
+      veritrain runs show latest
+    """
+    import json
+
+    from veritrain.record import read_record
+    from veritrain.registry import read_notes
+    from veritrain.workspace import Workspace
+
+    run_dir = Workspace.open(workdir).resolve_run(ref)
+    record = read_record(run_dir)
+    record["notes"] = read_notes(run_dir)
+    if as_json:
+        emit_json(record)
+        return 0
+    shown = {k: v for k, v in record.items() if k not in ("artifacts", "config", "env")}
+    click.echo(json.dumps(shown, indent=2))
+    click.echo(f"({len(record['artifacts'])} artifacts; config in {run_dir / 'config.yaml'})")
+    return 0
+
+
+@runs_group.command("compare")
+@click.argument("refs", nargs=-1, required=True, metavar="RUN RUN...")
+@workdir_option
+@json_option
+def runs_compare(refs: tuple[str, ...], workdir: Optional[str], as_json: bool) -> int:
+    """Config diff, metrics with deltas, data versions and environment differences between runs.
+
+    \b
+    Example:
+      veritrain runs compare 20261129-1552 latest
+    """
+    from veritrain.experiments import config_diff, flatten
+    from veritrain.record import read_record
+    from veritrain.workspace import Workspace
+
+    if len(refs) < 2:
+        raise UserError("runs compare: give at least two runs")
+    workspace = Workspace.open(workdir)
+    records = [read_record(workspace.resolve_run(r)) for r in refs]
+    base = records[0]
+    result: dict[str, Any] = {"runs": [r["run_id"] for r in records], "config": {}, "metrics": {}, "data_version": {}, "env": {}}
+    for other in records[1:]:
+        result["config"][other["run_id"]] = {k: {"base": a, "this": b} for k, (a, b) in config_diff(base["config"], other["config"]).items()}
+        result["env"][other["run_id"]] = {k: {"base": a, "this": b} for k, (a, b) in config_diff(base.get("env"), other.get("env")).items()}
+    for r in records:
+        result["data_version"][r["run_id"]] = (r.get("data") or {}).get("version")
+        flat = {k: v for k, v in flatten(r.get("metrics")).items() if isinstance(v, float)}
+        base_flat = {k: v for k, v in flatten(base.get("metrics")).items() if isinstance(v, float)}
+        result["metrics"][r["run_id"]] = {k: {"value": v, "delta": (v - base_flat[k]) if k in base_flat else None} for k, v in flat.items()
+                                          if k.split(".")[-1] in ("accuracy", "macro_f1", "log_loss", "ece", "loss", "top5_accuracy")}
+    if as_json:
+        emit_json(result)
+        return 0
+    for other in records[1:]:
+        click.echo(f"{other['run_id']} vs {base['run_id']}:")
+        for key, d in result["config"][other["run_id"]].items():
+            click.echo(f"  config {key}: {d['base']} → {d['this']}")
+        for key, m in result["metrics"][other["run_id"]].items():
+            delta = f" ({m['delta']:+.4f})" if m["delta"] is not None else ""
+            click.echo(f"  metric {key}: {m['value']:.4f}{delta}")
+        same = result["data_version"][other["run_id"]] == result["data_version"][base["run_id"]]
+        click.echo(f"  data version: {'same' if same else 'DIFFERENT'}")
+        for key, d in result["env"][other["run_id"]].items():
+            click.echo(f"  env {key}: {d['base']} → {d['this']}")
+    return 0
+
+
+@runs_group.command("note")
+@click.argument("ref", metavar="RUN")
+@click.argument("text")
+@click.option("--conclusion", is_flag=True, help="Mark the note as the run's conclusion.")
+@workdir_option
+def runs_note(ref: str, text: str, conclusion: bool, workdir: Optional[str]) -> int:
+    """Add a note (or the conclusion) to a run; kept in runs/<id>/notes.jsonl, outside the seal.
+
+    \b
+    Example:
+      veritrain runs note latest "lr 3e-3 converges twice as fast" --conclusion
+    """
+    import json
+
+    from veritrain import pipeline
+    from veritrain.record import now_iso
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    run_dir = workspace.resolve_run(ref)
+    with open(run_dir / "notes.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"at": now_iso(), "text": text, "conclusion": conclusion}) + "\n")
+    pipeline.update_experiments(workspace)
+    logs.console.print(f"noted on {run_dir.name}", markup=False)
+    return 0
+
+
+@runs_group.command("reindex")
+@workdir_option
+@json_option
+def runs_reindex(workdir: Optional[str], as_json: bool) -> int:
+    """Rebuild the run index and experiments.md from the run folders (the folders are the truth).
+
+    \b
+    Example:
+      veritrain runs reindex
+    """
+    from veritrain import pipeline, registry
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    db = registry.sync(workspace.state_dir, workspace.runs_dir, rebuild=True)
+    count = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    db.close()
+    pipeline.update_experiments(workspace)
+    if as_json:
+        emit_json({"runs": count, "registry": str(workspace.state_dir / "registry.sqlite")})
+    else:
+        click.echo(f"indexed {count} run(s)")
     return 0
 
 

@@ -49,10 +49,13 @@ class RunOutcome:
 
 
 def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run",
-        repeat: Optional[dict[str, Any]] = None) -> RunOutcome:
+        repeat: Optional[dict[str, Any]] = None, reproduced_from: Optional[str] = None,
+        hypothesis: Optional[str] = None, parent: Optional[str] = None) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
     prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of)."""
     cfg = resolved.config
+    if parent is not None:
+        parent = workspace.resolve_run(parent).name  # fails before anything starts when it does not exist
     run_id, run_dir = workspace.new_run_dir()
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
     record: dict[str, Any] = {
@@ -86,6 +89,9 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "events": [],
         "resumes": [],
         "repeat": repeat,
+        "reproduced_from": reproduced_from,
+        "hypothesis": hypothesis,  # stated before the run, sealed with it
+        "parent": parent,  # the reference run experiments.md compares the config with
         "error": None,
     }
     return _execute(record, run_dir, resolved, workspace, resume=False)
@@ -196,6 +202,7 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
         logs.detach(file_log)  # the log is complete before it is hashed into the record
         seal = write_record(run_dir, record)
         workspace.unlock_run(run_id)
+        update_experiments(workspace)
 
     summary = {
         "run_id": run_id,
@@ -226,6 +233,7 @@ def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: An
         "best_metric": {"name": result.best_metric[0], "mode": result.best_metric[1], "value": result.best_value},
         "last_epoch": result.epochs[-1] if result.epochs else None,
         "peak_memory_mb": result.peak_memory_mb,
+        "loop_seconds": result.loop_seconds,
         "settings": {"device": result.device, "threads": result.threads, "num_workers": cfg.train.num_workers},
     }
     write_record(run_dir, record)
@@ -270,6 +278,16 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
             raise
         record["export"] = {"files": description["files"], "parity": description["parity"]}
         record["timings"]["export"] = round(time.perf_counter() - t, 3)
+
+
+def update_experiments(workspace: Workspace) -> None:
+    """Regenerate experiments.md; a failure here is reported, never fatal to the run."""
+    from veritrain import experiments
+
+    try:
+        experiments.write(workspace.state_dir, workspace.runs_dir, workspace.root / "experiments.md")
+    except Exception as err:  # the run itself is sealed; the log can be rebuilt any time
+        log.warning("experiments.md not updated (%s: %s); `veritrain runs reindex` rebuilds it", err.__class__.__name__, err)
 
 
 def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:

@@ -74,13 +74,18 @@ def _atomic_write(path: Path, data: bytes) -> None:
 # ---------------------------------------------------------------- environment and code
 
 
-def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:
-    """The environment summary for the record, and the installed package list (`name==version` lines)."""
+def package_list() -> str:
+    """The installed Python packages, one sorted `name==version` line each."""
     packages = sorted(
         {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata.get("Name")},
         key=str.lower,
     )
-    package_list = "".join(p + "\n" for p in packages)
+    return "".join(p + "\n" for p in packages)
+
+
+def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:
+    """The environment summary for the record, and the installed package list (`name==version` lines)."""
+    packages = package_list()
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "implementation": platform.python_implementation(),
@@ -88,7 +93,7 @@ def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:
         "machine": platform.machine(),
         "cpu": _cpu_name(),
         "cpu_count": os.cpu_count(),
-        "packages_sha256": hashlib.sha256(package_list.encode()).hexdigest(),
+        "packages_sha256": hashlib.sha256(packages.encode()).hexdigest(),
         "device": device,
     }
     if "torch" in sys.modules:
@@ -99,7 +104,7 @@ def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:
         env["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
         if torch.cuda.is_available():
             env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return env, package_list
+    return env, packages
 
 
 def _cpu_name() -> str:

@@ -31,7 +31,7 @@ from veritrain.data.sources import FileListing, SourceData, load_source
 from veritrain.data.split import SPLITS
 from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE
 from veritrain.errors import RunFailed
-from veritrain.hashing import DATA_HASH_ALGORITHM, sha256_json
+from veritrain.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
 
 log = logging.getLogger("veritrain")
 
@@ -647,6 +647,8 @@ def _write_version(out: Path, version: str, cfg: Any, table: _Table, classes: Op
         "normalization": normalization_stats(inputs[row_splits == "train"]),
         "origin": origin,
         "decoders": {"pillow": PIL.__version__, "numpy": np.__version__},
+        # the arrays training reads; `veritrain verify` checks them against these
+        "arrays_sha256": {name: sha256_file(out / name) for name in ("inputs.npy", "targets.npy")},
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     (out / "version.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

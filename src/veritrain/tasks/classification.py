@@ -25,6 +25,7 @@ class ClassificationTask:
     def __init__(self, cfg: Any):
         self.augment = cfg.augment
         self.label_smoothing = cfg.train.label_smoothing
+        self._normalization_key: Any = None
 
     def build_model(self, cfg: Any, data: Any) -> torch.nn.Module:
         if not data.classes:
@@ -41,9 +42,12 @@ class ClassificationTask:
         y = torch.from_numpy(np.ascontiguousarray(data.targets[rows]))
         if train:
             x, y = self._augment(x, y, len(data.classes), generator)
-        mean = torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1)
-        std = torch.tensor(stats["std"], dtype=torch.float32).view(1, -1, 1, 1)
-        x = ((x - mean) / std).contiguous()  # per-channel statistics of the train split
+        key = (tuple(stats["mean"]), tuple(stats["std"]))
+        if self._normalization_key != key:  # built once, not per batch
+            self._normalization_key = key
+            self._mean = torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1)
+            self._std = torch.tensor(stats["std"], dtype=torch.float32).view(1, -1, 1, 1)
+        x = ((x - self._mean) / self._std).contiguous()  # per-channel statistics of the train split
         return x.to(device), y.to(device)
 
     def _augment(self, x: torch.Tensor, y: torch.Tensor, n_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

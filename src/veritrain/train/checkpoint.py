@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Optional
 
@@ -139,3 +140,38 @@ def newest_valid(folder: Path) -> tuple[Optional[Path], Optional[dict[str, Any]]
         except CheckpointError as err:
             problems.append(str(err))
     return None, None, problems
+
+
+class BackgroundWriter:
+    """Writes encoded checkpoints on a background thread, so disk writes and fsyncs overlap the next
+    training steps. One write at a time: `submit` first waits for the previous one; `wait` returns
+    when the last write is on disk and raises its error (OSError, with the step it was for)."""
+
+    def __init__(self) -> None:
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[tuple[int, OSError]] = None
+
+    def submit(self, data: bytes, digest: str, targets: list[Path], keep_last: int, step: int) -> None:
+        self.wait()
+
+        def work() -> None:
+            try:
+                for target in targets:  # best.pt first: a crash after it replays the epoch and rewrites it identically
+                    write_bytes(data, target, digest, sync_folder=False)
+                sync_dir(targets[0].parent)
+                prune(targets[0].parent, keep_last)
+            except OSError as err:
+                self._error = (step, err)
+
+        self._thread = threading.Thread(target=work, name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            step, err = self._error
+            self._error = None
+            err.step = step  # type: ignore[attr-defined]
+            raise err

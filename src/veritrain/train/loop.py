@@ -74,6 +74,7 @@ class TrainResult:
     device: str
     threads: int
     peak_memory_mb: float
+    loop_seconds: float = 0.0  # the epochs alone (no setup, data or model building): what overhead is measured on
     resumed_from: Optional[str] = None
 
 
@@ -278,26 +279,28 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     last_save = time.monotonic()
     board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
 
+    writer = checkpoint.BackgroundWriter()
+
     def save(reason: str, augment: Optional[torch.Generator], best: bool = False, final: bool = False) -> bytes:
         """One checkpoint: step-<N>.pt, plus best.pt when it improved and last.pt when training stops
-        (during training the newest step file is the latest state; resume looks at both)."""
+        (during training the newest step file is the latest state; resume looks at both). The state is
+        encoded now; the files are written in the background, except when training stops."""
         nonlocal last_save
         t = time.perf_counter()
         data_bytes = checkpoint.encode(full_state(reason, augment))
-        digest = hashlib.sha256(data_bytes).hexdigest()
         targets = ([ckpt_dir / "best.pt"] if best else []) + [ckpt_dir / f"step-{state.step}.pt"]
         if final and ccfg.last:
             targets.append(ckpt_dir / "last.pt")
         try:
-            for target in targets:  # best.pt first: a crash after it replays the epoch and rewrites it identically
-                checkpoint.write_bytes(data_bytes, target, digest, sync_folder=False)
-            checkpoint.sync_dir(ckpt_dir)
+            writer.submit(data_bytes, hashlib.sha256(data_bytes).hexdigest(), targets, ccfg.keep_last, state.step)
+            if final:
+                writer.wait()
         except OSError as err:
-            raise RunFailed(f"checkpoint: saving at step {state.step} failed ({err.strerror or err}); the previous checkpoint is intact") from None
-        removed = checkpoint.prune(ckpt_dir, ccfg.keep_last)
+            raise RunFailed(f"checkpoint: saving at step {getattr(err, 'step', state.step)} failed ({err.strerror or err}); "
+                            "the previous checkpoint is intact") from None
         last_save = time.monotonic()
-        log.debug("checkpoint: %s (%s) saved in %.3fs, %d bytes%s", ", ".join(p.name for p in targets), reason,
-                  time.perf_counter() - t, len(data_bytes), f", removed {', '.join(p.name for p in removed)}" if removed else "")
+        log.debug("checkpoint: %s (%s) encoded in %.3fs, %d bytes", ", ".join(p.name for p in targets), reason,
+                  time.perf_counter() - t, len(data_bytes))
         return data_bytes
 
     def nonfinite(what: str, value: float) -> None:
@@ -331,127 +334,135 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         transient=True,
     )
     params = [p for p in model.parameters() if p.requires_grad]
-    with progress:
-        bar = progress.add_task("train", total=len(starts), epoch="", loss="-", lr="-", rate="-")
-        while state.epoch <= tcfg.epochs and not state.stopped_early:
-            epoch = state.epoch
-            order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
-            augment = _generator_with(cfg.seed, epoch, augment_resume)
-            augment_resume = None
-            epoch_started = time.perf_counter()
-            seen_at_start = state.seen
-            progress.reset(bar, total=len(starts), completed=state.batch_index, epoch=f"{epoch}/{tcfg.epochs}", loss="-", lr="-", rate="-")
-            try:
-                with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
-                    model.train()
-                    while state.batch_index < len(starts):
-                        first = state.batch_index
-                        group = range(first, min(len(starts), (first // tcfg.accumulate_steps + 1) * tcfg.accumulate_steps))
-                        optimizer.zero_grad(set_to_none=True)
-                        step_loss, stepped = 0.0, False
-                        for b in group:
-                            rows = order[starts[b] : starts[b] + tcfg.batch_size]
-                            x, y = task.batch(data, rows, device, True, augment)
-                            if tcfg.channels_last and x.dim() == 4:
-                                x = x.contiguous(memory_format=torch.channels_last)
-                            with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-                                outputs = forward(x)
-                                loss = task.loss(outputs, y)
-                            loss_value = loss.detach().float().item()
-                            if not math.isfinite(loss_value):
-                                nonfinite("loss", loss_value)
-                                continue  # skip_batch
-                            scaler.scale(loss / len(group)).backward()
-                            stepped = True
-                            step_loss += loss_value / len(group)
-                            state.loss_sum += loss_value * len(rows)
-                            state.seen += len(rows)
-                            for name, value in task.batch_stats(outputs.detach().float(), y).items():
-                                state.stat_sums[name] = state.stat_sums.get(name, 0.0) + value
-                        grad_norm = None
-                        if stepped:
-                            logging_step = cfg.logging.every_steps and (state.step + 1) % cfg.logging.every_steps == 0
-                            if tcfg.grad_clip or tcfg.check_grad_norm or logging_step:
-                                scaler.unscale_(optimizer)
-                                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
-                                if tcfg.check_grad_norm and not math.isfinite(grad_norm):
-                                    nonfinite("gradient norm", grad_norm)
-                                    stepped = False
-                        if stepped:
-                            scaler.step(optimizer)
-                            scaler.update()
-                            schedule.step()
-                            state.step += 1
-                        state.batch_index = group[-1] + 1
+    loop_started = time.perf_counter()
+    try:
+        with progress:
+            bar = progress.add_task("train", total=len(starts), epoch="", loss="-", lr="-", rate="-")
+            while state.epoch <= tcfg.epochs and not state.stopped_early:
+                epoch = state.epoch
+                order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
+                augment = _generator_with(cfg.seed, epoch, augment_resume)
+                augment_resume = None
+                epoch_started = time.perf_counter()
+                seen_at_start = state.seen
+                progress.reset(bar, total=len(starts), completed=state.batch_index, epoch=f"{epoch}/{tcfg.epochs}", loss="-", lr="-", rate="-")
+                try:
+                    with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
+                        model.train()
+                        while state.batch_index < len(starts):
+                            first = state.batch_index
+                            group = range(first, min(len(starts), (first // tcfg.accumulate_steps + 1) * tcfg.accumulate_steps))
+                            optimizer.zero_grad(set_to_none=True)
+                            step_loss, stepped = 0.0, False
+                            for b in group:
+                                rows = order[starts[b] : starts[b] + tcfg.batch_size]
+                                x, y = task.batch(data, rows, device, True, augment)
+                                if tcfg.channels_last and x.dim() == 4:
+                                    x = x.contiguous(memory_format=torch.channels_last)
+                                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                                    outputs = forward(x)
+                                    loss = task.loss(outputs, y)
+                                loss_value = loss.detach().float().item()
+                                if not math.isfinite(loss_value):
+                                    nonfinite("loss", loss_value)
+                                    continue  # skip_batch
+                                scaler.scale(loss / len(group)).backward()
+                                stepped = True
+                                step_loss += loss_value / len(group)
+                                state.loss_sum += loss_value * len(rows)
+                                state.seen += len(rows)
+                                for name, value in task.batch_stats(outputs.detach().float(), y).items():
+                                    state.stat_sums[name] = state.stat_sums.get(name, 0.0) + value
+                            grad_norm = None
+                            if stepped:
+                                logging_step = cfg.logging.every_steps and (state.step + 1) % cfg.logging.every_steps == 0
+                                if tcfg.grad_clip or tcfg.check_grad_norm or logging_step:
+                                    scaler.unscale_(optimizer)
+                                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
+                                    if tcfg.check_grad_norm and not math.isfinite(grad_norm):
+                                        nonfinite("gradient norm", grad_norm)
+                                        stepped = False
+                            if stepped:
+                                scaler.step(optimizer)
+                                scaler.update()
+                                schedule.step()
+                                state.step += 1
+                            state.batch_index = group[-1] + 1
 
-                        lr = optimizer.param_groups[0]["lr"]
-                        elapsed = max(time.perf_counter() - epoch_started, 1e-9)
-                        rate = (state.seen - seen_at_start) / elapsed
-                        progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
-                        if stepped and cfg.logging.every_steps and state.step % cfg.logging.every_steps == 0:
-                            with open(steps_path, "a", encoding="utf-8") as f:
-                                f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
-                                                    "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
-                            if board is not None:
-                                board.add_scalar("step/loss", step_loss, state.step)
-                                board.add_scalar("step/lr", lr, state.step)
-                        if state.batch_index < len(starts):  # the epoch's end saves below
-                            if stepped and ccfg.every_steps and state.step % ccfg.every_steps == 0:
-                                snapshot = save("step", augment)
-                            elif ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60:
-                                save("minutes", augment)
-                            if stop.signum is not None:
-                                save("signal", augment, final=True)
-                                raise Interrupted(stop.signum)
+                            lr = optimizer.param_groups[0]["lr"]
+                            elapsed = max(time.perf_counter() - epoch_started, 1e-9)
+                            rate = (state.seen - seen_at_start) / elapsed
+                            progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
+                            if stepped and cfg.logging.every_steps and state.step % cfg.logging.every_steps == 0:
+                                with open(steps_path, "a", encoding="utf-8") as f:
+                                    f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
+                                                        "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
+                                if board is not None:
+                                    board.add_scalar("step/loss", step_loss, state.step)
+                                    board.add_scalar("step/lr", lr, state.step)
+                            if state.batch_index < len(starts):  # the epoch's end saves below
+                                if stepped and ccfg.every_steps and state.step % ccfg.every_steps == 0:
+                                    snapshot = save("step", augment)
+                                elif ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60:
+                                    save("minutes", augment)
+                                if stop.signum is not None:
+                                    save("signal", augment, final=True)
+                                    raise Interrupted(stop.signum)
 
-                    # ---- end of epoch: validate, log, checkpoint
-                    row: dict[str, Any] = {"epoch": epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
-                    row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
-                    if has_val:
-                        val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
-                        row["val_loss"] = float(task.loss(val_out, val_y))
-                        row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
-                    row["lr"] = optimizer.param_groups[0]["lr"]
-                    row["seconds"] = round(time.perf_counter() - epoch_started, 4)
-                    if best_key not in row:
-                        raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
-                    value = row[best_key]
-                    improved = state.best_value is None or (value > state.best_value if best_mode == "max" else value < state.best_value)
-                    if improved:
-                        state.best_value, state.best_epoch, state.bad_epochs = value, epoch, 0
-                    else:
-                        state.bad_epochs += 1
-                    state.epochs_done, state.epoch, state.batch_index = epoch, epoch + 1, 0
-                    state.loss_sum, state.seen, state.stat_sums = 0.0, 0, {name: 0.0 for name in task.epoch_metrics}
-                    if tcfg.early_stopping_patience and state.bad_epochs >= tcfg.early_stopping_patience:
-                        state.stopped_early = True
-                        events.append({"kind": "early_stop", "step": state.step,
-                                       "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
-                    history.append(row)
-                    with open(metrics_path, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(row) + "\n")
-                    if board is not None:
-                        for key, value in row.items():
-                            if key not in ("epoch", "step"):
-                                board.add_scalar(f"epoch/{key}", value, epoch)
-                        board.flush()
-                    save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
-                    save_started = time.perf_counter()
-                    stops = epoch == tcfg.epochs or state.stopped_early or stop.signum is not None
-                    if save_now or (improved and ccfg.best) or stops:
-                        snapshot = save("epoch", None, best=improved and ccfg.best, final=stops)
-                    log.info(
-                        "epoch %d/%d  %s  lr %.2e  (%.1fs, checkpoint %.2fs%s)",
-                        epoch, tcfg.epochs,
-                        "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
-                        row["lr"], row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
-                    )
-                    if state.stopped_early:
-                        log.info("train: early stop, %s", events[-1]["detail"])
-                    if stop.signum is not None:
-                        raise Interrupted(stop.signum)
-            except _RolledBack:
-                continue
+                        # ---- end of epoch: validate, log, checkpoint
+                        row: dict[str, Any] = {"epoch": epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
+                        row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
+                        if has_val:
+                            val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
+                            row["val_loss"] = float(task.loss(val_out, val_y))
+                            row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
+                        row["lr"] = optimizer.param_groups[0]["lr"]
+                        row["seconds"] = round(time.perf_counter() - epoch_started, 4)
+                        if best_key not in row:
+                            raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
+                        value = row[best_key]
+                        improved = state.best_value is None or (value > state.best_value if best_mode == "max" else value < state.best_value)
+                        if improved:
+                            state.best_value, state.best_epoch, state.bad_epochs = value, epoch, 0
+                        else:
+                            state.bad_epochs += 1
+                        state.epochs_done, state.epoch, state.batch_index = epoch, epoch + 1, 0
+                        state.loss_sum, state.seen, state.stat_sums = 0.0, 0, {name: 0.0 for name in task.epoch_metrics}
+                        if tcfg.early_stopping_patience and state.bad_epochs >= tcfg.early_stopping_patience:
+                            state.stopped_early = True
+                            events.append({"kind": "early_stop", "step": state.step,
+                                           "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
+                        history.append(row)
+                        with open(metrics_path, "a", encoding="utf-8") as f:
+                            f.write(json.dumps(row) + "\n")
+                        if board is not None:
+                            for key, value in row.items():
+                                if key not in ("epoch", "step"):
+                                    board.add_scalar(f"epoch/{key}", value, epoch)
+                            board.flush()
+                        save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
+                        save_started = time.perf_counter()
+                        stops = epoch == tcfg.epochs or state.stopped_early or stop.signum is not None
+                        if save_now or (improved and ccfg.best) or stops:
+                            snapshot = save("epoch", None, best=improved and ccfg.best, final=stops)
+                        log.info(
+                            "epoch %d/%d  %s  lr %.2e  (%.1fs, checkpoint %.2fs%s)",
+                            epoch, tcfg.epochs,
+                            "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
+                            row["lr"], row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
+                        )
+                        if state.stopped_early:
+                            log.info("train: early stop, %s", events[-1]["detail"])
+                        if stop.signum is not None:
+                            raise Interrupted(stop.signum)
+                except _RolledBack:
+                    continue
+    finally:
+        try:
+            writer.wait()  # never seal a run while a checkpoint is still being written
+        except OSError:
+            pass  # already failing: the error that stopped training is the one to report
+    loop_seconds = time.perf_counter() - loop_started
 
     if board is not None:
         board.close()
@@ -470,6 +481,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         device=str(device),
         threads=torch.get_num_threads(),
         peak_memory_mb=round(peak_mb, 1),
+        loop_seconds=round(loop_seconds, 4),
         resumed_from=resumed_from,
     )
 

@@ -1,0 +1,170 @@
+"""The run registry: an SQLite index (`.veritrain/registry.sqlite`, WAL) of the run folders.
+
+The folders are the truth; the index is a cache, refreshed from any run whose record or notes
+changed (by mtime) each time it is read, and rebuilt from scratch by `veritrain runs reindex`.
+This module must not import torch: `veritrain runs list` stays fast.
+
+    veritrain runs list --status completed --sort test.accuracy
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Optional
+
+COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "config_hash", "data_version",
+           "final_state_sha256", "hypothesis", "parent", "reproduced_from", "repeat_group", "error", "seal")
+JSON_COLUMNS = ("metrics", "config", "notes")
+SCHEMA_VERSION = 1
+
+
+def connect(state_dir: Path) -> sqlite3.Connection:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(state_dir / "registry.sqlite", timeout=60)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA busy_timeout=60000")
+    columns = ", ".join(f"{c} TEXT" for c in COLUMNS[1:]) + ", " + ", ".join(f"{c} TEXT" for c in JSON_COLUMNS)
+    db.execute(f"CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {columns}, stamp TEXT)")
+    db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    if version is None or int(version[0]) != SCHEMA_VERSION:
+        with db:
+            db.execute("DELETE FROM runs")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+    return db
+
+
+def _stamp(run_dir: Path) -> Optional[str]:
+    """What changes when a run's indexed content changes: record and notes mtimes and sizes."""
+    parts = []
+    for name in ("record.json", "notes.jsonl"):
+        try:
+            st = os.stat(run_dir / name)
+            parts.append(f"{st.st_mtime_ns}:{st.st_size}")
+        except FileNotFoundError:
+            if name == "record.json":
+                return None
+            parts.append("-")
+    return "|".join(parts)
+
+
+def read_notes(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "notes.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
+    try:
+        record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+        seal = (run_dir / "record.sha256").read_text().strip() if (run_dir / "record.sha256").exists() else None
+    except (OSError, json.JSONDecodeError):
+        return None  # a run being written right now, or damaged: `veritrain verify` is the place to say so
+    values = {
+        "run_id": run_dir.name,
+        "exp_name": record.get("exp_name"),
+        "kind": record.get("kind"),
+        "status": record.get("status"),
+        "started_at": record.get("started_at"),
+        "ended_at": record.get("ended_at"),
+        "seed": record.get("seed"),
+        "config_hash": record.get("config_hash"),
+        "data_version": (record.get("data") or {}).get("version"),
+        "final_state_sha256": record.get("final_state_sha256"),
+        "hypothesis": record.get("hypothesis"),
+        "parent": record.get("parent"),
+        "reproduced_from": record.get("reproduced_from"),
+        "repeat_group": (record.get("repeat") or {}).get("group"),
+        "error": (record.get("error") or {}).get("message"),
+        "seal": seal,
+    }
+    metrics = {split: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+               for split, m in (record.get("metrics") or {}).items()}
+    return (*(values[c] for c in COLUMNS), json.dumps(metrics), json.dumps(record.get("config")), json.dumps(read_notes(run_dir)), stamp)
+
+
+def sync(state_dir: Path, runs_dir: Path, rebuild: bool = False) -> sqlite3.Connection:
+    """Bring the index up to date with the run folders (only changed runs are read)."""
+    db = connect(state_dir)
+    known = {} if rebuild else dict(db.execute("SELECT run_id, stamp FROM runs"))
+    upserts, seen = [], set()
+    if runs_dir.exists():
+        for entry in os.scandir(runs_dir):
+            if not entry.is_dir():
+                continue
+            stamp = _stamp(Path(entry.path))
+            if stamp is None:
+                continue
+            seen.add(entry.name)
+            if known.get(entry.name) != stamp:
+                row = _row(Path(entry.path), stamp)
+                if row is not None:
+                    upserts.append(row)
+    with db:
+        if rebuild:
+            db.execute("DELETE FROM runs")
+        marks = ", ".join("?" * (len(COLUMNS) + len(JSON_COLUMNS) + 1))
+        db.executemany(f"INSERT OR REPLACE INTO runs VALUES ({marks})", upserts)
+        gone = set(known) - seen
+        db.executemany("DELETE FROM runs WHERE run_id = ?", [(g,) for g in gone])
+    return db
+
+
+def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: Optional[str] = None,
+          filters: tuple[str, ...] = (), limit: Optional[int] = None) -> list[dict[str, Any]]:
+    """Runs as dicts (newest first, or by `sort`: a metric path such as `test.accuracy`, or a column).
+
+    `filters` are `key=value`: a column (status, exp_name, kind, seed, data_version, …) or a config
+    path (`optim.lr=0.01`, compared as JSON values).
+    """
+    from veritrain.errors import UserError
+
+    db = sync(state_dir, runs_dir)
+    where, params = [], []
+    if status:
+        where.append(f"status IN ({', '.join('?' * len(status))})")
+        params.extend(status)
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--filter {item}: expected KEY=VALUE, e.g. --filter status=completed or --filter optim.lr=0.01")
+        if key in COLUMNS:
+            where.append(f"{key} = ?")
+            params.append(value)
+        else:
+            where.append("json_extract(config, ?) = json_extract(?, '$')")
+            params.extend([f"$.{key}", _json_value(value)])
+    order = "started_at DESC"
+    if sort:
+        descending = not sort.startswith("-")
+        key = sort.lstrip("-")
+        if key in COLUMNS:
+            order = f"{key} {'DESC' if descending else 'ASC'}"
+        else:
+            order = f"json_extract(metrics, ?) IS NULL, json_extract(metrics, ?) {'DESC' if descending else 'ASC'}, started_at DESC"
+            params.extend([f"$.{key}", f"$.{key}"])
+    sql = f"SELECT * FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY {order}"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    cursor = db.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    rows = []
+    for values in cursor:
+        row = dict(zip(names, values))
+        for c in JSON_COLUMNS:
+            row[c] = json.loads(row[c]) if row[c] else None
+        row.pop("stamp", None)
+        rows.append(row)
+    db.close()
+    return rows
+
+
+def _json_value(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text))
+    except json.JSONDecodeError:
+        return json.dumps(text)

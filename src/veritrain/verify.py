@@ -1,0 +1,228 @@
+"""Verify a run: re-hash every file against its sealed record, check the seal, and check that the
+recorded data version still resolves and matches.
+
+Threat model: the seal (`record.sha256`, the SHA-256 of `record.json`'s exact bytes) catches
+accidents and naive edits — a changed byte, a missing or added file, an edited record. Someone who
+rewrites the files, the record *and* the seal can only be caught against a seal kept elsewhere: the
+seal is printed at the end of every run so it can be published, and `verify --expect SEAL` checks
+against it.
+
+    veritrain verify latest --expect 63a6a0c8…
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain.hashing import sha256_file, sha256_json
+from veritrain.record import RECORD_FILE, SEAL_FILE
+
+OUTSIDE_SEAL = {RECORD_FILE, SEAL_FILE, "notes.jsonl"}  # notes are added after the run, on purpose unsealed
+
+
+def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
+               rehash_data: bool = True) -> dict[str, Any]:
+    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}]}."""
+    problems: list[dict[str, Any]] = []
+    drift: list[dict[str, Any]] = []
+
+    def problem(path: str, kind: str, detail: str = "") -> None:
+        problems.append({"path": path, "kind": kind, "detail": detail})
+
+    record_path = run_dir / RECORD_FILE
+    try:
+        record_bytes = record_path.read_bytes()
+    except OSError:
+        problem(RECORD_FILE, "missing", "no record.json: not a run, or it was deleted")
+        return {"ok": False, "seal": None, "problems": problems, "drift": drift}
+    seal = hashlib.sha256(record_bytes).hexdigest()
+    try:
+        stored_seal = (run_dir / SEAL_FILE).read_text().strip()
+        if stored_seal != seal:
+            problem(RECORD_FILE, "seal_mismatch", f"record.json hashes to {seal[:16]}…, record.sha256 says {stored_seal[:16]}…")
+    except OSError:
+        problem(SEAL_FILE, "missing", "the seal is missing")
+    if expect and expect.strip().lower() != seal:
+        problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}")
+    try:
+        record = json.loads(record_bytes)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        problem(RECORD_FILE, "unreadable", str(err))
+        return {"ok": False, "seal": seal, "problems": problems, "drift": drift}
+
+    artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
+    present = {}
+    for path in sorted(run_dir.rglob("*")):
+        rel = path.relative_to(run_dir).as_posix()
+        if path.is_symlink():
+            problem(rel, "link", "a run directory holds only regular files")
+        elif path.is_file() and rel not in OUTSIDE_SEAL:
+            present[rel] = path
+    for rel, entry in artifacts.items():
+        path = present.get(rel)
+        if path is None:
+            problem(rel, "missing")
+        elif path.stat().st_size != entry.get("size") or sha256_file(path) != entry.get("sha256"):
+            problem(rel, "changed", f"sha256 {sha256_file(path)[:16]}…, recorded {str(entry.get('sha256'))[:16]}…")
+    for rel in sorted(set(present) - set(artifacts)):
+        problem(rel, "added", "not listed in record.json")
+
+    data = record.get("data") or {}
+    if data.get("version"):
+        problems.extend(_check_data_version(record, state_dir, rehash_data, drift))
+    drift.extend(_environment_drift(record))
+    fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
+    return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict}
+
+
+def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, drift: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored data version must still hash to its id; the raw data, when present, must still
+    prepare to it."""
+    import csv
+
+    problems = []
+    version = record["data"]["version"]
+    folder = state_dir / "data" / version
+    if not (folder / "version.json").exists():
+        problems.append({"path": f".veritrain/data/{version}", "kind": "data_version_missing",
+                         "detail": "the prepared data version is not in this workspace; run `veritrain data prepare` on the run's config"})
+    else:
+        info = json.loads((folder / "version.json").read_text())
+        with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        hash_key = info["hash_algorithm"]
+        samples = sorted(
+            [r["sample_id"], r[hash_key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined"] for r in rows
+        )
+        recomputed = sha256_json({"preprocessing": info["preprocessing"], "hash_algorithm": hash_key, "samples": [tuple(s) for s in samples]})
+        if recomputed != version:
+            problems.append({"path": f".veritrain/data/{version}/manifest.csv", "kind": "data_version_changed",
+                             "detail": f"the stored manifest now hashes to {recomputed[:12]}"})
+        for name, digest in (info.get("arrays_sha256") or {}).items():
+            if not (folder / name).exists() or sha256_file(folder / name) != digest:
+                problems.append({"path": f".veritrain/data/{version}/{name}", "kind": "data_version_changed",
+                                 "detail": "the prepared arrays no longer match version.json"})
+    source = record.get("config_source") or {}
+    paths = {k: Path(v) for k, v in (source.get("data_paths_resolved") or {}).items()}
+    if "root" in paths and not paths["root"].exists():
+        drift.append({"what": "raw data", "recorded": str(paths["root"]), "now": "not present"})
+    elif rehash:
+        from veritrain.config import RunConfig
+        from veritrain.data import prepare
+
+        try:
+            again = prepare.run(RunConfig.model_validate(record["config"]).data, paths, state_dir, rehash=True)
+        except Exception as err:  # bad data now is a finding of verify, not a crash
+            problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed", "detail": f"the data no longer prepares ({err})"})
+        else:
+            if again.version != version:
+                problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
+                                 "detail": f"the raw data now prepares to version {again.version[:12]}, not {version[:12]}"})
+    return problems
+
+
+def _environment_drift(record: dict[str, Any]) -> list[dict[str, Any]]:
+    env = record.get("env") or {}
+    now: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine()}
+    try:
+        now["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        now["torch"] = None
+    from veritrain.record import package_list
+
+    now["packages_sha256"] = hashlib.sha256(package_list().encode()).hexdigest()
+    drift = []
+    for key, value in now.items():
+        recorded = env.get(key)
+        if key == "torch" and recorded and value and recorded.split("+")[0] == value.split("+")[0]:
+            continue
+        if recorded is not None and recorded != value:
+            drift.append({"what": f"env.{key}", "recorded": recorded, "now": value})
+    return drift
+
+
+# ---------------------------------------------------------------- reproduce
+
+TIMING_KEYS = {"seconds", "samples_per_s"}  # wall-clock fields: never compared
+TOLERANCE = 1e-6  # relative, for "within tolerance"
+
+
+def reproduce(workspace: Any, ref: str, argv: list[str]) -> dict[str, Any]:
+    """Run the recorded pipeline of RUN again (same config, seed, data version) into a new run and
+    compare the final weights and every epoch's metrics."""
+    from veritrain import pipeline
+    from veritrain.config import ResolvedConfig, RunConfig, config_hash
+    from veritrain.data import prepare
+    from veritrain.errors import UserError
+    from veritrain.record import read_record
+
+    original_dir = workspace.resolve_run(ref)
+    original = read_record(original_dir)
+    if original.get("status") != "completed":
+        raise UserError(f"{ref}: run {original_dir.name} is {original.get('status')}; only a completed run can be reproduced")
+    cfg = RunConfig.model_validate(original["config"])
+    if config_hash(cfg) != original["config_hash"]:
+        raise UserError(f"{ref}: the recorded config no longer hashes to its config_hash with this veritrain; it cannot be re-run as recorded")
+    paths = {k: Path(v) for k, v in (original["config_source"].get("data_paths_resolved") or {}).items()}
+    data = prepare.run(cfg.data, paths, workspace.state_dir)
+    if data.version != original["data"]["version"]:
+        raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "
+                        "restore the data to reproduce")
+    resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
+    outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"])
+    comparison = compare_runs(original_dir, Path(outcome.summary["run_dir"]))
+    comparison["reproduction_status"] = outcome.record["status"]
+    comparison["reproduction_seal"] = outcome.seal
+    comparison["error"] = str(outcome.error) if outcome.error else None
+    return comparison
+
+
+def _rows(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    path = run_dir / name
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+def compare_runs(a: Path, b: Path) -> dict[str, Any]:
+    """identical / within tolerance / differs, with the first divergence."""
+    ra, rb = json.loads((a / RECORD_FILE).read_text()), json.loads((b / RECORD_FILE).read_text())
+    checks = []
+    checks.append(_compare("final_state_sha256", ra.get("final_state_sha256"), rb.get("final_state_sha256")))
+    epochs_a, epochs_b = _rows(a, "metrics.jsonl"), _rows(b, "metrics.jsonl")
+    first = None
+    worst = "identical"
+    if len(epochs_a) != len(epochs_b):
+        worst = "differs"
+        first = {"where": "metrics.jsonl", "detail": f"{len(epochs_a)} epochs vs {len(epochs_b)}"}
+    for row_a, row_b in zip(epochs_a, epochs_b):
+        for key in sorted((set(row_a) | set(row_b)) - TIMING_KEYS):
+            verdict = _compare(key, row_a.get(key), row_b.get(key))["verdict"]
+            if verdict != "identical":
+                if first is None:
+                    first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
+                worst = "differs" if "differs" in (verdict, worst) else "within tolerance"
+    checks.append({"what": f"metrics.jsonl ({len(epochs_a)} epochs)", "verdict": worst, "first_divergence": first})
+    for split, metrics in (ra.get("metrics") or {}).items():
+        other = (rb.get("metrics") or {}).get(split, {})
+        keys = sorted(k for k, v in metrics.items() if isinstance(v, float))
+        verdicts = [_compare(k, metrics.get(k), other.get(k)) for k in keys]
+        bad = [v for v in verdicts if v["verdict"] != "identical"]
+        checks.append({"what": f"metrics.{split}", "verdict": bad[0]["verdict"] if bad else "identical",
+                       "first_divergence": bad[0] if bad else None})
+    order = {"identical": 0, "within tolerance": 1, "differs": 2}
+    overall = max((c["verdict"] for c in checks), key=order.__getitem__)
+    return {"original": a.name, "reproduction": b.name, "verdict": overall, "checks": checks}
+
+
+def _compare(what: str, x: Any, y: Any) -> dict[str, Any]:
+    if x == y:
+        verdict = "identical"
+    elif isinstance(x, float) and isinstance(y, float) and abs(x - y) <= TOLERANCE * max(1.0, abs(x), abs(y)):
+        verdict = "within tolerance"
+    else:
+        verdict = "differs"
+    return {"what": what, "verdict": verdict, "original": x, "reproduction": y}

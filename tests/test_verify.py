@@ -1,0 +1,147 @@
+"""verify detects every kind of tampering; reproduce gives an identical run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import in_process_run
+from veritrain.verify import verify_run
+
+FAST = ["train.epochs=2", "model.name=mlp", "model.hidden=[32]"]
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("ws")
+    outcome = in_process_run(workdir, FAST)
+    assert outcome.error is None
+    return workdir, Path(outcome.summary["run_dir"]), outcome.seal
+
+
+@pytest.fixture
+def copy_of(sealed, tmp_path):
+    """A fresh copy of the sealed run in the same workspace (so its data version resolves)."""
+    workdir, run_dir, seal = sealed
+    target = workdir / "runs" / f"{run_dir.name}-copy-{tmp_path.name[-12:]}"
+    shutil.copytree(run_dir, target)
+    yield workdir, target, seal
+    shutil.rmtree(target, ignore_errors=True)
+
+
+def test_untouched_run_verifies(cli, sealed):
+    workdir, run_dir, seal = sealed
+    result = cli("verify", run_dir.name, "--expect", seal, "--workdir", str(workdir), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert payload["ok"] and payload["seal"] == seal and payload["problems"] == []
+    assert set(payload) >= {"ok", "seal", "problems", "drift"}
+
+
+KINDS = ["config.yaml", "train.log", "metrics.jsonl", "checkpoints/best.pt", "checkpoints/step-46.pt.sha256",
+         "eval/test/predictions.csv", "eval/test/bad_cases.png", "export/model.onnx", "export/model.json", "env/requirements.lock"]
+
+
+@pytest.mark.parametrize("rel", KINDS)
+def test_one_changed_byte_in_any_artifact_is_named(copy_of, rel):
+    workdir, run_dir, _ = copy_of
+    path = run_dir / rel
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+    assert not result["ok"]
+    assert {"path": rel, "kind": "changed"} in [{"path": p["path"], "kind": p["kind"]} for p in result["problems"]]
+
+
+def test_removed_added_and_edited_record_are_detected(cli, copy_of):
+    workdir, run_dir, seal = copy_of
+    (run_dir / "eval" / "test" / "per_class.csv").unlink()
+    (run_dir / "extra.txt").write_text("sneaked in")
+    result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+    kinds = {(p["path"], p["kind"]) for p in result["problems"]}
+    assert ("eval/test/per_class.csv", "missing") in kinds and ("extra.txt", "added") in kinds
+
+    record = json.loads((run_dir / "record.json").read_text())
+    record["metrics"]["test"]["accuracy"] = 1.0
+    (run_dir / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    result = cli("verify", str(run_dir), "--workdir", str(workdir))
+    assert result.code == 1
+    assert "seal_mismatch: record.json" in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: verify {run_dir.name}: ")
+
+
+def test_rewritten_seal_is_caught_only_against_the_published_one(copy_of):
+    import hashlib
+
+    workdir, run_dir, seal = copy_of
+    record = json.loads((run_dir / "record.json").read_text())
+    record["seed"] = 12345
+    data = (json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    (run_dir / "record.json").write_bytes(data)
+    (run_dir / "record.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+    assert verify_run(run_dir, workdir / ".veritrain", rehash_data=False)["ok"]  # a consistent forgery
+    result = verify_run(run_dir, workdir / ".veritrain", expect=seal, rehash_data=False)
+    assert not result["ok"] and result["problems"][0]["kind"] == "seal_differs_from_expected"
+
+
+def test_tampered_data_version_is_detected(copy_of, tmp_path):
+    workdir, run_dir, _ = copy_of
+    record = json.loads((run_dir / "record.json").read_text())
+    version_dir = workdir / ".veritrain" / "data" / record["data"]["version"]
+    backup = tmp_path / "backup"
+    shutil.copytree(version_dir, backup)
+    try:
+        manifest = (version_dir / "manifest.csv").read_text().splitlines()
+        manifest[1] = manifest[1].replace(",train,", ",test,") if ",train," in manifest[1] else manifest[1].replace(",test,", ",train,").replace(",val,", ",train,")
+        (version_dir / "manifest.csv").write_text("\n".join(manifest) + "\n")
+        result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+        assert ("data_version_changed" in {p["kind"] for p in result["problems"]})
+    finally:
+        shutil.rmtree(version_dir)
+        shutil.copytree(backup, version_dir)
+
+
+def test_environment_drift_fails_only_with_strict(copy_of):
+    import hashlib
+
+    workdir, run_dir, _ = copy_of
+    record = json.loads((run_dir / "record.json").read_text())
+    record["env"]["python"] = "2.7.18"
+    data = (json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    (run_dir / "record.json").write_bytes(data)
+    (run_dir / "record.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+    relaxed = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+    assert relaxed["ok"] and {"what": "env.python", "recorded": "2.7.18", "now": relaxed["drift"][0]["now"]} in relaxed["drift"]
+    assert not verify_run(run_dir, workdir / ".veritrain", strict=True, rehash_data=False)["ok"]
+
+
+def test_reproduce_is_identical(cli, sealed):
+    workdir, run_dir, _ = sealed
+    result = cli("reproduce", run_dir.name, "--workdir", str(workdir), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert payload["verdict"] == "identical" and payload["original"] == run_dir.name
+    assert all(c["verdict"] == "identical" for c in payload["checks"])
+    new = json.loads((workdir / "runs" / payload["reproduction"] / "record.json").read_text())
+    old = json.loads((run_dir / "record.json").read_text())
+    assert new["reproduced_from"] == run_dir.name and new["final_state_sha256"] == old["final_state_sha256"]
+    assert "identical" in result.stderr
+
+
+def test_compare_names_the_first_divergence(sealed, tmp_path):
+    from veritrain.verify import compare_runs
+
+    workdir, run_dir, _ = sealed
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    rows = [json.loads(l) for l in (other / "metrics.jsonl").read_text().splitlines()]
+    rows[1]["val_loss"] += 0.5
+    (other / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = compare_runs(run_dir, other)
+    assert result["verdict"] == "differs"
+    epochs = next(c for c in result["checks"] if c["what"].startswith("metrics.jsonl"))
+    assert epochs["first_divergence"]["where"] == "metrics.jsonl epoch 2" and epochs["first_divergence"]["key"] == "val_loss"
