@@ -44,6 +44,7 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--only", choices=["cnn", "mlp"], default=None, help="run one workload")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
@@ -51,6 +52,8 @@ def main() -> None:
 
         write_fake_cifar10(tmp_path / "cifar", per_batch=2000)
         for name, template in WORKLOADS.items():
+            if args.only and not name.startswith(args.only):
+                continue
             config = tmp_path / "bench.yaml"
             config.write_text(template.format(cifar=tmp_path / "cifar"))
             workspace = tmp_path / f"ws-{len(name)}"

@@ -56,9 +56,9 @@ def test_unknown_command_and_option_are_one_line_exit_2(cli):
     result = cli("trian")
     assert result.code == 2
     assert result.stderr == "error: veritrain: No such command 'trian'; did you mean 'train'? (see `veritrain --help`)\n"
-    result = cli("run", "--epochs", "3")
+    result = cli("run", "--frobnicate", "3")
     assert result.code == 2
-    assert result.stderr == "error: veritrain run: No such option '--epochs' (see `veritrain run --help`)\n"
+    assert result.stderr == "error: veritrain run: No such option '--frobnicate' (see `veritrain run --help`)\n"
 
 
 def test_config_commands_do_not_import_torch(cli):

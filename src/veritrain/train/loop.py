@@ -16,6 +16,7 @@ the step it happens and handled by `train.on_nonfinite`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -146,8 +147,10 @@ def batch_starts(n: int, batch_size: int) -> list[int]:
 def rng_state() -> dict[str, Any]:
     """Global RNG states in types `torch.load(weights_only=True)` accepts (dropout draws from torch's)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
-        "python": random.getstate(),
+        # as one tensor, not a tuple of 625 ints: torch.save visits every pickled object (slow)
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
@@ -157,8 +160,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
+    python = state["python"]
+    random.setstate((python["version"], tuple(int(v) for v in python["internal"].tolist()), python["gauss"]))
     n = state["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
@@ -203,6 +206,12 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     factor = schedule_factor(cfg.schedule, steps_per_epoch, steps_per_epoch * tcfg.epochs)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: factor(step) * state.lr_factor)
     scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
+    scaling = tcfg.precision == "fp16"  # the scaler's calls are skipped entirely otherwise: they cost per step
+
+    def autocast() -> Any:
+        if autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, dtype=autocast_dtype)
     best_key = ccfg.best_metric or task.best_metric[0]
     best_mode = ccfg.best_mode or task.best_metric[1]
     has_val = len(data.splits["val"]) > 0
@@ -213,6 +222,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     ckpt_dir.mkdir(exist_ok=True)
     metrics_path, steps_path = run_dir / "metrics.jsonl", run_dir / "steps.jsonl"
     settings = {"device": str(device), "threads": torch.get_num_threads(), "num_workers": tcfg.num_workers}
+    run_config_hash = config_hash(cfg)
 
     def full_state(reason: str, augment: Optional[torch.Generator]) -> dict[str, Any]:
         return {
@@ -226,7 +236,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             "augment_rng": augment.get_state() if augment is not None else None,
             "loop": asdict(state),
             "settings": settings,
-            "config_hash": config_hash(cfg),
+            "config_hash": run_config_hash,
             "data_version": data.version,
         }
 
@@ -253,7 +263,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             log.warning("checkpoint: %s; falling back to an older one", problem)
         if saved is None:
             raise RunFailed(f"resume: no valid checkpoint in {ckpt_dir}; start a new run instead")
-        if saved["config_hash"] != config_hash(cfg) or saved["data_version"] != data.version:
+        if saved["config_hash"] != run_config_hash or saved["data_version"] != data.version:
             raise RunFailed(f"resume: {path.name} was saved with another config or data version; resume with the run's own config.yaml")
         changed = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
         if changed:
@@ -335,6 +345,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     )
     params = [p for p in model.parameters() if p.requires_grad]
     loop_started = time.perf_counter()
+    next_progress = 0.0
     try:
         with progress:
             bar = progress.add_task("train", total=len(starts), epoch="", loss="-", lr="-", rate="-")
@@ -359,14 +370,14 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                                 x, y = task.batch(data, rows, device, True, augment)
                                 if tcfg.channels_last and x.dim() == 4:
                                     x = x.contiguous(memory_format=torch.channels_last)
-                                with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+                                with autocast():
                                     outputs = forward(x)
                                     loss = task.loss(outputs, y)
                                 loss_value = loss.detach().float().item()
                                 if not math.isfinite(loss_value):
                                     nonfinite("loss", loss_value)
                                     continue  # skip_batch
-                                scaler.scale(loss / len(group)).backward()
+                                (scaler.scale(loss / len(group)) if scaling else loss / len(group)).backward()
                                 stepped = True
                                 step_loss += loss_value / len(group)
                                 state.loss_sum += loss_value * len(rows)
@@ -377,14 +388,18 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                             if stepped:
                                 logging_step = cfg.logging.every_steps and (state.step + 1) % cfg.logging.every_steps == 0
                                 if tcfg.grad_clip or tcfg.check_grad_norm or logging_step:
-                                    scaler.unscale_(optimizer)
+                                    if scaling:
+                                        scaler.unscale_(optimizer)
                                     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
                                     if tcfg.check_grad_norm and not math.isfinite(grad_norm):
                                         nonfinite("gradient norm", grad_norm)
                                         stepped = False
                             if stepped:
-                                scaler.step(optimizer)
-                                scaler.update()
+                                if scaling:
+                                    scaler.step(optimizer)
+                                    scaler.update()
+                                else:
+                                    optimizer.step()
                                 schedule.step()
                                 state.step += 1
                             state.batch_index = group[-1] + 1
@@ -392,7 +407,9 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                             lr = optimizer.param_groups[0]["lr"]
                             elapsed = max(time.perf_counter() - epoch_started, 1e-9)
                             rate = (state.seen - seen_at_start) / elapsed
-                            progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
+                            if time.monotonic() >= next_progress or state.batch_index == len(starts):  # ≤ 10 updates/s
+                                next_progress = time.monotonic() + 0.1
+                                progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
                             if stepped and cfg.logging.every_steps and state.step % cfg.logging.every_steps == 0:
                                 with open(steps_path, "a", encoding="utf-8") as f:
                                     f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,

@@ -1,0 +1,105 @@
+"""The run registry, `runs` commands and experiments.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import in_process_run
+
+FAST = ["train.epochs=1", "model.name=mlp", "model.hidden=[16]", "export.formats=[safetensors]"]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("ws")
+    first = in_process_run(workdir, FAST)
+    second = in_process_run(workdir, FAST + ["optim.lr=0.01"])
+    failed = in_process_run(workdir, FAST + ["optim.name=sgd", "optim.lr=1e30", "train.max_rollbacks=0"])
+    return workdir, [first, second, failed]
+
+
+def test_runs_list_json_and_filters(cli, workspace):
+    workdir, outcomes = workspace
+    result = cli("runs", "list", "--workdir", str(workdir), "--json")
+    assert result.code == 0, result.stderr
+    runs = result.json()["runs"]
+    assert [r["run_id"] for r in runs] == [o.summary["run_id"] for o in reversed(outcomes)]  # newest first
+    assert {r["status"] for r in runs} == {"completed", "failed"}
+    completed = cli("runs", "list", "--status", "completed", "--sort", "test.accuracy", "--workdir", str(workdir), "--json").json()["runs"]
+    assert len(completed) == 2
+    assert completed[0]["metrics"]["test"]["accuracy"] >= completed[1]["metrics"]["test"]["accuracy"]
+    by_lr = cli("runs", "list", "--filter", "optim.lr=0.01", "--workdir", str(workdir), "--json").json()["runs"]
+    assert [r["run_id"] for r in by_lr] == [outcomes[1].summary["run_id"]]
+
+
+def test_registry_is_rebuilt_from_the_folders(cli, workspace):
+    workdir, outcomes = workspace
+    (workdir / ".veritrain" / "registry.sqlite").unlink()
+    for suffix in ("-wal", "-shm"):
+        (workdir / ".veritrain" / f"registry.sqlite{suffix}").unlink(missing_ok=True)
+    result = cli("runs", "list", "--workdir", str(workdir), "--json")
+    assert len(result.json()["runs"]) == 3
+    reindexed = cli("runs", "reindex", "--workdir", str(workdir), "--json")
+    assert reindexed.code == 0 and reindexed.json()["runs"] == 3
+
+
+def test_runs_list_does_not_import_torch(workspace):
+    workdir, _ = workspace
+    code = ("import sys\nfrom veritrain.cli import main\ntry:\n    main(['runs', 'list', '--json', '--workdir', sys.argv[1]])\n"
+            "except SystemExit as e:\n    assert e.code == 0\nassert 'torch' not in sys.modules, 'runs list imported torch'\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(workdir)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_show_compare_and_note(cli, workspace):
+    workdir, outcomes = workspace
+    first, second = outcomes[0].summary["run_id"], outcomes[1].summary["run_id"]
+    shown = cli("runs", "show", first[:17], "--workdir", str(workdir), "--json")
+    assert shown.code == 0 and shown.json()["run_id"] == first
+    compared = cli("runs", "compare", first, second, "--workdir", str(workdir), "--json").json()
+    assert compared["config"][second] == {"optim.lr": {"base": 0.003, "this": 0.01}}
+    assert "test.accuracy" in compared["metrics"][second] and compared["metrics"][second]["test.accuracy"]["delta"] is not None
+    assert compared["data_version"][first] == compared["data_version"][second]
+    before = (workdir / "runs" / second / "record.sha256").read_text()
+    note = cli("runs", "note", second, "higher lr converges faster", "--conclusion", "--workdir", str(workdir))
+    assert note.code == 0
+    notes = [json.loads(l) for l in (workdir / "runs" / second / "notes.jsonl").read_text().splitlines()]
+    assert notes[-1]["text"] == "higher lr converges faster" and notes[-1]["conclusion"] is True
+    assert (workdir / "runs" / second / "record.sha256").read_text() == before  # notes are outside the seal
+    assert cli("verify", second, "--workdir", str(workdir)).code == 0
+    listed = cli("runs", "list", "--workdir", str(workdir), "--json").json()["runs"]
+    assert next(r for r in listed if r["run_id"] == second)["notes"][-1]["conclusion"] is True
+
+
+def test_experiments_md_has_every_run_with_changes_and_reasons(cli, workspace):
+    workdir, outcomes = workspace
+    cli("runs", "reindex", "--workdir", str(workdir))
+    text = (workdir / "experiments.md").read_text()
+    for outcome in outcomes:
+        assert f"## {outcome.summary['run_id']}" in text
+    second = outcomes[1].summary["run_id"]
+    section = text.split(f"## {second}")[1].split("\n## ")[0]
+    assert "`optim.lr` 0.003 → 0.01" in section and "(single seed)" in section
+    failed = text.split(f"## {outcomes[2].summary['run_id']}")[1].split("\n## ")[0]
+    assert "**failed:**" in failed and "loss became" in failed
+
+
+def test_hypothesis_and_parent_are_recorded(tmp_path, workspace):
+    workdir, outcomes = workspace
+    from veritrain import pipeline
+    from veritrain.config import load_config
+    from veritrain.workspace import Workspace
+
+    outcome = pipeline.run(load_config(None, FAST + ["seed=7"]), Workspace.open(workdir), ["veritrain", "run"],
+                           hypothesis="a new seed changes accuracy by < 1%", parent=outcomes[0].summary["run_id"])
+    assert outcome.record["hypothesis"] == "a new seed changes accuracy by < 1%"
+    assert outcome.record["parent"] == outcomes[0].summary["run_id"]
+    text = (workdir / "experiments.md").read_text()
+    section = text.split(f"## {outcome.summary['run_id']}")[1].split("\n## ")[0]
+    assert "hypothesis: a new seed changes accuracy by < 1%" in section
+    assert f"changes vs {outcomes[0].summary['run_id']}: `seed` 0 → 7" in section
