@@ -103,3 +103,20 @@ def test_hypothesis_and_parent_are_recorded(tmp_path, workspace):
     section = text.split(f"## {outcome.summary['run_id']}")[1].split("\n## ")[0]
     assert "hypothesis: a new seed changes accuracy by < 1%" in section
     assert f"changes vs {outcomes[0].summary['run_id']}: `seed` 0 → 7" in section
+
+
+def test_four_runs_started_at_once_all_complete(tmp_path):
+    """Parallel starts in one workspace: distinct ids, shared data version and caches, all indexed."""
+    procs = [subprocess.Popen([sys.executable, "-m", "veritrain", "train", "--set", "train.epochs=1", "--set", "model.name=mlp",
+                               "--set", f"seed={i}", "--workdir", str(tmp_path), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in results]
+    ids = {json.loads(out)["run_id"] for out, _ in results}
+    assert len(ids) == 4
+    listed = subprocess.run([sys.executable, "-m", "veritrain", "runs", "list", "--json", "--workdir", str(tmp_path)],
+                            capture_output=True, text=True, check=True)
+    assert {r["run_id"] for r in json.loads(listed.stdout)["runs"]} == ids
+    assert len({json.loads(out)["data_version"] for out, _ in results}) == 1
+    text = (tmp_path / "experiments.md").read_text()
+    assert all(f"## {run_id}" in text for run_id in ids)

@@ -9,6 +9,7 @@ at a time" is visible, the metrics (with the seed spread of a `--repeat` group),
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -81,7 +82,7 @@ def write(state_dir: Path, runs_dir: Path, out: Path) -> Path:
             label = "conclusion" if note.get("conclusion") else "note"
             lines.append(f"- {label} ({note.get('at', '')[:19]}): {note['text']}")
         lines.append("")
-    tmp = out.with_name(f".{out.name}.tmp")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")  # runs finishing at once each write their own
     tmp.write_text("\n".join(lines), encoding="utf-8")
     tmp.replace(out)
     return out
