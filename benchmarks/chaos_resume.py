@@ -50,8 +50,11 @@ def run_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, l
                 kills += 1
         proc.wait()
         (run_dir,) = (workdir / "runs").iterdir()
-        if json.loads((run_dir / "record.json").read_text())["status"] == "completed":
+        status = json.loads((run_dir / "record.json").read_text())["status"]
+        if status == "completed":
             return (*outcome(run_dir), kills)
+        if status == "failed":
+            raise SystemExit(f"run {run_dir} failed on resume; see its train.log")
         proc = start(workdir, "train", "--resume", run_dir.name)
 
 

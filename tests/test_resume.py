@@ -272,3 +272,16 @@ def test_checkpoint_holds_the_full_state(tmp_path):
     assert len(checkpoint.step_files(folder)) == 2  # keep_last
     assert not any(p.is_symlink() for p in folder.iterdir())
     assert (folder / "best.pt.sha256").exists()
+
+
+def test_killed_before_the_first_checkpoint_resumes_from_the_beginning(reference, tmp_path):
+    crashed = subprocess.run([sys.executable, "-c", CRASHING_SAVE, "1", "train", *CHAOS, "--workdir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 137, crashed.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert not list((run_dir / "checkpoints").glob("*.pt"))
+    resumed = subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", "latest", "--workdir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "no checkpoint was saved yet" in resumed.stderr
+    assert comparable(run_dir) == reference

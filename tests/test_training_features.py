@@ -75,7 +75,7 @@ def test_resnet18_is_the_cifar_variant():
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
 
 
-def tiny_factory(input_shape, num_outputs, hidden=8):
+def tiny_factory(input_shape, num_outputs, hidden=8, **unused):
     """A user model for the `model.target` test."""
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(input_shape)), hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, num_outputs))
 

@@ -589,12 +589,13 @@ def runs_note(ref: str, text: str, conclusion: bool, workdir: Optional[str]) -> 
 
     from veritrain import pipeline
     from veritrain.record import now_iso
+    from veritrain.secrets import redact_text
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
     with open(run_dir / "notes.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"at": now_iso(), "text": text, "conclusion": conclusion}) + "\n")
+        f.write(json.dumps({"at": now_iso(), "text": redact_text(text), "conclusion": conclusion}) + "\n")
     pipeline.update_experiments(workspace)
     logs.console.print(f"noted on {run_dir.name}", markup=False)
     return 0

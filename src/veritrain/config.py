@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from veritrain.errors import ConfigError
 from veritrain.hashing import sha256_json
+from veritrain.secrets import ENV_REFERENCE, expand_env
 
 # The built-in default config is the one shipped as configs/digits.yaml; its experiment name
 # follows the same rule as a file's (the file name without extension).
@@ -306,6 +307,16 @@ class ResolvedConfig:
     def data_root(self) -> Optional[Path]:
         return self.data_paths.get("root")
 
+    def recorded_data_paths(self) -> dict[str, str]:
+        """The data paths as a record keeps them: absolute, except values built from `${env:NAME}`,
+        which keep the reference (the value may be private; it is read again when the run is reused)."""
+        recorded = {}
+        for name, path in self.data_paths.items():
+            raw = getattr(self.config.data, name)
+            recorded[name] = raw if raw and ENV_REFERENCE.search(raw) else str(path)
+        return recorded
+
+
     @property
     def source_label(self) -> str:
         return str(self.path) if self.path else "<default>"
@@ -318,8 +329,16 @@ class ResolvedConfig:
         return config_hash(self.config)
 
 
+def paths_from_record(recorded: dict[str, str]) -> dict[str, Path]:
+    """Data paths recorded by `recorded_data_paths`, with `${env:NAME}` read now."""
+    return {name: Path(expand_env(value)).expanduser().resolve() for name, value in recorded.items()}
+
+
 def config_dict(config: RunConfig) -> dict[str, Any]:
-    return config.model_dump(mode="json")
+    """The config as recorded: secret-looking values redacted (see veritrain.secrets)."""
+    from veritrain.secrets import redact
+
+    return redact(config.model_dump(mode="json"))
 
 
 def config_hash(config: RunConfig) -> str:
@@ -359,7 +378,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         value = getattr(config.data, name)
         if value is None:
             continue
-        path = Path(value).expanduser()
+        path = Path(expand_env(value)).expanduser()
         if not path.is_absolute():
             from_set = bool({"data", f"data.{name}"} & overridden)
             base = Path.cwd() if (from_set or file_path is None) else file_path.resolve().parent

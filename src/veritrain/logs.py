@@ -34,7 +34,10 @@ class ConsoleHandler(logging.Handler):
 def setup_console_logging() -> None:
     if any(isinstance(h, ConsoleHandler) for h in log.handlers):
         return
+    from veritrain.secrets import RedactingFilter
+
     handler = ConsoleHandler(level=logging.INFO)
+    handler.addFilter(RedactingFilter())
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)
     log.propagate = False
@@ -42,8 +45,11 @@ def setup_console_logging() -> None:
 
 def attach_file(path: Path) -> logging.Handler:
     """Send everything (DEBUG and up, with timestamps) to `path` until `detach` is called."""
+    from veritrain.secrets import RedactingFilter
+
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setLevel(logging.DEBUG)
+    handler.addFilter(RedactingFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.DEBUG)

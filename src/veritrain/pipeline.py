@@ -24,9 +24,10 @@ from typing import Any, Optional
 
 from veritrain import config as config_module
 from veritrain import logs
-from veritrain.config import ResolvedConfig, RunConfig, config_hash
+from veritrain.config import ResolvedConfig, RunConfig, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, write_record
+from veritrain.secrets import allowed_environment, redact_argv, redact_text
 from veritrain.signals import interruptible
 from veritrain.workspace import Workspace
 
@@ -66,7 +67,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "status": "running",
         "started_at": now_iso(),
         "ended_at": None,
-        "argv": argv,
+        "argv": redact_argv(argv),
         "exp_name": cfg.exp_name,
         "task": cfg.task,
         "seed": cfg.seed,
@@ -74,10 +75,10 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "config_hash": resolved.hash,
         "config_source": {
             "path": str(resolved.path) if resolved.path else None,
-            "overrides": resolved.overrides,
+            "overrides": redact_argv(resolved.overrides),
             "data_root": cfg.data.root,
-            "data_root_resolved": str(resolved.data_root) if resolved.data_root else None,
-            "data_paths_resolved": {k: str(v) for k, v in resolved.data_paths.items()},
+            "data_root_resolved": resolved.recorded_data_paths().get("root"),
+            "data_paths_resolved": resolved.recorded_data_paths(),
         },
         "code": capture_code(workspace.root),
         "env": None,
@@ -90,7 +91,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "resumes": [],
         "repeat": repeat,
         "reproduced_from": reproduced_from,
-        "hypothesis": hypothesis,  # stated before the run, sealed with it
+        "hypothesis": redact_text(hypothesis) if hypothesis else None,  # stated before the run, sealed with it
         "parent": parent,  # the reference run experiments.md compares the config with
         "error": None,
     }
@@ -111,10 +112,10 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     cfg = RunConfig.model_validate(record["config"])
     if config_hash(cfg) != record["config_hash"]:
         raise RunFailed(f"--resume {ref}: the recorded config of {run_dir.name} no longer hashes to its config_hash; this veritrain cannot resume it")
-    paths = {k: Path(v) for k, v in record["config_source"].get("data_paths_resolved", {}).items()}
+    paths = paths_from_record(record["config_source"].get("data_paths_resolved", {}))
     resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
     record.update(status="running", ended_at=None, error=None)
-    record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": status})
+    record.setdefault("resumes", []).append({"at": now_iso(), "argv": redact_argv(argv), "previous_status": status})
     return _execute(record, run_dir, resolved, workspace, resume=True)
 
 
@@ -159,6 +160,7 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
                 drift = {k: (record["env"].get(k), v) for k, v in env.items() if k in ("python", "torch", "packages_sha256") and record["env"].get(k) != v}
                 if drift:
                     log.warning("resume: environment differs from the run's start (%s)", ", ".join(f"{k} {a} → {b}" for k, (a, b) in drift.items()))
+            env["variables"] = allowed_environment()  # only the allowlist: never the whole environment
             record["env"] = env
             (run_dir / "env").mkdir(exist_ok=True)
             (run_dir / "env" / "requirements.lock").write_text(package_list, encoding="utf-8")
@@ -167,7 +169,8 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
 
             t = time.perf_counter()
             data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
-            if resume and data.version != (record.get("data") or {}).get("version"):
+            recorded_version = (record.get("data") or {}).get("version")
+            if resume and recorded_version is not None and data.version != recorded_version:
                 raise RunFailed(f"resume: the data now prepares to version {data.version[:12]}, the run used "
                                 f"{(record.get('data') or {}).get('version', '?')[:12]}; restore the data or start a new run")
             record["timings"]["prepare"] = round(time.perf_counter() - t, 3)
@@ -386,7 +389,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> 
     cfg = RunConfig.model_validate(record["config"])
     recorded = (record.get("data") or {}).get("version")
     stored = workspace.state_dir / "data" / str(recorded)
-    paths = {k: Path(v) for k, v in record["config_source"].get("data_paths_resolved", {}).items()}
+    paths = paths_from_record(record["config_source"].get("data_paths_resolved", {}))
     raw_present = "root" not in paths or paths["root"].exists()
     drift = None
     if raw_present:

@@ -108,7 +108,13 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
                 problems.append({"path": f".veritrain/data/{version}/{name}", "kind": "data_version_changed",
                                  "detail": "the prepared arrays no longer match version.json"})
     source = record.get("config_source") or {}
-    paths = {k: Path(v) for k, v in (source.get("data_paths_resolved") or {}).items()}
+    from veritrain.config import paths_from_record
+
+    try:
+        paths = paths_from_record(source.get("data_paths_resolved") or {})
+    except Exception:  # an ${env:...} path whose variable is not set here
+        paths = {}
+        drift.append({"what": "raw data", "recorded": str(source.get("data_paths_resolved")), "now": "its environment variable is not set"})
     if "root" in paths and not paths["root"].exists():
         drift.append({"what": "raw data", "recorded": str(paths["root"]), "now": "not present"})
     elif rehash:
@@ -168,7 +174,9 @@ def reproduce(workspace: Any, ref: str, argv: list[str]) -> dict[str, Any]:
     cfg = RunConfig.model_validate(original["config"])
     if config_hash(cfg) != original["config_hash"]:
         raise UserError(f"{ref}: the recorded config no longer hashes to its config_hash with this veritrain; it cannot be re-run as recorded")
-    paths = {k: Path(v) for k, v in (original["config_source"].get("data_paths_resolved") or {}).items()}
+    from veritrain.config import paths_from_record
+
+    paths = paths_from_record(original["config_source"].get("data_paths_resolved") or {})
     data = prepare.run(cfg.data, paths, workspace.state_dir)
     if data.version != original["data"]["version"]:
         raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "

@@ -660,8 +660,11 @@ def _write_version(out: Path, version: str, cfg: Any, table: _Table, classes: Op
 
 
 def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:
-    """data.card, with what the source knows of itself (digits, CIFAR-10) filling the keys left empty."""
-    return {key: value if value else source_card.get(key) for key, value in config_card.items()}
+    """data.card, with what the source knows of itself (digits, CIFAR-10) filling the keys left empty;
+    URL credentials and the like are redacted (the card is free text)."""
+    from veritrain.secrets import redact
+
+    return redact({key: value if value else source_card.get(key) for key, value in config_card.items()})
 
 
 def _write_card(version_dir: Path, card: dict[str, Any]) -> None:

@@ -257,6 +257,13 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
 
     resumed_from = None
     augment_resume: Optional[torch.Tensor] = None
+    if resume and not any(ckpt_dir.glob("*.pt")):
+        # stopped before its first checkpoint: starting over is the same run, bit for bit
+        log.info("resume: no checkpoint was saved yet; training from the beginning")
+        events.append({"kind": "resume", "step": 0, "detail": "no checkpoint yet: from the beginning"})
+        _truncate_jsonl(metrics_path, lambda row: False)
+        _truncate_jsonl(steps_path, lambda row: False)
+        resume = False
     if resume:
         path, saved, problems = checkpoint.newest_valid(ckpt_dir)
         for problem in problems:
