@@ -192,3 +192,26 @@ def test_signal_marks_run_interrupted(tmp_path, signum, code):
     record = json.loads((run_dir / "record.json").read_text())
     assert record["status"] == "interrupted" and record["ended_at"]
     assert "Traceback" not in stderr
+
+
+def test_git_state_and_diff_patch(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.org")
+    git("config", "user.name", "t")
+    (tmp_path / "train_notes.txt").write_text("v1\n")
+    git("add", "train_notes.txt")
+    git("commit", "-qm", "first")
+    clean = in_process_run(tmp_path, FAST_OVERRIDES)
+    assert clean.record["code"]["git_dirty"] is False  # its own runs/, .veritrain/ and experiments.md do not count
+    assert len(clean.record["code"]["git_commit"]) == 40
+    (tmp_path / "train_notes.txt").write_text("v2\n")
+    dirty = in_process_run(tmp_path, FAST_OVERRIDES)
+    code = dirty.record["code"]
+    assert code["git_dirty"] is True
+    patch = (Path(dirty.summary["run_dir"]) / "code" / "diff.patch").read_text()
+    assert "-v1" in patch and "+v2" in patch
+    assert code["diff_patch"]["sha256"] == hashlib.sha256(patch.encode()).hexdigest()
+    assert dirty.record["artifacts"]["code/diff.patch"]["sha256"] == code["diff_patch"]["sha256"]

@@ -85,6 +85,9 @@ def test_user_model_target(tmp_path):
     assert outcome.error is None, outcome.summary
     state = torch.load(Path(outcome.summary["run_dir"]) / "checkpoints" / "last.pt", weights_only=True)
     assert state["model"]["1.weight"].shape == (12, 64)
+    source = outcome.record["code"]["model_source"]
+    assert source["file"] == "code/test_training_features.py"  # the factory's source travels with the run
+    assert (Path(outcome.summary["run_dir"]) / source["file"]).read_text() == Path(__file__).read_text()
 
 
 def test_bad_user_model_target_fails_cleanly(tmp_path):

@@ -26,7 +26,7 @@ from veritrain import config as config_module
 from veritrain import logs
 from veritrain.config import ResolvedConfig, RunConfig, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
-from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, write_record
+from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, save_code, write_record
 from veritrain.secrets import allowed_environment, redact_argv, redact_text
 from veritrain.signals import interruptible
 from veritrain.workspace import Workspace
@@ -95,6 +95,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "parent": parent,  # the reference run experiments.md compares the config with
         "error": None,
     }
+    save_code(record["code"], workspace.root, run_dir, cfg.model.target)
     return _execute(record, run_dir, resolved, workspace, resume=False)
 
 

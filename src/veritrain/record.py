@@ -139,3 +139,33 @@ def capture_code(workspace_root: Path) -> dict[str, Any]:
     code["git_commit"] = commit.stdout.strip()
     code["git_dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     return code
+
+
+def save_code(code: dict[str, Any], workspace_root: Path, run_dir: Path, model_target: Optional[str]) -> None:
+    """When the checkout is dirty, `code/diff.patch` (the uncommitted changes, against HEAD) and the
+    names of untracked files; for a user model (`model.target`), a copy of its source file."""
+    excludes = [":(exclude)runs", ":(exclude).veritrain", ":(exclude)experiments.md"]
+    if code.get("git_dirty"):
+        diff = subprocess.run(["git", "-C", str(workspace_root), "diff", "HEAD", "--binary", "--", ".", *excludes],
+                              capture_output=True, timeout=60)
+        untracked = subprocess.run(["git", "-C", str(workspace_root), "ls-files", "--others", "--exclude-standard", "--", ".", *excludes],
+                                   capture_output=True, text=True, timeout=60)
+        (run_dir / "code").mkdir(exist_ok=True)
+        (run_dir / "code" / "diff.patch").write_bytes(diff.stdout)
+        code["diff_patch"] = {"file": "code/diff.patch", "sha256": hashlib.sha256(diff.stdout).hexdigest()}
+        code["untracked"] = untracked.stdout.split()
+    if model_target:
+        import importlib.util
+        import shutil
+
+        module = model_target.partition(":")[0]
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin and Path(spec.origin).is_file():
+            (run_dir / "code").mkdir(exist_ok=True)
+            target = run_dir / "code" / (module.replace(".", "/") + ".py")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(spec.origin, target)
+            code["model_source"] = {"target": model_target, "file": target.relative_to(run_dir).as_posix(), "sha256": sha256_file(target)}
