@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,10 @@ def run_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, l
                 kills += 1
         proc.wait()
         (run_dir,) = (workdir / "runs").iterdir()
+        if not (run_dir / "record.json").exists():  # killed before anything was recorded: start over
+            shutil.rmtree(run_dir)
+            proc = start(workdir, "train", *CHAOS)
+            continue
         status = json.loads((run_dir / "record.json").read_text())["status"]
         if status == "completed":
             return (*outcome(run_dir), kills)

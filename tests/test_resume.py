@@ -200,7 +200,7 @@ def test_resume_refuses_a_completed_run(cli, tmp_path):
 
 
 def test_huge_learning_rate_rolls_back_then_stops(cli, tmp_path):
-    result = cli("run", "--set", "optim.lr=1e6", "--workdir", str(tmp_path))
+    result = cli("run", "--set", "optim.lr=1e6", "--no-smoke", "--workdir", str(tmp_path))
     assert result.code == 1
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: run ") and "stopped after 3 rollback(s)" in last_line

@@ -164,7 +164,7 @@ def test_cli_run_json_and_summary(cli, tmp_path):
 
 
 def test_cli_failed_run_exits_1_with_one_line(cli, tmp_path):
-    result = cli("run", *FAST, "--set", "optim.name=sgd", "--set", "optim.lr=1e30", "--workdir", str(tmp_path))
+    result = cli("run", *FAST, "--set", "optim.name=sgd", "--set", "optim.lr=1e30", "--no-smoke", "--workdir", str(tmp_path))
     assert result.code == 1
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("error: run ") and "failed: train: loss became" in last_line
@@ -176,7 +176,7 @@ def test_cli_failed_run_exits_1_with_one_line(cli, tmp_path):
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_marks_run_interrupted(tmp_path, signum, code):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "veritrain", "run", "--workdir", str(tmp_path), "--set", "train.epochs=500",
+        [sys.executable, "-m", "veritrain", "run", "--no-smoke", "--workdir", str(tmp_path), "--set", "train.epochs=500",
          "--set", "model.name=mlp"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -54,10 +54,11 @@ def cli() -> None:
               help="Train N seeds (seed, seed+1, …) as linked runs and report mean ± std and a 95% interval.")
 @click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
 @click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
+@click.option("--no-smoke", is_flag=True, help="Skip the smoke test that runs first (recorded in the run).")
 @workdir_option
 @json_option
 def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, hypothesis: Optional[str], parent: Optional[str],
-                workdir: Optional[str], as_json: bool) -> int:
+                no_smoke: bool, workdir: Optional[str], as_json: bool) -> int:
     """Prepare data, train and evaluate: one recorded run.
 
     CONFIG is a YAML run config; without it the built-in default runs (scikit-learn's bundled digits,
@@ -73,8 +74,15 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
 
     resolved = load_config(config, overrides)
     workspace = Workspace.open(workdir)
+    if no_smoke:
+        smoke_result: dict[str, Any] = {"status": "skipped"}
+    else:
+        from veritrain import smoke
+
+        passed = smoke.ensure(resolved, workspace)  # fails fast (exit 1) before the long run starts
+        smoke_result = {"key": passed["key"], "status": passed["status"], "cached": passed["cached"]}
     if repeat == 1:
-        outcome = pipeline.run(resolved, workspace, pipeline.python_argv(), hypothesis=hypothesis, parent=parent)
+        outcome = pipeline.run(resolved, workspace, pipeline.python_argv(), hypothesis=hypothesis, parent=parent, smoke=smoke_result)
         return _finish_run(outcome, as_json)
     from veritrain import repeats
 
@@ -381,6 +389,33 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
     failed = [r["file"] for r in results if not r["ok"]]
     if failed:
         raise RunFailed(f"{len(failed)} of {len(results)} file(s) could not be predicted: {', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}")
+    return 0
+
+
+@cli.command("smoke")
+@config_argument
+@set_option
+@workdir_option
+@json_option
+def smoke_command(config: Optional[str], overrides: tuple[str, ...], workdir: Optional[str], as_json: bool) -> int:
+    """A tiny slice of a config through every stage (prepare, 2 training steps, checkpoint save +
+    load + resume, eval, export + parity) in seconds; recorded in .veritrain/smoke/.
+
+    \b
+    Example:
+      veritrain smoke configs/digits.yaml
+    """
+    from veritrain import smoke
+    from veritrain.config import load_config
+    from veritrain.workspace import Workspace
+
+    result = smoke.run(load_config(config, overrides), Workspace.open(workdir))
+    if as_json:
+        emit_json(result)
+    else:
+        for name, check in result["checks"].items():
+            click.echo(f"{name}: {'passed' if check['passed'] else 'FAILED'}")
+        click.echo(f"smoke passed in {result['seconds']:.1f}s ({result['folder']})")
     return 0
 
 

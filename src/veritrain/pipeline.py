@@ -51,7 +51,7 @@ class RunOutcome:
 
 def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run",
         repeat: Optional[dict[str, Any]] = None, reproduced_from: Optional[str] = None,
-        hypothesis: Optional[str] = None, parent: Optional[str] = None) -> RunOutcome:
+        hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
     prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of)."""
     cfg = resolved.config
@@ -93,6 +93,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "reproduced_from": reproduced_from,
         "hypothesis": redact_text(hypothesis) if hypothesis else None,  # stated before the run, sealed with it
         "parent": parent,  # the reference run experiments.md compares the config with
+        "smoke": smoke,  # the smoke test this run relied on, or {"status": "skipped"} with --no-smoke
         "error": None,
     }
     save_code(record["code"], workspace.root, run_dir, cfg.model.target)

@@ -1,0 +1,129 @@
+"""The smoke test: a tiny slice of a config through every stage, in seconds, before a long run.
+
+Prepare (the real data version), then on ≤ 64 train samples: 2 optimizer steps with a checkpoint
+after each, a resume from the first checkpoint that must end bit-identical to the uninterrupted
+2 steps, evaluation on ≤ 64 test samples, and export with its parity check. The result is recorded
+(sealed) in `.veritrain/smoke/<key>/`, where the key is the config hash, data version and code
+version: `veritrain run` runs the smoke first and skips it when one already passed for that key.
+
+    veritrain smoke configs/digits.yaml
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from veritrain import logs
+from veritrain.config import ResolvedConfig
+from veritrain.errors import RunFailed
+from veritrain.hashing import sha256_json
+from veritrain.record import RECORD_VERSION, capture_code, now_iso, write_record
+from veritrain.workspace import Workspace
+
+log = logging.getLogger("veritrain")
+
+TRAIN_SAMPLES, EVAL_SAMPLES, STEPS = 64, 64, 2
+
+
+def smoke_key(config_hash: str, data_version: str, code: dict[str, Any]) -> str:
+    return sha256_json({"config_hash": config_hash, "data_version": data_version,
+                        "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty", "diff_patch")}})[:32]
+
+
+def passed_before(workspace: Workspace, key: str) -> bool:
+    record = workspace.state_dir / "smoke" / key / "record.json"
+    return record.exists() and json.loads(record.read_text()).get("status") == "completed"
+
+
+def run(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
+    """Run the smoke test of a config; returns its summary (raises RunFailed when a stage fails)."""
+    from veritrain import evaluate, export
+    from veritrain.data import prepare
+    from veritrain.signals import interruptible
+    from veritrain.tasks import get_task
+    from veritrain.train import loop
+
+    started = time.perf_counter()
+    cfg = resolved.config
+    data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
+    code = capture_code(workspace.root)
+    key = smoke_key(resolved.hash, data.version, code)
+    folder = workspace.state_dir / "smoke" / key
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    tiny = cfg.model_copy(deep=True, update={
+        "train": cfg.train.model_copy(update={"epochs": 1, "batch_size": min(cfg.train.batch_size, TRAIN_SAMPLES // STEPS),
+                                              "accumulate_steps": 1, "early_stopping_patience": None, "compile": False}),
+        "checkpoint": cfg.checkpoint.model_copy(update={"every_steps": 1, "keep_last": STEPS + 1, "every_minutes": None}),
+        "logging": cfg.logging.model_copy(update={"every_steps": 1, "tensorboard": False}),
+        "export": cfg.export.model_copy(update={"parity_samples": min(cfg.export.parity_samples, 16)}),
+    })
+    batch = tiny.train.batch_size
+    sliced = dataclasses.replace(data, splits={
+        "train": data.splits["train"][: batch * STEPS],
+        "val": data.splits["val"][:EVAL_SAMPLES],
+        "test": data.splits["test"][:EVAL_SAMPLES],
+    })
+    record: dict[str, Any] = {
+        "record_version": RECORD_VERSION, "run_id": key, "kind": "smoke", "status": "running", "started_at": now_iso(),
+        "ended_at": None, "config_hash": resolved.hash, "data_version": data.version, "code": code, "checks": {}, "error": None,
+    }
+    checks = record["checks"]
+    try:
+        task = get_task(tiny)
+        with interruptible() as stop:
+            (folder / "full").mkdir()
+            full = loop.run(tiny, sliced, task, folder / "full", stop, logs.console)
+            checks["train"] = {"passed": full.steps == STEPS, "steps": full.steps}
+            # resume from the first checkpoint in a copy: it must end exactly where the full run ended
+            shutil.copytree(folder / "full", folder / "resumed")
+            for path in (folder / "resumed" / "checkpoints").iterdir():
+                if not path.name.startswith("step-1.pt"):
+                    path.unlink()
+            resumed = loop.run(tiny, sliced, task, folder / "resumed", stop, logs.console, resume=True)
+            checks["checkpoint_resume"] = {"passed": resumed.final_state_sha256 == full.final_state_sha256,
+                                           "final_state_sha256": full.final_state_sha256}
+            device = loop.resolve_device(tiny.train.device)
+            metrics = evaluate.run(tiny, sliced, task, folder / "full", device, "last")
+            checks["eval"] = {"passed": True, "samples": metrics.get("samples")}
+            description = export.run(tiny, sliced, task, folder / "full", "last")
+            checks["export_parity"] = {"passed": description["parity"]["passed"], "formats": list(description["files"])}
+        failed = [name for name, c in checks.items() if not c["passed"]]
+        if failed:
+            raise RunFailed(f"smoke: {', '.join(failed)} failed; see {folder}")
+        record["status"] = "completed"
+    except RunFailed as err:
+        message = str(err) if str(err).startswith("smoke: ") else f"smoke: {err}"
+        record.update(status="failed", error={"type": "RunFailed", "message": message})
+        raise RunFailed(message) from None
+    except Exception as err:
+        record.update(status="failed", error={"type": err.__class__.__name__, "message": str(err)})
+        raise RunFailed(f"smoke: {err.__class__.__name__}: {err}; see {folder}") from None
+    finally:
+        record["ended_at"] = now_iso()
+        record["seconds"] = round(time.perf_counter() - started, 3)
+        write_record(folder, record)
+    log.info("smoke: passed in %.1fs (%s)", record["seconds"], ", ".join(checks))
+    return {"key": key, "folder": str(folder), "status": record["status"], "checks": checks, "seconds": record["seconds"]}
+
+
+def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
+    """The smoke result for this config, data version and code: the one that passed before, or a new one."""
+    from veritrain.data import prepare
+
+    data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir)
+    key = smoke_key(resolved.hash, data.version, capture_code(workspace.root))
+    if passed_before(workspace, key):
+        log.info("smoke: passed before for this config, data version and code (%s)", key[:12])
+        return {"key": key, "status": "completed", "cached": True}
+    log.info("smoke: a tiny slice through every stage first")
+    result = run(resolved, workspace)
+    result["cached"] = False
+    return result
+

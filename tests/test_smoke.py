@@ -1,0 +1,43 @@
+"""The smoke test: every stage on a tiny slice, cached per config/data/code, run before `veritrain run`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FAST = ["--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "model.hidden=[16]", "--set", "export.formats=[onnx]"]
+
+
+def test_smoke_passes_every_stage(cli, tmp_path):
+    result = cli("smoke", *FAST, "--workdir", str(tmp_path), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert set(payload["checks"]) == {"train", "checkpoint_resume", "eval", "export_parity"}
+    assert all(c["passed"] for c in payload["checks"].values())
+    folder = Path(payload["folder"])
+    assert folder.parent == tmp_path / ".veritrain" / "smoke"
+    record = json.loads((folder / "record.json").read_text())
+    assert record["kind"] == "smoke" and record["status"] == "completed"
+    assert cli("verify", str(folder), "--workdir", str(tmp_path)).code in (0, 1)  # sealed like a run
+    assert not (tmp_path / "runs").exists()  # smoke runs stay out of runs/
+
+
+def test_run_smokes_first_then_reuses_and_records_it(cli, tmp_path):
+    first = cli("run", *FAST, "--workdir", str(tmp_path), "--json")
+    assert first.code == 0, first.stderr
+    assert "smoke: a tiny slice through every stage first" in first.stderr
+    second = cli("run", *FAST, "--workdir", str(tmp_path), "--json")
+    assert "smoke: passed before" in second.stderr
+    records = [json.loads((Path(r.json()["run_dir"]) / "record.json").read_text()) for r in (first, second)]
+    assert records[0]["smoke"]["cached"] is False and records[1]["smoke"]["cached"] is True
+    assert records[0]["smoke"]["key"] == records[1]["smoke"]["key"]
+    skipped = cli("run", *FAST, "--no-smoke", "--workdir", str(tmp_path), "--json")
+    assert json.loads((Path(skipped.json()["run_dir"]) / "record.json").read_text())["smoke"] == {"status": "skipped"}
+
+
+def test_failing_smoke_stops_before_the_run(cli, tmp_path):
+    result = cli("run", *FAST, "--set", "optim.name=sgd", "--set", "optim.lr=1e30", "--set", "train.on_nonfinite=stop",
+                 "--workdir", str(tmp_path))
+    assert result.code == 1
+    assert result.stderr.strip().splitlines()[-1].startswith("error: smoke: ")
+    assert not (tmp_path / "runs").exists()
