@@ -41,3 +41,21 @@ def test_failing_smoke_stops_before_the_run(cli, tmp_path):
     assert result.code == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: smoke: ")
     assert not (tmp_path / "runs").exists()
+
+
+def test_check_passes_on_a_plain_run_and_names_the_fix_when_something_is_missing(cli, tmp_path):
+    good = ["--set", "train.epochs=6", "--set", "eval.baseline_margin=0", "--set", "export.formats=[onnx]"]  # the default cnn
+    passed = cli("run", *good, "--workdir", str(tmp_path), "--json")
+    run_id = passed.json()["run_id"]
+    result = cli("check", run_id, "--workdir", str(tmp_path), "--json")
+    assert result.code == 0, result.stderr
+    payload = result.json()
+    assert payload["ok"] and len(payload["items"]) >= 14 and all(i["status"] == "pass" for i in payload["items"])
+    skipped = cli("run", *FAST, "--no-smoke", "--set", "eval.baselines=false", "--workdir", str(tmp_path), "--json").json()["run_id"]
+    result = cli("check", skipped, "--workdir", str(tmp_path), "--json")
+    assert result.code == 1
+    items = {i["item"]: i for i in result.json()["items"]}
+    assert items["environment: smoke test passed for this config"]["status"] == "missing"
+    assert items["environment: smoke test passed for this config"]["fix"] == f"veritrain smoke runs/{skipped}/config.yaml"
+    assert items["environment: baseline on the same splits"]["fix"] == f"veritrain baseline {skipped}"
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: check {skipped}: 3 item(s) not passed")

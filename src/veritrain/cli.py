@@ -453,6 +453,41 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
     return 0
 
 
+@cli.command("check")
+@click.argument("ref", metavar="RUN")
+@workdir_option
+@json_option
+def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
+    """The completion checklist of a run: data, environment, training, evaluation, export, archive.
+
+    One row per item with pass / fail / missing and the command that fixes it; exit 1 if any item
+    fails or is missing.
+
+    \b
+    Example:
+      veritrain check latest
+    """
+    from veritrain.verify import check_run
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    result = check_run(workspace.resolve_run(ref), workspace.state_dir)
+    if as_json:
+        emit_json(result)
+    from rich.table import Table
+
+    table = Table(title=f"check {result['run']}", title_justify="left")
+    for column in ("item", "status", "detail", "fix"):
+        table.add_column(column, overflow="fold")
+    for i in result["items"]:
+        table.add_row(i["item"], i["status"], i["detail"], i["fix"] or "", style=None if i["status"] == "pass" else "yellow")
+    logs.console.print(table)
+    bad = [i["item"] for i in result["items"] if i["status"] != "pass"]
+    if bad:
+        raise RunFailed(f"check {result['run']}: {len(bad)} item(s) not passed: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}")
+    return 0
+
+
 @cli.command("reproduce")
 @click.argument("ref", metavar="RUN")
 @workdir_option
