@@ -488,6 +488,60 @@ def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
     return 0
 
 
+@cli.command("archive")
+@click.argument("ref", metavar="RUN")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False), help="The .tar.gz file to write.")
+@click.option("--with-data", is_flag=True, help="Include the prepared data version (manifest, splits, arrays).")
+@workdir_option
+@json_option
+def archive_command(ref: str, output: str, with_data: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Pack a sealed run (and optionally its data version) into one .tar.gz.
+
+    \b
+    Example:
+      veritrain archive latest -o run.tar.gz --with-data
+    """
+    from pathlib import Path
+
+    from veritrain import archive
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    result = archive.create(workspace.resolve_run(ref), workspace.state_dir, Path(output), with_data)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"archived {result['run_id']} ({result['files']} files) to {result['archive']}; sha256 {result['sha256']}")
+    return 0
+
+
+@cli.command("import")
+@click.argument("archive_file", metavar="FILE")
+@workdir_option
+@json_option
+def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> int:
+    """Import an archived run: every hash is checked before anything is accepted; paths outside the
+    workspace, links, devices and files the record does not list are refused.
+
+    \b
+    Example:
+      veritrain import run.tar.gz --workdir elsewhere/
+    """
+    from pathlib import Path
+
+    from veritrain import archive, pipeline
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    result = archive.import_archive(Path(archive_file), workspace)
+    pipeline.update_experiments(workspace)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"imported run {result['run_id']} into {result['run_dir']}" + (" with its data version" if result["with_data"] else ""))
+    return 0
+
+
 @cli.command("reproduce")
 @click.argument("ref", metavar="RUN")
 @workdir_option

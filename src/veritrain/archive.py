@@ -1,0 +1,156 @@
+"""Archive a sealed run (optionally with its prepared data version) as one .tar.gz, and import it
+into another workspace — checking every hash before anything is accepted.
+
+Import reads the archive as data only: no path outside the target, no links, devices or other
+special members, nothing that the run's record does not list, and nothing is ever unpickled.
+
+    veritrain archive latest -o run.tar.gz --with-data
+    veritrain import run.tar.gz --workdir elsewhere/
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import tarfile
+import uuid
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from veritrain.errors import RunFailed, UserError
+from veritrain.record import RECORD_FILE, SEAL_FILE
+
+MAX_MEMBER_BYTES = 64 << 30  # refuse absurd member sizes before reading them
+
+
+def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[str, Any]:
+    record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+    run_id = run_dir.name
+    files = [RECORD_FILE, SEAL_FILE, *sorted(record.get("artifacts") or {})]
+    if (run_dir / "notes.jsonl").exists():
+        files.append("notes.jsonl")
+    members = [(run_dir / rel, f"runs/{run_id}/{rel}") for rel in files]
+    version = (record.get("data") or {}).get("version")
+    if with_data:
+        folder = state_dir / "data" / str(version)
+        if not (folder / "version.json").exists():
+            raise UserError(f"--with-data: the data version {str(version)[:12]} of {run_id} is not in this workspace; prepare it first")
+        members += [(p, f".veritrain/data/{version}/{p.relative_to(folder).as_posix()}") for p in sorted(folder.rglob("*")) if p.is_file()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for path, name in members:
+                info = tar.gettarinfo(str(path), arcname=name)
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+        tmp.replace(out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"archive": str(out), "run_id": run_id, "files": len(members), "with_data": with_data,
+            "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
+
+
+def _safe_name(name: str) -> PurePosixPath:
+    path = PurePosixPath(name)
+    if path.is_absolute() or name.startswith("/") or "\\" in name or any(part in ("..", "") for part in path.parts) or ":" in path.parts[0]:
+        raise RunFailed(f"import: refused member {name!r}: its path leaves the workspace")
+    return path
+
+
+def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
+    """Check every member, then move the run (and data version) into the workspace."""
+    if not archive.is_file():
+        raise UserError(f"{archive}: no such archive file")
+    try:
+        tar = tarfile.open(archive, "r:gz")
+    except (tarfile.TarError, OSError) as err:
+        raise RunFailed(f"import: {archive} is not a .tar.gz archive ({err})") from None
+    with tar:
+        contents: dict[str, bytes] = {}
+        for member in tar.getmembers():
+            path = _safe_name(member.name)
+            if member.isdir():
+                continue
+            if not member.isreg():
+                kind = "link" if (member.issym() or member.islnk()) else "special file"
+                raise RunFailed(f"import: refused member {member.name!r}: a {kind}; archives hold regular files only")
+            if member.size > MAX_MEMBER_BYTES:
+                raise RunFailed(f"import: refused member {member.name!r}: {member.size} bytes")
+            handle = tar.extractfile(member)
+            contents[path.as_posix()] = handle.read() if handle else b""
+    runs = {PurePosixPath(n).parts[1] for n in contents if n.startswith("runs/") and len(PurePosixPath(n).parts) > 2}
+    if len(runs) != 1:
+        raise RunFailed(f"import: expected exactly one run under runs/ in the archive, found {len(runs)}")
+    run_id = runs.pop()
+    prefix = f"runs/{run_id}/"
+    record_bytes = contents.get(prefix + RECORD_FILE)
+    seal = contents.get(prefix + SEAL_FILE, b"").decode(errors="replace").strip()
+    if record_bytes is None or hashlib.sha256(record_bytes).hexdigest() != seal:
+        raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
+    record = json.loads(record_bytes)
+    artifacts = record.get("artifacts") or {}
+    version = (record.get("data") or {}).get("version")
+    allowed_outside = {RECORD_FILE, SEAL_FILE, "notes.jsonl"}
+    data_prefix = f".veritrain/data/{version}/"
+    for name, data in contents.items():
+        if name.startswith(prefix):
+            rel = name[len(prefix):]
+            if rel in allowed_outside:
+                continue
+            entry = artifacts.get(rel)
+            if entry is None:
+                raise RunFailed(f"import: refused {name!r}: not listed in the run's record")
+            if hashlib.sha256(data).hexdigest() != entry["sha256"] or len(data) != entry["size"]:
+                raise RunFailed(f"import: {name!r} does not match its hash in the record")
+        elif not (version and name.startswith(data_prefix)):
+            raise RunFailed(f"import: refused {name!r}: neither part of the run nor of its data version")
+    missing = [rel for rel in artifacts if prefix + rel not in contents]
+    if missing:
+        raise RunFailed(f"import: {len(missing)} file(s) of the record are missing from the archive (first: {missing[0]})")
+    data_files = {n[len(data_prefix):]: d for n, d in contents.items() if version and n.startswith(data_prefix)}
+    if data_files:
+        _check_data_version(version, data_files)
+
+    target = workspace.runs_dir / run_id
+    if target.exists():
+        raise UserError(f"import: run {run_id} already exists in {workspace.runs_dir}")
+    staging = workspace.state_dir / f"import-{uuid.uuid4().hex}"
+    try:
+        for name, data in contents.items():
+            destination = staging / name
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            destination.write_bytes(data)
+        workspace.runs_dir.mkdir(parents=True, exist_ok=True)
+        (staging / prefix).rename(target)
+        data_target = workspace.state_dir / "data" / str(version)
+        if data_files and not data_target.exists():
+            data_target.parent.mkdir(parents=True, exist_ok=True)
+            (staging / data_prefix).rename(data_target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return {"run_id": run_id, "run_dir": str(target), "data_version": version, "with_data": bool(data_files)}
+
+
+def _check_data_version(version: str, files: dict[str, bytes]) -> None:
+    """The archived data version must hash to its id and its arrays to version.json's hashes."""
+    import csv
+
+    from veritrain.hashing import sha256_json
+
+    try:
+        info = json.loads(files["version.json"])
+        rows = list(csv.DictReader(io.StringIO(files["manifest.csv"].decode("utf-8"))))
+    except (KeyError, ValueError, UnicodeDecodeError):
+        raise RunFailed(f"import: the archived data version {version[:12]} lacks a readable version.json or manifest.csv") from None
+    key = info["hash_algorithm"]
+    samples = sorted([r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined"] for r in rows)
+    if sha256_json({"preprocessing": info["preprocessing"], "hash_algorithm": key, "samples": [tuple(s) for s in samples]}) != version:
+        raise RunFailed(f"import: the archived data version does not hash to {version[:12]}")
+    for name, digest in (info.get("arrays_sha256") or {}).items():
+        if hashlib.sha256(files.get(name, b"")).hexdigest() != digest:
+            raise RunFailed(f"import: the archived {name} does not match version.json")
