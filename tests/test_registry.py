@@ -120,3 +120,29 @@ def test_four_runs_started_at_once_all_complete(tmp_path):
     assert len({json.loads(out)["data_version"] for out, _ in results}) == 1
     text = (tmp_path / "experiments.md").read_text()
     assert all(f"## {run_id}" in text for run_id in ids)
+
+
+def test_dry_run_reuse_completed_and_gc(cli, tmp_path):
+    args = ["--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "model.hidden=[16]", "--set", "export.formats=[onnx]",
+            "--set", "checkpoint.every_steps=5", "--no-smoke", "--workdir", str(tmp_path)]
+    plan = cli("run", *args, "--dry-run", "--json").json()["stages"]
+    assert [s["stage"] for s in plan] == ["smoke", "prepare", "train", "baselines", "eval", "export"]
+    assert plan[1]["action"] == "run" and plan[2]["action"] == "run"
+    first = cli("run", *args, "--json").json()
+    plan = cli("run", *args, "--dry-run", "--reuse-completed", "--json").json()["stages"]
+    assert plan[1]["action"] == "reuse" and plan[2]["action"] == "reuse" and first["run_id"] in plan[2]["reason"]
+    again = cli("run", *args, "--reuse-completed", "--json").json()
+    assert again["run_id"] == first["run_id"] and again["reused"] is True
+    assert len(list((tmp_path / "runs").iterdir())) == 1  # nothing new ran
+
+    run_dir = Path(first["run_dir"])
+    steps = list((run_dir / "checkpoints").glob("step-*.pt"))
+    assert steps
+    preview = cli("gc", "--dry-run", "--workdir", str(tmp_path), "--json").json()
+    assert preview["dry_run"] and all(Path(tmp_path / p).exists() for p in preview["removed"])
+    result = cli("gc", "--workdir", str(tmp_path), "--json").json()
+    assert not list((run_dir / "checkpoints").glob("step-*")) and (run_dir / "checkpoints" / "best.pt").exists()
+    assert result["resealed"] == [run_dir.name]
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["events"][-1]["kind"] == "gc"
+    assert cli("verify", run_dir.name, "--workdir", str(tmp_path)).code == 0  # re-sealed, still verifies

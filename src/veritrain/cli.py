@@ -55,10 +55,12 @@ def cli() -> None:
 @click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
 @click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test that runs first (recorded in the run).")
+@click.option("--dry-run", is_flag=True, help="Print each stage with run/reuse and the reason; run nothing.")
+@click.option("--reuse-completed", is_flag=True, help="Return an identical completed run (same config hash, data version, code version) instead of running.")
 @workdir_option
 @json_option
 def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, hypothesis: Optional[str], parent: Optional[str],
-                no_smoke: bool, workdir: Optional[str], as_json: bool) -> int:
+                no_smoke: bool, dry_run: bool, reuse_completed: bool, workdir: Optional[str], as_json: bool) -> int:
     """Prepare data, train and evaluate: one recorded run.
 
     CONFIG is a YAML run config; without it the built-in default runs (scikit-learn's bundled digits,
@@ -74,6 +76,28 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
 
     resolved = load_config(config, overrides)
     workspace = Workspace.open(workdir)
+    if dry_run or reuse_completed:
+        from veritrain import housekeeping
+
+        stages = housekeeping.dry_run(resolved, workspace, not no_smoke, reuse_completed)
+        reused = next((s["reason"].split("run ")[1].split(" ")[0] for s in stages if s["stage"] == "train" and s["action"] == "reuse"), None)
+        if dry_run:
+            if as_json:
+                emit_json({"stages": stages})
+            else:
+                for s in stages:
+                    click.echo(f"{s['stage']:<9} {s['action']:<6} {s['reason']}")
+            return 0
+        if reused:
+            from veritrain.record import read_record
+
+            record = read_record(workspace.runs_dir / reused)
+            logs.console.print(f"reusing completed run {reused} (same config hash, data version and code)", markup=False)
+            if as_json:
+                emit_json({"run_id": reused, "run_dir": str(workspace.runs_dir / reused), "status": record["status"],
+                           "data_version": record["data"]["version"], "final_state_sha256": record["final_state_sha256"],
+                           "metrics": record["metrics"], "reused": True})
+            return 0
     if no_smoke:
         smoke_result: dict[str, Any] = {"status": "skipped"}
     else:
@@ -485,6 +509,31 @@ def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
     bad = [i["item"] for i in result["items"] if i["status"] != "pass"]
     if bad:
         raise RunFailed(f"check {result['run']}: {len(bad)} item(s) not passed: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}")
+    return 0
+
+
+@cli.command("gc")
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@workdir_option
+@json_option
+def gc_command(dry_run: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Remove step checkpoints of completed runs (best/last stay), data versions no run references
+    and stale locks; runs that lose files are re-sealed with a `gc` event.
+
+    \b
+    Example:
+      veritrain gc --dry-run
+    """
+    from veritrain import housekeeping
+    from veritrain.workspace import Workspace
+
+    result = housekeeping.gc(Workspace.open(workdir), dry_run)
+    if as_json:
+        emit_json(result)
+    else:
+        for path in result["removed"]:
+            click.echo(("would remove " if dry_run else "removed ") + path)
+        click.echo(f"{'would free' if dry_run else 'freed'} {result['bytes_freed'] / 2**20:.1f} MiB; re-sealed {len(result['resealed'])} run(s)")
     return 0
 
 

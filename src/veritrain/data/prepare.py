@@ -705,3 +705,18 @@ def load_version(path: Path) -> DataVersion:
         splits=splits,
         sample_ids=sample_ids,
     )
+
+
+def plan(data_cfg: Any, paths: dict[str, Path], workspace_state: Path) -> tuple[str, str, Optional[str]]:
+    """What `run` would do, without decoding or writing a version: ("reuse" | "run", reason, version)."""
+    source = load_source(data_cfg, paths)
+    timings: dict[str, float] = {}
+    table = _list_files(data_cfg, source, workspace_state / "cache", False, timings) if isinstance(source, FileListing) else _table_from_arrays(source)
+    fingerprint = _fingerprint(data_cfg, source, table)
+    memo = workspace_state / "cache" / "prepared" / fingerprint
+    remembered = memo.read_text().strip() if memo.exists() else None
+    if remembered and (workspace_state / "data" / remembered / "version.json").exists():
+        return "reuse", f"data version {remembered[:12]}: samples, labels and data config unchanged", remembered
+    changed = int(timings.get("hash_cached_files", 0))
+    return "run", (f"inputs changed since the last prepare ({len(table.ids)} samples, {len(table.ids) - changed} (re)hashed)"
+                   if isinstance(source, FileListing) else f"no stored data version for these {len(table.ids)} samples and this data config"), None

@@ -1,0 +1,100 @@
+"""`veritrain gc` and `veritrain run --dry-run / --reuse-completed`: what work can be reused, and
+what disk space can be given back without losing anything a record still needs.
+
+    veritrain gc --dry-run
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain.config import ResolvedConfig
+from veritrain.record import capture_code, now_iso, read_record, write_record
+from veritrain.workspace import Workspace
+
+
+def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_version: Optional[str]) -> Optional[dict[str, Any]]:
+    """A completed `run` with the same config hash, data version and code version, if any."""
+    from veritrain import registry
+
+    code = capture_code(workspace.root)
+    for row in registry.query(workspace.state_dir, workspace.runs_dir, status=("completed",)):
+        if row["kind"] != "run" or row["config_hash"] != resolved.hash or row["data_version"] != data_version:
+            continue
+        recorded = read_record(workspace.runs_dir / row["run_id"])["code"]
+        if all(recorded.get(k) == code.get(k) for k in ("veritrain", "git_commit", "git_dirty")) and not code.get("git_dirty"):
+            return row
+    return None
+
+
+def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_completed: bool) -> list[dict[str, str]]:
+    """Each stage of `veritrain run` with run/reuse and the reason."""
+    from veritrain.data import prepare
+    from veritrain.smoke import passed_before, smoke_key
+
+    action, reason, version = prepare.plan(resolved.config.data, resolved.data_paths, workspace.state_dir)
+    stages = [{"stage": "prepare", "action": action, "reason": reason}]
+    if smoke:
+        if version and passed_before(workspace, smoke_key(resolved.hash, version, capture_code(workspace.root))):
+            stages.insert(0, {"stage": "smoke", "action": "reuse", "reason": "a smoke test passed for this config hash, data version and code"})
+        else:
+            stages.insert(0, {"stage": "smoke", "action": "run", "reason": "no smoke test passed yet for this config hash, data version and code"})
+    else:
+        stages.insert(0, {"stage": "smoke", "action": "skip", "reason": "--no-smoke"})
+    same = identical_completed(resolved, workspace, version) if (reuse_completed and version) else None
+    for stage in ("train", "baselines", "eval", "export"):
+        if same:
+            stages.append({"stage": stage, "action": "reuse", "reason": f"--reuse-completed: run {same['run_id']} has the same config, data and code"})
+        else:
+            why = "every veritrain run is a new run (--reuse-completed returns an identical completed one)"
+            if reuse_completed:
+                why = "no completed run with this config hash, data version and code version"
+            stages.append({"stage": stage, "action": "run", "reason": why})
+    return stages
+
+
+def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
+    """Remove step checkpoints of completed runs (best/last stay), data versions no run references,
+    and stale locks; runs that lose files are re-sealed with a `gc` event."""
+    removed: list[str] = []
+    resealed: list[str] = []
+    referenced: set[str] = set()
+    freed = 0
+    for run_dir in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
+        try:
+            record = read_record(run_dir)
+        except (OSError, json.JSONDecodeError):
+            continue
+        if (record.get("data") or {}).get("version"):
+            referenced.add(record["data"]["version"])
+        if record.get("status") != "completed":
+            continue  # an interrupted or failed run may still be resumed from its step files
+        steps = sorted((run_dir / "checkpoints").glob("step-*.pt*"))
+        if not steps:
+            continue
+        for path in steps:
+            freed += path.stat().st_size
+            removed.append(str(path.relative_to(workspace.root)))
+            if not dry_run:
+                path.unlink()
+        if not dry_run:
+            record["events"].append({"kind": "gc", "step": None, "at": now_iso(),
+                                     "detail": f"removed {len(steps)} step checkpoint file(s); best.pt and last.pt kept"})
+            write_record(run_dir, record)
+            resealed.append(run_dir.name)
+    for version_dir in sorted((workspace.state_dir / "data").glob("*")) if (workspace.state_dir / "data").exists() else []:
+        if version_dir.name.startswith(".") or version_dir.name in referenced:
+            continue
+        freed += sum(p.stat().st_size for p in version_dir.rglob("*") if p.is_file())
+        removed.append(str(version_dir.relative_to(workspace.root)))
+        if not dry_run:
+            shutil.rmtree(version_dir)
+    for lock in sorted((workspace.state_dir / "locks").glob("*.lock")) if (workspace.state_dir / "locks").exists() else []:
+        if workspace.lock_is_stale(lock.stem):
+            removed.append(str(lock.relative_to(workspace.root)))
+            if not dry_run:
+                lock.unlink()
+    return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed}
