@@ -44,8 +44,7 @@ def test_failing_smoke_stops_before_the_run(cli, tmp_path):
 
 
 def test_check_passes_on_a_plain_run_and_names_the_fix_when_something_is_missing(cli, tmp_path):
-    good = ["--set", "train.epochs=6", "--set", "eval.baseline_margin=0", "--set", "export.formats=[onnx]"]  # the default cnn
-    passed = cli("run", *good, "--workdir", str(tmp_path), "--json")
+    passed = cli("run", "--workdir", str(tmp_path), "--json")  # the plain default config
     run_id = passed.json()["run_id"]
     result = cli("check", run_id, "--workdir", str(tmp_path), "--json")
     assert result.code == 0, result.stderr

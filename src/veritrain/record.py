@@ -102,9 +102,21 @@ def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:
         env["torch"] = torch.__version__
         env["torch_threads"] = torch.get_num_threads()
         env["cuda"] = torch.version.cuda if torch.cuda.is_available() else None
+        env["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        env["mkldnn"] = torch.backends.mkldnn.is_available()
         if torch.cuda.is_available():
             env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            env["gpu_driver"] = _gpu_driver()
     return env, packages
+
+
+def _gpu_driver() -> Optional[str]:
+    """The NVIDIA driver version, from nvidia-smi when it is installed."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def _cpu_name() -> str:
