@@ -101,7 +101,10 @@ def from_target(target: str, input_shape: Sequence[int], num_outputs: int, kwarg
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"model.target: cannot import {target!r} ({err}); check the module is on PYTHONPATH") from None
-    model = factory(input_shape=list(input_shape), num_outputs=num_outputs, **kwargs)
+    from veritrain.secrets import expand_env_values
+
+    # `${env:NAME}` in kwargs is read now: the record keeps the reference, never the value
+    model = factory(input_shape=list(input_shape), num_outputs=num_outputs, **expand_env_values(kwargs))
     if not isinstance(model, nn.Module):
         raise ValueError(f"model.target: {target} returned {type(model).__name__}, not a torch.nn.Module")
     return model

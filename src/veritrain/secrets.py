@@ -65,6 +65,15 @@ def expand_env(text: str) -> str:
     return ENV_REFERENCE.sub(value, text)
 
 
+def expand_env_values(value: Any) -> Any:
+    """`expand_env` applied to every string in a structure (e.g. model.kwargs)."""
+    if isinstance(value, dict):
+        return {k: expand_env_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env_values(v) for v in value]
+    return expand_env(value) if isinstance(value, str) else value
+
+
 def allowed_environment() -> dict[str, str]:
     return {name: os.environ[name] for name in ENV_ALLOWLIST if name in os.environ}
 
