@@ -140,16 +140,14 @@ def _check_data_version(version: str, files: dict[str, bytes]) -> None:
     """The archived data version must hash to its id and its arrays to version.json's hashes."""
     import csv
 
-    from veritrain.hashing import sha256_json
+    from veritrain.data.prepare import version_id_of_manifest
 
     try:
         info = json.loads(files["version.json"])
         rows = list(csv.DictReader(io.StringIO(files["manifest.csv"].decode("utf-8"))))
     except (KeyError, ValueError, UnicodeDecodeError):
         raise RunFailed(f"import: the archived data version {version[:12]} lacks a readable version.json or manifest.csv") from None
-    key = info["hash_algorithm"]
-    samples = sorted([r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined"] for r in rows)
-    if sha256_json({"preprocessing": info["preprocessing"], "hash_algorithm": key, "samples": [tuple(s) for s in samples]}) != version:
+    if version_id_of_manifest(info, rows) != version:
         raise RunFailed(f"import: the archived data version does not hash to {version[:12]}")
     for name, digest in (info.get("arrays_sha256") or {}).items():
         if hashlib.sha256(files.get(name, b"")).hexdigest() != digest:

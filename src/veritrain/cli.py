@@ -305,7 +305,6 @@ def baseline_command(ref: str, overrides: tuple[str, ...], workdir: Optional[str
       veritrain baseline latest
       veritrain baseline configs/digits.yaml --json
     """
-    import json
     from pathlib import Path
 
     from veritrain import pipeline
@@ -326,10 +325,7 @@ def baseline_command(ref: str, overrides: tuple[str, ...], workdir: Optional[str
         opened = pipeline.open_run(workspace, ref)
         if not hasattr(opened.task, "baselines"):
             raise UserError(f"{ref}: the task {opened.config.task!r} has no baselines")
-        result = opened.task.baselines(opened.data, opened.config)
-        result["margin"] = opened.config.eval.baseline_margin
-        (opened.run_dir / "eval").mkdir(exist_ok=True)
-        (opened.run_dir / "eval" / "baselines.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        result = pipeline.fit_baselines(opened.run_dir, opened.config, opened.data, opened.task)
         opened.record["baselines"] = result
         pipeline.amend(opened, workspace, "baselines", ", ".join(f"{k} {v['accuracy']:.4f}" for k, v in result["results"].items()))
         result["run_id"] = opened.run_dir.name
@@ -751,7 +747,8 @@ def runs_compare(refs: tuple[str, ...], workdir: Optional[str], as_json: bool) -
 @click.argument("text")
 @click.option("--conclusion", is_flag=True, help="Mark the note as the run's conclusion.")
 @workdir_option
-def runs_note(ref: str, text: str, conclusion: bool, workdir: Optional[str]) -> int:
+@json_option
+def runs_note(ref: str, text: str, conclusion: bool, workdir: Optional[str], as_json: bool) -> int:
     """Add a note (or the conclusion) to a run; kept in runs/<id>/notes.jsonl, outside the seal.
 
     \b
@@ -767,9 +764,12 @@ def runs_note(ref: str, text: str, conclusion: bool, workdir: Optional[str]) -> 
 
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
+    note = {"at": now_iso(), "text": redact_text(text), "conclusion": conclusion}
     with open(run_dir / "notes.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"at": now_iso(), "text": redact_text(text), "conclusion": conclusion}) + "\n")
+        f.write(json.dumps(note) + "\n")
     pipeline.update_experiments(workspace)
+    if as_json:
+        emit_json({"run_id": run_dir.name, "note": note})
     logs.console.print(f"noted on {run_dir.name}", markup=False)
     return 0
 

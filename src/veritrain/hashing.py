@@ -36,10 +36,6 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def state_dict_sha256(state_dict: Any) -> str:
     """SHA-256 over a model `state_dict`, buffers included (documented in docs/record.md).
 

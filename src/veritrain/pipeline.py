@@ -254,10 +254,7 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
     baselines = None
     if "baselines" in stages and (cfg.eval.baselines or "train" not in stages) and hasattr(task, "baselines"):
         t = time.perf_counter()
-        baselines = task.baselines(data, cfg)
-        baselines["margin"] = cfg.eval.baseline_margin
-        (run_dir / "eval").mkdir(exist_ok=True)
-        (run_dir / "eval" / "baselines.json").write_text(json.dumps(baselines, indent=2) + "\n", encoding="utf-8")
+        baselines = fit_baselines(run_dir, cfg, data, task)
         record["baselines"] = baselines
         record["timings"]["baselines"] = round(time.perf_counter() - t, 3)
         log.info("baselines: %s", "  ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in baselines["results"].items()))
@@ -293,6 +290,15 @@ def update_experiments(workspace: Workspace) -> None:
         experiments.write(workspace.state_dir, workspace.runs_dir, workspace.root / "experiments.md")
     except Exception as err:  # the run itself is sealed; the log can be rebuilt any time
         log.warning("experiments.md not updated (%s: %s); `veritrain runs reindex` rebuilds it", err.__class__.__name__, err)
+
+
+def fit_baselines(run_dir: Path, cfg: RunConfig, data: Any, task: Any) -> dict[str, Any]:
+    """The task's baselines on the run's splits, written to eval/baselines.json (with the margin)."""
+    baselines = task.baselines(data, cfg)
+    baselines["margin"] = cfg.eval.baseline_margin
+    (run_dir / "eval").mkdir(exist_ok=True)
+    (run_dir / "eval" / "baselines.json").write_text(json.dumps(baselines, indent=2) + "\n", encoding="utf-8")
+    return baselines
 
 
 def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:

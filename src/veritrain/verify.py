@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain.hashing import sha256_file, sha256_json
+from veritrain.hashing import sha256_file
 from veritrain.record import RECORD_FILE, SEAL_FILE
 
 OUTSIDE_SEAL = {RECORD_FILE, SEAL_FILE, "notes.jsonl"}  # notes are added after the run, on purpose unsealed
@@ -67,8 +67,9 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         path = present.get(rel)
         if path is None:
             problem(rel, "missing")
-        elif path.stat().st_size != entry.get("size") or sha256_file(path) != entry.get("sha256"):
-            problem(rel, "changed", f"sha256 {sha256_file(path)[:16]}…, recorded {str(entry.get('sha256'))[:16]}…")
+        elif path.stat().st_size != entry.get("size") or (digest := sha256_file(path)) != entry.get("sha256"):
+            shown = "size differs" if path.stat().st_size != entry.get("size") else f"sha256 {digest[:16]}…"
+            problem(rel, "changed", f"{shown}, recorded {str(entry.get('sha256'))[:16]}…")
     for rel in sorted(set(present) - set(artifacts)):
         problem(rel, "added", "not listed in record.json")
 
@@ -95,11 +96,9 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         info = json.loads((folder / "version.json").read_text())
         with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
-        hash_key = info["hash_algorithm"]
-        samples = sorted(
-            [r["sample_id"], r[hash_key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined"] for r in rows
-        )
-        recomputed = sha256_json({"preprocessing": info["preprocessing"], "hash_algorithm": hash_key, "samples": [tuple(s) for s in samples]})
+        from veritrain.data.prepare import version_id_of_manifest
+
+        recomputed = version_id_of_manifest(info, rows)
         if recomputed != version:
             problems.append({"path": f".veritrain/data/{version}/manifest.csv", "kind": "data_version_changed",
                              "detail": f"the stored manifest now hashes to {recomputed[:12]}"})

@@ -37,12 +37,6 @@ class Workspace:
     def state_dir(self) -> Path:
         return self.root / ".veritrain"
 
-    @property
-    def data_store(self) -> Path:
-        path = self.state_dir / "data"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
     def new_run_dir(self) -> tuple[str, Path]:
         """Create `runs/<run_id>/`; the id sorts by start time (UTC, milliseconds) and a random
         suffix keeps parallel starts apart (the folder is created exclusively, so never shared)."""

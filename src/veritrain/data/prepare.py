@@ -119,6 +119,19 @@ class _Table:
         return [i for i in range(len(self.ids)) if i not in self.excluded]
 
 
+def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any) -> str:
+    """The data version id: SHA-256 over the preprocessing config, the hash algorithm and every
+    (sample id, content hash or None, label, split or "quarantined"), sorted by sample id."""
+    return sha256_json({"preprocessing": preprocessing, "hash_algorithm": hash_algorithm, "samples": sorted(tuple(s) for s in samples)})
+
+
+def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> str:
+    """`version_id` recomputed from a stored version.json and its manifest.csv rows (verify, import)."""
+    key = info["hash_algorithm"]
+    return version_id(info["preprocessing"], key, (
+        (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows))
+
+
 def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], target: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything besides the samples that decides the prepared arrays and the split: the data config
     without file locations, the data card or worker count, plus what the source and decoder did."""
@@ -181,13 +194,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
 
     preprocessing = preprocessing_config(data_cfg, source_preprocessing, target)
     split_of = [assigned.get(i, "quarantined") for i in range(len(table.ids))]
-    version = sha256_json(
-        {
-            "preprocessing": preprocessing,
-            "hash_algorithm": DATA_HASH_ALGORITHM,
-            "samples": sorted(zip(table.ids, table.hashes, [l or "" for l in table.labels], split_of)),
-        }
-    )
+    version = version_id(preprocessing, DATA_HASH_ALGORITHM, zip(table.ids, table.hashes, [l or "" for l in table.labels], split_of))
     store = workspace_state / "data"
     store.mkdir(parents=True, exist_ok=True)
     final = store / version

@@ -40,10 +40,6 @@ def encode(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def save(state: dict[str, Any], path: Path) -> None:
-    write_bytes(encode(state), path)
-
-
 def write_bytes(data: bytes, path: Path, digest: Optional[str] = None, sync_folder: bool = True) -> None:
     """Write checkpoint bytes under `path` atomically (fsynced), then its SHA-256 sidecar.
 
