@@ -1,8 +1,9 @@
 """A minimal hand-written PyTorch training loop: the yardstick for veritrain's overhead.
 
 Does the same work as `veritrain train` — same prepared arrays, model, optimizer, cosine schedule,
-batch size, epochs, batch augmentation, per-epoch validation and one checkpoint per epoch — with
-nothing else: no records, no hashing, no progress bar, no guards.
+batch size, epochs, batch augmentation, the same per-epoch numbers (train loss and accuracy from the
+training batches, validation loss and accuracy) and one checkpoint per epoch — the way a hand-written
+loop usually does it, with nothing else: no records, no hashing, no progress bar, no guards.
 
     .venv/bin/python benchmarks/reference_loop.py DATA_VERSION_DIR CONFIG.yaml OUT_DIR
 """
@@ -64,19 +65,25 @@ def main() -> None:
     for epoch in range(epochs):
         model.train()
         order = split["train"][torch.randperm(len(split["train"])).numpy()]
+        train_loss = train_correct = 0.0
         for start in range(0, len(order), bs):
             x, y = batch(order[start : start + bs], True)
-            loss = F.cross_entropy(model(x), y)
+            outputs = model(x)
+            loss = F.cross_entropy(outputs, y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             schedule.step()
+            train_loss += loss.item() * len(y)
+            train_correct += int((outputs.argmax(1) == y).sum())
         model.eval()
         with torch.no_grad():
-            correct = 0
+            val_loss = val_correct = 0.0
             for start in range(0, len(split["val"]), cfg.eval.batch_size):
                 x, y = batch(split["val"][start : start + cfg.eval.batch_size], False)
-                correct += int((model(x).argmax(1) == y).sum())
+                outputs = model(x)
+                val_loss += float(F.cross_entropy(outputs, y, reduction="sum"))
+                val_correct += int((outputs.argmax(1) == y).sum())
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, out_dir / "checkpoint.pt")
     loop_seconds = time.perf_counter() - loop_started
     print(json.dumps({"loop_seconds": loop_seconds, "seconds": time.perf_counter() - started}))

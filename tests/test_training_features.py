@@ -26,7 +26,7 @@ def rows(run_dir: Path, name: str) -> list[dict]:
 def fake_data(n: int = 6, size: int = 8, channels: int = 3):
     images = np.arange(n * size * size * channels, dtype=np.int64).reshape(n, size, size, channels) % 251
     return SimpleNamespace(
-        inputs=images.astype(np.uint8), targets=np.arange(n) % 3, classes=["a", "b", "c"],
+        version=f"fake-{n}-{size}-{channels}", inputs=images.astype(np.uint8), targets=np.arange(n) % 3, classes=["a", "b", "c"],
         info={"normalization": {"mean": [0.0] * channels, "std": [1.0] * channels}, "input_shape": [size, size, channels]},
     )
 
@@ -59,6 +59,24 @@ def test_flip_and_determinism_from_the_generator():
     assert not torch.equal(a, plain)  # with 6 coin flips, some came up
     evaluation, _ = task.batch(data, np.arange(6), torch.device("cpu"), False, torch.Generator().manual_seed(5))
     assert torch.equal(evaluation, plain)  # no augmentation outside training
+
+
+@pytest.mark.parametrize("augment", [{}, {"hflip": True}, {"crop_padding": 2, "hflip": True}, {"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0, "hflip": True}])
+def test_decoded_copy_in_memory_gives_the_same_batches_as_reading_the_mapped_array(augment, monkeypatch):
+    data = fake_data(n=40)
+    data.info["normalization"] = {"mean": [0.3, 0.4, 0.5], "std": [0.2, 0.25, 0.3]}
+    rows = np.array([5, 0, 17, 33, 2, 2, 39])
+    in_memory = task_with(**augment)
+    in_memory.batch(data, rows, torch.device("cpu"), False, torch.Generator())  # decodes the copy now
+    monkeypatch.setattr("veritrain.tasks.classification.DECODED_CACHE_BYTES", 0)
+    streamed = task_with(**augment)
+    for seed in range(4):
+        for train in (True, False):
+            a = in_memory.batch(data, rows, torch.device("cpu"), train, torch.Generator().manual_seed(seed))
+            b = streamed.batch(data, rows, torch.device("cpu"), train, torch.Generator().manual_seed(seed))
+            assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            assert a[0].is_contiguous() and a[0].stride() == b[0].stride()
+    assert in_memory._images is not None and streamed._images is None
 
 
 @pytest.mark.parametrize("mix", ["mixup_alpha", "cutmix_alpha"])

@@ -16,17 +16,21 @@ FILE_ONLY = {"console": False}  # `log.x(..., extra=FILE_ONLY)`: keep a line out
 
 
 class ConsoleHandler(logging.Handler):
-    """INFO and above to the console (through rich, so progress bars stay intact)."""
+    """INFO and above to the console: through rich on a terminal (so progress bars stay intact),
+    as plain lines otherwise."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, "console", True) is False:
             return
         try:
             message = self.format(record)
-            if record.levelno >= logging.WARNING:
-                console.print(f"{record.levelname.lower()}: {message}", style="yellow", markup=False, soft_wrap=True)
-            else:
-                console.print(message, markup=False, soft_wrap=True)
+            prefix = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+            if not console.is_terminal:  # a pipe or file: no live display to keep intact, no styling
+                stream = console.file
+                stream.write(f"{prefix}{message}\n")
+                stream.flush()
+                return
+            console.print(f"{prefix}{message}", style="yellow" if prefix else None, markup=False, emoji=False, soft_wrap=True)
         except Exception:  # a logging failure must never end a run
             self.handleError(record)
 

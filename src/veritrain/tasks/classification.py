@@ -16,6 +16,12 @@ import torch.nn.functional as F
 
 from veritrain import models
 
+# A data version up to this size as float32 is decoded once and kept in memory (CIFAR-10: 0.7 GiB);
+# a larger one is converted batch by batch from its memory-mapped uint8 array. A batch holds the
+# same values either way, so the choice never changes a result.
+DECODED_CACHE_BYTES = 1 << 30
+DECODE_CHUNK_ROWS = 4096  # rows converted at a time while decoding, to bound the temporaries
+
 
 class ClassificationTask:
     name = "classification"
@@ -25,7 +31,13 @@ class ClassificationTask:
     def __init__(self, cfg: Any):
         self.augment = cfg.augment
         self.label_smoothing = cfg.train.label_smoothing
-        self._normalization_key: Any = None
+        # normalizing before augmenting gives the same values when augmentation only moves pixels
+        # (flip, cutmix); zero padding and mixup work on the [0, 1] scale, so they come first
+        self._normalize_first = not self.augment.crop_padding and not self.augment.mixup_alpha
+        self._version: Any = None  # the data version the tensors below belong to
+        self._mean = self._std = torch.empty(0)
+        self._images: Any = None  # decoded N×C×H×W float32 (normalized when _normalize_first), or None
+        self._targets: Any = None
 
     def build_model(self, cfg: Any, data: Any) -> torch.nn.Module:
         if not data.classes:
@@ -36,19 +48,43 @@ class ClassificationTask:
         return models.build(cfg.name, (c, h, w), len(data.classes), cfg.widths, cfg.hidden, cfg.dropout)
 
     def batch(self, data: Any, rows: np.ndarray, device: torch.device, train: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        stats = data.info["normalization"]
-        images = torch.from_numpy(np.ascontiguousarray(data.inputs[rows]))
-        x = images.float().permute(0, 3, 1, 2) / 255.0  # N×C×H×W in [0, 1]
-        y = torch.from_numpy(np.ascontiguousarray(data.targets[rows]))
+        if self._version != data.version:
+            self._load(data)
+        if self._images is not None:
+            index = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+            x, y = self._images[index], self._targets[index]
+        else:
+            x = self._decode(data.inputs[rows])
+            y = torch.from_numpy(np.ascontiguousarray(data.targets[rows]))
+            if self._normalize_first:
+                x = self._normalize(x)
         if train:
             x, y = self._augment(x, y, len(data.classes), generator)
-        key = (tuple(stats["mean"]), tuple(stats["std"]))
-        if self._normalization_key != key:  # built once, not per batch
-            self._normalization_key = key
-            self._mean = torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1)
-            self._std = torch.tensor(stats["std"], dtype=torch.float32).view(1, -1, 1, 1)
-        x = ((x - self._mean) / self._std).contiguous()  # per-channel statistics of the train split
-        return x.to(device), y.to(device)
+        if not self._normalize_first:
+            x = self._normalize(x)
+        return x.contiguous().to(device), y.to(device)
+
+    def _load(self, data: Any) -> None:
+        """Normalization tensors for this data version, and its decoded copy when it is small enough."""
+        stats = data.info["normalization"]  # per-channel statistics of the train split
+        self._mean = torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1)
+        self._std = torch.tensor(stats["std"], dtype=torch.float32).view(1, -1, 1, 1)
+        self._images = self._targets = None
+        n, h, w, c = data.inputs.shape
+        if n * h * w * c * 4 <= DECODED_CACHE_BYTES:
+            images = torch.empty((n, c, h, w), dtype=torch.float32)
+            for start in range(0, n, DECODE_CHUNK_ROWS):
+                chunk = self._decode(np.array(data.inputs[start : start + DECODE_CHUNK_ROWS]))  # a writable copy of the mapped rows
+                images[start : start + len(chunk)] = self._normalize(chunk) if self._normalize_first else chunk
+            self._images, self._targets = images, torch.from_numpy(np.array(data.targets))
+        self._version = data.version
+
+    @staticmethod
+    def _decode(images: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(images)).float().permute(0, 3, 1, 2) / 255.0  # N×C×H×W in [0, 1]
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self._mean) / self._std
 
     def _augment(self, x: torch.Tensor, y: torch.Tensor, n_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         aug = self.augment

@@ -17,6 +17,7 @@ import hashlib
 import io
 import logging
 import os
+import queue
 import re
 import threading
 from pathlib import Path
@@ -71,17 +72,26 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
 
 
 def write_atomic(path: Path, data: bytes, fsync: bool = True, sync_folder: bool = True) -> None:
-    """Temp file in the same folder, flush (+ fsync), rename over `path` (+ fsync the folder)."""
+    """Temp file in the same folder, write (+ fsync), rename over `path` (+ fsync the folder).
+
+    Plain `os` calls: each is one system call, and so one hand-over of the GIL when this runs on the
+    background writer while training goes on.
+    """
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if fsync:
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only left when the write failed (e.g. disk full)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. disk full: the previous file under `path` is untouched
+        raise
     if sync_folder:
         sync_dir(path.parent)
 
@@ -98,10 +108,10 @@ def sync_dir(folder: Path) -> None:
 def step_files(folder: Path) -> list[tuple[int, Path]]:
     """(global step, path) of the step-<N>.pt files, newest first."""
     found = []
-    for path in folder.glob("step-*.pt"):
-        match = STEP_FILE.match(path.name)
+    for name in os.listdir(folder):
+        match = STEP_FILE.match(name)
         if match:
-            found.append((int(match.group(1)), path))
+            found.append((int(match.group(1)), folder / name))
     return sorted(found, reverse=True)
 
 
@@ -139,35 +149,57 @@ def newest_valid(folder: Path) -> tuple[Optional[Path], Optional[dict[str, Any]]
 
 
 class BackgroundWriter:
-    """Writes encoded checkpoints on a background thread, so disk writes and fsyncs overlap the next
-    training steps. One write at a time: `submit` first waits for the previous one; `wait` returns
-    when the last write is on disk and raises its error (OSError, with the step it was for)."""
+    """Hashes and writes encoded checkpoints on one long-lived background thread, so the SHA-256,
+    disk writes and fsyncs overlap the next training steps (hashing and file I/O release the GIL).
+    One write at a time: `submit` first waits for the previous one; `wait` returns when the last
+    write is on disk and raises its error (OSError, with the step it was for); `close` ends the thread."""
 
     def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[tuple[int, OSError]] = None
 
-    def submit(self, data: bytes, digest: str, targets: list[Path], keep_last: int, step: int) -> None:
+    def submit(self, data: bytes, targets: list[Path], keep_last: int, step: int) -> None:
         self.wait()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="checkpoint-writer", daemon=True)
+            self._thread.start()
+        self._idle.clear()
+        self._jobs.put((data, targets, keep_last, step))
 
-        def work() -> None:
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            data, targets, keep_last, step = job
             try:
+                digest = hashlib.sha256(data).hexdigest()
                 for target in targets:  # best.pt first: a crash after it replays the epoch and rewrites it identically
                     write_bytes(data, target, digest, sync_folder=False)
                 sync_dir(targets[0].parent)
                 prune(targets[0].parent, keep_last)
             except OSError as err:
                 self._error = (step, err)
-
-        self._thread = threading.Thread(target=work, name="checkpoint-writer", daemon=True)
-        self._thread.start()
+            finally:
+                self._idle.set()
 
     def wait(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._idle.wait()
         if self._error is not None:
             step, err = self._error
             self._error = None
             err.step = step  # type: ignore[attr-defined]
             raise err
+
+    def close(self) -> None:
+        """Wait for the last write (raising its error) and end the thread."""
+        try:
+            self.wait()
+        finally:
+            if self._thread is not None:
+                self._jobs.put(None)
+                self._thread.join()
+                self._thread = None

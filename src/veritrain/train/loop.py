@@ -17,7 +17,6 @@ the step it happens and handled by `train.on_nonfinite`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -26,7 +25,7 @@ import os
 import random
 import resource
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -120,17 +119,18 @@ def build_optimizer(cfg: Any, model: torch.nn.Module) -> torch.optim.Optimizer:
 def schedule_factor(cfg: Any, steps_per_epoch: int, total_steps: int):
     """lr multiplier per optimizer step: linear warmup over `warmup_steps`, then cosine to 0, constant,
     or a drop by `gamma` every `step_epochs` epochs."""
-    warmup = cfg.warmup_steps
+    warmup, name, gamma = cfg.warmup_steps, cfg.name, cfg.gamma
+    drop_every = cfg.step_epochs * steps_per_epoch
+    cosine_steps = max(1, total_steps - warmup)
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if cfg.name == "constant":
+        if name == "constant":
             return 1.0
-        if cfg.name == "step":
-            return cfg.gamma ** (step // (cfg.step_epochs * steps_per_epoch))
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        if name == "step":
+            return gamma ** (step // drop_every)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / cosine_steps)))
 
     return factor
 
@@ -150,7 +150,7 @@ def rng_state() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         # as one tensor, not a tuple of 625 ints: torch.save visits every pickled object (slow)
-        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "python": {"version": version, "internal": torch.from_numpy(np.array(internal, dtype=np.int64)), "gauss": gauss},
         "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
         "torch": torch.get_rng_state(),
     }
@@ -208,9 +208,11 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
     scaling = tcfg.precision == "fp16"  # the scaler's calls are skipped entirely otherwise: they cost per step
 
+    no_autocast = contextlib.nullcontext()  # reusable: entered once per step at full precision
+
     def autocast() -> Any:
         if autocast_dtype is None:
-            return contextlib.nullcontext()
+            return no_autocast
         return torch.autocast(device.type, dtype=autocast_dtype)
     best_key = ccfg.best_metric or task.best_metric[0]
     best_mode = ccfg.best_mode or task.best_metric[1]
@@ -234,7 +236,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             "scaler": scaler.state_dict(),
             "rng": rng_state(),
             "augment_rng": augment.get_state() if augment is not None else None,
-            "loop": asdict(state),
+            "loop": {**vars(state), "stat_sums": dict(state.stat_sums)},  # a copy: the loop goes on mutating it
             "settings": settings,
             "config_hash": run_config_hash,
             "data_version": data.version,
@@ -309,7 +311,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         if final and ccfg.last:
             targets.append(ckpt_dir / "last.pt")
         try:
-            writer.submit(data_bytes, hashlib.sha256(data_bytes).hexdigest(), targets, ccfg.keep_last, state.step)
+            writer.submit(data_bytes, targets, ccfg.keep_last, state.step)
             if final:
                 writer.wait()
         except OSError as err:
@@ -349,8 +351,10 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        disable=console is None or not console.is_terminal,  # nobody sees a bar in a pipe or file
     )
     params = [p for p in model.parameters() if p.requires_grad]
+    log_every = cfg.logging.every_steps
     loop_started = time.perf_counter()
     next_progress = 0.0
     try:
@@ -380,21 +384,25 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                                 with autocast():
                                     outputs = forward(x)
                                     loss = task.loss(outputs, y)
-                                loss_value = loss.detach().float().item()
+                                loss_value = loss.item()  # a float64 of the batch loss: the non-finite check and the epoch sums
                                 if not math.isfinite(loss_value):
                                     nonfinite("loss", loss_value)
                                     continue  # skip_batch
-                                (scaler.scale(loss / len(group)) if scaling else loss / len(group)).backward()
+                                if len(group) > 1:  # the mean over the accumulated batches; a single batch needs no extra graph node
+                                    loss = loss / len(group)
+                                (scaler.scale(loss) if scaling else loss).backward()
                                 stepped = True
                                 step_loss += loss_value / len(group)
                                 state.loss_sum += loss_value * len(rows)
                                 state.seen += len(rows)
-                                for name, value in task.batch_stats(outputs.detach().float(), y).items():
+                                detached = outputs.detach()
+                                stats = task.batch_stats(detached if detached.dtype == torch.float32 else detached.float(), y)
+                                for name, value in stats.items():
                                     state.stat_sums[name] = state.stat_sums.get(name, 0.0) + value
                             grad_norm = None
                             if stepped:
-                                logging_step = cfg.logging.every_steps and (state.step + 1) % cfg.logging.every_steps == 0
-                                if tcfg.grad_clip or tcfg.check_grad_norm or logging_step:
+                                norm_for_log = log_every and (state.step + 1) % log_every == 0
+                                if tcfg.grad_clip or tcfg.check_grad_norm or norm_for_log:
                                     if scaling:
                                         scaler.unscale_(optimizer)
                                     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
@@ -411,13 +419,16 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                                 state.step += 1
                             state.batch_index = group[-1] + 1
 
-                            lr = optimizer.param_groups[0]["lr"]
-                            elapsed = max(time.perf_counter() - epoch_started, 1e-9)
-                            rate = (state.seen - seen_at_start) / elapsed
-                            if time.monotonic() >= next_progress or state.batch_index == len(starts):  # ≤ 10 updates/s
-                                next_progress = time.monotonic() + 0.1
+                            now = time.perf_counter()
+                            logging_step = stepped and log_every and state.step % log_every == 0
+                            show = now >= next_progress or state.batch_index == len(starts)  # ≤ 10 bar updates/s
+                            if logging_step or show:
+                                lr = optimizer.param_groups[0]["lr"]
+                                rate = (state.seen - seen_at_start) / max(now - epoch_started, 1e-9)
+                            if show:
+                                next_progress = now + 0.1
                                 progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
-                            if stepped and cfg.logging.every_steps and state.step % cfg.logging.every_steps == 0:
+                            if logging_step:
                                 with open(steps_path, "a", encoding="utf-8") as f:
                                     f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
                                                         "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
@@ -483,7 +494,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                     continue
     finally:
         try:
-            writer.wait()  # never seal a run while a checkpoint is still being written
+            writer.close()  # never seal a run while a checkpoint is still being written
         except OSError:
             pass  # already failing: the error that stopped training is the one to report
     loop_seconds = time.perf_counter() - loop_started
