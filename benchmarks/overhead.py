@@ -5,7 +5,8 @@
 For two workloads — the `cnn` on CIFAR-shaped data (a generated CIFAR-10 batch set) and the `mlp`
 on digits — runs `veritrain train` (records, logging, per-epoch checkpoints with fsync and hashes)
 and the reference loop alternately, each run ≥ 10 s, and prints the median ratio of the training
-stage time and of the whole process.
+loop time and of the whole process over the pairs, with the spread of the pairs and the ratio of the
+fastest runs (the figure least disturbed by other load on a shared machine).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def main() -> None:
             prepared = subprocess.run([sys.executable, "-m", "veritrain", "data", "prepare", str(config), "--workdir", str(workspace), "--json"],
                                       check=True, capture_output=True, text=True).stdout
             data_dir = Path(json.loads(prepared)["split_files"]["train"]).parent.parent
-            loop_ratio, process_ratio = [], []
+            loop_ratio, process_ratio, vt_loops, ref_loops = [], [], [], []
             for _ in range(args.repeat):  # interleaved A/B
                 vt_total, out = timed([sys.executable, "-m", "veritrain", "train", str(config), "--workdir", str(workspace), "--json"])
                 record = json.loads((Path(json.loads(out)["run_dir"]) / "record.json").read_text())
@@ -68,9 +69,12 @@ def main() -> None:
                 ref_total, out = timed([sys.executable, str(HERE / "reference_loop.py"), str(data_dir), str(config), tmp])
                 ref_loop = json.loads(out)["loop_seconds"]
                 loop_ratio.append(vt_loop / ref_loop)
+                vt_loops.append(vt_loop)
+                ref_loops.append(ref_loop)
                 process_ratio.append(vt_total / ref_total)
                 print(f"  {name}: veritrain loop {vt_loop:.1f}s / process {vt_total:.1f}s, reference loop {ref_loop:.1f}s / process {ref_total:.1f}s", flush=True)
-            print(f"{name}: training loop {statistics.median(loop_ratio):.3f}×, whole process {statistics.median(process_ratio):.3f}× (median of {args.repeat})")
+            print(f"{name}: training loop {statistics.median(loop_ratio):.3f}× (pairs {min(loop_ratio):.2f}–{max(loop_ratio):.2f}, "
+                  f"fastest runs {min(vt_loops) / min(ref_loops):.3f}×), whole process {statistics.median(process_ratio):.3f}× (median of {args.repeat})")
 
 
 if __name__ == "__main__":
