@@ -67,9 +67,10 @@ def test_decoded_copy_in_memory_gives_the_same_batches_as_reading_the_mapped_arr
     data.info["normalization"] = {"mean": [0.3, 0.4, 0.5], "std": [0.2, 0.25, 0.3]}
     rows = np.array([5, 0, 17, 33, 2, 2, 39])
     in_memory = task_with(**augment)
-    in_memory.batch(data, rows, torch.device("cpu"), False, torch.Generator())  # decodes the copy now
+    in_memory.prepare(data)
     monkeypatch.setattr("veritrain.tasks.classification.DECODED_CACHE_BYTES", 0)
     streamed = task_with(**augment)
+    streamed.prepare(data)  # over the size limit: stays on the mapped array
     for seed in range(4):
         for train in (True, False):
             a = in_memory.batch(data, rows, torch.device("cpu"), train, torch.Generator().manual_seed(seed))

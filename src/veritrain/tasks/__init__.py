@@ -31,6 +31,9 @@ class Task(Protocol):
         """Model inputs and targets for these rows of the data version (augmented when `train`)."""
         ...
 
+    # optional: `prepare(data)` is called once before training, outside the timed loop, to load what
+    # the batches need (classification keeps a decoded copy of a small data version in memory)
+
     def loss(self, outputs: "torch.Tensor", targets: "torch.Tensor") -> "torch.Tensor":
         """Mean loss over the batch."""
         ...

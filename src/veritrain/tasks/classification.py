@@ -16,9 +16,9 @@ import torch.nn.functional as F
 
 from veritrain import models
 
-# A data version up to this size as float32 is decoded once and kept in memory (CIFAR-10: 0.7 GiB);
-# a larger one is converted batch by batch from its memory-mapped uint8 array. A batch holds the
-# same values either way, so the choice never changes a result.
+# For training, a data version up to this size as float32 is decoded once and kept in memory
+# (CIFAR-10: 0.7 GiB); a larger one, and every other use, converts batch by batch from the
+# memory-mapped uint8 array. A batch holds the same values either way: the choice never changes a result.
 DECODED_CACHE_BYTES = 1 << 30
 DECODE_CHUNK_ROWS = 4096  # rows converted at a time while decoding, to bound the temporaries
 
@@ -47,9 +47,13 @@ class ClassificationTask:
             return models.from_target(cfg.target, (c, h, w), len(data.classes), cfg.kwargs)
         return models.build(cfg.name, (c, h, w), len(data.classes), cfg.widths, cfg.hidden, cfg.dropout)
 
+    def prepare(self, data: Any) -> None:
+        """Before many passes over `data` (training): keep its decoded copy in memory when it is small enough."""
+        self._load(data, decode=True)
+
     def batch(self, data: Any, rows: np.ndarray, device: torch.device, train: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if self._version != data.version:
-            self._load(data)
+            self._load(data, decode=False)
         if self._images is not None:
             index = torch.from_numpy(np.asarray(rows, dtype=np.int64))
             x, y = self._images[index], self._targets[index]
@@ -64,14 +68,14 @@ class ClassificationTask:
             x = self._normalize(x)
         return x.contiguous().to(device), y.to(device)
 
-    def _load(self, data: Any) -> None:
-        """Normalization tensors for this data version, and its decoded copy when it is small enough."""
+    def _load(self, data: Any, decode: bool) -> None:
+        """Normalization tensors for this data version, and with `decode` its decoded copy when it is small enough."""
         stats = data.info["normalization"]  # per-channel statistics of the train split
         self._mean = torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1)
         self._std = torch.tensor(stats["std"], dtype=torch.float32).view(1, -1, 1, 1)
         self._images = self._targets = None
         n, h, w, c = data.inputs.shape
-        if n * h * w * c * 4 <= DECODED_CACHE_BYTES:
+        if decode and n * h * w * c * 4 <= DECODED_CACHE_BYTES:
             images = torch.empty((n, c, h, w), dtype=torch.float32)
             for start in range(0, n, DECODE_CHUNK_ROWS):
                 chunk = self._decode(np.array(data.inputs[start : start + DECODE_CHUNK_ROWS]))  # a writable copy of the mapped rows

@@ -196,6 +196,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     from veritrain.config import config_hash
 
     model = task.build_model(cfg.model, data).to(device)
+    if hasattr(task, "prepare"):
+        task.prepare(data)
     if tcfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(cfg.optim, model)
