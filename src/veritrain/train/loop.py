@@ -386,7 +386,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                                 with autocast():
                                     outputs = forward(x)
                                     loss = task.loss(outputs, y)
-                                loss_value = loss.item()  # a float64 of the batch loss: the non-finite check and the epoch sums
+                                loss_value = loss.item()  # the batch loss as a Python float: the non-finite check and the epoch sums
                                 if not math.isfinite(loss_value):
                                     nonfinite("loss", loss_value)
                                     continue  # skip_batch
