@@ -285,3 +285,24 @@ def test_killed_before_the_first_checkpoint_resumes_from_the_beginning(reference
     assert resumed.returncode == 0, resumed.stderr
     assert "no checkpoint was saved yet" in resumed.stderr
     assert comparable(run_dir) == reference
+
+
+def test_background_writer_reports_any_failure_and_keeps_serving(tmp_path, monkeypatch):
+    real_write = checkpoint.write_bytes
+    calls = {"n": 0}
+
+    def failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("unexpected")
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_bytes", failing_once)
+    writer = checkpoint.BackgroundWriter()
+    writer.submit(b"first", [tmp_path / "step-1.pt"], keep_last=2, step=1)
+    with pytest.raises(RuntimeError) as failure:
+        writer.wait()
+    assert failure.value.step == 1
+    writer.submit(b"second", [tmp_path / "step-2.pt"], keep_last=2, step=2)  # the thread is still there
+    writer.close()
+    assert (tmp_path / "step-2.pt").read_bytes() == b"second" and not (tmp_path / "step-1.pt").exists()

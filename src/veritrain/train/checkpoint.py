@@ -152,14 +152,15 @@ class BackgroundWriter:
     """Hashes and writes encoded checkpoints on one long-lived background thread, so the SHA-256,
     disk writes and fsyncs overlap the next training steps (hashing and file I/O release the GIL).
     One write at a time: `submit` first waits for the previous one; `wait` returns when the last
-    write is on disk and raises its error (OSError, with the step it was for); `close` ends the thread."""
+    write is on disk and raises its error (an OSError such as a full disk, or whatever else stopped
+    the write), with `.step` set to the step it was for; `close` ends the thread."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._thread: Optional[threading.Thread] = None
-        self._error: Optional[tuple[int, OSError]] = None
+        self._error: Optional[tuple[int, Exception]] = None
 
     def submit(self, data: bytes, targets: list[Path], keep_last: int, step: int) -> None:
         self.wait()
@@ -181,7 +182,7 @@ class BackgroundWriter:
                     write_bytes(data, target, digest, sync_folder=False)
                 sync_dir(targets[0].parent)
                 prune(targets[0].parent, keep_last)
-            except OSError as err:
+            except Exception as err:  # kept for `wait` to raise: a dead writer would leave the next save waiting forever
                 self._error = (step, err)
             finally:
                 self._idle.set()
