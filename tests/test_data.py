@@ -118,3 +118,13 @@ def test_split_is_seeded():
 def test_class_too_small_for_split_is_an_error():
     with pytest.raises(RunFailed, match="class 1 has 2 sample"):
         stratified_split([0] * 10 + [1] * 2, 12, (0.8, 0.1, 0.1), 0)
+
+
+def test_test_split_file_applies_to_array_sources(digits, tmp_path):
+    listed = ["digits#00000", "digits#00001", "digits#01000"]
+    ids_file = tmp_path / "test_ids.txt"
+    ids_file.write_text("\n".join(listed) + "\n", encoding="utf-8")
+    data = prepare.run(DataConfig(test_split_file=str(ids_file)), {"test_split_file": ids_file}, tmp_path / "state")
+    test_ids = {data.sample_ids[row] for row in data.splits["test"]}
+    assert set(listed) <= test_ids
+    assert data.version != digits.version

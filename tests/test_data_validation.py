@@ -292,3 +292,141 @@ def test_warn_policy_keeps_usable_samples(faulty, tmp_path):
     in_splits = splits_of(data)
     assert in_splits["dog/cat_05_as_dog.png"] == in_splits["cat/cat_05.png"]
     assert data.report()["leakage"]["cross_split_duplicate_pairs"] == 0
+
+
+# ---------------------------------------------------------------- data.test_split_file, split_by, split_dir, bombs
+
+
+def test_test_split_file_resolves_against_the_config_folder(tmp_path, monkeypatch):
+    good_imagefolder(tmp_path / "raw")
+    listed = ["cat/cat_00.png", "dog/dog_00.png"]
+    (tmp_path / "splits").mkdir()
+    (tmp_path / "splits" / "test_ids.txt").write_text("\n".join(listed) + "\n", encoding="utf-8")
+    data = prepare_config("data:\n  source: imagefolder\n  root: raw\n  test_split_file: splits/test_ids.txt\n", tmp_path)
+    in_splits = splits_of(data)
+    assert all(in_splits[sid] == "test" for sid in listed)
+    monkeypatch.setenv("VT_SPLITS", str(tmp_path / "splits"))
+    again = prepare_config("data:\n  source: imagefolder\n  root: raw\n  test_split_file: ${env:VT_SPLITS}/test_ids.txt\n", tmp_path)
+    assert again.version == data.version
+
+
+def test_test_split_file_missing_or_not_utf8_is_a_usage_error(tmp_path):
+    good_imagefolder(tmp_path / "raw")
+    config = "data:\n  source: imagefolder\n  root: raw\n  test_split_file: ids.txt\n"
+    with pytest.raises(UserError, match=r"^data.test_split_file: .*ids.txt: file not found; give a file with one sample id per line"):
+        prepare_config(config, tmp_path)
+    (tmp_path / "ids.txt").write_bytes(b"cat/cat_00.png\n\xff\xfe\n")
+    with pytest.raises(UserError, match=r"^data.test_split_file: .*ids.txt: not UTF-8 text .*; save it as UTF-8"):
+        prepare_config(config, tmp_path)
+    (tmp_path / "ids.txt").unlink()
+    (tmp_path / "ids.txt").mkdir()
+    with pytest.raises(UserError, match=r"^data.test_split_file: .*ids.txt: cannot read it"):
+        prepare_config(config, tmp_path)
+
+
+def test_missing_test_split_file_through_the_cli(cli, tmp_path):
+    good_imagefolder(tmp_path / "raw")
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  source: imagefolder\n  root: raw\n  test_split_file: ids.txt\n")
+    result = cli("data", "prepare", str(config), "--workdir", str(tmp_path))
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: data.test_split_file: {tmp_path / 'ids.txt'}: file not found; give a file with one sample id per line "
+        "(relative paths start at the config file's folder)")
+
+
+@pytest.mark.parametrize("source", ["digits", "imagefolder", "labelmap", "cifar10"])
+def test_time_split_needs_timestamps(tmp_path, source):
+    from veritrain.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"data.source={source}", "data.split_by=time"])
+    assert str(info.value) == (f"--set: data.split_by: 'time' needs data.source: csv with a timestamp column; "
+                               f"data.source {source!r} has no timestamps, use split_by: random")
+
+
+def test_time_split_without_timestamps_through_the_cli(cli, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  split_by: time\n")
+    result = cli("data", "prepare", str(config), "--workdir", str(tmp_path))
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {config}: data.split_by: 'time' needs data.source: csv with a timestamp column; "
+        "data.source 'digits' has no timestamps, use split_by: random")
+
+
+def test_time_split_on_a_registered_source_without_timestamps(tmp_path, monkeypatch):
+    from veritrain.config import DataConfig
+    from veritrain.data import sources
+
+    root = good_imagefolder(tmp_path / "raw")
+    monkeypatch.setitem(sources.SOURCES, "stamped", sources.load_imagefolder_source)
+    monkeypatch.setattr(sources, "TIMESTAMPED_SOURCES", {*sources.TIMESTAMPED_SOURCES, "stamped"})
+    cfg = DataConfig(source="stamped", split_by="time")  # declared to have timestamps, gives none
+    with pytest.raises(UserError, match=r"^data.split_by: 'time' needs data.source: csv with a timestamp column; .*'stamped'"):
+        prepare.run(cfg, {"root": root}, tmp_path / "ws")
+
+
+def labelmap_fixture(tmp_path: Path) -> Path:
+    root = good_imagefolder(tmp_path / "raw")
+    mapping = {p.relative_to(root).as_posix(): p.parent.name for p in root.rglob("*.png")}
+    (tmp_path / "labels.json").write_text(json.dumps(mapping))
+    return root
+
+
+LABELMAP_SPLITS = "data:\n  source: labelmap\n  root: raw\n  labels: labels.json\n  split_dir: lists\n"
+
+
+def test_labelmap_split_dir_fixes_the_split(tmp_path):
+    labelmap_fixture(tmp_path)
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "test.txt").write_text("cat/cat_03.png\ndog/dog_04.png\n", encoding="utf-8")
+    in_splits = splits_of(prepare_config(LABELMAP_SPLITS, tmp_path))
+    assert in_splits["cat/cat_03.png"] == in_splits["dog/dog_04.png"] == "test"
+
+
+def test_labelmap_split_dir_missing_or_unreadable_is_a_usage_error(tmp_path):
+    labelmap_fixture(tmp_path)
+    with pytest.raises(UserError, match=r"^data.split_dir: .*lists: no such folder; give the folder holding train.txt, val.txt, test.txt"):
+        prepare_config(LABELMAP_SPLITS, tmp_path)
+    (tmp_path / "lists").mkdir()
+    with pytest.raises(UserError, match=r"^data.split_dir: .*lists: none of train.txt, val.txt, test.txt in it"):
+        prepare_config(LABELMAP_SPLITS, tmp_path)
+    (tmp_path / "lists" / "train.txt").write_bytes(b"cat/cat_00.png\n\xff\n")
+    with pytest.raises(UserError, match=r"^data.split_dir: .*train.txt: not UTF-8 text .*; save it as UTF-8"):
+        prepare_config(LABELMAP_SPLITS, tmp_path)
+    (tmp_path / "lists" / "train.txt").unlink()
+    (tmp_path / "lists" / "test.txt").mkdir()  # a folder where a file should be: reading it fails
+    with pytest.raises(UserError, match=r"^data.split_dir: .*test.txt: cannot read it"):
+        prepare_config(LABELMAP_SPLITS, tmp_path)
+
+
+def huge_png(path: Path, width: int, height: int) -> Path:
+    """A valid 1-bit PNG of width × height pixels, a few kilobytes on disk (rows of zeros compress well)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    row = b"\x00" * (1 + (width + 7) // 8)  # filter byte + packed bits
+    compressor = zlib.compressobj(9)
+    pixels = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return path
+
+
+def test_huge_image_is_a_bomb_even_in_a_fresh_process(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from veritrain.data import validate
+
+    # 200 M pixels: over twice Pillow's default limit, where Image.open itself refuses the file
+    path = str(huge_png(tmp_path / "huge.png", 20_000, 10_000))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 89_478_485)  # Pillow's default, as in a fresh process
+    header = validate.read_header(path)
+    assert header.error is None and (header.width, header.height) == (20_000, 10_000)
+    check = validate.check_file(path, header, validate.CheckParams(32, 32, 1, False, 50_000_000, False), False)
+    assert [kind for kind, _ in check.findings] == ["bomb"]
+    assert "data.max_pixels 50,000,000" in check.findings[0][1]

@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional, Union
 
 import annotated_types
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from veritrain.errors import ConfigError
 from veritrain.hashing import sha256_json
@@ -125,6 +125,16 @@ class DataConfig(Section):
         from veritrain.data.sources import SOURCES
 
         return _registered(value, SOURCES)
+
+    @field_validator("split_by")
+    @classmethod
+    def _time_needs_timestamps(cls, value: str, info: ValidationInfo) -> str:
+        from veritrain.data.sources import TIMESTAMPED_SOURCES
+
+        source = info.data.get("source")  # absent when data.source itself was refused
+        if value == "time" and source is not None and source not in TIMESTAMPED_SOURCES:
+            raise ValueError(f"'time' needs data.source: csv with a timestamp column; data.source {source!r} has no timestamps, use split_by: random")
+        return value
 
     @field_validator("split_ratios")
     @classmethod

@@ -30,8 +30,9 @@ from veritrain.data import split as splitting
 from veritrain.data.sources import FileListing, SourceData, load_source
 from veritrain.data.split import SPLITS
 from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE
-from veritrain.errors import RunFailed
+from veritrain.errors import RunFailed, UserError
 from veritrain.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
+from veritrain.secrets import expand_env
 
 log = logging.getLogger("veritrain")
 
@@ -154,10 +155,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     cache_dir = workspace_state / "cache"
     workers = data_cfg.workers or _default_workers()
 
-    if isinstance(source, FileListing):
-        table = _list_files(data_cfg, source, cache_dir, rehash, timings)
-    else:
-        table = _table_from_arrays(source)
+    table = _sample_table(data_cfg, source, paths, cache_dir, rehash, timings)
     classes = source.classes
 
     # Everything the version depends on is known now; a prepare of the same inputs that already
@@ -235,6 +233,17 @@ def _default_workers() -> int:
 
 
 # ---------------------------------------------------------------- building the sample table
+
+
+def _sample_table(cfg: Any, source: Any, paths: dict[str, Path], cache_dir: Path, rehash: bool, timings: dict[str, float]) -> _Table:
+    """Every sample of the source with its content hash, and the fixed test split of data.test_split_file."""
+    table = _list_files(cfg, source, cache_dir, rehash, timings) if isinstance(source, FileListing) else _table_from_arrays(source)
+    if cfg.split_by == "time" and table.ids and not any(table.timestamps):  # config refuses known sources; this catches registered ones
+        raise UserError(f"data.split_by: 'time' needs data.source: csv with a timestamp column; data.source {cfg.source!r} gave no timestamps, use split_by: random")
+    if cfg.test_split_file is not None:
+        # paths holds it resolved by the config (config folder, ${env:}); a config built in code has only the text
+        _apply_test_split_file(paths.get("test_split_file") or Path(expand_env(cfg.test_split_file)).expanduser().resolve(), table)
+    return table
 
 
 def _table_from_arrays(source: SourceData) -> _Table:
@@ -356,8 +365,6 @@ def _list_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, ti
             table.hashes[i] = result.digest
             if result.size == 0:
                 table.add("empty", [i], "zero-byte file", exclude=True)
-    if cfg.test_split_file is not None:
-        _apply_test_split_file(cfg, source.root, table, index_of)
     return table
 
 
@@ -406,13 +413,17 @@ def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timi
     return target, summary
 
 
-def _apply_test_split_file(cfg: Any, root: Path, table: _Table, index_of: dict[str, int]) -> None:
-    path = Path(cfg.test_split_file)
-    path = path if path.is_absolute() else root / path
+def _apply_test_split_file(path: Path, table: _Table) -> None:
+    """Fix the samples listed in `path` (the resolved data.test_split_file) to the test split."""
     try:
         listed = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"data.test_split_file: {path}: file not found; give a file with one sample id per line (relative paths start at the config file's folder)") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"data.test_split_file: {path}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8 with one sample id per line") from None
     except OSError as err:
-        raise RunFailed(f"data.test_split_file: {path}: cannot read it ({err.strerror}); give a file with one sample id per line") from None
+        raise UserError(f"data.test_split_file: {path}: cannot read it ({err.strerror or err}); give a readable file with one sample id per line") from None
+    index_of = {sid: i for i, sid in enumerate(table.ids)}
     unknown = [sid for sid in listed if sid not in index_of]
     if unknown:
         log.warning("data: %d sample id(s) in %s are not in the data (first: %s)", len(unknown), path.name, unknown[0])
@@ -718,7 +729,7 @@ def plan(data_cfg: Any, paths: dict[str, Path], workspace_state: Path) -> tuple[
     """What `run` would do, without decoding or writing a version: ("reuse" | "run", reason, version)."""
     source = load_source(data_cfg, paths)
     timings: dict[str, float] = {}
-    table = _list_files(data_cfg, source, workspace_state / "cache", False, timings) if isinstance(source, FileListing) else _table_from_arrays(source)
+    table = _sample_table(data_cfg, source, paths, workspace_state / "cache", False, timings)
     fingerprint = _fingerprint(data_cfg, source, table)
     memo = workspace_state / "cache" / "prepared" / fingerprint
     remembered = memo.read_text().strip() if memo.exists() else None

@@ -229,14 +229,7 @@ def load_labelmap_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     if not isinstance(mapping, dict) or not all(isinstance(v, (str, int)) for v in mapping.values()):
         raise UserError(f"data.labels: {labels_path}: expected a JSON object mapping relpath → label (text or integer)")
     mapping = {str(k).replace("\\", "/"): str(v) for k, v in mapping.items()}
-    fixed: dict[str, str] = {}
-    if "split_dir" in paths:
-        for split in SPLIT_NAMES:
-            listed = paths["split_dir"] / f"{split}.txt"
-            if listed.exists():
-                for rel in listed.read_text(encoding="utf-8").splitlines():
-                    if rel.strip():
-                        fixed[rel.strip()] = split
+    fixed = _split_lists(paths["split_dir"]) if "split_dir" in paths else {}
     files = walk_files(root)
     present = {rel for rel, _ in files}
     samples = [FileSample(rel, path, mapping.get(rel), None, fixed.get(rel)) for rel, path in files]
@@ -246,6 +239,31 @@ def load_labelmap_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
         findings.append(("unreadable", ghosts, f"labelled in {labels_path.name} but no such file under data.root"))
     discovered = sorted(set(mapping.values()))
     return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "labelmap"}, findings=findings)
+
+
+def _split_lists(split_dir: Path) -> dict[str, str]:
+    """relpath → split from data.split_dir's train.txt, val.txt, test.txt (one relpath per line; any may be absent)."""
+    if not split_dir.is_dir():
+        raise UserError(f"data.split_dir: {split_dir}: no such folder; give the folder holding train.txt, val.txt, test.txt (relative paths start at the config file's folder)")
+    fixed: dict[str, str] = {}
+    found = False
+    for split in SPLIT_NAMES:
+        listed = split_dir / f"{split}.txt"
+        if not listed.exists():
+            continue
+        found = True
+        try:
+            lines = listed.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as err:
+            raise UserError(f"data.split_dir: {listed}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8 with one relpath per line") from None
+        except OSError as err:
+            raise UserError(f"data.split_dir: {listed}: cannot read it ({err.strerror or err}); give a readable file with one relpath per line") from None
+        for rel in lines:
+            if rel.strip():
+                fixed[rel.strip()] = split
+    if not found:
+        raise UserError(f"data.split_dir: {split_dir}: none of train.txt, val.txt, test.txt in it; add them (one relpath per line) or drop data.split_dir")
+    return fixed
 
 
 SourceLoader = Callable[[Any, dict[str, Path]], Source]
@@ -259,9 +277,18 @@ SOURCES: dict[str, SourceLoader] = {
 }
 
 
-def register_source(name: str, loader: SourceLoader) -> None:
-    """Make `data.source: <name>` available (used by tasks and tests that bring their own data)."""
+# sources whose samples carry a timestamp: the only ones `data.split_by: time` accepts
+TIMESTAMPED_SOURCES = {"csv"}
+
+
+def register_source(name: str, loader: SourceLoader, timestamps: bool = False) -> None:
+    """Make `data.source: <name>` available (used by tasks and tests that bring their own data);
+    `timestamps`: its FileSamples carry a timestamp, so `data.split_by: time` may be used with it."""
     SOURCES[name] = loader
+    if timestamps:
+        TIMESTAMPED_SOURCES.add(name)
+    else:
+        TIMESTAMPED_SOURCES.discard(name)
 
 
 def load_source(cfg: Any, paths: dict[str, Path]) -> Source:

@@ -85,6 +85,10 @@ def _pillow():
     from PIL import Image, ImageFile
 
     ImageFile.LOAD_TRUNCATED_IMAGES = False  # never accept a truncated image as valid
+    # data.max_pixels judges bombs (check_file, before decoding). Pillow's own limit would make
+    # Image.open refuse a file over twice its default, so the header read would call it
+    # `undecodable` instead of `bomb`.
+    Image.MAX_IMAGE_PIXELS = None
     return Image
 
 
@@ -123,7 +127,6 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            Image.MAX_IMAGE_PIXELS = None  # the bomb check above already applied data.max_pixels
             with Image.open(path) as img:
                 img.load()  # decodes every pixel: truncation and corrupt data raise here
                 image = img.copy()
