@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,3 +216,61 @@ def test_git_state_and_diff_patch(tmp_path):
     assert "-v1" in patch and "+v2" in patch
     assert code["diff_patch"]["sha256"] == hashlib.sha256(patch.encode()).hexdigest()
     assert dirty.record["artifacts"]["code/diff.patch"]["sha256"] == code["diff_patch"]["sha256"]
+
+
+def test_a_note_stays_outside_the_seal_when_the_run_is_sealed_again(tmp_path):
+    from veritrain.record import read_record, write_record
+    from veritrain.verify import verify_run
+
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]"])
+    run_dir = Path(outcome.summary["run_dir"])
+    (run_dir / "notes.jsonl").write_text(json.dumps({"text": "looks fine"}) + "\n")
+    write_record(run_dir, read_record(run_dir))  # what eval, export, baseline and gc do after a note
+    assert "notes.jsonl" not in read_record(run_dir)["artifacts"]
+    (run_dir / "notes.jsonl").write_text(json.dumps({"text": "second thoughts"}) + "\n")  # notes change freely
+    assert verify_run(run_dir, tmp_path / ".veritrain")["ok"]
+
+
+def test_gc_keeps_every_data_version_while_a_record_cannot_be_read(tmp_path):
+    from veritrain import housekeeping
+    from veritrain.workspace import Workspace
+
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]", "eval.baselines=false"])
+    workspace = Workspace.open(tmp_path)
+    orphan = workspace.state_dir / "data" / ("0" * 64)  # a data version no run references
+    orphan.mkdir()
+    (orphan / "version.json").write_text("{}")
+    broken = workspace.runs_dir / "20990101-000000-000-broken"
+    broken.mkdir()
+    (broken / "record.json").write_text("{not json")
+    kept = housekeeping.gc(workspace, dry_run=False)
+    assert orphan.exists() and "cannot be read" in kept["data_versions_kept_because"]
+    shutil.rmtree(broken)
+    freed = housekeeping.gc(workspace, dry_run=False)
+    assert not orphan.exists() and freed["data_versions_kept_because"] is None
+    assert (workspace.state_dir / "data" / outcome.record["data"]["version"]).exists()
+
+
+def test_eval_and_export_failures_are_one_line_errors(cli, tmp_path):
+    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]", "checkpoint.best=false",
+                                        "eval.baselines=false", "export.formats=[safetensors]"])
+    run_id = outcome.summary["run_id"]
+    assert outcome.record["status"] == "completed"
+    evaluated = cli("eval", run_id, "--workdir", str(tmp_path), "--json")  # no best.pt: the default is last.pt
+    assert evaluated.code == 0 and evaluated.json()["checkpoint"].endswith("last.pt")
+    missing = cli("eval", run_id, "--checkpoint", "checkpoints/nosuch.pt", "--workdir", str(tmp_path))
+    errors = [line for line in missing.stderr.splitlines() if line.startswith("error:")]
+    assert missing.code == 2 and len(errors) == 1 and "nosuch.pt" in errors[0] and "Traceback" not in missing.stderr
+    exported = cli("export", run_id, "--checkpoint", "best", "--workdir", str(tmp_path))
+    assert exported.code == 2 and "best.pt" in exported.stderr and "Traceback" not in exported.stderr
+    last = Path(outcome.summary["run_dir"]) / "checkpoints" / "last.pt"
+    last.write_bytes(last.read_bytes()[:100])  # damaged: does not match its sidecar
+    damaged = cli("eval", run_id, "--checkpoint", "last", "--workdir", str(tmp_path))
+    assert damaged.code == 1 and "does not match" in damaged.stderr and "Traceback" not in damaged.stderr
+    predictions = tmp_path / "short.csv"
+    predictions.write_text("sample_id,label,prediction,confidence,p_a,p_b\nx,a,a\n")
+    parsed = cli("eval", "--predictions", str(predictions))
+    assert parsed.code == 2 and "line 2" in parsed.stderr and "Traceback" not in parsed.stderr
+    (Path(outcome.summary["run_dir"]) / "record.json").write_text("{damaged")
+    shown = cli("runs", "show", run_id, "--workdir", str(tmp_path))
+    assert shown.code == 1 and "record.json" in shown.stderr and "Traceback" not in shown.stderr

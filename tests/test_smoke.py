@@ -58,3 +58,21 @@ def test_check_passes_on_a_plain_run_and_names_the_fix_when_something_is_missing
     assert items["environment: smoke test passed for this config"]["fix"] == f"veritrain smoke runs/{skipped}/config.yaml"
     assert items["environment: baseline on the same splits"]["fix"] == f"veritrain baseline {skipped}"
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: check {skipped}: 3 item(s) not passed")
+
+
+def test_uncommitted_changes_are_never_vouched_for_by_an_earlier_smoke(cli, tmp_path):
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "model.py").write_text("WIDTH = 16\n")
+    git("add", "model.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "model")
+    (tmp_path / "model.py").write_text("WIDTH = 32\n")  # the same commit, other code
+    runs = [cli("run", *FAST, "--workdir", str(tmp_path), "--json") for _ in range(2)]
+    assert all(r.code == 0 for r in runs), runs[-1].stderr
+    assert "uncommitted changes" in runs[1].stderr and "passed before" not in runs[1].stderr
+    record = json.loads((Path(runs[1].json()["run_dir"]) / "record.json").read_text())
+    assert record["smoke"]["cached"] is False

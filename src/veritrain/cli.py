@@ -228,13 +228,13 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
 
 @cli.command("eval")
 @click.argument("ref", metavar="RUN", required=False)
-@click.option("--checkpoint", "which", default="best", show_default=True, metavar="best|last|PATH", help="Checkpoint to evaluate.")
+@click.option("--checkpoint", "which", default=None, metavar="best|last|PATH", help="Checkpoint to evaluate (default: best, or last when the run kept no best.pt).")
 @click.option("--split", type=click.Choice(["test", "val"]), default=None, help="Split to evaluate on (default: the run's eval.split).")
 @click.option("--predictions", type=click.Path(dir_okay=False), default=None, help="Recompute every metric from a predictions.csv alone (no RUN).")
 @click.option("--allow-data-drift", is_flag=True, help="Evaluate even when the data no longer matches the run's data version (recorded).")
 @workdir_option
 @json_option
-def eval_command(ref: Optional[str], which: str, split: Optional[str], predictions: Optional[str], allow_data_drift: bool,
+def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str], predictions: Optional[str], allow_data_drift: bool,
                  workdir: Optional[str], as_json: bool) -> int:
     """Evaluate a run's checkpoint on its fixed split; writes eval/<split>/ and re-seals the run.
 
@@ -267,7 +267,7 @@ def eval_command(ref: Optional[str], which: str, split: Optional[str], predictio
         opened = pipeline.open_run(workspace, ref, allow_data_drift)
         baselines = opened.record.get("baselines")
         metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, resolve_device(opened.config.train.device),
-                               which, split, baselines=baselines)
+                               which or evaluate.default_checkpoint(opened.config), split, baselines=baselines)
         opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
         seal = pipeline.amend(opened, workspace, "eval", f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
         logs.console.print(f"eval written to {opened.run_dir / 'eval' / metrics['split']}; run re-sealed: {seal}", markup=False)
@@ -341,10 +341,10 @@ def baseline_command(ref: str, overrides: tuple[str, ...], workdir: Optional[str
 @click.argument("ref", metavar="RUN")
 @click.option("--format", "formats", multiple=True, type=click.Choice(["onnx", "torchscript", "safetensors"]),
               help="Format to write (repeatable; default: the run's export.formats, all three).")
-@click.option("--checkpoint", "which", default="best", show_default=True, metavar="best|last|PATH", help="Checkpoint to export.")
+@click.option("--checkpoint", "which", default=None, metavar="best|last|PATH", help="Checkpoint to export (default: best, or last when the run kept no best.pt).")
 @workdir_option
 @json_option
-def export_command(ref: str, formats: tuple[str, ...], which: str, workdir: Optional[str], as_json: bool) -> int:
+def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], workdir: Optional[str], as_json: bool) -> int:
     """Export a run's model (ONNX, TorchScript, safetensors) with model.json and a parity check.
 
     Exits 1 when an exported model does not give the trained model's answers on real test samples.
@@ -353,19 +353,17 @@ def export_command(ref: str, formats: tuple[str, ...], which: str, workdir: Opti
     Example:
       veritrain export latest --format onnx
     """
-    from veritrain import export, pipeline
+    from veritrain import evaluate, export, pipeline
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     opened = pipeline.open_run(workspace, ref)
+    which = which or evaluate.default_checkpoint(opened.config)
     try:
         description = export.run(opened.config, opened.data, opened.task, opened.run_dir, which, formats or None)
-    except RunFailed:
-        import json
-
-        parity = json.loads((opened.run_dir / "export" / "parity.json").read_text())
-        opened.record["export"] = {"parity": parity}
-        pipeline.amend(opened, workspace, "export", f"parity FAILED: {parity['reason']}")
+    except export.ParityFailed as err:
+        opened.record["export"] = {"parity": err.parity}
+        pipeline.amend(opened, workspace, "export", f"parity FAILED: {err.parity['reason']}")
         raise
     opened.record["export"] = {"files": description["files"], "parity": description["parity"]}
     pipeline.amend(opened, workspace, "export", f"{', '.join(description['files'])}; parity passed")

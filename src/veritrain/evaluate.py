@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 
+from veritrain.errors import UserError
 from veritrain.hashing import sha256_file
 from veritrain.train import checkpoint
 
@@ -38,6 +39,11 @@ def forward_split(model: torch.nn.Module, task: Any, data: Any, split: str, devi
     return torch.cat(outputs), torch.cat(targets)
 
 
+def default_checkpoint(cfg: Any) -> str:
+    """best.pt when the run keeps one, else last.pt."""
+    return "best" if cfg.checkpoint.best else "last"
+
+
 def checkpoint_path(run_dir: Path, which: str) -> Path:
     """`best`, `last`, or a path (absolute, or relative to the run directory)."""
     if which in ("best", "last"):
@@ -47,6 +53,8 @@ def checkpoint_path(run_dir: Path, which: str) -> Path:
 
 
 def load_model(cfg: Any, data: Any, task: Any, path: Path, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
+    if not path.exists():
+        raise UserError(f"--checkpoint: {path}: no such checkpoint; give best, last or the path of a .pt file of the run")
     state = checkpoint.load(path)
     model = task.build_model(cfg.model, data).to(device)
     model.load_state_dict(state["model"])
@@ -59,7 +67,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
     """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics."""
     split = split or cfg.eval.split
     if len(data.splits[split]) == 0:
-        raise ValueError(f"the {split} split is empty; set data.split_ratios so it gets samples")
+        raise UserError(f"eval.split: the {split} split of the data version is empty; evaluate another split (--split) or give it samples (data.split_ratios)")
     path = checkpoint_path(run_dir, which)
     model, state = load_model(cfg, data, task, path, device)
     outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)

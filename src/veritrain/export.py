@@ -21,6 +21,14 @@ from veritrain.hashing import sha256_file
 
 log = logging.getLogger("veritrain")
 
+
+class ParityFailed(RunFailed):
+    """An export that does not give the trained model's answers; `parity` is what parity.json holds."""
+
+    def __init__(self, message: str, parity: dict[str, Any]):
+        super().__init__(message)
+        self.parity = parity
+
 MODEL_JSON_VERSION = 1
 FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
 
@@ -98,7 +106,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: str = "best", form
              ", ".join(f"{k} {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items()) or "-",
              ", ".join(f"{k} {v['agreement']:.4f}" for k, v in parity["formats"].items()) or "-")
     if not parity["passed"]:
-        raise RunFailed(f"export: parity check failed ({parity['reason']}); see {out / 'parity.json'}")
+        raise ParityFailed(f"export: parity check failed ({parity['reason']}); see {out / 'parity.json'}", parity)
     return description
 
 

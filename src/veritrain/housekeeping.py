@@ -6,14 +6,17 @@ what disk space can be given back without losing anything a record still needs.
 
 from __future__ import annotations
 
-import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any, Optional
 
 from veritrain.config import ResolvedConfig
+from veritrain.errors import RunFailed
 from veritrain.record import capture_code, now_iso, read_record, write_record
 from veritrain.workspace import Workspace
+
+log = logging.getLogger("veritrain")
 
 
 def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_version: Optional[str]) -> Optional[dict[str, Any]]:
@@ -63,10 +66,18 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     resealed: list[str] = []
     referenced: set[str] = set()
     freed = 0
+    # a run whose record cannot be read, or one in progress (its record may not name its data version
+    # yet), might need any data version: then none is removed
+    keep_data: Optional[str] = None
     for run_dir in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
+        if not run_dir.is_dir():
+            continue
+        if not workspace.lock_is_stale(run_dir.name):
+            keep_data = f"run {run_dir.name} is in progress"
         try:
             record = read_record(run_dir)
-        except (OSError, json.JSONDecodeError):
+        except RunFailed:
+            keep_data = f"the record of {run_dir.name} cannot be read"
             continue
         if (record.get("data") or {}).get("version"):
             referenced.add(record["data"]["version"])
@@ -85,7 +96,9 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
                                      "detail": f"removed {len(steps)} step checkpoint file(s); best.pt and last.pt kept"})
             write_record(run_dir, record)
             resealed.append(run_dir.name)
-    for version_dir in sorted((workspace.state_dir / "data").glob("*")) if (workspace.state_dir / "data").exists() else []:
+    if keep_data:
+        log.warning("gc: keeping every data version: %s", keep_data)
+    for version_dir in sorted((workspace.state_dir / "data").glob("*")) if (workspace.state_dir / "data").exists() and not keep_data else []:
         if version_dir.name.startswith(".") or version_dir.name in referenced:
             continue
         freed += sum(p.stat().st_size for p in version_dir.rglob("*") if p.is_file())
@@ -97,4 +110,4 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             removed.append(str(lock.relative_to(workspace.root)))
             if not dry_run:
                 lock.unlink()
-    return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed}
+    return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed, "data_versions_kept_because": keep_data}

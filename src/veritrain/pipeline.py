@@ -131,7 +131,7 @@ def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -
     for run_dir in sorted(workspace.runs_dir.glob("*"), reverse=True) if workspace.runs_dir.exists() else []:
         try:
             record = read_record(run_dir)
-        except (OSError, json.JSONDecodeError):
+        except RunFailed:
             continue
         resumable = record.get("status") == "interrupted" or (
             record.get("status") == "running" and workspace.lock_is_stale(run_dir.name)
@@ -250,7 +250,7 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
     from veritrain.train.loop import resolve_device
 
     stages = record["stages"]
-    which = "best" if cfg.checkpoint.best else "last"
+    which = evaluate.default_checkpoint(cfg)
     baselines = None
     if "baselines" in stages and (cfg.eval.baselines or "train" not in stages) and hasattr(task, "baselines"):
         t = time.perf_counter()
@@ -273,10 +273,8 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
         t = time.perf_counter()
         try:
             description = export.run(cfg, data, task, run_dir, which)
-        except RunFailed:
-            parity_file = run_dir / "export" / "parity.json"
-            if parity_file.exists():
-                record["export"] = {"parity": json.loads(parity_file.read_text())}
+        except export.ParityFailed as err:
+            record["export"] = {"parity": err.parity}
             raise
         record["export"] = {"files": description["files"], "parity": description["parity"]}
         record["timings"]["export"] = round(time.perf_counter() - t, 3)

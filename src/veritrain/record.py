@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from veritrain import __version__
+from veritrain.errors import RunFailed
 from veritrain.hashing import sha256_file
 
 RECORD_VERSION = 1
 RECORD_FILE = "record.json"
 SEAL_FILE = "record.sha256"
-STATUSES = ("running", "completed", "failed", "interrupted")
+NOTES_FILE = "notes.jsonl"
+UNSEALED = frozenset({RECORD_FILE, SEAL_FILE, NOTES_FILE})  # notes are added after the run, on purpose outside the seal
 
 
 def now_iso() -> str:
@@ -36,13 +38,13 @@ def record_bytes(record: dict[str, Any]) -> bytes:
 
 
 def artifact_table(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """relative path → {sha256, size} for every file except the record and its seal."""
+    """relative path → {sha256, size} for every file except the record, its seal and the notes."""
     table = {}
     for path in sorted(run_dir.rglob("*")):
         if not path.is_file():
             continue
         rel = path.relative_to(run_dir).as_posix()
-        if rel in (RECORD_FILE, SEAL_FILE):
+        if rel in UNSEALED:
             continue
         table[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     return table
@@ -59,7 +61,14 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> str:
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+    """The run's record.json; a missing or damaged one is a RunFailed that says how to look closer."""
+    path = run_dir / RECORD_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise RunFailed(f"{path}: cannot read it ({err.strerror}); `veritrain verify {run_dir.name}` checks the whole run") from None
+    except ValueError as err:  # JSON or UTF-8
+        raise RunFailed(f"{path}: not a valid record ({err}); `veritrain verify {run_dir.name}` checks the whole run") from None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

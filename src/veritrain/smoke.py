@@ -33,7 +33,7 @@ TRAIN_SAMPLES, EVAL_SAMPLES, STEPS = 64, 64, 2
 
 def smoke_key(config_hash: str, data_version: str, code: dict[str, Any]) -> str:
     return sha256_json({"config_hash": config_hash, "data_version": data_version,
-                        "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty", "diff_patch")}})[:32]
+                        "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty")}})[:32]
 
 
 def passed_before(workspace: Workspace, key: str) -> bool:
@@ -118,8 +118,11 @@ def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
     from veritrain.data import prepare
 
     data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir)
-    key = smoke_key(resolved.hash, data.version, capture_code(workspace.root))
-    if passed_before(workspace, key):
+    code = capture_code(workspace.root)
+    key = smoke_key(resolved.hash, data.version, code)
+    if code["git_dirty"]:  # uncommitted changes have no name a cached result could be filed under
+        log.info("smoke: the checkout has uncommitted changes, so an earlier smoke result cannot vouch for this code")
+    elif passed_before(workspace, key):
         log.info("smoke: passed before for this config, data version and code (%s)", key[:12])
         return {"key": key, "status": "completed", "cached": True}
     log.info("smoke: a tiny slice through every stage first")

@@ -78,16 +78,24 @@ def read_predictions(path: Path) -> tuple[list[str], np.ndarray, np.ndarray, lis
     """(sample ids, label indices, probabilities, classes) from a predictions.csv."""
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
-        header = next(reader)
+        header = next(reader, [])
         rows = list(reader)
     if header[:4] != ["sample_id", "label", "prediction", "confidence"] or not all(h.startswith("p_") for h in header[4:]) or len(header) < 6:
         raise ValueError("expected columns sample_id,label,prediction,confidence,p_<class>... (a veritrain predictions.csv)")
+    short = next((n for n, r in enumerate(rows, start=2) if len(r) != len(header)), None)
+    if short is not None:
+        raise ValueError(f"line {short} has not {len(header)} columns like the header")
+    if not rows:
+        raise ValueError("no predictions after the header")
     classes = [h[2:] for h in header[4:]]
     index = {c: i for i, c in enumerate(classes)}
     unknown = sorted({r[1] for r in rows} - set(index))
     if unknown:
         raise ValueError(f"label(s) {', '.join(map(repr, unknown[:3]))} have no p_<class> column")
-    probabilities = np.array([[float(v) for v in r[4:]] for r in rows], dtype=np.float64)
+    try:
+        probabilities = np.array([[float(v) for v in r[4:]] for r in rows], dtype=np.float64)
+    except ValueError as err:
+        raise ValueError(f"a p_<class> value is not a number ({err})") from None
     labels = np.array([index[r[1]] for r in rows], dtype=np.int64)
     return [r[0] for r in rows], labels, probabilities, classes
 

@@ -25,13 +25,15 @@ from typing import Any, Optional
 
 import torch
 
+from veritrain.errors import RunFailed
+
 log = logging.getLogger("veritrain")
 
 FORMAT_VERSION = 1
 STEP_FILE = re.compile(r"^step-(\d+)\.pt$")
 
 
-class CheckpointError(Exception):
+class CheckpointError(RunFailed):
     """A checkpoint file that is missing, truncated or does not match its sidecar."""
 
 
