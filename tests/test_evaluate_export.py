@@ -288,6 +288,8 @@ def test_repeat_reports_mean_std_and_interval(cli, tmp_path):
     records = [json.loads((Path(r["run_dir"]) / "record.json").read_text()) for r in payload["runs"]]
     assert {r["repeat"]["group"] for r in records} == {payload["group"]}
     assert (tmp_path / ".veritrain" / "repeats" / f"{payload['group']}.json").exists()
+    experiments = (tmp_path / "experiments.md").read_text()
+    assert "group of 3 seeds" in experiments and "(single seed)" not in experiments
 
 
 class Unscriptable(__import__("torch").nn.Module):

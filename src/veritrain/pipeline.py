@@ -420,6 +420,8 @@ def amend(opened: OpenRun, workspace: Workspace, kind: str, detail: str) -> str:
     opened.record["events"].append(event)
     workspace.lock_run(opened.run_dir.name)
     try:
-        return write_record(opened.run_dir, opened.record)
+        seal = write_record(opened.run_dir, opened.record)
     finally:
         workspace.unlock_run(opened.run_dir.name)
+    update_experiments(workspace)  # new metrics or export results show there too
+    return seal

@@ -69,4 +69,5 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
     folder = workspace.state_dir / "repeats"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{group}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    pipeline.update_experiments(workspace)  # the group's seed spread exists only now
     return result
