@@ -73,6 +73,7 @@ def special(name: str, kind: bytes, linkname: str = ""):
     ("hardlink", lambda run: special(f"runs/{run}/hard", tarfile.LNKTYPE, "/etc/passwd"), "a link"),
     ("device", lambda run: special(f"runs/{run}/dev", tarfile.CHRTYPE), "a special file"),
     ("unlisted", lambda run: regular(f"runs/{run}/extra.txt"), "not listed in the run's record"),
+    ("dot file", lambda run: regular("."), "refused member '.': it names no file"),
 ])
 def test_crafted_archives_are_refused(cli, archived, tmp_path, label, make, message):
     _, run_dir, _ = archived
@@ -101,3 +102,85 @@ def test_tampered_member_is_refused(cli, archived, tmp_path):
             tar.addfile(member, io.BytesIO(data))
     result = cli("import", str(bad), "--workdir", str(tmp_path / "t"))
     assert result.code == 1 and "does not match its hash" in result.stderr
+
+
+def rewritten(tmp_path: Path, archived, change) -> Path:
+    """A copy of the good archive with each member renamed or replaced by `change(name, data)`
+    (None drops the member)."""
+    _, _, out = archived
+    bad = tmp_path / "rewritten.tar.gz"
+    with tarfile.open(out, "r:gz") as source, tarfile.open(bad, "w:gz") as tar:
+        for member in source.getmembers():
+            changed = change(member.name, source.extractfile(member).read())
+            if changed is not None:
+                member.name, data = changed
+                member.size = len(data)
+                tar.addfile(member, io.BytesIO(data))
+    return bad
+
+
+def test_archive_made_with_tar_dot_imports(cli, archived, tmp_path):
+    """`tar -C dir -czf run.tar.gz .` names every member ./… and adds a `.` directory first."""
+    bad = rewritten(tmp_path, archived, lambda name, data: (f"./{name}", data))
+    with_dot = tmp_path / "dot.tar.gz"
+    with tarfile.open(bad, "r:gz") as source, tarfile.open(with_dot, "w:gz") as tar:
+        top = tarfile.TarInfo(".")
+        top.type = tarfile.DIRTYPE
+        tar.addfile(top)
+        for member in source.getmembers():
+            tar.addfile(member, source.extractfile(member))
+    result = cli("import", str(with_dot), "--workdir", str(tmp_path / "t"), "--json")
+    assert result.code == 0, result.stderr
+    assert cli("verify", result.json()["run_id"], "--workdir", str(tmp_path / "t")).code == 0
+
+
+@pytest.mark.parametrize("label, change", [
+    ("no manifest", lambda name, data: None if name.endswith("/manifest.csv") else (name, data)),
+    ("version.json not JSON", lambda name, data: (name, b"{broken" if name.endswith("/version.json") else data)),
+    ("version.json lacks fields", lambda name, data: (name, b"{}" if name.endswith("/version.json") else data)),
+    ("array changed", lambda name, data: (name, data + b"x" if name.endswith(".npy") else data)),
+])
+def test_damaged_data_version_in_archive_is_refused(cli, archived, tmp_path, label, change):
+    bad = rewritten(tmp_path, archived, change)
+    target = tmp_path / "t"
+    result = cli("import", str(bad), "--workdir", str(target))
+    assert result.code == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: import: the archived data version ") and len(result.stderr.strip().splitlines()) == 1
+    assert not (target / "runs").exists()
+
+
+def test_archive_of_a_run_missing_a_file_is_refused(cli, archived, tmp_path):
+    import shutil
+
+    workdir, run_dir, _ = archived
+    copy = tmp_path / "runs" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    (copy / "metrics.jsonl").unlink()
+    out = tmp_path / "out.tar.gz"
+    result = cli("archive", str(copy), "-o", str(out), "--workdir", str(workdir))
+    assert result.code == 1, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(f"error: archive {run_dir.name}: metrics.jsonl: missing")
+    assert f"veritrain verify {run_dir.name}" in result.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out.tar.gz.*"))
+
+
+def test_archive_is_hashed_as_a_stream(archived, tmp_path, monkeypatch):
+    """The archive can be far larger than memory: its sha256 is computed in chunks."""
+    import hashlib
+
+    from veritrain import archive
+
+    workdir, run_dir, _ = archived
+    out = tmp_path / "run.tar.gz"
+    real = Path.read_bytes
+
+    def read_bytes(self):
+        assert self != out, "the whole archive was read into memory"
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    result = archive.create(run_dir, workdir / ".veritrain", out, with_data=False)
+    with open(out, "rb") as f:
+        assert result["sha256"] == hashlib.sha256(f.read()).hexdigest()

@@ -146,3 +146,24 @@ def test_dry_run_reuse_completed_and_gc(cli, tmp_path):
     record = json.loads((run_dir / "record.json").read_text())
     assert record["events"][-1]["kind"] == "gc"
     assert cli("verify", run_dir.name, "--workdir", str(tmp_path)).code == 0  # re-sealed, still verifies
+
+
+def test_a_bad_line_in_notes_is_skipped_with_a_warning(cli, workspace, tmp_path):
+    """notes.jsonl is edited by hand: one broken line must not take `runs list` or `runs show` down."""
+    import shutil
+
+    workdir, outcomes = workspace
+    source = Path(outcomes[0].summary["run_dir"])
+    run_dir = tmp_path / "runs" / source.name
+    shutil.copytree(source, run_dir)
+    good = {"at": "2024-01-01T00:00:00", "text": "kept", "conclusion": False}
+    (run_dir / "notes.jsonl").write_text(json.dumps(good) + "\n{not json\n42\n\n" + json.dumps({"no": "text"}) + "\n", encoding="utf-8")
+    listed = cli("runs", "list", "--workdir", str(tmp_path), "--json")
+    assert listed.code == 0, listed.stderr
+    assert listed.json()["runs"][0]["notes"] == [good]
+    assert "Traceback" not in listed.stderr
+    warnings = [l for l in listed.stderr.splitlines() if l.startswith("warning: ")]
+    assert [w.split("notes.jsonl: ")[1].split(":")[0] for w in warnings] == ["line 2", "line 3", "line 5"]
+    shown = cli("runs", "show", source.name, "--workdir", str(tmp_path), "--json")
+    assert shown.code == 0, shown.stderr
+    assert shown.json()["notes"] == [good]

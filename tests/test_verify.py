@@ -145,3 +145,57 @@ def test_compare_names_the_first_divergence(sealed, tmp_path):
     assert result["verdict"] == "differs"
     epochs = next(c for c in result["checks"] if c["what"].startswith("metrics.jsonl"))
     assert epochs["first_divergence"]["where"] == "metrics.jsonl epoch 2" and epochs["first_divergence"]["key"] == "val_loss"
+
+
+@pytest.mark.parametrize("damage", ["manifest.csv missing", "version.json not JSON", "version.json lacks fields", "version.json a list"])
+def test_damaged_data_version_is_a_problem_not_a_crash(cli, copy_of, tmp_path, damage):
+    workdir, run_dir, _ = copy_of
+    record = json.loads((run_dir / "record.json").read_text())
+    version_dir = workdir / ".veritrain" / "data" / record["data"]["version"]
+    backup = tmp_path / "backup"
+    shutil.copytree(version_dir, backup)
+    try:
+        if damage == "manifest.csv missing":
+            (version_dir / "manifest.csv").unlink()
+        else:
+            text = {"version.json not JSON": "{not json", "version.json lacks fields": "{}", "version.json a list": "[]"}[damage]
+            (version_dir / "version.json").write_text(text)
+        result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+        assert not result["ok"]
+        assert "data_version_changed" in {p["kind"] for p in result["problems"]}
+        assert all(p["path"].startswith(f".veritrain/data/{record['data']['version']}/") for p in result["problems"])
+        for command in ("verify", "check"):
+            ran = cli(command, str(run_dir), "--workdir", str(workdir))
+            assert ran.code == 1, ran.stderr
+            assert "Traceback" not in ran.stderr
+            assert ran.stderr.strip().splitlines()[-1].startswith(f"error: {command} {run_dir.name}: ")
+    finally:
+        shutil.rmtree(version_dir)
+        shutil.copytree(backup, version_dir)
+
+
+def test_data_version_check_is_shared_by_verify_and_import():
+    """One check of a data version: the same problems whether its files are in a folder or an archive."""
+    from veritrain import archive, verify
+
+    assert archive.data_version_problems is verify.data_version_problems
+    files = {"version.json": b"{}"}
+    problems = verify.data_version_problems("0" * 64, files.__getitem__, lambda name: "")
+    assert [(p["path"], p["kind"]) for p in problems] == [("manifest.csv", "data_version_changed")]
+
+
+@pytest.mark.parametrize("text", ["{broken", "[]", ""])
+def test_corrupt_record_is_reported_by_check_and_verify(cli, copy_of, text):
+    workdir, run_dir, _ = copy_of
+    (run_dir / "record.json").write_text(text)
+    result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+    assert not result["ok"] and ("record.json", "unreadable") in {(p["path"], p["kind"]) for p in result["problems"]}
+    from veritrain.verify import check_run
+
+    checked = check_run(run_dir, workdir / ".veritrain")
+    assert not checked["ok"] and checked["items"][0]["status"] == "fail" and checked["items"][0]["fix"] == f"veritrain verify {run_dir.name}"
+    for command in ("check", "verify"):
+        ran = cli(command, str(run_dir), "--workdir", str(workdir))
+        assert ran.code == 1, ran.stderr
+        assert "Traceback" not in ran.stderr
+        assert ran.stderr.strip().splitlines()[-1].startswith(f"error: {command} {run_dir.name}: ")

@@ -11,7 +11,6 @@ special members, nothing that the run's record does not list, and nothing is eve
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import shutil
 import tarfile
@@ -20,17 +19,29 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from veritrain.errors import RunFailed, UserError
-from veritrain.record import RECORD_FILE, SEAL_FILE
+from veritrain.hashing import sha256_file
+from veritrain.record import NOTES_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
+from veritrain.verify import data_version_problems, verify_run
 
 MAX_MEMBER_BYTES = 64 << 30  # refuse absurd member sizes before reading them
 
 
 def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[str, Any]:
-    record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+    """Pack the run's sealed files (and with `with_data` its data version) into `out`; a run that
+    does not verify is refused, so an archive never holds files its own record would reject."""
     run_id = run_dir.name
+    verified = verify_run(run_dir, state_dir, rehash_data=False)
+    # the data version only travels with --with-data (a missing one is the UserError below)
+    refused = [p for p in verified["problems"] if not p["kind"].startswith("data_") or (with_data and p["kind"] == "data_version_changed")]
+    if refused:
+        first = refused[0]
+        raise RunFailed(f"archive {run_id}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
+                        + (f", and {len(refused) - 1} more problem(s)" if len(refused) > 1 else "")
+                        + f"; the run does not verify, see `veritrain verify {run_id}`")
+    record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
     files = [RECORD_FILE, SEAL_FILE, *sorted(record.get("artifacts") or {})]
-    if (run_dir / "notes.jsonl").exists():
-        files.append("notes.jsonl")
+    if (run_dir / NOTES_FILE).exists():
+        files.append(NOTES_FILE)
     members = [(run_dir / rel, f"runs/{run_id}/{rel}") for rel in files]
     version = (record.get("data") or {}).get("version")
     if with_data:
@@ -52,12 +63,13 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[s
     finally:
         tmp.unlink(missing_ok=True)
     return {"archive": str(out), "run_id": run_id, "files": len(members), "with_data": with_data,
-            "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}
+            "sha256": sha256_file(out)}
 
 
 def _safe_name(name: str) -> PurePosixPath:
     path = PurePosixPath(name)
-    if path.is_absolute() or name.startswith("/") or "\\" in name or any(part in ("..", "") for part in path.parts) or ":" in path.parts[0]:
+    if (path.is_absolute() or name.startswith("/") or "\\" in name or any(part in ("..", "") for part in path.parts)
+            or (path.parts and ":" in path.parts[0])):  # no parts: `.`, as `tar -C dir .` names the top folder
         raise RunFailed(f"import: refused member {name!r}: its path leaves the workspace")
     return path
 
@@ -76,6 +88,8 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
             path = _safe_name(member.name)
             if member.isdir():
                 continue
+            if not path.parts:
+                raise RunFailed(f"import: refused member {member.name!r}: it names no file")
             if not member.isreg():
                 kind = "link" if (member.issym() or member.islnk()) else "special file"
                 raise RunFailed(f"import: refused member {member.name!r}: a {kind}; archives hold regular files only")
@@ -95,12 +109,11 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
     record = json.loads(record_bytes)
     artifacts = record.get("artifacts") or {}
     version = (record.get("data") or {}).get("version")
-    allowed_outside = {RECORD_FILE, SEAL_FILE, "notes.jsonl"}
     data_prefix = f".veritrain/data/{version}/"
     for name, data in contents.items():
         if name.startswith(prefix):
             rel = name[len(prefix):]
-            if rel in allowed_outside:
+            if rel in UNSEALED:
                 continue
             entry = artifacts.get(rel)
             if entry is None:
@@ -114,7 +127,9 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
         raise RunFailed(f"import: {len(missing)} file(s) of the record are missing from the archive (first: {missing[0]})")
     data_files = {n[len(data_prefix):]: d for n, d in contents.items() if version and n.startswith(data_prefix)}
     if data_files:
-        _check_data_version(version, data_files)
+        damaged = data_version_problems(version, data_files.__getitem__, lambda name: hashlib.sha256(data_files[name]).hexdigest())
+        if damaged:
+            raise RunFailed(f"import: the archived data version {version[:12]}: {damaged[0]['path']}: {damaged[0]['detail']}")
 
     target = workspace.runs_dir / run_id
     if target.exists():
@@ -134,21 +149,3 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return {"run_id": run_id, "run_dir": str(target), "data_version": version, "with_data": bool(data_files)}
-
-
-def _check_data_version(version: str, files: dict[str, bytes]) -> None:
-    """The archived data version must hash to its id and its arrays to version.json's hashes."""
-    import csv
-
-    from veritrain.data.prepare import version_id_of_manifest
-
-    try:
-        info = json.loads(files["version.json"])
-        rows = list(csv.DictReader(io.StringIO(files["manifest.csv"].decode("utf-8"))))
-    except (KeyError, ValueError, UnicodeDecodeError):
-        raise RunFailed(f"import: the archived data version {version[:12]} lacks a readable version.json or manifest.csv") from None
-    if version_id_of_manifest(info, rows) != version:
-        raise RunFailed(f"import: the archived data version does not hash to {version[:12]}")
-    for name, digest in (info.get("arrays_sha256") or {}).items():
-        if hashlib.sha256(files.get(name, b"")).hexdigest() != digest:
-            raise RunFailed(f"import: the archived {name} does not match version.json")

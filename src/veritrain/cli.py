@@ -756,14 +756,14 @@ def runs_note(ref: str, text: str, conclusion: bool, workdir: Optional[str], as_
     import json
 
     from veritrain import pipeline
-    from veritrain.record import now_iso
+    from veritrain.record import NOTES_FILE, now_iso
     from veritrain.secrets import redact_text
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
     note = {"at": now_iso(), "text": redact_text(text), "conclusion": conclusion}
-    with open(run_dir / "notes.jsonl", "a", encoding="utf-8") as f:
+    with open(run_dir / NOTES_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(note) + "\n")
     pipeline.update_experiments(workspace)
     if as_json:

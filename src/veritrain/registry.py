@@ -10,15 +10,20 @@ This module must not import torch: `veritrain runs list` stays fast.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
+from veritrain.record import NOTES_FILE, RECORD_FILE
+
 COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "config_hash", "data_version",
            "final_state_sha256", "hypothesis", "parent", "reproduced_from", "repeat_group", "error", "seal")
 JSON_COLUMNS = ("metrics", "config", "notes")
 SCHEMA_VERSION = 1
+
+log = logging.getLogger("veritrain")
 
 
 def connect(state_dir: Path) -> sqlite3.Connection:
@@ -40,7 +45,7 @@ def connect(state_dir: Path) -> sqlite3.Connection:
 def _stamp(run_dir: Path) -> Optional[str]:
     """What changes when a run's indexed content changes: record and notes mtimes and sizes."""
     parts = []
-    for name in ("record.json", "notes.jsonl"):
+    for name in (RECORD_FILE, NOTES_FILE):
         try:
             st = os.stat(run_dir / name)
             parts.append(f"{st.st_mtime_ns}:{st.st_size}")
@@ -52,10 +57,30 @@ def _stamp(run_dir: Path) -> Optional[str]:
 
 
 def read_notes(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "notes.jsonl"
-    if not path.exists():
+    """The run's notes, one JSON object with a `text` a line. People edit notes.jsonl by hand (it is
+    outside the seal), so a line that is not a note is skipped with a warning, not fatal to the listing."""
+    path = run_dir / NOTES_FILE
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as err:
+        log.warning("%s: cannot read it (%s); the run is shown without notes", path, err.strerror)
+        return []
+    notes = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            note = json.loads(line)
+        except json.JSONDecodeError as err:
+            log.warning("%s: line %d: not valid JSON (%s); fix or delete the line", path, number, err.msg)
+            continue
+        if not isinstance(note, dict) or not isinstance(note.get("text"), str):
+            log.warning("%s: line %d: not a note (a JSON object with a \"text\" string); fix or delete the line", path, number)
+            continue
+        notes.append(note)
+    return notes
 
 
 def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:

@@ -12,17 +12,17 @@ against it.
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import platform
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from veritrain.hashing import sha256_file
-from veritrain.record import RECORD_FILE, SEAL_FILE
-
-OUTSIDE_SEAL = {RECORD_FILE, SEAL_FILE, "notes.jsonl"}  # notes are added after the run, on purpose unsealed
+from veritrain.record import RECORD_FILE, SEAL_FILE, UNSEALED
 
 
 def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
@@ -51,7 +51,9 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}")
     try:
         record = json.loads(record_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as err:  # JSON or UTF-8
         problem(RECORD_FILE, "unreadable", str(err))
         return {"ok": False, "seal": seal, "problems": problems, "drift": drift}
 
@@ -61,7 +63,7 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         rel = path.relative_to(run_dir).as_posix()
         if path.is_symlink():
             problem(rel, "link", "a run directory holds only regular files")
-        elif path.is_file() and rel not in OUTSIDE_SEAL:
+        elif path.is_file() and rel not in UNSEALED:
             present[rel] = path
     for rel, entry in artifacts.items():
         path = present.get(rel)
@@ -84,8 +86,6 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
 def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, drift: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The stored data version must still hash to its id; the raw data, when present, must still
     prepare to it."""
-    import csv
-
     problems = []
     version = record["data"]["version"]
     folder = state_dir / "data" / version
@@ -93,19 +93,9 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         problems.append({"path": f".veritrain/data/{version}", "kind": "data_version_missing",
                          "detail": "the prepared data version is not in this workspace; run `veritrain data prepare` on the run's config"})
     else:
-        info = json.loads((folder / "version.json").read_text())
-        with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-        from veritrain.data.prepare import version_id_of_manifest
-
-        recomputed = version_id_of_manifest(info, rows)
-        if recomputed != version:
-            problems.append({"path": f".veritrain/data/{version}/manifest.csv", "kind": "data_version_changed",
-                             "detail": f"the stored manifest now hashes to {recomputed[:12]}"})
-        for name, digest in (info.get("arrays_sha256") or {}).items():
-            if not (folder / name).exists() or sha256_file(folder / name) != digest:
-                problems.append({"path": f".veritrain/data/{version}/{name}", "kind": "data_version_changed",
-                                 "detail": "the prepared arrays no longer match version.json"})
+        for p in data_version_problems(version, lambda name: (folder / name).read_bytes(), lambda name: sha256_file(folder / name)):
+            problems.append({"path": f".veritrain/data/{version}/{p['path']}", "kind": p["kind"],
+                             "detail": f"{p['detail']}; remove .veritrain/data/{version} and run `veritrain data prepare` on the run's config"})
     source = record.get("config_source") or {}
     from veritrain.config import paths_from_record
 
@@ -128,6 +118,55 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
             if again.version != version:
                 problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
                                  "detail": f"the raw data now prepares to version {again.version[:12]}, not {version[:12]}"})
+    return problems
+
+
+def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of: Callable[[str], str]) -> list[dict[str, str]]:
+    """Whether a prepared data version is intact, wherever its files are (a workspace folder for
+    verify, an archive's members for import): version.json and manifest.csv readable, the manifest
+    hashing to `version`, every array matching version.json.
+
+    `read` and `sha256_of` take a file name inside the version and raise OSError or KeyError when
+    it is missing. Returns [{"path" (inside the version), "kind", "detail"}], empty when intact.
+    """
+    from veritrain.data.prepare import version_id_of_manifest
+
+    def changed(name: str, detail: str) -> dict[str, str]:
+        return {"path": name, "kind": "data_version_changed", "detail": detail}
+
+    try:
+        info = json.loads(read("version.json"))
+        if not isinstance(info, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, KeyError):
+        return [changed("version.json", "version.json is missing")]
+    except ValueError as err:  # JSON or UTF-8
+        return [changed("version.json", f"version.json is not readable ({err})")]
+    problems = []
+    try:
+        rows = list(csv.DictReader(io.StringIO(read("manifest.csv").decode("utf-8"), newline="")))
+    except (OSError, KeyError):
+        problems.append(changed("manifest.csv", "manifest.csv is missing"))
+    except (ValueError, csv.Error) as err:  # UTF-8 or CSV
+        problems.append(changed("manifest.csv", f"manifest.csv is not readable ({err})"))
+    else:
+        try:
+            recomputed = version_id_of_manifest(info, rows)
+        except (KeyError, TypeError, AttributeError) as err:
+            problems.append(changed("manifest.csv", f"version.json or manifest.csv lacks a field or has one of the wrong type ({err})"))
+        else:
+            if recomputed != version:
+                problems.append(changed("manifest.csv", f"the manifest hashes to {recomputed[:12]}, not to the version id"))
+    arrays = info.get("arrays_sha256") or {}
+    if not isinstance(arrays, dict):
+        return problems + [changed("version.json", "arrays_sha256 is not a table of file → sha256")]
+    for name, digest in arrays.items():
+        try:
+            intact = sha256_of(name) == digest
+        except (OSError, KeyError):
+            intact = False
+        if not intact:
+            problems.append(changed(name, f"{name} does not match its sha256 in version.json"))
     return problems
 
 
@@ -241,8 +280,15 @@ def _compare(what: str, x: Any, y: Any) -> dict[str, Any]:
 def check_run(run_dir: Path, state_dir: Path) -> dict[str, Any]:
     """The completion checklist of a run: one row per item, pass / fail / missing, and the command
     that fixes it. {"ok", "items": [{"item", "status", "detail", "fix"}]}."""
-    record = json.loads((run_dir / RECORD_FILE).read_text())
     run = run_dir.name
+    try:
+        record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:  # nothing else can be checked without the record
+        why = err.strerror if isinstance(err, OSError) else str(err)
+        return {"ok": False, "run": run, "items": [{"item": "archive: record.json readable", "status": "fail",
+                                                    "detail": f"{RECORD_FILE}: {why}", "fix": f"veritrain verify {run}"}]}
     artifacts = record.get("artifacts") or {}
     data = record.get("data") or {}
     items: list[dict[str, Any]] = []
@@ -251,7 +297,12 @@ def check_run(run_dir: Path, state_dir: Path) -> dict[str, Any]:
         items.append({"item": name, "status": status, "detail": detail, "fix": None if status == "pass" else fix})
 
     version_dir = state_dir / "data" / str(data.get("version"))
-    info = json.loads((version_dir / "version.json").read_text()) if (version_dir / "version.json").exists() else None
+    try:
+        info = json.loads((version_dir / "version.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing or damaged: reported by the items below and by verify
+        info = None
+    if not isinstance(info, dict):
+        info = None
     prepare_fix = "veritrain data prepare runs/{0}/config.yaml".format(run)
     item("data: validated and versioned", "pass" if data.get("version") and info else "missing", prepare_fix,
          f"version {str(data.get('version'))[:12]}, {data.get('quarantined', 0)} quarantined")
