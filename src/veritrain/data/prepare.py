@@ -600,7 +600,7 @@ def _inputs_for(rows: list[int], table: _Table, source: Any, cfg: Any, target: d
         from veritrain.data import validate
 
         h, w, c = target["shape"]
-        params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, _near_duplicates_on(cfg, [h, w]))
+        params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, perceptual_hash=False)  # only the pixels are wanted now
         files = {table.hashes[i]: str(table.paths[i]) for i in missing}
         headers = validate.headers_for(files, None, workers)
         checks = validate.checks_for(files, headers, params, None, workers, keep_arrays=True)
