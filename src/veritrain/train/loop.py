@@ -178,10 +178,32 @@ def _truncate_jsonl(path: Path, keep) -> None:
     checkpoint.write_atomic(path, "".join(r + "\n" for r in rows).encode())
 
 
+def with_stack_headroom(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)`, called from a frame that reserves 32 KiB of interpreter stack.
+
+    CPython 3.11+ keeps Python frames in per-thread chunks of 16 KiB and frees a chunk as soon as the
+    frame that opened it returns. A hot loop whose calls straddle a chunk boundary therefore maps and
+    unmaps a chunk (mmap, munmap, fresh zeroed pages) on every call across it: about 80 times per
+    epoch for the mlp on digits under `veritrain train`, decided only by how deep the caller happened
+    to be. This frame does not fit in the current chunk, so it opens a fresh 64 KiB one and leaves
+    32 KiB above itself, room for every frame a training step pushes, whatever the caller's depth.
+    Elsewhere (other interpreters, older versions) it is only a call."""
+    return fn(*args, **kwargs)
+
+
+# 4096 value-stack slots of 8 bytes: the frame's size, not a limit on anything it calls
+with_stack_headroom.__code__ = with_stack_headroom.__code__.replace(co_stacksize=4096)
+
+
 def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
     checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`."""
+    return with_stack_headroom(_run, cfg, data, task, run_dir, stop, console, resume, events)
+
+
+def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console],
+         resume: bool, events: Optional[list[dict[str, Any]]]) -> TrainResult:
     started = time.perf_counter()
     tcfg, ccfg = cfg.train, cfg.checkpoint
     events = events if events is not None else []
