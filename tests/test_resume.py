@@ -145,10 +145,17 @@ def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path
     assert state is not None
     if moment == "before_sidecar":
         assert any("sha256 is missing" in p for p in problems)  # detected, and an older file is used
+    else:
+        assert list((run_dir / "checkpoints").glob(".step-*.pt.tmp"))  # the interrupted write's temp file
+    # the replay rewrites (and so renames) that temp file; one from a save the replay does not repeat
+    # (every_minutes, a signal) would stay and be sealed unless resume removes it
+    (run_dir / "checkpoints" / ".step-12345.pt.tmp").write_bytes(b"half a checkpoint")
     resumed = subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert comparable(run_dir) == reference
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))  # removed on resume, so never sealed
+    assert not [name for name in json.loads((run_dir / "record.json").read_text())["artifacts"] if name.endswith(".tmp")]
 
 
 def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):

@@ -283,6 +283,10 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
 
     resumed_from = None
     augment_resume: Optional[torch.Tensor] = None
+    if resume:
+        unfinished = checkpoint.remove_unfinished(ckpt_dir)
+        if unfinished:
+            log.info("resume: removed %s, left by a save that was interrupted", ", ".join(unfinished))
     if resume and not any(ckpt_dir.glob("*.pt")):
         # stopped before its first checkpoint: starting over is the same run, bit for bit
         log.info("resume: no checkpoint was saved yet; training from the beginning")
