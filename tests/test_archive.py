@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -150,6 +151,25 @@ def test_damaged_data_version_in_archive_is_refused(cli, archived, tmp_path, lab
     assert not (target / "runs").exists()
 
 
+@pytest.mark.parametrize("label, record, message", [
+    ("not json", b"\xff not a record", "is not JSON"),
+    ("a list", b"[1, 2]", "no valid artifact table"),
+    ("artifacts a list", b'{"artifacts": [1]}', "no valid artifact table"),
+    ("entry without a hash", b'{"artifacts": {"config.yaml": {"sha256": 5, "size": 1}}}', "no valid artifact table"),
+])
+def test_record_and_seal_forged_together_are_refused_in_one_line(cli, archived, tmp_path, label, record, message):
+    def forge(name: str, data: bytes):
+        if name.endswith("/record.json"):
+            return name, record
+        if name.endswith("/record.sha256"):
+            return name, (hashlib.sha256(record).hexdigest() + "\n").encode()  # the seal matches the forged record
+        return name, data
+    result = cli("import", str(rewritten(tmp_path, archived, forge)), "--workdir", str(tmp_path / "t"))
+    assert result.code == 1, result.stderr
+    assert result.stderr.startswith("error: import: ") and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "t" / "runs").exists()
+
+
 def test_archive_of_a_run_missing_a_file_is_refused(cli, archived, tmp_path):
     import shutil
 
@@ -168,8 +188,6 @@ def test_archive_of_a_run_missing_a_file_is_refused(cli, archived, tmp_path):
 
 def test_archive_is_hashed_as_a_stream(archived, tmp_path, monkeypatch):
     """The archive can be far larger than memory: its sha256 is computed in chunks."""
-    import hashlib
-
     from veritrain import archive
 
     workdir, run_dir, _ = archived

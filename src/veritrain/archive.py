@@ -16,7 +16,7 @@ import shutil
 import tarfile
 import uuid
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Optional
 
 from veritrain.errors import RunFailed, UserError
 from veritrain.hashing import sha256_file
@@ -74,6 +74,25 @@ def _safe_name(name: str) -> PurePosixPath:
     return path
 
 
+def _sealed_record_parts(record_bytes: bytes, run_id: str) -> tuple[dict[str, dict[str, Any]], Optional[str]]:
+    """(artifact table, data version) of a record whose seal matched. A seal only proves the
+    two files belong together, so a record and seal forged as a pair are checked for shape here."""
+    try:
+        record = json.loads(record_bytes)
+    except ValueError:  # not UTF-8, or not JSON
+        raise RunFailed(f"import: the record of {run_id} is not JSON") from None
+    artifacts = record.get("artifacts") if isinstance(record, dict) else None
+    if not isinstance(artifacts, dict) or not all(
+        isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("size"), int) for entry in artifacts.values()
+    ):
+        raise RunFailed(f"import: the record of {run_id} has no valid artifact table (path → sha256, size)")
+    data = record.get("data")
+    version = data.get("version") if isinstance(data, dict) else None
+    if not isinstance(version, str) or "/" in version or version in ("", ".", ".."):
+        version = None  # the run then imports without a data version: no archived data member is accepted
+    return artifacts, version
+
+
 def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
     """Check every member, then move the run (and data version) into the workspace."""
     if not archive.is_file():
@@ -106,9 +125,7 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
     seal = contents.get(prefix + SEAL_FILE, b"").decode(errors="replace").strip()
     if record_bytes is None or hashlib.sha256(record_bytes).hexdigest() != seal:
         raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
-    record = json.loads(record_bytes)
-    artifacts = record.get("artifacts") or {}
-    version = (record.get("data") or {}).get("version")
+    artifacts, version = _sealed_record_parts(record_bytes, run_id)
     data_prefix = f".veritrain/data/{version}/"
     for name, data in contents.items():
         if name.startswith(prefix):
