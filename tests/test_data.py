@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -128,3 +130,19 @@ def test_test_split_file_applies_to_array_sources(digits, tmp_path):
     test_ids = {data.sample_ids[row] for row in data.splits["test"]}
     assert set(listed) <= test_ids
     assert data.version != digits.version
+
+
+def test_digits_are_read_as_load_digits_reads_them_without_importing_scikit_learn():
+    from sklearn.datasets import load_digits
+
+    from veritrain.data.sources import bundled_digits
+
+    values, labels, version = bundled_digits()
+    bunch = load_digits()
+    assert np.array_equal(values, bunch.images) and values.dtype == bunch.images.dtype
+    assert np.array_equal(labels, bunch.target) and list(bunch.target_names) == list(range(10))
+    import sklearn
+
+    assert version == sklearn.__version__
+    probe = "import sys; from veritrain.data.sources import load_digits_source; load_digits_source(None, {}); print('sklearn' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
