@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from veritrain import __version__
 from veritrain.errors import RunFailed
+from veritrain.files import write_atomic
 from veritrain.hashing import sha256_file
 
 RECORD_VERSION = 1
@@ -54,9 +55,9 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> str:
     """Refresh `artifacts`, write record.json atomically, then its seal; returns the seal (hex SHA-256)."""
     record["artifacts"] = artifact_table(run_dir)
     data = record_bytes(record)
-    _atomic_write(run_dir / RECORD_FILE, data)
+    write_atomic(run_dir / RECORD_FILE, data, sync_folder=False)  # the seal's rename below syncs the folder for both
     seal = hashlib.sha256(data).hexdigest()
-    _atomic_write(run_dir / SEAL_FILE, (seal + "\n").encode())
+    write_atomic(run_dir / SEAL_FILE, (seal + "\n").encode())
     return seal
 
 
@@ -69,15 +70,6 @@ def read_record(run_dir: Path) -> dict[str, Any]:
         raise RunFailed(f"{path}: cannot read it ({err.strerror}); `veritrain verify {run_dir.name}` checks the whole run") from None
     except ValueError as err:  # JSON or UTF-8
         raise RunFailed(f"{path}: not a valid record ({err}); `veritrain verify {run_dir.name}` checks the whole run") from None
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------- environment and code

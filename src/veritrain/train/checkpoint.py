@@ -26,6 +26,7 @@ from typing import Any, Optional
 import torch
 
 from veritrain.errors import RunFailed
+from veritrain.files import sync_dir, write_atomic
 
 log = logging.getLogger("veritrain")
 
@@ -71,40 +72,6 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
         return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as err:  # a matching hash makes this unlikely; refuse anything odd all the same
         raise CheckpointError(f"{path}: cannot be loaded ({err.__class__.__name__}: {err})") from None
-
-
-def write_atomic(path: Path, data: bytes, fsync: bool = True, sync_folder: bool = True) -> None:
-    """Temp file in the same folder, write (+ fsync), rename over `path` (+ fsync the folder).
-
-    Plain `os` calls: each is one system call, and so one hand-over of the GIL when this runs on the
-    background writer while training goes on.
-    """
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # e.g. disk full: the previous file under `path` is untouched
-        raise
-    if sync_folder:
-        sync_dir(path.parent)
-
-
-def sync_dir(folder: Path) -> None:
-    """fsync a folder so the renames in it survive a power loss."""
-    dir_fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def step_files(folder: Path) -> list[tuple[int, Path]]:
