@@ -137,7 +137,7 @@ class FileHash:
     cached: bool = False
 
 
-def hash_files(paths: list[Path], cache: Optional[StatCache] = None, rehash: bool = False, threads: Optional[int] = None) -> dict[Path, FileHash]:
+def hash_files(paths: list[Path], cache: Optional[StatCache] = None, rehash: bool = False) -> dict[Path, FileHash]:
     """BLAKE3 of many files, reusing the stat cache.
 
     Small files are hashed in this thread (a thread pool's hand-offs cost more than the hashing);
@@ -170,7 +170,7 @@ def hash_files(paths: list[Path], cache: Optional[StatCache] = None, rehash: boo
             return FileHash(stats[path].st_size, None, f"{err.strerror or err.__class__.__name__}")
 
     fresh: dict[Path, FileHash] = {path: hashed(path, lambda p: _blake3_small(str(p))) for path in small}
-    workers = threads or min(4, os.cpu_count() or 1)
+    workers = min(4, os.cpu_count() or 1)
     if len(large) > 1 and workers > 1:
         local = threading.local()
 

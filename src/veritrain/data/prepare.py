@@ -38,7 +38,6 @@ log = logging.getLogger("veritrain")
 
 FORMAT_VERSION = 2  # layout of a stored data version; part of the version id
 NEAR_DUPLICATE_MIN_SIDE = 16  # px: below this a perceptual hash says little (digits are 8×8)
-REPORT_FILES = ("data_report.json", "data_report.md")
 
 
 @dataclass

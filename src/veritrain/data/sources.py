@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from veritrain.data.split import SPLITS
 from veritrain.errors import RunFailed, UserError
 
 
@@ -189,9 +190,6 @@ def load_imagefolder_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "imagefolder"})
 
 
-SPLIT_NAMES = ("train", "val", "test")
-
-
 def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     """A csv file (data.csv) with columns path,label and optional group, split, timestamp."""
     root = _root(paths)
@@ -224,7 +222,7 @@ def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
             continue
         seen[rel] = line
         split = (row.get("split") or "").strip().lower() or None
-        if split is not None and split not in SPLIT_NAMES:
+        if split is not None and split not in SPLITS:
             raise RunFailed(f"data.csv: {csv_path}: line {line}: split {split!r}; use train, val, test or leave it empty")
         label = (row.get("label") or "").strip() or None
         samples.append(FileSample(rel, os.path.join(root, rel), label, (row.get("group") or "").strip() or None, split, (row.get("timestamp") or "").strip() or None))
@@ -268,7 +266,7 @@ def _split_lists(split_dir: Path) -> dict[str, str]:
         raise UserError(f"data.split_dir: {split_dir}: no such folder; give the folder holding train.txt, val.txt, test.txt (relative paths start at the config file's folder)")
     fixed: dict[str, str] = {}
     found = False
-    for split in SPLIT_NAMES:
+    for split in SPLITS:
         listed = split_dir / f"{split}.txt"
         if not listed.exists():
             continue

@@ -56,7 +56,8 @@ def write_bytes(data: bytes, path: Path, digest: Optional[str] = None, sync_fold
     write_atomic(path.with_name(path.name + ".sha256"), (digest + "\n").encode(), fsync=False, sync_folder=sync_folder)
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load(path: Path) -> dict[str, Any]:
+    """The checkpoint's state on the CPU, after its sidecar hash matched."""
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -69,7 +70,7 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]
     if hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(f"{path}: content does not match {sidecar.name} (truncated or changed)")
     try:
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # a matching hash makes this unlikely; refuse anything odd all the same
         raise CheckpointError(f"{path}: cannot be loaded ({err.__class__.__name__}: {err})") from None
 

@@ -70,12 +70,10 @@ class TrainResult:
     best_value: Optional[float]
     best_metric: tuple[str, str]
     steps: int
-    seconds: float
     device: str
     threads: int
     peak_memory_mb: float
     loop_seconds: float = 0.0  # the epochs alone (no setup, data or model building): what overhead is measured on
-    resumed_from: Optional[str] = None
 
 
 class _RolledBack(Exception):
@@ -281,7 +279,6 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
         del history[state.epochs_done :]
         return saved["augment_rng"]
 
-    resumed_from = None
     augment_resume: Optional[torch.Tensor] = None
     if resume:
         unfinished = checkpoint.remove_unfinished(ckpt_dir)
@@ -307,7 +304,6 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
             log.warning("resume: settings differ from the saved run (%s); the result may not be bit-identical",
                         ", ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items()))
         augment_resume = restore(saved)
-        resumed_from = path.name
         events.append({"kind": "resume", "step": state.step, "detail": f"from checkpoints/{path.name} (epoch {state.epoch}, batch {state.batch_index})"})
         log.info("resume: from %s at step %d (epoch %d, batch %d)", path.name, state.step, state.epoch, state.batch_index)
     if metrics_path.exists():
@@ -540,12 +536,10 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
         best_value=state.best_value,
         best_metric=(best_key, best_mode),
         steps=state.step,
-        seconds=time.perf_counter() - started,
         device=str(device),
         threads=torch.get_num_threads(),
         peak_memory_mb=round(peak_mb, 1),
         loop_seconds=round(loop_seconds, 4),
-        resumed_from=resumed_from,
     )
 
 
