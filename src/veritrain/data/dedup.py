@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -247,6 +247,29 @@ class BKTree:
         return tuple(np.concatenate(parts) for parts in zip(*results))  # type: ignore[return-value]
 
 
+class UnionFind:
+    """Disjoint sets over 0..n-1; the smaller root always wins, so the result does not depend on the
+    order of the unions."""
+
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]  # path halving
+            i = self.parent[i]
+        return i
+
+    def union(self, a: int, b: int) -> Optional[tuple[int, int]]:
+        """Join the sets of `a` and `b`; returns (kept root, absorbed root), or None if already one set."""
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return None
+        keep, drop = min(ra, rb), max(ra, rb)
+        self.parent[drop] = keep
+        return keep, drop
+
+
 @dataclass
 class Cluster:
     members: list[int]  # item indices, sorted
@@ -281,26 +304,19 @@ def near_duplicate_clusters(
     group_of_node = np.array([ids[0] for ids in tree._ids], dtype=np.int64)  # one group per node: hashes are distinct
     a, b = group_of_node[later], group_of_node[earlier]
 
-    parent = list(range(len(groups)))
+    sets = UnionFind(len(groups))
     joined_at = [0] * len(groups)  # per root: the largest link used so far
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
 
     order = np.lexsort((b, a, distances))  # shortest links first, ties by group: a deterministic spanning tree
     for x, y, distance in zip(a[order].tolist(), b[order].tolist(), distances[order].tolist()):
-        root_x, root_y = find(x), find(y)
-        if root_x != root_y:
-            keep, drop = min(root_x, root_y), max(root_x, root_y)
-            parent[drop] = keep
+        joined = sets.union(x, y)
+        if joined is not None:
+            keep, drop = joined
             joined_at[keep] = max(joined_at[keep], joined_at[drop], distance)
 
     components: dict[int, list[int]] = {}
     for group_index, members in enumerate(groups):
-        components.setdefault(find(group_index), []).extend(members)
+        components.setdefault(sets.find(group_index), []).extend(members)
     clusters = [
         Cluster(sorted(members), joined_at[root]) for root, members in components.items() if len(members) >= 2
     ]

@@ -446,22 +446,6 @@ def _check_labels(table: _Table, classes: Optional[list[str]]) -> None:
 # ---------------------------------------------------------------- duplicates, groups, leakage
 
 
-class _UnionFind:
-    def __init__(self, n: int):
-        self.parent = list(range(n))
-
-    def find(self, i: int) -> int:
-        while self.parent[i] != i:
-            self.parent[i] = self.parent[self.parent[i]]
-            i = self.parent[i]
-        return i
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-
 SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # where copies disagree, the most protected split wins
 
 
@@ -510,7 +494,9 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]],
             by_group[group].append(i)
     links.extend(members for members in by_group.values() if len(members) > 1)
 
-    uf = _UnionFind(len(table.ids))
+    from veritrain.data.dedup import UnionFind
+
+    uf = UnionFind(len(table.ids))
     for members in links:
         for other in members[1:]:
             uf.union(members[0], other)
