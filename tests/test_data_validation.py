@@ -430,3 +430,15 @@ def test_huge_image_is_a_bomb_even_in_a_fresh_process(tmp_path, monkeypatch):
     check = validate.check_file(path, header, validate.CheckParams(32, 32, 1, False, 50_000_000, False), False)
     assert [kind for kind, _ in check.findings] == ["bomb"]
     assert "data.max_pixels 50,000,000" in check.findings[0][1]
+
+
+def test_cache_lookups_of_more_keys_than_sqlite_binds_at_once(tmp_path):
+    from veritrain.hashing import SQLITE_MAX_PARAMS, StatCache
+
+    cache = StatCache(tmp_path / "files.sqlite")
+    rows = [(f"/data/{i}.png", i, i * 10, i, "blake3", f"{i:064x}") for i in range(2 * SQLITE_MAX_PARAMS + 7)]
+    cache.store(rows)
+    wanted = [r[0] for r in rows] + ["/data/missing.png"]
+    found = cache.lookup(wanted)
+    assert found == {path: tuple(rest) for path, *rest in rows}
+    cache.close()

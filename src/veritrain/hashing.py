@@ -14,7 +14,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 CHUNK_BYTES = 1 << 20  # 1 MiB reads: big files never sit whole in memory
 
@@ -95,6 +95,29 @@ def _blake3_small(path: str) -> str:
     return digest.hexdigest()
 
 
+SQLITE_MAX_PARAMS = 900  # below SQLite's smallest default limit on bound parameters (999)
+
+
+def open_cache_db(db_path: Path, *create_tables: str) -> Any:
+    """A cache database under `.veritrain/cache/`, in WAL mode so parallel prepares can share it."""
+    import sqlite3
+
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(db_path, timeout=60)
+    db.execute("PRAGMA journal_mode=WAL")
+    for statement in create_tables:
+        db.execute(statement)
+    return db
+
+
+def rows_where_in(db: Any, query: str, keys: list[str], params: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The rows of `query` (whose last condition is `IN ({marks})`) for all `keys`, in chunks that
+    keep the number of bound parameters under SQLite's limit; `params` are bound before the keys."""
+    for start in range(0, len(keys), SQLITE_MAX_PARAMS):
+        chunk = keys[start : start + SQLITE_MAX_PARAMS]
+        yield from db.execute(query.format(marks=",".join("?" * len(chunk))), [*params, *chunk])
+
+
 class StatCache:
     """path → (size, mtime_ns, inode, hash): an unchanged file is not read again.
 
@@ -103,23 +126,13 @@ class StatCache:
     """
 
     def __init__(self, db_path: Path):
-        import sqlite3
-
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(db_path, timeout=60)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute(
-            "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, algorithm TEXT, hash TEXT)"
+        self.db = open_cache_db(
+            db_path, "CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, inode INTEGER, algorithm TEXT, hash TEXT)"
         )
 
     def lookup(self, paths: list[str]) -> dict[str, tuple[int, int, int, str, str]]:
-        found: dict[str, tuple[int, int, int, str, str]] = {}
-        for start in range(0, len(paths), 900):  # SQLite's limit on bound parameters
-            chunk = paths[start : start + 900]
-            query = f"SELECT path, size, mtime_ns, inode, algorithm, hash FROM files WHERE path IN ({','.join('?' * len(chunk))})"
-            for path, *rest in self.db.execute(query, chunk):
-                found[path] = tuple(rest)  # type: ignore[assignment]
-        return found
+        query = "SELECT path, size, mtime_ns, inode, algorithm, hash FROM files WHERE path IN ({marks})"
+        return {path: tuple(rest) for path, *rest in rows_where_in(self.db, query, paths)}  # type: ignore[misc]
 
     def store(self, rows: list[tuple[str, int, int, int, str, str]]) -> None:
         with self.db:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import numpy as np
+
+from veritrain.hashing import open_cache_db, rows_where_in
 
 FINDING_SEVERITY = {
     # kind → what happens to the sample (the names are part of the public contract)
@@ -198,23 +199,18 @@ class CheckCache:
     """Header and check results by content hash (files with equal bytes get equal results)."""
 
     def __init__(self, db_path: Path):
-        db_path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(db_path, timeout=60)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("CREATE TABLE IF NOT EXISTS headers (hash TEXT PRIMARY KEY, json TEXT)")
-        self.db.execute("CREATE TABLE IF NOT EXISTS checks (hash TEXT, params TEXT, json TEXT, PRIMARY KEY (hash, params))")
+        self.db = open_cache_db(
+            db_path,
+            "CREATE TABLE IF NOT EXISTS headers (hash TEXT PRIMARY KEY, json TEXT)",
+            "CREATE TABLE IF NOT EXISTS checks (hash TEXT, params TEXT, json TEXT, PRIMARY KEY (hash, params))",
+        )
 
     def _get(self, table: str, hashes: list[str], params: Optional[str] = None) -> dict[str, dict[str, Any]]:
-        found = {}
-        for start in range(0, len(hashes), 900):
-            chunk = hashes[start : start + 900]
-            marks = ",".join("?" * len(chunk))
-            if params is None:
-                rows = self.db.execute(f"SELECT hash, json FROM {table} WHERE hash IN ({marks})", chunk)
-            else:
-                rows = self.db.execute(f"SELECT hash, json FROM {table} WHERE params = ? AND hash IN ({marks})", [params, *chunk])
-            found.update((h, json.loads(j)) for h, j in rows)
-        return found
+        if params is None:
+            rows = rows_where_in(self.db, f"SELECT hash, json FROM {table} WHERE hash IN ({{marks}})", hashes)
+        else:
+            rows = rows_where_in(self.db, f"SELECT hash, json FROM {table} WHERE params = ? AND hash IN ({{marks}})", hashes, (params,))
+        return {h: json.loads(j) for h, j in rows}
 
     def headers(self, hashes: list[str]) -> dict[str, Header]:
         return {h: Header(**v) for h, v in self._get("headers", hashes).items()}
