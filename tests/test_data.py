@@ -146,3 +146,25 @@ def test_digits_are_read_as_load_digits_reads_them_without_importing_scikit_lear
     assert version == sklearn.__version__
     probe = "import sys; from veritrain.data.sources import load_digits_source; load_digits_source(None, {}); print('sklearn' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def _manifest(folder, header, rows):
+    folder.mkdir()
+    (folder / "manifest.csv").write_text("\n".join([",".join(header), *(",".join(r) for r in rows)]) + "\n", encoding="utf-8")
+    return folder
+
+
+def test_data_diff_finds_the_content_hash_column_by_name(tmp_path):
+    from veritrain.data import report
+
+    old = _manifest(tmp_path / "old", ["sample_id", "size", "blake3", "label", "split", "status"],
+                    [["a", "1", "h1", "cat", "train", "ok"], ["b", "1", "h2", "dog", "val", "ok"]])
+    new = _manifest(tmp_path / "new", ["sample_id", "label", "split", "status", "size", "blake3"],  # same data, columns reordered
+                    [["a", "cat", "train", "ok", "1", "h1"], ["b", "dog", "val", "ok", "1", "h9"]])
+    result = report.diff(old, new)
+    assert result["content_changed"] == ["b"] and result["content_hash"] == "blake3" and result["content_compared"]
+    assert not result["relabelled"] and not result["moved"]
+    other = _manifest(tmp_path / "other", ["sample_id", "size", "sha256", "label", "split", "status"],
+                      [["a", "1", "x1", "cat", "train", "ok"], ["b", "1", "x2", "dog", "val", "ok"]])
+    result = report.diff(old, other)
+    assert result["content_compared"] is False and result["content_changed"] == [] and result["content_hash"] == "blake3 → sha256"

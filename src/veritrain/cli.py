@@ -907,6 +907,9 @@ def data_diff(old: str, new: str, workdir: Optional[str], as_json: bool) -> int:
         return 0
     click.echo(f"{result['old'][:12]} → {result['new'][:12]}")
     for key in ("added", "removed", "content_changed"):
+        if key == "content_changed" and not result["content_compared"]:
+            click.echo(f"content_changed: not compared (content hashes by different algorithms: {result['content_hash']})")
+            continue
         click.echo(f"{key}: {len(result[key])}" + (f"  ({', '.join(result[key][:5])}{', ...' if len(result[key]) > 5 else ''})" if result[key] else ""))
     for key in ("relabelled", "moved"):
         items = result[key]

@@ -11,6 +11,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from veritrain.errors import RunFailed
+
+# manifest.csv columns besides the content hash, which is named by its algorithm (written by prepare)
+MANIFEST_COLUMNS = ("sample_id", "size", "label", "split", "status")
+
 CARD_REQUIRED = ("origin", "license")  # the seed of open training: say where data comes from and on what terms
 
 
@@ -130,11 +135,17 @@ def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
     """Samples added, removed, relabelled, moved between splits, or changed in content between two versions."""
     import csv
 
-    def read(path: Path) -> dict[str, dict[str, str]]:
+    def read(path: Path) -> tuple[dict[str, dict[str, str]], str]:
+        """The manifest's rows by sample id, and the name of its content-hash column (its algorithm)."""
         with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
-            return {row["sample_id"]: row for row in csv.DictReader(f)}
+            reader = csv.DictReader(f)
+            rows = {row["sample_id"]: row for row in reader}
+        hash_columns = [c for c in reader.fieldnames or [] if c not in MANIFEST_COLUMNS]
+        if len(hash_columns) != 1:
+            raise RunFailed(f"{path / 'manifest.csv'}: expected one content-hash column besides {', '.join(MANIFEST_COLUMNS)}, found {hash_columns}")
+        return rows, hash_columns[0]
 
-    old, new = read(old_dir), read(new_dir)
+    (old, old_hash), (new, new_hash) = read(old_dir), read(new_dir)
     common = sorted(set(old) & set(new))
 
     def where(row: dict[str, str]) -> str:
@@ -147,6 +158,8 @@ def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
         "removed": sorted(set(old) - set(new)),
         "relabelled": [{"sample_id": s, "old": old[s]["label"], "new": new[s]["label"]} for s in common if old[s]["label"] != new[s]["label"]],
         "moved": [{"sample_id": s, "old": where(old[s]), "new": where(new[s])} for s in common if where(old[s]) != where(new[s])],
-        # the third manifest column is the content hash, named by its algorithm
-        "content_changed": [s for s in common if list(old[s].values())[2] != list(new[s].values())[2]],
+        "content_hash": old_hash if old_hash == new_hash else f"{old_hash} → {new_hash}",
+        # hashes by different algorithms cannot be compared: then no sample counts as changed
+        "content_compared": old_hash == new_hash,
+        "content_changed": [s for s in common if old[s][old_hash] != new[s][new_hash]] if old_hash == new_hash else [],
     }
