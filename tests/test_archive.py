@@ -170,6 +170,20 @@ def test_record_and_seal_forged_together_are_refused_in_one_line(cli, archived, 
     assert not (tmp_path / "t" / "runs").exists()
 
 
+@pytest.mark.parametrize("keep", [0.5, 0.98])
+def test_truncated_archive_is_one_line_and_leaves_nothing(cli, archived, tmp_path, keep):
+    _, _, out = archived
+    data = out.read_bytes()
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(data[: int(len(data) * keep)])  # a copy that stopped part-way
+    target = tmp_path / "t"
+    result = cli("import", str(cut), "--workdir", str(target))
+    assert result.code == 1, result.stderr
+    assert result.stderr.startswith("error: import: ") and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (target / "runs").exists()
+    assert not list((target / ".veritrain").glob("import-*")) if (target / ".veritrain").exists() else True
+
+
 def test_archive_of_a_run_missing_a_file_is_refused(cli, archived, tmp_path):
     import shutil
 

@@ -15,6 +15,7 @@ import json
 import shutil
 import tarfile
 import uuid
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
@@ -93,70 +94,94 @@ def _sealed_record_parts(record_bytes: bytes, run_id: str) -> tuple[dict[str, di
     return artifacts, version
 
 
-def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
-    """Check every member, then move the run (and data version) into the workspace."""
-    if not archive.is_file():
-        raise UserError(f"{archive}: no such archive file")
+def _unpack_checked(archive: Path, staging: Path) -> dict[str, tuple[str, int]]:
+    """Unpack the archive's regular files into `staging` as one pass over the stream, hashing each
+    on the way; returns member name → (sha256, size). Refuses what the module docstring forbids."""
     try:
         tar = tarfile.open(archive, "r:gz")
     except (tarfile.TarError, OSError) as err:
         raise RunFailed(f"import: {archive} is not a .tar.gz archive ({err})") from None
+    digests: dict[str, tuple[str, int]] = {}
     with tar:
-        contents: dict[str, bytes] = {}
-        for member in tar.getmembers():
-            path = _safe_name(member.name)
-            if member.isdir():
-                continue
-            if not path.parts:
-                raise RunFailed(f"import: refused member {member.name!r}: it names no file")
-            if not member.isreg():
-                kind = "link" if (member.issym() or member.islnk()) else "special file"
-                raise RunFailed(f"import: refused member {member.name!r}: a {kind}; archives hold regular files only")
-            if member.size > MAX_MEMBER_BYTES:
-                raise RunFailed(f"import: refused member {member.name!r}: {member.size} bytes")
-            handle = tar.extractfile(member)
-            contents[path.as_posix()] = handle.read() if handle else b""
-    runs = {PurePosixPath(n).parts[1] for n in contents if n.startswith("runs/") and len(PurePosixPath(n).parts) > 2}
-    if len(runs) != 1:
-        raise RunFailed(f"import: expected exactly one run under runs/ in the archive, found {len(runs)}")
-    run_id = runs.pop()
-    prefix = f"runs/{run_id}/"
-    record_bytes = contents.get(prefix + RECORD_FILE)
-    seal = contents.get(prefix + SEAL_FILE, b"").decode(errors="replace").strip()
-    if record_bytes is None or hashlib.sha256(record_bytes).hexdigest() != seal:
-        raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
-    artifacts, version = _sealed_record_parts(record_bytes, run_id)
-    data_prefix = f".veritrain/data/{version}/"
-    for name, data in contents.items():
-        if name.startswith(prefix):
-            rel = name[len(prefix):]
-            if rel in UNSEALED:
-                continue
-            entry = artifacts.get(rel)
-            if entry is None:
-                raise RunFailed(f"import: refused {name!r}: not listed in the run's record")
-            if hashlib.sha256(data).hexdigest() != entry["sha256"] or len(data) != entry["size"]:
-                raise RunFailed(f"import: {name!r} does not match its hash in the record")
-        elif not (version and name.startswith(data_prefix)):
-            raise RunFailed(f"import: refused {name!r}: neither part of the run nor of its data version")
-    missing = [rel for rel in artifacts if prefix + rel not in contents]
-    if missing:
-        raise RunFailed(f"import: {len(missing)} file(s) of the record are missing from the archive (first: {missing[0]})")
-    data_files = {n[len(data_prefix):]: d for n, d in contents.items() if version and n.startswith(data_prefix)}
-    if data_files:
-        damaged = data_version_problems(version, data_files.__getitem__, lambda name: hashlib.sha256(data_files[name]).hexdigest())
-        if damaged:
-            raise RunFailed(f"import: the archived data version {version[:12]}: {damaged[0]['path']}: {damaged[0]['detail']}")
+        try:
+            for member in tar:  # in stream order: the compressed file is read once
+                path = _safe_name(member.name)
+                if member.isdir():
+                    continue
+                if not path.parts:
+                    raise RunFailed(f"import: refused member {member.name!r}: it names no file")
+                if not member.isreg():
+                    kind = "link" if (member.issym() or member.islnk()) else "special file"
+                    raise RunFailed(f"import: refused member {member.name!r}: a {kind}; archives hold regular files only")
+                if member.size > MAX_MEMBER_BYTES:
+                    raise RunFailed(f"import: refused member {member.name!r}: {member.size} bytes")
+                destination = staging / path
+                try:
+                    destination.parent.mkdir(parents=True, exist_ok=True)
+                    digest, size = hashlib.sha256(), 0
+                    with tar.extractfile(member) as source, open(destination, "wb") as out:  # type: ignore[union-attr]
+                        while chunk := source.read(1 << 20):
+                            digest.update(chunk)
+                            size += len(chunk)
+                            out.write(chunk)
+                except OSError as err:  # e.g. a file where another member needs a folder, or a full disk
+                    raise RunFailed(f"import: cannot unpack member {member.name!r} ({err.strerror or err})") from None
+                digests[path.as_posix()] = (digest.hexdigest(), size)
+        except (tarfile.TarError, EOFError, zlib.error) as err:  # truncated or corrupt after the first block
+            raise RunFailed(f"import: {archive} is damaged ({err})") from None
+    return digests
 
-    target = workspace.runs_dir / run_id
-    if target.exists():
-        raise UserError(f"import: run {run_id} already exists in {workspace.runs_dir}")
+
+def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
+    """Check every member, then move the run (and data version) into the workspace. Members are
+    unpacked (and hashed) into a staging folder under `.veritrain/`, never held in memory; nothing
+    leaves the staging folder unless every check passed."""
+    if not archive.is_file():
+        raise UserError(f"{archive}: no such archive file")
     staging = workspace.state_dir / f"import-{uuid.uuid4().hex}"
     try:
-        for name, data in contents.items():
-            destination = staging / name
-            destination.parent.mkdir(parents=True, exist_ok=True)
-            destination.write_bytes(data)
+        digests = _unpack_checked(archive, staging)
+        runs = {PurePosixPath(n).parts[1] for n in digests if n.startswith("runs/") and len(PurePosixPath(n).parts) > 2}
+        if len(runs) != 1:
+            raise RunFailed(f"import: expected exactly one run under runs/ in the archive, found {len(runs)}")
+        run_id = runs.pop()
+        prefix = f"runs/{run_id}/"
+        record_bytes = (staging / prefix / RECORD_FILE).read_bytes() if prefix + RECORD_FILE in digests else None
+        seal = (staging / prefix / SEAL_FILE).read_bytes().decode(errors="replace").strip() if prefix + SEAL_FILE in digests else ""
+        if record_bytes is None or hashlib.sha256(record_bytes).hexdigest() != seal:
+            raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
+        artifacts, version = _sealed_record_parts(record_bytes, run_id)
+        data_prefix = f".veritrain/data/{version}/"
+        for name, (digest, size) in digests.items():
+            if name.startswith(prefix):
+                rel = name[len(prefix):]
+                if rel in UNSEALED:
+                    continue
+                entry = artifacts.get(rel)
+                if entry is None:
+                    raise RunFailed(f"import: refused {name!r}: not listed in the run's record")
+                if digest != entry["sha256"] or size != entry["size"]:
+                    raise RunFailed(f"import: {name!r} does not match its hash in the record")
+            elif not (version and name.startswith(data_prefix)):
+                raise RunFailed(f"import: refused {name!r}: neither part of the run nor of its data version")
+        missing = [rel for rel in artifacts if prefix + rel not in digests]
+        if missing:
+            raise RunFailed(f"import: {len(missing)} file(s) of the record are missing from the archive (first: {missing[0]})")
+        data_files = {n[len(data_prefix):] for n in digests if version and n.startswith(data_prefix)}
+
+        def read_data_file(name: str) -> bytes:
+            if name not in data_files:
+                raise KeyError(name)
+            return (staging / data_prefix / name).read_bytes()
+
+        if data_files:
+            damaged = data_version_problems(version, read_data_file, lambda name: digests[data_prefix + name][0])
+            if damaged:
+                raise RunFailed(f"import: the archived data version {version[:12]}: {damaged[0]['path']}: {damaged[0]['detail']}")
+
+        target = workspace.runs_dir / run_id
+        if target.exists():
+            raise UserError(f"import: run {run_id} already exists in {workspace.runs_dir}")
         workspace.runs_dir.mkdir(parents=True, exist_ok=True)
         (staging / prefix).rename(target)
         data_target = workspace.state_dir / "data" / str(version)
