@@ -17,7 +17,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from veritrain import logs
 from veritrain.config import ResolvedConfig
@@ -41,8 +41,9 @@ def passed_before(workspace: Workspace, key: str) -> bool:
     return record.exists() and json.loads(record.read_text()).get("status") == "completed"
 
 
-def run(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
-    """Run the smoke test of a config; returns its summary (raises RunFailed when a stage fails)."""
+def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Run the smoke test of a config; returns its summary (raises RunFailed when a stage fails).
+    `data` (the prepared data version) and `code` (`capture_code`) are reused when the caller has them."""
     from veritrain import evaluate, export
     from veritrain.data import prepare
     from veritrain.signals import interruptible
@@ -51,8 +52,8 @@ def run(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
 
     started = time.perf_counter()
     cfg = resolved.config
-    data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
-    code = capture_code(workspace.root)
+    data = data if data is not None else prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
+    code = code if code is not None else capture_code(workspace.root)
     key = smoke_key(resolved.hash, data.version, code)
     folder = workspace.state_dir / "smoke" / key
     shutil.rmtree(folder, ignore_errors=True)
@@ -126,7 +127,7 @@ def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
         log.info("smoke: passed before for this config, data version and code (%s)", key[:12])
         return {"key": key, "status": "completed", "cached": True}
     log.info("smoke: a tiny slice through every stage first")
-    result = run(resolved, workspace)
+    result = run(resolved, workspace, data, code)
     result["cached"] = False
     return result
 
