@@ -168,3 +168,14 @@ def test_data_diff_finds_the_content_hash_column_by_name(tmp_path):
                       [["a", "1", "x1", "cat", "train", "ok"], ["b", "1", "x2", "dog", "val", "ok"]])
     result = report.diff(old, other)
     assert result["content_compared"] is False and result["content_changed"] == [] and result["content_hash"] == "blake3 → sha256"
+
+
+def test_digits_fall_back_to_load_digits_when_the_bundled_file_reads_otherwise(monkeypatch):
+    from sklearn.datasets import load_digits
+
+    from veritrain.data import sources
+
+    monkeypatch.setattr(sources.np, "loadtxt", lambda *a, **k: np.zeros((3, 7)))  # a layout load_digits() would not read
+    values, labels, _ = sources.bundled_digits()
+    bunch = load_digits()
+    assert np.array_equal(values, bunch.images) and np.array_equal(labels, bunch.target)

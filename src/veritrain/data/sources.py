@@ -87,9 +87,14 @@ def bundled_digits() -> tuple[np.ndarray, np.ndarray, str]:
     spec = util.find_spec("sklearn")  # locates the package without running it
     csv = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
     if csv is not None and csv.is_file():
-        with gzip.open(csv, mode="rt", encoding="utf-8") as f:
-            table = np.loadtxt(f, delimiter=",")  # 64 pixel columns, then the label
-        return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int), metadata.version("scikit-learn")
+        try:
+            with gzip.open(csv, mode="rt", encoding="utf-8") as f:
+                table = np.loadtxt(f, delimiter=",")  # 64 pixel columns, then the label
+        except (OSError, ValueError):
+            table = None
+        # anything but the layout load_digits() reads goes through load_digits() itself
+        if table is not None and table.ndim == 2 and table.shape[1] == 65 and np.isin(table[:, -1], np.arange(10)).all():
+            return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int), metadata.version("scikit-learn")
     import sklearn
     from sklearn.datasets import load_digits
 
