@@ -175,7 +175,7 @@ def test_digits_fall_back_to_load_digits_when_the_bundled_file_reads_otherwise(m
 
     from veritrain.data import sources
 
-    monkeypatch.setattr(sources.np, "loadtxt", lambda *a, **k: np.zeros((3, 7)))  # a layout load_digits() would not read
+    monkeypatch.setattr(sources, "_read_digits_csv", lambda path: np.zeros((3, 7)))  # not the layout load_digits() reads
     values, labels, _ = sources.bundled_digits()
     bunch = load_digits()
     assert np.array_equal(values, bunch.images) and np.array_equal(labels, bunch.target)

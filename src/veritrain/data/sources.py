@@ -73,25 +73,31 @@ def array_sample_hashes(inputs: np.ndarray) -> list[str]:
     return [blake3.blake3(row.tobytes()).hexdigest() for row in flat]
 
 
+def _read_digits_csv(path: Path) -> Optional[np.ndarray]:
+    """The rows of scikit-learn's digits.csv.gz (64 pixel columns, then the label), or None."""
+    import gzip
+
+    try:
+        with gzip.open(path, mode="rt", encoding="utf-8") as f:
+            return np.loadtxt(f, delimiter=",")
+    except (OSError, ValueError):
+        return None
+
+
 def bundled_digits() -> tuple[np.ndarray, np.ndarray, str]:
     """(N×8×8 pixel counts 0–16 as floats, labels, scikit-learn version) of scikit-learn's digits.
 
     Read from the package's `datasets/data/digits.csv.gz` the way `load_digits()` reads it, without
     importing scikit-learn: that import (scipy with it) takes about 0.7 s, a fifth of a short
     `veritrain train` on digits. A test holds the two equal; `load_digits()` is the fallback when the
-    file is not where it has always been.
+    file is not where it has always been or does not read as 65 columns with labels 0–9.
     """
-    import gzip
     from importlib import metadata, util
 
     spec = util.find_spec("sklearn")  # locates the package without running it
     csv = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
     if csv is not None and csv.is_file():
-        try:
-            with gzip.open(csv, mode="rt", encoding="utf-8") as f:
-                table = np.loadtxt(f, delimiter=",")  # 64 pixel columns, then the label
-        except (OSError, ValueError):
-            table = None
+        table = _read_digits_csv(csv)
         # anything but the layout load_digits() reads goes through load_digits() itself
         if table is not None and table.ndim == 2 and table.shape[1] == 65 and np.isin(table[:, -1], np.arange(10)).all():
             return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(int), metadata.version("scikit-learn")
