@@ -13,8 +13,21 @@ import socket
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Optional
 
 from veritrain.errors import UserError
+
+
+def process_identity(pid: int) -> Optional[str]:
+    """`<boot id>:<start time in clock ticks>` of a live process on Linux, None elsewhere: a pid is
+    reused, this pair is not."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start_ticks = stat[stat.rindex(")") + 2 :].split()[19]  # field 22; the name in (…) may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"{boot_id}:{start_ticks}"
 
 
 @dataclass(frozen=True)
@@ -55,12 +68,15 @@ class Workspace:
         locks = self.state_dir / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         lock = locks / f"{run_id}.lock"
-        lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n", encoding="utf-8")
+        holder = {"pid": os.getpid(), "host": socket.gethostname(), "process": process_identity(os.getpid())}
+        lock.write_text(json.dumps(holder) + "\n", encoding="utf-8")
         return lock
 
     def lock_is_stale(self, run_id: str) -> bool:
-        """True when no live process on this host holds the run's lock (missing lock, dead pid).
-        A lock from another host cannot be checked and counts as held."""
+        """True when no live process on this host holds the run's lock: missing lock, dead pid, or a
+        pid that now belongs to another process (its start differs from the one the lock recorded,
+        e.g. after a reboot or in a restarted container). A lock from another host cannot be checked
+        and counts as held."""
         lock = self.state_dir / "locks" / f"{run_id}.lock"
         try:
             holder = json.loads(lock.read_text(encoding="utf-8"))
@@ -69,12 +85,14 @@ class Workspace:
         if holder.get("host") != socket.gethostname():
             return False
         try:
-            os.kill(int(holder["pid"]), 0)
+            pid = int(holder["pid"])
+            os.kill(pid, 0)
         except ProcessLookupError:
             return True
-        except (PermissionError, KeyError, ValueError):
+        except (PermissionError, KeyError, ValueError, TypeError):
             return False
-        return False  # alive (a reused pid also looks alive: resume by id after checking)
+        recorded, now = holder.get("process"), process_identity(pid)
+        return bool(recorded and now and recorded != now)  # alive, unless the pid was reused
 
     def unlock_run(self, run_id: str) -> None:
         (self.state_dir / "locks" / f"{run_id}.lock").unlink(missing_ok=True)
