@@ -150,11 +150,12 @@ def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path
     # the replay rewrites (and so renames) that temp file; one from a save the replay does not repeat
     # (every_minutes, a signal) would stay and be sealed unless resume removes it
     (run_dir / "checkpoints" / ".step-12345.pt.tmp").write_bytes(b"half a checkpoint")
+    (run_dir / ".metrics.jsonl.tmp").write_bytes(b'{"epoch": 1')  # a record or jsonl rewrite dies the same way
     resumed = subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert comparable(run_dir) == reference
-    assert not list((run_dir / "checkpoints").glob(".*.tmp"))  # removed on resume, so never sealed
+    assert not list(run_dir.rglob(".*.tmp"))  # removed on resume, so never sealed
     assert not [name for name in json.loads((run_dir / "record.json").read_text())["artifacts"] if name.endswith(".tmp")]
 
 

@@ -26,6 +26,7 @@ from veritrain import config as config_module
 from veritrain import logs
 from veritrain.config import ResolvedConfig, RunConfig, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
+from veritrain.files import remove_unfinished
 from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, save_code, write_record
 from veritrain.secrets import allowed_environment, redact_argv, redact_text
 from veritrain.signals import interruptible
@@ -149,6 +150,10 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
     run_id = record["run_id"]
     file_log = logs.attach_file(run_dir / "train.log")
     workspace.lock_run(run_id)
+    if resume:  # before anything re-seals the run: a kill may have left a write's temp file anywhere in it
+        unfinished = remove_unfinished(run_dir)
+        if unfinished:
+            log.info("resume: removed %s, left by a write that was interrupted", ", ".join(unfinished))
     error: Optional[VeritrainError | Interrupted] = None
     try:
         with interruptible() as stop:

@@ -95,17 +95,6 @@ def prune(folder: Path, keep: int) -> list[Path]:
     return removed
 
 
-def remove_unfinished(folder: Path) -> list[str]:
-    """Delete the temp files (`.<name>.tmp`) of saves that a kill interrupted: they are never loaded,
-    and a resumed run must not seal them as its artifacts. Returns their names."""
-    removed = []
-    for name in os.listdir(folder):
-        if name.startswith(".") and name.endswith(".tmp"):
-            (folder / name).unlink(missing_ok=True)
-            removed.append(name)
-    return sorted(removed)
-
-
 def newest_valid(folder: Path) -> tuple[Optional[Path], Optional[dict[str, Any]], list[str]]:
     """The newest checkpoint that loads and matches its sidecar: last.pt and the step files, by
     global step. Returns (path, state, warnings about the files skipped)."""

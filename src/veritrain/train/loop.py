@@ -36,6 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from veritrain.errors import Interrupted, RunFailed
 from veritrain.evaluate import forward_split
+from veritrain.files import write_atomic
 from veritrain.hashing import state_dict_sha256
 from veritrain.signals import StopFlag
 from veritrain.train import checkpoint
@@ -173,7 +174,7 @@ def _truncate_jsonl(path: Path, keep) -> None:
     if not path.exists():
         return
     rows = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and keep(json.loads(line))]
-    checkpoint.write_atomic(path, "".join(r + "\n" for r in rows).encode())
+    write_atomic(path, "".join(r + "\n" for r in rows).encode())
 
 
 def with_stack_headroom(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -280,10 +281,6 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
         return saved["augment_rng"]
 
     augment_resume: Optional[torch.Tensor] = None
-    if resume:
-        unfinished = checkpoint.remove_unfinished(ckpt_dir)
-        if unfinished:
-            log.info("resume: removed %s, left by a save that was interrupted", ", ".join(unfinished))
     if resume and not any(ckpt_dir.glob("*.pt")):
         # stopped before its first checkpoint: starting over is the same run, bit for bit
         log.info("resume: no checkpoint was saved yet; training from the beginning")
