@@ -267,7 +267,7 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
         opened = pipeline.open_run(workspace, ref, allow_data_drift)
         baselines = opened.record.get("baselines")
         metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, resolve_device(opened.config.train.device),
-                               which or evaluate.default_checkpoint(opened.config), split, baselines=baselines)
+                               which, split, baselines=baselines)
         opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
         seal = pipeline.amend(opened, workspace, "eval", f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
         logs.console.print(f"eval written to {opened.run_dir / 'eval' / metrics['split']}; run re-sealed: {seal}", markup=False)
@@ -353,12 +353,11 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], wor
     Example:
       veritrain export latest --format onnx
     """
-    from veritrain import evaluate, export, pipeline
+    from veritrain import export, pipeline
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     opened = pipeline.open_run(workspace, ref)
-    which = which or evaluate.default_checkpoint(opened.config)
     try:
         description = export.run(opened.config, opened.data, opened.task, opened.run_dir, which, formats or None)
     except export.ParityFailed as err:

@@ -39,13 +39,10 @@ def forward_split(model: torch.nn.Module, task: Any, data: Any, split: str, devi
     return torch.cat(outputs), torch.cat(targets)
 
 
-def default_checkpoint(cfg: Any) -> str:
-    """best.pt when the run keeps one, else last.pt."""
-    return "best" if cfg.checkpoint.best else "last"
-
-
-def checkpoint_path(run_dir: Path, which: str) -> Path:
-    """`best`, `last`, or a path (absolute, or relative to the run directory)."""
+def checkpoint_path(cfg: Any, run_dir: Path, which: Optional[str]) -> Path:
+    """`best`, `last`, or a path (absolute, or relative to the run directory); None: best.pt when
+    the run keeps one (`checkpoint.best`), else last.pt."""
+    which = which or ("best" if cfg.checkpoint.best else "last")
     if which in ("best", "last"):
         return run_dir / "checkpoints" / f"{which}.pt"
     path = Path(which)
@@ -62,13 +59,13 @@ def load_model(cfg: Any, data: Any, task: Any, path: Path, device: torch.device)
     return model, state
 
 
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, which: str = "best",
+def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, which: Optional[str] = None,
         split: Optional[str] = None, baselines: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics."""
     split = split or cfg.eval.split
     if len(data.splits[split]) == 0:
         raise UserError(f"eval.split: the {split} split of the data version is empty; evaluate another split (--split) or give it samples (data.split_ratios)")
-    path = checkpoint_path(run_dir, which)
+    path = checkpoint_path(cfg, run_dir, which)
     model, state = load_model(cfg, data, task, path, device)
     outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
     out_dir = run_dir / "eval" / split

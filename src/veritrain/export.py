@@ -33,8 +33,8 @@ MODEL_JSON_VERSION = 1
 FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
 
 
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: str = "best", formats: Optional[Sequence[str]] = None) -> dict[str, Any]:
-    """Stage entry: export the checkpoint `which` in `formats` (default `export.formats`) and check
+def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = None, formats: Optional[Sequence[str]] = None) -> dict[str, Any]:
+    """Stage entry: export the checkpoint `which` (see `evaluate.checkpoint_path`) in `formats` (default `export.formats`) and check
     parity; returns model.json's content. Raises RunFailed when parity fails (files are kept)."""
     import warnings
 
@@ -47,7 +47,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: str = "best", form
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.(onnx|jit)")
     warnings.filterwarnings("ignore", message=r".*(TorchScript|torch\.jit).*", category=DeprecationWarning)
     formats = list(formats or cfg.export.formats)
-    path = checkpoint_path(run_dir, which)
+    path = checkpoint_path(cfg, run_dir, which)
     model, state = load_model(cfg, data, task, path, torch.device("cpu"))
     model = model.float().eval()
     out = run_dir / "export"

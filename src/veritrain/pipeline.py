@@ -255,7 +255,6 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
     from veritrain.train.loop import resolve_device
 
     stages = record["stages"]
-    which = evaluate.default_checkpoint(cfg)
     baselines = None
     if "baselines" in stages and (cfg.eval.baselines or "train" not in stages) and hasattr(task, "baselines"):
         t = time.perf_counter()
@@ -265,7 +264,7 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
         log.info("baselines: %s", "  ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in baselines["results"].items()))
     if "eval" in stages:
         t = time.perf_counter()
-        metrics = evaluate.run(cfg, data, task, run_dir, resolve_device(cfg.train.device), which, baselines=baselines)
+        metrics = evaluate.run(cfg, data, task, run_dir, resolve_device(cfg.train.device), baselines=baselines)
         record["metrics"][cfg.eval.split] = metrics
         record["timings"]["eval"] = round(time.perf_counter() - t, 3)
         verdict = baseline_verdict(metrics, baselines)
@@ -277,7 +276,7 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
 
         t = time.perf_counter()
         try:
-            description = export.run(cfg, data, task, run_dir, which)
+            description = export.run(cfg, data, task, run_dir)
         except export.ParityFailed as err:
             record["export"] = {"parity": err.parity}
             raise
