@@ -148,13 +148,17 @@ def test_digits_are_read_as_load_digits_reads_them_without_importing_scikit_lear
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 
-def _manifest(folder, header, rows):
+def _manifest(folder, header, rows, algorithm="blake3"):
+    """A data version folder holding only what `data diff` reads (version.json names the hash column)."""
+    import json
+
     folder.mkdir()
+    (folder / "version.json").write_text(json.dumps({"hash_algorithm": algorithm}), encoding="utf-8")
     (folder / "manifest.csv").write_text("\n".join([",".join(header), *(",".join(r) for r in rows)]) + "\n", encoding="utf-8")
     return folder
 
 
-def test_data_diff_finds_the_content_hash_column_by_name(tmp_path):
+def test_data_diff_reads_the_content_hash_column_version_json_names(tmp_path):
     from veritrain.data import report
 
     old = _manifest(tmp_path / "old", ["sample_id", "size", "blake3", "label", "split", "status"],
@@ -165,9 +169,12 @@ def test_data_diff_finds_the_content_hash_column_by_name(tmp_path):
     assert result["content_changed"] == ["b"] and result["content_hash"] == "blake3" and result["content_compared"]
     assert not result["relabelled"] and not result["moved"]
     other = _manifest(tmp_path / "other", ["sample_id", "size", "sha256", "label", "split", "status"],
-                      [["a", "1", "x1", "cat", "train", "ok"], ["b", "1", "x2", "dog", "val", "ok"]])
+                      [["a", "1", "x1", "cat", "train", "ok"], ["b", "1", "x2", "dog", "val", "ok"]], algorithm="sha256")
     result = report.diff(old, other)
     assert result["content_compared"] is False and result["content_changed"] == [] and result["content_hash"] == "blake3 → sha256"
+    (other / "version.json").write_text("{}")  # names no algorithm
+    with pytest.raises(RunFailed, match=r"other: not a readable data version \(KeyError"):
+        report.diff(old, other)
 
 
 def test_digits_fall_back_to_load_digits_when_the_bundled_file_reads_otherwise(monkeypatch):

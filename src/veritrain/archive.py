@@ -146,11 +146,10 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
             raise RunFailed(f"import: expected exactly one run under runs/ in the archive, found {len(runs)}")
         run_id = runs.pop()
         prefix = f"runs/{run_id}/"
-        record_bytes = (staging / prefix / RECORD_FILE).read_bytes() if prefix + RECORD_FILE in digests else None
         seal = (staging / prefix / SEAL_FILE).read_bytes().decode(errors="replace").strip() if prefix + SEAL_FILE in digests else ""
-        if record_bytes is None or hashlib.sha256(record_bytes).hexdigest() != seal:
+        if prefix + RECORD_FILE not in digests or digests[prefix + RECORD_FILE][0] != seal:  # hashed while unpacking
             raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
-        artifacts, version = _sealed_record_parts(record_bytes, run_id)
+        artifacts, version = _sealed_record_parts((staging / prefix / RECORD_FILE).read_bytes(), run_id)
         data_prefix = f".veritrain/data/{version}/"
         for name, (digest, size) in digests.items():
             if name.startswith(prefix):

@@ -13,9 +13,6 @@ from typing import Any
 
 from veritrain.errors import RunFailed
 
-# manifest.csv columns besides the content hash, which is named by its algorithm (written by prepare)
-MANIFEST_COLUMNS = ("sample_id", "size", "label", "split", "status")
-
 CARD_REQUIRED = ("origin", "license")  # the seed of open training: say where data comes from and on what terms
 
 
@@ -136,14 +133,17 @@ def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
     import csv
 
     def read(path: Path) -> tuple[dict[str, dict[str, str]], str]:
-        """The manifest's rows by sample id, and the name of its content-hash column (its algorithm)."""
-        with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = {row["sample_id"]: row for row in reader}
-        hash_columns = [c for c in reader.fieldnames or [] if c not in MANIFEST_COLUMNS]
-        if len(hash_columns) != 1:
-            raise RunFailed(f"{path / 'manifest.csv'}: expected one content-hash column besides {', '.join(MANIFEST_COLUMNS)}, found {hash_columns}")
-        return rows, hash_columns[0]
+        """The manifest's rows by sample id, and its content-hash column: named by the algorithm
+        version.json records (`hash_algorithm`), as `prepare.version_id_of_manifest` reads it."""
+        try:
+            algorithm = json.loads((path / "version.json").read_text(encoding="utf-8"))["hash_algorithm"]
+            with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
+                rows = {row["sample_id"]: row for row in csv.DictReader(f)}
+            if any(algorithm not in row for row in rows.values()):
+                raise KeyError(algorithm)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise RunFailed(f"{path}: not a readable data version ({err.__class__.__name__}: {err}); `veritrain verify` on a run that uses it says more") from None
+        return rows, algorithm
 
     (old, old_hash), (new, new_hash) = read(old_dir), read(new_dir)
     common = sorted(set(old) & set(new))
