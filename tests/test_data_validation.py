@@ -324,15 +324,21 @@ def test_test_split_file_missing_or_not_utf8_is_a_usage_error(tmp_path):
         prepare_config(config, tmp_path)
 
 
-def test_missing_test_split_file_through_the_cli(cli, tmp_path):
+@pytest.mark.parametrize("config_text, expected", [
+    ("data:\n  source: imagefolder\n  root: raw\n  test_split_file: ids.txt\n",
+     "error: data.test_split_file: {tmp}/ids.txt: file not found; give a file with one sample id per line "
+     "(relative paths start at the config file's folder)"),
+    ("data:\n  split_by: time\n",
+     "error: {tmp}/c.yaml: data.split_by: 'time' needs data.source: csv with a timestamp column; "
+     "data.source 'digits' has no timestamps, use split_by: random"),
+], ids=["missing test_split_file", "time split without timestamps"])
+def test_data_config_mistakes_through_the_cli(cli, tmp_path, config_text, expected):
     good_imagefolder(tmp_path / "raw")
     config = tmp_path / "c.yaml"
-    config.write_text("data:\n  source: imagefolder\n  root: raw\n  test_split_file: ids.txt\n")
+    config.write_text(config_text)
     result = cli("data", "prepare", str(config), "--workdir", str(tmp_path))
     assert result.code == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"error: data.test_split_file: {tmp_path / 'ids.txt'}: file not found; give a file with one sample id per line "
-        "(relative paths start at the config file's folder)")
+    assert result.stderr.strip().splitlines()[-1] == expected.format(tmp=tmp_path)
 
 
 @pytest.mark.parametrize("source", ["digits", "imagefolder", "labelmap", "cifar10"])
@@ -343,16 +349,6 @@ def test_time_split_needs_timestamps(tmp_path, source):
         load_config(None, [f"data.source={source}", "data.split_by=time"])
     assert str(info.value) == (f"--set: data.split_by: 'time' needs data.source: csv with a timestamp column; "
                                f"data.source {source!r} has no timestamps, use split_by: random")
-
-
-def test_time_split_without_timestamps_through_the_cli(cli, tmp_path):
-    config = tmp_path / "c.yaml"
-    config.write_text("data:\n  split_by: time\n")
-    result = cli("data", "prepare", str(config), "--workdir", str(tmp_path))
-    assert result.code == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"error: {config}: data.split_by: 'time' needs data.source: csv with a timestamp column; "
-        "data.source 'digits' has no timestamps, use split_by: random")
 
 
 def test_time_split_on_a_registered_source_without_timestamps(tmp_path, monkeypatch):

@@ -32,6 +32,20 @@ def copy_of(sealed, tmp_path):
     shutil.rmtree(target, ignore_errors=True)
 
 
+@pytest.fixture
+def damageable_data_version(copy_of, tmp_path):
+    """(workdir, run_dir, version id, its folder) of a copied run; whatever a test does to the data
+    version's files is undone afterwards (the version is shared by the module's runs)."""
+    workdir, run_dir, _ = copy_of
+    version = json.loads((run_dir / "record.json").read_text())["data"]["version"]
+    version_dir = workdir / ".veritrain" / "data" / version
+    backup = tmp_path / "backup"
+    shutil.copytree(version_dir, backup)
+    yield workdir, run_dir, version, version_dir
+    shutil.rmtree(version_dir)
+    shutil.copytree(backup, version_dir)
+
+
 def test_untouched_run_verifies(cli, sealed):
     workdir, run_dir, seal = sealed
     result = cli("verify", run_dir.name, "--expect", seal, "--workdir", str(workdir), "--json")
@@ -88,21 +102,13 @@ def test_rewritten_seal_is_caught_only_against_the_published_one(copy_of):
     assert not result["ok"] and result["problems"][0]["kind"] == "seal_differs_from_expected"
 
 
-def test_tampered_data_version_is_detected(copy_of, tmp_path):
-    workdir, run_dir, _ = copy_of
-    record = json.loads((run_dir / "record.json").read_text())
-    version_dir = workdir / ".veritrain" / "data" / record["data"]["version"]
-    backup = tmp_path / "backup"
-    shutil.copytree(version_dir, backup)
-    try:
-        manifest = (version_dir / "manifest.csv").read_text().splitlines()
-        manifest[1] = manifest[1].replace(",train,", ",test,") if ",train," in manifest[1] else manifest[1].replace(",test,", ",train,").replace(",val,", ",train,")
-        (version_dir / "manifest.csv").write_text("\n".join(manifest) + "\n")
-        result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
-        assert ("data_version_changed" in {p["kind"] for p in result["problems"]})
-    finally:
-        shutil.rmtree(version_dir)
-        shutil.copytree(backup, version_dir)
+def test_tampered_data_version_is_detected(damageable_data_version):
+    workdir, run_dir, _, version_dir = damageable_data_version
+    manifest = (version_dir / "manifest.csv").read_text().splitlines()
+    manifest[1] = manifest[1].replace(",train,", ",test,") if ",train," in manifest[1] else manifest[1].replace(",test,", ",train,").replace(",val,", ",train,")
+    (version_dir / "manifest.csv").write_text("\n".join(manifest) + "\n")
+    result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+    assert ("data_version_changed" in {p["kind"] for p in result["problems"]})
 
 
 def test_environment_drift_fails_only_with_strict(copy_of):
@@ -148,30 +154,22 @@ def test_compare_names_the_first_divergence(sealed, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["manifest.csv missing", "version.json not JSON", "version.json lacks fields", "version.json a list"])
-def test_damaged_data_version_is_a_problem_not_a_crash(cli, copy_of, tmp_path, damage):
-    workdir, run_dir, _ = copy_of
-    record = json.loads((run_dir / "record.json").read_text())
-    version_dir = workdir / ".veritrain" / "data" / record["data"]["version"]
-    backup = tmp_path / "backup"
-    shutil.copytree(version_dir, backup)
-    try:
-        if damage == "manifest.csv missing":
-            (version_dir / "manifest.csv").unlink()
-        else:
-            text = {"version.json not JSON": "{not json", "version.json lacks fields": "{}", "version.json a list": "[]"}[damage]
-            (version_dir / "version.json").write_text(text)
-        result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
-        assert not result["ok"]
-        assert "data_version_changed" in {p["kind"] for p in result["problems"]}
-        assert all(p["path"].startswith(f".veritrain/data/{record['data']['version']}/") for p in result["problems"])
-        for command in ("verify", "check"):
-            ran = cli(command, str(run_dir), "--workdir", str(workdir))
-            assert ran.code == 1, ran.stderr
-            assert "Traceback" not in ran.stderr
-            assert ran.stderr.strip().splitlines()[-1].startswith(f"error: {command} {run_dir.name}: ")
-    finally:
-        shutil.rmtree(version_dir)
-        shutil.copytree(backup, version_dir)
+def test_damaged_data_version_is_a_problem_not_a_crash(cli, damageable_data_version, damage):
+    workdir, run_dir, version, version_dir = damageable_data_version
+    if damage == "manifest.csv missing":
+        (version_dir / "manifest.csv").unlink()
+    else:
+        text = {"version.json not JSON": "{not json", "version.json lacks fields": "{}", "version.json a list": "[]"}[damage]
+        (version_dir / "version.json").write_text(text)
+    result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+    assert not result["ok"]
+    assert "data_version_changed" in {p["kind"] for p in result["problems"]}
+    assert all(p["path"].startswith(f".veritrain/data/{version}/") for p in result["problems"])
+    for command in ("verify", "check"):
+        ran = cli(command, str(run_dir), "--workdir", str(workdir))
+        assert ran.code == 1, ran.stderr
+        assert "Traceback" not in ran.stderr
+        assert ran.stderr.strip().splitlines()[-1].startswith(f"error: {command} {run_dir.name}: ")
 
 
 def test_data_version_check_is_shared_by_verify_and_import():
