@@ -8,6 +8,7 @@ version (20 kills).
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import random
@@ -119,13 +120,13 @@ CRASHING_SAVE = """
 import os, sys
 from pathlib import Path
 real_replace, calls = os.replace, {"n": 0}
-def dying_replace(src, dst):
-    dst = Path(dst)
-    if dst.parent.name == "checkpoints" and dst.name.startswith("step-"):
+def dying_replace(src, dst, **folders):
+    folder = os.readlink(f"/proc/self/fd/{folders['dst_dir_fd']}") if folders.get("dst_dir_fd") is not None else os.path.dirname(dst)
+    if Path(folder).name == "checkpoints" and Path(dst).name.startswith("step-"):
         calls["n"] += 1
         if calls["n"] == int(sys.argv[1]):
             os._exit(137)  # the process dies here, as under SIGKILL: no cleanup, no handler
-    return real_replace(src, dst)
+    return real_replace(src, dst, **folders)
 os.replace = dying_replace
 from veritrain.cli import main
 main(sys.argv[2:])
@@ -245,18 +246,21 @@ def test_nonfinite_policies(tmp_path, policy, expected, monkeypatch):
 
 
 def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, monkeypatch):
-    real_fsync = os.fsync
     calls = {"n": 0}
 
-    def full_disk(fd):
-        target = os.readlink(f"/proc/self/fd/{fd}")
-        if Path(target).name.startswith(".step-") and target.endswith(".pt.tmp"):
-            calls["n"] += 1
-            if calls["n"] == 2:  # the second checkpoint: its bytes do not fit on the disk
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return real_fsync(fd)
+    def full_disk(real_sync):
+        def sync(fd):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if Path(target).name.startswith(".step-") and target.endswith(".pt.tmp"):
+                calls["n"] += 1
+                if calls["n"] == 2:  # the second checkpoint: its bytes do not fit on the disk
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_sync(fd)
+        return sync
 
-    monkeypatch.setattr(os, "fsync", full_disk)
+    for name in ("fsync", "fdatasync"):  # whichever the write uses for the data
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, full_disk(getattr(os, name)))
     outcome = in_process_run(tmp_path, ["train.epochs=3", "model.name=mlp"])
     assert outcome.record["status"] == "failed"
     assert "No space left on device" in outcome.record["error"]["message"]
@@ -296,7 +300,7 @@ def test_killed_before_the_first_checkpoint_resumes_from_the_beginning(reference
 
 
 def test_background_writer_reports_any_failure_and_keeps_serving(tmp_path, monkeypatch):
-    real_write = checkpoint.write_bytes
+    real_write = checkpoint.write_into
     calls = {"n": 0}
 
     def failing_once(*args, **kwargs):
@@ -305,12 +309,58 @@ def test_background_writer_reports_any_failure_and_keeps_serving(tmp_path, monke
             raise RuntimeError("unexpected")
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "write_bytes", failing_once)
-    writer = checkpoint.BackgroundWriter()
-    writer.submit(b"first", [tmp_path / "step-1.pt"], keep_last=2, step=1)
+    monkeypatch.setattr(checkpoint, "write_into", failing_once)
+    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2)
+    writer.submit(b"first", ["step-1.pt"], step=1)
     with pytest.raises(RuntimeError) as failure:
         writer.wait()
     assert failure.value.step == 1
-    writer.submit(b"second", [tmp_path / "step-2.pt"], keep_last=2, step=2)  # the thread is still there
+    writer.submit(b"second", ["step-2.pt"], step=2)  # the thread is still there
     writer.close()
     assert (tmp_path / "step-2.pt").read_bytes() == b"second" and not (tmp_path / "step-1.pt").exists()
+
+
+def test_background_writer_prunes_step_files_left_by_an_earlier_process(tmp_path):
+    for step in (5, 10, 15):  # a resumed run's folder: keep_last was 3 then
+        (tmp_path / f"step-{step}.pt").write_bytes(b"old")
+        (tmp_path / f"step-{step}.pt.sha256").write_text("x\n")
+    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2)
+    writer.submit(b"new", ["best.pt", "step-20.pt"], step=20)
+    writer.submit(b"newer", ["step-25.pt"], step=25)
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best.pt", "best.pt.sha256", "step-20.pt", "step-20.pt.sha256", "step-25.pt", "step-25.pt.sha256"]
+    assert (tmp_path / "step-25.pt.sha256").read_text().strip() == hashlib.sha256(b"newer").hexdigest()
+
+
+def test_background_writer_reuses_the_disk_blocks_of_the_step_file_it_replaces(tmp_path):
+    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2)
+    writer.submit(b"a" * 5000, ["step-1.pt"], step=1)
+    writer.submit(b"b" * 5000, ["step-2.pt"], step=2)
+    writer.wait()
+    oldest = (tmp_path / "step-1.pt").stat().st_ino
+    writer.submit(b"c" * 3000, ["step-3.pt"], step=3)  # shorter than the file it takes over
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256", "step-3.pt", "step-3.pt.sha256"]
+    assert (tmp_path / "step-3.pt").stat().st_ino == oldest  # the same file, renamed and overwritten
+    assert (tmp_path / "step-3.pt").read_bytes() == b"c" * 3000  # no tail of the old bytes
+    assert (tmp_path / "step-3.pt.sha256").read_text().strip() == hashlib.sha256(b"c" * 3000).hexdigest()
+    assert (tmp_path / "step-2.pt").read_bytes() == b"b" * 5000  # the previous one was complete throughout
+
+
+def test_background_writer_with_keep_last_1_writes_the_new_file_before_deleting_the_old(tmp_path, monkeypatch):
+    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=1)
+    writer.submit(b"first", ["step-1.pt"], step=1)
+    writer.wait()
+    seen = []
+    real_write = checkpoint.write_into
+
+    def watching(*args, **kwargs):
+        seen.append(sorted(p.name for p in tmp_path.iterdir()))
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "write_into", watching)
+    writer.submit(b"second", ["step-2.pt"], step=2)
+    writer.close()
+    assert seen == [["step-1.pt", "step-1.pt.sha256"]]  # the only previous checkpoint stays until the new one is in place
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256"]

@@ -1,5 +1,5 @@
-"""Checkpoint files, written atomically: temp file in the same folder, flush + fsync, rename, fsync the
-folder, then a `<name>.sha256` sidecar, written last.
+"""Checkpoint files, written atomically: temp file in the same folder, flush + fsync (fdatasync where the
+system has it), rename, fsync the folder, then a `<name>.sha256` sidecar, written last.
 
 A crash at any moment leaves either the previous file or the complete new one under the final name;
 a file whose sidecar does not match (killed between rename and sidecar) is detected on load, and the
@@ -26,7 +26,7 @@ from typing import Any, Optional
 import torch
 
 from veritrain.errors import RunFailed
-from veritrain.files import sync_dir, write_atomic
+from veritrain.files import replace_in
 
 log = logging.getLogger("veritrain")
 
@@ -44,16 +44,16 @@ def encode(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
-def write_bytes(data: bytes, path: Path, digest: Optional[str] = None, sync_folder: bool = True) -> None:
-    """Write checkpoint bytes under `path` atomically (fsynced), then its SHA-256 sidecar.
+def write_into(dir_fd: int, name: str, data: bytes, digest: str, reuse: Optional[str] = None) -> None:
+    """Write checkpoint bytes under `name` in the open folder `dir_fd` atomically (synced), then its
+    SHA-256 sidecar. The folder's fsync is left to the caller (one for several files). `reuse`: an
+    unwanted step file whose disk blocks the new file takes over (see `files.replace_in`).
 
     The sidecar is renamed into place but not fsynced: after a power loss a missing or stale sidecar
-    only makes the loader fall back to an older checkpoint. `sync_folder=False` leaves the folder's
-    fsync to the caller (one for several files).
+    only makes the loader fall back to an older checkpoint.
     """
-    write_atomic(path, data, sync_folder=False)
-    digest = digest or hashlib.sha256(data).hexdigest()
-    write_atomic(path.with_name(path.name + ".sha256"), (digest + "\n").encode(), fsync=False, sync_folder=sync_folder)
+    replace_in(dir_fd, name, data, reuse=reuse)
+    replace_in(dir_fd, name + ".sha256", (digest + "\n").encode(), fsync=False)
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -85,16 +85,6 @@ def step_files(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def prune(folder: Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` step files (and their sidecars); returns what was removed."""
-    removed = []
-    for _, path in step_files(folder)[keep:]:
-        path.unlink(missing_ok=True)
-        path.with_name(path.name + ".sha256").unlink(missing_ok=True)
-        removed.append(path)
-    return removed
-
-
 def newest_valid(folder: Path) -> tuple[Optional[Path], Optional[dict[str, Any]], list[str]]:
     """The newest checkpoint that loads and matches its sidecar: last.pt and the step files, by
     global step. Returns (path, state, warnings about the files skipped)."""
@@ -119,43 +109,80 @@ def newest_valid(folder: Path) -> tuple[Optional[Path], Optional[dict[str, Any]]
 
 
 class BackgroundWriter:
-    """Hashes and writes encoded checkpoints on one long-lived background thread, so the SHA-256,
-    disk writes and fsyncs overlap the next training steps (hashing and file I/O release the GIL).
-    One write at a time: `submit` first waits for the previous one; `wait` returns when the last
-    write is on disk and raises its error (an OSError such as a full disk, or whatever else stopped
-    the write), with `.step` set to the step it was for; `close` ends the thread."""
+    """Hashes and writes encoded checkpoints into `folder` on one long-lived background thread, so the
+    SHA-256, disk writes and fsyncs overlap the next training steps (hashing and file I/O release the
+    GIL), and keeps the newest `keep_last` step files.
 
-    def __init__(self) -> None:
+    One write at a time: `submit` first waits for the previous one; `wait` returns when the last write
+    is on disk and raises its error (an OSError such as a full disk, or whatever else stopped the
+    write), with `.step` set to the step it was for; `close` ends the thread.
+
+    Kept cheap because it competes with training for the CPU and the disk: every system call hands the
+    GIL to this thread and back, and each hand-over can make the training thread wait for a wake-up;
+    so the folder stays open (names are looked up relative to it), the step files on disk are listed
+    once and then tracked here, and a new step file reuses the disk blocks of the one it replaces.
+    """
+
+    def __init__(self, folder: Path, keep_last: int) -> None:
+        self.folder, self.keep_last = folder, keep_last
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[tuple[int, Exception]] = None
+        self._dir_fd: Optional[int] = None
+        self._steps: list[int] = []  # global steps of the step-<N>.pt files on disk, oldest first
 
-    def submit(self, data: bytes, targets: list[Path], keep_last: int, step: int) -> None:
+    def submit(self, data: bytes, names: list[str], step: int) -> None:
+        """Write `data` under each of `names` (in that order) in the folder, then prune the step files."""
         self.wait()
         if self._thread is None:
             self._thread = threading.Thread(target=self._serve, name="checkpoint-writer", daemon=True)
             self._thread.start()
         self._idle.clear()
-        self._jobs.put((data, targets, keep_last, step))
+        self._jobs.put((data, names, step))
 
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 return
-            data, targets, keep_last, step = job
+            data, names, step = job
             try:
-                digest = hashlib.sha256(data).hexdigest()
-                for target in targets:  # best.pt first: a crash after it replays the epoch and rewrites it identically
-                    write_bytes(data, target, digest, sync_folder=False)
-                sync_dir(targets[0].parent)
-                prune(targets[0].parent, keep_last)
+                self._write(data, names)
             except Exception as err:  # kept for `wait` to raise: a dead writer would leave the next save waiting forever
                 self._error = (step, err)
             finally:
                 self._idle.set()
+
+    def _write(self, data: bytes, names: list[str]) -> None:
+        if self._dir_fd is None:
+            self._dir_fd = os.open(self.folder, os.O_RDONLY)
+            self._steps = sorted(step for step, _ in step_files(self.folder))
+        digest = hashlib.sha256(data).hexdigest()
+        for name in names:  # best.pt first: a crash after it replays the epoch and rewrites it identically
+            match = STEP_FILE.match(name)
+            new_step = int(match.group(1)) if match and int(match.group(1)) not in self._steps else None
+            reuse = None
+            if new_step is not None and len(self._steps) >= self.keep_last >= 2:
+                # the oldest step file is due for pruning: the new one takes over its disk blocks. The
+                # other kept ones stay complete meanwhile, so a failed or killed write still has a previous one.
+                reuse = f"step-{self._steps.pop(0)}.pt"
+                self._unlink(reuse + ".sha256")
+            write_into(self._dir_fd, name, data, digest, reuse)
+            if new_step is not None:
+                self._steps = sorted([*self._steps, new_step])
+        os.fsync(self._dir_fd)
+        while len(self._steps) > self.keep_last:
+            name = f"step-{self._steps.pop(0)}.pt"
+            self._unlink(name)
+            self._unlink(name + ".sha256")
+
+    def _unlink(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            pass
 
     def wait(self) -> None:
         self._idle.wait()
@@ -174,3 +201,6 @@ class BackgroundWriter:
                 self._jobs.put(None)
                 self._thread.join()
                 self._thread = None
+            if self._dir_fd is not None:
+                os.close(self._dir_fd)
+                self._dir_fd = None

@@ -319,7 +319,7 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
     last_save = time.monotonic()
     board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
 
-    writer = checkpoint.BackgroundWriter()
+    writer = checkpoint.BackgroundWriter(ckpt_dir, ccfg.keep_last)
 
     def save(reason: str, augment: Optional[torch.Generator], best: bool = False, final: bool = False) -> bytes:
         """One checkpoint: step-<N>.pt, plus best.pt when it improved and last.pt when training stops
@@ -328,18 +328,18 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
         nonlocal last_save
         t = time.perf_counter()
         data_bytes = checkpoint.encode(full_state(reason, augment))
-        targets = ([ckpt_dir / "best.pt"] if best else []) + [ckpt_dir / f"step-{state.step}.pt"]
+        targets = (["best.pt"] if best else []) + [f"step-{state.step}.pt"]
         if final and ccfg.last:
-            targets.append(ckpt_dir / "last.pt")
+            targets.append("last.pt")
         try:
-            writer.submit(data_bytes, targets, ccfg.keep_last, state.step)
+            writer.submit(data_bytes, targets, state.step)
             if final:
                 writer.wait()
         except OSError as err:
             raise RunFailed(f"checkpoint: saving at step {getattr(err, 'step', state.step)} failed ({err.strerror or err}); "
                             "the previous checkpoint is intact") from None
         last_save = time.monotonic()
-        log.debug("checkpoint: %s (%s) encoded in %.3fs, %d bytes", ", ".join(p.name for p in targets), reason,
+        log.debug("checkpoint: %s (%s) encoded in %.3fs, %d bytes", ", ".join(targets), reason,
                   time.perf_counter() - t, len(data_bytes))
         return data_bytes
 
