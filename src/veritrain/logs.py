@@ -19,13 +19,20 @@ class ConsoleHandler(logging.Handler):
     """INFO and above to the console: through rich on a terminal (so progress bars stay intact),
     as plain lines otherwise."""
 
+    def __init__(self, level: int = logging.NOTSET) -> None:
+        super().__init__(level)
+        self._checked_stream: object = None  # the stream `_is_terminal` was decided for
+        self._is_terminal = False
+
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, "console", True) is False:
             return
         try:
             message = self.format(record)
             prefix = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
-            if not console.is_terminal:  # a pipe or file: no live display to keep intact, no styling
+            if console.file is not self._checked_stream:  # rich decides afresh on every call (env, isatty): once per stream here
+                self._checked_stream, self._is_terminal = console.file, console.is_terminal
+            if not self._is_terminal:  # a pipe or file: no live display to keep intact, no styling
                 stream = console.file
                 stream.write(f"{prefix}{message}\n")
                 stream.flush()
