@@ -1,6 +1,6 @@
 """Atomic file replacement, shared by checkpoints and run records (no torch import).
 
-A temp file in the same folder (`.<name>.tmp`) is written (+ fsync) and renamed over the target
+A temp file in the same folder (`.<name>.tmp`) is written (+ its data synced) and renamed over the target
 (+ fsync of the folder), so a crash leaves either the previous file or the complete new one under the
 final name — and possibly the temp file, which `remove_unfinished` clears away.
 """
