@@ -245,7 +245,8 @@ def test_nonfinite_policies(tmp_path, policy, expected, monkeypatch):
         assert "on_nonfinite is stop" in outcome.record["error"]["message"]
 
 
-def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failing_save", [2, 3])  # the 3rd save is the first to take over an old file's blocks
+def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, monkeypatch, failing_save):
     calls = {"n": 0}
 
     def full_disk(real_sync):
@@ -253,7 +254,7 @@ def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, mon
             target = os.readlink(f"/proc/self/fd/{fd}")
             if Path(target).name.startswith(".step-") and target.endswith(".pt.tmp"):
                 calls["n"] += 1
-                if calls["n"] == 2:  # the second checkpoint: its bytes do not fit on the disk
+                if calls["n"] == failing_save:  # this checkpoint's bytes do not fit on the disk
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             return real_sync(fd)
         return sync
@@ -267,7 +268,7 @@ def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, mon
     assert "previous checkpoint is intact" in outcome.record["error"]["message"]
     run_dir = Path(outcome.summary["run_dir"])
     path, previous, problems = checkpoint.newest_valid(run_dir / "checkpoints")  # loads and matches its sidecar
-    assert previous["loop"]["epochs_done"] == 1 and not problems
+    assert previous["loop"]["epochs_done"] == failing_save - 1 and not problems
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))
 
 
@@ -317,7 +318,8 @@ def test_background_writer_reports_any_failure_and_keeps_serving(tmp_path, monke
     assert failure.value.step == 1
     writer.submit(b"second", ["step-2.pt"], step=2)  # the thread is still there
     writer.close()
-    assert (tmp_path / "step-2.pt").read_bytes() == b"second" and not (tmp_path / "step-1.pt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256"]  # nothing left of the failed one
+    assert (tmp_path / "step-2.pt").read_bytes() == b"second"
 
 
 def test_background_writer_prunes_step_files_left_by_an_earlier_process(tmp_path):
@@ -352,6 +354,7 @@ def test_background_writer_with_keep_last_1_writes_the_new_file_before_deleting_
     writer = checkpoint.BackgroundWriter(tmp_path, keep_last=1)
     writer.submit(b"first", ["step-1.pt"], step=1)
     writer.wait()
+    first_inode = (tmp_path / "step-1.pt").stat().st_ino
     seen = []
     real_write = checkpoint.write_into
 
@@ -364,3 +367,37 @@ def test_background_writer_with_keep_last_1_writes_the_new_file_before_deleting_
     writer.close()
     assert seen == [["step-1.pt", "step-1.pt.sha256"]]  # the only previous checkpoint stays until the new one is in place
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256"]
+    assert (tmp_path / "step-2.pt").stat().st_ino != first_inode  # a new file, not the old one overwritten
+
+
+def test_background_writer_never_takes_over_the_last_step_file_known_to_be_whole(tmp_path, monkeypatch):
+    def state(step):
+        return checkpoint.encode({"loop": {"step": step}})
+
+    (tmp_path / "step-32.pt").write_bytes(state(32))  # the one a resume started from
+    (tmp_path / "step-32.pt.sha256").write_text(hashlib.sha256(state(32)).hexdigest() + "\n")
+    (tmp_path / "step-33.pt").write_bytes(state(33)[:100])  # a save killed before its sidecar, newer than the resume point
+    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2, known_whole=[32])
+    real_write = checkpoint.write_into
+    loadable_while_writing = []
+
+    def watching(dir_fd, name, data, digest, reuse=None):
+        path, _, _ = checkpoint.newest_valid(tmp_path)  # what a resume would find if the process died now
+        loadable_while_writing.append((name, path.name if path else None))
+        return real_write(dir_fd, name, data, digest, reuse)
+
+    monkeypatch.setattr(checkpoint, "write_into", watching)
+    for step in (40, 50, 60):
+        writer.submit(state(step), [f"step-{step}.pt"], step=step)
+    writer.close()
+    assert all(found is not None for _, found in loadable_while_writing), loadable_while_writing
+    assert checkpoint.newest_valid(tmp_path)[0].name == "step-60.pt"
+    assert len(checkpoint.step_files(tmp_path)) == 2
+
+
+def test_resume_removes_step_files_after_the_checkpoint_it_starts_from(tmp_path):
+    for step in (10, 20, 30):
+        (tmp_path / f"step-{step}.pt").write_bytes(b"x")
+        (tmp_path / f"step-{step}.pt.sha256").write_text("y\n")
+    assert checkpoint.discard_after(tmp_path, 20) == ["step-30.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-10.pt", "step-10.pt.sha256", "step-20.pt", "step-20.pt.sha256"]

@@ -87,8 +87,8 @@ class RedactingFilter(logging.Filter):
     """Redacts every log line on its way to the console and train.log."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if getattr(record, "redacted", False):  # the console's and the file's filters see the same record
+        if getattr(record, "_veritrain_redacted", False):  # the console's and the file's filters see the same record
             return True
         record.msg, record.args = redact_text(record.getMessage()), ()  # formatted once, for every handler
-        record.redacted = True
+        record._veritrain_redacted = True
         return True

@@ -13,6 +13,7 @@ the newest, written when training stops: completed, stopped early or interrupted
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import io
 import logging
@@ -21,7 +22,7 @@ import queue
 import re
 import threading
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 import torch
 
@@ -108,6 +109,21 @@ def newest_valid(folder: Path) -> tuple[Optional[Path], Optional[dict[str, Any]]
     return None, None, problems
 
 
+def discard_after(folder: Path, step: int) -> list[str]:
+    """Delete the step files after global step `step` (and their sidecars); returns their names.
+
+    Resuming from a checkpoint at `step` means every step file after it failed its check (the newest
+    valid one is chosen): the replay writes whatever it saves again, and a broken file left in place
+    would count as one of the `keep_last` and so crowd out a whole one."""
+    removed = []
+    for found, path in step_files(folder):
+        if found > step:
+            path.unlink(missing_ok=True)
+            path.with_name(path.name + ".sha256").unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
 class BackgroundWriter:
     """Hashes and writes encoded checkpoints into `folder` on one long-lived background thread, so the
     SHA-256, disk writes and fsyncs overlap the next training steps (hashing and file I/O release the
@@ -123,7 +139,9 @@ class BackgroundWriter:
     once and then tracked here, and a new step file reuses the disk blocks of the one it replaces.
     """
 
-    def __init__(self, folder: Path, keep_last: int) -> None:
+    def __init__(self, folder: Path, keep_last: int, known_whole: Iterable[int] = ()) -> None:
+        """`known_whole`: steps of step files already on disk that are known to load (the one a resume
+        started from); files this writer finishes are added as it goes."""
         self.folder, self.keep_last = folder, keep_last
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = threading.Event()
@@ -131,7 +149,8 @@ class BackgroundWriter:
         self._thread: Optional[threading.Thread] = None
         self._error: Optional[tuple[int, Exception]] = None
         self._dir_fd: Optional[int] = None
-        self._steps: list[int] = []  # global steps of the step-<N>.pt files on disk, oldest first
+        self._steps: Optional[list[int]] = None  # global steps of the step-<N>.pt files on disk, oldest first; None: list the folder
+        self._whole: set[int] = set(known_whole)  # of those, the ones known to be complete and matching their sidecar
 
     def submit(self, data: bytes, names: list[str], step: int) -> None:
         """Write `data` under each of `names` (in that order) in the folder, then prune the step files."""
@@ -158,25 +177,39 @@ class BackgroundWriter:
     def _write(self, data: bytes, names: list[str]) -> None:
         if self._dir_fd is None:
             self._dir_fd = os.open(self.folder, os.O_RDONLY)
+        if self._steps is None:
             self._steps = sorted(step for step, _ in step_files(self.folder))
+        try:
+            self._write_listed(data, names, self._steps)
+        except BaseException:
+            self._steps = None  # whatever the failure left on disk, the next write lists it afresh
+            raise
+
+    def _write_listed(self, data: bytes, names: list[str], steps: list[int]) -> None:
         digest = hashlib.sha256(data).hexdigest()
         for name in names:  # best.pt first: a crash after it replays the epoch and rewrites it identically
             match = STEP_FILE.match(name)
-            new_step = int(match.group(1)) if match and int(match.group(1)) not in self._steps else None
+            step = int(match.group(1)) if match else None
             reuse = None
-            if new_step is not None and len(self._steps) >= self.keep_last >= 2:
-                # the oldest step file is due for pruning: the new one takes over its disk blocks. The
-                # other kept ones stay complete meanwhile, so a failed or killed write still has a previous one.
-                reuse = f"step-{self._steps.pop(0)}.pt"
+            if step is not None and step not in steps and len(steps) >= self.keep_last >= 2 and self._whole.intersection(steps[1:]):
+                # the oldest step file is due for pruning: the new one takes over its disk blocks, while
+                # another step file known to be whole stays in place, so a failed or killed write still
+                # leaves a previous checkpoint to resume from
+                victim = steps.pop(0)
+                self._whole.discard(victim)
+                reuse = f"step-{victim}.pt"
                 self._unlink(reuse + ".sha256")
             write_into(self._dir_fd, name, data, digest, reuse)
-            if new_step is not None:
-                self._steps = sorted([*self._steps, new_step])
+            if step is not None:
+                if step not in steps:
+                    bisect.insort(steps, step)
+                self._whole.add(step)
         os.fsync(self._dir_fd)
-        while len(self._steps) > self.keep_last:
-            name = f"step-{self._steps.pop(0)}.pt"
+        while len(steps) > self.keep_last:
+            name = f"step-{steps[0]}.pt"
             self._unlink(name)
             self._unlink(name + ".sha256")
+            self._whole.discard(steps.pop(0))
 
     def _unlink(self, name: str) -> None:
         try:

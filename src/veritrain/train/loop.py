@@ -281,6 +281,7 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
         return saved["augment_rng"]
 
     augment_resume: Optional[torch.Tensor] = None
+    resumed_whole: list[int] = []  # the step file resumed from: known to load
     if resume and not any(ckpt_dir.glob("*.pt")):
         # stopped before its first checkpoint: starting over is the same run, bit for bit
         log.info("resume: no checkpoint was saved yet; training from the beginning")
@@ -296,6 +297,10 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
             raise RunFailed(f"resume: no valid checkpoint in {ckpt_dir}; start a new run instead")
         if saved["config_hash"] != run_config_hash or saved["data_version"] != data.version:
             raise RunFailed(f"resume: {path.name} was saved with another config or data version; resume with the run's own config.yaml")
+        for name in checkpoint.discard_after(ckpt_dir, int(saved["loop"]["step"])):
+            log.warning("checkpoint: removed %s, which failed its check and lies after the resume point", name)
+        if checkpoint.STEP_FILE.match(path.name):
+            resumed_whole.append(int(saved["loop"]["step"]))
         changed = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
         if changed:
             log.warning("resume: settings differ from the saved run (%s); the result may not be bit-identical",
@@ -319,7 +324,7 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
     last_save = time.monotonic()
     board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
 
-    writer = checkpoint.BackgroundWriter(ckpt_dir, ccfg.keep_last)
+    writer = checkpoint.BackgroundWriter(ckpt_dir, ccfg.keep_last, resumed_whole)
 
     def save(reason: str, augment: Optional[torch.Generator], best: bool = False, final: bool = False) -> bytes:
         """One checkpoint: step-<N>.pt, plus best.pt when it improved and last.pt when training stops
