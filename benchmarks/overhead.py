@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/overhead.py [--repeat 7] [--only cnn|mlp]
 
 For two workloads — the `cnn` on CIFAR-shaped data (a generated CIFAR-10 batch set), 2 threads, and
-the `mlp` on digits, 1 thread (and again with 2) — runs `veritrain train` (records, logging, per-epoch checkpoints with fsync and hashes)
-and the reference loop alternately, each run ≥ 10 s, and prints the median ratio of the training
+the `mlp` on digits, 1 thread (and again with 2) — runs `veritrain train` (records, logging,
+per-epoch synced checkpoints with hashes) and the reference loop alternately, each run ≥ 10 s, and prints the median ratio of the training
 loop time and of the whole process over the pairs, with the spread of the pairs and the ratio of the
 fastest runs (the figure least disturbed by other load on a shared machine).
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 # The mlp's target is measured with one thread: at this size torch's second intra-op thread makes
-# neither loop faster, only busy-waits between tiny kernels, which makes the reference alone vary by
-# ±10% from run to run on a 2-core machine. The 2-thread figure is printed too, for comparison.
+# neither loop faster, only busy-waits between tiny kernels, which makes the reference alone take
+# anywhere from 9 to 14 s from run to run on a 2-core machine. The 2-thread figure is printed too.
 MLP = "model:\n  name: mlp\n  hidden: [256]\ntrain:\n  epochs: 600\n  batch_size: 64\n  threads: {threads}\n"
 WORKLOADS = {
     "cnn on CIFAR-shaped data": (
@@ -33,8 +33,8 @@ WORKLOADS = {
         "augment:\n  crop_padding: 4\n  hflip: true\n"
         "train:\n  epochs: 3\n  batch_size: 128\n  threads: 2\n"
     ),
-    "mlp on digits": MLP.replace("{threads}", "1"),
-    "mlp on digits, 2 threads": MLP.replace("{threads}", "2"),
+    "mlp on digits": MLP.format(threads=1),
+    "mlp on digits, 2 threads": MLP.format(threads=2),
 }
 
 

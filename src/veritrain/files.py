@@ -39,19 +39,19 @@ def replace_in(dir_fd: int, name: str, data: bytes, fsync: bool = True, reuse: O
     """
     tmp = f".{name}{TEMP_SUFFIX}"
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        reused = False
         if reuse is not None:
             try:
                 os.replace(reuse, tmp, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                flags &= ~os.O_TRUNC
+                reused = True
             except FileNotFoundError:
                 pass
-        fd = os.open(tmp, flags, 0o666, dir_fd=dir_fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | (0 if reused else os.O_TRUNC), 0o666, dir_fd=dir_fd)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            if not flags & os.O_TRUNC and os.fstat(fd).st_size > len(data):
+            if reused and os.fstat(fd).st_size > len(data):
                 os.ftruncate(fd, len(data))  # the reused file was longer
             if fsync:
                 sync_data(fd)

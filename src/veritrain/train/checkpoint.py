@@ -22,7 +22,7 @@ import queue
 import re
 import threading
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -139,9 +139,7 @@ class BackgroundWriter:
     once and then tracked here, and a new step file reuses the disk blocks of the one it replaces.
     """
 
-    def __init__(self, folder: Path, keep_last: int, known_whole: Iterable[int] = ()) -> None:
-        """`known_whole`: steps of step files already on disk that are known to load (the one a resume
-        started from); files this writer finishes are added as it goes."""
+    def __init__(self, folder: Path, keep_last: int) -> None:
         self.folder, self.keep_last = folder, keep_last
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._idle = threading.Event()
@@ -150,7 +148,6 @@ class BackgroundWriter:
         self._error: Optional[tuple[int, Exception]] = None
         self._dir_fd: Optional[int] = None
         self._steps: Optional[list[int]] = None  # global steps of the step-<N>.pt files on disk, oldest first; None: list the folder
-        self._whole: set[int] = set(known_whole)  # of those, the ones known to be complete and matching their sidecar
 
     def submit(self, data: bytes, names: list[str], step: int) -> None:
         """Write `data` under each of `names` (in that order) in the folder, then prune the step files."""
@@ -175,41 +172,35 @@ class BackgroundWriter:
                 self._idle.set()
 
     def _write(self, data: bytes, names: list[str]) -> None:
+        """A new step file takes over the oldest one's disk blocks when that one is due for pruning.
+        The newer step files stay in place meanwhile, so a failed or killed write still leaves a
+        previous checkpoint: they were all finished by this writer, or are the one a resume started
+        from (resume removes the broken files after it, `discard_after`) and older ones."""
         if self._dir_fd is None:
             self._dir_fd = os.open(self.folder, os.O_RDONLY)
         if self._steps is None:
             self._steps = sorted(step for step, _ in step_files(self.folder))
+        steps = self._steps
         try:
-            self._write_listed(data, names, self._steps)
+            digest = hashlib.sha256(data).hexdigest()
+            for name in names:  # best.pt first: a crash after it replays the epoch and rewrites it identically
+                match = STEP_FILE.match(name)
+                step = int(match.group(1)) if match else None
+                reuse = None
+                if step is not None and step not in steps and len(steps) >= self.keep_last >= 2:
+                    reuse = f"step-{steps.pop(0)}.pt"
+                    self._unlink(reuse + ".sha256")
+                write_into(self._dir_fd, name, data, digest, reuse)
+                if step is not None and step not in steps:
+                    bisect.insort(steps, step)
+            os.fsync(self._dir_fd)
+            while len(steps) > self.keep_last:
+                name = f"step-{steps.pop(0)}.pt"
+                self._unlink(name)
+                self._unlink(name + ".sha256")
         except BaseException:
             self._steps = None  # whatever the failure left on disk, the next write lists it afresh
             raise
-
-    def _write_listed(self, data: bytes, names: list[str], steps: list[int]) -> None:
-        digest = hashlib.sha256(data).hexdigest()
-        for name in names:  # best.pt first: a crash after it replays the epoch and rewrites it identically
-            match = STEP_FILE.match(name)
-            step = int(match.group(1)) if match else None
-            reuse = None
-            if step is not None and step not in steps and len(steps) >= self.keep_last >= 2 and self._whole.intersection(steps[1:]):
-                # the oldest step file is due for pruning: the new one takes over its disk blocks, while
-                # another step file known to be whole stays in place, so a failed or killed write still
-                # leaves a previous checkpoint to resume from
-                victim = steps.pop(0)
-                self._whole.discard(victim)
-                reuse = f"step-{victim}.pt"
-                self._unlink(reuse + ".sha256")
-            write_into(self._dir_fd, name, data, digest, reuse)
-            if step is not None:
-                if step not in steps:
-                    bisect.insort(steps, step)
-                self._whole.add(step)
-        os.fsync(self._dir_fd)
-        while len(steps) > self.keep_last:
-            name = f"step-{steps[0]}.pt"
-            self._unlink(name)
-            self._unlink(name + ".sha256")
-            self._whole.discard(steps.pop(0))
 
     def _unlink(self, name: str) -> None:
         try:

@@ -281,7 +281,6 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
         return saved["augment_rng"]
 
     augment_resume: Optional[torch.Tensor] = None
-    resumed_whole: list[int] = []  # the step file resumed from: known to load
     if resume and not any(ckpt_dir.glob("*.pt")):
         # stopped before its first checkpoint: starting over is the same run, bit for bit
         log.info("resume: no checkpoint was saved yet; training from the beginning")
@@ -299,8 +298,6 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
             raise RunFailed(f"resume: {path.name} was saved with another config or data version; resume with the run's own config.yaml")
         for name in checkpoint.discard_after(ckpt_dir, int(saved["loop"]["step"])):
             log.warning("checkpoint: removed %s, which failed its check and lies after the resume point", name)
-        if checkpoint.STEP_FILE.match(path.name):
-            resumed_whole.append(int(saved["loop"]["step"]))
         changed = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
         if changed:
             log.warning("resume: settings differ from the saved run (%s); the result may not be bit-identical",
@@ -324,7 +321,7 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
     last_save = time.monotonic()
     board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
 
-    writer = checkpoint.BackgroundWriter(ckpt_dir, ccfg.keep_last, resumed_whole)
+    writer = checkpoint.BackgroundWriter(ckpt_dir, ccfg.keep_last)
 
     def save(reason: str, augment: Optional[torch.Generator], best: bool = False, final: bool = False) -> bytes:
         """One checkpoint: step-<N>.pt, plus best.pt when it improved and last.pt when training stops
