@@ -1,0 +1,58 @@
+"""Runs made by an earlier veritrain (tests/fixtures/legacy, see its README) keep verifying,
+reproducing and resuming with this one, with the data version their old recipe prepared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy"
+COMPLETED = "20261130-064052-598-fd2b78"
+INTERRUPTED = "20261130-064101-650-a3203a"
+
+
+def imported(cli, workdir: Path, archive: str) -> dict:
+    result = cli("import", str(LEGACY / archive), "--workdir", str(workdir), "--json")
+    assert result.code == 0, result.stderr
+    return result.json()
+
+
+def test_a_completed_run_of_the_previous_code_verifies_and_reproduces_identically(cli, tmp_path):
+    info = imported(cli, tmp_path, "legacy-completed.tar.gz")
+    assert info["run_id"] == COMPLETED
+    recorded = json.loads((tmp_path / "runs" / COMPLETED / "record.json").read_text())
+    verified = cli("verify", COMPLETED, "--workdir", str(tmp_path), "--json")
+    assert verified.code == 0, verified.stdout + verified.stderr
+    assert verified.json()["ok"] and not verified.json()["problems"]
+
+    reproduced = cli("reproduce", COMPLETED, "--workdir", str(tmp_path), "--json")
+    assert reproduced.code == 0, reproduced.stderr
+    comparison = reproduced.json()
+    assert comparison["verdict"] == "identical", comparison
+    new_run = tmp_path / "runs" / comparison["reproduction"]
+    new_record = json.loads((new_run / "record.json").read_text())
+    assert new_record["data"]["version"] == recorded["data"]["version"]  # the old recipe's version, reused
+    assert new_record["final_state_sha256"] == recorded["final_state_sha256"]
+
+
+def test_an_interrupted_run_of_the_previous_code_resumes_to_completion(cli, tmp_path):
+    imported(cli, tmp_path, "legacy-interrupted.tar.gz")
+    before = json.loads((tmp_path / "runs" / INTERRUPTED / "record.json").read_text())
+    assert before["status"] == "interrupted"
+    resumed = cli("train", "--resume", INTERRUPTED, "--workdir", str(tmp_path), "--json")
+    assert resumed.code == 0, resumed.stderr
+    after = json.loads((tmp_path / "runs" / INTERRUPTED / "record.json").read_text())
+    assert after["status"] == "completed"
+    assert after["data"]["version"] == before["data"]["version"]
+    assert len((tmp_path / "runs" / INTERRUPTED / "metrics.jsonl").read_text().splitlines()) == 30
+    verified = cli("verify", INTERRUPTED, "--workdir", str(tmp_path), "--json")
+    assert verified.code == 0, verified.stdout
+
+    # the same config trained uninterrupted, on the same stored data version, ends bit-identical
+    fresh = cli("train", str(tmp_path / "runs" / INTERRUPTED / "config.yaml"), "--workdir", str(tmp_path), "--json")
+    assert fresh.code == 0, fresh.stderr
+    fresh_record = json.loads((Path(fresh.json()["run_dir"]) / "record.json").read_text())
+    if fresh_record["data"]["version"] == after["data"]["version"]:
+        assert fresh_record["final_state_sha256"] == after["final_state_sha256"]
