@@ -1,4 +1,5 @@
-"""Duplicate detection: a stable perceptual hash, a BK-tree that agrees with brute force, and clusters."""
+"""Duplicate detection: a stable perceptual hash, exact hash pairs, and near-duplicates proven by pixels on real
+images (MNIST digits, photo patches): copies are linked, distinct pictures never."""
 
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ from PIL import Image
 
 from veritrain.data.dedup import (
     COSINE_SCALE,
-    BKTree,
-    Cluster,
+    candidate_pairs,
+    comparison_image,
+    difference,
     exact_duplicate_groups,
     hamming,
-    near_duplicate_clusters,
+    hash_pairs,
+    near_duplicates,
     perceptual_hash,
+    thumbnail,
 )
 
 
@@ -126,7 +130,7 @@ def test_hamming():
     assert hamming(0b1011, 0b0110) == 3
 
 
-# --- BK-tree -----------------------------------------------------------------------------------------
+# --- hash pairs ---------------------------------------------------------------------------------------
 
 
 def random_hashes(n: int, planted: int, seed: int) -> list[int]:
@@ -141,132 +145,97 @@ def random_hashes(n: int, planted: int, seed: int) -> list[int]:
     return hashes
 
 
-def all_distances(hashes: list[int]) -> np.ndarray:
-    values = np.array(hashes, dtype=np.uint64)
-    return np.bitwise_count(values[:, None] ^ values[None, :]).astype(np.int64)
+@pytest.mark.parametrize("radius", [0, 2, 4, 8])
+def test_hash_pairs_equal_brute_force(radius):
+    hashes = random_hashes(1500, planted=300, seed=5) + [7, 7]  # more than one block, with exact repeats
+    found = {tuple(p) for p in hash_pairs(np.array(hashes, dtype=np.uint64), radius).tolist()}
+    expected = {(i, j) for i in range(len(hashes)) for j in range(i + 1, len(hashes)) if hamming(hashes[i], hashes[j]) <= radius}
+    assert found == expected
+    assert (len(hashes) - 2, len(hashes) - 1) in found
+    if radius >= 2:
+        assert len(found) >= 100  # the planted near-duplicates are there to be found
+
+
+# --- near-duplicates on real images ------------------------------------------------------------------
+
+
+def shifted(image: np.ndarray, dx: int, dy: int) -> np.ndarray:
+    """The picture moved by (dx, dy) pixels, the uncovered edge filled with black."""
+    out = np.zeros_like(image)
+    h, w = image.shape[:2]
+    out[max(0, dy) : h + min(0, dy), max(0, dx) : w + min(0, dx)] = image[max(0, -dy) : h + min(0, -dy), max(0, -dx) : w + min(0, -dx)]
+    return out
+
+
+def brighter(image: np.ndarray, by: int) -> np.ndarray:
+    return np.clip(image.astype(np.int64) + by, 0, 255).astype(np.uint8)
+
+
+def features(images: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([perceptual_hash(i) for i in images], dtype=np.uint64), np.stack([comparison_image(i) for i in images]))
 
 
 @pytest.fixture(scope="module")
-def tree_and_hashes():
-    hashes = random_hashes(2500, planted=500, seed=1)
-    tree = BKTree()
-    for i, h in enumerate(hashes):
-        tree.add(i, h)
-    return tree, hashes, all_distances(hashes)
+def mnist():
+    from realdata import mnist_arrays
+
+    return mnist_arrays()
 
 
-@pytest.mark.parametrize("radius", [0, 2, 4, 8])
-def test_query_equals_brute_force(tree_and_hashes, radius):
-    tree, hashes, distances = tree_and_hashes
-    n = len(hashes)
-    rng = random.Random(radius)
-    for q in rng.sample(range(n), 20):
-        near = np.flatnonzero(distances[q] <= radius).tolist()
-        expected = sorted(((i, int(distances[q, i])) for i in near), key=lambda hit: (hit[1], hit[0]))
-        before = tree.distance_calls
-        assert tree.query(hashes[q], radius) == expected
-        if radius <= 4:
-            assert tree.distance_calls - before < n / 4  # the triangle inequality prunes most of the tree
+def test_distinct_mnist_digits_are_never_linked_but_their_copies_are(mnist):
+    # 2,000 real digits (chained into clusters of hundreds by the old hash-only search) plus 40 copies:
+    # brightness ±2 and 1-px shifts each way. Every copy is found, and nothing else is linked.
+    images, _ = mnist
+    originals = list(images[:2000])
+    changes = [lambda x: brighter(x, 2), lambda x: brighter(x, -2), lambda x: shifted(x, 1, 0), lambda x: shifted(x, 0, -1)]
+    copies = [changes[k % 4](originals[k * 37]) for k in range(40)]
+    phashes, pictures = features(originals + copies)
+    found = near_duplicates(phashes, pictures, max_hash_distance=4, max_difference=0.1)
+    expected = {(k * 37, 2000 + k) for k in range(40)}
+    assert {tuple(p) for p in found.pairs.tolist()} == expected
+    assert sorted(map(tuple, found.components)) == sorted(expected)
+    assert found.differences.max() < 0.05  # the copies are far inside the threshold ...
+    sample = candidate_pairs(phashes[:2000], pictures[:2000], 4)
+    assert difference(pictures[sample[:, 0]], pictures[sample[:, 1]]).min() > 0.15  # ... and distinct digits far outside it
 
 
-@pytest.mark.parametrize("radius", [0, 2, 4, 8])
-def test_pairs_equal_brute_force(tree_and_hashes, radius):
-    tree, hashes, distances = tree_and_hashes
-    n = len(hashes)
-    a, b = np.nonzero(np.triu(distances <= radius, k=1))
-    expected = sorted(zip(a.tolist(), b.tolist(), distances[a, b].tolist()))
-    before = tree.distance_calls
-    found = tree.pairs(radius)
-    assert found == expected
-    if radius >= 2:
-        assert len(found) >= 100  # the planted near-duplicates are there to be found
-    if radius <= 4:
-        assert tree.distance_calls - before < 0.25 * n * n / 2  # far below comparing all pairs
+def test_distinct_photo_patches_are_never_linked_but_their_copies_are():
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images
+    patches = [photo[y : y + 32, x : x + 32] for photo in photos for y in range(0, 400, 40) for x in range(0, 600, 40)]
+    # copies: brightness ±2, and the same scene cut one pixel further right or down (a 1-px shift with no black edge)
+    copies, expected = [], set()
+    for k, index in enumerate(range(0, len(patches) // 2, 23)):
+        photo, y, x = photos[0], (index // 15) * 40, (index % 15) * 40
+        copy = [brighter(patches[index], 2), brighter(patches[index], -2), photo[y + 1 : y + 33, x : x + 32], photo[y : y + 32, x + 1 : x + 33]][k % 4]
+        expected.add((index, len(patches) + len(copies)))
+        copies.append(copy)
+    found = near_duplicates(*features(patches + copies), max_hash_distance=4, max_difference=0.1)
+    assert {tuple(p) for p in found.pairs.tolist()} == expected
 
 
-def test_tree_keeps_exact_repeats_in_one_node():
-    tree = BKTree()
-    for item, h in enumerate([5, 7, 5, 2**64 - 1, 5]):
-        tree.add(item, h)
-    assert len(tree) == 5
-    assert tree.query(5, 0) == [(0, 0), (2, 0), (4, 0)]
-    assert tree.query(5, 1) == [(0, 0), (2, 0), (4, 0), (1, 1)]
-    assert tree.pairs(1) == [(0, 1, 1), (0, 2, 0), (0, 4, 0), (1, 2, 1), (1, 4, 1), (2, 4, 0)]
-    assert BKTree().query(5, 64) == [] and BKTree().pairs(64) == []
-    with pytest.raises(ValueError, match="not a 64-bit unsigned integer"):
-        tree.add(9, 2**64)
+def test_difference_is_exact_and_symmetric():
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 256, size=(50, 28, 28), dtype=np.uint8)
+    b = rng.integers(0, 256, size=(50, 28, 28), dtype=np.uint8)
+    assert np.array_equal(difference(a, b), difference(b, a))
+    assert np.array_equal(difference(a, a), np.zeros(50))
+    assert np.array_equal(difference(a, shifted(a.transpose(1, 2, 0), 1, 1).transpose(2, 0, 1)), np.zeros(50))
+    assert (difference(a, b) > 0.9).all()  # unrelated noise: about √2
+    flat = np.full((1, 28, 28), 40, dtype=np.uint8)
+    assert difference(flat, flat + 1)[0] == 0.0  # flat pictures: the floor keeps the value defined
 
 
-# --- clusters ----------------------------------------------------------------------------------------
-
-
-def brute_force_clusters(hashes: list[int], max_distance: int) -> list[Cluster]:
-    """Connected components over all pairs, and for each the smallest radius that connects it."""
-    distances = all_distances(hashes)
-
-    def components(radius: int) -> list[list[int]]:
-        seen, found = set(), []
-        for start in range(len(hashes)):
-            if start in seen:
-                continue
-            component, frontier = {start}, [start]
-            while frontier:
-                i = frontier.pop()
-                for j in np.flatnonzero(distances[i] <= radius).tolist():
-                    if j not in component:
-                        component.add(j)
-                        frontier.append(j)
-            seen |= component
-            found.append(sorted(component))
-        return found
-
-    clusters = []
-    for members in components(max_distance):
-        if len(members) < 2:
-            continue
-        joined = next(r for r in range(max_distance + 1) if any(c == members for c in components(r)))
-        clusters.append(Cluster(members, joined))
-    return sorted(clusters, key=lambda c: c.members[0])
-
-
-@pytest.mark.parametrize("max_distance", [0, 3, 6])
-def test_clusters_equal_brute_force_components(max_distance):
-    hashes = random_hashes(150, planted=60, seed=7)
-    hashes += hashes[:5]  # exact repeats
-    clusters, capped = near_duplicate_clusters(hashes, max_distance)
-    assert clusters == brute_force_clusters(hashes, max_distance)
-    assert len(clusters) >= 5 and capped == []
-    assert any(c.max_distance > 0 for c in clusters) == (max_distance > 0)
-
-
-def test_oversize_clusters_are_kept_and_reported():
-    rng = random.Random(3)
-    chain = [rng.getrandbits(64)]
-    for _ in range(5):  # six hashes, each 2 bits from the one before
-        chain.append(chain[-1] ^ (0b11 << rng.randrange(62)))
-    pair = [rng.getrandbits(64)] * 2
-    hashes = [rng.getrandbits(64)] + chain + pair
-    clusters, capped = near_duplicate_clusters(hashes, max_distance=2, max_cluster_size=5)
-    assert clusters == [Cluster([1, 2, 3, 4, 5, 6], 2), Cluster([7, 8], 0)]
-    assert capped == [clusters[0]]
-    _, capped = near_duplicate_clusters(hashes, max_distance=2, max_cluster_size=6)
-    assert capped == []
-
-
-def test_clusters_edge_cases():
-    assert near_duplicate_clusters([], 4) == ([], [])
-    assert near_duplicate_clusters([123], 4) == ([], [])
-    with pytest.raises(ValueError, match="max_distance"):
-        near_duplicate_clusters([1, 2], -1)
-    with pytest.raises(ValueError, match="max_cluster_size"):
-        near_duplicate_clusters([1, 2], 4, max_cluster_size=1)
-
-
-def test_clusters_of_real_hashes():
-    darker = np.clip(scene(1).astype(np.int64) - 3, 0, 255).astype(np.uint8)
-    variants = [scene(0), jpeg(scene(0), 60), scene(1), scene(2), darker]
-    clusters, _ = near_duplicate_clusters([perceptual_hash(v) for v in variants], 4)
-    assert [c.members for c in clusters] == [[0, 1], [2, 4]]
+def test_thumbnail_and_comparison_picture():
+    image = scene(0, size=64)
+    small = thumbnail(image)
+    assert small.shape == (16, 16, 3) and small.dtype == np.uint8
+    assert np.array_equal(thumbnail(image.repeat(2, axis=0).repeat(2, axis=1)), small)  # area rule: exact
+    assert comparison_image(image).shape == (32, 32)
+    digit = np.arange(28 * 28, dtype=np.uint8).reshape(28, 28)
+    assert np.array_equal(comparison_image(digit), digit)  # small pictures keep their pixels
+    assert comparison_image(np.stack([digit] * 3, axis=-1)).tolist() == digit.tolist()  # equal channels: luma is the grey value
 
 
 def test_exact_duplicate_groups():

@@ -825,10 +825,12 @@ def data_prepare(config: Optional[str], overrides: tuple[str, ...], rehash: bool
     workspace = Workspace.open(workdir)
     data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir, rehash=rehash)
     report = data.report()
+    root = resolved.data_paths.get("root") if resolved.config.data.source in ("imagefolder", "csv", "labelmap") else None
     payload = {
         "data_version": data.version,
         "counts": data.counts,
-        "quarantined": report["quarantined"],
+        # stored files name samples relative to data.root; what is printed also gives where they are now
+        "quarantined": [{**q, "path": str(root / q["sample_id"]) if root else None} for q in report["quarantined"]],
         "findings": report["findings"],
         "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
         "split_files": {name: str(data.path / "splits" / f"{name}.txt") for name in data.splits},

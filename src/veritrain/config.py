@@ -95,15 +95,32 @@ class DataConfig(Section):
         "`warn`: keep every sample that can still be used (unusable ones are quarantined regardless)",
     )
     near_duplicates: Literal["auto", "on", "off"] = Field(
-        "auto", description="perceptual-hash near-duplicate search; `auto`: on for images of 16 px and larger (off for digits)"
+        "auto", description="near-duplicate search (YAML true/false mean on/off); `auto`: on for images of 16 px and larger (off for 8×8 digits)"
     )
     near_duplicate_distance: int = Field(
-        4, ge=0, le=64, description="largest Hamming distance (of 64 bits) between perceptual hashes counted as near-duplicates"
+        4, ge=0, le=64, description="largest Hamming distance (of 64 bits) between perceptual hashes that makes a pair a near-duplicate "
+        "candidate (shifted copies are also found by nearest spectrum); a candidate counts only when its pixels confirm it"
+    )
+    near_duplicate_difference: float = Field(
+        0.1, ge=0.0, le=2.0, description="largest pixel difference that confirms a candidate pair as one picture: ‖a − b‖ / max(‖a‖, ‖b‖) "
+        "of the mean-removed grey images (≤ 32 px a side) at their best alignment within ±1 px; copies, brightness ±2 and 1-px shifts "
+        "measure below 0.05, distinct MNIST digits above 0.19"
     )
     max_cluster_size: int = Field(
-        50, ge=2, description="near-duplicate clusters larger than this are still kept in one split but reported as a finding"
+        50, ge=2, description="near-duplicate groups larger than this are still kept in one split but reported as a finding with example pairs"
     )
-    imbalance_ratio: float = Field(10.0, ge=1.0, description="warn when the largest class has more than this many times the samples of the smallest")
+    imbalance_ratio: float = Field(10.0, ge=1.0, description="warn when the largest class has this many times the samples of the smallest, or more (whole set and each split)")
+    split_tolerance: float = Field(
+        0.03, ge=0.0, le=1.0, description="largest gap between a class's achieved train/val/test fraction and data.split_ratios "
+        "(at least one sample in small classes) before the split is `split_skew`"
+    )
+    on_split_skew: Literal["fail", "warn"] = Field(
+        "fail", description="`fail`: a `split_skew` stops the prepare (exit 1) naming the class and its cause; `warn`: report it and go on"
+    )
+    on_label_issue: Literal["warn", "quarantine"] = Field(
+        "warn", description="`warn`: report samples whose label the rest of the data contradicts (`label_issue`); `quarantine`: also remove "
+        "those in train and val (test-split ones are only reported, so test accuracy is not inflated)"
+    )
     group_regex: Optional[str] = Field(
         None, description="regex with one capture group over the relpath; samples with the same group stay in one split (e.g. '^(patient_\\d+)/')"
     )
@@ -118,6 +135,12 @@ class DataConfig(Section):
     )
     workers: Optional[int] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
     card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")
+
+    @field_validator("near_duplicates", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: Any) -> Any:
+        # YAML reads true/false, and unquoted on/off too, as booleans
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     @field_validator("source")
     @classmethod
@@ -351,9 +374,34 @@ def config_dict(config: RunConfig) -> dict[str, Any]:
     return redact(config.model_dump(mode="json"))
 
 
+# Keys added after runs were first recorded, with the default each was added at. A config that leaves such a
+# key at that default hashes as it did before the key existed, so older runs keep their config hash (and stay
+# reproducible and resumable). Every key added from now on goes here.
+KEYS_ADDED_LATER: dict[str, Any] = {
+    "data.near_duplicate_difference": 0.1,
+    "data.split_tolerance": 0.03,
+    "data.on_split_skew": "fail",
+    "data.on_label_issue": "warn",
+}
+
+
+def without_added_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    """A config dict (or one of its sections, keys given from the top) without the later keys at their default."""
+    trimmed = json.loads(json.dumps(values))
+    for dotted, default in KEYS_ADDED_LATER.items():
+        *parents, leaf = dotted.split(".")
+        section = trimmed
+        for name in parents:
+            section = section.get(name) if isinstance(section, dict) else None
+        if isinstance(section, dict) and leaf in section and section[leaf] == default:
+            del section[leaf]
+    return trimmed
+
+
 def config_hash(config: RunConfig) -> str:
-    """SHA-256 of the resolved config in canonical JSON: equal configs hash equal, however written."""
-    return sha256_json(config_dict(config))
+    """SHA-256 of the resolved config in canonical JSON: equal configs hash equal, however written; keys added
+    later hash only when they differ from their default (KEYS_ADDED_LATER)."""
+    return sha256_json(without_added_defaults(config_dict(config)))
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> ResolvedConfig:

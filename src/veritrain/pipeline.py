@@ -52,9 +52,12 @@ class RunOutcome:
 
 def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run",
         repeat: Optional[dict[str, Any]] = None, reproduced_from: Optional[str] = None,
-        hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None) -> RunOutcome:
+        hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None,
+        data_version: Optional[str] = None) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
-    prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of)."""
+    prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of).
+    `data_version` is the version the run must train on (reproduce): the data must still prepare to it,
+    or it is the stored version of an earlier recipe."""
     cfg = resolved.config
     if parent is not None:
         parent = workspace.resolve_run(parent).name  # fails before anything starts when it does not exist
@@ -83,7 +86,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         },
         "code": capture_code(workspace.root),
         "env": None,
-        "data": None,
+        "data": {"version": data_version} if data_version else None,
         "training": None,
         "metrics": {},
         "final_state_sha256": None,
@@ -175,10 +178,10 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             write_record(run_dir, record)
 
             t = time.perf_counter()
-            data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
             recorded_version = (record.get("data") or {}).get("version")
-            if resume and recorded_version is not None and data.version != recorded_version:
-                raise RunFailed(f"resume: the data now prepares to version {data.version[:12]}, the run used "
+            data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir, recorded=recorded_version)
+            if recorded_version is not None and data.version != recorded_version:
+                raise RunFailed(f"{'resume' if resume else 'reproduce'}: the data now prepares to version {data.version[:12]}, the run used "
                                 f"{(record.get('data') or {}).get('version', '?')[:12]}; restore the data or start a new run")
             record["timings"]["prepare"] = round(time.perf_counter() - t, 3)
             record["data"] = data_summary(data)
@@ -354,6 +357,8 @@ def data_summary(data: Any) -> dict[str, Any]:
         "findings_by_kind": report["findings_by_kind"],
         "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
         "hash_algorithm": report["hash_algorithm"],
+        "recipe": data.info.get("format"),
+        "summary": report.get("summary"),  # quarantined by kind, achieved split, label issues, outliers (recipe 3 on)
         "card": report["card"],
     }
 
@@ -403,7 +408,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> 
     raw_present = "root" not in paths or paths["root"].exists()
     drift = None
     if raw_present:
-        data = prepare.run(cfg.data, paths, workspace.state_dir)
+        data = prepare.run(cfg.data, paths, workspace.state_dir, recorded=recorded)
         if data.version != recorded:
             drift = f"the data now prepares to version {data.version[:12]}, the run used {str(recorded)[:12]}"
             if not allow_data_drift:

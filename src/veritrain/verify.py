@@ -93,7 +93,8 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         problems.append({"path": f".veritrain/data/{version}", "kind": "data_version_missing",
                          "detail": "the prepared data version is not in this workspace; run `veritrain data prepare` on the run's config"})
     else:
-        for p in data_version_problems(version, lambda name: (folder / name).read_bytes(), lambda name: sha256_file(folder / name)):
+        names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        for p in data_version_problems(version, lambda name: (folder / name).read_bytes(), lambda name: sha256_file(folder / name), names):
             problems.append({"path": f".veritrain/data/{version}/{p['path']}", "kind": p["kind"],
                              "detail": f"{p['detail']}; remove .veritrain/data/{version} and run `veritrain data prepare` on the run's config"})
     source = record.get("config_source") or {}
@@ -104,8 +105,14 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     except Exception:  # an ${env:...} path whose variable is not set here
         paths = {}
         drift.append({"what": "raw data", "recorded": str(source.get("data_paths_resolved")), "now": "its environment variable is not set"})
+    from veritrain.data.prepare import FORMAT_VERSION, _stored_format
+
+    recipe = _stored_format(folder)
     if "root" in paths and not paths["root"].exists():
         drift.append({"what": "raw data", "recorded": str(paths["root"]), "now": "not present"})
+    elif rehash and recipe is not None and recipe != FORMAT_VERSION:
+        drift.append({"what": "raw data", "recorded": f"prepared by data recipe {recipe}",
+                      "now": f"this veritrain prepares with recipe {FORMAT_VERSION}, so the raw data cannot be re-prepared to compare"})
     elif rehash:
         from veritrain.config import RunConfig
         from veritrain.data import prepare
@@ -121,15 +128,18 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     return problems
 
 
-def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of: Callable[[str], str]) -> list[dict[str, str]]:
+def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of: Callable[[str], str],
+                          names: Optional[list[str]] = None) -> list[dict[str, str]]:
     """Whether a prepared data version is intact, wherever its files are (a workspace folder for
-    verify, an archive's members for import): version.json and manifest.csv readable, the manifest
-    hashing to `version`, every array matching version.json.
+    verify and every command that opens it, an archive's members for import): version.json and
+    manifest.csv readable, the manifest and (recipe 3 on) every bound file hashing to `version`, the report
+    files matching version.json, and, when `names` lists the files present, nothing else there.
 
     `read` and `sha256_of` take a file name inside the version and raise OSError or KeyError when
     it is missing. Returns [{"path" (inside the version), "kind", "detail"}], empty when intact.
+    Versions of recipe 2 and before bind only the manifest; their arrays are checked against version.json.
     """
-    from veritrain.data.prepare import version_id_of_manifest
+    from veritrain.data.prepare import BOUND_FILES, CARD_FILE, version_id_of_manifest
 
     def changed(name: str, detail: str) -> dict[str, str]:
         return {"path": name, "kind": "data_version_changed", "detail": detail}
@@ -152,21 +162,35 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
     else:
         try:
             recomputed = version_id_of_manifest(info, rows)
-        except (KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
             problems.append(changed("manifest.csv", f"version.json or manifest.csv lacks a field or has one of the wrong type ({err})"))
         else:
             if recomputed != version:
-                problems.append(changed("manifest.csv", f"the manifest hashes to {recomputed[:12]}, not to the version id"))
-    arrays = info.get("arrays_sha256") or {}
-    if not isinstance(arrays, dict):
-        return problems + [changed("version.json", "arrays_sha256 is not a table of file → sha256")]
-    for name, digest in arrays.items():
+                problems.append(changed("manifest.csv", f"the manifest and version.json hash to {recomputed[:12]}, not to the version id"))
+            elif info.get("data_version") != version:
+                problems.append(changed("version.json", f"version.json names version {str(info.get('data_version'))[:12]}"))
+    recipe3 = isinstance(info.get("format"), int) and info["format"] >= 3
+    if recipe3:
+        files, reports = info.get("files"), info.get("reports")
+        if not isinstance(files, dict) or not isinstance(reports, dict) or set(files) != set(BOUND_FILES) \
+                or not all(isinstance(e, dict) for e in files.values()):
+            return problems + [changed("version.json", "its tables of files are missing or malformed")]
+        expected = {name: entry.get("sha256") for name, entry in files.items()} | reports
+    else:
+        expected = info.get("arrays_sha256") or {}
+        if not isinstance(expected, dict):
+            return problems + [changed("version.json", "arrays_sha256 is not a table of file → sha256")]
+    for name, digest in sorted(expected.items()):
         try:
             intact = sha256_of(name) == digest
         except (OSError, KeyError):
-            intact = False
+            problems.append(changed(name, f"{name} is missing"))
+            continue
         if not intact:
             problems.append(changed(name, f"{name} does not match its sha256 in version.json"))
+    if recipe3 and names is not None:
+        for name in sorted(set(names) - set(expected) - {"version.json", CARD_FILE}):
+            problems.append(changed(name, f"{name} is not part of the data version"))
     return problems
 
 
@@ -215,12 +239,12 @@ def reproduce(workspace: Any, ref: str, argv: list[str]) -> dict[str, Any]:
     from veritrain.config import paths_from_record
 
     paths = paths_from_record(original["config_source"].get("data_paths_resolved") or {})
-    data = prepare.run(cfg.data, paths, workspace.state_dir)
+    data = prepare.run(cfg.data, paths, workspace.state_dir, recorded=original["data"]["version"])
     if data.version != original["data"]["version"]:
         raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "
                         "restore the data to reproduce")
     resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
-    outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"])
+    outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"], data_version=data.version)
     comparison = compare_runs(original_dir, Path(outcome.summary["run_dir"]))
     comparison["reproduction_status"] = outcome.record["status"]
     comparison["reproduction_seal"] = outcome.seal

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -36,22 +37,31 @@ from veritrain.secrets import expand_env
 
 log = logging.getLogger("veritrain")
 
-FORMAT_VERSION = 2  # layout of a stored data version; part of the version id
+# The data recipe: how a data version is prepared and laid out; part of the version id. 3: near-duplicates
+# confirmed by pixels, achieved-split check, label issues and outliers, exact normalization, every file of the
+# version bound to its id. Runs made with an earlier recipe keep the version it prepared (see `run`'s `recorded`).
+FORMAT_VERSION = 3
 NEAR_DUPLICATE_MIN_SIDE = 16  # px: below this a perceptual hash says little (digits are 8×8)
+BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "inputs.npy", "targets.npy")
+BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files")
+ARRAY_CHUNK = 4096  # rows copied or summed at a time (bounds memory)
+CARD_FILE = "card.json"  # the data card: beside the version, editable, outside every hash
 
 
 @dataclass
 class Finding:
     kind: str  # one of validate.FINDING_SEVERITY (the names are the contract)
-    samples: list[str]  # sample ids concerned
+    samples: list[str]  # sample ids concerned (paths relative to data.root for files)
     reason: str
     severity: str = ""
+    details: dict[str, Any] = field(default_factory=dict)  # label_issue, outlier: suggested label, score, rank, split
 
     def __post_init__(self) -> None:
         self.severity = self.severity or FINDING_SEVERITY.get(self.kind, "warning")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "severity": self.severity, "samples": self.samples, "reason": self.reason}
+        found = {"kind": self.kind, "severity": self.severity, "samples": self.samples, "reason": self.reason}
+        return {**found, **self.details}
 
 
 @dataclass
@@ -80,7 +90,7 @@ class DataVersion:
         from veritrain.data.report import card_warnings
 
         report = json.loads((self.path / "data_report.json").read_text(encoding="utf-8"))
-        card_file = self.path / "card.json"
+        card_file = self.path / CARD_FILE
         if card_file.exists():
             report["card"] = json.loads(card_file.read_text(encoding="utf-8"))
             report["card_warnings"] = card_warnings(report["card"])
@@ -102,8 +112,10 @@ class _Table:
     keep_usable: bool = False  # data.on_bad_file: warn — only samples that cannot be used are excluded
     findings: list[Finding] = field(default_factory=list)
     excluded: dict[int, Finding] = field(default_factory=dict)  # sample index → the finding that removed it
-    phash: dict[int, int] = field(default_factory=dict)
-    arrays: dict[int, np.ndarray] = field(default_factory=dict)  # decoded images kept from validation
+    phash: dict[int, int] = field(default_factory=dict)  # near-duplicate search: perceptual hash per sample
+    pictures: dict[int, np.ndarray] = field(default_factory=dict)  # near-duplicate search: dedup.comparison_image
+    thumbs: dict[int, np.ndarray] = field(default_factory=dict)  # label issues and outliers: dedup.thumbnail
+    units_of: dict[int, str] = field(default_factory=dict)  # sample index → why it is tied to others (for split_skew)
 
     def add(self, kind: str, indices: list[int], reason: str, exclude: bool = False) -> Finding:
         finding = Finding(kind, [self.ids[i] for i in indices], reason)
@@ -119,34 +131,57 @@ class _Table:
         return [i for i in range(len(self.ids)) if i not in self.excluded]
 
 
-def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any) -> str:
+def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any, content: Optional[str] = None) -> str:
     """The data version id: SHA-256 over the preprocessing config, the hash algorithm and every
-    (sample id, content hash or None, label, split or "quarantined"), sorted by sample id."""
-    return sha256_json({"preprocessing": preprocessing, "hash_algorithm": hash_algorithm, "samples": sorted(tuple(s) for s in samples)})
+    (sample id, content hash or None, label, split or "quarantined"), sorted by sample id; from recipe 3 on
+    also over `content`, the hash of what was written (`content_hash`: every file's SHA-256, the classes,
+    counts and normalization), so nothing training reads can change without changing the id."""
+    bound = {"preprocessing": preprocessing, "hash_algorithm": hash_algorithm, "samples": sorted(tuple(s) for s in samples)}
+    if content is not None:
+        bound["content"] = content
+    return sha256_json(bound)
+
+
+def content_hash(info: dict[str, Any]) -> str:
+    """SHA-256 of the parts of version.json that the id binds (BOUND_INFO)."""
+    return sha256_json({key: info.get(key) for key in BOUND_INFO})
 
 
 def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> str:
     """`version_id` recomputed from a stored version.json and its manifest.csv rows (verify, import)."""
     key = info["hash_algorithm"]
+    content = content_hash(info) if int(info.get("format", 0)) >= 3 else None
     return version_id(info["preprocessing"], key, (
-        (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows))
+        (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows), content)
 
 
 def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], target: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything besides the samples that decides the prepared arrays and the split: the data config
     without file locations, the data card or worker count, plus what the source and decoder did."""
-    cfg = data_cfg.model_dump(mode="json")
+    from veritrain.config import without_added_defaults
+
+    cfg = without_added_defaults({"data": data_cfg.model_dump(mode="json")})["data"]
     for key in ("root", "csv", "labels", "split_dir", "test_split_file", "card", "workers"):
         cfg.pop(key, None)
     return {"format": FORMAT_VERSION, "data": cfg, "source": source_preprocessing, "target": target}
 
 
-def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False) -> DataVersion:
-    """Stage entry: prepare (or reuse) the data version for `data_cfg`; returns it loaded.
+def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None) -> DataVersion:
+    """Stage entry: prepare (or reuse) the data version for `data_cfg`; returns it loaded and checked.
 
     `paths` are the config's data paths made absolute; `workspace_state` is the workspace's
-    `.veritrain/` (data versions in `data/`, hash and decode caches in `cache/`).
+    `.veritrain/` (data versions in `data/`, hash and decode caches in `cache/`). `recorded` is the version
+    a run already used (resume, reproduce, eval, export): when an earlier recipe prepared it and it is
+    stored here, it is the one returned, since this recipe would prepare the same data to another id.
     """
+    if recorded is not None:
+        stored = workspace_state / "data" / recorded
+        if _stored_format(stored) not in (None, FORMAT_VERSION):
+            log.info("data: using the stored data version %s, prepared by data recipe %s (this veritrain prepares with recipe %d)",
+                     recorded[:12], _stored_format(stored), FORMAT_VERSION)
+            loaded = load_version(stored)
+            loaded.reused = True
+            return loaded
     timings: dict[str, float] = {}
     started = time.perf_counter()
     source = load_source(data_cfg, paths)
@@ -164,10 +199,11 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     remembered = memo.read_text().strip() if memo.exists() else None
     if remembered and (workspace_state / "data" / remembered / "version.json").exists():
         final = workspace_state / "data" / remembered
-        _write_card(final, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
         log.info("data: reusing data version %s (%d samples, unchanged)", remembered[:12], len(table.ids))
         loaded = load_version(final)
+        _write_card(final, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
         loaded.reused = True
+        _refuse_skew(data_cfg, loaded)
         return loaded
 
     if isinstance(source, FileListing):
@@ -180,49 +216,95 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     t = time.perf_counter()
     table.keep_usable = data_cfg.on_bad_file == "warn"
     _check_labels(table, classes)
-    units = _duplicates_and_units(data_cfg, table, classes, target)
+    units, near_pairs = _duplicates_and_units(data_cfg, table, classes, target)
     _apply_policy(data_cfg, table)
     assigned = _split(data_cfg, table, units, classes)
-    leakage_pairs = _leakage_pairs(table, assigned)
+    timings["validate_split"] = time.perf_counter() - t
+    t = time.perf_counter()
+    label_method = _label_issues_and_outliers(data_cfg, table, assigned, classes)
+    timings["label_issues"] = time.perf_counter() - t
+    leakage_pairs = _leakage_pairs(table, assigned, near_pairs)
     if leakage_pairs:  # cannot happen by construction; refuse rather than train on a leaking split
         raise RunFailed(f"data: {leakage_pairs} duplicate pair(s) cross splits after splitting; this is a bug, please report it")
+    achieved = _achieved_split(data_cfg, table, units, assigned, classes)
     _check_balance(data_cfg, table, assigned, classes)
-    timings["validate_split"] = time.perf_counter() - t
 
     preprocessing = preprocessing_config(data_cfg, source_preprocessing, target)
+    if data_cfg.on_label_issue == "quarantine":  # the method then decides which samples train: part of the id
+        preprocessing["label_issues"] = label_method
     split_of = [assigned.get(i, "quarantined") for i in range(len(table.ids))]
-    version = version_id(preprocessing, DATA_HASH_ALGORITHM, zip(table.ids, table.hashes, [l or "" for l in table.labels], split_of))
+    samples = list(zip(table.ids, table.hashes, [l or "" for l in table.labels], split_of))
     store = workspace_state / "data"
     store.mkdir(parents=True, exist_ok=True)
-    final = store / version
     card = merged_card(data_cfg.card.model_dump(), getattr(source, "card", {}))
-    _write_card(final, card)
-    if (final / "version.json").exists():
-        _remember(memo, version)
-        log.info("data: reusing data version %s (%d samples)", version[:12], len(table.ids))
-        loaded = load_version(final)
-        loaded.reused = True
-        return loaded
 
-    log.info("data: writing data version %s from %s (%d samples)", version[:12], data_cfg.source, len(table.ids))
-    t = time.perf_counter()
+    log.info("data: writing a data version from %s (%d samples)", data_cfg.source, len(table.ids))
     rows = [i for i in range(len(table.ids)) if i in assigned]
-    inputs = _inputs_for(rows, table, source, data_cfg, target, cache_dir, workers)
-    timings["decode"] = time.perf_counter() - t
+    if not rows:
+        raise RunFailed("data: no usable samples; see the findings in the data report")
     tmp = store / f".tmp-{uuid.uuid4().hex}"
     (tmp / "splits").mkdir(parents=True)
     try:
-        _write_version(tmp, version, data_cfg, table, classes, assigned, rows, inputs, preprocessing, origin, headers, leakage_pairs, timings, started, card)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / "version.json").exists():  # not a lost race with a parallel prepare
-                raise
+        t = time.perf_counter()
+        _write_arrays(tmp, rows, table, source, data_cfg, target, classes, workers)
+        timings["decode"] = time.perf_counter() - t
+        info = _write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin)
+        info["achieved_split"] = achieved
+        version = version_id(preprocessing, DATA_HASH_ALGORITHM, samples, content_hash(info))
+        info["data_version"] = version
+        final = store / version
+        if (final / "version.json").exists():
+            log.info("data: reusing data version %s (%d samples)", version[:12], len(table.ids))
+        else:
+            from veritrain.data import report
+
+            timings["total"] = time.perf_counter() - started
+            report.write(tmp, info, [f.as_dict() for f in table.findings],
+                         [{"sample_id": table.ids[i], "kind": f.kind, "reason": f.reason} for i, f in sorted(table.excluded.items())],
+                         headers, leakage_pairs, achieved, label_method, {k: round(v, 4) for k, v in timings.items()}, card,
+                         _picture_lookup(tmp, table, rows))
+            _seal_version(tmp, info)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not (final / "version.json").exists():  # not a lost race with a parallel prepare
+                    raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _write_card(final, card)
+    loaded = load_version(final)
     _remember(memo, version)
-    return load_version(final)
+    _refuse_skew(data_cfg, loaded)
+    return loaded
+
+
+def _refuse_skew(data_cfg: Any, data: DataVersion) -> None:
+    """data.on_split_skew: fail stops here (the version stays stored, with its report, for a look)."""
+    skewed = (data.info.get("achieved_split") or {}).get("skewed") or []
+    if skewed and data_cfg.on_split_skew == "fail":
+        raise RunFailed(f"data: split_skew: {skewed[0]}" + (f" (and {len(skewed) - 1} more class(es))" if len(skewed) > 1 else "")
+                        + f"; see {data.path / 'data_report.md'}; fix the data, or set data.on_split_skew: warn to train on it anyway")
+
+
+def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Any:
+    """sample id → its picture for the report's gallery: the decoded row, or the thumbnail of a quarantined one."""
+    inputs = np.load(folder / "inputs.npy", mmap_mode="r")
+    row_of = {table.ids[i]: k for k, i in enumerate(rows)}
+    index_of = {sid: i for i, sid in enumerate(table.ids)}
+
+    def picture(sample_id: str) -> Optional[np.ndarray]:
+        if sample_id in row_of and inputs.dtype == np.uint8 and inputs.ndim == 4:
+            return np.asarray(inputs[row_of[sample_id]])
+        return table.thumbs.get(index_of.get(sample_id, -1))
+    return picture
+
+
+def _stored_format(folder: Path) -> Optional[int]:
+    """The recipe (format) of a stored data version, None when it is not there or not readable."""
+    try:
+        return int(json.loads((folder / "version.json").read_text(encoding="utf-8"))["format"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _default_workers() -> int:
@@ -257,17 +339,15 @@ def _table_from_arrays(source: SourceData) -> _Table:
         fixed=list(source.fixed_split) if source.fixed_split else [None] * n,
         timestamps=[None] * n,
     )
-    for i in range(n):
-        table.arrays[i] = source.inputs[i]
     return table
 
 
 def _array_target(cfg: Any, source: SourceData, table: _Table, cache_dir: Path, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     shape = list(source.inputs.shape[1:])
-    if _near_duplicates_on(cfg, shape) and source.inputs.dtype == np.uint8 and source.inputs.ndim == 4:
+    if source.inputs.dtype == np.uint8 and source.inputs.ndim == 4:
         t = time.perf_counter()
-        table.phash.update(_array_phashes(source.inputs, source.content_hashes, cache_dir))
-        timings["perceptual_hash"] = time.perf_counter() - t
+        _array_features(source.inputs, table, _near_duplicates_on(cfg, shape), cache_dir)
+        timings["features"] = time.perf_counter() - t
     return {"shape": shape, "dtype": str(source.inputs.dtype)}, {"shape": {"×".join(map(str, shape)): len(table.ids)}}
 
 
@@ -294,32 +374,40 @@ def _remember(memo: Path, version: str) -> None:
     os.replace(tmp, memo)
 
 
-def _array_phashes(inputs: np.ndarray, hashes: list[str], cache_dir: Path) -> dict[int, int]:
-    """Perceptual hashes of array samples, cached by content hash."""
-    from veritrain.data.dedup import perceptual_hash
+def _array_features(inputs: np.ndarray, table: _Table, near_duplicates: bool, cache_dir: Path) -> None:
+    """Perceptual hash, comparison picture and thumbnail of each array sample, cached by content hash."""
+    from veritrain.data import dedup
     from veritrain.data.validate import Check, CheckCache, CheckParams
 
-    params = CheckParams(0, 0, 0, False, 0, True)  # arrays: only the hash matters
+    params = CheckParams(0, 0, 0, False, 0, near_duplicates)  # arrays: nothing but the features is checked
     cache = CheckCache(cache_dir / "images.sqlite")
     try:
-        known = cache.checks(sorted(set(hashes)), params)
+        known = cache.checks(sorted(set(h for h in table.hashes if h)), params)
         fresh: dict[str, Check] = {}
-        result = {}
-        for i, h in enumerate(hashes):
-            if h in known:
-                result[i] = known[h].phash
-            else:
-                if h not in fresh:
-                    fresh[h] = Check(phash=perceptual_hash(np.asarray(inputs[i])))
-                result[i] = fresh[h].phash
+        for i, h in enumerate(table.hashes):
+            check = known.get(h) or fresh.get(h)
+            if check is None:
+                image = np.asarray(inputs[i])
+                check = fresh[h] = Check(thumb=dedup.thumbnail(image))
+                if near_duplicates:
+                    check.phash, check.picture = dedup.perceptual_hash(image), dedup.comparison_image(image)
+            _take_features(table, i, check)
         cache.store_checks(fresh, params)
     finally:
         cache.close()
-    return result
+
+
+def _take_features(table: _Table, i: int, check: Any) -> None:
+    if check.phash is not None:
+        table.phash[i] = check.phash
+    if check.picture is not None:
+        table.pictures[i] = check.picture
+    if check.thumb is not None:
+        table.thumbs[i] = check.thumb
 
 
 def _near_duplicates_on(cfg: Any, shape: list[int]) -> bool:
-    if cfg.near_duplicates == "auto":
+    if cfg.near_duplicates == "auto":  # note: YAML true/false arrive as "on"/"off"
         return len(shape) >= 2 and min(shape[0], shape[1]) >= NEAR_DUPLICATE_MIN_SIDE
     return cfg.near_duplicates == "on"
 
@@ -392,7 +480,7 @@ def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timi
                   "resize": "bilinear" if cfg.convert else None, "image_size_from": "config" if cfg.image_size else "most common in data",
                   "exif_orientation": "not applied"}
         params = validate.CheckParams(height, width, channels, cfg.convert, cfg.max_pixels, _near_duplicates_on(cfg, [height, width]))
-        checks = validate.checks_for(files, headers, params, check_cache, workers, keep_arrays=True)
+        checks = validate.checks_for(files, headers, params, check_cache, workers)
     finally:
         check_cache.close()
     timings["validate"] = time.perf_counter() - t
@@ -400,10 +488,8 @@ def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timi
         check = checks[table.hashes[i]]
         for kind, reason in check.findings:
             table.add(kind, [i], reason, exclude=kind in UNUSABLE)
-        if check.phash is not None and check.usable:
-            table.phash[i] = check.phash
-        if check.array is not None:
-            table.arrays[i] = check.array
+        if check.usable:
+            _take_features(table, i, check)
     summary = {
         "sizes": {f"{w}×{h}": n for (h, w), n in sizes.most_common(10)},
         "modes": dict(Counter(h.mode for h in headers.values() if h.error is None).most_common()),
@@ -449,8 +535,13 @@ def _check_labels(table: _Table, classes: Optional[list[str]]) -> None:
 SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # where copies disagree, the most protected split wins
 
 
-def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]], target: dict[str, Any]) -> list[splitting.Unit]:
-    from veritrain.data.dedup import exact_duplicate_groups, near_duplicate_clusters
+def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]], target: dict[str, Any]) -> tuple[list[splitting.Unit], np.ndarray]:
+    """Exact duplicates, confirmed near-duplicates and groups, joined into the units the split keeps whole.
+    Returns the units and the confirmed near-duplicate pairs (sample indices), which the leakage count checks."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    from veritrain.data.dedup import exact_duplicate_groups
 
     included = table.included()
     # exact duplicates: same content, same label → kept together; different labels → all quarantined
@@ -466,21 +557,10 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]],
         else:
             table.add("duplicate", members, f"{len(members)} identical copies; kept together in one split")
             links.append(members)
+        for i in members:
+            table.units_of[i] = "exact duplicates"
 
-    # near duplicates by perceptual hash, through a BK-tree index
-    candidates = [i for i in table.included() if i in table.phash]
-    if candidates:
-        clusters, capped = near_duplicate_clusters([table.phash[i] for i in candidates], cfg.near_duplicate_distance, cfg.max_cluster_size)
-        capped_sets = {tuple(c.members) for c in capped}
-        for cluster in clusters:
-            members = [candidates[k] for k in cluster.members]
-            if len({table.hashes[i] for i in members}) == 1:
-                continue  # all copies of one content: already a `duplicate`
-            links.append(members)
-            table.add("near_duplicate", members, f"{len(members)} images within perceptual-hash distance {cluster.max_distance}; kept together in one split")
-            if tuple(cluster.members) in capped_sets:
-                table.add("near_duplicate_cluster_capped", members,
-                          f"a cluster of {len(members)} near-duplicates (more than data.max_cluster_size {cfg.max_cluster_size}); check the data or lower data.near_duplicate_distance")
+    near_pairs = _near_duplicates(cfg, table, links)
 
     # groups: the csv group column or data.group_regex over the relpath
     pattern = re.compile(cfg.group_regex) if cfg.group_regex else None
@@ -492,20 +572,24 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]],
             group = match.group(1) if match else group
         if group is not None:
             by_group[group].append(i)
-    links.extend(members for members in by_group.values() if len(members) > 1)
+    for name, members in by_group.items():
+        if len(members) > 1:
+            links.append(members)
+            for i in members:
+                table.units_of[i] = f"group {name!r}"
 
-    from veritrain.data.dedup import UnionFind
-
-    uf = UnionFind(len(table.ids))
-    for members in links:
-        for other in members[1:]:
-            uf.union(members[0], other)
+    # units: connected components of every link (scipy), so one rule joins duplicates, near-duplicates and groups
+    n = len(table.ids)
+    heads = [members[0] for members in links for _ in members[1:]]
+    tails = [other for members in links for other in members[1:]]
+    graph = coo_matrix((np.ones(len(heads)), (heads, tails)), shape=(n, n))
+    _, component_of = connected_components(graph, directed=False)
 
     # a unit whose members have different fixed splits would leak: the most protected split wins and
     # the copies fixed elsewhere are quarantined as `leak_duplicate`
     components: dict[int, list[int]] = defaultdict(list)
     for i in table.included():
-        components[uf.find(i)].append(i)
+        components[int(component_of[i])].append(i)
     class_index = {c: k for k, c in enumerate(classes)} if classes else {}
     units = []
     for members in components.values():
@@ -527,7 +611,45 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]],
             timestamp=max(timestamps) if timestamps else None,
         ))
     units.sort(key=lambda u: u.members[0])
-    return units
+    return units, near_pairs
+
+
+def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndarray:
+    """Confirmed near-duplicate pairs among the included samples with pictures (dedup.near_duplicates),
+    reported one finding per group; groups with different labels are quarantined like conflicting
+    duplicates. Appends each kept group to `links`; returns the confirmed pairs as sample indices."""
+    from veritrain.data.dedup import near_duplicates
+
+    candidates = [i for i in table.included() if i in table.pictures]
+    if len(candidates) < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    found = near_duplicates(np.array([table.phash[i] for i in candidates], dtype=np.uint64),
+                            np.stack([table.pictures[i] for i in candidates]), cfg.near_duplicate_distance, cfg.near_duplicate_difference)
+    index = np.array(candidates, dtype=np.int64)
+    pairs = index[found.pairs] if len(found.pairs) else np.zeros((0, 2), dtype=np.int64)
+    difference_of = {(int(a), int(b)): float(d) for (a, b), d in zip(pairs, found.differences)}
+    for component in found.components:
+        members = [candidates[k] for k in component]
+        if len({table.hashes[i] for i in members}) == 1:
+            continue  # all copies of one content: already a `duplicate`
+        inside = [(int(a), int(b)) for a, b in pairs[np.isin(pairs[:, 0], members)][:2]]  # a pair never leaves its group
+        examples = "; ".join(f"{table.ids[a]} ~ {table.ids[b]} (difference {difference_of[(a, b)]:.3f})" for a, b in inside[:2])
+        labels = {table.labels[i] for i in members}
+        if len(labels) > 1:
+            shown = ", ".join(f"{table.ids[i]}={table.labels[i]}" for i in members[:6])
+            table.add("conflicting_near_duplicate", members, f"the same picture with different labels ({shown}); e.g. {examples}", exclude=True)
+            if not table.keep_usable:
+                continue
+        else:
+            table.add("near_duplicate", members, f"{len(members)} copies of one picture (e.g. {examples}); kept together in one split")
+        links.append(members)
+        for i in members:
+            table.units_of[i] = "near-duplicate group"
+        if len(members) > cfg.max_cluster_size:
+            table.add("near_duplicate_cluster_capped", members,
+                      f"a near-duplicate group of {len(members)} samples (more than data.max_cluster_size {cfg.max_cluster_size}), e.g. {examples}; "
+                      "check the data, or lower data.near_duplicate_difference")
+    return pairs
 
 
 def _split(cfg: Any, table: _Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> dict[int, str]:
@@ -535,8 +657,8 @@ def _split(cfg: Any, table: _Table, units: list[splitting.Unit], classes: Option
     return {i: s for unit, s in zip(units, splits) for i in unit.members if i not in table.excluded}
 
 
-def _leakage_pairs(table: _Table, assigned: dict[int, str]) -> int:
-    """Pairs of identical (or near-identical, as linked above) samples in different splits."""
+def _leakage_pairs(table: _Table, assigned: dict[int, str], near_pairs: np.ndarray) -> int:
+    """Pairs of identical samples, or confirmed near-duplicate pairs, that sit in different splits."""
     by_hash: dict[str, Counter] = defaultdict(Counter)
     for i, s in assigned.items():
         by_hash[table.hashes[i]][s] += 1
@@ -544,27 +666,103 @@ def _leakage_pairs(table: _Table, assigned: dict[int, str]) -> int:
     for counts in by_hash.values():
         values = list(counts.values())
         pairs += sum(a * b for k, a in enumerate(values) for b in values[k + 1 :])
-    index = {sid: k for k, sid in enumerate(table.ids)}
-    for finding in table.findings:
-        if finding.kind == "near_duplicate":
-            in_splits = Counter(assigned[index[sid]] for sid in finding.samples if index[sid] in assigned)
-            values = list(in_splits.values())
-            pairs += sum(a * b for k, a in enumerate(values) for b in values[k + 1 :])
+    for a, b in near_pairs.tolist():
+        if table.hashes[a] != table.hashes[b] and a in assigned and b in assigned and assigned[a] != assigned[b]:
+            pairs += 1
     return pairs
 
 
+def _achieved_split(cfg: Any, table: _Table, units: list[splitting.Unit], assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
+    """Each class's achieved train/val/test fractions over the samples the split was free to place, against
+    the ratios they were meant to follow; a class further off than data.split_tolerance (at least one sample)
+    is a `split_skew` finding that names what forced it. Fixed splits and time splits are not judged."""
+    fixed_present = {u.fixed for u in units if u.fixed}
+    wanted = splitting.free_ratios(cfg.split_ratios, fixed_present)  # type: ignore[arg-type]
+    result: dict[str, Any] = {"asked": dict(zip(SPLITS, cfg.split_ratios)), "wanted_for_free_samples": dict(zip(SPLITS, wanted)),
+                              "judged": cfg.split_by == "random" and classes is not None, "per_class": {}, "skewed": []}
+    if not result["judged"]:
+        return result
+    unit_of = {i: unit for unit in units for i in unit.members}
+    free: dict[str, list[int]] = defaultdict(list)
+    for i in assigned:
+        if unit_of.get(i) is not None and unit_of[i].fixed is None:
+            free[table.labels[i] or ""].append(i)
+    for name in classes or []:
+        members = free.get(name, [])
+        if not members:
+            continue
+        counts = Counter(assigned[i] for i in members)
+        fractions = {s: counts[s] / len(members) for s in SPLITS}
+        allowed = max(cfg.split_tolerance, 1.0 / len(members))
+        off = {s: fractions[s] - w for s, w in zip(SPLITS, wanted)}
+        worst = max(SPLITS, key=lambda s: abs(off[s]))
+        result["per_class"][name] = {"samples": len(members), **{s: round(fractions[s], 4) for s in SPLITS},
+                                     "largest_gap": round(abs(off[worst]), 4), "allowed": round(allowed, 4)}
+        if abs(off[worst]) > allowed + 1e-12:
+            # the biggest tied unit of this class in the split that got too many: what forced the skew
+            over = max(SPLITS, key=lambda s: off[s])
+            tied = [unit_of[i] for i in members if assigned[i] == over and len(unit_of[i].members) > 1]
+            biggest = max(tied, key=lambda u: len(u.members), default=None)
+            cause = (f"a unit of {len(biggest.members)} samples that must stay together ({table.units_of.get(biggest.members[0], 'tied samples')}, "
+                     f"e.g. {table.ids[biggest.members[0]]}) went to {over}") if biggest else "too few units to place"
+            reason = (f"class {name!r}: train/val/test {' / '.join(f'{fractions[s]:.2f}' for s in SPLITS)} of {len(members)} samples, "
+                      f"asked {' / '.join(f'{w:.2f}' for w in wanted)} (data.split_tolerance {cfg.split_tolerance:g}); {cause}")
+            result["skewed"].append(reason)
+            table.add("split_skew", [], reason)
+    return result
+
+
 def _check_balance(cfg: Any, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> None:
+    """`imbalance` when the largest class has at least data.imbalance_ratio times the samples of the smallest,
+    over the whole set and within each split."""
     if not classes:
         return
     counts = Counter(table.labels[i] for i in assigned)
     empty = [c for c in classes if counts[c] == 0]
     if empty:
         raise RunFailed(f"data: class(es) {', '.join(map(repr, empty))} have no usable samples (too_small); add samples, fix the quarantined ones, or drop them from data.classes")
-    largest, smallest = max(counts.values()), min(counts.values())
-    if smallest and largest / smallest > cfg.imbalance_ratio:
-        big = max(classes, key=lambda c: counts[c])
-        small = min(classes, key=lambda c: counts[c])
-        table.add("imbalance", [], f"class {big!r} has {largest} samples, {small!r} has {smallest} (ratio {largest / smallest:.1f} > data.imbalance_ratio {cfg.imbalance_ratio:g})")
+    scopes = [("all splits", counts)] + [(name, Counter(table.labels[i] for i, s in assigned.items() if s == name)) for name in SPLITS]
+    for scope, found in scopes:
+        present = [c for c in classes if found[c] > 0]
+        if not present:
+            continue
+        big = max(present, key=lambda c: found[c])
+        small = min(present, key=lambda c: found[c])
+        ratio = found[big] / found[small]
+        if ratio >= cfg.imbalance_ratio:
+            table.add("imbalance", [], f"{scope}: class {big!r} has {found[big]} samples, {small!r} has {found[small]} "
+                      f"(ratio {ratio:.1f} ≥ data.imbalance_ratio {cfg.imbalance_ratio:g})")
+
+
+def _label_issues_and_outliers(cfg: Any, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
+    """`label_issue` and `outlier` findings over the placed samples' thumbnails (data.label_issues). With
+    data.on_label_issue: quarantine, label issues in train and val are removed; test-split ones are only
+    reported, since removing them would inflate test accuracy. Returns the method as recorded."""
+    from veritrain.data import label_issues
+
+    rows = [i for i in sorted(assigned) if i in table.thumbs]
+    if not classes or len(rows) < 2:
+        return {"skipped": "no classes" if not classes else "fewer than two samples"}
+    class_index = {c: k for k, c in enumerate(classes)}
+    found = label_issues.find_label_issues_and_outliers(
+        np.stack([table.thumbs[i] for i in rows]), np.array([class_index[table.labels[i]] for i in rows], dtype=np.int64),
+        len(classes), cfg.split_seed)
+    for rank, flag in enumerate(found.label_issues, 1):
+        i = rows[flag.index]
+        suggested = classes[flag.suggested] if flag.suggested is not None else "?"
+        where = assigned[i]
+        quarantine = cfg.on_label_issue == "quarantine" and where != "test"
+        finding = table.add("label_issue", [i], f"labelled {table.labels[i]!r}, the data points to {suggested!r} (score {flag.score:.3f}, rank {rank}; {where} split)",
+                            exclude=quarantine)
+        finding.details = {"label": table.labels[i], "suggested": suggested, "score": round(flag.score, 6), "rank": rank, "split": where}
+        if quarantine:
+            finding.severity = "quarantine"
+            del assigned[i]
+    for rank, flag in enumerate(found.outliers, 1):
+        i = rows[flag.index]
+        finding = table.add("outlier", [i], f"far from everything else in class {table.labels[i]!r} and in the data (score {flag.score:.3f}, rank {rank})")
+        finding.details = {"label": table.labels[i], "score": round(flag.score, 6), "rank": rank, "split": assigned.get(i)}
+    return found.method
 
 
 def _apply_policy(cfg: Any, table: _Table) -> None:
@@ -579,48 +777,27 @@ def _apply_policy(cfg: Any, table: _Table) -> None:
 # ---------------------------------------------------------------- writing and reading a version
 
 
-def _inputs_for(rows: list[int], table: _Table, source: Any, cfg: Any, target: dict[str, Any], cache_dir: Path, workers: int) -> np.ndarray:
-    missing = [i for i in rows if i not in table.arrays]
-    if missing:  # the checks came from the cache: decode these files now
+def _write_arrays(out: Path, rows: list[int], table: _Table, source: Any, cfg: Any, target: dict[str, Any],
+                  classes: Optional[list[str]], workers: int) -> None:
+    """inputs.npy and targets.npy of the placed rows, written through a memory map: file samples are decoded
+    straight into it by worker processes, array samples copied in chunks, so memory holds no second copy."""
+    from numpy.lib.format import open_memmap
+
+    if isinstance(source, FileListing):
         from veritrain.data import validate
 
         h, w, c = target["shape"]
-        params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, perceptual_hash=False)  # only the pixels are wanted now
-        files = {table.hashes[i]: str(table.paths[i]) for i in missing}
-        headers = validate.headers_for(files, None, workers)
-        checks = validate.checks_for(files, headers, params, None, workers, keep_arrays=True)
-        for i in missing:
-            array = checks[table.hashes[i]].array
-            if array is None:
-                raise RunFailed(f"data: {table.ids[i]} changed while preparing (no longer decodes); run again")
-            table.arrays[i] = array
-    if not rows:
-        raise RunFailed("data: no usable samples; see the findings in the data report")
-    return np.stack([np.asarray(table.arrays[i]) for i in rows])
-
-
-def _write_version(out: Path, version: str, cfg: Any, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
-                   rows: list[int], inputs: np.ndarray, preprocessing: dict[str, Any], origin: dict[str, Any],
-                   image_summary: dict[str, Any], leakage_pairs: int, timings: dict[str, float], started: float,
-                   card: dict[str, Any]) -> None:
-    from veritrain.data import report
-
-    with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status"])
-        for i, sid in enumerate(table.ids):
-            status = "ok" if i in assigned else "quarantined"
-            writer.writerow([sid, table.sizes[i], table.hashes[i] or "", table.labels[i] or "", assigned.get(i, ""), status])
-    quarantined = [(i, finding) for i, finding in sorted(table.excluded.items())]
-    with open(out / "quarantine.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["sample_id", "kind", "reason"])
-        for i, finding in quarantined:
-            writer.writerow([table.ids[i], finding.kind, finding.reason])
-    for name in SPLITS:
-        ids = [table.ids[i] for i in rows if assigned[i] == name]
-        (out / "splits" / f"{name}.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
-    np.save(out / "inputs.npy", np.ascontiguousarray(inputs))
+        inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=np.uint8, shape=(len(rows), h, w, c))
+        params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, near_duplicates=False)
+        failed = validate.decode_into(inputs, [str(table.paths[i]) for i in rows], params, workers)
+        if failed:
+            raise RunFailed(f"data: {table.ids[rows[failed[0]]]} changed while preparing (no longer decodes); run again")
+    else:
+        inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=source.inputs.dtype, shape=(len(rows), *source.inputs.shape[1:]))
+        for start in range(0, len(rows), ARRAY_CHUNK):
+            inputs[start : start + ARRAY_CHUNK] = source.inputs[rows[start : start + ARRAY_CHUNK]]
+    inputs.flush()
+    del inputs
     if classes is not None:
         class_index = {c: k for k, c in enumerate(classes)}
         targets = np.array([class_index[table.labels[i]] for i in rows], dtype=np.int64)
@@ -628,6 +805,28 @@ def _write_version(out: Path, version: str, cfg: Any, table: _Table, classes: Op
         targets = np.array([float(table.labels[i]) for i in rows], dtype=np.float32)
     np.save(out / "targets.npy", targets)
 
+
+def _write_version(out: Path, cfg: Any, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
+                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any]) -> dict[str, Any]:
+    """manifest.csv, quarantine.csv and the split lists beside the arrays; returns version.json's content
+    (without the id, which hashes it)."""
+    with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status"])
+        for i, sid in enumerate(table.ids):
+            status = "ok" if i in assigned else "quarantined"
+            writer.writerow([sid, table.sizes[i], table.hashes[i] or "", table.labels[i] or "", assigned.get(i, ""), status])
+    with open(out / "quarantine.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["sample_id", "kind", "reason"])
+        for i, finding in sorted(table.excluded.items()):
+            writer.writerow([table.ids[i], finding.kind, finding.reason])
+    for name in SPLITS:
+        ids = [table.ids[i] for i in rows if assigned[i] == name]
+        (out / "splits" / f"{name}.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
+
+    inputs = np.load(out / "inputs.npy", mmap_mode="r")
+    targets = np.load(out / "targets.npy")
     row_splits = np.array([assigned[i] for i in rows])
     counts = {s: int((row_splits == s).sum()) for s in SPLITS}
     per_class = None
@@ -635,31 +834,34 @@ def _write_version(out: Path, version: str, cfg: Any, table: _Table, classes: Op
         per_class = {s: {c: int(((row_splits == s) & (targets == k)).sum()) for k, c in enumerate(classes)} for s in SPLITS}
     import PIL
 
-    info = {
-        "data_version": version,
+    return {
+        "data_version": None,
         "format": FORMAT_VERSION,
         "hash_algorithm": DATA_HASH_ALGORITHM,
         "preprocessing": preprocessing,
         "classes": classes,
         "counts": counts,
         "counts_per_class": per_class,
-        "quarantined": len(quarantined),
+        "quarantined": len(table.excluded),
         "input_shape": list(inputs.shape[1:]),
         "input_dtype": str(inputs.dtype),
         "target_dtype": str(targets.dtype),
-        "normalization": normalization_stats(inputs[row_splits == "train"]),
+        "normalization": normalization_stats(inputs, np.flatnonzero(row_splits == "train")),
         "origin": origin,
         "decoders": {"pillow": PIL.__version__, "numpy": np.__version__},
-        # the arrays training reads; `veritrain verify` checks them against these
-        "arrays_sha256": {name: sha256_file(out / name) for name in ("inputs.npy", "targets.npy")},
+        # every file training reads, bound to the version id through `content_hash`
+        "files": {name: {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)} for name in BOUND_FILES},
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _seal_version(out: Path, info: dict[str, Any]) -> None:
+    """version.json, with the table of the report files written beside the bound ones (checked on every open,
+    though outside the id: reports hold timings and drawings that differ between machines)."""
+    bound = set(BOUND_FILES) | {"version.json", CARD_FILE}
+    info["reports"] = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*"))
+                       if p.is_file() and p.relative_to(out).as_posix() not in bound}
     (out / "version.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    timings["total"] = time.perf_counter() - started
-    report.write(out, info, [f.as_dict() for f in table.findings],
-                 [{"sample_id": table.ids[i], "path": str(table.paths[i]) if table.paths[i] else None, "kind": f.kind, "reason": f.reason}
-                  for i, f in quarantined],
-                 image_summary, leakage_pairs, {k: round(v, 4) for k, v in timings.items()}, card)
 
 
 def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:
@@ -673,24 +875,59 @@ def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dic
 def _write_card(version_dir: Path, card: dict[str, Any]) -> None:
     """The data card sits beside the version (not inside its hash): editing it keeps the version."""
     if version_dir.exists():
-        (version_dir / "card.json").write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+        (version_dir / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
 
 
-def normalization_stats(train_inputs: np.ndarray) -> dict[str, Any]:
-    """Per-channel (last axis) mean and std of the train split only; uint8 inputs are scaled to [0, 1] first."""
-    values = train_inputs.astype(np.float64)
-    if train_inputs.dtype == np.uint8:
-        values /= 255.0
-    channels = values.reshape(-1, values.shape[-1]) if values.ndim > 1 else values.reshape(-1, 1)
-    return {
-        "scale": "x / 255" if train_inputs.dtype == np.uint8 else "x",
-        "mean": channels.mean(axis=0).tolist(),
-        "std": channels.std(axis=0).tolist(),
-        "computed_on": "train",
-    }
+def normalization_stats(inputs: np.ndarray, train_rows: np.ndarray) -> dict[str, Any]:
+    """Per-channel (last axis) mean and std over the train rows only; uint8 inputs are scaled to [0, 1].
+
+    For uint8 the sums are exact integers (summed in chunks) and each statistic is one correctly rounded
+    division and square root of them, so the figures, which the version id binds, are equal on every machine.
+    """
+    channels = inputs.shape[-1] if inputs.ndim > 1 else 1
+    if inputs.dtype != np.uint8:
+        values = np.asarray(inputs[train_rows], dtype=np.float64).reshape(-1, channels)
+        return {"scale": "x", "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "computed_on": "train"}
+    total = [0] * channels
+    squares = [0] * channels
+    for start in range(0, len(train_rows), ARRAY_CHUNK):
+        chunk = np.asarray(inputs[train_rows[start : start + ARRAY_CHUNK]], dtype=np.int64).reshape(-1, channels)
+        total = [t + int(v) for t, v in zip(total, chunk.sum(axis=0))]
+        squares = [q + int(v) for q, v in zip(squares, (chunk * chunk).sum(axis=0))]
+    count = len(train_rows) * (int(np.prod(inputs.shape[1:])) // channels)
+    mean = [t / (255 * count) if count else 0.0 for t in total]
+    std = [math.sqrt(count * q - t * t) / (255 * count) if count else 0.0 for t, q in zip(total, squares)]
+    return {"scale": "x / 255", "mean": mean, "std": std, "computed_on": "train"}
+
+
+_checked: dict[str, tuple] = {}  # version folder → file identities when last checked in this process
+
+
+def check_version(path: Path) -> None:
+    """Refuse a stored data version whose files do not match what its id binds (RunFailed, one line naming
+    the file and the fix). Checked once per process while the files stay the same (inode, size, mtime)."""
+    from veritrain.verify import data_version_problems
+
+    names = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != CARD_FILE)
+    identity = tuple((name, *_identity(path / name)) for name in names)
+    if _checked.get(str(path)) == identity:
+        return
+    problems = data_version_problems(path.name, lambda name: (path / name).read_bytes(), lambda name: sha256_file(path / name), names)
+    if problems:
+        first = problems[0]
+        raise RunFailed(f"{path / first['path']}: data version {path.name[:12]} is damaged ({first['detail']}); nothing was trained on it: "
+                        f"remove {path} and prepare again (`veritrain data prepare CONFIG`)")
+    _checked[str(path)] = identity
+
+
+def _identity(file: Path) -> tuple[int, int, int]:
+    stat = file.stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def load_version(path: Path) -> DataVersion:
+    """A stored data version, after `check_version`; the split lists are read from the files it checked."""
+    check_version(path)
     info = json.loads((path / "version.json").read_text(encoding="utf-8"))
     with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
         sample_ids = [row["sample_id"] for row in csv.DictReader(f) if row["status"] == "ok"]

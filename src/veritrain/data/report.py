@@ -21,9 +21,19 @@ def card_warnings(card: dict[str, Any]) -> list[str]:
             for key in CARD_REQUIRED if not card.get(key)]
 
 
+GALLERY_FILE = "flagged.png"  # the top label issues and outliers, each with its given and suggested label
+GALLERY_SIZE = 24  # samples shown: the first label issues, then outliers, by rank
+
+
 def write(out: Path, info: dict[str, Any], findings: list[dict[str, Any]], quarantined: list[dict[str, Any]],
-          images: dict[str, Any], leakage_pairs: int, timings: dict[str, float], card: dict[str, Any]) -> dict[str, Any]:
+          images: dict[str, Any], leakage_pairs: int, achieved: dict[str, Any], label_method: dict[str, Any],
+          timings: dict[str, float], card: dict[str, Any], image_of: Any = None) -> dict[str, Any]:
+    """data_report.json, data_report.md, the class charts and the gallery of flagged samples in `out`.
+    Samples are named by their id (the path relative to data.root), never by an absolute path.
+    `image_of(sample_id)` gives a flagged sample's picture for the gallery (uint8 H×W×C), or None."""
     by_kind = Counter(f["kind"] for f in findings)
+    flagged = [f for f in findings if f["kind"] == "label_issue"]
+    outliers = [f for f in findings if f["kind"] == "outlier"]
     report = {
         "data_version": info["data_version"],
         "hash_algorithm": info["hash_algorithm"],
@@ -31,9 +41,18 @@ def write(out: Path, info: dict[str, Any], findings: list[dict[str, Any]], quara
         "counts": info["counts"],
         "counts_per_class": info["counts_per_class"],
         "classes": info["classes"],
+        "summary": {
+            "quarantined_by_kind": dict(sorted(Counter(q["kind"] for q in quarantined).items())),
+            "achieved_split": achieved,
+            "label_issues": {"found": len(flagged), "in_test": sum(1 for f in flagged if f.get("split") == "test"),
+                             "quarantined": sum(1 for f in flagged if f["severity"] == "quarantine")},
+            "outliers": {"found": len(outliers)},
+            "near_duplicate_groups": by_kind.get("near_duplicate", 0),
+        },
         "quarantined": quarantined,
         "findings": findings,
         "findings_by_kind": dict(sorted(by_kind.items())),
+        "label_issue_method": label_method,
         "leakage": {"cross_split_duplicate_pairs": leakage_pairs, "required": 0, "ok": leakage_pairs == 0},
         "normalization": info["normalization"],
         "images": images,
@@ -43,9 +62,12 @@ def write(out: Path, info: dict[str, Any], findings: list[dict[str, Any]], quara
         "decoders": info.get("decoders"),
         "timings_seconds": timings,
         "charts": [],
+        "gallery": None,
     }
     if info["counts_per_class"]:
         report["charts"] = _charts(out, info["counts_per_class"])
+    if (flagged or outliers) and image_of is not None:
+        report["gallery"] = _gallery(out, (flagged + outliers)[:GALLERY_SIZE], image_of)
     (out / "data_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "data_report.md").write_text(markdown(report), encoding="utf-8")
     return report
@@ -72,9 +94,42 @@ def _charts(out: Path, per_class: dict[str, dict[str, int]]) -> list[str]:
     return names
 
 
+def _gallery(out: Path, shown: list[dict[str, Any]], image_of: Any) -> str:
+    """A grid of flagged samples: the picture, its sample id, the given label and (label issues) the suggested one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(6, len(shown))
+    rows = (len(shown) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(1.9 * columns, 2.3 * rows), dpi=100, squeeze=False)
+    for ax in axes.ravel():
+        ax.axis("off")
+    for ax, finding in zip(axes.ravel(), shown):
+        image = image_of(finding["samples"][0])
+        if image is not None:
+            ax.imshow(image[:, :, 0] if image.shape[-1] == 1 else image, cmap="gray" if image.shape[-1] == 1 else None,
+                      vmin=0, vmax=255, interpolation="nearest")
+        title = (f"label issue #{finding['rank']}\ngiven {finding['label']} → {finding['suggested']}" if finding["kind"] == "label_issue"
+                 else f"outlier #{finding['rank']}\nclass {finding['label']}")
+        ax.set_title(title, fontsize=8, color="#b03030" if finding["kind"] == "label_issue" else "#3050b0")
+        ax.text(0.5, -0.08, finding["samples"][0][-24:], transform=ax.transAxes, ha="center", va="top", fontsize=6)
+    fig.tight_layout()
+    fig.savefig(out / GALLERY_FILE, metadata={"Software": None})
+    plt.close(fig)
+    return GALLERY_FILE
+
+
 def markdown(report: dict[str, Any]) -> str:
-    lines = [
-        f"# Data report: {report['data_version'][:12]}",
+    """The report for people: what matters first (quarantine, achieved split, label issues and outliers),
+    then the details, near-duplicates as one row per group."""
+    summary = report.get("summary") or {}
+    lines = [f"# Data report: {report['data_version'][:12]}", ""]
+    lines += summary_lines(summary)
+    lines += [
+        "",
+        "## Version",
         "",
         f"- data version: `{report['data_version']}`",
         f"- source: `{report['source']}`, content hash: {report['hash_algorithm']}",
@@ -97,16 +152,26 @@ def markdown(report: dict[str, Any]) -> str:
         for name in report["classes"]:
             lines.append(f"| {name} | " + " | ".join(str(report["counts_per_class"][s][name]) for s in splits) + " |")
         lines += [""] + [f"![{c}]({c})" for c in report["charts"]]
+    flagged = [f for f in report["findings"] if f["kind"] in ("label_issue", "outlier")]
+    if flagged:
+        lines += ["", "## Label issues and outliers", ""]
+        if report.get("gallery"):
+            lines += [f"![flagged samples]({report['gallery']})", ""]
+        lines += ["| kind | rank | sample | split | suggested | score |", "|---|---|---|---|---|---|"]
+        for f in flagged[:200]:
+            lines.append(f"| {f['kind']} | {f.get('rank')} | {f['samples'][0]} | {f.get('split') or '-'} | {f.get('suggested', '-')} | {f.get('score')} |")
     lines += ["", "## Findings", ""]
+    others = [f for f in report["findings"] if f["kind"] not in ("label_issue", "outlier")]
     if report["findings"]:
         lines += ["| kind | count |", "|---|---|"] + [f"| {k} | {n} |" for k, n in report["findings_by_kind"].items()]
+    if others:
         lines += ["", "| kind | severity | samples | reason |", "|---|---|---|---|"]
-        for f in report["findings"][:200]:
-            shown = ", ".join(f["samples"][:5]) + (f" (+{len(f['samples']) - 5})" if len(f["samples"]) > 5 else "")
+        for f in others[:200]:  # one row per finding: a near-duplicate group is one row with its size and an example
+            shown = ", ".join(f["samples"][:3]) + (f" (+{len(f['samples']) - 3})" if len(f["samples"]) > 3 else "")
             lines.append(f"| {f['kind']} | {f['severity']} | {shown} | {_cell(f['reason'])} |")
-        if len(report["findings"]) > 200:
-            lines.append(f"| … | | | {len(report['findings']) - 200} more in data_report.json |")
-    else:
+        if len(others) > 200:
+            lines.append(f"| … | | | {len(others) - 200} more in data_report.json |")
+    elif not report["findings"]:
         lines.append("None.")
     lines += ["", "## Quarantine", ""]
     if report["quarantined"]:
@@ -118,6 +183,35 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Images", "", "```", json.dumps(report["images"], indent=2), "```"]
     lines += ["", "## Timings (seconds)", ""] + [f"- {k}: {v}" for k, v in report["timings_seconds"].items()]
     return "\n".join(lines) + "\n"
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The lines a data report and a run's report.md begin with: quarantined by kind, achieved split against
+    asked, label issues and outliers."""
+    if not summary:
+        return []
+    quarantined = summary.get("quarantined_by_kind") or {}
+    achieved = summary.get("achieved_split") or {}
+    issues = summary.get("label_issues") or {}
+    lines = ["## What matters", ""]
+    lines.append("- quarantined: " + (", ".join(f"{k} {n}" for k, n in quarantined.items()) if quarantined else "none"))
+    if achieved.get("judged"):
+        per_class = achieved.get("per_class") or {}
+        asked = " / ".join(f"{w:.2f}" for w in (achieved.get("wanted_for_free_samples") or {}).values())
+        worst = max(per_class.items(), key=lambda item: item[1]["largest_gap"], default=None)
+        skewed = achieved.get("skewed") or []
+        lines.append(f"- achieved split (train / val / test, per class, of the samples the split placed freely): asked {asked}; "
+                     + (f"**{len(skewed)} class(es) skewed (split_skew)**" if skewed else "every class within tolerance")
+                     + (f"; largest gap {worst[1]['largest_gap']:.3f} in class {worst[0]!r}" if worst else ""))
+        lines += [f"  - **split_skew:** {reason}" for reason in skewed]
+    else:
+        lines.append("- achieved split: not judged (fixed or time-ordered split)")
+    lines.append(f"- label issues: {issues.get('found', 0)} found"
+                 + (f", {issues['quarantined']} quarantined" if issues.get("quarantined") else "")
+                 + (f", {issues['in_test']} in the test split (reported, never removed)" if issues.get("in_test") else ""))
+    lines.append(f"- outliers: {(summary.get('outliers') or {}).get('found', 0)} found")
+    lines.append(f"- near-duplicate groups: {summary.get('near_duplicate_groups', 0)}")
+    return lines
 
 
 def _fmt(values: list[float]) -> str:

@@ -98,14 +98,19 @@ def _assign_stratum(order: list[int], units: list[Unit], ratios: Sequence[float]
     counts = {"val": 0, "test": 0}
     *rest, last = order
     result[last] = "train"  # train always gets a unit
+    def closer(split: str, size: int) -> bool:
+        """Whether adding a unit of `size` brings the split nearer its target (a single sample: while it is short)."""
+        return counts[split] + size - targets[split] < targets[split] - counts[split]
+
     for k, i in enumerate(rest):
         remaining = len(rest) - k
+        size = len(units[i].members)
         still_empty = [s for s in ("val", "test") if targets[s] > 0 and counts[s] == 0]
         if remaining <= len(still_empty):  # the last units go where a split would stay empty
             split = still_empty[0]
-        elif counts["val"] < n_val:
+        elif closer("val", size):
             split = "val"
-        elif counts["test"] < n_test:
+        elif closer("test", size):
             split = "test"
         else:
             split = "train"

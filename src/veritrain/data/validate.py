@@ -37,7 +37,11 @@ FINDING_SEVERITY = {
     "duplicate": "warning",
     "conflicting_duplicate": "quarantine",
     "near_duplicate": "warning",
+    "conflicting_near_duplicate": "quarantine",
     "near_duplicate_cluster_capped": "warning",
+    "split_skew": "warning",
+    "label_issue": "warning",
+    "outlier": "warning",
     "leak_duplicate": "quarantine",
     "imbalance": "warning",
     "too_small": "error",
@@ -56,7 +60,8 @@ class CheckParams:
     channels: int  # 1 → Pillow mode "L", 3 → "RGB"
     convert: bool
     max_pixels: int
-    perceptual_hash: bool
+    near_duplicates: bool  # also the perceptual hash and the comparison picture
+
 
     def key(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -73,13 +78,37 @@ class Header:
 
 @dataclass
 class Check:
-    findings: list[tuple[str, str]] = field(default_factory=list)  # (kind, reason)
+    findings: list[tuple[str, str]] = field(default_factory=list)  # (kind, reason); reasons never name the file
     phash: Optional[int] = None
-    array: Optional[np.ndarray] = None  # uint8 H×W×C at the target shape, when usable and kept
+    picture: Optional[np.ndarray] = None  # dedup.comparison_image, when near-duplicates are searched
+    thumb: Optional[np.ndarray] = None  # dedup.thumbnail, for label issues and outliers (every usable image)
+    array: Optional[np.ndarray] = None  # uint8 H×W×C at the target shape, only when decoding for the arrays
+
+    def as_json(self) -> dict[str, Any]:
+        return {"findings": self.findings, "phash": self.phash, "picture": _pack(self.picture), "thumb": _pack(self.thumb)}
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> "Check":
+        return cls([tuple(f) for f in value["findings"]], value["phash"], _unpack(value.get("picture")), _unpack(value.get("thumb")))  # type: ignore[misc]
 
     @property
     def usable(self) -> bool:
         return not any(kind in UNUSABLE for kind, _ in self.findings)
+
+
+def _pack(array: Optional[np.ndarray]) -> Optional[list[Any]]:
+    """A small uint8 array as JSON: [shape, hex bytes]."""
+    return None if array is None else [list(array.shape), array.tobytes().hex()]
+
+
+def _unpack(packed: Optional[list[Any]]) -> Optional[np.ndarray]:
+    return None if packed is None else np.frombuffer(bytes.fromhex(packed[1]), dtype=np.uint8).reshape(packed[0])
+
+
+def _without_path(message: str, path: str) -> str:
+    """An error message without the file's path: results are shared by every file with the same bytes, and
+    each finding names its own sample."""
+    return message.replace(repr(path), "the file").replace(path, "the file")
 
 
 def _pillow():
@@ -101,7 +130,7 @@ def read_header(path: str) -> Header:
             with Image.open(path) as img:
                 return Header(img.format, img.width, img.height, img.mode)
     except Exception as err:  # Pillow raises many types for garbage input; all mean "not an image"
-        return Header(None, 0, 0, "", f"{err.__class__.__name__}: {err}")
+        return Header(None, 0, 0, "", _without_path(f"{err.__class__.__name__}: {err}", path))
 
 
 def expected_formats(path: str) -> set[str]:
@@ -132,7 +161,7 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool)
                 img.load()  # decodes every pixel: truncation and corrupt data raise here
                 image = img.copy()
     except Exception as err:
-        check.findings.append(("undecodable", f"decoding failed ({err.__class__.__name__}: {err})"))
+        check.findings.append(("undecodable", _without_path(f"decoding failed ({err.__class__.__name__}: {err})", path)))
         return check
 
     target_mode = "L" if params.channels == 1 else "RGB"
@@ -151,12 +180,15 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool)
     array = np.asarray(image, dtype=np.uint8)
     if array.ndim == 2:
         array = array[:, :, np.newaxis]
-    if params.perceptual_hash:
-        from veritrain.data.dedup import perceptual_hash
-
-        check.phash = perceptual_hash(array)
-    if keep_array:
+    if keep_array:  # decoding for the version's arrays: the features were taken when the file was checked
         check.array = array
+        return check
+    from veritrain.data import dedup
+
+    if params.near_duplicates:
+        check.phash = dedup.perceptual_hash(array)
+        check.picture = dedup.comparison_image(array)
+    check.thumb = dedup.thumbnail(array)
     return check
 
 
@@ -216,10 +248,7 @@ class CheckCache:
         return {h: Header(**v) for h, v in self._get("headers", hashes).items()}
 
     def checks(self, hashes: list[str], params: CheckParams) -> dict[str, Check]:
-        return {
-            h: Check(findings=[tuple(f) for f in v["findings"]], phash=v["phash"])  # type: ignore[misc]
-            for h, v in self._get("checks", hashes, params.key()).items()
-        }
+        return {h: Check.from_json(v) for h, v in self._get("checks", hashes, params.key()).items()}
 
     def store_headers(self, rows: dict[str, Header]) -> None:
         with self.db:
@@ -230,7 +259,7 @@ class CheckCache:
         with self.db:
             self.db.executemany(
                 "INSERT OR REPLACE INTO checks VALUES (?, ?, ?)",
-                [(h, key, json.dumps({"findings": c.findings, "phash": c.phash})) for h, c in rows.items()],
+                [(h, key, json.dumps(c.as_json())) for h, c in rows.items()],
             )
 
     def close(self) -> None:
@@ -254,17 +283,31 @@ def headers_for(files: dict[str, str], cache: Optional[CheckCache], workers: int
     return {**found, **fresh}
 
 
-def checks_for(
-    files: dict[str, str], headers: dict[str, Header], params: CheckParams, cache: Optional[CheckCache], workers: int, keep_arrays: bool
-) -> dict[str, Check]:
-    """content hash → check. Cached results carry no array (arrays are not cached); files decoded
-    now keep theirs when `keep_arrays`."""
+def checks_for(files: dict[str, str], headers: dict[str, Header], params: CheckParams, cache: Optional[CheckCache], workers: int) -> dict[str, Check]:
+    """content hash → check, without the decoded pixels (those are decoded again, row by row, straight into
+    the version's arrays by `decode_into`, so memory never holds the whole data set)."""
     found = cache.checks(list(files), params) if cache else {}
     todo = [(h, p, headers[h]) for h, p in files.items() if h not in found]
-    fresh = dict(_in_parallel(_check_batch, todo, workers, params, keep_arrays))
+    fresh = dict(_in_parallel(_check_batch, todo, workers, params, False))
     if cache and fresh:
         cache.store_checks(fresh, params)
     return {**found, **fresh}
+
+
+def decode_into(out: np.ndarray, paths: list[str], params: CheckParams, workers: int) -> list[int]:
+    """Decode `paths[row]` into `out[row]` (a memory-mapped array) for every row, in worker processes that
+    hand back one batch at a time; returns the rows that no longer decode (changed since they were checked)."""
+    failed = []
+    for row, array in _in_parallel(_decode_batch, list(enumerate(paths)), workers, params):
+        if array is None:
+            failed.append(row)
+        else:
+            out[row] = array
+    return failed
+
+
+def _decode_batch(items: list[tuple[int, str]], params: CheckParams) -> list[tuple[int, Optional[np.ndarray]]]:
+    return [(row, check_file(path, read_header(path), params, keep_array=True).array) for row, path in items]
 
 
 def default_workers() -> int:

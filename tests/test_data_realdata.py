@@ -1,0 +1,153 @@
+"""The data gate on real MNIST digits (500 per class) with the default config: the split it achieves, the
+near-duplicates it links, and every injected fault found with its kind (tests/realdata.py injects them)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from realdata import FAULT_COUNTS, write_faulty_mnist, write_mnist_imagefolder
+from veritrain.config import load_config
+from veritrain.data import prepare
+
+
+def prepare_folder(root: Path, workdir: Path, *overrides: str):
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "data.yaml"
+    config.write_text(f"data:\n  source: imagefolder\n  root: {root}\n", encoding="utf-8")
+    resolved = load_config(config, list(overrides))
+    return prepare.run(resolved.config.data, resolved.data_paths, workdir / ".veritrain")
+
+
+def findings(data, kind: str) -> list[dict]:
+    return [f for f in data.report()["findings"] if f["kind"] == kind]
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mnist")
+    return prepare_folder(write_mnist_imagefolder(tmp / "raw"), tmp)
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("faulty-mnist")
+    faults = write_faulty_mnist(tmp / "raw", seed=0)
+    return faults, prepare_folder(tmp / "raw", tmp)
+
+
+def test_clean_mnist_splits_every_class_as_asked_and_links_almost_nothing(clean):
+    # the old hash-only search chained a third of these digits into clusters and gave class "1" 43 train images
+    report = clean.report()
+    per_class = report["summary"]["achieved_split"]["per_class"]
+    assert len(per_class) == 10 and not report["summary"]["achieved_split"]["skewed"]
+    for name, achieved in per_class.items():
+        assert abs(achieved["train"] - 0.8) <= 0.03 and abs(achieved["val"] - 0.1) <= 0.03 and abs(achieved["test"] - 0.1) <= 0.03, name
+    linked = {s for f in findings(clean, "near_duplicate") for s in f["samples"]}
+    assert len(linked) <= 0.01 * 5000
+    assert report["leakage"]["cross_split_duplicate_pairs"] == 0
+    assert report["data_version"] == clean.version and clean.info["format"] == prepare.FORMAT_VERSION
+
+
+def test_faulty_mnist_every_injected_fault_is_found_with_its_kind(faulty):
+    faults, data = faulty
+    quarantined = {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]}
+    for path in faults.truncated + faults.non_image:
+        assert quarantined.get(path) == "undecodable", path
+    for path in faults.empty:
+        assert quarantined.get(path) == "empty", path
+
+    duplicate_groups = [set(f["samples"]) for f in findings(data, "duplicate")]
+    assert sum(any({copy, original} <= g for g in duplicate_groups) for copy, original in faults.duplicates) == FAULT_COUNTS["duplicates"]
+    conflicting = [set(f["samples"]) for f in findings(data, "conflicting_duplicate")]
+    assert sum(any({c, o} <= g for g in conflicting) for c, o in faults.cross_class_duplicates) == FAULT_COUNTS["cross_class_duplicates"]
+    near_groups = [set(f["samples"]) for f in findings(data, "near_duplicate")]
+    found = sum(any({n.copy, n.original} <= g for g in near_groups) for n in faults.near_duplicates)
+    assert found >= 9, f"near-duplicates found {found}/10"
+
+    flagged = findings(data, "label_issue")
+    caught = {f["samples"][0] for f in flagged} & {e.path for e in faults.label_errors}
+    assert len(caught) >= 20 and len(flagged) <= 60, f"label errors {len(caught)}/25 with {len(flagged)} flagged"
+    outliers = findings(data, "outlier")
+    assert set(faults.noise) <= {f["samples"][0] for f in outliers} and len(outliers) <= 25
+
+    assert findings(data, "imbalance"), "one class cut to 40 of 500: 12.5 ≥ 10"
+    assert not findings(data, "split_skew")
+    # messages name their own file: no absolute path in any stored file
+    for name in ("manifest.csv", "quarantine.csv", "data_report.json", "data_report.md", "version.json"):
+        assert str(data.path.parents[3]) not in (data.path / name).read_text(encoding="utf-8"), name
+
+
+def test_a_moved_data_root_prepares_to_the_same_version_with_the_same_files(tmp_path):
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=30, classes=range(3))
+    (root / "0" / "broken.png").write_bytes(b"")
+    first = prepare_folder(root, tmp_path / "a")
+    moved = root.rename(tmp_path / "elsewhere")
+    second = prepare_folder(moved, tmp_path / "b")
+    assert first.version == second.version
+    for name in ("manifest.csv", "quarantine.csv", "version.json"):
+        a, b = (first.path / name).read_text(), (second.path / name).read_text()
+        if name == "version.json":
+            a, b = (json.dumps({k: v for k, v in json.loads(t).items() if k not in ("created_at", "reports")}) for t in (a, b))
+        assert a == b, name
+
+
+def test_two_identical_broken_files_each_get_a_message_naming_nobody_else(tmp_path):
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=20, classes=range(2))
+    for name in ("0/bad_a.png", "1/bad_b.png"):
+        (root / name).write_bytes(b"not an image at all")
+    data = prepare_folder(root, tmp_path)
+    bad = {q["sample_id"]: q["reason"] for q in data.report()["quarantined"]}
+    assert set(bad) == {"0/bad_a.png", "1/bad_b.png"}
+    for reason in bad.values():
+        assert "bad_a" not in reason and "bad_b" not in reason and str(tmp_path) not in reason
+
+
+def test_an_exact_ten_to_one_imbalance_is_reported_overall_and_per_split(tmp_path):
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=500, classes=[0])
+    write_mnist_imagefolder(root, per_class=50, classes=[1])
+    data = prepare_folder(root, tmp_path)
+    reasons = [f["reason"] for f in findings(data, "imbalance")]
+    assert any(r.startswith("all splits: class '0' has 500") and "ratio 10.0 ≥" in r for r in reasons), reasons
+    assert any(r.startswith("train:") for r in reasons)
+
+
+def test_a_group_that_forces_a_split_skew_fails_with_its_cause_or_warns(tmp_path):
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=60, classes=range(2))
+    # most of class 0 is one patient: it must stay in one split, so that class cannot follow 80/10/10
+    for path in sorted((root / "0").iterdir())[:50]:
+        path.rename(path.with_name(f"patient7_{path.name}"))
+    from veritrain.errors import RunFailed
+
+    with pytest.raises(RunFailed, match=r"split_skew: class '0'.*a unit of 50 samples that must stay together \(group 'patient7'") as info:
+        prepare_folder(root, tmp_path / "fail", "data.group_regex=(patient\\d+)_")
+    assert "data.on_split_skew: warn" in str(info.value)
+    data = prepare_folder(root, tmp_path / "warn", "data.group_regex=(patient\\d+)_", "data.on_split_skew=warn")
+    (skew,) = findings(data, "split_skew")
+    assert "class '0'" in skew["reason"]
+    assert data.report()["summary"]["achieved_split"]["skewed"]
+    assert (data.path / "data_report.md").read_text().splitlines()[2] == "## What matters"
+
+
+def test_label_issues_quarantined_from_train_and_val_only(tmp_path):
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=150, classes=range(3))
+    faults = []
+    for k, path in enumerate(sorted((root / "0").iterdir())[:12]):  # twelve 0s filed as 1s
+        target = root / "1" / f"x{k}_{path.name}"
+        path.rename(target)
+        faults.append(f"1/{target.name}")
+    warned = prepare_folder(root, tmp_path / "warn")
+    flagged = {f["samples"][0]: f for f in findings(warned, "label_issue")}
+    assert len(set(faults) & set(flagged)) >= 9
+    assert all(f["suggested"] == "0" for p, f in flagged.items() if p in faults)
+    quarantined = prepare_folder(root, tmp_path / "q", "data.on_label_issue=quarantine")
+    assert quarantined.version != warned.version  # quarantine changes the split: part of the id
+    removed = {q["sample_id"] for q in quarantined.report()["quarantined"] if q["kind"] == "label_issue"}
+    in_test = {p for p, f in flagged.items() if f["split"] == "test"}
+    assert removed == set(flagged) - in_test
+    test_ids = {quarantined.sample_ids[r] for r in quarantined.splits["test"]}
+    assert in_test <= test_ids  # reported, never removed from test
+    assert Counter(q["kind"] for q in quarantined.report()["quarantined"])["label_issue"] == len(removed)
