@@ -291,3 +291,19 @@ def test_a_folder_in_place_of_a_file_is_refused(fake):
     (fake / "data_batch_1").mkdir()
     with pytest.raises(RunFailed, match="data_batch_1: cannot read: Is a directory"):
         load_cifar10(fake)
+
+
+def test_the_fixed_test_batch_prepares_without_split_skew(tmp_path):
+    # the official test batch is fixed: only the training batches are split (train/val at 8:1), and judged
+    from veritrain.config import load_config
+    from veritrain.data import prepare
+
+    write_fake_cifar10(tmp_path / "cifar", per_batch=100, seed=3)
+    resolved = load_config(None, ["data.source=cifar10", f"data.root={tmp_path / 'cifar'}"])
+    data = prepare.run(resolved.config.data, resolved.data_paths, tmp_path / ".veritrain")
+    achieved = data.report()["summary"]["achieved_split"]
+    assert achieved["judged"] and not achieved["skewed"]
+    assert achieved["wanted_for_free_samples"]["test"] == 0.0
+    assert sum(c["samples"] for c in achieved["per_class"].values()) == 500  # the five training batches only
+    assert {data.sample_ids[r].split("#")[0] for r in data.splits["test"]} == {"test_batch"}
+    assert not [f for f in data.report()["findings"] if f["kind"] == "split_skew"]

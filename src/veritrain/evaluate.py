@@ -92,6 +92,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if hasattr(task, "write_report"):
         task.write_report(out_dir / "report.md", metrics, baselines, run_dir.name)
+        _lead_with_data(out_dir / "report.md", data)
     log.info(
         "eval: %s split, %s (epoch %d): %s",
         split, shown_path, metrics["checkpoint_epoch"],
@@ -108,3 +109,17 @@ def from_predictions(path: Path) -> dict[str, Any]:
     metrics = classification_eval.compute(probabilities, labels, classes)
     metrics["predictions"] = str(path)
     return metrics
+
+
+def _lead_with_data(report: Path, data: Any) -> None:
+    """Put what matters about the data (quarantine, achieved split, label issues, outliers) right under the
+    report's title: a metric means little before the reader knows what the data was."""
+    from veritrain.data.report import summary_lines
+
+    summary = (data.report() or {}).get("summary")
+    if not summary or not report.exists():
+        return
+    title, _, rest = report.read_text(encoding="utf-8").partition("\n")
+    lead = summary_lines(summary)
+    lead[0] = f"## Data ({data.version[:12]})"
+    report.write_text("\n".join([title, "", *lead, "", rest.lstrip("\n")]), encoding="utf-8")
