@@ -129,7 +129,8 @@ COMPARISON_SIDE = 32  # px: images larger than this are area-resized to 32×32 g
 SPECTRUM_SIDE = 8  # the lowest 8×8 spatial frequencies of the Fourier magnitude make the translation-tolerant feature
 SHIFT_RADIUS = 1  # px: pixel comparisons try every offset within ±1 px in each direction
 CONFIRM_CHUNK = 4096  # candidate pairs compared at once (bounds memory: pairs × 32 × 32 × 8 bytes)
-HASH_BLOCK = 1024  # hashes XORed against all later ones at once (bounds memory: 1024 × n bytes)
+HASH_BLOCK_CELLS = 1 << 22  # hash pairs XORed at once: 4 Mi pairs, 32 MiB of uint64 (bounds memory)
+KNN_WORKING_MEMORY = 64  # MiB scikit-learn may use for each chunk of neighbour distances (its default is 1 GiB)
 
 
 def comparison_image(image: np.ndarray) -> np.ndarray:
@@ -154,11 +155,13 @@ def comparison_image(image: np.ndarray) -> np.ndarray:
 def _spectra(pictures: np.ndarray) -> np.ndarray:
     """Unit-length low-frequency Fourier magnitudes of each picture with its mean removed: a shift of the
     picture leaves them (nearly) unchanged, so a shifted copy is among an image's nearest neighbours here."""
-    grey = pictures.astype(np.float64)
-    grey -= grey.mean(axis=(1, 2), keepdims=True)
-    magnitudes = np.abs(np.fft.rfft2(grey))[:, :SPECTRUM_SIDE, :SPECTRUM_SIDE].reshape(len(grey), -1)
-    norms = np.linalg.norm(magnitudes, axis=1, keepdims=True)
-    return magnitudes / np.maximum(norms, 1e-9)
+    spectra = np.empty((len(pictures), SPECTRUM_SIDE * SPECTRUM_SIDE))
+    for start in range(0, len(pictures), CONFIRM_CHUNK):  # in chunks: a float64 copy and its FFT take ~17 KB a picture
+        grey = pictures[start : start + CONFIRM_CHUNK].astype(np.float64)
+        grey -= grey.mean(axis=(1, 2), keepdims=True)
+        magnitudes = np.abs(np.fft.rfft2(grey))[:, :SPECTRUM_SIDE, :SPECTRUM_SIDE].reshape(len(grey), -1)
+        spectra[start : start + CONFIRM_CHUNK] = magnitudes / np.maximum(np.linalg.norm(magnitudes, axis=1, keepdims=True), 1e-9)
+    return spectra
 
 
 def candidate_pairs(phashes: np.ndarray, pictures: np.ndarray, max_hash_distance: int, neighbours: int = 5) -> np.ndarray:
@@ -169,6 +172,7 @@ def candidate_pairs(phashes: np.ndarray, pictures: np.ndarray, max_hash_distance
     NearestNeighbors), which finds shifted copies whose perceptual hash moves 14–22 bits on 28×28 digits.
     Candidates are only proposals: `near_duplicates` keeps a pair only when its pixels prove it.
     """
+    from sklearn import config_context
     from sklearn.neighbors import NearestNeighbors
 
     n = len(phashes)
@@ -177,7 +181,8 @@ def candidate_pairs(phashes: np.ndarray, pictures: np.ndarray, max_hash_distance
     found = [hash_pairs(np.asarray(phashes, dtype=np.uint64), max_hash_distance)]
     spectra = _spectra(pictures)
     k = min(neighbours + 1, n)
-    nearest = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(spectra).kneighbors(spectra, return_distance=False)
+    with config_context(working_memory=KNN_WORKING_MEMORY):
+        nearest = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(spectra).kneighbors(spectra, return_distance=False)
     found.append(np.stack([np.repeat(np.arange(n), k), nearest.ravel()], axis=1))
     pairs = np.sort(np.concatenate(found).astype(np.int64), axis=1)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
@@ -190,9 +195,10 @@ def hash_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
     on one core, where scikit-learn's BallTree under the Hamming metric took 4.5 s and 170 s (64 binary
     dimensions defeat its pruning)."""
     n = len(hashes)
+    rows_at_once = max(1, HASH_BLOCK_CELLS // max(n, 1))
     found = []
-    for start in range(0, n, HASH_BLOCK):
-        block = hashes[start : start + HASH_BLOCK]
+    for start in range(0, n, rows_at_once):
+        block = hashes[start : start + rows_at_once]
         later = hashes[start:]
         within = _popcount(block[:, None] ^ later[None, :]) <= max_distance
         rows, cols = np.nonzero(within)

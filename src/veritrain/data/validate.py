@@ -257,9 +257,9 @@ class CheckCache:
     def store_checks(self, rows: dict[str, Check], params: CheckParams) -> None:
         key = params.key()
         with self.db:
-            self.db.executemany(
+            self.db.executemany(  # a generator: the JSON of one row at a time, not of the whole data set
                 "INSERT OR REPLACE INTO checks VALUES (?, ?, ?)",
-                [(h, key, json.dumps(c.as_json())) for h, c in rows.items()],
+                ((h, key, json.dumps(c.as_json())) for h, c in rows.items()),
             )
 
     def close(self) -> None:
