@@ -50,9 +50,9 @@ def test_an_interrupted_run_of_the_previous_code_resumes_to_completion(cli, tmp_
     verified = cli("verify", INTERRUPTED, "--workdir", str(tmp_path), "--json")
     assert verified.code == 0, verified.stdout
 
-    # the same config trained uninterrupted, on the same stored data version, ends bit-identical
-    fresh = cli("train", str(tmp_path / "runs" / INTERRUPTED / "config.yaml"), "--workdir", str(tmp_path), "--json")
+    # a new run of the same config prepares with today's recipe, to a new version; the old run kept its own
+    fresh = cli("train", str(tmp_path / "runs" / INTERRUPTED / "config.yaml"), "--set", "train.epochs=1", "--workdir", str(tmp_path), "--json")
     assert fresh.code == 0, fresh.stderr
     fresh_record = json.loads((Path(fresh.json()["run_dir"]) / "record.json").read_text())
-    if fresh_record["data"]["version"] == after["data"]["version"]:
-        assert fresh_record["final_state_sha256"] == after["final_state_sha256"]
+    assert fresh_record["data"]["recipe"] == 3 and fresh_record["data"]["version"] != after["data"]["version"]
+    assert after["data"]["recipe"] == 2
