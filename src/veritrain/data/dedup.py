@@ -128,9 +128,9 @@ def hamming(a: int, b: int) -> int:
 COMPARISON_SIDE = 32  # px: images larger than this are area-resized to 32×32 grey before they are compared
 SPECTRUM_SIDE = 8  # the lowest 8×8 spatial frequencies of the Fourier magnitude make the translation-tolerant feature
 SHIFT_RADIUS = 1  # px: pixel comparisons try every offset within ±1 px in each direction
-CONFIRM_CHUNK = 4096  # candidate pairs compared at once (bounds memory: pairs × 32 × 32 × 8 bytes)
+CONFIRM_CHUNK = 1024  # candidate pairs compared at once (bounds memory: 2 × 1024 × 32 × 32 × 8 bytes = 16 MiB)
 HASH_BLOCK_CELLS = 1 << 22  # hash pairs XORed at once: 4 Mi pairs, 32 MiB of uint64 (bounds memory)
-KNN_WORKING_MEMORY = 64  # MiB scikit-learn may use for each chunk of neighbour distances (its default is 1 GiB)
+KNN_WORKING_MEMORY = 32  # MiB scikit-learn may use for each chunk of neighbour distances (its default is 1 GiB)
 
 
 def comparison_image(image: np.ndarray) -> np.ndarray:

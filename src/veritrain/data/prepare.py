@@ -888,12 +888,14 @@ def normalization_stats(inputs: np.ndarray, train_rows: np.ndarray) -> dict[str,
     if inputs.dtype != np.uint8:
         values = np.asarray(inputs[train_rows], dtype=np.float64).reshape(-1, channels)
         return {"scale": "x", "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "computed_on": "train"}
-    total = [0] * channels
-    squares = [0] * channels
+    histogram = np.zeros((channels, 256), dtype=np.int64)  # how often each value occurs: the sums follow exactly
     for start in range(0, len(train_rows), ARRAY_CHUNK):
-        chunk = np.asarray(inputs[train_rows[start : start + ARRAY_CHUNK]], dtype=np.int64).reshape(-1, channels)
-        total = [t + int(v) for t, v in zip(total, chunk.sum(axis=0))]
-        squares = [q + int(v) for q, v in zip(squares, (chunk * chunk).sum(axis=0))]
+        chunk = np.asarray(inputs[train_rows[start : start + ARRAY_CHUNK]]).reshape(-1, channels)
+        for c in range(channels):
+            histogram[c] += np.bincount(chunk[:, c], minlength=256)
+    values = np.arange(256, dtype=np.int64)
+    total = [int(h @ values) for h in histogram]
+    squares = [int(h @ (values * values)) for h in histogram]
     count = len(train_rows) * (int(np.prod(inputs.shape[1:])) // channels)
     mean = [t / (255 * count) if count else 0.0 for t in total]
     std = [math.sqrt(count * q - t * t) / (255 * count) if count else 0.0 for t, q in zip(total, squares)]
