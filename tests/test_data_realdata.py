@@ -177,3 +177,19 @@ def test_a_file_added_to_a_stored_version_is_refused(cli, tmp_path):
     (folder / "splits" / "extra.txt").write_text("digits#00001\n")
     result = cli("data", "prepare", "--workdir", str(tmp_path))
     assert result.code == 1 and "extra.txt" in result.stderr and "not part of the data version" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_faulty_mnist_other_injection_seeds(tmp_path, seed):
+    # the same acceptance as seed 0 above, on other draws of the faults and of the small class
+    faults = write_faulty_mnist(tmp_path / "raw", seed=seed)
+    data = prepare_folder(tmp_path / "raw", tmp_path)
+    flagged = findings(data, "label_issue")
+    caught = {f["samples"][0] for f in flagged} & {e.path for e in faults.label_errors}
+    assert len(caught) >= 20 and len(flagged) <= 60, f"seed {seed}: label errors {len(caught)}/25 with {len(flagged)} flagged"
+    outliers = findings(data, "outlier")
+    assert set(faults.noise) <= {f["samples"][0] for f in outliers} and len(outliers) <= 25
+    near_groups = [set(f["samples"]) for f in findings(data, "near_duplicate")]
+    assert sum(any({n.copy, n.original} <= g for g in near_groups) for n in faults.near_duplicates) >= 9
+    assert not findings(data, "split_skew") and findings(data, "imbalance")
