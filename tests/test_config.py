@@ -149,3 +149,24 @@ def test_config_show_prints_yaml_that_loads_back(cli, tmp_path):
     path = write(tmp_path, result.stdout, "digits.yaml")
     assert load_config(path).config.train.epochs == 3
     assert config_hash(load_config(path).config) == load_config(None, ["train.epochs=3"]).hash
+
+
+@pytest.mark.parametrize("written, read", [("true", "on"), ("false", "off"), ("on", "on"), ("off", "off"), ("'auto'", "auto")])
+def test_near_duplicates_takes_yaml_booleans(tmp_path, written, read):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"data:\n  near_duplicates: {written}\n")
+    assert load_config(path).config.data.near_duplicates == read
+
+
+def test_keys_added_later_at_their_default_leave_the_config_hash_unchanged():
+    from veritrain.config import KEYS_ADDED_LATER, RunConfig, config_dict, config_hash
+    from veritrain.hashing import sha256_json
+
+    config = RunConfig()
+    before = config_dict(config)
+    for dotted in KEYS_ADDED_LATER:  # the config as recorded before these keys existed
+        section, key = dotted.split(".")
+        del before[section][key]
+    assert config_hash(config) == sha256_json(before)
+    changed = RunConfig.model_validate({"data": {"split_tolerance": 0.05}})
+    assert config_hash(changed) != config_hash(config)  # a key moved from its default counts

@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from realdata import FAULT_COUNTS, write_faulty_mnist, write_mnist_imagefolder
@@ -193,3 +194,31 @@ def test_faulty_mnist_other_injection_seeds(tmp_path, seed):
     near_groups = [set(f["samples"]) for f in findings(data, "near_duplicate")]
     assert sum(any({n.copy, n.original} <= g for g in near_groups) for n in faults.near_duplicates) >= 9
     assert not findings(data, "split_skew") and findings(data, "imbalance")
+
+
+def test_near_duplicates_with_other_labels_and_oversized_groups(tmp_path):
+    from realdata import mnist_arrays, png_bytes
+
+    images, labels = mnist_arrays()
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=30, classes=range(3))
+    zero = int(next(i for i in range(5000) if labels[i] == 0))
+    brighter = np.clip(images[zero].astype(np.int16) + 2, 0, 255).astype(np.uint8)
+    (root / "1" / "relabelled.png").write_bytes(png_bytes(brighter))  # the same picture, filed as a 1
+    one = int(np.flatnonzero(labels == 1)[100])  # a 1 not among the 30 written
+    for k in range(1, 56):  # 55 copies of one digit, each brighter by k grey levels: one group of 56 pictures
+        (root / "2" / f"bright_{k:02d}.png").write_bytes(png_bytes(np.clip(images[one].astype(np.int16) + k, 0, 255).astype(np.uint8)))
+    (root / "2" / "original.png").write_bytes(png_bytes(images[one]))
+    data = prepare_folder(root, tmp_path, "data.on_split_skew=warn")
+    (conflict,) = findings(data, "conflicting_near_duplicate")
+    assert set(conflict["samples"]) == {f"0/{zero:05d}.png", "1/relabelled.png"} and conflict["severity"] == "quarantine"
+    quarantined = {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]}
+    assert quarantined["1/relabelled.png"] == quarantined[f"0/{zero:05d}.png"] == "conflicting_near_duplicate"
+    (capped,) = findings(data, "near_duplicate_cluster_capped")
+    assert len(capped["samples"]) == 56 and "a near-duplicate group of 56 samples" in capped["reason"]
+    assert capped["reason"].count(" ~ ") == 2  # two example pairs
+    assert len({s for s in splits_of(data, capped["samples"])}) == 1  # kept in one split
+
+
+def splits_of(data, sample_ids) -> list[str]:
+    where = {data.sample_ids[row]: name for name, rows in data.splits.items() for row in rows}
+    return [where[s] for s in sample_ids]
