@@ -222,3 +222,21 @@ def test_near_duplicates_with_other_labels_and_oversized_groups(tmp_path):
 def splits_of(data, sample_ids) -> list[str]:
     where = {data.sample_ids[row]: name for name, rows in data.splits.items() for row in rows}
     return [where[s] for s in sample_ids]
+
+
+@pytest.mark.slow
+def test_prepare_memory_grows_by_less_than_twice_the_pixels_per_image(tmp_path):
+    # 32×32 RGB PNGs: 3 KiB of pixels each. Before the arrays were written through a memory map, the prepare
+    # process peaked at 1.05 GB for 20,000 of them (49.5 KiB per extra image). benchmarks/data_memory.py
+    # prints the full table, with the worker processes.
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from data_memory import measure
+    from realdata import write_png_dataset
+
+    root = write_png_dataset(tmp_path / "png", 20_000)
+    small = write_png_dataset(tmp_path / "png_small", 5_000)
+    peak_small, peak = measure(small, 5_000).main_peak, measure(root, 20_000).main_peak
+    assert peak <= 350 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    assert (peak - peak_small) / 15_000 <= 2 * 32 * 32 * 3, f"{(peak - peak_small) / 15_000 / 1024:.1f} KiB per image"

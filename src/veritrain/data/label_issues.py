@@ -35,9 +35,9 @@ MIN_LOG_SPREAD = 0.1  # floor of that spread: where all samples are about equall
 MAX_REFERENCE_SAMPLES = 20_000  # neighbours are drawn from at most this many samples (a seeded sample beyond): cost ∝ N
 MIN_CLASS_REFERENCE = 200  # ... but every class keeps at least this many of its members as references
 DISTANCE_FLOOR = 1e-6  # feature-space distances below this are float error on unit-length vectors
-WORKING_MEMORY_MB = 128  # scikit-learn's working memory for the distance chunks (bounds memory)
+WORKING_MEMORY_MB = 32  # scikit-learn's working memory for the distance chunks (bounds memory)
 MAX_RELABELLINGS = 5_000_000  # wrong-label scores kept for the calibration (a seeded share beyond; bounds memory)
-ROW_CHUNK = 4096  # thumbnails turned into features at a time (bounds memory)
+ROW_CHUNK = 1024  # thumbnails turned into features at a time (bounds memory)
 THREADS = 1  # BLAS/OpenMP threads: as fast as 2 on 5,000 thumbnails on an idle 2-core machine, and 8× faster
 # than 2 when another process competes for the cores (OpenMP threads spin-wait for each other)
 

@@ -889,8 +889,9 @@ def normalization_stats(inputs: np.ndarray, train_rows: np.ndarray) -> dict[str,
         values = np.asarray(inputs[train_rows], dtype=np.float64).reshape(-1, channels)
         return {"scale": "x", "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "computed_on": "train"}
     histogram = np.zeros((channels, 256), dtype=np.int64)  # how often each value occurs: the sums follow exactly
-    for start in range(0, len(train_rows), ARRAY_CHUNK):
-        chunk = np.asarray(inputs[train_rows[start : start + ARRAY_CHUNK]]).reshape(-1, channels)
+    rows_at_once = max(1, (1 << 20) // max(1, int(np.prod(inputs.shape[1:]))))  # 1 MiB of pixels (bincount copies them as int64)
+    for start in range(0, len(train_rows), rows_at_once):
+        chunk = np.asarray(inputs[train_rows[start : start + rows_at_once]]).reshape(-1, channels)
         for c in range(channels):
             histogram[c] += np.bincount(chunk[:, c], minlength=256)
     values = np.arange(256, dtype=np.int64)
