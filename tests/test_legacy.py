@@ -56,3 +56,15 @@ def test_an_interrupted_run_of_the_previous_code_resumes_to_completion(cli, tmp_
     fresh_record = json.loads((Path(fresh.json()["run_dir"]) / "record.json").read_text())
     assert fresh_record["data"]["recipe"] == 3 and fresh_record["data"]["version"] != after["data"]["version"]
     assert after["data"]["recipe"] == 2
+
+
+def test_a_run_of_the_previous_code_without_its_stored_version_says_what_to_bring(cli, tmp_path):
+    imported(cli, tmp_path, "legacy-completed.tar.gz")
+    import shutil
+
+    recorded = json.loads((tmp_path / "runs" / COMPLETED / "record.json").read_text())["data"]["version"]
+    shutil.rmtree(tmp_path / ".veritrain" / "data" / recorded)
+    result = cli("reproduce", COMPLETED, "--workdir", str(tmp_path))
+    assert result.code == 2
+    (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert "an earlier data recipe" in line and "--with-data" in line

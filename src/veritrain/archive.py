@@ -174,7 +174,7 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
             return (staging / data_prefix / name).read_bytes()
 
         if data_files:
-            damaged = data_version_problems(version, read_data_file, lambda name: digests[data_prefix + name][0])
+            damaged = data_version_problems(version, read_data_file, lambda name: digests[data_prefix + name][0], sorted(data_files))
             if damaged:
                 raise RunFailed(f"import: the archived data version {version[:12]}: {damaged[0]['path']}: {damaged[0]['detail']}")
 

@@ -182,7 +182,8 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir, recorded=recorded_version)
             if recorded_version is not None and data.version != recorded_version:
                 raise RunFailed(f"{'resume' if resume else 'reproduce'}: the data now prepares to version {data.version[:12]}, the run used "
-                                f"{(record.get('data') or {}).get('version', '?')[:12]}; restore the data or start a new run")
+                                f"{(record.get('data') or {}).get('version', '?')[:12]}; restore the data or start a new run"
+                                + (prepare.earlier_recipe_hint(record.get("data")) if resume else ""))
             record["timings"]["prepare"] = round(time.perf_counter() - t, 3)
             record["data"] = data_summary(data)
             log.info("data: version %s  %s", data.version[:12], "  ".join(f"{k} {v}" for k, v in data.counts.items()))
@@ -412,7 +413,8 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> 
         if data.version != recorded:
             drift = f"the data now prepares to version {data.version[:12]}, the run used {str(recorded)[:12]}"
             if not allow_data_drift:
-                raise UserError(f"{ref}: {drift}; restore the data, or pass --allow-data-drift to evaluate on the new version (recorded)")
+                raise UserError(f"{ref}: {drift}; restore the data, or pass --allow-data-drift to evaluate on the new version (recorded)"
+                                + prepare.earlier_recipe_hint(record.get("data")))
     elif (stored / "version.json").exists():
         log.warning("data: raw data not found at %s; using the stored data version %s", paths.get("root"), str(recorded)[:12])
         data = prepare.load_version(stored)

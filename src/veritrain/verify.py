@@ -242,7 +242,7 @@ def reproduce(workspace: Any, ref: str, argv: list[str]) -> dict[str, Any]:
     data = prepare.run(cfg.data, paths, workspace.state_dir, recorded=original["data"]["version"])
     if data.version != original["data"]["version"]:
         raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "
-                        "restore the data to reproduce")
+                        "restore the data to reproduce" + prepare.earlier_recipe_hint(original.get("data")))
     resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
     outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"], data_version=data.version)
     comparison = compare_runs(original_dir, Path(outcome.summary["run_dir"]))

@@ -216,7 +216,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     t = time.perf_counter()
     table.keep_usable = data_cfg.on_bad_file == "warn"
     _check_labels(table, classes)
-    units, near_pairs = _duplicates_and_units(data_cfg, table, classes, target)
+    units, near_pairs = _duplicates_and_units(data_cfg, table, classes)
     _apply_policy(data_cfg, table)
     assigned = _split(data_cfg, table, units, classes)
     timings["validate_split"] = time.perf_counter() - t
@@ -297,6 +297,17 @@ def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Any:
             return np.asarray(inputs[row_of[sample_id]])
         return table.thumbs.get(index_of.get(sample_id, -1))
     return picture
+
+
+def earlier_recipe_hint(recorded_data: Optional[dict[str, Any]]) -> str:
+    """What to add when a run's data version no longer prepares: runs recorded before this recipe (no
+    `recipe`, or another one) need the version they stored, since this recipe gives the same data another id."""
+    recipe = (recorded_data or {}).get("recipe")
+    if recipe == FORMAT_VERSION:
+        return ""
+    return (f"; the run's data was prepared by {'an earlier data recipe' if recipe is None else f'data recipe {recipe}'}, which this "
+            f"veritrain (recipe {FORMAT_VERSION}) does not repeat: bring its stored version along (`veritrain archive RUN --with-data` "
+            "where it was made, then `veritrain import`)")
 
 
 def _stored_format(folder: Path) -> Optional[int]:
@@ -535,7 +546,7 @@ def _check_labels(table: _Table, classes: Optional[list[str]]) -> None:
 SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # where copies disagree, the most protected split wins
 
 
-def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]], target: dict[str, Any]) -> tuple[list[splitting.Unit], np.ndarray]:
+def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]]) -> tuple[list[splitting.Unit], np.ndarray]:
     """Exact duplicates, confirmed near-duplicates and groups, joined into the units the split keeps whole.
     Returns the units and the confirmed near-duplicate pairs (sample indices), which the leakage count checks."""
     from scipy.sparse import coo_matrix

@@ -192,8 +192,8 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool)
     return check
 
 
-def _check_batch(items: list[tuple[str, str, Header]], params: CheckParams, keep_array: bool) -> list[tuple[str, Check]]:
-    return [(digest, check_file(path, header, params, keep_array)) for digest, path, header in items]
+def _check_batch(items: list[tuple[str, str, Header]], params: CheckParams) -> list[tuple[str, Check]]:
+    return [(digest, check_file(path, header, params, keep_array=False)) for digest, path, header in items]
 
 
 def _header_batch(items: list[tuple[str, str]]) -> list[tuple[str, Header]]:
@@ -288,7 +288,7 @@ def checks_for(files: dict[str, str], headers: dict[str, Header], params: CheckP
     the version's arrays by `decode_into`, so memory never holds the whole data set)."""
     found = cache.checks(list(files), params) if cache else {}
     todo = [(h, p, headers[h]) for h, p in files.items() if h not in found]
-    fresh = dict(_in_parallel(_check_batch, todo, workers, params, False))
+    fresh = dict(_in_parallel(_check_batch, todo, workers, params))
     if cache and fresh:
         cache.store_checks(fresh, params)
     return {**found, **fresh}
