@@ -27,6 +27,11 @@ def test_a_completed_run_of_the_previous_code_verifies_and_reproduces_identicall
     assert verified.code == 0, verified.stdout + verified.stderr
     assert verified.json()["ok"] and not verified.json()["problems"]
 
+    checked = {i["item"]: i for i in cli("check", COMPLETED, "--workdir", str(tmp_path), "--json").json()["items"]}
+    skew_row = checked["data: achieved split follows the ratios (no split_skew)"]
+    assert skew_row["status"] == "missing" and "earlier data recipe" in skew_row["detail"]
+    assert checked["archive: data, config, logs and model present and verified"]["status"] == "pass"
+
     reproduced = cli("reproduce", COMPLETED, "--workdir", str(tmp_path), "--json")
     assert reproduced.code == 0, reproduced.stderr
     comparison = reproduced.json()

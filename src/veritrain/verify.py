@@ -333,6 +333,13 @@ def check_run(run_dir: Path, state_dir: Path) -> dict[str, Any]:
     leakage = data.get("leakage_pairs")
     item("data: no leakage between splits", "missing" if leakage is None else ("pass" if leakage == 0 else "fail"), prepare_fix,
          f"{leakage} cross-split duplicate pairs")
+    achieved = (data.get("summary") or {}).get("achieved_split")
+    skewed = (achieved or {}).get("skewed") or []
+    item("data: achieved split follows the ratios (no split_skew)",
+         "missing" if achieved is None else ("fail" if skewed else "pass"),
+         f"fix the data or its groups (see `veritrain data report {run}`), then start a new run: veritrain run runs/{run}/config.yaml",
+         "not checked: prepared by an earlier data recipe" if achieved is None
+         else (skewed[0] if skewed else "every class within data.split_tolerance" if achieved.get("judged") else "fixed or time-ordered split"))
     on_train = (info or {}).get("normalization", {}).get("computed_on") == "train"
     item("data: normalization statistics from the train split only", "pass" if on_train else "missing", prepare_fix)
 
