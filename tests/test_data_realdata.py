@@ -3,6 +3,7 @@ near-duplicates it links, and every injected fault found with its kind (tests/re
 
 from __future__ import annotations
 
+import csv
 import json
 from collections import Counter
 from pathlib import Path
@@ -11,7 +12,9 @@ import numpy as np
 import pytest
 
 from realdata import FAULT_COUNTS, write_faulty_mnist, write_mnist_imagefolder
+from conftest import Result
 from veritrain.config import load_config
+from veritrain.hashing import sha256_file
 from veritrain.data import prepare
 
 
@@ -147,12 +150,25 @@ def test_label_issues_quarantined_from_train_and_val_only(tmp_path):
     assert all(f["suggested"] == "0" for p, f in flagged.items() if p in faults)
     quarantined = prepare_folder(root, tmp_path / "q", "data.on_label_issue=quarantine")
     assert quarantined.version != warned.version  # quarantine changes the split: part of the id
-    removed = {q["sample_id"] for q in quarantined.report()["quarantined"] if q["kind"] == "label_issue"}
-    in_test = {p for p, f in flagged.items() if f["split"] == "test"}
-    assert removed == set(flagged) - in_test
-    test_ids = {quarantined.sample_ids[r] for r in quarantined.splits["test"]}
-    assert in_test <= test_ids  # reported, never removed from test
-    assert Counter(q["kind"] for q in quarantined.report()["quarantined"])["label_issue"] == len(removed)
+    report = quarantined.report()
+    removed = {q["sample_id"] for q in report["quarantined"] if q["kind"] == "label_issue"}
+    assert len(removed & set(faults)) >= 4
+    before = {warned.sample_ids[r]: name for name, rows in warned.splits.items() for r in rows}
+    assert {before[s] for s in removed} <= {"train", "val"}  # the same split, less what was removed from train and val
+    placed = set(quarantined.sample_ids)
+    assert not removed & placed and placed == set(before) - removed
+    with open(quarantined.path / "manifest.csv", newline="") as f:
+        status = {row["sample_id"]: (row["status"], row["split"]) for row in csv.DictReader(f)}
+    assert all(status[s] == ("quarantined", "") for s in removed)
+    assert quarantined.info["quarantined"] == len(report["quarantined"]) == report["summary"]["label_issues"]["quarantined"]  # nothing else is quarantined here
+    in_test = {f["samples"][0] for f in findings(quarantined, "label_issue") if f["split"] == "test"}
+    assert all(before[s] == "test" and s in placed for s in in_test)  # reported, never removed from test
+    assert report["summary"]["label_issues"]["in_test"] == len(in_test)
+    assert not findings(quarantined, "split_skew")  # judged on the split's own placement
+
+    kept = prepare_folder(root, tmp_path / "keep", "data.on_label_issue=quarantine", "data.on_bad_file=warn")
+    assert set(kept.sample_ids) == set(before)  # on_bad_file: warn keeps every usable sample, label issues included
+    assert not kept.report()["quarantined"] and kept.report()["summary"]["label_issues"]["quarantined"] == 0
 
 
 def test_a_flipped_byte_in_a_stored_version_stops_the_next_run_before_training(cli, tmp_path):
@@ -166,7 +182,7 @@ def test_a_flipped_byte_in_a_stored_version_stops_the_next_run_before_training(c
     result = cli("run", "--set", "train.epochs=1", "--set", "model.name=mlp", "--workdir", str(tmp_path))
     assert result.code == 1
     (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-    assert "inputs.npy" in line and "damaged" in line and "prepare again" in line
+    assert "inputs.npy" in line and "damaged" in line and "prepare it again" in line
     assert not list(tmp_path.glob("runs/*/checkpoints/*.pt"))  # nothing trained on it
     again = cli("data", "prepare", "--workdir", str(tmp_path))  # the unchanged-data path checks too
     assert again.code == 1 and "inputs.npy" in again.stderr
@@ -240,3 +256,57 @@ def test_prepare_memory_grows_by_less_than_twice_the_pixels_per_image(tmp_path):
     peak_small, peak = measure(small, 5_000).main_peak, measure(root, 20_000).main_peak
     assert peak <= 350 * 2**20, f"peak {peak / 2**20:.0f} MiB"
     assert (peak - peak_small) / 15_000 <= 2 * 32 * 32 * 3, f"{(peak - peak_small) / 15_000 / 1024:.1f} KiB per image"
+
+
+def tampered(cli, workdir: Path, change) -> Result:
+    """Prepare digits, change the stored version with `change(folder, info)`, prepare again."""
+    prepared = cli("data", "prepare", "--workdir", str(workdir), "--json")
+    assert prepared.code == 0, prepared.stderr
+    folder = workdir / ".veritrain" / "data" / prepared.json()["data_version"]
+    info = json.loads((folder / "version.json").read_text())
+    change(folder, info)
+    (folder / "version.json").write_text(json.dumps(info))
+    return cli("data", "prepare", "--workdir", str(workdir))
+
+
+def _test_into_train(folder: Path, info: dict) -> None:
+    train = folder / "splits" / "train.txt"
+    train.write_text(train.read_text() + (folder / "splits" / "test.txt").read_text())
+
+
+@pytest.mark.parametrize("change, named", [
+    # a bound file swapped, its new hash slipped into the unbound table of reports
+    (lambda folder, info: (_test_into_train(folder, info),
+                           info["reports"].__setitem__("splits/train.txt", sha256_file(folder / "splits/train.txt"))), "splits/train.txt"),
+    # the recipe written as text, so that a lax reader would skip the file checks
+    (lambda folder, info: (folder.joinpath("inputs.npy").write_bytes(folder.joinpath("inputs.npy").read_bytes()[:-1] + b"\x07"),
+                           info.__setitem__("format", "3")), "version.json"),
+    # the split verdict that gates training
+    (lambda folder, info: info["achieved_split"].__setitem__("skewed", ["class '3' is skewed"]), "manifest.csv"),
+    (lambda folder, info: info["normalization"]["mean"].__setitem__(0, 0.5), "manifest.csv"),
+    (lambda folder, info: info["reports"].__setitem__("bad\u0000name", "0" * 64), "version.json"),
+    (lambda folder, info: info["reports"].__setitem__("../outside.txt", "0" * 64), "version.json"),
+])
+def test_edits_of_a_stored_version_json_are_refused_in_one_line(cli, tmp_path, change, named):
+    result = tampered(cli, tmp_path, change)
+    assert result.code == 1, result.stderr
+    (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    assert named in line and "damaged" in line and "Traceback" not in result.stderr
+
+
+def test_a_file_changed_between_hashing_and_decoding_is_never_stored(tmp_path, monkeypatch):
+    from realdata import mnist_arrays, png_bytes
+    from veritrain.errors import RunFailed
+
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=20, classes=range(2))
+    victim = sorted((root / "0").iterdir())[3]
+    write_arrays = prepare._write_arrays
+
+    def changing_first(*args, **kwargs):
+        victim.write_bytes(png_bytes(mnist_arrays()[0][4999]))  # another digit, after the manifest hashed the file
+        return write_arrays(*args, **kwargs)
+
+    monkeypatch.setattr(prepare, "_write_arrays", changing_first)
+    with pytest.raises(RunFailed, match=f"0/{victim.name} changed while preparing"):
+        prepare_folder(root, tmp_path)
+    assert not list((tmp_path / ".veritrain" / "data").glob("[0-9a-f]*"))

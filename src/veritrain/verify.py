@@ -16,6 +16,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 import platform
 from importlib import metadata
 from pathlib import Path
@@ -105,9 +106,9 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     except Exception:  # an ${env:...} path whose variable is not set here
         paths = {}
         drift.append({"what": "raw data", "recorded": str(source.get("data_paths_resolved")), "now": "its environment variable is not set"})
-    from veritrain.data.prepare import FORMAT_VERSION, _stored_format
+    from veritrain.data.prepare import FORMAT_VERSION, stored_recipe
 
-    recipe = _stored_format(folder)
+    recipe = stored_recipe(folder)
     if "root" in paths and not paths["root"].exists():
         drift.append({"what": "raw data", "recorded": str(paths["root"]), "now": "not present"})
     elif rehash and recipe is not None and recipe != FORMAT_VERSION:
@@ -128,6 +129,9 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     return problems
 
 
+REPORT_NAME = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")  # a relative path of plain names (no NUL; `.` and `..` parts refused too)
+
+
 def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of: Callable[[str], str],
                           names: Optional[list[str]] = None) -> list[dict[str, str]]:
     """Whether a prepared data version is intact, wherever its files are (a workspace folder for
@@ -139,7 +143,7 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
     it is missing. Returns [{"path" (inside the version), "kind", "detail"}], empty when intact.
     Versions of recipe 2 and before bind only the manifest; their arrays are checked against version.json.
     """
-    from veritrain.data.prepare import BOUND_FILES, CARD_FILE, version_id_of_manifest
+    from veritrain.data.prepare import BOUND_FILES, CARD_FILE, recipe_of, version_id_of_manifest
 
     def changed(name: str, detail: str) -> dict[str, str]:
         return {"path": name, "kind": "data_version_changed", "detail": detail}
@@ -169,12 +173,20 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
                 problems.append(changed("manifest.csv", f"the manifest and version.json hash to {recomputed[:12]}, not to the version id"))
             elif info.get("data_version") != version:
                 problems.append(changed("version.json", f"version.json names version {str(info.get('data_version'))[:12]}"))
-    recipe3 = isinstance(info.get("format"), int) and info["format"] >= 3
+    recipe = recipe_of(info)
+    if recipe is None:
+        return problems + [changed("version.json", f"format {info.get('format')!r} is not a data recipe (a whole number)")]
+    recipe3 = recipe >= 3
     if recipe3:
         files, reports = info.get("files"), info.get("reports")
         if not isinstance(files, dict) or not isinstance(reports, dict) or set(files) != set(BOUND_FILES) \
                 or not all(isinstance(e, dict) for e in files.values()):
             return problems + [changed("version.json", "its tables of files are missing or malformed")]
+        # a report is any other plain file of the folder: never one the id binds, never a path that leaves it
+        odd = [name for name in reports if not isinstance(name, str) or name in set(BOUND_FILES) | {"version.json", CARD_FILE}
+               or not REPORT_NAME.fullmatch(name) or {".", ".."} & set(name.split("/")) or not isinstance(reports[name], str)]
+        if odd:
+            return problems + [changed("version.json", f"its table of reports names {str(odd[0])[:60]!r}, which is not a report file")]
         expected = {name: entry.get("sha256") for name, entry in files.items()} | reports
     else:
         expected = info.get("arrays_sha256") or {}

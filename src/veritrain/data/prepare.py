@@ -43,7 +43,7 @@ log = logging.getLogger("veritrain")
 FORMAT_VERSION = 3
 NEAR_DUPLICATE_MIN_SIDE = 16  # px: below this a perceptual hash says little (digits are 8×8)
 BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "inputs.npy", "targets.npy")
-BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files")
+BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files", "achieved_split")
 ARRAY_CHUNK = 4096  # rows copied or summed at a time (bounds memory)
 CARD_FILE = "card.json"  # the data card: beside the version, editable, outside every hash
 
@@ -147,10 +147,20 @@ def content_hash(info: dict[str, Any]) -> str:
     return sha256_json({key: info.get(key) for key in BOUND_INFO})
 
 
+def recipe_of(info: Any) -> Optional[int]:
+    """The data recipe (version.json `format`) of a stored version: a whole number, else None. The one reader of
+    it, so that no check can read "3" as recipe 3 while another reads it as an earlier one."""
+    recipe = info.get("format") if isinstance(info, dict) else None
+    return recipe if isinstance(recipe, int) and not isinstance(recipe, bool) else None
+
+
 def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> str:
     """`version_id` recomputed from a stored version.json and its manifest.csv rows (verify, import)."""
     key = info["hash_algorithm"]
-    content = content_hash(info) if int(info.get("format", 0)) >= 3 else None
+    recipe = recipe_of(info)
+    if recipe is None:
+        raise ValueError(f"format {info.get('format')!r} is not a data recipe")
+    content = content_hash(info) if recipe >= 3 else None
     return version_id(info["preprocessing"], key, (
         (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows), content)
 
@@ -161,7 +171,8 @@ def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], ta
     from veritrain.config import without_added_defaults
 
     cfg = without_added_defaults({"data": data_cfg.model_dump(mode="json")})["data"]
-    for key in ("root", "csv", "labels", "split_dir", "test_split_file", "card", "workers"):
+    # locations, the card and workers do not shape the data; on_split_skew only decides whether to stop on it
+    for key in ("root", "csv", "labels", "split_dir", "test_split_file", "card", "workers", "on_split_skew"):
         cfg.pop(key, None)
     return {"format": FORMAT_VERSION, "data": cfg, "source": source_preprocessing, "target": target}
 
@@ -176,9 +187,10 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     """
     if recorded is not None:
         stored = workspace_state / "data" / recorded
-        if _stored_format(stored) not in (None, FORMAT_VERSION):
-            log.info("data: using the stored data version %s, prepared by data recipe %s (this veritrain prepares with recipe %d)",
-                     recorded[:12], _stored_format(stored), FORMAT_VERSION)
+        recipe = stored_recipe(stored)
+        if recipe is not None and recipe < FORMAT_VERSION:
+            log.info("data: using the stored data version %s, prepared by data recipe %d (this veritrain prepares with recipe %d)",
+                     recorded[:12], recipe, FORMAT_VERSION)
             loaded = load_version(stored)
             loaded.reused = True
             return loaded
@@ -219,6 +231,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     units, near_pairs = _duplicates_and_units(data_cfg, table, classes)
     _apply_policy(data_cfg, table)
     assigned = _split(data_cfg, table, units, classes)
+    achieved = _achieved_split(data_cfg, table, units, assigned, classes)  # the split's own placement, before label quarantine
     timings["validate_split"] = time.perf_counter() - t
     t = time.perf_counter()
     label_method = _label_issues_and_outliers(data_cfg, table, assigned, classes)
@@ -226,7 +239,6 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     leakage_pairs = _leakage_pairs(table, assigned, near_pairs)
     if leakage_pairs:  # cannot happen by construction; refuse rather than train on a leaking split
         raise RunFailed(f"data: {leakage_pairs} duplicate pair(s) cross splits after splitting; this is a bug, please report it")
-    achieved = _achieved_split(data_cfg, table, units, assigned, classes)
     _check_balance(data_cfg, table, assigned, classes)
 
     preprocessing = preprocessing_config(data_cfg, source_preprocessing, target)
@@ -310,11 +322,11 @@ def earlier_recipe_hint(recorded_data: Optional[dict[str, Any]]) -> str:
             "where it was made, then `veritrain import`)")
 
 
-def _stored_format(folder: Path) -> Optional[int]:
+def stored_recipe(folder: Path) -> Optional[int]:
     """The recipe (format) of a stored data version, None when it is not there or not readable."""
     try:
-        return int(json.loads((folder / "version.json").read_text(encoding="utf-8"))["format"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return recipe_of(json.loads((folder / "version.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
         return None
 
 
@@ -746,32 +758,45 @@ def _check_balance(cfg: Any, table: _Table, assigned: dict[int, str], classes: O
 
 
 def _label_issues_and_outliers(cfg: Any, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
-    """`label_issue` and `outlier` findings over the placed samples' thumbnails (data.label_issues). With
-    data.on_label_issue: quarantine, label issues in train and val are removed; test-split ones are only
-    reported, since removing them would inflate test accuracy. Returns the method as recorded."""
+    """`label_issue` and `outlier` findings over the placed samples' thumbnails (data.label_issues).
+
+    With data.on_label_issue: quarantine (and data.on_bad_file other than warn, which keeps every usable
+    sample), label issues in train and val are removed, judged against train and val only, so no test label
+    decides what is trained on; test-split label issues are judged against all the data and only reported,
+    since removing them would inflate test accuracy. Returns the method as recorded.
+    """
     from veritrain.data import label_issues
 
-    rows = [i for i in sorted(assigned) if i in table.thumbs]
-    if not classes or len(rows) < 2:
+    placed = [i for i in sorted(assigned) if i in table.thumbs]
+    if not classes or len(placed) < 2:
         return {"skipped": "no classes" if not classes else "fewer than two samples"}
     class_index = {c: k for k, c in enumerate(classes)}
-    found = label_issues.find_label_issues_and_outliers(
-        np.stack([table.thumbs[i] for i in rows]), np.array([class_index[table.labels[i]] for i in rows], dtype=np.int64),
-        len(classes), cfg.split_seed)
-    for rank, flag in enumerate(found.label_issues, 1):
-        i = rows[flag.index]
+    quarantine = cfg.on_label_issue == "quarantine" and not table.keep_usable
+
+    def find(rows: list[int]) -> Any:
+        return label_issues.find_label_issues_and_outliers(
+            np.stack([table.thumbs[i] for i in rows]), np.array([class_index[table.labels[i]] for i in rows], dtype=np.int64),
+            len(classes), cfg.split_seed)
+
+    found = find(placed)
+    issues = [(placed[flag.index], flag) for flag in found.label_issues]
+    if quarantine:  # train and val decided without the test split; the test split's own issues from the whole run
+        training = [i for i in placed if assigned[i] != "test"]
+        from_training = [(training[f.index], f) for f in find(training).label_issues] if len(training) >= 2 else []
+        issues = sorted(from_training + [(i, f) for i, f in issues if assigned[i] == "test"], key=lambda item: -item[1].score)
+    for rank, (i, flag) in enumerate(issues, 1):
         suggested = classes[flag.suggested] if flag.suggested is not None else "?"
         where = assigned[i]
-        quarantine = cfg.on_label_issue == "quarantine" and where != "test"
-        finding = table.add("label_issue", [i], f"labelled {table.labels[i]!r}, the data points to {suggested!r} (score {flag.score:.3f}, rank {rank}; {where} split)",
-                            exclude=quarantine)
+        removed = quarantine and where != "test"
+        # the reason is stored (quarantine.csv): no float-derived score or rank in it, those are details
+        finding = table.add("label_issue", [i], f"labelled {table.labels[i]!r}, the data points to {suggested!r} ({where} split)", exclude=removed)
         finding.details = {"label": table.labels[i], "suggested": suggested, "score": round(flag.score, 6), "rank": rank, "split": where}
-        if quarantine:
+        if removed:
             finding.severity = "quarantine"
             del assigned[i]
     for rank, flag in enumerate(found.outliers, 1):
-        i = rows[flag.index]
-        finding = table.add("outlier", [i], f"far from everything else in class {table.labels[i]!r} and in the data (score {flag.score:.3f}, rank {rank})")
+        i = placed[flag.index]
+        finding = table.add("outlier", [i], f"far from everything else in class {table.labels[i]!r} and in the data")
         finding.details = {"label": table.labels[i], "score": round(flag.score, 6), "rank": rank, "split": assigned.get(i)}
     return found.method
 
@@ -800,9 +825,9 @@ def _write_arrays(out: Path, rows: list[int], table: _Table, source: Any, cfg: A
         h, w, c = target["shape"]
         inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=np.uint8, shape=(len(rows), h, w, c))
         params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, near_duplicates=False)
-        failed = validate.decode_into(inputs, [str(table.paths[i]) for i in rows], params, workers)
+        failed = validate.decode_into(inputs, [(str(table.paths[i]), str(table.hashes[i])) for i in rows], params, workers)
         if failed:
-            raise RunFailed(f"data: {table.ids[rows[failed[0]]]} changed while preparing (no longer decodes); run again")
+            raise RunFailed(f"data: {table.ids[rows[failed[0]]]} changed while preparing (its bytes or its decoding); prepare again, with --rehash if the file kept its size and time (`veritrain data prepare CONFIG --rehash`)")
     else:
         inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=source.inputs.dtype, shape=(len(rows), *source.inputs.shape[1:]))
         for start in range(0, len(rows), ARRAY_CHUNK):
@@ -930,34 +955,36 @@ def check_version(path: Path) -> None:
     if problems:
         first = problems[0]
         raise RunFailed(f"{path / first['path']}: data version {path.name[:12]} is damaged ({first['detail']}); nothing was trained on it: "
-                        f"remove {path} and prepare again (`veritrain data prepare CONFIG`)")
+                        f"remove {path} and prepare it again (`veritrain data prepare CONFIG`), or import its run again with --with-data")
     _checked[str(path)] = identity
 
 
-def _identity(file: Path) -> tuple[int, int, int]:
+def _identity(file: Path) -> tuple[int, int, int, int]:
     stat = file.stat()
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns  # ctime: a restored mtime cannot hide an edit
 
 
 def load_version(path: Path) -> DataVersion:
-    """A stored data version, after `check_version`; the split lists are read from the files it checked."""
+    """A stored data version, after `check_version`. The splits come from the manifest's split column, which
+    every recipe binds to the id (recipe 2 and before did not bind the split lists)."""
     check_version(path)
     info = json.loads((path / "version.json").read_text(encoding="utf-8"))
     with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
-        sample_ids = [row["sample_id"] for row in csv.DictReader(f) if row["status"] == "ok"]
-    row_of = {sid: i for i, sid in enumerate(sample_ids)}
-    splits = {}
-    for name in SPLITS:
-        ids = (path / "splits" / f"{name}.txt").read_text(encoding="utf-8").split("\n")
-        splits[name] = np.array([row_of[i] for i in ids if i], dtype=np.int64)
+        placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
+    inputs = np.load(path / "inputs.npy", mmap_mode="r")
+    targets = np.load(path / "targets.npy", mmap_mode="r")
+    if len(inputs) != len(placed) or len(targets) != len(placed) or any(split not in SPLITS for _, split in placed):
+        raise RunFailed(f"{path / 'manifest.csv'}: data version {path.name[:12]} does not match its arrays ({len(placed)} placed samples, "
+                        f"{len(inputs)} rows); remove {path} and prepare it again, or import its run again")
+    splits = {name: np.array([row for row, (_, split) in enumerate(placed) if split == name], dtype=np.int64) for name in SPLITS}
     return DataVersion(
         version=info["data_version"],
         path=path,
         info=info,
-        inputs=np.load(path / "inputs.npy", mmap_mode="r"),
-        targets=np.load(path / "targets.npy", mmap_mode="r"),
+        inputs=inputs,
+        targets=targets,
         splits=splits,
-        sample_ids=sample_ids,
+        sample_ids=[sid for sid, _ in placed],
     )
 
 

@@ -11,6 +11,7 @@ Runs in worker processes; this module must stay importable without torch.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import warnings
@@ -122,12 +123,13 @@ def _pillow():
     return Image
 
 
-def read_header(path: str) -> Header:
+def read_header(path: str, content: Optional[bytes] = None) -> Header:
+    """The header of the file at `path`, or of its `content` when the bytes were read already."""
     Image = _pillow()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # bombs are judged by data.max_pixels, not Pillow's warning
-            with Image.open(path) as img:
+            with Image.open(path if content is None else io.BytesIO(content)) as img:
                 return Header(img.format, img.width, img.height, img.mode)
     except Exception as err:  # Pillow raises many types for garbage input; all mean "not an image"
         return Header(None, 0, 0, "", _without_path(f"{err.__class__.__name__}: {err}", path))
@@ -139,8 +141,9 @@ def expected_formats(path: str) -> set[str]:
     return {fmt for e, fmt in Image.registered_extensions().items() if e == ext}
 
 
-def check_file(path: str, header: Header, params: CheckParams, keep_array: bool) -> Check:
-    """Full check of one file whose header was read: bomb, format, complete decode, shape, hash."""
+def check_file(path: str, header: Header, params: CheckParams, keep_array: bool, content: Optional[bytes] = None) -> Check:
+    """Full check of one file whose header was read: bomb, format, complete decode, shape, hash; of `content`
+    (the file's bytes, read already) when given."""
     Image = _pillow()
     check = Check()
     if header.error is not None:
@@ -157,7 +160,7 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with Image.open(path) as img:
+            with Image.open(path if content is None else io.BytesIO(content)) as img:
                 img.load()  # decodes every pixel: truncation and corrupt data raise here
                 image = img.copy()
     except Exception as err:
@@ -294,11 +297,12 @@ def checks_for(files: dict[str, str], headers: dict[str, Header], params: CheckP
     return {**found, **fresh}
 
 
-def decode_into(out: np.ndarray, paths: list[str], params: CheckParams, workers: int) -> list[int]:
-    """Decode `paths[row]` into `out[row]` (a memory-mapped array) for every row, in worker processes that
-    hand back one batch at a time; returns the rows that no longer decode (changed since they were checked)."""
+def decode_into(out: np.ndarray, files: list[tuple[str, str]], params: CheckParams, workers: int) -> list[int]:
+    """Decode each row's (path, BLAKE3 content hash) into `out[row]` (a memory-mapped array), in worker
+    processes that hand back one batch at a time. The bytes decoded are the bytes hashed: returns the rows
+    whose file changed since it was listed, or no longer decodes."""
     failed = []
-    for row, array in _in_parallel(_decode_batch, list(enumerate(paths)), workers, params):
+    for row, array in _in_parallel(_decode_batch, [(row, path, digest) for row, (path, digest) in enumerate(files)], workers, params):
         if array is None:
             failed.append(row)
         else:
@@ -306,8 +310,22 @@ def decode_into(out: np.ndarray, paths: list[str], params: CheckParams, workers:
     return failed
 
 
-def _decode_batch(items: list[tuple[int, str]], params: CheckParams) -> list[tuple[int, Optional[np.ndarray]]]:
-    return [(row, check_file(path, read_header(path), params, keep_array=True).array) for row, path in items]
+def _decode_batch(items: list[tuple[int, str, str]], params: CheckParams) -> list[tuple[int, Optional[np.ndarray]]]:
+    import blake3
+
+    decoded = []
+    for row, path, digest in items:
+        try:
+            with open(path, "rb") as f:
+                content = f.read()
+        except OSError:
+            decoded.append((row, None))
+            continue
+        if blake3.blake3(content).hexdigest() != digest:  # changed since it was hashed: not the sample the manifest names
+            decoded.append((row, None))
+            continue
+        decoded.append((row, check_file(path, read_header(path, content), params, keep_array=True, content=content).array))
+    return decoded
 
 
 def default_workers() -> int:
