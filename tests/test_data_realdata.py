@@ -310,3 +310,15 @@ def test_a_file_changed_between_hashing_and_decoding_is_never_stored(tmp_path, m
     with pytest.raises(RunFailed, match=f"0/{victim.name} changed while preparing"):
         prepare_folder(root, tmp_path)
     assert not list((tmp_path / ".veritrain" / "data").glob("[0-9a-f]*"))
+
+
+def test_a_cache_entry_pointing_at_another_version_is_not_trusted(tmp_path):
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=30, classes=range(2))
+    first = prepare_folder(root, tmp_path)
+    other = prepare_folder(root, tmp_path, "data.split_seed=1")
+    assert other.version != first.version
+    memos = list((tmp_path / ".veritrain" / "cache" / "prepared").iterdir())
+    for memo in memos:  # every input fingerprint now names the split_seed=1 version
+        memo.write_text(other.version + "\n")
+    again = prepare_folder(root, tmp_path)
+    assert again.version == first.version

@@ -179,7 +179,7 @@ def test_data_version_check_is_shared_by_verify_and_import():
     assert archive.data_version_problems is verify.data_version_problems
     files = {"version.json": b"{}"}
     problems = verify.data_version_problems("0" * 64, files.__getitem__, lambda name: "")
-    assert [(p["path"], p["kind"]) for p in problems] == [("manifest.csv", "data_version_changed")]
+    assert [(p["path"], p["kind"]) for p in problems] == [("manifest.csv", "data_version_changed"), ("version.json", "data_version_changed")]
 
 
 @pytest.mark.parametrize("text", ["{broken", "[]", ""])

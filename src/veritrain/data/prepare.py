@@ -211,12 +211,14 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     remembered = memo.read_text().strip() if memo.exists() else None
     if remembered and (workspace_state / "data" / remembered / "version.json").exists():
         final = workspace_state / "data" / remembered
-        log.info("data: reusing data version %s (%d samples, unchanged)", remembered[:12], len(table.ids))
         loaded = load_version(final)
-        _write_card(final, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
-        loaded.reused = True
-        _refuse_skew(data_cfg, loaded)
-        return loaded
+        if _made_from(loaded, data_cfg, source, table):
+            log.info("data: reusing data version %s (%d samples, unchanged)", remembered[:12], len(table.ids))
+            _write_card(final, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
+            loaded.reused = True
+            _refuse_skew(data_cfg, loaded)
+            return loaded
+        log.warning("data: the cache named version %s for these inputs, but it was made from others; preparing anew", remembered[:12])
 
     if isinstance(source, FileListing):
         target, headers = _validate_files(data_cfg, table, cache_dir, workers, timings)
@@ -288,6 +290,18 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     _remember(memo, version)
     _refuse_skew(data_cfg, loaded)
     return loaded
+
+
+def _made_from(data: DataVersion, data_cfg: Any, source: Any, table: _Table) -> bool:
+    """Whether a stored version was prepared from this config and these samples (the cache that maps inputs to
+    a version is a file in the workspace, so what it names is checked against the version's bound manifest)."""
+    stored = data.info["preprocessing"]
+    wanted = preprocessing_config(data_cfg, source.preprocessing)
+    if stored.get("data") != wanted["data"] or stored.get("source") != wanted["source"] or stored.get("format") != wanted["format"]:
+        return False
+    with open(data.path / "manifest.csv", newline="", encoding="utf-8") as f:
+        rows = [(row["sample_id"], row[DATA_HASH_ALGORITHM] or None, row["label"] or None) for row in csv.DictReader(f)]
+    return rows == list(zip(table.ids, table.hashes, table.labels))
 
 
 def _refuse_skew(data_cfg: Any, data: DataVersion) -> None:
