@@ -163,7 +163,9 @@ def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path
 
 
 def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
-    proc = start(tmp_path, "train", *CHAOS, "--set", "checkpoint.keep_last=3")  # weights and metrics do not depend on it
+    # weights and metrics do not depend on keep_last; with 4 kept, three whole step files remain even when the
+    # kill lands while a save is recycling the oldest one's blocks (with 3 kept, two remained, and both get damaged below)
+    proc = start(tmp_path, "train", *CHAOS, "--set", "checkpoint.keep_last=4")
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("runs/*/checkpoints/step-*.pt"))) < 3:
         assert time.monotonic() < deadline and proc.poll() is None

@@ -90,6 +90,8 @@ class DataVersion:
         from veritrain.data.report import card_warnings
 
         report = json.loads((self.path / "data_report.json").read_text(encoding="utf-8"))
+        if "achieved_split" in self.info and isinstance(report.get("summary"), dict):
+            report["summary"]["achieved_split"] = self.info["achieved_split"]  # the bound copy, not the report's
         card_file = self.path / CARD_FILE
         if card_file.exists():
             report["card"] = json.loads(card_file.read_text(encoding="utf-8"))
