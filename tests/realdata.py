@@ -98,6 +98,36 @@ def mnist_arrays() -> tuple[np.ndarray, np.ndarray]:
     return _mnist()
 
 
+@dataclass
+class FaultyArrays:
+    """MNIST as arrays with injected label errors and noise images (faulty_mnist_arrays)."""
+
+    images: np.ndarray  # uint8 N×28×28
+    labels: np.ndarray  # int64 N, after the injected errors
+    label_errors: np.ndarray  # rows given a wrong class
+    noise: np.ndarray  # rows holding uniform random noise with a random label (the last ones)
+
+
+def faulty_mnist_arrays(seed: int, label_errors: int = 25, noise: int = 3) -> FaultyArrays:
+    """All MNIST digits with one class (chosen by the seed) cut to 40, then `label_errors` labels changed to
+    another class and `noise` uniform-noise images appended; neither fault touches the small class. The array
+    form of write_faulty_mnist's label errors and noise, for the label-issue tests and benchmark."""
+    images, labels = mnist_arrays()
+    rng = np.random.default_rng(seed)
+    small = int(rng.integers(10))
+    members = np.flatnonzero(labels == small)
+    keep = np.ones(len(labels), dtype=bool)
+    keep[rng.choice(members, len(members) - SMALL_CLASS_SIZE, replace=False)] = False
+    images, labels = images[keep], labels[keep].copy()
+    others = [c for c in range(10) if c != small]
+    errors = rng.choice(np.flatnonzero(labels != small), label_errors, replace=False)
+    for row in errors:
+        labels[row] = rng.choice([c for c in others if c != labels[row]])
+    images = np.concatenate([images, rng.integers(0, 256, size=(noise, MNIST_SIDE, MNIST_SIDE), dtype=np.uint8)])
+    labels = np.concatenate([labels, rng.choice(others, noise)])
+    return FaultyArrays(images, labels, errors, np.arange(len(labels) - noise, len(labels)))
+
+
 def png_bytes(array: np.ndarray) -> bytes:
     """A uint8 H×W (grey "L") or H×W×3 (RGB) array encoded as PNG."""
     buffer = io.BytesIO()

