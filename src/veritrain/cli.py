@@ -8,6 +8,7 @@ stderr (`error: ...`); `--json` prints exactly one JSON document on stdout.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any, Optional
 
@@ -454,6 +455,8 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
     from veritrain.verify import verify_run
     from veritrain.workspace import Workspace
 
+    if expect is not None and not re.fullmatch(r"[0-9a-f]{64}", expect.strip().lower()):
+        raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
     result = verify_run(run_dir, workspace.state_dir, expect=expect, strict=strict)
@@ -527,6 +530,8 @@ def gc_command(dry_run: bool, workdir: Optional[str], as_json: bool) -> int:
         for path in result["removed"]:
             click.echo(("would remove " if dry_run else "removed ") + path)
         click.echo(f"{'would free' if dry_run else 'freed'} {result['bytes_freed'] / 2**20:.1f} MiB; re-sealed {len(result['resealed'])} run(s)")
+    if result["unverified"]:
+        raise RunFailed(f"gc: {len(result['unverified'])} run(s) left alone because they do not verify; the first: {result['unverified'][0]}")
     return 0
 
 

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from veritrain.config import ResolvedConfig
 from veritrain.errors import RunFailed
-from veritrain.record import capture_code, now_iso, read_record, write_record
+from veritrain.record import capture_code, now_iso, read_record, reseal
 from veritrain.workspace import Workspace
 
 log = logging.getLogger("veritrain")
@@ -62,8 +62,11 @@ def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_c
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     """Remove step checkpoints of completed runs (best/last stay), data versions no run references,
     and stale locks; runs that lose files are re-sealed with a `gc` event."""
+    from veritrain.pipeline import refuse_unverified
+
     removed: list[str] = []
     resealed: list[str] = []
+    unverified: list[str] = []  # runs that do not verify: neither pruned nor re-sealed
     referenced: set[str] = set()
     freed = 0
     # a run whose record cannot be read, or one in progress (its record may not name its data version
@@ -86,6 +89,11 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
         steps = sorted((run_dir / "checkpoints").glob("step-*.pt*"))
         if not steps:
             continue
+        try:  # removing files and re-sealing would launder a change to the run: leave such a run alone
+            refuse_unverified(run_dir, workspace, "gc leaves it alone")
+        except RunFailed as err:
+            unverified.append(str(err))
+            continue
         for path in steps:
             freed += path.stat().st_size
             removed.append(str(path.relative_to(workspace.root)))
@@ -94,7 +102,7 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
         if not dry_run:
             record["events"].append({"kind": "gc", "step": None, "at": now_iso(),
                                      "detail": f"removed {len(steps)} step checkpoint file(s); best.pt and last.pt kept"})
-            write_record(run_dir, record)
+            reseal(run_dir, record, by="gc")
             resealed.append(run_dir.name)
     if keep_data:
         log.warning("gc: keeping every data version: %s", keep_data)
@@ -110,4 +118,5 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             removed.append(str(lock.relative_to(workspace.root)))
             if not dry_run:
                 lock.unlink()
-    return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed, "data_versions_kept_because": keep_data}
+    return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed, "data_versions_kept_because": keep_data,
+            "unverified": unverified}

@@ -27,7 +27,8 @@ from veritrain import logs
 from veritrain.config import ResolvedConfig, RunConfig, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
-from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, save_code, write_record
+from veritrain.hashing import sha256_file
+from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, reseal, save_code, write_record
 from veritrain.secrets import allowed_environment, redact_argv, redact_text
 from veritrain.signals import interruptible
 from veritrain.workspace import Workspace
@@ -359,6 +360,8 @@ def data_summary(data: Any) -> dict[str, Any]:
         "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
         "hash_algorithm": report["hash_algorithm"],
         "recipe": data.info.get("format"),
+        # the version's own record (its report tables included), so the run's seal covers the data version too
+        "version_json_sha256": sha256_file(data.path / "version.json"),
         "summary": report.get("summary"),  # quarantined by kind, achieved split, label issues, outliers (recipe 3 on)
         "card": report["card"],
     }
@@ -402,6 +405,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> 
     record = read_record(run_dir)
     if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
+    refuse_unverified(run_dir, workspace, "it is not changed or re-sealed")
     cfg = RunConfig.model_validate(record["config"])
     recorded = (record.get("data") or {}).get("version")
     stored = workspace.state_dir / "data" / str(recorded)
@@ -423,6 +427,18 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> 
     return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
 
 
+def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str) -> None:
+    """RunFailed (exit 1) naming the first problem when the run's own files do not match its sealed record:
+    re-sealing it would launder the change. Problems of its data version are left to the data check."""
+    from veritrain.verify import verify_run
+
+    found = [p for p in verify_run(run_dir, workspace.state_dir, rehash_data=False)["problems"] if not p["kind"].startswith("data_")]
+    if found:
+        first = found[0]
+        raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
+                        + f"; the run does not verify, so {consequence}: see `veritrain verify {run_dir.name}`")
+
+
 def amend(opened: OpenRun, workspace: Workspace, kind: str, detail: str) -> str:
     """Record an event on a finished run and seal it again; returns the new seal."""
     event = {"kind": kind, "step": None, "detail": detail, "at": now_iso()}
@@ -431,7 +447,7 @@ def amend(opened: OpenRun, workspace: Workspace, kind: str, detail: str) -> str:
     opened.record["events"].append(event)
     workspace.lock_run(opened.run_dir.name)
     try:
-        seal = write_record(opened.run_dir, opened.record)
+        seal = reseal(opened.run_dir, opened.record, by=kind)
     finally:
         workspace.unlock_run(opened.run_dir.name)
     update_experiments(workspace)  # new metrics or export results show there too

@@ -61,6 +61,19 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> str:
     return seal
 
 
+def reseal(run_dir: Path, record: dict[str, Any], by: str) -> str:
+    """Seal a finished run again after `by` (eval, export, baseline, gc) changed it, first adding the seal it
+    replaces to `seal_history` ({seal, replaced_at, by}): `verify --expect` an older seal then says what
+    re-sealed the run. The history is written by whoever writes the record, so it explains, never proves."""
+    try:
+        previous = (run_dir / SEAL_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        previous = None
+    if previous:
+        record.setdefault("seal_history", []).append({"seal": previous, "replaced_at": now_iso(), "by": by})
+    return write_record(run_dir, record)
+
+
 def read_record(run_dir: Path) -> dict[str, Any]:
     """The run's record.json; a missing or damaged one is a RunFailed that says how to look closer."""
     path = run_dir / RECORD_FILE

@@ -48,14 +48,18 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
             problem(RECORD_FILE, "seal_mismatch", f"record.json hashes to {seal[:16]}…, record.sha256 says {stored_seal[:16]}…")
     except OSError:
         problem(SEAL_FILE, "missing", "the seal is missing")
-    if expect and expect.strip().lower() != seal:
-        problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}")
     try:
         record = json.loads(record_bytes)
         if not isinstance(record, dict):
             raise ValueError("not a JSON object")
     except ValueError as err:  # JSON or UTF-8
+        record = None
         problem(RECORD_FILE, "unreadable", str(err))
+    if expect is not None and expect.strip().lower() != seal:
+        history = [h for h in (record or {}).get("seal_history") or [] if isinstance(h, dict) and h.get("seal") == expect.strip().lower()]
+        hint = f"; that seal was replaced when {history[-1].get('by')} re-sealed the run at {history[-1].get('replaced_at')}" if history else ""
+        problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}{hint}")
+    if record is None:
         return {"ok": False, "seal": seal, "problems": problems, "drift": drift}
 
     artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
@@ -91,13 +95,17 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     version = record["data"]["version"]
     folder = state_dir / "data" / version
     if not (folder / "version.json").exists():
-        problems.append({"path": f".veritrain/data/{version}", "kind": "data_version_missing",
-                         "detail": "the prepared data version is not in this workspace; run `veritrain data prepare` on the run's config"})
+        # an imported run without its data: what is here is verified; the absence is drift (--strict fails on it)
+        drift.append({"what": f"data version {version[:12]}", "recorded": "used by the run", "now": "not_present in this workspace"})
     else:
         names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
         for p in data_version_problems(version, lambda name: (folder / name).read_bytes(), lambda name: sha256_file(folder / name), names):
             problems.append({"path": f".veritrain/data/{version}/{p['path']}", "kind": p["kind"],
                              "detail": f"{p['detail']}; remove .veritrain/data/{version} and run `veritrain data prepare` on the run's config"})
+        bound = record["data"].get("version_json_sha256")  # runs since the data version had a record of its own
+        if bound is not None and (folder / "version.json").is_file() and sha256_file(folder / "version.json") != bound:
+            problems.append({"path": f".veritrain/data/{version}/version.json", "kind": "data_version_changed",
+                             "detail": "version.json is not the one the run recorded (its sha256 is in the run's record)"})
     source = record.get("config_source") or {}
     from veritrain.config import paths_from_record
 
@@ -118,8 +126,11 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         from veritrain.config import RunConfig
         from veritrain.data import prepare
 
-        try:
-            again = prepare.run(RunConfig.model_validate(record["config"]).data, paths, state_dir, rehash=True)
+        import tempfile
+
+        try:  # in a folder of its own, removed afterwards: verify never writes into the workspace
+            with tempfile.TemporaryDirectory(prefix="veritrain-verify-") as scratch:
+                again = prepare.run(RunConfig.model_validate(record["config"]).data, paths, Path(scratch), rehash=True)
         except Exception as err:  # bad data now is a finding of verify, not a crash
             problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed", "detail": f"the data no longer prepares ({err})"})
         else:

@@ -1,0 +1,106 @@
+"""Integrity with no way around it: a run that does not verify is never re-sealed, a published seal keeps
+its meaning (`--expect` with a seal history), verify is read-only, and a run's seal covers its data version."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import in_process_run
+
+FAST = ["train.epochs=2", "model.name=mlp", "model.hidden=[32]", "train.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def sealed(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("ws")
+    outcome = in_process_run(workdir, FAST)
+    assert outcome.error is None
+    return workdir, Path(outcome.summary["run_dir"]), outcome.seal
+
+
+@pytest.fixture
+def workspace_copy(sealed, tmp_path):
+    """A copy of the whole workspace (run and data version), free to damage."""
+    workdir, run_dir, seal = sealed
+    target = tmp_path / "ws"
+    shutil.copytree(workdir, target)
+    return target, target / "runs" / run_dir.name, seal
+
+
+def one_error_line(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [["eval", "{run}"], ["export", "{run}", "--format", "safetensors"], ["baseline", "{run}"], ["gc"]])
+def test_a_tampered_run_is_never_re_sealed(cli, workspace_copy, command):
+    workdir, run_dir, seal = workspace_copy
+    (run_dir / "train.log").write_text((run_dir / "train.log").read_text() + "x\n")
+    result = cli(*[part.format(run=run_dir.name) for part in command], "--workdir", str(workdir))
+    assert result.code == 1
+    line = one_error_line(result)
+    assert "train.log" in line and "does not verify" in line
+    assert (run_dir / "record.sha256").read_text().strip() == seal  # not re-sealed
+    again = cli("verify", run_dir.name, "--workdir", str(workdir))
+    assert again.code == 1 and "train.log" in again.stderr  # the change is still caught
+
+
+def test_an_older_seal_is_refused_with_what_replaced_it(cli, workspace_copy):
+    workdir, run_dir, seal = workspace_copy
+    exported = cli("export", run_dir.name, "--format", "safetensors", "--workdir", str(workdir))
+    assert exported.code == 0, exported.stderr
+    current = (run_dir / "record.sha256").read_text().strip()
+    assert current != seal
+    old = cli("verify", run_dir.name, "--expect", seal, "--workdir", str(workdir), "--json")
+    assert old.code == 1
+    (problem,) = old.json()["problems"]
+    assert problem["kind"] == "seal_differs_from_expected" and "replaced when export re-sealed the run" in problem["detail"]
+    history = json.loads((run_dir / "record.json").read_text())["seal_history"]
+    assert history[-1]["seal"] == seal and history[-1]["by"] == "export"
+    assert cli("verify", run_dir.name, "--expect", current, "--workdir", str(workdir)).code == 0
+
+
+@pytest.mark.parametrize("expect", ["", "   ", "abc", "g" * 64, "0" * 63])
+def test_an_empty_or_malformed_expected_seal_is_a_usage_error(cli, sealed, expect):
+    workdir, run_dir, _ = sealed
+    result = cli("verify", run_dir.name, "--expect", expect, "--workdir", str(workdir))
+    assert result.code == 2
+    assert "--expect" in one_error_line(result)
+
+
+def test_verify_is_read_only_and_answers_the_same_twice(cli, workspace_copy, tmp_path):
+    workdir, run_dir, _ = workspace_copy
+    archive = tmp_path / "run.tar.gz"
+    assert cli("archive", run_dir.name, "-o", str(archive), "--workdir", str(workdir)).code == 0  # without its data
+    elsewhere = tmp_path / "elsewhere"
+    assert cli("import", str(archive), "--workdir", str(elsewhere)).code == 0
+    before = sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*"))
+    first = cli("verify", run_dir.name, "--workdir", str(elsewhere), "--json")
+    second = cli("verify", run_dir.name, "--workdir", str(elsewhere), "--json")
+    assert first.code == second.code == 0, first.stdout
+    assert first.json() == second.json()
+    assert any("not_present" in d["now"] for d in first.json()["drift"])
+    assert sorted(p.relative_to(elsewhere).as_posix() for p in elsewhere.rglob("*")) == before  # nothing written
+    assert cli("verify", run_dir.name, "--strict", "--workdir", str(elsewhere)).code == 1
+
+
+def test_the_run_seal_covers_its_data_versions_own_record(cli, workspace_copy):
+    workdir, run_dir, seal = workspace_copy
+    record = json.loads((run_dir / "record.json").read_text())
+    folder = workdir / ".veritrain" / "data" / record["data"]["version"]
+    # a report rewritten with its hash updated in version.json: consistent inside the version, not with the run
+    report = folder / "data_report.md"
+    report.write_text(report.read_text() + "\nall clear\n")
+    info = json.loads((folder / "version.json").read_text())
+    from veritrain.hashing import sha256_file
+
+    info["reports"]["data_report.md"] = sha256_file(report)
+    (folder / "version.json").write_text(json.dumps(info, indent=2) + "\n")
+    result = cli("verify", run_dir.name, "--expect", seal, "--workdir", str(workdir), "--json")
+    assert result.code == 1
+    assert any(p["path"].endswith("version.json") and "the one the run recorded" in p["detail"] for p in result.json()["problems"])
