@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
+import random
+import shutil
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import in_process_run
+from veritrain import archive as archive_module
 
 FAST = ["train.epochs=1", "model.name=mlp", "model.hidden=[16]", "export.formats=[onnx]"]
 
@@ -170,20 +175,6 @@ def test_record_and_seal_forged_together_are_refused_in_one_line(cli, archived, 
     assert not (tmp_path / "t" / "runs").exists()
 
 
-@pytest.mark.parametrize("keep", [0.5, 0.98])
-def test_truncated_archive_is_one_line_and_leaves_nothing(cli, archived, tmp_path, keep):
-    _, _, out = archived
-    data = out.read_bytes()
-    cut = tmp_path / "cut.tar.gz"
-    cut.write_bytes(data[: int(len(data) * keep)])  # a copy that stopped part-way
-    target = tmp_path / "t"
-    result = cli("import", str(cut), "--workdir", str(target))
-    assert result.code == 1, result.stderr
-    assert result.stderr.startswith("error: import: ") and "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert not (target / "runs").exists()
-    assert not list((target / ".veritrain").glob("import-*")) if (target / ".veritrain").exists() else True
-
-
 def test_archive_of_a_run_missing_a_file_is_refused(cli, archived, tmp_path):
     import shutil
 
@@ -216,3 +207,225 @@ def test_archive_is_hashed_as_a_stream(archived, tmp_path, monkeypatch):
     result = archive.create(run_dir, workdir / ".veritrain", out, with_data=False)
     with open(out, "rb") as f:
         assert result["sha256"] == hashlib.sha256(f.read()).hexdigest()
+
+
+# Hostile archives: bombs, too many members, damaged or foreign files. Each is built here from the
+# good archive; each must be refused in one line, quickly, leaving no staging folder and no run.
+
+BOMB = 128 << 20  # bytes of zeros: gzip packs them into ~130 KB (1000:1); never held in memory
+
+
+class Zeros:
+    """`size` zero bytes as a stream, for tarfile.addfile."""
+
+    def __init__(self, size: int):
+        self.left = size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        self.left -= n
+        return bytes(n)
+
+
+def rebuilt(tmp_path: Path, archived, edit, first=(), last=()) -> Path:
+    """A copy of the good archive whose members pass through `edit(info, data)`, which returns the
+    (TarInfo, file object) pairs to write instead; `first` and `last` add such pairs around them."""
+    _, _, out = archived
+    bad = tmp_path / "attack.tar.gz"
+    with tarfile.open(out, "r:gz") as source, tarfile.open(bad, "w:gz") as tar:
+        for info, data in first:
+            tar.addfile(info, data)
+        for member in source.getmembers():
+            for info, data in edit(member, source.extractfile(member).read()):
+                tar.addfile(info, data)
+        for info, data in last:
+            tar.addfile(info, data)
+    return bad
+
+
+def file_info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info
+
+
+def dir_info(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info
+
+
+def keep(member, data):
+    return [(member, io.BytesIO(data))]
+
+
+def zeros_for(suffix: str):
+    """`suffix`'s member replaced by BOMB zero bytes under a truthful tar header."""
+    def edit(member, data):
+        return [(file_info(member.name, BOMB), Zeros(BOMB))] if member.name.endswith(suffix) else keep(member, data)
+    return edit
+
+
+def bomb_the_record_declares(member, data):
+    """A record and seal forged together that declare metrics.jsonl as BOMB bytes: its tar header
+    then matches the record, so only the compression ratio can tell."""
+    if member.name.endswith("/record.json"):
+        record = json.loads(data)
+        record["artifacts"]["metrics.jsonl"]["size"] = BOMB
+        forged = json.dumps(record).encode()
+        seal = (hashlib.sha256(forged).hexdigest() + "\n").encode()
+        return [(file_info(member.name, len(forged)), io.BytesIO(forged)),
+                (file_info(member.name.replace("record.json", "record.sha256"), len(seal)), io.BytesIO(seal))]
+    if member.name.endswith("/record.sha256"):
+        return []  # written with the forged record
+    if member.name.endswith("/metrics.jsonl"):
+        return [(file_info(member.name, BOMB), Zeros(BOMB))]
+    return keep(member, data)
+
+
+def version_json_last(edit):
+    """As archives made before version.json came first (and tests/fixtures/legacy): its size table
+    then arrives too late to size the data version's other files."""
+    held = []
+
+    def reorder(member, data):
+        if member.name.endswith("/version.json"):
+            held.append((member, data))
+            return []
+        out = edit(member, data)
+        if member.name.endswith("targets.npy"):  # the last data file before version.json
+            out += keep(*held[0])
+        return out
+    return reorder
+
+
+def pax_bomb(run_id: str):
+    info = file_info(f"runs/{run_id}/record.json", 0)
+    info.pax_headers = {"comment": "0" * (64 << 20)}  # read whole into memory by tarfile, were nothing below it counting
+    return info
+
+
+# label → (how to build it from (tmp_path, archived, run_id), exit code, a part of the message)
+ATTACKS = {
+    "bomb in a file the record lists": (lambda t, a, run: rebuilt(t, a, zeros_for("/metrics.jsonl")), 1, "bytes the record lists for it"),
+    "bomb the record declares": (lambda t, a, run: rebuilt(t, a, bomb_the_record_declares), 1, "(a gzip bomb)"),
+    "bomb in a data file": (lambda t, a, run: rebuilt(t, a, zeros_for("/inputs.npy")), 1, "bytes its version.json lists"),
+    "bomb in a data file before version.json": (lambda t, a, run: rebuilt(t, a, version_json_last(zeros_for("/inputs.npy"))), 1, "(a gzip bomb)"),
+    "bomb in a pax header": (lambda t, a, run: rebuilt(t, a, keep, first=[(pax_bomb(run), io.BytesIO())]), 1, "import: refused"),
+    "bomb after the end of the tar": (lambda t, a, run: gzipped(t, tar_bytes(a) + bytes(BOMB // 8)), 2, "data after the end of its tar archive"),
+    "many members": (lambda t, a, run: rebuilt(t, a, keep, last=[(dir_info(f"d/{i}"), None) for i in range(5000)]), 1, "members, more than the files its record allows"),
+    "many members before the record": (lambda t, a, run: rebuilt(t, a, keep, first=[(dir_info(f"d/{i}"), None) for i in range(100)]), 1, "more than 66 members"),
+    "random bytes": (lambda t, a, run: written(t, random.Random(0).randbytes(1 << 16)), 2, "is damaged, cut short or not a .tar.gz archive"),
+    "empty file": (lambda t, a, run: written(t, b""), 2, "(empty file)"),
+    "gzip cut in half": (lambda t, a, run: written(t, a[2].read_bytes()[: a[2].stat().st_size // 2]), 2, "Compressed file ended"),
+    "gzip cut near its end": (lambda t, a, run: written(t, a[2].read_bytes()[: int(a[2].stat().st_size * 0.98)]), 2, "Compressed file ended"),
+    "gzip without its last 4 bytes": (lambda t, a, run: written(t, a[2].read_bytes()[:-4]), 2, "Compressed file ended"),
+    "gzip then garbage": (lambda t, a, run: written(t, a[2].read_bytes() + b"garbage"), 2, "Not a gzipped file"),
+    "tar cut in half": (lambda t, a, run: gzipped(t, tar_bytes(a)[: len(tar_bytes(a)) // 2]), 2, "is damaged, cut short"),
+    "tar cut at a member boundary": (lambda t, a, run: gzipped(t, tar_bytes(a)[: last_header_offset(a)]), 2, "the end of its tar archive is missing"),
+    "tar not gzipped": (lambda t, a, run: written(t, tar_bytes(a)), 2, "Not a gzipped file"),
+    "gzip of random bytes": (lambda t, a, run: gzipped(t, random.Random(1).randbytes(1 << 16)), 2, "is damaged, cut short"),
+}
+
+
+def written(tmp_path: Path, data: bytes) -> Path:
+    bad = tmp_path / "attack.tar.gz"
+    bad.write_bytes(data)
+    return bad
+
+
+def gzipped(tmp_path: Path, data: bytes) -> Path:
+    return written(tmp_path, gzip.compress(data))
+
+
+def tar_bytes(archived) -> bytes:
+    return gzip.decompress(archived[2].read_bytes())
+
+
+def last_header_offset(archived) -> int:
+    with tarfile.open(archived[2], "r:gz") as tar:
+        return tar.getmembers()[-1].offset  # the tar ends just before the last member: no end-of-archive blocks
+
+
+def leftovers(target: Path) -> list[Path]:
+    state = target / ".veritrain"
+    return sorted(state.rglob("*")) if state.exists() else []
+
+
+@pytest.mark.parametrize("label", list(ATTACKS))
+def test_hostile_archive_is_refused_in_one_line_and_leaves_nothing(cli, archived, tmp_path, label):
+    _, run_dir, _ = archived
+    build, code, message = ATTACKS[label]
+    bad = build(tmp_path, archived, run_dir.name)
+    target = tmp_path / "t"
+    started = time.monotonic()
+    result = cli("import", str(bad), "--workdir", str(target))
+    elapsed = time.monotonic() - started
+    assert result.code == code, result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: import: ") and message in result.stderr, result.stderr
+    assert not (target / "runs").exists() and leftovers(target) == []  # no staging folder, no data version, nothing
+    assert elapsed < 5, f"{label}: {elapsed:.1f} s"  # loose: a bomb must be stopped early, not unpacked
+
+
+@pytest.mark.parametrize("label, member, stopped_by", [
+    ("bomb in a file the record lists", "metrics.jsonl", "header"),  # its tar header claims more than the record lists
+    ("bomb in a data file", "inputs.npy", "header"),  # ... than version.json's size table lists
+    ("bomb the record declares", "metrics.jsonl", "ratio"),  # a forged record declares BOMB bytes
+    ("bomb in a data file before version.json", "inputs.npy", "ratio"),  # under the fixed data allowance
+])
+def test_bomb_is_stopped_before_it_is_written(archived, tmp_path, monkeypatch, label, member, stopped_by):
+    """What the staging folder held when import gave up, measured as it is removed: none of the
+    bomb when its header claims more than was declared, never more than 2 × the declared size,
+    and in all never more than MAX_RATIO × the archive's compressed size + RATIO_SLACK."""
+    from veritrain.errors import RunFailed
+    from veritrain.workspace import Workspace
+
+    _, run_dir, out = archived
+    bad = ATTACKS[label][0](tmp_path, archived, run_dir.name)
+    sizes: dict[str, int] = {}
+    real_rmtree = shutil.rmtree
+
+    def measured_rmtree(path, *args, **kwargs):
+        sizes.update({p.relative_to(path).as_posix(): p.stat().st_size for p in Path(path).rglob("*") if p.is_file()})
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", measured_rmtree)
+    with pytest.raises(RunFailed):
+        archive_module.import_archive(bad, Workspace.open(tmp_path / "t"))
+    assert sizes, "nothing was unpacked, or the staging folder was not removed"
+    assert not (tmp_path / "t" / ".veritrain").exists() and not (tmp_path / "t" / "runs").exists()
+    bomb = sum(size for name, size in sizes.items() if name.endswith("/" + member))
+    with tarfile.open(out, "r:gz") as tar:
+        declared = next(m.size for m in tar.getmembers() if m.name.endswith("/" + member)) if stopped_by == "header" else BOMB
+    if stopped_by == "header":
+        assert bomb == 0  # refused on the header's claim, before a byte was written
+    assert bomb <= 2 * declared and bomb < BOMB // 2  # stopped well before the end of the bomb
+    assert sum(sizes.values()) <= archive_module.MAX_RATIO * bad.stat().st_size + archive_module.RATIO_SLACK
+
+
+def test_create_puts_the_record_first_and_version_json_first_of_its_data(archived):
+    with tarfile.open(archived[2], "r:gz") as tar:
+        names = tar.getnames()
+    assert names[0].endswith("/record.json") and names[1].endswith("/record.sha256")
+    data = [n for n in names if n.startswith(".veritrain/data/")]
+    assert data[0].endswith("/version.json") and len(data) > 1
+
+
+def test_archive_with_version_json_last_still_imports(cli, archived, tmp_path):
+    """Archives made before version.json came first: their data version gets the fixed allowance."""
+    bad = rebuilt(tmp_path, archived, version_json_last(keep))
+    with tarfile.open(bad, "r:gz") as tar:
+        assert tar.getnames()[-1].endswith("/version.json")
+    result = cli("import", str(bad), "--workdir", str(tmp_path / "t"), "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["with_data"]
+
+
+def test_record_not_first_is_refused(cli, archived, tmp_path):
+    _, run_dir, _ = archived
+    notes = f"runs/{run_dir.name}/notes.jsonl"
+    bad = rebuilt(tmp_path, archived, keep, first=[(file_info(notes, 2), io.BytesIO(b"{}"))])
+    result = cli("import", str(bad), "--workdir", str(tmp_path / "t"))
+    assert result.code == 1, result.stderr
+    assert result.stderr.strip() == f"error: import: refused {bad}: its first file is {notes!r}, not a run's record (runs/<run_id>/record.json) as `veritrain archive` writes it"

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import pickletools
+import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from veritrain.data.cifar10 import BATCH_FILES, CIFAR10_CLASSES, MAX_FILE_BYTES, load_cifar10, write_fake_cifar10
+from veritrain.data.cifar10 import (
+    BATCH_FILES,
+    CIFAR10_CLASSES,
+    MAX_FILE_BYTES,
+    MAX_MEMO_INDEX,
+    MAX_NESTING,
+    MAX_OPCODES,
+    load_cifar10,
+    write_fake_cifar10,
+)
 from veritrain.errors import RunFailed, UserError
 
 DOWNLOAD_HINT = (
@@ -81,7 +94,7 @@ def test_fake_files_are_python2_style_like_the_official_ones(fake):
     }
 
 
-@pytest.mark.parametrize("protocol", [2, 4])
+@pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4])
 def test_python3_pickles_of_the_same_content_load_the_same(fake, tmp_path, protocol):
     copy = tmp_path / "repickled"
     copy.mkdir()
@@ -307,3 +320,127 @@ def test_the_fixed_test_batch_prepares_without_split_skew(tmp_path):
     assert sum(c["samples"] for c in achieved["per_class"].values()) == 500  # the five training batches only
     assert {data.sample_ids[r].split("#")[0] for r in data.splits["test"]} == {"test_batch"}
     assert not [f for f in data.report()["findings"] if f["kind"] == "split_skew"]
+
+
+# --- pickles made to crash or exhaust the reader: refused from their opcodes, before unpickling ------------
+# Each is loaded in a child process, since without the limits some kill the process (hashing a tuple nested
+# 1,000,000 deep as a dict key segfaults; a memo index of 2**32 - 1 asks for 64 GiB). RunFailed, exit 1, like
+# every other bad CIFAR-10 file.
+
+N = 100_000
+DEEP = f"refused a pickle nested more than {MAX_NESTING} levels deep; a real CIFAR-10 file nests 5"
+PROTO2 = b"\x80\x02"
+
+
+def memo_put(index: int) -> bytes:
+    return b"r" + struct.pack("<I", index)  # LONG_BINPUT
+
+
+def memo_get(index: int) -> bytes:
+    return b"j" + struct.pack("<I", index)  # LONG_BINGET
+
+
+def lists_linked_through_the_memo(count: int, backwards: bool) -> bytes:
+    """`count` empty lists in the memo, then list i appended to list i - 1 by fetching both from the memo: a chain
+    as deep as `count` although no opcode nests more than two levels."""
+    made = b"".join(b"]" + memo_put(i) + b"0" for i in range(count))  # EMPTY_LIST, PUT i, POP
+    order = range(count - 1, 0, -1) if backwards else range(1, count)
+    links = b"".join(memo_get(i - 1) + memo_get(i) + b"a0" for i in order)  # GET i-1, GET i, APPEND, POP
+    return PROTO2 + made + links + memo_get(0) + b"."
+
+
+HOSTILE = {
+    # nesting, by each way the opcodes can nest
+    "marks_then_lists": (PROTO2 + b"(" * N + b"l" * N + b".", DEEP),
+    "empty_lists_then_appends": (PROTO2 + b"]" * N + b"a" * (N - 1) + b".", DEEP),
+    "tuple1_chain": (PROTO2 + b")" + b"\x85" * N + b".", DEEP),
+    "deep_tuple_as_dict_key": (PROTO2 + b"})" + b"\x85" * 1_000_000 + b"K\x01s.", DEEP),  # segfaulted when hashed
+    "dicts_in_dicts": (PROTO2 + b"}" + b"K\x01}" * N + b"s" * N + b".", DEEP),
+    "reduce_args_chain": (PROTO2 + b"c__builtin__\nbytes\n)" + b"\x85" * N + b"R.", DEEP),
+    "chain_through_the_memo": (lists_linked_through_the_memo(N, backwards=True), DEEP),
+    "chain_through_the_memo_forwards": (lists_linked_through_the_memo(N, backwards=False),
+                                        # at the second link's APPEND: after N lists (7 bytes each) and one link (12 bytes)
+                                        f"refused a pickle that changes an object after placing it in another (byte {2 + 7 * N + 12 + 10}); the pickler never does"),
+    "list_inside_itself": (PROTO2 + b"]" + memo_put(0) + memo_get(0) + b"a.", "refused a pickle with an object that contains itself; CIFAR-10 files have none"),
+    # sizes the file declares
+    "memo_index_2_32": (PROTO2 + b"N" + memo_put(2**32 - 1) + b".", f"refused memo index 4,294,967,295 at byte 3; the limit is {MAX_MEMO_INDEX:,} (a real CIFAR-10 batch uses about 10,000)"),
+    "memo_entries": (b"\x80\x04" + b"N\x94" * MAX_MEMO_INDEX + b"N\x94.",
+                     f"refused memo index {MAX_MEMO_INDEX:,} at byte {2 + 2 * MAX_MEMO_INDEX + 1}; the limit is {MAX_MEMO_INDEX:,} (a real CIFAR-10 batch uses about 10,000)"),
+    "frame_2_62": (b"\x80\x04\x95" + struct.pack("<Q", 2**62) + b"N.",
+                   "not a readable CIFAR-10 pickle (ValueError: frame at byte 2 declares 4,611,686,018,427,387,904 bytes but only 2 follow)"),
+    "bytes8_2_62": (b"\x80\x04\x8e" + struct.pack("<Q", 2**62) + b"x.",
+                    "not a readable CIFAR-10 pickle (ValueError: expected 4611686018427387904 bytes in a bytes8, but only 2 remain)"),
+    "unicode8_2_62": (b"\x80\x04\x8d" + struct.pack("<Q", 2**62) + b"x.",
+                      "not a readable CIFAR-10 pickle (ValueError: expected 4611686018427387904 bytes in a unicodestring8, but only 2 remain)"),
+    "long4_2_31": (PROTO2 + b"\x8b" + struct.pack("<i", 2**31 - 1) + b"\x01.",
+                   "not a readable CIFAR-10 pickle (ValueError: not enough data in stream to read long4)"),
+    "binstring_negative": (PROTO2 + b"T" + struct.pack("<i", -1) + b".", "not a readable CIFAR-10 pickle (ValueError: string4 byte count < 0: -1)"),
+    "int_of_5000_digits": (PROTO2 + b"\x8b" + struct.pack("<i", 2080) + b"\x01" * 2080 + b".", "refused an integer wider than 64 bits at byte 2"),
+    # length of the stream
+    "opcodes": (PROTO2 + b"N0" * (MAX_OPCODES // 2) + b"N.", f"refused a pickle of more than {MAX_OPCODES:,} opcodes; a real CIFAR-10 batch has about 30,000"),
+}
+
+LOAD_EACH = """
+import json, shutil, sys
+from pathlib import Path
+from veritrain.data.cifar10 import load_cifar10
+from veritrain.errors import VeritrainError
+
+base = Path(sys.argv[1])
+for payload in sorted(base.glob("*.pickle")):
+    shutil.copyfile(payload, base / "cifar" / "data_batch_1")
+    try:
+        load_cifar10(base / "cifar")
+        result = ["loaded", 0, ""]
+    except VeritrainError as err:
+        result = [type(err).__name__, err.exit_code, str(err)]
+    print(json.dumps([payload.stem, *result]), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def hostile_loads(tmp_path_factory):
+    """Every HOSTILE payload (and an intact batch, `control`) loaded as data_batch_1 in one child process."""
+    base = tmp_path_factory.mktemp("hostile")
+    write_fake_cifar10(base / "cifar", per_batch=10)
+    (base / "control.pickle").write_bytes((base / "cifar" / "data_batch_1").read_bytes())
+    for name, (payload, _) in HOSTILE.items():
+        (base / f"{name}.pickle").write_bytes(payload)
+    proc = subprocess.run([sys.executable, "-c", LOAD_EACH, str(base)], capture_output=True, text=True, timeout=300)
+    results = {line[0]: line[1:] for line in map(json.loads, proc.stdout.splitlines())}
+    return base / "cifar" / "data_batch_1", results, proc
+
+
+def test_an_intact_batch_still_loads_in_the_child(hostile_loads):
+    _, results, proc = hostile_loads
+    assert results.get("control") == ["loaded", 0, ""], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_pickle_is_refused_in_one_line(hostile_loads, name):
+    path, results, proc = hostile_loads
+    assert name in results, f"the child died (exit {proc.returncode}) before finishing it: {proc.stderr[-3000:]}"
+    assert results[name] == ["RunFailed", 1, f"data.root: {path}: {HOSTILE[name][1]}"]
+
+
+def test_real_size_batch_passes_the_limits(tmp_path):
+    # a full 10,000-image batch (31 MB) as the official files have it, and re-pickled with every protocol that loads
+    root = tmp_path / "cifar"
+    write_fake_cifar10(root, per_batch=10)
+    rng = np.random.default_rng(0)
+    batch = read_raw(root / "data_batch_1")
+    batch[b"labels"] = [int(label) for label in rng.integers(0, 10, 10_000)]
+    batch[b"data"] = rng.integers(0, 256, size=(10_000, 3072), dtype=np.uint8)
+    batch[b"filenames"] = [f"leptodactylus_pentadactylus_s_{row:06d}.png".encode() for row in range(10_000)]
+    for protocol in (0, 2, 4):
+        (root / "data_batch_1").write_bytes(pickle.dumps(batch, protocol=protocol))
+        assert len(load_cifar10(root).labels) == 10_050
+
+
+def test_cli_refuses_a_deeply_nested_batch_in_one_line_exit_1(cli, tmp_path):
+    write_fake_cifar10(tmp_path / "cifar", per_batch=10)
+    (tmp_path / "cifar" / "test_batch").write_bytes(HOSTILE["marks_then_lists"][0])
+    config = tmp_path / "exp.yaml"
+    config.write_text("data:\n  source: cifar10\n  root: cifar\n")
+    result = cli("data", "prepare", str(config), "--workdir", str(tmp_path))
+    assert (result.code, result.stderr) == (1, f"error: data.root: {tmp_path / 'cifar' / 'test_batch'}: {DEEP}\n")

@@ -104,3 +104,70 @@ def test_the_run_seal_covers_its_data_versions_own_record(cli, workspace_copy):
     result = cli("verify", run_dir.name, "--expect", seal, "--workdir", str(workdir), "--json")
     assert result.code == 1
     assert any(p["path"].endswith("version.json") and "the one the run recorded" in p["detail"] for p in result.json()["problems"])
+
+
+CANARY_MODEL = '''
+import os, pathlib, torch
+pathlib.Path(os.environ["VT_CANARY_FILE"]).write_text("the model's code ran\\n")
+
+def build(input_shape, num_outputs):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(input_shape[0] * input_shape[1] * input_shape[2], num_outputs))
+'''
+
+
+def test_code_named_by_a_run_this_workspace_did_not_start_never_runs_without_trust(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "canary_model.py").write_text(CANARY_MODEL)
+    canary = tmp_path / "ran"
+
+    def veritrain(*args: str, workdir: Path):
+        env = {**os.environ, "PYTHONPATH": str(code), "VT_CANARY_FILE": str(canary), "PYTHONWARNINGS": "ignore"}
+        return subprocess.run([sys.executable, "-m", "veritrain", *args, "--workdir", str(workdir)], capture_output=True, text=True,
+                              env=env, timeout=300)
+
+    made = veritrain("run", "--set", "model.target=canary_model:build", "--set", "train.epochs=1", "--no-smoke", "--json", workdir=tmp_path / "a")
+    assert made.returncode == 0, made.stderr
+    run_id = json.loads(made.stdout)["run_id"]
+    assert veritrain("eval", run_id, workdir=tmp_path / "a").returncode == 0  # its own workspace trusts what it started
+    assert veritrain("archive", run_id, "-o", str(tmp_path / "r.tar.gz"), "--with-data", workdir=tmp_path / "a").returncode == 0
+    imported = veritrain("import", str(tmp_path / "r.tar.gz"), "--json", workdir=tmp_path / "b")
+    assert imported.returncode == 0 and json.loads(imported.stdout)["code"] == ["canary_model:build"]
+    canary.unlink()
+    for command in (["eval", run_id], ["export", run_id], ["baseline", run_id], ["reproduce", run_id]):
+        refused = veritrain(*command, workdir=tmp_path / "b")
+        assert refused.returncode == 2, (command, refused.stderr)
+        line = one_error_line(type("R", (), {"stderr": refused.stderr})())
+        assert "names code" in line and "--trust-code" in line
+        assert not canary.exists(), command  # the code never ran
+    trusted = veritrain("eval", run_id, "--trust-code", workdir=tmp_path / "b")
+    assert trusted.returncode == 0, trusted.stderr
+    assert canary.exists()
+
+
+def test_forged_records_are_one_line_each_and_the_other_runs_still_list(cli, workspace_copy):
+    workdir, run_dir, _ = workspace_copy
+    good = json.loads((run_dir / "record.json").read_text())
+    forgeries = {  # folder name → the record planted in it
+        "20261130-000000-000-000001": {**good, "run_id": "20261130-000000-000-000001", "metrics": [1, 2]},
+        "20261130-000000-000-000002": {**good, "run_id": "20261130-000000-000-000002", "data": "x"},
+        "20261130-000000-000-000003": {**good, "run_id": "20261130-000000-000-abcdef"},  # not its folder's id
+        "latest": {**good, "run_id": "latest"},
+        "-rf": {**good, "run_id": "-rf"},
+        "20261130-000000-000-000004": [1, 2, 3],
+    }
+    for folder, record in forgeries.items():
+        (workdir / "runs" / folder).mkdir()
+        (workdir / "runs" / folder / "record.json").write_text(json.dumps(record))
+    listed = cli("runs", "list", "--json", "--workdir", str(workdir))
+    assert listed.code == 0 and "Traceback" not in listed.stderr, listed.stderr
+    payload = listed.json()
+    ids = [r["run_id"] for r in (payload["runs"] if isinstance(payload, dict) else payload)]
+    assert ids == [run_dir.name]
+    assert sum(1 for line in listed.stderr.splitlines() if "not listed" in line) == len(forgeries)
+    reindexed = cli("runs", "reindex", "--workdir", str(workdir))
+    assert reindexed.code == 0 and "Traceback" not in reindexed.stderr, reindexed.stderr

@@ -2,7 +2,10 @@
 into another workspace — checking every hash before anything is accepted.
 
 Import reads the archive as data only: no path outside the target, no links, devices or other
-special members, nothing that the run's record does not list, and nothing is ever unpickled.
+special members, nothing that the run's record does not list, and nothing is ever unpickled. It
+unpacks no more than the archive declares: the record comes first and sizes the run's files, the
+data version's version.json comes next and sizes its files, so a gzip bomb is refused before it
+is written (the limits below). An archive that is cut short or is not a .tar.gz is exit 2.
 
     veritrain archive latest -o run.tar.gz --with-data
     veritrain import run.tar.gz --workdir elsewhere/
@@ -10,6 +13,7 @@ special members, nothing that the run's record does not list, and nothing is eve
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import shutil
@@ -24,7 +28,24 @@ from veritrain.hashing import sha256_file
 from veritrain.record import NOTES_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
 from veritrain.verify import data_version_problems, verify_run
 
-MAX_MEMBER_BYTES = 64 << 30  # refuse absurd member sizes before reading them
+# What import unpacks, at most. A file's allowance is the size the archive declares for it: the
+# record for the run's files, version.json `files` for a data version's bound files (both come
+# first in the archive), each exact. A member whose tar header claims more is refused before a byte
+# is written, and the bytes written are counted too. Files that nothing sizes share a margin.
+MAX_RECORD_BYTES = 16 << 20  # record.json: real ones are tens of KB (one entry per file of the run)
+MAX_SEAL_BYTES = 1 << 10  # record.sha256: one hex digest
+UNSIZED_FILE_BYTES = 64 << 20  # each of notes.jsonl, version.json, card.json and a data report (nothing sizes them)
+UNSIZED_BYTES = 256 << 20  # all of those together: the margin over the declared sizes
+# a data version whose version.json does not come first with sizes (archives before it did, recipe 2)
+# may hold max(16 × the run's declared bytes, 1 GiB) in all; the ratio cap below still stops a bomb
+DATA_FALLBACK_FACTOR, DATA_FALLBACK_MIN = 16, 1 << 30
+DATA_MEMBERS = 1_000  # files a data version may add to the member cap (a real one has ~15)
+PRE_RECORD_MEMBERS = 64  # directory entries before the record (`tar -C dir .` adds ./, ./runs/, ...)
+MAX_MEMBERS = 100_000  # the member cap is 2 × (the files the record allows) + 64, and never above this
+MAX_RATIO = 100  # unpacked bytes per compressed byte read so far; real archives are 1.5–10, zeros 1000
+RATIO_SLACK = 16 << 20  # ...judged after the first 16 MiB, so a small archive of text is not judged on its first blocks
+MEMBER_OVERHEAD = 4 << 10  # tar and pax header blocks and padding per member, for the cap on the whole stream
+TRAILING_BYTES = 1 << 20  # zeros after the tar's end-of-archive blocks (tar pads to 10 KiB)
 
 
 def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[str, Any]:
@@ -49,7 +70,9 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[s
         folder = state_dir / "data" / str(version)
         if not (folder / "version.json").exists():
             raise UserError(f"--with-data: the data version {str(version)[:12]} of {run_id} is not in this workspace; prepare it first")
-        members += [(p, f".veritrain/data/{version}/{p.relative_to(folder).as_posix()}") for p in sorted(folder.rglob("*")) if p.is_file()]
+        # version.json first: import sizes the version's files from it before unpacking them
+        data_files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: (p.name != "version.json" or p.parent != folder, p))
+        members += [(p, f".veritrain/data/{version}/{p.relative_to(folder).as_posix()}") for p in data_files]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     try:
@@ -80,7 +103,7 @@ def _sealed_record_parts(record_bytes: bytes, run_id: str) -> tuple[dict[str, di
     two files belong together, so a record and seal forged as a pair are checked for shape here."""
     try:
         record = json.loads(record_bytes)
-    except ValueError:  # not UTF-8, or not JSON
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past Python's limit
         raise RunFailed(f"import: the record of {run_id} is not JSON") from None
     artifacts = record.get("artifacts") if isinstance(record, dict) else None
     if not isinstance(artifacts, dict) or not all(
@@ -94,42 +117,199 @@ def _sealed_record_parts(record_bytes: bytes, run_id: str) -> tuple[dict[str, di
     return artifacts, version
 
 
-def _unpack_checked(archive: Path, staging: Path) -> dict[str, tuple[str, int]]:
-    """Unpack the archive's regular files into `staging` as one pass over the stream, hashing each
-    on the way; returns member name → (sha256, size). Refuses what the module docstring forbids."""
-    try:
-        tar = tarfile.open(archive, "r:gz")
-    except (tarfile.TarError, OSError) as err:
-        raise RunFailed(f"import: {archive} is not a .tar.gz archive ({err})") from None
-    digests: dict[str, tuple[str, int]] = {}
-    with tar:
+class _MeteredGzip:
+    """The archive's decompressed bytes as tarfile reads them, headers included: refuses to inflate
+    more than `limit` bytes in all or more than MAX_RATIO bytes per compressed byte read so far,
+    so a bomb is stopped below tarfile, before it buffers a header or hands a member its data."""
+
+    def __init__(self, raw: Any, archive: Path):
+        self.raw, self.archive = raw, archive
+        self.gzip = gzip.GzipFile(fileobj=raw, mode="rb")
+        self.inflated = 0  # bytes
+        self.limit = MAX_RECORD_BYTES + MAX_SEAL_BYTES + (PRE_RECORD_MEMBERS + 2) * MEMBER_OVERHEAD  # until the record sizes the rest
+
+    def read(self, size: Optional[int] = -1) -> bytes:
+        room = self.limit - self.inflated + 1  # one byte past the limit shows it was passed
         try:
-            for member in tar:  # in stream order: the compressed file is read once
-                path = _safe_name(member.name)
-                if member.isdir():
-                    continue
-                if not path.parts:
-                    raise RunFailed(f"import: refused member {member.name!r}: it names no file")
-                if not member.isreg():
-                    kind = "link" if (member.issym() or member.islnk()) else "special file"
-                    raise RunFailed(f"import: refused member {member.name!r}: a {kind}; archives hold regular files only")
-                if member.size > MAX_MEMBER_BYTES:
-                    raise RunFailed(f"import: refused member {member.name!r}: {member.size} bytes")
-                destination = staging / path
-                try:
-                    destination.parent.mkdir(parents=True, exist_ok=True)
-                    digest, size = hashlib.sha256(), 0
-                    with tar.extractfile(member) as source, open(destination, "wb") as out:  # type: ignore[union-attr]
-                        while chunk := source.read(1 << 20):
-                            digest.update(chunk)
-                            size += len(chunk)
-                            out.write(chunk)
-                except OSError as err:  # e.g. a file where another member needs a folder, or a full disk
-                    raise RunFailed(f"import: cannot unpack member {member.name!r} ({err.strerror or err})") from None
-                digests[path.as_posix()] = (digest.hexdigest(), size)
-        except (tarfile.TarError, EOFError, zlib.error) as err:  # truncated or corrupt after the first block
-            raise RunFailed(f"import: {archive} is damaged ({err})") from None
-    return digests
+            data = self.gzip.read(room if size is None or size < 0 else min(size, room))
+        except (EOFError, zlib.error, OSError) as err:  # cut short, not gzip, bad CRC (gzip.BadGzipFile is an OSError)
+            raise _damaged(self.archive, err) from None
+        self.inflated += len(data)
+        if self.inflated > self.limit:
+            raise RunFailed(f"import: refused {self.archive}: it unpacks to more than {self.limit} bytes, more than its record and version.json declare")
+        if self.inflated > MAX_RATIO * self.raw.tell() + RATIO_SLACK:
+            raise RunFailed(f"import: refused {self.archive}: it unpacks to more than {MAX_RATIO} times the compressed bytes read so far (a gzip bomb)")
+        return data
+
+
+def _damaged(archive: Path, err: BaseException) -> UserError:
+    detail = " ".join(str(err).split()) or type(err).__name__  # one line
+    return UserError(f"import: {archive} is damaged, cut short or not a .tar.gz archive ({detail}); copy it again or make it with `veritrain archive`")
+
+
+def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, destination: Path, allowance: int, over: str) -> tuple[str, int]:
+    """Copy one member into `destination`, hashing it on the way; refuses with `over` before writing
+    a byte past `allowance`. Returns (sha256, bytes written)."""
+    digest, written = hashlib.sha256(), 0
+    source = tar.extractfile(member)
+    assert source is not None  # a regular member
+    try:  # reading raises the archive's errors (TarError, or the meter's), never OSError: an OSError here is the disk's
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        with source, open(destination, "wb") as out:
+            while chunk := source.read(min(1 << 20, allowance - written + 1)):
+                written += len(chunk)
+                if written > allowance:
+                    raise RunFailed(over)
+                digest.update(chunk)
+                out.write(chunk)
+    except OSError as err:  # e.g. a file where another member needs a folder, or a full disk
+        raise RunFailed(f"import: cannot unpack member {member.name!r} ({err.strerror or err})") from None
+    return digest.hexdigest(), written
+
+
+def _read_back(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise RunFailed(f"import: cannot read back {path.name} from the staging folder ({err.strerror or err})") from None
+
+
+def _declared_data_sizes(version_json: bytes) -> Optional[dict[str, int]]:
+    """A data version's bound files → the size its version.json declares (recipe 3 on), or None when
+    it declares none in a usable form. Only a budget: the files are checked against the version id later."""
+    try:
+        info = json.loads(version_json)
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past Python's limit
+        return None
+    files = info.get("files") if isinstance(info, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int) and e["size"] >= 0 for e in files.values()):
+        return None
+    return {name: entry["size"] for name, entry in files.items()}
+
+
+def _unpack_checked(archive: Path, staging: Path) -> tuple[str, dict[str, tuple[str, int]], dict[str, dict[str, Any]], Optional[str]]:
+    """Unpack the archive's regular files into `staging` as one pass over the stream, hashing each on
+    the way; returns (run id, member name → (sha256, size), the record's artifacts, its data version).
+    Refuses what the module docstring forbids and anything past the limits above, as soon as it shows."""
+    try:
+        raw = open(archive, "rb")
+    except OSError as err:
+        raise UserError(f"import: cannot read {archive} ({err.strerror or err})") from None
+    with raw:
+        stream = _MeteredGzip(raw, archive)
+        try:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:  # a stream: read once, never seeked back
+                unpacked = _unpack_members(tar, stream, archive, staging)
+                _check_end(tar, archive)
+        except (tarfile.TarError, EOFError, zlib.error) as err:  # truncated or corrupt: tarfile's view of it
+            raise _damaged(archive, err) from None
+    return unpacked
+
+
+def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path, staging: Path):
+    digests: dict[str, tuple[str, int]] = {}
+    run_id, prefix, version, data_prefix = None, "", None, ""
+    artifacts: dict[str, dict[str, Any]] = {}
+    member_cap, members = PRE_RECORD_MEMBERS + 2, 0
+    pools = {"unsized": UNSIZED_BYTES}  # bytes left for files that nothing sizes; "data": a data version without sizes
+    data_sizes: Optional[dict[str, int]] = None
+    stream_base = run_bytes = data_bytes = 0
+
+    def set_stream_limit() -> None:
+        stream.limit = stream_base + run_bytes + data_bytes + UNSIZED_BYTES + member_cap * MEMBER_OVERHEAD + TRAILING_BYTES
+
+    for member in tar:  # in stream order: the compressed file is read once
+        members += 1
+        if members > member_cap:
+            raise RunFailed(f"import: refused {archive}: more than {member_cap} members, more than the files its record allows")
+        path = _safe_name(member.name)
+        if member.isdir():
+            continue
+        if not path.parts:
+            raise RunFailed(f"import: refused member {member.name!r}: it names no file")
+        if not member.isreg():
+            kind = "link" if (member.issym() or member.islnk()) else "special file"
+            raise RunFailed(f"import: refused member {member.name!r}: a {kind}; archives hold regular files only")
+        name = path.as_posix()
+        if name in digests:
+            raise RunFailed(f"import: refused member {member.name!r}: it appears twice in the archive")
+        pool = None
+        if run_id is None:  # the record comes first: every other limit is derived from it
+            if len(path.parts) != 3 or path.parts[0] != "runs" or path.parts[2] != RECORD_FILE:
+                raise RunFailed(f"import: refused {archive}: its first file is {member.name!r}, not a run's record (runs/<run_id>/record.json) as `veritrain archive` writes it")
+            run_id, prefix = path.parts[1], f"runs/{path.parts[1]}/"
+            allowance, over = MAX_RECORD_BYTES, f"import: refused member {member.name!r}: more than {MAX_RECORD_BYTES} bytes for a record"
+        elif len(digests) == 1:  # then its seal
+            if name != prefix + SEAL_FILE:
+                raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
+            allowance, over = MAX_SEAL_BYTES, f"import: the record of {run_id} is missing or does not match its seal"
+        elif name.startswith(prefix):
+            rel = name[len(prefix):]
+            if rel == NOTES_FILE:
+                pool, allowance = "unsized", min(UNSIZED_FILE_BYTES, pools["unsized"])
+                over = f"import: refused member {member.name!r}: more than the {allowance} bytes import accepts for a file whose size nothing declares"
+            elif rel in artifacts:
+                allowance = artifacts[rel]["size"]
+                over = f"import: refused member {member.name!r}: more than the {allowance} bytes the record lists for it"
+            else:
+                raise RunFailed(f"import: refused {name!r}: not listed in the run's record")
+        elif version and name.startswith(data_prefix):
+            rel = name[len(data_prefix):]
+            if data_sizes is not None and rel in data_sizes:
+                allowance = data_sizes[rel]
+                over = f"import: the archived data version {version[:12]}: {rel}: more than the {allowance} bytes its version.json lists"
+            elif data_sizes is not None or (rel == "version.json" and "data" not in pools):  # card, reports; version.json first
+                pool, allowance = "unsized", min(UNSIZED_FILE_BYTES, pools["unsized"])
+                over = f"import: refused member {member.name!r}: more than the {allowance} bytes import accepts for a file whose size nothing declares"
+            else:  # no version.json first: the whole version shares one fixed allowance
+                pool, allowance = "data", pools.setdefault("data", data_bytes)
+                over = f"import: refused member {member.name!r}: the data version's files add up to more than {data_bytes} bytes, the most import accepts when version.json does not come first with their sizes; archive the run again with `veritrain archive`"
+        elif path.parts[0] == "runs" and len(path.parts) > 2:
+            raise RunFailed(f"import: expected exactly one run under runs/ in the archive, found a second one in {name!r}")
+        else:
+            raise RunFailed(f"import: refused {name!r}: neither part of the run nor of its data version")
+        if not 0 <= member.size <= allowance:  # the header's claim, before a byte is written
+            raise RunFailed(over)
+        digests[name] = _write_member(tar, member, staging / path, allowance, over)
+        if pool:
+            pools[pool] -= digests[name][1]
+
+        if len(digests) == 2:  # record and seal: check the pair, then size everything else from the record
+            seal = _read_back(staging / prefix / SEAL_FILE).decode(errors="replace").strip()
+            if digests[prefix + RECORD_FILE][0] != seal:  # hashed while unpacking
+                raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
+            artifacts, version = _sealed_record_parts(_read_back(staging / prefix / RECORD_FILE), run_id)
+            data_prefix = f".veritrain/data/{version}/"
+            run_bytes = sum(max(entry["size"], 0) for entry in artifacts.values())
+            data_bytes = max(DATA_FALLBACK_FACTOR * run_bytes, DATA_FALLBACK_MIN) if version else 0  # until version.json sizes it
+            member_cap = min(MAX_MEMBERS, 2 * (len(artifacts) + len(UNSEALED) + (DATA_MEMBERS if version else 0)) + PRE_RECORD_MEMBERS)
+            stream_base = stream.inflated
+            set_stream_limit()
+        elif version and name == data_prefix + "version.json" and data_sizes is None and "data" not in pools:
+            data_sizes = _declared_data_sizes(_read_back(staging / path))
+            if data_sizes is None:
+                pools["data"] = data_bytes  # no usable sizes (recipe 2, or damaged: reported after unpacking)
+            else:
+                data_bytes = sum(data_sizes.values())
+                set_stream_limit()
+    if run_id is None:
+        raise RunFailed(f"import: refused {archive}: it holds no run (no runs/<run_id>/record.json)")
+    if len(digests) == 1:
+        raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
+    return run_id, digests, artifacts, version
+
+
+def _check_end(tar: tarfile.TarFile, archive: Path) -> None:
+    """tarfile stops quietly at a header block that is missing, short or not a header; what follows
+    the last member must be the end-of-archive blocks (zeros), then the gzip stream's own end, whose
+    length and CRC are checked once it is read. A copy cut at a member boundary fails here."""
+    rest = 0  # bytes
+    while chunk := tar.fileobj.read(1 << 16):  # type: ignore[union-attr]
+        rest += len(chunk)
+        if chunk.strip(b"\0") or rest > TRAILING_BYTES:
+            raise _damaged(archive, ValueError("there is data after the end of its tar archive"))
+    if rest < tarfile.BLOCKSIZE:  # the stopping block was read already; a whole archive has a second zero block at least
+        raise _damaged(archive, ValueError("the end of its tar archive is missing"))
 
 
 def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
@@ -139,30 +319,14 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
     if not archive.is_file():
         raise UserError(f"{archive}: no such archive file")
     staging = workspace.state_dir / f"import-{uuid.uuid4().hex}"
+    state_dir_existed, accepted = workspace.state_dir.exists(), False
     try:
-        digests = _unpack_checked(archive, staging)
-        runs = {PurePosixPath(n).parts[1] for n in digests if n.startswith("runs/") and len(PurePosixPath(n).parts) > 2}
-        if len(runs) != 1:
-            raise RunFailed(f"import: expected exactly one run under runs/ in the archive, found {len(runs)}")
-        run_id = runs.pop()
-        prefix = f"runs/{run_id}/"
-        seal = (staging / prefix / SEAL_FILE).read_bytes().decode(errors="replace").strip() if prefix + SEAL_FILE in digests else ""
-        if prefix + RECORD_FILE not in digests or digests[prefix + RECORD_FILE][0] != seal:  # hashed while unpacking
-            raise RunFailed(f"import: the record of {run_id} is missing or does not match its seal")
-        artifacts, version = _sealed_record_parts((staging / prefix / RECORD_FILE).read_bytes(), run_id)
-        data_prefix = f".veritrain/data/{version}/"
-        for name, (digest, size) in digests.items():
-            if name.startswith(prefix):
-                rel = name[len(prefix):]
-                if rel in UNSEALED:
-                    continue
-                entry = artifacts.get(rel)
-                if entry is None:
-                    raise RunFailed(f"import: refused {name!r}: not listed in the run's record")
-                if digest != entry["sha256"] or size != entry["size"]:
-                    raise RunFailed(f"import: {name!r} does not match its hash in the record")
-            elif not (version and name.startswith(data_prefix)):
-                raise RunFailed(f"import: refused {name!r}: neither part of the run nor of its data version")
+        run_id, digests, artifacts, version = _unpack_checked(archive, staging)  # the record matched its seal
+        prefix, data_prefix = f"runs/{run_id}/", f".veritrain/data/{version}/"
+        for name, (digest, size) in digests.items():  # unpacking took only the run's listed files and its data version
+            rel = name[len(prefix):]
+            if name.startswith(prefix) and rel not in UNSEALED and (digest, size) != (artifacts[rel]["sha256"], artifacts[rel]["size"]):
+                raise RunFailed(f"import: {name!r} does not match its hash in the record")
         missing = [rel for rel in artifacts if prefix + rel not in digests]
         if missing:
             raise RunFailed(f"import: {len(missing)} file(s) of the record are missing from the archive (first: {missing[0]})")
@@ -187,6 +351,15 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
         if data_files and not data_target.exists():
             data_target.parent.mkdir(parents=True, exist_ok=True)
             (staging / data_prefix).rename(data_target)
+        accepted = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return {"run_id": run_id, "run_dir": str(target), "data_version": version, "with_data": bool(data_files)}
+        if not accepted and not state_dir_existed:
+            try:
+                workspace.state_dir.rmdir()  # made only for the staging folder: a refusal leaves the workspace as it was
+            except OSError:
+                pass
+    config = json.loads((target / RECORD_FILE).read_text(encoding="utf-8")).get("config")
+    code = [str(config["model"]["target"])] if isinstance(config, dict) and isinstance(config.get("model"), dict) and config["model"].get("target") else []
+    return {"run_id": run_id, "run_dir": str(target), "data_version": version, "with_data": bool(data_files),
+            "code": code}  # the code the run's config names: never run without --trust-code

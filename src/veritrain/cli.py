@@ -127,10 +127,11 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
               "`auto`: the newest interrupted run of this config and data version.")
 @click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
 @click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
+@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
 @workdir_option
 @json_option
 def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref: Optional[str], hypothesis: Optional[str],
-                  parent: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+                  parent: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Train only (preparing the data version if needed), or resume an interrupted run.
 
     A run killed at any moment and resumed ends with the same weights as one never interrupted.
@@ -148,9 +149,9 @@ def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref:
     if resume_ref and resume_ref != "auto":
         if config or overrides:
             raise UserError(f"--resume {resume_ref}: a resumed run keeps its own recorded config; drop CONFIG and --set")
-        outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv())
+        outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv(), trust_code=trust_code)
     elif resume_ref == "auto":
-        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=load_config(config, overrides))
+        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=load_config(config, overrides), trust_code=trust_code)
     else:
         outcome = pipeline.run(load_config(config, overrides), workspace, pipeline.python_argv(), kind="train",
                                hypothesis=hypothesis, parent=parent)
@@ -233,10 +234,11 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
 @click.option("--split", type=click.Choice(["test", "val"]), default=None, help="Split to evaluate on (default: the run's eval.split).")
 @click.option("--predictions", type=click.Path(dir_okay=False), default=None, help="Recompute every metric from a predictions.csv alone (no RUN).")
 @click.option("--allow-data-drift", is_flag=True, help="Evaluate even when the data no longer matches the run's data version (recorded).")
+@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
 @workdir_option
 @json_option
 def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str], predictions: Optional[str], allow_data_drift: bool,
-                 workdir: Optional[str], as_json: bool) -> int:
+                 trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Evaluate a run's checkpoint on its fixed split; writes eval/<split>/ and re-seals the run.
 
     \b
@@ -265,7 +267,7 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
         from veritrain.workspace import Workspace
 
         workspace = Workspace.open(workdir)
-        opened = pipeline.open_run(workspace, ref, allow_data_drift)
+        opened = pipeline.open_run(workspace, ref, allow_data_drift, trust_code=trust_code)
         baselines = opened.record.get("baselines")
         metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, resolve_device(opened.config.train.device),
                                which, split, baselines=baselines)
@@ -296,9 +298,10 @@ def _render_metrics(metrics: dict[str, Any]) -> None:
 @cli.command("baseline")
 @click.argument("ref", metavar="RUN|CONFIG")
 @set_option
+@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
 @workdir_option
 @json_option
-def baseline_command(ref: str, overrides: tuple[str, ...], workdir: Optional[str], as_json: bool) -> int:
+def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Majority-class and logistic-regression baselines on the same splits as a run (or a config).
 
     \b
@@ -323,7 +326,7 @@ def baseline_command(ref: str, overrides: tuple[str, ...], workdir: Optional[str
     else:
         if overrides:
             raise UserError("--set: a run's baselines use its recorded config; drop --set")
-        opened = pipeline.open_run(workspace, ref)
+        opened = pipeline.open_run(workspace, ref, trust_code=trust_code)
         if not hasattr(opened.task, "baselines"):
             raise UserError(f"{ref}: the task {opened.config.task!r} has no baselines")
         result = pipeline.fit_baselines(opened.run_dir, opened.config, opened.data, opened.task)
@@ -343,9 +346,10 @@ def baseline_command(ref: str, overrides: tuple[str, ...], workdir: Optional[str
 @click.option("--format", "formats", multiple=True, type=click.Choice(["onnx", "torchscript", "safetensors"]),
               help="Format to write (repeatable; default: the run's export.formats, all three).")
 @click.option("--checkpoint", "which", default=None, metavar="best|last|PATH", help="Checkpoint to export (default: best, or last when the run kept no best.pt).")
+@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
 @workdir_option
 @json_option
-def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Export a run's model (ONNX, TorchScript, safetensors) with model.json and a parity check.
 
     Exits 1 when an exported model does not give the trained model's answers on real test samples.
@@ -358,7 +362,7 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], wor
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
-    opened = pipeline.open_run(workspace, ref)
+    opened = pipeline.open_run(workspace, ref, trust_code=trust_code)
     try:
         description = export.run(opened.config, opened.data, opened.task, opened.run_dir, which, formats or None)
     except export.ParityFailed as err:
@@ -586,14 +590,18 @@ def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> 
         emit_json(result)
     else:
         click.echo(f"imported run {result['run_id']} into {result['run_dir']}" + (" with its data version" if result["with_data"] else ""))
+    for target in result["code"]:
+        logs.console.print(f"warning: import: the run's config names code, {target}; commands that build its model need --trust-code, "
+                           "after you have read it", style="yellow", markup=False, soft_wrap=True)
     return 0
 
 
 @cli.command("reproduce")
 @click.argument("ref", metavar="RUN")
+@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
 @workdir_option
 @json_option
-def reproduce_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
+def reproduce_command(ref: str, trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Re-run a completed run's recorded pipeline into a new run and compare weights and metrics.
 
     Same config, seed and data version (refused when the data changed); only the data version is
@@ -607,7 +615,7 @@ def reproduce_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
     from veritrain.verify import reproduce
     from veritrain.workspace import Workspace
 
-    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv())
+    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code)
     if as_json:
         emit_json(result)
     from rich.table import Table

@@ -63,6 +63,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     if parent is not None:
         parent = workspace.resolve_run(parent).name  # fails before anything starts when it does not exist
     run_id, run_dir = workspace.new_run_dir()
+    workspace.mark_created(run_id, resolved.hash)
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION,
@@ -73,7 +74,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "started_at": now_iso(),
         "ended_at": None,
         "argv": redact_argv(argv),
-        "exp_name": cfg.exp_name,
+        "exp_name": redact_text(cfg.exp_name) if cfg.exp_name else cfg.exp_name,
         "task": cfg.task,
         "seed": cfg.seed,
         "config": resolved.as_dict(),
@@ -105,12 +106,13 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     return _execute(record, run_dir, resolved, workspace, resume=False)
 
 
-def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[ResolvedConfig] = None) -> RunOutcome:
+def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[ResolvedConfig] = None, trust_code: bool = False) -> RunOutcome:
     """Continue a run in its own folder from its newest valid checkpoint. `ref` is a RUN reference
     or `auto`: the newest interrupted (or stale running) run whose config hash and data version
     match `match`."""
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref)
     record = read_record(run_dir)
+    refuse_untrusted_code(workspace, run_dir, record, trust_code)
     status = record.get("status")
     if status == "completed":
         raise UserError(f"--resume {ref}: run {run_dir.name} already completed; start a new run instead")
@@ -392,7 +394,7 @@ class OpenRun:
     drift: Optional[str] = None  # why the data differs from the recorded version, when allowed
 
 
-def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> OpenRun:
+def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, trust_code: bool = False) -> OpenRun:
     """A finished run with its config, task and recorded data version, for eval/export/baseline.
 
     The data is prepared again from the raw files when they are present (fast when unchanged) and must
@@ -406,6 +408,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> 
     if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
     refuse_unverified(run_dir, workspace, "it is not changed or re-sealed")
+    refuse_untrusted_code(workspace, run_dir, record, trust_code)
     cfg = RunConfig.model_validate(record["config"])
     recorded = (record.get("data") or {}).get("version")
     stored = workspace.state_dir / "data" / str(recorded)
@@ -425,6 +428,16 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False) -> 
     else:
         raise UserError(f"{ref}: neither the raw data ({paths.get('root')}) nor the stored data version {str(recorded)[:12]} is here")
     return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
+
+
+def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: dict[str, Any], trust_code: bool) -> None:
+    """A run's config that names code (`model.target`) is code: building its model imports and runs it. Configs
+    you write are trusted; a run this workspace did not start (imported, copied, or a folder given as RUN) is
+    data, and is refused (UserError, one line) unless the user passes --trust-code after reading that code."""
+    target = ((record.get("config") or {}).get("model") or {}).get("target")
+    if target and not trust_code and not workspace.created_here(run_dir, record.get("config_hash")):
+        raise UserError(f"{run_dir.name}: its config names code (model.target {str(target)[:80]!r}) and this workspace did not start the run "
+                        "(imported, copied or given as a folder): building its model would run that code; read it, then pass --trust-code")
 
 
 def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str) -> None:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -59,6 +60,33 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> str:
     seal = hashlib.sha256(data).hexdigest()
     write_atomic(run_dir / SEAL_FILE, (seal + "\n").encode())
     return seal
+
+
+RUN_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{6}")  # workspace.new_run_dir: UTC time to the millisecond, 6 random hex digits
+# the fields every reader relies on, with the JSON types they may have (None: the field may be null or absent)
+RECORD_SHAPE: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "status": (str,), "kind": (str, type(None)), "config": (dict,), "config_hash": (str, type(None)),
+    "metrics": (dict, type(None)), "data": (dict, type(None)), "repeat": (dict, type(None)), "error": (dict, type(None)),
+    "events": (list, type(None)), "resumes": (list, type(None)), "artifacts": (dict, type(None)), "seal_history": (list, type(None)),
+    "exp_name": (str, type(None)), "hypothesis": (str, type(None)), "parent": (str, type(None)), "reproduced_from": (str, type(None)),
+}
+
+
+def record_problem(record: Any, folder_name: str) -> Optional[str]:
+    """Why a record read from `runs/<folder_name>/` cannot be trusted to describe a run, or None. Records
+    arrive from archives and copies, so listing, indexing and import check their shape before reading them."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if not RUN_ID.fullmatch(folder_name):
+        return f"the folder name {folder_name[:40]!r} is not a run id"
+    if record.get("run_id") != folder_name:
+        return f"its run_id {str(record.get('run_id'))[:40]!r} is not its folder's name"
+    for key, kinds in RECORD_SHAPE.items():
+        if not isinstance(record.get(key), kinds):
+            return f"{key} is a {type(record.get(key)).__name__}, expected {' or '.join('null' if k is type(None) else {dict: 'object', list: 'list', str: 'text'}[k] for k in kinds)}"
+    if not all(isinstance(m, dict) for m in (record.get("metrics") or {}).values()):
+        return "metrics must map each split to an object"
+    return None
 
 
 def reseal(run_dir: Path, record: dict[str, Any], by: str) -> str:

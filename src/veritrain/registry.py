@@ -84,11 +84,17 @@ def read_notes(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
+    from veritrain.record import record_problem
+
     try:
         record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
         seal = (run_dir / "record.sha256").read_text().strip() if (run_dir / "record.sha256").exists() else None
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):
         return None  # a run being written right now, or damaged: `veritrain verify` is the place to say so
+    problem = record_problem(record, run_dir.name)
+    if problem is not None:  # a forged or damaged record: one line, and the other runs still list
+        log.warning("%s: not listed: %s; `veritrain verify %s` says more", run_dir / "record.json", problem, run_dir.name)
+        return None
     values = {
         "run_id": run_dir.name,
         "exp_name": record.get("exp_name"),

@@ -243,7 +243,7 @@ TIMING_KEYS = {"seconds", "samples_per_s"}  # wall-clock fields: never compared
 TOLERANCE = 1e-6  # relative, for "within tolerance"
 
 
-def reproduce(workspace: Any, ref: str, argv: list[str]) -> dict[str, Any]:
+def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = False) -> dict[str, Any]:
     """Run the recorded pipeline of RUN again (same config, seed, data version) into a new run and
     compare the final weights and every epoch's metrics."""
     from veritrain import pipeline
@@ -254,6 +254,7 @@ def reproduce(workspace: Any, ref: str, argv: list[str]) -> dict[str, Any]:
 
     original_dir = workspace.resolve_run(ref)
     original = read_record(original_dir)
+    pipeline.refuse_untrusted_code(workspace, original_dir, original, trust_code)
     if original.get("status") != "completed":
         raise UserError(f"{ref}: run {original_dir.name} is {original.get('status')}; only a completed run can be reproduced")
     cfg = RunConfig.model_validate(original["config"])

@@ -50,6 +50,21 @@ class Workspace:
     def state_dir(self) -> Path:
         return self.root / ".veritrain"
 
+    def mark_created(self, run_id: str, config_hash: str) -> None:
+        """Remember that this workspace started `run_id` with this config (`.veritrain/created/<run_id>`, outside
+        `runs/`, so an imported or copied run folder never brings the mark with it)."""
+        folder = self.state_dir / "created"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / run_id).write_text(config_hash + "\n", encoding="utf-8")
+
+    def created_here(self, run_dir: Path, config_hash: Optional[str]) -> bool:
+        """Whether this workspace started the run in `run_dir`, with the config its record names."""
+        mark = self.state_dir / "created" / run_dir.name
+        try:
+            return run_dir.resolve().parent == self.runs_dir.resolve() and mark.read_text(encoding="utf-8").strip() == config_hash
+        except OSError:
+            return False
+
     def new_run_dir(self) -> tuple[str, Path]:
         """Create `runs/<run_id>/`; the id sorts by start time (UTC, milliseconds) and a random
         suffix keeps parallel starts apart (the folder is created exclusively, so never shared)."""

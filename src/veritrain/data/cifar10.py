@@ -1,7 +1,9 @@
 """Read CIFAR-10 from its official python-pickle folder (`cifar-10-batches-py`) into uint8 N×32×32×3 arrays.
 
-The files come from outside, so they are unpickled with an allowlist that admits only what a pickled numpy
-array needs, then checked field by field; they are opened for reading only and never downloaded.
+The files come from outside, so their opcode stream is first checked against limits on nesting, length and
+memo size (a crafted pickle can otherwise crash the process), then they are unpickled with an allowlist that
+admits only what a pickled numpy array needs, then checked field by field; they are opened for reading only
+and never downloaded.
 `write_fake_cifar10` writes a tiny set in the same format for tests.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+import pickletools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +111,140 @@ class _RestrictedUnpickler(pickle.Unpickler):
             ) from None
 
 
+# --- limits checked on the opcode stream before anything is unpickled --------------------------------------
+# The unpickler and Python itself recurse without a guard in places (hashing a tuple nested 1,000,000 deep as a
+# dict key segfaults) and size some allocations by what the file declares (a memo index of 2**32 - 1 asks for
+# 64 GiB), so the opcodes are walked first with a model of the unpickler's stack that tracks only nesting.
+MAX_NESTING = 32  # containers inside containers, open MARKs included; a real batch nests 5 deep
+MAX_OPCODES = 1_000_000  # a real batch has about 30,000 (120,000 when re-pickled with protocol 0)
+MAX_MEMO_INDEX = 200_000  # memo slots; a real batch uses about 10,000 (30,000 when re-pickled with protocol 2)
+MAX_INT_BITS = 64  # wider integers have no place in CIFAR-10, and printing a huge one in an error fails
+
+
+class _Node:
+    """One object on the modelled stack: how deep containers nest in it, and whether it is already inside another
+    object. A placed object must not change (else the depth recorded for its holders would go stale); the
+    pickler never does that, only a hand-made stream that nests by aliasing memo entries."""
+
+    __slots__ = ("depth", "placed")
+
+    def __init__(self, depth: int) -> None:
+        self.depth, self.placed = depth, False
+
+
+_ATOM = _Node(0)  # numbers, strings, bytes, None, True/False, globals: nothing nests inside them
+
+_ATOM_OPCODES = frozenset({
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT", "NONE", "NEWTRUE", "NEWFALSE",
+    "STRING", "BINSTRING", "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8", "NEXT_BUFFER",
+    "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "GLOBAL", "EXT1", "EXT2", "EXT4", "PERSID",
+})
+_BUILT_FROM_MARK = frozenset({"LIST", "TUPLE", "DICT", "FROZENSET", "OBJ", "INST"})  # a new object from the items above MARK
+_BUILT_FROM_TOP = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "REDUCE": 2, "NEWOBJ": 2, "NEWOBJ_EX": 3}  # ... from the top n
+_ADDED_FROM_MARK = frozenset({"APPENDS", "SETITEMS", "ADDITEMS"})  # the items above MARK go into the object below it
+_ADDED_FROM_TOP = {"APPEND": 1, "SETITEM": 2, "BUILD": 1}  # the top n go into the object below them
+
+
+def _too_deep() -> _Refused:
+    return _Refused(f"refused a pickle nested more than {MAX_NESTING} levels deep; a real CIFAR-10 file nests 5")
+
+
+def _check_opcodes(raw: bytes) -> None:
+    """Refuse (`_Refused`) a pickle over the limits above; ValueError for one the unpickler could not load either."""
+    stack: list[_Node] = []
+    marks: list[int] = []  # stack lengths at each open MARK, as in the C unpickler
+    memo: dict[int, _Node] = {}
+
+    def fence() -> int:
+        return marks[-1] if marks else 0
+
+    def pop(n: int, pos: int) -> list[_Node]:
+        if len(stack) - n < fence():
+            raise ValueError(f"unpickling stack underflow at byte {pos}")
+        items = stack[len(stack) - n :]
+        del stack[len(stack) - n :]
+        return items
+
+    def pop_mark(pos: int) -> list[_Node]:
+        if not marks:
+            raise ValueError(f"no MARK for the opcode at byte {pos}")
+        start = marks.pop()
+        items = stack[start:]
+        del stack[start:]
+        return items
+
+    def top(pos: int) -> _Node:
+        if len(stack) <= fence():
+            raise ValueError(f"unpickling stack underflow at byte {pos}")
+        return stack[-1]
+
+    def holding(holder: _Node, items: list[_Node]) -> _Node:
+        for item in items:
+            if item is holder:
+                raise _Refused("refused a pickle with an object that contains itself; CIFAR-10 files have none")
+            if item is not _ATOM:
+                item.placed = True
+            holder.depth = max(holder.depth, item.depth + 1)
+        if holder.depth > MAX_NESTING:
+            raise _too_deep()
+        return holder
+
+    for count, (opcode, arg, pos) in enumerate(pickletools.genops(raw), start=1):
+        if count > MAX_OPCODES:
+            raise _Refused(f"refused a pickle of more than {MAX_OPCODES:,} opcodes; a real CIFAR-10 batch has about 30,000")
+        name = opcode.name
+        if name in _ATOM_OPCODES:
+            if name in ("INT", "LONG", "LONG1", "LONG4") and abs(arg).bit_length() > MAX_INT_BITS:
+                raise _Refused(f"refused an integer wider than {MAX_INT_BITS} bits at byte {pos}")
+            stack.append(_ATOM)
+        elif name in ("EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_DICT", "EMPTY_SET"):
+            stack.append(_Node(1))
+        elif name in _BUILT_FROM_MARK:
+            stack.append(holding(_Node(1), pop_mark(pos)))
+        elif name in _BUILT_FROM_TOP:
+            stack.append(holding(_Node(1), pop(_BUILT_FROM_TOP[name], pos)))
+        elif name in _ADDED_FROM_MARK or name in _ADDED_FROM_TOP:
+            items = pop_mark(pos) if name in _ADDED_FROM_MARK else pop(_ADDED_FROM_TOP[name], pos)
+            holder = top(pos)
+            if holder is _ATOM:  # adding to a number or string fails in the unpickler itself
+                continue
+            if holder.placed:
+                raise _Refused(f"refused a pickle that changes an object after placing it in another (byte {pos}); the pickler never does")
+            holding(holder, items)
+        elif name == "MARK":
+            if len(marks) >= MAX_NESTING:
+                raise _too_deep()
+            marks.append(len(stack))
+        elif name == "POP":
+            if marks and marks[-1] == len(stack):
+                marks.pop()  # POP right after MARK drops the mark, as in the C unpickler
+            else:
+                pop(1, pos)
+        elif name == "POP_MARK":
+            pop_mark(pos)
+        elif name == "DUP":
+            stack.append(top(pos))
+        elif name in ("STACK_GLOBAL", "BINPERSID"):
+            pop(2 if name == "STACK_GLOBAL" else 1, pos)
+            stack.append(_ATOM)
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+            index = len(memo) if name == "MEMOIZE" else arg
+            if index >= MAX_MEMO_INDEX:
+                raise _Refused(f"refused memo index {index:,} at byte {pos}; the limit is {MAX_MEMO_INDEX:,} (a real CIFAR-10 batch uses about 10,000)")
+            memo[index] = top(pos)
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            if arg not in memo:
+                raise ValueError(f"memo index {arg} at byte {pos} was never stored")
+            stack.append(memo[arg])
+        elif name == "FRAME":
+            if arg > len(raw) - (pos + 9):  # 1 opcode byte and an 8-byte length
+                raise ValueError(f"frame at byte {pos} declares {arg:,} bytes but only {len(raw) - pos - 9:,} follow")
+        elif name == "STOP":
+            top(pos)
+        elif name not in ("PROTO", "READONLY_BUFFER"):
+            raise _Refused(f"refused pickle opcode {name} at byte {pos}")
+
+
 def _read_pickle(path: Path) -> tuple[Any, str]:
     """The unpickled object and the SHA-256 of the file's bytes; RunFailed naming the file if it is not one."""
     try:
@@ -124,6 +261,7 @@ def _read_pickle(path: Path) -> tuple[Any, str]:
         raise RunFailed(f"data.root: {path}: grew past the {MAX_FILE_BYTES:,}-byte limit for a CIFAR-10 file while being read")
     buffer = io.BytesIO(raw)
     try:
+        _check_opcodes(raw)
         # The official files are Python 2 pickles: their str values (keys, pixel data) load as bytes.
         obj = _RestrictedUnpickler(buffer, encoding="bytes").load()
     except _Refused as err:
