@@ -171,3 +171,27 @@ def test_forged_records_are_one_line_each_and_the_other_runs_still_list(cli, wor
     assert sum(1 for line in listed.stderr.splitlines() if "not listed" in line) == len(forgeries)
     reindexed = cli("runs", "reindex", "--workdir", str(workdir))
     assert reindexed.code == 0 and "Traceback" not in reindexed.stderr, reindexed.stderr
+
+
+def test_gc_removes_what_killed_commands_leave_and_runs_list_ignores_it(cli, workspace_copy):
+    import os
+    import time
+
+    workdir, run_dir, _ = workspace_copy
+    stale = time.time() - 600
+    leftovers = [workdir / ".veritrain" / "data" / ".tmp-0123abcd", workdir / "runs" / "20261130-000000-000-0000aa"]
+    fresh = workdir / "runs" / "20261130-000000-000-0000bb"  # might still be starting: left alone
+    for folder in (*leftovers, fresh):
+        folder.mkdir(parents=True)
+        (folder / "partial").write_bytes(b"x" * 100)
+    for folder in leftovers:
+        os.utime(folder, (stale, stale))
+    listed = cli("runs", "list", "--json", "--workdir", str(workdir))
+    assert listed.code == 0 and "not listed" not in listed.stderr
+    dry = cli("gc", "--dry-run", "--json", "--workdir", str(workdir))
+    assert dry.code == 0, dry.stderr
+    shown = [line for line in dry.json()["removed"] if "killed command" in line]
+    assert len(shown) == 2 and all("min ago" in line for line in shown)
+    assert all(folder.exists() for folder in leftovers)
+    assert cli("gc", "--workdir", str(workdir)).code == 0
+    assert not any(folder.exists() for folder in leftovers) and fresh.exists() and run_dir.exists()

@@ -206,7 +206,10 @@ def _unpack_checked(archive: Path, staging: Path) -> tuple[str, dict[str, tuple[
     return unpacked
 
 
-def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path, staging: Path):
+def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path,
+                    staging: Path) -> tuple[str, dict[str, tuple[str, int]], dict[str, dict[str, Any]], Optional[str]]:
+    """The loop of _unpack_checked: each member's allowance comes from what the members before it
+    declared (the record and seal first, then the data version's version.json)."""
     digests: dict[str, tuple[str, int]] = {}
     run_id, prefix, version, data_prefix = None, "", None, ""
     artifacts: dict[str, dict[str, Any]] = {}

@@ -13,35 +13,115 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import os
 import re
+import stat
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 import annotated_types
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError, core_schema
 
-from veritrain.errors import ConfigError
-from veritrain.hashing import sha256_json
+from veritrain.errors import ConfigError, UserError
+from veritrain.hashing import canonical_json, sha256_json
 from veritrain.secrets import ENV_REFERENCE, expand_env
 
 # The built-in default config is the one shipped as configs/digits.yaml; its experiment name
 # follows the same rule as a file's (the file name without extension).
 DEFAULT_CONFIG_NAME = "digits"
 
-PositiveInt = typing.Annotated[int, annotated_types.Ge(1)]
+# What a config file may be and make. A config is a few KiB with a few levels of nesting; these limits refuse,
+# before anything is built, what only a mistake or an attack produces: a device or FIFO given as the file, a
+# huge file, nesting that exhausts the stack, an alias bomb ("billion laughs") that expands to gigabytes.
+MAX_CONFIG_BYTES = 1 << 20  # 1 MiB
+MAX_NESTING = 32  # levels of mappings and lists, aliases expanded; configs use 2-4 (model.kwargs may use more)
+MAX_VALUES = 20_000  # keys and values in a file or --set value, aliases expanded (a class list of 10,000 fits)
+
+
+@dataclass(frozen=True)
+class Limit:
+    """Sanity range of an integer key, as `Annotated[int, Limit(most)]`: far beyond any real use, so that a typo or
+    a hostile value (batch_size=10**30) stops at the config instead of deep in a run. It is listed in the key's
+    meaning (docs/config.md) and in the message when exceeded, not in the type, which keeps everyday messages
+    short: `expected an integer ≥ 1, got 'abc'`."""
+
+    most: int
+    least: Optional[int] = None
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        return core_schema.no_info_after_validator_function(self._check, handler(source))
+
+    def _check(self, value: int) -> int:
+        if value > self.most or (self.least is not None and value < self.least):
+            raise PydanticCustomError("out_of_limit", "outside {least} to {most}", {"least": self.least, "most": self.most})
+        return value
+
+    def describe(self) -> str:
+        return f"at most {self.most:,}" if self.least is None else f"from {self.least:,} to {self.most:,}"
+
+
+Width = Annotated[int, annotated_types.Ge(1), Limit(65_536)]  # channels or units of one layer
+Side = Annotated[int, annotated_types.Ge(1), Limit(65_536)]  # pixels
+MANY = 10**9  # limit of things counted over a whole run: samples, steps
+INT64 = Limit(2**63 - 1, least=-(2**63))  # what torch and numpy take as a seed
 
 # data keys that name files or folders: relative values resolve against the config file's folder
 DATA_PATH_KEYS = ("root", "csv", "labels", "split_dir", "test_split_file")
 
 
 class Section(BaseModel):
-    """Base for config sections: unknown keys are errors, numbers given for text fields are kept as text."""
+    """Base for config sections: unknown keys are errors, numbers given for text fields are kept as text, numbers
+    are finite (no .inf or .nan anywhere), and integers are integers (see `_plain_values`)."""
 
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain(cls, value: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        return _plain_values(cls.model_fields[info.field_name].annotation, value)
+
+
+def _plain_values(annotation: Any, value: Any) -> Any:
+    """`value` given for a key of type `annotation`, with what pydantic's lax mode would quietly turn into a number
+    refused: a boolean (YAML's true, yes, on) where a number is expected, and text or 3.5 where an integer is (3.0
+    is 3). Text anywhere must be valid Unicode: a lone surrogate (from undecodable bytes) can't be recorded."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _plain_values(args[0], value)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return value if value is None or len(inner) != 1 else _plain_values(inner[0], value)
+    if _section_type(annotation):
+        return value  # the section checks its own keys
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"expected text, got {_shown(value)}, which has bytes that are not UTF-8; fix the encoding") from None
+    if annotation is int or (origin is Literal and all(type(a) is int for a in args)):
+        if isinstance(value, (bool, str)) or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+            raise PydanticCustomError("int_type", "not an integer")
+        return int(value) if isinstance(value, float) else value
+    if annotation is float and isinstance(value, bool):
+        raise PydanticCustomError("float_type", "not a number")
+    if isinstance(value, list) and origin in (list, tuple):
+        if origin is tuple and len(args) == len(value) and Ellipsis not in args:
+            return [_plain_values(a, v) for a, v in zip(args, value)]
+        return [_plain_values(args[0] if args else Any, v) for v in value]
+    if isinstance(value, dict):
+        value_type = args[1] if origin is dict and len(args) == 2 else Any
+        return {_plain_values(str, k) if isinstance(k, str) else k: _plain_values(value_type, v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_values(Any, v) for v in value]
+    return value
 
 
 class DataCard(Section):
@@ -79,14 +159,14 @@ class DataConfig(Section):
     classes: Optional[list[str]] = Field(
         None, description="the class names in order; null: discovered (folder names or sorted labels). Labels outside the list are `unknown_label`"
     )
-    image_size: Optional[tuple[PositiveInt, PositiveInt]] = Field(  # type: ignore[valid-type]
+    image_size: Optional[tuple[Side, Side]] = Field(
         None, description="[height, width] every image must have (pixels); null: the most common size in the data"
     )
     channels: Optional[Literal[1, 3]] = Field(None, description="1 (grey) or 3 (RGB); null: the most common in the data")
     convert: bool = Field(
         False, description="resize (bilinear) and convert images whose size or mode differs, instead of quarantining them as `bad_shape`"
     )
-    max_pixels: int = Field(
+    max_pixels: Annotated[int, Limit(10**12)] = Field(
         50_000_000, ge=1, description="images with more pixels (width × height) are quarantined as `bomb` before decoding"
     )
     on_bad_file: Literal["quarantine", "fail", "warn"] = Field(
@@ -106,7 +186,7 @@ class DataConfig(Section):
         "of the mean-removed grey images (≤ 32 px a side) at their best alignment within ±1 px; copies, brightness ±2 and 1-px shifts "
         "measure below 0.05, distinct MNIST digits above 0.19"
     )
-    max_cluster_size: int = Field(
+    max_cluster_size: Annotated[int, Limit(MANY)] = Field(
         50, ge=2, description="near-duplicate groups larger than this are still kept in one split but reported as a finding with example pairs"
     )
     imbalance_ratio: float = Field(10.0, ge=1.0, description="warn when the largest class has this many times the samples of the smallest, or more (whole set and each split)")
@@ -127,13 +207,13 @@ class DataConfig(Section):
     split_by: Literal["random", "time"] = Field(
         "random", description="`random`: stratified by class and seeded; `time`: chronological by the csv timestamp column (test = latest)"
     )
-    split_seed: int = Field(
-        0, description="seed of the train/val/test split; separate from `seed` so a new training seed keeps the data version"
+    split_seed: Annotated[int, Limit(2**63 - 1)] = Field(
+        0, ge=0, description="seed of the train/val/test split; separate from `seed` so a new training seed keeps the data version"
     )
     split_ratios: tuple[float, float, float] = Field(
         (0.8, 0.1, 0.1), description="fractions of each class in train, val and test; must sum to 1"
     )
-    workers: Optional[int] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
+    workers: Optional[Annotated[int, Limit(4096)]] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
     card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")
 
     @field_validator("near_duplicates", mode="before")
@@ -174,9 +254,11 @@ class DataConfig(Section):
         if value is None:
             return value
         try:
-            pattern = re.compile(value)
-        except re.error as err:
-            raise ValueError(f"expected a regular expression, got {value!r} ({err})") from None
+            with warnings.catch_warnings():  # a FutureWarning would be a second line before the verdict
+                warnings.simplefilter("ignore")
+                pattern = re.compile(value)
+        except (re.error, RecursionError, OverflowError) as err:  # 5,000 nested groups; (a){4294967295}
+            raise ValueError(f"expected a regular expression, got {_shown(value)} ({err})") from None
         if pattern.groups != 1:
             raise ValueError(f"expected a regular expression with exactly one capture group, got {value!r} ({pattern.groups} groups)")
         return value
@@ -191,13 +273,41 @@ class ModelConfig(Section):
         None, description="a user model as `package.module:factory`; called as factory(input_shape=[C, H, W], num_outputs=N, **kwargs)"
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the `target` factory")
-    widths: list[PositiveInt] = Field(
+    widths: list[Width] = Field(
         [32, 64, 128], min_length=1, description="cnn: output channels of each conv block, one entry per block"
     )
-    hidden: list[PositiveInt] = Field(
+    hidden: list[Width] = Field(
         [256], description="mlp: widths of the hidden layers (empty list: a linear model)"
     )
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the output layer")
+
+    @field_validator("kwargs")
+    @classmethod
+    def _recordable(cls, value: dict[str, Any]) -> dict[str, Any]:
+        found = _unrecordable(value, [])  # the config hash and the run record keep kwargs as JSON
+        if found is not None:
+            where, what = found  # only the offending part is shown: the rest may hold a token
+            raise ValueError(f"expected text, finite numbers, true/false, null, lists and mappings with text keys; {_key_text(where) or 'a value'} is {what}")
+        return value
+
+
+def _unrecordable(value: Any, path: list[str]) -> Optional[tuple[list[str], str]]:
+    """Where `value` holds something canonical JSON cannot keep exactly, and what: (key path, description)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):  # JSON would turn 1 into "1", next to a "1" perhaps
+                return path, f"a mapping with the key {_shown(key)}"
+            found = _unrecordable(item, path + [key])
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list):
+        return next((f for i, item in enumerate(value) if (f := _unrecordable(item, path + [str(i)])) is not None), None)
+    try:
+        canonical_json(value)
+    except (TypeError, ValueError):  # .inf, .nan, a date, bytes, a set, an integer of thousands of digits
+        return path, {bytes: "binary data", set: "a set"}.get(type(value)) or _shown(value)
+    return None
 
 
 class OptimConfig(Section):
@@ -213,21 +323,21 @@ class ScheduleConfig(Section):
         "cosine", description="learning-rate schedule over all optimizer steps: `cosine` decays to 0, `constant` keeps lr, "
         "`step` multiplies lr by `gamma` every `step_epochs` epochs"
     )
-    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup from 0 to lr, before the schedule (warmup + cosine: set both)")
-    step_epochs: int = Field(10, ge=1, description="`step`: epochs between lr drops")
+    warmup_steps: Annotated[int, Limit(MANY)] = Field(0, ge=0, description="optimizer steps of linear warmup from 0 to lr, before the schedule (warmup + cosine: set both)")
+    step_epochs: Annotated[int, Limit(10**6)] = Field(10, ge=1, description="`step`: epochs between lr drops")
     gamma: float = Field(0.1, gt=0.0, le=1.0, description="`step`: factor applied to lr at each drop")
 
 
 class TrainConfig(Section):
-    epochs: int = Field(15, ge=1, description="passes over the train split")
-    batch_size: int = Field(64, ge=1, description="samples per forward pass (an optimizer step sees batch_size × accumulate_steps)")
-    accumulate_steps: int = Field(1, ge=1, description="batches whose gradients are summed before one optimizer step")
+    epochs: Annotated[int, Limit(10**6)] = Field(15, ge=1, description="passes over the train split")
+    batch_size: Annotated[int, Limit(2**20)] = Field(64, ge=1, description="samples per forward pass (an optimizer step sees batch_size × accumulate_steps)")
+    accumulate_steps: Annotated[int, Limit(10**6)] = Field(1, ge=1, description="batches whose gradients are summed before one optimizer step")
     grad_clip: Optional[float] = Field(None, gt=0.0, description="clip the gradient's global L2 norm to this value; null: no clipping")
     precision: Literal["fp32", "bf16", "fp16"] = Field(
         "fp32", description="`bf16`: autocast to bfloat16 (CPU or GPU); `fp16`: autocast to float16 with a gradient scaler (CUDA only)"
     )
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="classification: label smoothing of the cross-entropy")
-    early_stopping_patience: Optional[int] = Field(
+    early_stopping_patience: Optional[Annotated[int, Limit(10**6)]] = Field(
         None, ge=1, description="stop after this many epochs without improvement of the best metric; null: never"
     )
     on_nonfinite: Literal["stop", "rollback", "skip_batch"] = Field(
@@ -235,15 +345,15 @@ class TrainConfig(Section):
         "`rollback` restores the last step-scheduled snapshot and lowers lr, `skip_batch` drops that batch's update"
     )
     rollback_lr_factor: float = Field(0.5, gt=0.0, le=1.0, description="lr multiplier applied at each rollback")
-    max_rollbacks: int = Field(3, ge=0, description="rollbacks allowed before the run stops as failed")
+    max_rollbacks: Annotated[int, Limit(10**6)] = Field(3, ge=0, description="rollbacks allowed before the run stops as failed")
     check_grad_norm: bool = Field(False, description="also check the gradient norm for NaN/inf every step")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="`auto` takes CUDA when available, else the CPU"
     )
-    threads: Optional[int] = Field(
+    threads: Optional[Annotated[int, Limit(4096)]] = Field(
         None, ge=1, description="CPU threads for torch (intra-op); null leaves torch's default. Results are bit-exact only for the same value"
     )
-    num_workers: int = Field(0, ge=0, description="recorded for comparison across resumes; batches are built in the training process from the prepared arrays")
+    num_workers: Annotated[int, Limit(4096)] = Field(0, ge=0, description="recorded for comparison across resumes; batches are built in the training process from the prepared arrays")
     deterministic: bool = Field(
         True, description="use only deterministic kernels (`torch.use_deterministic_algorithms`); same seed → same weights"
     )
@@ -252,55 +362,55 @@ class TrainConfig(Section):
 
 
 class AugmentConfig(Section):
-    crop_padding: int = Field(0, ge=0, description="random crop after zero-padding each side by this many pixels; 0: off")
+    crop_padding: Annotated[int, Limit(1024)] = Field(0, ge=0, description="random crop after zero-padding each side by this many pixels; 0: off")
     hflip: bool = Field(False, description="random horizontal flip with probability 0.5")
     mixup_alpha: float = Field(0.0, ge=0.0, description="mixup Beta(α, α) mixing of batch pairs; 0: off")
     cutmix_alpha: float = Field(0.0, ge=0.0, description="cutmix Beta(α, α) box mixing; 0: off (with mixup too, each batch picks one at random)")
 
 
 class CheckpointConfig(Section):
-    every_epochs: int = Field(1, ge=0, description="save at the end of every N-th epoch; 0: never by epoch")
-    every_steps: int = Field(0, ge=0, description="save every N optimizer steps (also the rollback targets); 0: never by step")
+    every_epochs: Annotated[int, Limit(10**6)] = Field(1, ge=0, description="save at the end of every N-th epoch; 0: never by epoch")
+    every_steps: Annotated[int, Limit(MANY)] = Field(0, ge=0, description="save every N optimizer steps (also the rollback targets); 0: never by step")
     every_minutes: Optional[float] = Field(None, gt=0.0, description="save when this many minutes passed since the last save; null: off")
     last: bool = Field(True, description="write checkpoints/last.pt, a copy of the newest checkpoint, when training stops (completed, early stop, signal)")
     best: bool = Field(True, description="keep checkpoints/best.pt, the epoch with the best `best_metric`")
     best_metric: Optional[str] = Field(None, description="metrics.jsonl key that picks best.pt; null: the task's (val_acc for classification)")
     best_mode: Optional[Literal["max", "min"]] = Field(None, description="whether a larger or smaller best_metric is better; null: the task's")
-    keep_last: int = Field(2, ge=1, description="step-<N>.pt files kept (the newest); older ones are deleted")
+    keep_last: Annotated[int, Limit(10**6)] = Field(2, ge=1, description="step-<N>.pt files kept (the newest); older ones are deleted")
 
 
 class LoggingConfig(Section):
-    every_steps: int = Field(50, ge=0, description="write a steps.jsonl line (step, loss, lr, grad norm, samples/s) every N steps; 0: off")
+    every_steps: Annotated[int, Limit(MANY)] = Field(50, ge=0, description="write a steps.jsonl line (step, loss, lr, grad norm, samples/s) every N steps; 0: off")
     tensorboard: bool = Field(False, description="also write TensorBoard event files to tensorboard/ in the run (needs the tensorboard package)")
 
 
 class EvalConfig(Section):
     split: Literal["test", "val"] = Field("test", description="split the final evaluation reports on")
-    batch_size: int = Field(512, ge=1, description="samples per forward pass during validation and evaluation")
-    bad_cases: int = Field(25, ge=0, description="how many of the most confident wrong predictions bad_cases.csv/png show")
+    batch_size: Annotated[int, Limit(2**20)] = Field(512, ge=1, description="samples per forward pass during validation and evaluation")
+    bad_cases: Annotated[int, Limit(10**6)] = Field(25, ge=0, description="how many of the most confident wrong predictions bad_cases.csv/png show")
     baselines: bool = Field(True, description="`veritrain run` also fits the majority-class and logistic-regression baselines on the same splits")
     baseline_margin: float = Field(
         0.01, ge=0.0, description="warn when the model's accuracy does not beat the logistic-regression baseline by at least this much"
     )
-    baseline_max_samples: int = Field(10_000, ge=10, description="logistic regression trains on at most this many train samples (a seeded, recorded subsample)")
-    baseline_max_iter: int = Field(200, ge=1, description="iterations cap of the logistic-regression solver")
+    baseline_max_samples: Annotated[int, Limit(MANY)] = Field(10_000, ge=10, description="logistic regression trains on at most this many train samples (a seeded, recorded subsample)")
+    baseline_max_iter: Annotated[int, Limit(10**7)] = Field(200, ge=1, description="iterations cap of the logistic-regression solver")
 
 
 class ExportConfig(Section):
     formats: list[Literal["onnx", "torchscript", "safetensors"]] = Field(
         ["onnx", "torchscript", "safetensors"], description="what `veritrain export` and `veritrain run` write to export/"
     )
-    parity_samples: int = Field(256, ge=1, description="real test samples the parity check runs through every exported form")
+    parity_samples: Annotated[int, Limit(10**7)] = Field(256, ge=1, description="real test samples the parity check runs through every exported form")
     parity_atol: float = Field(1e-4, gt=0.0, description="largest allowed absolute difference of logits between the trained model and an export")
     parity_min_agreement: float = Field(1.0, ge=0.0, le=1.0, description="smallest allowed fraction of samples whose predicted class agrees")
-    opset: int = Field(17, ge=7, description="ONNX opset version")
+    opset: Annotated[int, Limit(1000)] = Field(17, ge=7, description="ONNX opset version")
 
 
 class RunConfig(Section):
     exp_name: Optional[str] = Field(
         None, description="experiment family this run belongs to; null: the config file's name (`digits` for the built-in default)"
     )
-    seed: int = Field(0, description="seed of model init, data order and augmentation")
+    seed: Annotated[int, INT64] = Field(0, description="seed of model init, data order and augmentation")
     task: str = Field("classification", description="what is learned: `classification`")
     data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")
     model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")
@@ -409,6 +519,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
     Raises ConfigError with a one-line, located message on any problem.
     """
+    try:
+        return _load_config(path, overrides)
+    except ConfigError as err:
+        if all(_one_line(part) == part for part in (err.source, err.key or "", err.problem)):
+            raise
+        # a file name, key or value can hold a newline or a lone surrogate: the message stays one printable line
+        raise ConfigError(_one_line(err.source), _one_line(err.key) if err.key else None, _one_line(err.problem, 1000)) from None
+
+
+def _one_line(text: str, width: int = 200) -> str:
+    return _key_text([text], width) if not text.isprintable() or len(text) > width else text
+
+
+def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> ResolvedConfig:
     source = str(path) if path is not None else "<default>"
     raw: dict[str, Any] = {}
     file_path: Optional[Path] = None
@@ -436,36 +560,63 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         value = getattr(config.data, name)
         if value is None:
             continue
-        path = Path(expand_env(value)).expanduser()
-        if not path.is_absolute():
-            from_set = bool({"data", f"data.{name}"} & overridden)
-            base = Path.cwd() if (from_set or file_path is None) else file_path.resolve().parent
-            path = base / path
-        data_paths[name] = path.resolve()
+        from_set = bool({"data", f"data.{name}"} & overridden)
+        try:
+            path = Path(expand_env(value)).expanduser()
+            if not path.is_absolute():
+                base = Path.cwd() if (from_set or file_path is None) else file_path.resolve().parent
+                path = base / path
+            data_paths[name] = path.resolve()
+        except UserError as err:  # ${env:NAME} of a variable that is not set
+            raise ConfigError("--set" if from_set else source, f"data.{name}", str(err)) from None
+        except (ValueError, OSError, RuntimeError) as err:  # a NUL byte, an unknown ~user, a name too long
+            raise ConfigError("--set" if from_set else source, f"data.{name}", f"expected a path, got {_shown(value)} ({err}); fix the path") from None
     return ResolvedConfig(config=config, path=file_path, overrides=list(overrides), data_paths=data_paths)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise ConfigError(str(path), None, "file not found; give the path of a YAML config, or none for the built-in default")
-    if path.is_dir():
-        raise ConfigError(str(path), None, "is a folder; give the path of a YAML config file")
+    where = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        info = os.stat(path)  # follows a symlink: what counts is what would be read
+    except FileNotFoundError:
+        raise ConfigError(where, None, "file not found; give the path of a YAML config, or none for the built-in default") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(where, None, f"cannot read the file ({err.__class__.__name__}: {err}); check the path and its permissions") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise ConfigError(where, None, "is a folder; give the path of a YAML config file")
+    if not stat.S_ISREG(info.st_mode):
+        raise ConfigError(where, None, f"is {_file_kind(info.st_mode)}, not a regular file; give the path of a YAML config file")
+    if info.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(where, None, f"is {info.st_size:,} bytes; a config is at most {MAX_CONFIG_BYTES:,} bytes (1 MiB), keep data out of it")
+    try:
+        # O_NONBLOCK: should a FIFO replace the file after the stat, opening it must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ConfigError(where, None, "is not a regular file; give the path of a YAML config file")
+            content = file.read(MAX_CONFIG_BYTES + 1)
+        text = content.decode("utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(str(path), None, f"cannot read the file ({err.__class__.__name__}: {err}); check its permissions and encoding (UTF-8)") from None
+        raise ConfigError(where, None, f"cannot read the file ({err.__class__.__name__}: {err}); check its permissions and encoding (UTF-8)") from None
+    if len(content) > MAX_CONFIG_BYTES:
+        raise ConfigError(where, None, f"is larger than {MAX_CONFIG_BYTES:,} bytes (1 MiB); a config is a few KiB, keep data out of it")
     try:
-        data = yaml.safe_load(text)
+        data = _parse_yaml(text, where, [])
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
+        location = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(str(path), where, f"invalid YAML: {problem}; fix the syntax there") from None
+        raise ConfigError(where, location, f"invalid YAML: {problem}; fix the syntax there") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(str(path), None, f"expected a mapping of keys (seed, data, model, ...) at the top level, got {_kind(data)}")
+        raise ConfigError(where, None, f"expected a mapping of keys (seed, data, model, ...) at the top level, got {_kind(data)}")
     return data
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode)), "a special file")
 
 
 def _parse_override(item: str) -> tuple[str, Any]:
@@ -474,10 +625,98 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError("--set", item, "expected KEY.PATH=VALUE, e.g. --set train.epochs=5")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        key.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes on the command line
+        raise ConfigError("--set", key, "unknown key with bytes that are not UTF-8; see `veritrain config keys` for the keys") from None
+    try:
+        value = _parse_yaml(text, "--set", key.split(".")) if text.strip() else ""
     except yaml.YAMLError:
         value = text  # not YAML: keep the text; validation says what was expected
     return key, value
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses what a config never needs and an attack uses, before it is built: nesting
+    deeper than MAX_NESTING (the composer recurses), more than MAX_VALUES nodes (after alias expansion: an alias
+    bomb), a key given twice in one mapping (YAML would keep the last silently), a value Python cannot hold (an
+    integer of 5,000 digits, a date that does not exist). Each refusal is a ConfigError naming the key path."""
+
+    def __init__(self, text: str, source: str, prefix: list[str]):
+        super().__init__(text)
+        self.config_source, self.key_prefix = source, prefix
+        self.key_path: list[str] = []  # keys and list indices from the value's root to the node being composed
+        self.composed_nodes = 0
+
+    def refuse(self, path: list[str], problem: str) -> ConfigError:
+        return ConfigError(self.config_source, _key_text(self.key_prefix + path) or None, problem)
+
+    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> yaml.Node:
+        if parent is None:
+            return super().compose_node(parent, index)
+        self.composed_nodes += 1
+        self.key_path.append(index.value if isinstance(index, yaml.ScalarNode) else "?" if index is None else str(index))
+        try:
+            if len(self.key_prefix) + len(self.key_path) > MAX_NESTING and self.check_event(yaml.CollectionStartEvent):
+                raise self.refuse(self.key_path, f"nested deeper than {MAX_NESTING} levels; a config needs a few (section, key, value)")
+            if self.composed_nodes > MAX_VALUES:
+                raise self.refuse(self.key_path, f"more than {MAX_VALUES:,} keys and values; a config is a few hundred, keep data out of it")
+            return super().compose_node(parent, index)
+        finally:
+            self.key_path.pop()
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError) as err:  # e.g. int() past 4,300 digits, a date that does not exist
+            mark = node.start_mark
+            reason = str(err).partition(";")[0]
+            location = f"line {mark.line + 1}, column {mark.column + 1}" if self.config_source != "--set" else _key_text(self.key_prefix)
+            raise ConfigError(self.config_source, location, f"cannot read {_shown(str(node.value))} as {node.tag.rpartition(':')[2]} ({reason}); fix the value, or quote it if it is text") from None
+
+    def check_tree(self, node: yaml.Node) -> None:
+        """Walk the composed nodes as the built value will be, aliases expanded, within the limits."""
+        budget = MAX_VALUES
+
+        def visit(node: yaml.Node, path: list[str]) -> None:
+            nonlocal budget
+            budget -= 1
+            if budget < 0:
+                raise self.refuse(path, f"more than {MAX_VALUES:,} keys and values once aliases (*name) are expanded; write the values out")
+            if len(self.key_prefix) + len(path) > MAX_NESTING and isinstance(node, yaml.CollectionNode):
+                raise self.refuse(path, f"nested deeper than {MAX_NESTING} levels once aliases (*name) are expanded; a config needs a few")
+            if isinstance(node, yaml.ScalarNode):
+                try:
+                    node.value.encode("utf-8")
+                except UnicodeEncodeError:  # "\ud800" is a valid YAML escape but no character
+                    raise self.refuse(path, f"{_shown(node.value)} is not text: an escape makes a lone surrogate; write the character itself") from None
+            if isinstance(node, yaml.MappingNode):
+                seen = set()
+                for key, value in node.value:
+                    name = key.value if isinstance(key, yaml.ScalarNode) else "?"
+                    if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                        if (key.tag, key.value) in seen:
+                            raise self.refuse(path + [name], "key given twice in one mapping; keep one (YAML would silently use the last)")
+                        seen.add((key.tag, key.value))
+                    visit(key, path + [name])
+                    visit(value, path + [name])
+            elif isinstance(node, yaml.SequenceNode):
+                for index, item in enumerate(node.value):
+                    visit(item, path + [str(index)])
+
+        visit(node, [])
+
+
+def _parse_yaml(text: str, source: str, prefix: list[str]) -> Any:
+    """yaml.safe_load within the limits of _ConfigLoader; `prefix` is the key path of a --set value."""
+    loader = _ConfigLoader(text, source, prefix)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        loader.check_tree(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
@@ -502,7 +741,7 @@ def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
 
 def _config_error(err: ValidationError, raw: dict[str, Any], source: str, overridden: set[str]) -> ConfigError:
     first = err.errors()[0]
-    loc = [p for p in first["loc"] if isinstance(p, str)]
+    loc = [str(p) for p in first["loc"]]  # a YAML key can be a number; list indices come after a non-section and stop the walk
     # report at the level of a declared field: `model.widths`, not `model.widths.1`
     model: type[BaseModel] = RunConfig
     field_path: list[str] = []
@@ -519,20 +758,28 @@ def _config_error(err: ValidationError, raw: dict[str, Any], source: str, overri
             break
         field_path.append(part)
         field_info = model.model_fields[part]
-    key = ".".join(field_path) if field_path else "(top level)"
-    origin = "--set" if any(key == o or key.startswith(o + ".") or o.startswith(key + ".") for o in overridden) else source
+    dotted = ".".join(field_path)
+    origin = "--set" if any(dotted == o or dotted.startswith(o + ".") or o.startswith(dotted + ".") for o in overridden) else source
+    key = _key_text(field_path) or "(top level)"
 
-    if first["type"] == "extra_forbidden":
+    if first["type"] in ("extra_forbidden", "invalid_key"):
         valid = list(model.model_fields)
+        scope = _key_text(field_path[:-1]) or "the top level"
+        if first["type"] == "invalid_key":  # YAML reads `1:`, `true:` and `~:` as a number, a boolean and null
+            key = _key_text(field_path[:-1] + [_shown(first["input"])])
+            return ConfigError(origin, key, f"expected a key name, got {_shown(first['input'])}; valid keys in {scope}: {', '.join(valid)}")
         close = difflib.get_close_matches(field_path[-1], valid, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
-        scope = ".".join(field_path[:-1]) or "the top level"
         return ConfigError(origin, key, f"unknown key; {hint}valid keys in {scope}: {', '.join(valid)}")
 
     value = _lookup(raw, field_path)
     if field_info is not None and first["type"] == "value_error":
         message = str(first["ctx"]["error"]) if "ctx" in first else first["msg"]
         return ConfigError(origin, key, message)
+    if field_info is not None and first["type"] == "out_of_limit":
+        return ConfigError(origin, key, f"expected {describe_field(field_info, limits=True)}, got {_shown(value)}")
+    if field_info is not None and first["type"] == "finite_number":
+        return ConfigError(origin, key, f"expected {describe_field(field_info).replace('number', 'finite number', 1)}, got {_shown(value)}")
     if field_info is not None:
         return ConfigError(origin, key, f"expected {describe_field(field_info)}, got {_shown(value)}")
     return ConfigError(origin, key, first["msg"])
@@ -550,21 +797,23 @@ def _lookup(raw: Any, path: list[str]) -> Any:
     return raw
 
 
-def describe_field(info: Any) -> str:
-    """Human description of a field's type and range, e.g. 'an integer ≥ 1'."""
+def describe_field(info: Any, limits: bool = False) -> str:
+    """Human description of a field's type and range, e.g. 'an integer ≥ 1'; with `limits`, its Limit too."""
     annotation = info.annotation
     optional = typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in typing.get_args(annotation)
     if optional:
         annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
-    text = _describe(annotation) + _constraints(info.metadata)
+    text = _describe(annotation, limits) + _constraints(info.metadata, limits)
     if any(getattr(item, "min_length", None) == 1 for item in info.metadata) and text.startswith("a list"):
         text = "a non-empty list" + text[len("a list"):]
     return text + (" or null" if optional else "")
 
 
-def _constraints(metadata: list[Any]) -> str:
+def _constraints(metadata: list[Any], limits: bool = False) -> str:
     words = []
     for item in metadata:
+        if limits and isinstance(item, Limit):
+            words.extend(([f"≥ {item.least}"] if item.least is not None else []) + [f"≤ {item.most}"])
         for attr, symbol in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
             bound = getattr(item, attr, None)
             if bound is not None:
@@ -574,28 +823,28 @@ def _constraints(metadata: list[Any]) -> str:
     return (" " + " and ".join(words)) if words else ""
 
 
-def _describe(annotation: Any) -> str:
+def _describe(annotation: Any, limits: bool = False) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is typing.Annotated:
-        return _describe(args[0]) + _constraints(list(args[1:]))
+        return _describe(args[0], limits) + _constraints(list(args[1:]), limits)
     if origin is Literal:
         return f"one of {_quoted(args)}"
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
-        text = " or ".join(_describe(a) for a in inner)
+        text = " or ".join(_describe(a, limits) for a in inner)
         return text + " or null" if len(inner) < len(args) else text
     if origin is list:
-        return f"a list of {_plural(args[0])}"
+        return f"a list of {_plural(args[0], limits)}"
     if origin is tuple:
-        return f"a list of {len(args)} {_plural(args[0])}"
+        return f"a list of {len(args)} {_plural(args[0], limits)}"
     if _section_type(annotation):
         return f"a section (mapping) with keys {', '.join(annotation.model_fields)}"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
 
 
-def _plural(annotation: Any) -> str:
-    text = _describe(annotation)
+def _plural(annotation: Any, limits: bool = False) -> str:
+    text = _describe(annotation, limits)
     for article in ("an ", "a "):
         if text.startswith(article):
             noun, _, rest = text[len(article):].partition(" ")
@@ -618,13 +867,27 @@ def _kind(value: Any) -> str:
     return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(type(value), type(value).__name__)
 
 
-def _shown(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value)
+def _shown(value: Any, width: int = 80) -> str:
+    """A value as a message quotes it: JSON-like, on one line, cut to about `width` characters."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"  # str() refuses past 4,300 digits, and nobody reads them
     try:
-        return json.dumps(value)
-    except (TypeError, ValueError):
-        return repr(value)
+        text = repr(value) if isinstance(value, str) else json.dumps(value)
+    except (TypeError, ValueError):  # a date, bytes, a set (repr is only for the message), or a huge integer inside
+        try:
+            text = repr(value)
+        except ValueError:
+            text = f"a {type(value).__name__}"
+    return text if len(text) <= width else f"{text[: width - 20]}… ({len(text):,} characters)"
+
+
+def _key_text(parts: list[str], width: int = 60) -> str:
+    """A key path for a message: non-printable characters escaped, each part cut to `width` characters."""
+    shown = []
+    for part in parts:
+        part = part if part.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in part)
+        shown.append(part if len(part) <= width else part[: width - 1] + "…")
+    return ".".join(shown)
 
 
 # ---------------------------------------------------------------- display
@@ -675,8 +938,23 @@ def reference_rows(model: type[BaseModel] = RunConfig, prefix: str = "") -> list
             continue
         default = info.get_default(call_default_factory=True)
         shown = json.dumps(list(default) if isinstance(default, tuple) else default)
-        rows.append((path, describe_field(info), shown, info.description or ""))
+        limits = _limits(info.annotation) + [item for item in info.metadata if isinstance(item, Limit)]
+        meaning = "; ".join([info.description or ""] + [("each " if _is_list(info.annotation) else "") + limit.describe() for limit in limits])
+        rows.append((path, describe_field(info), shown, meaning))
     return rows
+
+
+def _limits(annotation: Any) -> list[Limit]:
+    """The Limits inside a type: Optional[Annotated[int, Limit(n)]], list[Width], ..."""
+    args = typing.get_args(annotation)
+    own = [a for a in args[1:] if isinstance(a, Limit)] if typing.get_origin(annotation) is Annotated else []
+    inner = args[:1] if typing.get_origin(annotation) is Annotated else args
+    found = own + [limit for arg in inner for limit in _limits(arg)]
+    return list(dict.fromkeys(found))  # tuple[Side, Side]: once
+
+
+def _is_list(annotation: Any) -> bool:
+    return any(typing.get_origin(a) in (list, tuple) for a in (annotation, *typing.get_args(annotation)))
 
 
 def reference_markdown() -> str:

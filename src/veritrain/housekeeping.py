@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -59,6 +60,27 @@ def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_c
     return stages
 
 
+LEFTOVER_AGE = 60.0  # seconds: a temp folder or record-less run folder younger than this may still be in use
+
+
+def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
+    """(folder, age in seconds) of what killed commands leave: the temp folders of prepares
+    (`.veritrain/data/.tmp-*`) and run folders that never got a record.json, older than a minute, not locked."""
+    now = time.time()
+    found = []
+    data = workspace.state_dir / "data"
+    for folder in sorted(data.glob(".tmp-*")) if data.exists() else []:
+        age = now - folder.stat().st_mtime
+        if folder.is_dir() and age > LEFTOVER_AGE:
+            found.append((folder, age))
+    for folder in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
+        age = now - folder.stat().st_mtime
+        if (folder.is_dir() and not folder.is_symlink() and not (folder / "record.json").exists() and age > LEFTOVER_AGE
+                and workspace.lock_is_stale(folder.name)):
+            found.append((folder, age))
+    return found
+
+
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     """Remove step checkpoints of completed runs (best/last stay), data versions no run references,
     and stale locks; runs that lose files are re-sealed with a `gc` event."""
@@ -104,6 +126,12 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
                                      "detail": f"removed {len(steps)} step checkpoint file(s); best.pt and last.pt kept"})
             reseal(run_dir, record, by="gc")
             resealed.append(run_dir.name)
+    leftovers = _leftovers(workspace)
+    for path, age in leftovers:
+        freed += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        removed.append(f"{path.relative_to(workspace.root)} (left by a killed command {age / 60:.0f} min ago)")
+        if not dry_run:
+            shutil.rmtree(path, ignore_errors=True)
     if keep_data:
         log.warning("gc: keeping every data version: %s", keep_data)
     for version_dir in sorted((workspace.state_dir / "data").glob("*")) if (workspace.state_dir / "data").exists() and not keep_data else []:
