@@ -158,9 +158,9 @@ def test_damaged_data_version_in_archive_is_refused(cli, archived, tmp_path, lab
 
 @pytest.mark.parametrize("label, record, message", [
     ("not json", b"\xff not a record", "is not JSON"),
-    ("a list", b"[1, 2]", "no valid artifact table"),
-    ("artifacts a list", b'{"artifacts": [1]}', "no valid artifact table"),
-    ("entry without a hash", b'{"artifacts": {"config.yaml": {"sha256": 5, "size": 1}}}', "no valid artifact table"),
+    ("a list", b"[1, 2]", "is not a run's record: not a JSON object"),
+    ("no run id", b'{"artifacts": [1]}', "is not a run's record: its run_id 'None' is not its folder's name"),
+    ("another run id", b'{"run_id": "20261130-000000-000-abcdef"}', "its run_id '20261130-000000-000-abcdef' is not its folder's name"),
 ])
 def test_record_and_seal_forged_together_are_refused_in_one_line(cli, archived, tmp_path, label, record, message):
     def forge(name: str, data: bytes):
@@ -429,3 +429,27 @@ def test_record_not_first_is_refused(cli, archived, tmp_path):
     result = cli("import", str(bad), "--workdir", str(tmp_path / "t"))
     assert result.code == 1, result.stderr
     assert result.stderr.strip() == f"error: import: refused {bad}: its first file is {notes!r}, not a run's record (runs/<run_id>/record.json) as `veritrain archive` writes it"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda record: record.__setitem__("metrics", [1, 2]), "metrics is a list, expected object or null"),
+    (lambda record: record.__setitem__("artifacts", [1]), "artifacts is a list"),
+    (lambda record: record["artifacts"].__setitem__("config.yaml", {"sha256": 5, "size": 1}), "no valid artifact table"),
+])
+def test_a_record_of_the_right_run_but_the_wrong_shape_is_refused(cli, archived, tmp_path, change, message):
+    forged = {}
+
+    def forge(name: str, data: bytes):  # record.json comes first, then its seal, made to match as a forger would
+        if name.endswith("/record.json"):
+            record = json.loads(data)
+            change(record)
+            forged["record"] = json.dumps(record).encode()
+            return name, forged["record"]
+        if name.endswith("/record.sha256"):
+            return name, (hashlib.sha256(forged["record"]).hexdigest() + "\n").encode()
+        return name, data
+
+    result = cli("import", str(rewritten(tmp_path, archived, forge)), "--workdir", str(tmp_path / "t"))
+    assert result.code == 1, result.stderr
+    assert result.stderr.startswith("error: import: ") and message in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "t" / "runs").exists()

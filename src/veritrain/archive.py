@@ -105,7 +105,12 @@ def _sealed_record_parts(record_bytes: bytes, run_id: str) -> tuple[dict[str, di
         record = json.loads(record_bytes)
     except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past Python's limit
         raise RunFailed(f"import: the record of {run_id} is not JSON") from None
-    artifacts = record.get("artifacts") if isinstance(record, dict) else None
+    from veritrain.record import record_problem
+
+    problem = record_problem(record, run_id)  # the same shape every reader relies on, and run_id = its folder
+    if problem is not None:
+        raise RunFailed(f"import: the record of {run_id[:40]!r} is not a run's record: {problem}")
+    artifacts = record.get("artifacts")
     if not isinstance(artifacts, dict) or not all(
         isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and isinstance(entry.get("size"), int) for entry in artifacts.values()
     ):
