@@ -195,3 +195,20 @@ def test_gc_removes_what_killed_commands_leave_and_runs_list_ignores_it(cli, wor
     assert all(folder.exists() for folder in leftovers)
     assert cli("gc", "--workdir", str(workdir)).code == 0
     assert not any(folder.exists() for folder in leftovers) and fresh.exists() and run_dir.exists()
+
+
+@pytest.mark.parametrize("break_index", ["a folder in its place", "garbage bytes"])
+def test_runs_list_reads_the_folders_when_the_index_cannot_be_written(cli, workspace_copy, break_index):
+    workdir, run_dir, _ = workspace_copy
+    index = workdir / ".veritrain" / "registry.sqlite"
+    for extra in workdir.glob(".veritrain/registry.sqlite*"):
+        extra.unlink()
+    if break_index == "a folder in its place":
+        index.mkdir()
+    else:
+        index.write_bytes(b"this is not a database, and the disk is full" * 100)
+    listed = cli("runs", "list", "--json", "--workdir", str(workdir))
+    assert listed.code == 0 and "Traceback" not in listed.stderr, listed.stderr
+    payload = listed.json()
+    assert [r["run_id"] for r in (payload["runs"] if isinstance(payload, dict) else payload)] == [run_dir.name]
+    assert sum(1 for line in listed.stderr.splitlines() if "cannot be written" in line) == 1

@@ -26,11 +26,15 @@ SCHEMA_VERSION = 1
 log = logging.getLogger("veritrain")
 
 
-def connect(state_dir: Path) -> sqlite3.Connection:
-    state_dir.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(state_dir / "registry.sqlite", timeout=60)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA busy_timeout=60000")
+def connect(state_dir: Optional[Path]) -> sqlite3.Connection:
+    """The index in `state_dir`/registry.sqlite; with None, a fresh one in memory."""
+    if state_dir is None:
+        db = sqlite3.connect(":memory:")
+    else:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(state_dir / "registry.sqlite", timeout=60)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA busy_timeout=60000")
     columns = ", ".join(f"{c} TEXT" for c in COLUMNS[1:]) + ", " + ", ".join(f"{c} TEXT" for c in JSON_COLUMNS)
     db.execute(f"CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {columns}, stamp TEXT)")
     db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
@@ -119,8 +123,17 @@ def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
 
 
 def sync(state_dir: Path, runs_dir: Path, rebuild: bool = False) -> sqlite3.Connection:
-    """Bring the index up to date with the run folders (only changed runs are read)."""
-    db = connect(state_dir)
+    """Bring the index up to date with the run folders (only changed runs are read). When the index cannot
+    be opened or written (a full disk, a read-only workspace), the runs are read from their folders into an
+    index in memory, with one warning line: the folders are the truth, the index only a cache."""
+    try:
+        return _sync(connect(state_dir), runs_dir, rebuild)
+    except (sqlite3.OperationalError, sqlite3.DatabaseError, OSError) as err:
+        log.warning("runs: the index %s cannot be written (%s); reading the run folders instead", state_dir / "registry.sqlite", err)
+        return _sync(connect(None), runs_dir, rebuild=True)
+
+
+def _sync(db: sqlite3.Connection, runs_dir: Path, rebuild: bool) -> sqlite3.Connection:
     known = {} if rebuild else dict(db.execute("SELECT run_id, stamp FROM runs"))
     upserts, seen = [], set()
     if runs_dir.exists():
