@@ -212,3 +212,12 @@ def test_runs_list_reads_the_folders_when_the_index_cannot_be_written(cli, works
     payload = listed.json()
     assert [r["run_id"] for r in (payload["runs"] if isinstance(payload, dict) else payload)] == [run_dir.name]
     assert sum(1 for line in listed.stderr.splitlines() if "cannot be written" in line) == 1
+
+
+def test_docs_record_md_names_every_field_readers_rely_on():
+    from veritrain.record import RECORD_SHAPE
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "record.md").read_text(encoding="utf-8")
+    documented = {name for line in text.splitlines() if line.startswith("| `")
+                  for name in line.split("|")[1].replace("`", "").replace(" ", "").split(",")}
+    assert set(RECORD_SHAPE) <= documented, f"docs/record.md lacks {sorted(set(RECORD_SHAPE) - documented)}"

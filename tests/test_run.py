@@ -267,7 +267,9 @@ def test_eval_and_export_failures_are_one_line_errors(cli, tmp_path):
     last = Path(outcome.summary["run_dir"]) / "checkpoints" / "last.pt"
     last.write_bytes(last.read_bytes()[:100])  # damaged: does not match its sidecar
     damaged = cli("eval", run_id, "--checkpoint", "last", "--workdir", str(tmp_path))
-    assert damaged.code == 1 and "does not match" in damaged.stderr and "Traceback" not in damaged.stderr
+    # caught by the run's own seal before the checkpoint's sidecar is even read: nothing is evaluated or re-sealed
+    assert damaged.code == 1 and "checkpoints/last.pt: changed" in damaged.stderr and "does not verify" in damaged.stderr
+    assert "Traceback" not in damaged.stderr
     predictions = tmp_path / "short.csv"
     predictions.write_text("sample_id,label,prediction,confidence,p_a,p_b\nx,a,a\n")
     parsed = cli("eval", "--predictions", str(predictions))

@@ -106,11 +106,15 @@ def read_record(run_dir: Path) -> dict[str, Any]:
     """The run's record.json; a missing or damaged one is a RunFailed that says how to look closer."""
     path = run_dir / RECORD_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise RunFailed(f"{path}: cannot read it ({err.strerror}); `veritrain verify {run_dir.name}` checks the whole run") from None
-    except ValueError as err:  # JSON or UTF-8
+    except (ValueError, RecursionError) as err:  # JSON or UTF-8, or nested past Python's limit
         raise RunFailed(f"{path}: not a valid record ({err}); `veritrain verify {run_dir.name}` checks the whole run") from None
+    problem = record_problem(record, run_dir.name)
+    if problem is not None:
+        raise RunFailed(f"{path}: not a valid record ({problem}); `veritrain verify {run_dir.name}` checks the whole run")
+    return record
 
 
 # ---------------------------------------------------------------- environment and code

@@ -329,11 +329,14 @@ def check_run(run_dir: Path, state_dir: Path) -> dict[str, Any]:
     """The completion checklist of a run: one row per item, pass / fail / missing, and the command
     that fixes it. {"ok", "items": [{"item", "status", "detail", "fix"}]}."""
     run = run_dir.name
+    from veritrain.record import record_problem
+
     try:
         record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
-        if not isinstance(record, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError) as err:  # nothing else can be checked without the record
+        problem = record_problem(record, run_dir.name)
+        if problem is not None:
+            raise ValueError(problem)
+    except (OSError, ValueError, RecursionError) as err:  # nothing else can be checked without the record
         why = err.strerror if isinstance(err, OSError) else str(err)
         return {"ok": False, "run": run, "items": [{"item": "archive: record.json readable", "status": "fail",
                                                     "detail": f"{RECORD_FILE}: {why}", "fix": f"veritrain verify {run}"}]}
