@@ -9,17 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import in_process_run
-
-FAST = ["train.epochs=2", "model.name=mlp", "model.hidden=[32]", "train.threads=1"]
-
-
-@pytest.fixture(scope="module")
-def sealed(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("ws")
-    outcome = in_process_run(workdir, FAST)
-    assert outcome.error is None
-    return workdir, Path(outcome.summary["run_dir"]), outcome.seal
+from test_verify import sealed  # noqa: F401  (the module's run: the same small digits run verify's tests use)
 
 
 @pytest.fixture
