@@ -211,3 +211,23 @@ def test_docs_record_md_names_every_field_readers_rely_on():
     documented = {name for line in text.splitlines() if line.startswith("| `")
                   for name in line.split("|")[1].replace("`", "").replace(" ", "").split(",")}
     assert set(RECORD_SHAPE) <= documented, f"docs/record.md lacks {sorted(set(RECORD_SHAPE) - documented)}"
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(28, "No space left on device", "/ws/.veritrain/data/.tmp-1/manifest.csv"),
+    __import__("sqlite3").OperationalError("database or disk is full"),
+])
+def test_a_full_disk_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, failure):
+    from veritrain import cli
+    from veritrain.data import prepare
+
+    def full(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(prepare, "_write_version", full)
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["data", "prepare", "--workdir", str(tmp_path)])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "free some space" in lines[0] and "Traceback" not in err

@@ -7,8 +7,10 @@ stderr (`error: ...`); `--json` prints exactly one JSON document on stdout.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
+import sqlite3
 import sys
 from typing import Any, Optional
 
@@ -995,7 +997,18 @@ def main(argv: Optional[list[str]] = None) -> None:
         _error(str(err), err.exit_code)
     except KeyboardInterrupt:
         _error("interrupted by SIGINT", 130)
+    except OSError as err:
+        if err.errno not in FULL_DISK:
+            raise
+        _error(f"{err.filename or 'a file'}: {err.strerror or 'no space left'}; free some space (or make it writable) and run the command again", 1)
+    except sqlite3.OperationalError as err:
+        if "full" not in str(err) and "I/O" not in str(err) and "readonly" not in str(err):
+            raise
+        _error(f"the workspace's index: {err}; free some space (or make it writable) and run the command again", 1)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # errors of the machine, not of veritrain: one line, exit 1
 
 
 def _error(message: str, code: int) -> None:
