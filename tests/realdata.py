@@ -24,7 +24,7 @@ MNIST_SIDE = 28  # px
 SMALL_CLASS_SIZE = 40  # digits kept in the class cut short by write_faulty_mnist
 FIRST_EXTRA_INDEX = 5000  # injected extra files are named from here on: past every MNIST index of the subset
 PHOTO_NAMES = ("china", "flower")
-# How many files of each injected kind write_faulty_mnist writes (the acceptance list of the data tests).
+# How many files of each injected kind write_faulty_mnist writes (what the data tests score recall against).
 FAULT_COUNTS = {
     "label_errors": 25,
     "duplicates": 10,

@@ -199,7 +199,7 @@ def test_a_file_added_to_a_stored_version_is_refused(cli, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_faulty_mnist_other_injection_seeds(tmp_path, seed):
-    # the same acceptance as seed 0 above, on other draws of the faults and of the small class
+    # the same checks as seed 0 above, on other draws of the faults and of the small class
     faults = write_faulty_mnist(tmp_path / "raw", seed=seed)
     data = prepare_folder(tmp_path / "raw", tmp_path)
     flagged = findings(data, "label_issue")
