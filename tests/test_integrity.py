@@ -231,3 +231,15 @@ def test_a_full_disk_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, failu
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "free some space" in lines[0] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("version", ["../../elsewhere", 5, "A" * 64])
+def test_a_record_whose_data_version_is_not_an_id_is_refused_by_every_reader(cli, workspace_copy, version):
+    workdir, run_dir, _ = workspace_copy
+    record = json.loads((run_dir / "record.json").read_text())
+    record["data"]["version"] = version
+    (run_dir / "record.json").write_text(json.dumps(record))
+    for command in (["verify", run_dir.name], ["eval", run_dir.name], ["runs", "show", run_dir.name]):
+        result = cli(*command, "--workdir", str(workdir))
+        assert result.code == 1, (command, result.stderr)
+        assert "Traceback" not in result.stderr and "data.version" in result.stdout + result.stderr, (command, result.stderr)

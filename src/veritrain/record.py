@@ -62,6 +62,7 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> str:
     return seal
 
 
+DATA_VERSION = re.compile(r"[0-9a-f]{64}")  # a SHA-256 in hex (data.prepare.version_id)
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{6}")  # workspace.new_run_dir: UTC time to the millisecond, 6 random hex digits
 # the fields every reader relies on, with the JSON types they may have (None: the field may be null or absent)
 RECORD_SHAPE: dict[str, tuple[type, ...]] = {
@@ -72,20 +73,24 @@ RECORD_SHAPE: dict[str, tuple[type, ...]] = {
 }
 
 
-def record_problem(record: Any, folder_name: str) -> Optional[str]:
+def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:
     """Why a record read from `runs/<folder_name>/` cannot be trusted to describe a run, or None. Records
-    arrive from archives and copies, so listing, indexing and import check their shape before reading them."""
+    arrive from archives and copies, so listing, indexing and import check their shape before reading them.
+    With `folder_name` None only the shape is checked (verify, which also answers for copied run folders)."""
     if not isinstance(record, dict):
         return "not a JSON object"
-    if not RUN_ID.fullmatch(folder_name):
+    if folder_name is not None and not RUN_ID.fullmatch(folder_name):
         return f"the folder name {folder_name[:40]!r} is not a run id"
-    if record.get("run_id") != folder_name:
+    if folder_name is not None and record.get("run_id") != folder_name:
         return f"its run_id {str(record.get('run_id'))[:40]!r} is not its folder's name"
     for key, kinds in RECORD_SHAPE.items():
         if not isinstance(record.get(key), kinds):
             return f"{key} is a {type(record.get(key)).__name__}, expected {' or '.join('null' if k is type(None) else {dict: 'object', list: 'list', str: 'text'}[k] for k in kinds)}"
     if not all(isinstance(m, dict) for m in (record.get("metrics") or {}).values()):
         return "metrics must map each split to an object"
+    version = (record.get("data") or {}).get("version")
+    if version is not None and not (isinstance(version, str) and DATA_VERSION.fullmatch(version)):
+        return f"data.version {str(version)[:40]!r} is not a data version id"  # it names a folder: never a path
     return None
 
 

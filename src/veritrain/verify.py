@@ -61,6 +61,12 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}{hint}")
     if record is None:
         return {"ok": False, "seal": seal, "problems": problems, "drift": drift}
+    from veritrain.record import record_problem
+
+    malformed = record_problem(record, None)
+    if malformed is not None:  # nothing below may trust its fields (a data version that is a path, say)
+        problem(RECORD_FILE, "unreadable", malformed)
+        return {"ok": False, "seal": seal, "problems": problems, "drift": drift}
 
     artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
     present = {}
