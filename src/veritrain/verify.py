@@ -27,8 +27,9 @@ from veritrain.record import RECORD_FILE, SEAL_FILE, UNSEALED
 
 
 def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
-               rehash_data: bool = True) -> dict[str, Any]:
-    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}]}."""
+               rehash_data: bool = True, check_data: bool = True) -> dict[str, Any]:
+    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}]}.
+    `check_data` False leaves the data version out (for callers that open it next, which checks it)."""
     problems: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
 
@@ -87,7 +88,7 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         problem(rel, "added", "not listed in record.json")
 
     data = record.get("data") or {}
-    if data.get("version"):
+    if data.get("version") and check_data:
         problems.extend(_check_data_version(record, state_dir, rehash_data, drift))
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
