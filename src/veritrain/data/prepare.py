@@ -659,7 +659,13 @@ def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndar
     duplicates. Appends each kept group to `links`; returns the confirmed pairs as sample indices."""
     from veritrain.data.dedup import near_duplicates
 
-    candidates = [i for i in table.included() if i in table.pictures]
+    # one picture per distinct content: exact copies are linked by their hash already, and 10,000 copies of one
+    # blank frame would otherwise make 50 million candidate pairs
+    copies: dict[str, list[int]] = defaultdict(list)
+    for i in table.included():
+        if i in table.pictures:
+            copies[table.hashes[i]].append(i)
+    candidates = [members[0] for members in copies.values()]
     if len(candidates) < 2:
         return np.zeros((0, 2), dtype=np.int64)
     found = near_duplicates(np.array([table.phash[i] for i in candidates], dtype=np.uint64),
@@ -668,10 +674,8 @@ def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndar
     pairs = index[found.pairs] if len(found.pairs) else np.zeros((0, 2), dtype=np.int64)
     difference_of = {(int(a), int(b)): float(d) for (a, b), d in zip(pairs, found.differences)}
     for component in found.components:
-        members = [candidates[k] for k in component]
-        if len({table.hashes[i] for i in members}) == 1:
-            continue  # all copies of one content: already a `duplicate`
-        inside = [(int(a), int(b)) for a, b in pairs[np.isin(pairs[:, 0], members)][:2]]  # a pair never leaves its group
+        members = sorted(i for k in component for i in copies[table.hashes[candidates[k]]])
+        inside = [(int(a), int(b)) for a, b in pairs[np.isin(pairs[:, 0], members)][:2]]  # a pair never leaves its group (of representatives)
         examples = "; ".join(f"{table.ids[a]} ~ {table.ids[b]} (difference {difference_of[(a, b)]:.3f})" for a, b in inside[:2])
         labels = {table.labels[i] for i in members}
         if len(labels) > 1:
