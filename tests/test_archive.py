@@ -432,9 +432,12 @@ def test_record_not_first_is_refused(cli, archived, tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda record: record.__setitem__("metrics", [1, 2]), "metrics is a list, expected object or null"),
-    (lambda record: record.__setitem__("artifacts", [1]), "artifacts is a list"),
-    (lambda record: record["artifacts"].__setitem__("config.yaml", {"sha256": 5, "size": 1}), "no valid artifact table"),
+    (lambda record: record.__setitem__("metrics", [1, 2]), "metrics: Input should be a valid dictionary (found a list)"),
+    (lambda record: record.__setitem__("artifacts", [1]), "artifacts: Input should be a valid dictionary"),
+    (lambda record: record["artifacts"].__setitem__("config.yaml", {"sha256": 5, "size": 1}), "artifacts.config.yaml.sha256: Input should be a valid string"),
+    (lambda record: record.__setitem__("artifacts", None), "has no artifact table"),
+    (lambda record: record.__setitem__("seed", "1"), "seed: Input should be a valid integer"),
+    (lambda record: record["artifacts"].__setitem__("../../outside", {"sha256": "0" * 64, "size": 1}), "must be a relative path inside the run folder"),
 ])
 def test_a_record_of_the_right_run_but_the_wrong_shape_is_refused(cli, archived, tmp_path, change, message):
     forged = {}

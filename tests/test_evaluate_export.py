@@ -232,6 +232,42 @@ def test_predict_resizes_any_size_and_mode(full_run, tmp_path):
     assert result["ok"] and len(result["top"]) == 2
 
 
+def _external_data_model(folder: Path) -> None:
+    """model.onnx rewritten so its weights live in another file, as an attacker's export might."""
+    import onnx
+
+    model = onnx.load(str(folder / "model.onnx"))
+    onnx.save_model(model, str(folder / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+
+
+@pytest.mark.parametrize("label, edit, message", [
+    ("not JSON", lambda d, folder: "{", "not an export's description"),
+    ("a path for the ONNX file", lambda d, folder: d["files"]["onnx"].__setitem__("file", "../../outside.onnx"), "files.onnx.file"),
+    ("classes of numbers", lambda d, folder: d.__setitem__("classes", [1, 2]), "classes.0"),
+    ("a huge input", lambda d, folder: d["input"].__setitem__("shape", [None, 1, 10**9, 8]), "input.shape"),
+    ("a zero std", lambda d, folder: d["preprocessing"].__setitem__("std", [0.0]), "preprocessing.std"),
+    ("weights in another file", lambda d, folder: (_external_data_model(folder), d["files"]["onnx"].__setitem__(
+        "sha256", __import__("veritrain.hashing", fromlist=["x"]).sha256_file(folder / "model.onnx"))), "self-contained"),
+])
+def test_predict_refuses_a_hostile_export_in_one_line(cli, full_run, tmp_path, label, edit, message):
+    import shutil
+
+    from PIL import Image
+
+    _, run_dir, _ = full_run
+    folder = tmp_path / "export"
+    shutil.copytree(run_dir / "export", folder)
+    description = json.loads((folder / "model.json").read_text())
+    edited = edit(description, folder)
+    (folder / "model.json").write_text("{" if edited == "{" else json.dumps(description))
+    image = tmp_path / "x.png"
+    Image.new("L", (8, 8), 3).save(image)
+    result = cli("predict", str(folder), str(image))
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.code == 1 and len(errors) == 1 and message in errors[0] and "Traceback" not in result.stderr, (label, result.stderr)
+
+
 def test_eval_command_reseals_and_records(cli, full_run):
     workdir, run_dir, _ = full_run
     before = (run_dir / "record.sha256").read_text()

@@ -198,15 +198,85 @@ def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
     return array.transpose(2, 0, 1).astype(np.float32)
 
 
+def read_description(export_dir: Path) -> dict[str, Any]:
+    """model.json of an export predict can use, checked first: an export folder may come from anywhere,
+    so a malformed one is one line (exit 1), and its ONNX file must be a file of this folder."""
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    class _Loose(BaseModel):
+        model_config = ConfigDict(extra="allow", strict=True)
+
+    class OnnxFile(_Loose):
+        file: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")  # a name in this folder, never a path
+        sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    class Files(_Loose):
+        onnx: Optional[OnnxFile] = None
+
+    class Input(_Loose):
+        shape: list[Optional[int]] = Field(min_length=4, max_length=4)  # [batch (null: dynamic), C, H, W]
+
+    class Description(_Loose):
+        classes: list[str] = Field(min_length=1)
+        input: Input
+        preprocessing: dict[str, Any]
+        files: Files
+
+    path = export_dir / "model.json"
+    try:
+        description = json.loads(path.read_text(encoding="utf-8"))
+        Description.model_validate(description)
+    except OSError as err:
+        raise RunFailed(f"{path}: cannot read it ({err.strerror})") from None
+    except (ValueError, RecursionError) as err:  # JSON, UTF-8 or the shape (ValidationError is a ValueError)
+        detail = err.errors(include_url=False)[0] if isinstance(err, ValidationError) else None
+        where = f"{'.'.join(map(str, detail['loc']))}: {detail['msg']}" if detail else str(err).splitlines()[0]
+        raise RunFailed(f"{path}: not an export's description ({where}); re-export the run") from None
+    _, c, h, w = description["input"]["shape"]
+    if c not in (1, 3) or h is None or w is None or not (0 < h <= 4096 and 0 < w <= 4096):
+        raise RunFailed(f"{path}: input.shape: {[c, h, w]} is not an image model's input (1 or 3 channels, at most 4096 px a side)")
+    prep = description["preprocessing"]
+    for key in ("mean", "std") if "mean" in prep else ():
+        values = prep.get(key)
+        if not (isinstance(values, list) and len(values) == c and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in values)
+                and (key == "mean" or all(v > 0 for v in values))):
+            raise RunFailed(f"{path}: preprocessing.{key}: must be {c} finite number(s){' above 0' if key == 'std' else ''}; re-export the run")
+    return description
+
+
+def refuse_external_data(onnx_path: Path) -> None:
+    """An exported model is one self-contained file: tensors stored elsewhere would make onnxruntime
+    open files the seal does not cover, so such a model is refused."""
+    import onnx
+
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as err:  # protobuf's decode errors have no common public base class
+        raise RunFailed(f"{onnx_path}: not a readable ONNX model ({err.__class__.__name__}); re-export the run") from None
+    def tensors(graph):  # initializers and tensor attributes, subgraphs (If, Loop, Scan) included
+        yield from graph.initializer
+        for node in graph.node:
+            for attribute in node.attribute:
+                yield from ([attribute.t] if attribute.HasField("t") else [])
+                yield from attribute.tensors
+                for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from tensors(subgraph)
+
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors(model.graph)):
+        raise RunFailed(f"{onnx_path}: refers to tensors in other files; predict runs only self-contained ONNX files, re-export the run")
+
+
 def predict(export_dir: Path, files: Sequence[str], top: int = 1) -> list[dict[str, Any]]:
     """Class names and probabilities for each file with the exported ONNX model; a file that cannot
-    be read or decoded gets an error and the others are still predicted."""
-    description = json.loads((export_dir / "model.json").read_text(encoding="utf-8"))
+    be read or decoded gets an error and the others are still predicted. No code of the run is
+    imported: the ONNX file runs in onnxruntime, so predict needs no --trust-code."""
+    description = read_description(export_dir)
     onnx_file = description["files"].get("onnx")
     if onnx_file is None:
         raise UserError(f"{export_dir}: no ONNX model in this export; export with --format onnx")
-    if sha256_file(export_dir / onnx_file["file"]) != onnx_file["sha256"]:
-        raise RunFailed(f"{export_dir / onnx_file['file']}: does not match the hash in model.json; re-export the run")
+    if not (export_dir / onnx_file["file"]).is_file() or sha256_file(export_dir / onnx_file["file"]) != onnx_file["sha256"]:
+        raise RunFailed(f"{export_dir / onnx_file['file']}: missing or does not match the hash in model.json; re-export the run")
+    refuse_external_data(export_dir / onnx_file["file"])
     classes = description["classes"]
     results: list[dict[str, Any]] = []
     batch, positions = [], []

@@ -17,7 +17,9 @@ import sys
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from veritrain import __version__
 from veritrain.errors import RunFailed
@@ -52,46 +54,215 @@ def artifact_table(run_dir: Path) -> dict[str, dict[str, Any]]:
     return table
 
 
-def write_record(run_dir: Path, record: dict[str, Any]) -> str:
-    """Refresh `artifacts`, write record.json atomically, then its seal; returns the seal (hex SHA-256)."""
+def write_record(run_dir: Path, record: dict[str, Any], run: bool = True) -> str:
+    """Refresh `artifacts`, write record.json atomically, then its seal; returns the seal (hex SHA-256).
+    A run's record is validated against `RunRecord` first, as its readers will: a record they would
+    refuse is never written. (`run` False: another folder's record, such as a smoke test's.)"""
     record["artifacts"] = artifact_table(run_dir)
     data = record_bytes(record)
+    if run:
+        RunRecord.model_validate_json(data)  # a ValidationError here is a bug in the writer, never the user's
     write_atomic(run_dir / RECORD_FILE, data, sync_folder=False)  # the seal's rename below syncs the folder for both
     seal = hashlib.sha256(data).hexdigest()
     write_atomic(run_dir / SEAL_FILE, (seal + "\n").encode())
     return seal
 
 
-DATA_VERSION = re.compile(r"[0-9a-f]{64}")  # a SHA-256 in hex (data.prepare.version_id)
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{6}")  # workspace.new_run_dir: UTC time to the millisecond, 6 random hex digits
-# the fields every reader relies on, with the JSON types they may have (None: the field may be null or absent)
-RECORD_SHAPE: dict[str, tuple[type, ...]] = {
-    "run_id": (str,), "status": (str,), "kind": (str, type(None)), "config": (dict,), "config_hash": (str, type(None)),
-    "metrics": (dict, type(None)), "data": (dict, type(None)), "repeat": (dict, type(None)), "error": (dict, type(None)),
-    "events": (list, type(None)), "resumes": (list, type(None)), "artifacts": (dict, type(None)), "seal_history": (list, type(None)),
-    "exp_name": (str, type(None)), "hypothesis": (str, type(None)), "parent": (str, type(None)), "reproduced_from": (str, type(None)),
-}
+
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def _sha256(value: str) -> str:
+    if not SHA256_HEX.fullmatch(value):
+        raise ValueError("must be a SHA-256 in hex (64 lowercase hex digits)")
+    return value
+
+
+def _run_id(value: str) -> str:
+    if not RUN_ID.fullmatch(value):
+        raise ValueError("must be a run id (YYYYMMDD-HHMMSS-mmm-xxxxxx)")
+    return value
+
+
+Sha256 = Annotated[str, AfterValidator(_sha256)]
+DataVersionId = Sha256  # data.prepare.version_id; it names a folder, so never a path
+RunId = Annotated[str, AfterValidator(_run_id)]
+
+
+def _inside_run(path: str) -> str:
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("must be a relative path inside the run folder")
+    return path
+
+
+RunPath = Annotated[str, AfterValidator(_inside_run)]
+
+
+class _Part(BaseModel):
+    """A part of a record. Strict JSON types (no "1" for 1, no true for 1); fields added by a later
+    record_version are kept (extra="allow"), so this reader keeps working on newer records."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class Artifact(_Part):
+    sha256: Sha256
+    size: Annotated[int, Field(ge=0)]
+
+
+class SealEntry(_Part):
+    seal: Sha256
+    replaced_at: str
+    by: str
+
+
+class Event(_Part):
+    kind: str
+    step: Optional[int] = None
+    detail: Any = None
+    at: Optional[str] = None
+
+
+class Resume(_Part):
+    at: str
+    argv: list[str]
+    previous_status: Optional[str] = None
+
+
+class RunError(_Part):
+    type: str
+    message: str
+
+
+class Repeat(_Part):
+    group: str
+    index: Annotated[int, Field(ge=0)]
+    of: Annotated[int, Field(ge=1)]
+
+
+class FileRef(_Part):
+    file: RunPath
+    sha256: Sha256
+
+
+class ModelSource(FileRef):
+    target: str
+
+
+class Code(_Part):
+    veritrain: Optional[str] = None
+    git_commit: Optional[str] = None
+    git_dirty: Optional[bool] = None
+    diff_patch: Optional[FileRef] = None
+    untracked: Optional[list[str]] = None
+    model_source: Optional[ModelSource] = None
+
+
+class ConfigSource(_Part):
+    path: Optional[str] = None
+    overrides: list[str] = []
+    data_root: Optional[str] = None
+    data_root_resolved: Optional[str] = None
+    data_paths_resolved: dict[str, str] = {}
+
+
+class DataInfo(_Part):
+    version: Optional[DataVersionId] = None
+    path: Optional[str] = None
+    source: Optional[str] = None
+    counts: Optional[dict[str, Annotated[int, Field(ge=0)]]] = None
+    classes: Optional[list[str]] = None
+    quarantined: Optional[int] = None
+    findings_by_kind: Optional[dict[str, int]] = None
+    leakage_pairs: Optional[int] = None
+    hash_algorithm: Optional[str] = None
+    version_json_sha256: Optional[Sha256] = None
+    recipe: Optional[int] = None
+    summary: Optional[dict[str, Any]] = None
+    card: Optional[dict[str, Any]] = None
+
+
+class Training(_Part):
+    epochs: int
+    steps: int
+    best_epoch: Optional[int] = None
+    best_metric: Optional[dict[str, Any]] = None
+    last_epoch: Optional[dict[str, Any]] = None
+    peak_memory_mb: Optional[float] = None
+    loop_seconds: Optional[float] = None
+    settings: Optional[dict[str, Any]] = None
+
+
+class ExportInfo(_Part):
+    files: Optional[dict[str, FileRef]] = None
+    parity: Optional[dict[str, Any]] = None
+
+
+class RunRecord(_Part):
+    """record.json, field by field (docs/record.md documents each; a test keeps the two in step). The
+    writer validates every record before writing it and every reader validates what it reads, so a record
+    from an archive, a copy or a hand edit is refused in one line before any field of it is trusted."""
+
+    record_version: Annotated[int, Field(ge=1)]
+    run_id: RunId
+    kind: Optional[str] = None
+    stages: Optional[list[str]] = None
+    status: Literal["running", "completed", "failed", "interrupted"]
+    started_at: Optional[str] = None
+    ended_at: Optional[str] = None
+    argv: Optional[list[str]] = None
+    exp_name: Optional[str] = None
+    task: Optional[str] = None
+    seed: Optional[int] = None
+    config: dict[str, Any]
+    config_hash: Optional[Sha256] = None
+    config_source: Optional[ConfigSource] = None
+    code: Optional[Code] = None
+    env: Optional[dict[str, Any]] = None
+    data: Optional[DataInfo] = None
+    training: Optional[Training] = None
+    metrics: Optional[dict[str, dict[str, Any]]] = None
+    baselines: Optional[dict[str, Any]] = None
+    export: Optional[ExportInfo] = None
+    smoke: Optional[dict[str, Any]] = None
+    hypothesis: Optional[str] = None
+    parent: Optional[str] = None
+    reproduced_from: Optional[str] = None
+    repeat: Optional[Repeat] = None
+    final_state_sha256: Optional[Sha256] = None
+    timings: Optional[dict[str, float]] = None
+    events: Optional[list[Event]] = None
+    resumes: Optional[list[Resume]] = None
+    seal_history: Optional[list[SealEntry]] = None
+    artifacts: Optional[dict[RunPath, Artifact]] = None
+    error: Optional[RunError] = None
 
 
 def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:
-    """Why a record read from `runs/<folder_name>/` cannot be trusted to describe a run, or None. Records
-    arrive from archives and copies, so listing, indexing and import check their shape before reading them.
-    With `folder_name` None only the shape is checked (verify, which also answers for copied run folders)."""
+    """Why a record read from `runs/<folder_name>/` cannot be trusted to describe a run (one line), or None.
+    Records arrive from archives and copies, so every reader validates them against `RunRecord` first.
+    With `folder_name` None only the record itself is checked (verify, which also answers for copied run folders)."""
     if not isinstance(record, dict):
         return "not a JSON object"
     if folder_name is not None and not RUN_ID.fullmatch(folder_name):
         return f"the folder name {folder_name[:40]!r} is not a run id"
     if folder_name is not None and record.get("run_id") != folder_name:
         return f"its run_id {str(record.get('run_id'))[:40]!r} is not its folder's name"
-    for key, kinds in RECORD_SHAPE.items():
-        if not isinstance(record.get(key), kinds):
-            return f"{key} is a {type(record.get(key)).__name__}, expected {' or '.join('null' if k is type(None) else {dict: 'object', list: 'list', str: 'text'}[k] for k in kinds)}"
-    if not all(isinstance(m, dict) for m in (record.get("metrics") or {}).values()):
-        return "metrics must map each split to an object"
-    version = (record.get("data") or {}).get("version")
-    if version is not None and not (isinstance(version, str) and DATA_VERSION.fullmatch(version)):
-        return f"data.version {str(version)[:40]!r} is not a data version id"  # it names a folder: never a path
+    try:
+        RunRecord.model_validate(record)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"] if part != "[key]") or "record"
+        message = first["msg"].removeprefix("Value error, ")
+        return f"{where[:80]}: {message} (found {_short(first.get('input'))})"
     return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, (dict, list)) else type(value).__name__.replace("dict", "an object").replace("list", "a list")
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def reseal(run_dir: Path, record: dict[str, Any], by: str) -> str:

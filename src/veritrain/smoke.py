@@ -109,7 +109,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
     finally:
         record["ended_at"] = now_iso()
         record["seconds"] = round(time.perf_counter() - started, 3)
-        write_record(folder, record)
+        write_record(folder, record, run=False)  # the smoke folder's own record, not a run's
     log.info("smoke: passed in %.1fs (%s)", record["seconds"], ", ".join(checks))
     return {"key": key, "folder": str(folder), "status": record["status"], "checks": checks, "seconds": record["seconds"]}
 
