@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import torch
 
-from veritrain.errors import UserError
+from veritrain.errors import RunFailed, UserError
 from veritrain.hashing import sha256_file
 from veritrain.train import checkpoint
 
@@ -37,6 +37,17 @@ def forward_split(model: torch.nn.Module, task: Any, data: Any, split: str, devi
     if not outputs:
         return torch.empty(0), torch.empty(0)
     return torch.cat(outputs), torch.cat(targets)
+
+
+def require_finite(outputs: torch.Tensor, split: str, checkpoint_shown: str) -> None:
+    """RunFailed when any sample's outputs hold NaN or inf: no metric of such outputs means anything,
+    and the libraries that compute them would fail with a message about their own input instead."""
+    if outputs.numel() == 0:
+        return
+    bad = int((~torch.isfinite(outputs.reshape(len(outputs), -1))).any(dim=1).sum())
+    if bad:
+        raise RunFailed(f"eval: the model gives non-finite outputs (NaN or inf) for {bad} of {len(outputs)} {split} samples at "
+                        f"{checkpoint_shown}; training likely diverged: lower optim.lr (or, with optim.name=sgd, set train.grad_clip)")
 
 
 def checkpoint_path(cfg: Any, run_dir: Path, which: Optional[str]) -> Path:
@@ -67,7 +78,12 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
         raise UserError(f"eval.split: the {split} split of the data version is empty; evaluate another split (--split) or give it samples (data.split_ratios)")
     path = checkpoint_path(cfg, run_dir, which)
     model, state = load_model(cfg, data, task, path, device)
+    try:
+        shown_path = path.relative_to(run_dir).as_posix()
+    except ValueError:
+        shown_path = str(path)
     outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
+    require_finite(outputs, split, shown_path)
     out_dir = run_dir / "eval" / split
     out_dir.mkdir(parents=True, exist_ok=True)
     write_files = getattr(task, "write_evaluation", None)  # optional part of the Task protocol
@@ -75,10 +91,6 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
         metrics = write_files(out_dir, outputs, targets, data, split, cfg)
     else:
         metrics = task.metrics(outputs, targets, data)
-    try:
-        shown_path = path.relative_to(run_dir).as_posix()
-    except ValueError:
-        shown_path = str(path)
     metrics.update(
         split=split,
         data_version=data.version,

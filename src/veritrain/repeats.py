@@ -19,15 +19,35 @@ from veritrain.workspace import Workspace
 
 SUMMARIZED = ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "log_loss", "ece", "mae", "rmse")
 
+# The values each metric can take: shares of samples (and ECE, a weighted mean of |accuracy − confidence|)
+# lie in [0, 1]; losses and errors in [0, ∞). A metric not listed is left unclipped.
+UNIT = (0.0, 1.0)
+NON_NEGATIVE = (0.0, math.inf)
+RANGES: dict[str, tuple[float, float]] = {
+    **{name: UNIT for name in ("accuracy", "top5_accuracy", "macro_f1", "f1_macro", "f1_weighted", "precision_macro",
+                               "recall_macro", "precision_weighted", "recall_weighted", "ece")},
+    **{name: NON_NEGATIVE for name in ("log_loss", "loss", "mae", "rmse")},
+}
 
-def spread(values: list[float]) -> dict[str, Any]:
+
+def spread(values: list[float], valid: tuple[float, float] = (-math.inf, math.inf)) -> dict[str, Any]:
+    """Mean, sample standard deviation and the 95% interval mean ± t(0.975, n − 1) · std / √n, clipped to
+    `valid`, the range the metric can take.
+
+    Why clip: Student's t interval is symmetric because it assumes the metric is normally distributed
+    across seeds. A metric bounded by 0 or 1 is not, least of all near its bound: with few seeds and a
+    mean close to 0 (log loss, ECE of a good model) or 1 (accuracy), mean ± half reaches values no run can
+    ever give, such as a negative log loss. Clipping keeps the interval to the possible values; it stays
+    the same t interval wherever it already lay inside the range.
+    """
     from scipy.stats import t
 
     n = len(values)
     mean = statistics.fmean(values)
     std = statistics.stdev(values) if n > 1 else 0.0
     half = t.ppf(0.975, n - 1) * std / math.sqrt(n) if n > 1 else 0.0
-    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half], "n": n, "values": values}
+    low, high = valid
+    return {"mean": mean, "std": std, "ci95": [max(mean - half, low), min(mean + half, high)], "n": n, "values": values}
 
 
 def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: int) -> dict[str, Any]:
@@ -46,7 +66,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
     for name in SUMMARIZED:
         values = [o.record["metrics"][split][name] for o in completed if isinstance(o.record["metrics"].get(split, {}).get(name), float)]
         if values:
-            summary[name] = spread(values)
+            summary[name] = spread(values, RANGES.get(name, (-math.inf, math.inf)))
     baselines = {}
     first = completed[0].record.get("baselines") if completed else None
     if first:

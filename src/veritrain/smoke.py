@@ -5,6 +5,7 @@ after each, a resume from the first checkpoint that must end bit-identical to th
 2 steps, evaluation on ≤ 64 test samples, and export with its parity check. The result is recorded
 (sealed) in `.veritrain/smoke/<key>/`, where the key is the config hash, data version and code
 version: `veritrain run` runs the smoke first and skips it when one already passed for that key.
+The folder keeps its own `train.log` (debug lines included, and the traceback of a failure).
 
     veritrain smoke configs/digits.yaml
 """
@@ -16,6 +17,7 @@ import json
 import logging
 import shutil
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -58,6 +60,9 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
     folder = workspace.state_dir / "smoke" / key
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    log_path = folder / "train.log"
+    file_log = logs.attach_file(log_path)
+    log.debug("smoke %s: config %s, data version %s", key, resolved.hash, data.version)
     tiny = cfg.model_copy(deep=True, update={
         "train": cfg.train.model_copy(update={"epochs": 1, "batch_size": min(cfg.train.batch_size, TRAIN_SAMPLES // STEPS),
                                               "accumulate_steps": 1, "early_stopping_patience": None, "compile": False}),
@@ -97,21 +102,28 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
             checks["export_parity"] = {"passed": description["parity"]["passed"], "formats": list(description["files"])}
         failed = [name for name, c in checks.items() if not c["passed"]]
         if failed:
-            raise RunFailed(f"smoke: {', '.join(failed)} failed; see {folder}")
+            raise RunFailed(f"smoke: {', '.join(failed)} failed")
         record["status"] = "completed"
     except RunFailed as err:
         message = str(err) if str(err).startswith("smoke: ") else f"smoke: {err}"
-        record.update(status="failed", error={"type": "RunFailed", "message": message})
-        raise RunFailed(message) from None
-    except Exception as err:
-        record.update(status="failed", error={"type": err.__class__.__name__, "message": str(err)})
-        raise RunFailed(f"smoke: {err.__class__.__name__}: {err}; see {folder}") from None
+        _log_failure(record, err, message)
+        raise RunFailed(f"{message}; log in {log_path}") from None
+    except Exception as err:  # a bug or an environment problem: the traceback goes to the smoke's train.log
+        _log_failure(record, err, " ".join(str(err).split()))  # one line, however the exception wrote it
+        raise RunFailed(f"smoke: {err.__class__.__name__}: {record['error']['message']}; traceback in {log_path}") from None
     finally:
         record["ended_at"] = now_iso()
         record["seconds"] = round(time.perf_counter() - started, 3)
+        logs.detach(file_log)  # the log is complete before the record lists it with its hash
         write_record(folder, record, run=False)  # the smoke folder's own record, not a run's
     log.info("smoke: passed in %.1fs (%s)", record["seconds"], ", ".join(checks))
     return {"key": key, "folder": str(folder), "status": record["status"], "checks": checks, "seconds": record["seconds"]}
+
+
+def _log_failure(record: dict[str, Any], err: Exception, message: str) -> None:
+    record.update(status="failed", error={"type": err.__class__.__name__, "message": message})
+    log.error("smoke failed: %s", message, extra=logs.FILE_ONLY)  # the CLI shows the one-line error
+    log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
 
 
 def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:

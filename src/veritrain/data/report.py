@@ -180,9 +180,31 @@ def markdown(report: dict[str, Any]) -> str:
     else:
         lines.append("Nothing quarantined.")
     if report["images"]:
-        lines += ["", "## Images", "", "```", json.dumps(report["images"], indent=2), "```"]
+        lines += ["", "## Images", ""] + images_table(report["images"])
     lines += ["", "## Timings (seconds)", ""] + [f"- {k}: {v}" for k, v in report["timings_seconds"].items()]
     return "\n".join(lines) + "\n"
+
+
+IMAGE_PROPERTIES = {  # keys of the report's `images` → how the table names them
+    "shape": "shape (height × width × channels)",
+    "sizes": "size (width × height)",
+    "modes": "mode",
+    "formats": "format",
+}
+
+
+def images_table(images: dict[str, Any]) -> list[str]:
+    """The report's `images` (stored shapes of an array source; sizes, modes and formats of image files,
+    each with its sample count) as a Markdown table: one row per property and value."""
+    lines = ["| property | value | samples |", "|---|---|---|"]
+    for key, values in images.items():
+        name = IMAGE_PROPERTIES.get(key, key.replace("_", " "))
+        if isinstance(values, dict):
+            for value, count in values.items():  # prepare lists them most common first
+                lines.append(f"| {name} | {_cell(str(value))} | {count} |")
+        else:
+            lines.append(f"| {name} | {_cell(str(values))} | |")
+    return lines
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:

@@ -23,6 +23,13 @@ DECODED_CACHE_BYTES = 1 << 30
 DECODE_CHUNK_ROWS = 4096  # rows converted at a time while decoding, to bound the temporaries
 
 
+def class_probabilities(outputs: torch.Tensor) -> np.ndarray:
+    """N×K logits → N×K float64 class probabilities, exp(log_softmax): the largest logit of a row is
+    subtracted before exponentiating, so logits of any finite size (1e30 apart) give probabilities
+    in [0, 1] that sum to 1, never inf/inf = NaN."""
+    return torch.log_softmax(outputs.double(), dim=1).exp().numpy()
+
+
 class ClassificationTask:
     name = "classification"
     epoch_metrics = ("acc",)
@@ -145,9 +152,10 @@ class ClassificationTask:
     def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: Any) -> dict[str, Any]:
         from veritrain.tasks import classification_eval
 
-        probabilities = torch.softmax(outputs.double(), dim=1).numpy()
+        probabilities = class_probabilities(outputs)
         metrics = classification_eval.compute(probabilities, targets.cpu().numpy(), data.classes)
-        metrics["loss"] = float(F.cross_entropy(outputs.float(), targets))
+        # in float64, so logits far apart (a diverging model) give a large loss rather than inf
+        metrics["loss"] = float(F.cross_entropy(outputs.double(), targets))
         return metrics
 
     # ---- optional parts of the Task protocol, used by the evaluation stage
@@ -158,7 +166,7 @@ class ClassificationTask:
 
         rows = data.splits[split]
         sample_ids = [data.sample_ids[r] for r in rows]
-        probabilities = torch.softmax(outputs.double(), dim=1).numpy()
+        probabilities = class_probabilities(outputs)
         labels = targets.cpu().numpy()
         metrics = self.metrics(outputs, targets, data)
         ce.write_predictions(out_dir / "predictions.csv", sample_ids, labels, probabilities, data.classes)

@@ -96,6 +96,9 @@ def read_predictions(path: Path) -> tuple[list[str], np.ndarray, np.ndarray, lis
         probabilities = np.array([[float(v) for v in r[4:]] for r in rows], dtype=np.float64)
     except ValueError as err:
         raise ValueError(f"a p_<class> value is not a number ({err})") from None
+    not_finite = np.flatnonzero(~np.isfinite(probabilities).all(axis=1))
+    if len(not_finite):
+        raise ValueError(f"line {int(not_finite[0]) + 2} has a p_<class> value that is NaN or inf ({len(not_finite)} line(s) in all)")
     labels = np.array([index[r[1]] for r in rows], dtype=np.int64)
     return [r[0] for r in rows], labels, probabilities, classes
 
@@ -191,8 +194,18 @@ def plot_bad_cases(path: Path, cases: list[dict[str, Any]], images: Optional[np.
 
 
 def plot_curves(path: Path, history: list[dict[str, Any]]) -> None:
-    """Loss and accuracy per epoch from metrics.jsonl."""
+    """Loss and accuracy per epoch from metrics.jsonl, as curves.png."""
     plt = _pyplot()
+    fig = curves_figure(history)
+    fig.savefig(path, metadata={"Software": None})
+    plt.close(fig)
+
+
+def curves_figure(history: list[dict[str, Any]]) -> Any:
+    """The figure of `plot_curves` (train/val loss left, accuracy right), not yet saved; the caller closes it."""
+    plt = _pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=100)
     epochs = [row["epoch"] for row in history]
     for key, ax in (("loss", left), ("acc", right)):
@@ -201,11 +214,11 @@ def plot_curves(path: Path, history: list[dict[str, Any]]) -> None:
             if any(v is not None for v in values):
                 ax.plot(epochs, values, marker="o", markersize=3, label=split)
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole: no tick at 1.5
         ax.set_title("loss" if key == "loss" else "accuracy")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, metadata={"Software": None})
-    plt.close(fig)
+    return fig
 
 
 # ---------------------------------------------------------------- report
