@@ -130,7 +130,7 @@ def test_dry_run_reuse_completed_and_gc(cli, tmp_path):
     assert plan[1]["action"] == "run" and plan[2]["action"] == "run"
     first = cli("run", *args, "--json").json()
     plan = cli("run", *args, "--dry-run", "--reuse-completed", "--json").json()["stages"]
-    assert plan[1]["action"] == "reuse" and plan[2]["action"] == "reuse" and first["run_id"] in plan[2]["reason"]
+    assert plan[1]["action"] == "reuse" and plan[2]["action"] == "reuse" and plan[2]["run_id"] == first["run_id"] and first["run_id"] in plan[2]["reason"]
     again = cli("run", *args, "--reuse-completed", "--json").json()
     assert again["run_id"] == first["run_id"] and again["reused"] is True
     assert len(list((tmp_path / "runs").iterdir())) == 1  # nothing new ran
@@ -140,6 +140,9 @@ def test_dry_run_reuse_completed_and_gc(cli, tmp_path):
     assert steps
     preview = cli("gc", "--dry-run", "--workdir", str(tmp_path), "--json").json()
     assert preview["dry_run"] and all(Path(tmp_path / p).exists() for p in preview["removed"])
+    assert preview["resealed"] == [run_dir.name]  # would be: nothing was re-sealed yet
+    said = cli("gc", "--dry-run", "--workdir", str(tmp_path)).stdout
+    assert "would re-seal 1 run(s)" in said and "would remove " in said and "re-sealed" not in said
     result = cli("gc", "--workdir", str(tmp_path), "--json").json()
     assert not list((run_dir / "checkpoints").glob("step-*")) and (run_dir / "checkpoints" / "best.pt").exists()
     assert result["resealed"] == [run_dir.name]

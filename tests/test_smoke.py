@@ -55,7 +55,7 @@ def test_check_passes_on_a_plain_run_and_names_the_fix_when_something_is_missing
     assert result.code == 1
     items = {i["item"]: i for i in result.json()["items"]}
     assert items["environment: smoke test passed for this config"]["status"] == "missing"
-    assert items["environment: smoke test passed for this config"]["fix"] == f"veritrain smoke runs/{skipped}/config.yaml"
+    assert items["environment: smoke test passed for this config"]["fix"] == f"veritrain smoke {(tmp_path / 'runs' / skipped / 'config.yaml').resolve()}"
     assert items["environment: baseline on the same splits"]["fix"] == f"veritrain baseline {skipped}"
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: check {skipped}: 3 item(s) not passed")
 

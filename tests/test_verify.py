@@ -188,7 +188,7 @@ def test_corrupt_record_is_reported_by_check_and_verify(cli, copy_of, text):
     (run_dir / "record.json").write_text(text)
     result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
     assert not result["ok"] and ("record.json", "unreadable") in {(p["path"], p["kind"]) for p in result["problems"]}
-    from veritrain.verify import check_run
+    from veritrain.check import check_run
 
     checked = check_run(run_dir, workdir / ".veritrain")
     assert not checked["ok"] and checked["items"][0]["status"] == "fail" and checked["items"][0]["fix"] == f"veritrain verify {run_dir.name}"

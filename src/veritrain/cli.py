@@ -7,6 +7,7 @@ stderr (`error: ...`); `--json` prints exactly one JSON document on stdout.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import re
@@ -83,13 +84,13 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
         from veritrain import housekeeping
 
         stages = housekeeping.dry_run(resolved, workspace, not no_smoke, reuse_completed)
-        reused = next((s["reason"].split("run ")[1].split(" ")[0] for s in stages if s["stage"] == "train" and s["action"] == "reuse"), None)
+        reused = next((s.run_id for s in stages if s.stage == "train" and s.action == "reuse"), None)
         if dry_run:
             if as_json:
-                emit_json({"stages": stages})
+                emit_json({"stages": [dataclasses.asdict(s) for s in stages]})
             else:
                 for s in stages:
-                    click.echo(f"{s['stage']:<9} {s['action']:<6} {s['reason']}")
+                    click.echo(f"{s.stage:<9} {s.action:<6} {s.reason}")
             return 0
         if reused:
             from veritrain.record import read_record
@@ -125,8 +126,8 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
 @cli.command("train")
 @config_argument
 @set_option
-@click.option("--resume", "resume_ref", metavar="RUN|auto", help="Continue RUN (id, prefix, latest or folder) from its newest valid checkpoint; "
-              "`auto`: the newest interrupted run of this config and data version.")
+@click.option("--resume", "resume_ref", metavar="RUN|auto", help="Continue RUN (id, prefix, folder, or `latest`: the newest interrupted run) from its newest valid checkpoint; "
+              "`auto`: the newest interrupted run (of CONFIG and its data version when given).")
 @click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
 @click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
 @click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
@@ -152,8 +153,9 @@ def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref:
         if config or overrides:
             raise UserError(f"--resume {resume_ref}: a resumed run keeps its own recorded config; drop CONFIG and --set")
         outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv(), trust_code=trust_code)
-    elif resume_ref == "auto":
-        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=load_config(config, overrides), trust_code=trust_code)
+    elif resume_ref == "auto":  # with a config: the newest interrupted run of it; without: the newest of the workspace
+        match = load_config(config, overrides) if (config or overrides) else None
+        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=match, trust_code=trust_code)
     else:
         outcome = pipeline.run(load_config(config, overrides), workspace, pipeline.python_argv(), kind="train",
                                hypothesis=hypothesis, parent=parent)
@@ -164,6 +166,8 @@ def _finish_run(outcome: Any, as_json: bool) -> int:
     if as_json:
         emit_json(outcome.summary)
     _render_run_summary(outcome)
+    if outcome.error is None:
+        _print_next_steps(outcome)
     if outcome.error is not None:
         if outcome.record["status"] == "interrupted":
             run_id = outcome.summary["run_id"]
@@ -207,7 +211,23 @@ def _render_run_summary(outcome: Any) -> None:
     table.add_row("run dir", summary["run_dir"])
     table.add_row("record", f"{summary['run_dir']}/record.json")
     table.add_row("seal", outcome.seal)
-    logs.console.print(table)
+    logs.print_table(table)
+
+
+def _print_next_steps(outcome: Any) -> None:
+    """What to do with a finished run, with its real id: check it, see what is missing, use and compare it."""
+    run_id, record = outcome.summary["run_id"], outcome.record
+    steps = [(f"veritrain verify {run_id} --expect {outcome.seal}", "re-hash every file against this seal (publish the seal with the result)"),
+             (f"veritrain check {run_id}", "the completion checklist, with the fix for each missing row")]
+    if (record.get("export") or {}).get("files", {}).get("onnx"):
+        steps.append((f"veritrain predict {run_id} IMAGE.png --top 3", "classify your own image files with the exported model"))
+    elif "train" in (record.get("stages") or ()):
+        steps.append((f"veritrain eval {run_id}", "evaluate it on the fixed test split"))
+    steps.append((f"veritrain runs compare {run_id} OTHER_RUN", "config, metrics and environment against another run (`veritrain runs list`)"))
+    logs.console.print("next steps:", markup=False)
+    for command, why in steps:
+        logs.console.print(f"  {command}", markup=False, soft_wrap=True)
+        logs.console.print(f"      {why}", markup=False, soft_wrap=True, style="dim")
 
 
 def _render_repeat_summary(result: dict[str, Any]) -> None:
@@ -222,7 +242,7 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
         table.add_row(f"baseline {name}", f"{s['accuracy']:.4f}", "-", "-")
     if result.get("warning"):
         table.add_row("warning", result["warning"], "", "", style="yellow")
-    logs.console.print(table)
+    logs.print_table(table)
     for run in result["runs"]:
         logs.console.print(f"  {run['run_id']}  seed {run['seed']}  {run['status']}", markup=False)
 
@@ -269,7 +289,8 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
         from veritrain.workspace import Workspace
 
         workspace = Workspace.open(workdir)
-        opened = pipeline.open_run(workspace, ref, allow_data_drift, trust_code=trust_code)
+        opened = pipeline.open_run(workspace, ref, allow_data_drift, trust_code=trust_code, need="model")
+        pipeline.require_checkpoint(opened, which)
         baselines = opened.record.get("baselines")
         metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, resolve_device(opened.config.train.device),
                                which, split, baselines=baselines)
@@ -294,7 +315,7 @@ def _render_metrics(metrics: dict[str, Any]) -> None:
             table.add_row(name, f"{value:.4f}")
         elif isinstance(value, (int, str)) and name not in ("checkpoint_sha256",):
             table.add_row(name, str(value))
-    logs.console.print(table)
+    logs.print_table(table)
 
 
 @cli.command("baseline")
@@ -364,7 +385,8 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
-    opened = pipeline.open_run(workspace, ref, trust_code=trust_code)
+    opened = pipeline.open_run(workspace, ref, trust_code=trust_code, need="model")
+    pipeline.require_checkpoint(opened, which)
     try:
         description = export.run(opened.config, opened.data, opened.task, opened.run_dir, which, formats or None)
     except export.ParityFailed as err:
@@ -402,7 +424,7 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
     from veritrain.workspace import Workspace
 
     candidate = Path(ref)
-    base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref)
+    base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref, "export")
     results = export.predict(export.find_export(base), files, top)
     if as_json:
         emit_json({"results": results})
@@ -465,7 +487,7 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
         raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
-    result = verify_run(run_dir, workspace.state_dir, expect=expect, strict=strict)
+    result = {"run_id": run_dir.name, **verify_run(run_dir, workspace.state_dir, expect=expect, strict=strict)}
     if as_json:
         emit_json(result)
     for p in result["problems"]:
@@ -486,14 +508,15 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
 def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
     """The completion checklist of a run: data, environment, training, evaluation, export, archive.
 
-    One row per item with pass / fail / missing and the command that fixes it; exit 1 if any item
-    fails or is missing.
+    One row per item with pass / fail / missing / n/a / waived and the fix that clears it; exit 1 if
+    any item fails or is missing. A row that cannot pass for a stated reason is waived with a note:
+    `veritrain runs note RUN --waive ROW "reason"`.
 
     \b
     Example:
       veritrain check latest
     """
-    from veritrain.verify import check_run
+    from veritrain.check import PASSING, check_run
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
@@ -503,12 +526,13 @@ def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
     from rich.table import Table
 
     table = Table(title=f"check {result['run']}", title_justify="left")
-    for column in ("item", "status", "detail", "fix"):
+    for column in ("row", "status", "detail", "fix"):
         table.add_column(column, overflow="fold")
     for i in result["items"]:
-        table.add_row(i["item"], i["status"], i["detail"], i["fix"] or "", style=None if i["status"] == "pass" else "yellow")
-    logs.console.print(table)
-    bad = [i["item"] for i in result["items"] if i["status"] != "pass"]
+        table.add_row(f"{i['item']}\n({i['id']})", i["status"], i["detail"], i["fix"] or "",
+                      style=None if i["status"] in PASSING else "yellow")
+    logs.print_table(table)
+    bad = [i["item"] for i in result["items"] if i["status"] not in PASSING]
     if bad:
         raise RunFailed(f"check {result['run']}: {len(bad)} item(s) not passed: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}")
     return 0
@@ -535,7 +559,8 @@ def gc_command(dry_run: bool, workdir: Optional[str], as_json: bool) -> int:
     else:
         for path in result["removed"]:
             click.echo(("would remove " if dry_run else "removed ") + path)
-        click.echo(f"{'would free' if dry_run else 'freed'} {result['bytes_freed'] / 2**20:.1f} MiB; re-sealed {len(result['resealed'])} run(s)")
+        click.echo(f"{'would free' if dry_run else 'freed'} {result['bytes_freed'] / 2**20:.1f} MiB; "
+                   f"{'would re-seal' if dry_run else 're-sealed'} {len(result['resealed'])} run(s)")
     if result["unverified"]:
         raise RunFailed(f"gc: {len(result['unverified'])} run(s) left alone because they do not verify; the first: {result['unverified'][0]}")
     return 0
@@ -630,7 +655,7 @@ def reproduce_command(ref: str, trust_code: bool, workdir: Optional[str], as_jso
         shown = "" if not first else (f"{first.get('where', first.get('what'))} {first.get('key', '')}: {first.get('original')} → {first.get('reproduction')}"
                                       if "original" in first else str(first.get("detail", "")))
         table.add_row(check["what"], check["verdict"], shown)
-    logs.console.print(table)
+    logs.print_table(table)
     if result["error"]:
         raise RunFailed(f"reproduce: the new run did not complete: {result['error']}")
     if result["verdict"] == "differs":
@@ -674,7 +699,7 @@ def runs_list(status: tuple[str, ...], sort: Optional[str], filters: tuple[str, 
         accuracy = ((r["metrics"] or {}).get("test") or {}).get("accuracy")
         table.add_row(r["run_id"], str(r["exp_name"]), str(r["kind"]), str(r["status"]),
                       f"{accuracy:.4f}" if isinstance(accuracy, float) else "-", (r["data_version"] or "-")[:12], str(r["started_at"])[:19])
-    logs.console.print(table)
+    logs.print_table(table)
     return 0
 
 
@@ -701,10 +726,65 @@ def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
     if as_json:
         emit_json(record)
         return 0
-    shown = {k: v for k, v in record.items() if k not in ("artifacts", "config", "env")}
-    click.echo(json.dumps(shown, indent=2))
-    click.echo(f"({len(record['artifacts'])} artifacts; config in {run_dir / 'config.yaml'})")
+    _render_record(run_dir, record)
     return 0
+
+
+def _render_record(run_dir: Any, record: dict[str, Any]) -> None:
+    """`runs show` for people: what the run was, what it asked, what it gave, and how to check it."""
+    from rich.table import Table
+
+    from veritrain.config import RunConfig
+    from veritrain.experiments import config_diff
+    from veritrain.record import SEAL_FILE
+
+    table = Table(title=f"run {record['run_id']} ({record.get('kind')}, {record['status']})", show_header=False, title_justify="left")
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("experiment", str(record.get("exp_name")))
+    table.add_row("started, ended", f"{record.get('started_at')}, {record.get('ended_at') or '-'}")
+    table.add_row("hypothesis", record.get("hypothesis") or "-")
+    if record.get("error"):
+        table.add_row("error", f"{record['error'].get('type')}: {record['error'].get('message')}", style="yellow")
+    try:
+        defaults = RunConfig().model_dump(mode="json")
+    except Exception:  # a default that cannot be built here (a plugin missing): show the config hash alone
+        defaults = None
+    changed = config_diff(defaults, record.get("config")) if defaults is not None else {}
+    table.add_row("config", f"{record.get('config_hash')} ({run_dir / 'config.yaml'})")
+    for key, (default, value) in changed.items():
+        table.add_row(f"  {key}", f"{json.dumps(value)} (default {json.dumps(default)})")
+    data = record.get("data") or {}
+    table.add_row("data version", f"{data.get('version') or '-'} ({data.get('source')}; "
+                  + ", ".join(f"{k} {v}" for k, v in (data.get("counts") or {}).items()) + ")")
+    training = record.get("training") or {}
+    if training:
+        best = training.get("best_metric") or {}
+        table.add_row("training", f"{training.get('epochs')} epochs, {training.get('steps')} steps; best epoch {training.get('best_epoch')}"
+                      + (f" ({best.get('name')} {best['value']:.4f})" if isinstance(best.get("value"), float) else ""))
+    for split, metrics in (record.get("metrics") or {}).items():
+        shown = ", ".join(f"{name} {metrics[name]:.4f}" for name in HEADLINE_METRICS if isinstance(metrics.get(name), float))
+        table.add_row(f"{split} metrics", shown or "-")
+    for name, result in ((record.get("baselines") or {}).get("results") or {}).items():
+        table.add_row(f"baseline {name}", f"accuracy {result.get('accuracy', float('nan')):.4f}")
+    parity = (record.get("export") or {}).get("parity")
+    if parity:
+        table.add_row("export", ", ".join((record.get("export") or {}).get("files") or {}) + f"; parity {'passed' if parity.get('passed') else 'FAILED'}")
+    table.add_row("final state", record.get("final_state_sha256") or "-")
+    try:
+        seal = (run_dir / SEAL_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        seal = "- (no record.sha256)"
+    table.add_row("seal", seal)
+    for old in record.get("seal_history") or []:
+        table.add_row("  replaced seal", f"{old['seal']} (re-sealed by {old['by']} at {old['replaced_at']})")
+    for event in record.get("events") or []:
+        table.add_row(f"event {event.get('kind')}", (f"step {event['step']}: " if event.get("step") is not None else "") + str(event.get("detail") or ""))
+    for note in record.get("notes") or []:
+        label = "conclusion" if note.get("conclusion") else ("waived " + note["waive"] if note.get("waive") else "note")
+        table.add_row(label, f"{note['text']} ({str(note.get('at', ''))[:19]})")
+    table.add_row("files", f"{len(record.get('artifacts') or {})} in {run_dir}; check them: veritrain verify {record['run_id']} --expect {seal}")
+    logs.print_table(table)
 
 
 @runs_group.command("compare")
@@ -758,25 +838,34 @@ def runs_compare(refs: tuple[str, ...], workdir: Optional[str], as_json: bool) -
 @click.argument("ref", metavar="RUN")
 @click.argument("text")
 @click.option("--conclusion", is_flag=True, help="Mark the note as the run's conclusion.")
+@click.option("--waive", "waive", default=None, metavar="ROW", help="Waive a `veritrain check` row (its id, e.g. beats_baseline) for the reason TEXT; it then shows as waived, never as pass.")
 @workdir_option
 @json_option
-def runs_note(ref: str, text: str, conclusion: bool, workdir: Optional[str], as_json: bool) -> int:
+def runs_note(ref: str, text: str, conclusion: bool, waive: Optional[str], workdir: Optional[str], as_json: bool) -> int:
     """Add a note (or the conclusion) to a run; kept in runs/<id>/notes.jsonl, outside the seal.
 
     \b
-    Example:
+    Examples:
       veritrain runs note latest "lr 3e-3 converges twice as fast" --conclusion
+      veritrain runs note latest --waive beats_baseline "8x8 digits: the linear baseline is the ceiling"
     """
     import json
 
     from veritrain import pipeline
+    from veritrain.check import ROWS
     from veritrain.record import NOTES_FILE, now_iso
     from veritrain.secrets import redact_text
     from veritrain.workspace import Workspace
 
+    if waive is not None and waive not in ROWS:
+        raise UserError(f"--waive {waive}: not a check row; give one of {', '.join(ROWS)}")
+    if waive is not None and not text.strip():
+        raise UserError(f"--waive {waive}: give the reason the row cannot pass as TEXT")
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
     note = {"at": now_iso(), "text": redact_text(text), "conclusion": conclusion}
+    if waive is not None:
+        note["waive"] = waive
     with open(run_dir / NOTES_FILE, "a", encoding="utf-8") as f:
         f.write(json.dumps(note) + "\n")
     pipeline.update_experiments(workspace)
@@ -877,7 +966,7 @@ def _render_data_summary(data: Any, report: dict[str, Any]) -> None:
     for warning in report["card_warnings"]:
         table.add_row("card", warning)
     table.add_row("report", str(data.path / "data_report.md"))
-    logs.console.print(table)
+    logs.print_table(table)
 
 
 @data_group.command("report")

@@ -34,8 +34,11 @@ def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, 
 
 
 def reference_of(row: dict[str, Any], by_id: dict[str, dict[str, Any]], ordered: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    if row.get("parent") and row["parent"] in by_id:
-        return by_id[row["parent"]]
+    """The run an entry is compared with: its `--parent`, the run it reproduces, else the previous run of
+    its exp_name (by start time, so a resumed run keeps the reference it started with)."""
+    for named in ("parent", "reproduced_from"):
+        if row.get(named) and row[named] in by_id:
+            return by_id[row[named]]
     earlier = [r for r in ordered if r["exp_name"] == row["exp_name"] and r["started_at"] < row["started_at"]]
     return earlier[-1] if earlier else None
 
@@ -67,6 +70,10 @@ def write(state_dir: Path, runs_dir: Path, out: Path) -> Path:
             diff = config_diff(reference["config"], row["config"])
             shown = ", ".join(f"`{k}` {_short(a)} → {_short(b)}" for k, (a, b) in diff.items()) or "_none (same config)_"
             lines.append(f"- changes vs {reference['run_id']}: {shown}" + (" (**more than one change**)" if len(diff) > 1 else ""))
+            if row.get("reproduced_from") == reference["run_id"]:
+                same = row["final_state_sha256"] and row["final_state_sha256"] == reference["final_state_sha256"]
+                lines.append(f"- reproduces {reference['run_id']}: final weights {'identical' if same else 'differ'}"
+                             f" (`veritrain runs compare {reference['run_id']} {row['run_id']}`)")
         for split, metrics in (row["metrics"] or {}).items():
             shown = ", ".join(f"{k} {metrics[k]:.4f}" for k in HEADLINE if k in metrics)
             if shown:

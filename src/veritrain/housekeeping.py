@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,29 +35,38 @@ def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_ver
     return None
 
 
-def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_completed: bool) -> list[dict[str, str]]:
-    """Each stage of `veritrain run` with run/reuse and the reason."""
+@dataclass(frozen=True)
+class StagePlan:
+    """What `veritrain run` would do for one stage: `action` run, reuse or skip, `run_id` the completed
+    run that would be reused (None otherwise), and the reason in words."""
+
+    stage: str
+    action: str
+    reason: str
+    run_id: Optional[str] = None
+
+
+def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_completed: bool) -> list[StagePlan]:
+    """Each stage of `veritrain run` with run/reuse/skip and the reason."""
     from veritrain.data import prepare
     from veritrain.smoke import passed_before, smoke_key
 
     action, reason, version = prepare.plan(resolved.config.data, resolved.data_paths, workspace.state_dir)
-    stages = [{"stage": "prepare", "action": action, "reason": reason}]
-    if smoke:
-        if version and passed_before(workspace, smoke_key(resolved.hash, version, capture_code(workspace.root))):
-            stages.insert(0, {"stage": "smoke", "action": "reuse", "reason": "a smoke test passed for this config hash, data version and code"})
-        else:
-            stages.insert(0, {"stage": "smoke", "action": "run", "reason": "no smoke test passed yet for this config hash, data version and code"})
+    if not smoke:
+        stages = [StagePlan("smoke", "skip", "--no-smoke")]
+    elif version and passed_before(workspace, smoke_key(resolved.hash, version, capture_code(workspace.root))):
+        stages = [StagePlan("smoke", "reuse", "a smoke test passed for this config hash, data version and code")]
     else:
-        stages.insert(0, {"stage": "smoke", "action": "skip", "reason": "--no-smoke"})
+        stages = [StagePlan("smoke", "run", "no smoke test passed yet for this config hash, data version and code")]
+    stages.append(StagePlan("prepare", action, reason))
     same = identical_completed(resolved, workspace, version) if (reuse_completed and version) else None
     for stage in ("train", "baselines", "eval", "export"):
         if same:
-            stages.append({"stage": stage, "action": "reuse", "reason": f"--reuse-completed: run {same['run_id']} has the same config, data and code"})
+            stages.append(StagePlan(stage, "reuse", f"--reuse-completed: run {same['run_id']} has the same config, data and code", same["run_id"]))
+        elif reuse_completed:
+            stages.append(StagePlan(stage, "run", "no completed run with this config hash, data version and code version"))
         else:
-            why = "every veritrain run is a new run (--reuse-completed returns an identical completed one)"
-            if reuse_completed:
-                why = "no completed run with this config hash, data version and code version"
-            stages.append({"stage": stage, "action": "run", "reason": why})
+            stages.append(StagePlan(stage, "run", "every veritrain run is a new run (--reuse-completed returns an identical completed one)"))
     return stages
 
 
@@ -125,7 +135,7 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             record["events"].append({"kind": "gc", "step": None, "at": now_iso(),
                                      "detail": f"removed {len(steps)} step checkpoint file(s); best.pt and last.pt kept"})
             reseal(run_dir, record, by="gc")
-            resealed.append(run_dir.name)
+        resealed.append(run_dir.name)  # with --dry-run: the runs that would be re-sealed
     leftovers = _leftovers(workspace)
     for path, age in leftovers:
         freed += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -40,6 +41,19 @@ class ConsoleHandler(logging.Handler):
             console.print(f"{prefix}{message}", style="yellow" if prefix else None, markup=False, emoji=False, soft_wrap=True)
         except Exception:  # a logging failure must never end a run
             self.handleError(record)
+
+
+def print_table(table: Any) -> None:
+    """A rich table on the console that never splits a run id, hash, seal or path: on a terminal each
+    column is at least as wide as the longest unbroken word in it; in a pipe or a file the table keeps
+    its natural width (no wrapping at 80 columns), so every value can be copied whole from one line."""
+    if not console.is_terminal:
+        Console(file=console.file, width=100_000, highlight=False, color_system=None).print(table)
+        return
+    for column in table.columns:
+        longest = max((len(word) for cell in column.cells for word in str(cell).split()), default=0)
+        column.min_width = max(column.min_width or 0, min(longest, 80))
+    console.print(table)
 
 
 def setup_console_logging() -> None:

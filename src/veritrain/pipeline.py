@@ -20,7 +20,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain import config as config_module
 from veritrain import logs
@@ -30,8 +30,12 @@ from veritrain.files import remove_unfinished
 from veritrain.hashing import sha256_file
 from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, reseal, save_code, write_record
 from veritrain.secrets import allowed_environment, redact_argv, redact_text
-from veritrain.signals import interruptible
+from veritrain.signals import StopFlag, interruptible
 from veritrain.workspace import Workspace
+
+if TYPE_CHECKING:  # imported for types only: the data and task modules load torch and numpy
+    from veritrain.data.prepare import DataVersion
+    from veritrain.tasks import Task
 
 log = logging.getLogger("veritrain")
 
@@ -110,7 +114,7 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     """Continue a run in its own folder from its newest valid checkpoint. `ref` is a RUN reference
     or `auto`: the newest interrupted (or stale running) run whose config hash and data version
     match `match`."""
-    run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref)
+    run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
     record = read_record(run_dir)
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
     status = record.get("status")
@@ -129,8 +133,15 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
 
 
 def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -> Path:
+    """`--resume auto`: without a config, the newest interrupted run of the workspace (named on the console);
+    with one, the newest interrupted run of that config and data version."""
     if match is None:
-        raise UserError("--resume auto: give the config the run was started with (or --resume RUN)")
+        try:
+            run_dir = workspace.resolve_run("latest", "resumable")
+        except UserError:
+            raise UserError("--resume auto: no interrupted run in this workspace; start one with `veritrain train`") from None
+        log.info("resume: the newest interrupted run is %s", run_dir.name)
+        return run_dir
     from veritrain.data import prepare
 
     data_version = prepare.run(match.config.data, match.data_paths, workspace.state_dir).version
@@ -168,6 +179,11 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             from veritrain.data import prepare
             from veritrain.tasks import get_task
 
+            from veritrain.train.loop import seed_everything
+
+            # every entry point (run, train, resume, reproduce) sets the deterministic environment
+            # (CUBLAS_WORKSPACE_CONFIG) before recording it, so their records compare equal
+            seed_everything(cfg.seed, cfg.train.deterministic)
             env, package_list = capture_env()
             if resume and record.get("env"):
                 drift = {k: (record["env"].get(k), v) for k, v in env.items() if k in ("python", "torch", "packages_sha256") and record["env"].get(k) != v}
@@ -234,7 +250,7 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
     return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
 
 
-def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Any, task: Any, stop: Any, resume: bool) -> None:
+def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool) -> None:
     from veritrain.train import loop
 
     t = time.perf_counter()
@@ -256,7 +272,7 @@ def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: An
     write_record(run_dir, record)
 
 
-def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Any, task: Any) -> None:
+def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> None:
     """Baselines, evaluation and export, as far as the run's kind has them."""
     from veritrain import evaluate
     from veritrain.train.loop import resolve_device
@@ -301,7 +317,7 @@ def update_experiments(workspace: Workspace) -> None:
         log.warning("experiments.md not updated (%s: %s); `veritrain runs reindex` rebuilds it", err.__class__.__name__, err)
 
 
-def fit_baselines(run_dir: Path, cfg: RunConfig, data: Any, task: Any) -> dict[str, Any]:
+def fit_baselines(run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> dict[str, Any]:
     """The task's baselines on the run's splits, written to eval/baselines.json (with the margin)."""
     baselines = task.baselines(data, cfg)
     baselines["margin"] = cfg.eval.baseline_margin
@@ -337,7 +353,7 @@ def _log_header(record: dict[str, Any], resolved: ResolvedConfig, run_dir: Path,
     log.debug("env: %s", env)
 
 
-def data_summary(data: Any) -> dict[str, Any]:
+def data_summary(data: DataVersion) -> dict[str, Any]:
     """What a run record says about its data: the version, counts, findings by kind, the card."""
     report = data.report()
     for kind, count in report["findings_by_kind"].items():
@@ -389,12 +405,12 @@ class OpenRun:
     run_dir: Path
     record: dict[str, Any]
     config: RunConfig
-    data: Any
-    task: Any
+    data: DataVersion
+    task: Task
     drift: Optional[str] = None  # why the data differs from the recorded version, when allowed
 
 
-def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, trust_code: bool = False) -> OpenRun:
+def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, trust_code: bool = False, need: str = "any") -> OpenRun:
     """A finished run with its config, task and recorded data version, for eval/export/baseline.
 
     The data is prepared again from the raw files when they are present (fast when unchanged) and must
@@ -403,7 +419,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     from veritrain.data import prepare
     from veritrain.tasks import get_task
 
-    run_dir = workspace.resolve_run(ref)
+    run_dir = workspace.resolve_run(ref, need)  # `need`: what `latest` must have (workspace.LATEST)
     record = read_record(run_dir)
     if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
@@ -428,6 +444,32 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     else:
         raise UserError(f"{ref}: neither the raw data ({paths.get('root')}) nor the stored data version {str(recorded)[:12]} is here")
     return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
+
+
+def require_checkpoint(opened: OpenRun, which: Optional[str]) -> None:
+    """Before eval or export without --checkpoint: a run whose default checkpoint does not exist gets the
+    real cause (a baseline run, a run that failed or was interrupted before its first checkpoint), not a
+    complaint about a --checkpoint the user never gave. A given --checkpoint is checked where it is loaded."""
+    from veritrain.evaluate import checkpoint_path
+
+    if which is not None or checkpoint_path(opened.config, opened.run_dir, None).exists():
+        return
+    run, record = opened.run_dir.name, opened.record
+    status, error = record.get("status"), record.get("error") or {}
+    if record.get("kind") == "baseline":
+        raise RunFailed(f"{run}: a baseline run trains no model, so it has no checkpoint; "
+                        "give a trained run (`latest` names the newest one with a checkpoint)")
+    stage = next((s for s in record.get("stages") or () if s not in (record.get("timings") or {})), "train")
+    steps = (record.get("training") or {}).get("steps", 0)
+    if status == "failed":
+        raise RunFailed(f"{run}: the run failed in its {stage} stage before writing a checkpoint ({error.get('type')}: "
+                        f"{str(error.get('message'))[:200]}); fix that and start a new run: veritrain {record.get('kind') or 'run'} runs/{run}/config.yaml")
+    if status == "interrupted":
+        raise RunFailed(f"{run}: the run was interrupted in its {stage} stage before its first checkpoint; "
+                        f"resume it: veritrain train --resume {run}")
+    kept = "checkpoints/best.pt" if opened.config.checkpoint.best else "checkpoints/last.pt"
+    raise RunFailed(f"{run}: {kept} is missing although the run {status} after {steps} steps; "
+                    f"`veritrain verify {run}` says what else changed, or give --checkpoint with a step file of the run")
 
 
 def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: dict[str, Any], trust_code: bool) -> None:

@@ -259,7 +259,7 @@ def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = Fals
     from veritrain.errors import UserError
     from veritrain.record import read_record
 
-    original_dir = workspace.resolve_run(ref)
+    original_dir = workspace.resolve_run(ref, "model")
     original = read_record(original_dir)
     pipeline.refuse_untrusted_code(workspace, original_dir, original, trust_code)
     if original.get("status") != "completed":
@@ -327,109 +327,3 @@ def _compare(what: str, x: Any, y: Any) -> dict[str, Any]:
     else:
         verdict = "differs"
     return {"what": what, "verdict": verdict, "original": x, "reproduction": y}
-
-
-# ---------------------------------------------------------------- check
-
-
-def check_run(run_dir: Path, state_dir: Path) -> dict[str, Any]:
-    """The completion checklist of a run: one row per item, pass / fail / missing, and the command
-    that fixes it. {"ok", "items": [{"item", "status", "detail", "fix"}]}."""
-    run = run_dir.name
-    from veritrain.record import record_problem
-
-    try:
-        record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
-        problem = record_problem(record, run_dir.name)
-        if problem is not None:
-            raise ValueError(problem)
-    except (OSError, ValueError, RecursionError) as err:  # nothing else can be checked without the record
-        why = err.strerror if isinstance(err, OSError) else str(err)
-        return {"ok": False, "run": run, "items": [{"item": "archive: record.json readable", "status": "fail",
-                                                    "detail": f"{RECORD_FILE}: {why}", "fix": f"veritrain verify {run}"}]}
-    artifacts = record.get("artifacts") or {}
-    data = record.get("data") or {}
-    items: list[dict[str, Any]] = []
-
-    def item(name: str, status: str, fix: Optional[str], detail: str = "") -> None:
-        items.append({"item": name, "status": status, "detail": detail, "fix": None if status == "pass" else fix})
-
-    version_dir = state_dir / "data" / str(data.get("version"))
-    try:
-        info = json.loads((version_dir / "version.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # missing or damaged: reported by the items below and by verify
-        info = None
-    if not isinstance(info, dict):
-        info = None
-    prepare_fix = "veritrain data prepare runs/{0}/config.yaml".format(run)
-    item("data: validated and versioned", "pass" if data.get("version") and info else "missing", prepare_fix,
-         f"version {str(data.get('version'))[:12]}, {data.get('quarantined', 0)} quarantined")
-    leakage = data.get("leakage_pairs")
-    item("data: no leakage between splits", "missing" if leakage is None else ("pass" if leakage == 0 else "fail"), prepare_fix,
-         f"{leakage} cross-split duplicate pairs")
-    achieved = (data.get("summary") or {}).get("achieved_split")
-    skewed = (achieved or {}).get("skewed") or []
-    item("data: achieved split follows the ratios (no split_skew)",
-         "missing" if achieved is None else ("fail" if skewed else "pass"),
-         f"fix the data or its groups (see `veritrain data report {run}`), then start a new run: veritrain run runs/{run}/config.yaml",
-         "not checked: prepared by an earlier data recipe" if achieved is None
-         else (skewed[0] if skewed else "every class within data.split_tolerance" if achieved.get("judged") else "fixed or time-ordered split"))
-    on_train = (info or {}).get("normalization", {}).get("computed_on") == "train"
-    item("data: normalization statistics from the train split only", "pass" if on_train else "missing", prepare_fix)
-
-    item("environment: package list locked with the run", "pass" if "env/requirements.lock" in artifacts else "missing",
-         f"veritrain reproduce {run}")
-    smoke = record.get("smoke") or {}
-    item("environment: smoke test passed for this config", "pass" if smoke.get("status") == "completed" else "missing",
-         f"veritrain smoke runs/{run}/config.yaml", f"smoke {smoke.get('status', 'not run')}")
-    baselines = record.get("baselines")
-    item("environment: baseline on the same splits", "pass" if baselines else "missing", f"veritrain baseline {run}")
-
-    item("training: hyperparameters recorded", "pass" if record.get("config") and "config.yaml" in artifacts else "missing",
-         f"veritrain reproduce {run}")
-    training = record.get("training") or {}
-    log_done = "train.log" in artifacts and record.get("status") == "completed"
-    item("training: log complete", "pass" if log_done else ("fail" if record.get("status") in ("failed", "interrupted") else "missing"),
-         f"veritrain train --resume {run}", f"status {record.get('status')}, {training.get('epochs', 0)} epochs")
-    has_checkpoint = any(p.startswith("checkpoints/") and p.endswith(".pt") for p in artifacts)
-    item("training: checkpoint with optimizer state", "pass" if has_checkpoint and _has_optimizer(run_dir, artifacts) else "missing",
-         f"veritrain train --resume {run}")
-
-    metrics = (record.get("metrics") or {}).get("test")
-    item("evaluation: metrics on the fixed test split", "pass" if metrics and metrics.get("data_version") in (None, data.get("version")) else "missing",
-         f"veritrain eval {run} --split test")
-    item("evaluation: bad cases recorded", "pass" if "eval/test/bad_cases.csv" in artifacts else "missing", f"veritrain eval {run} --split test")
-    if metrics and baselines:
-        linear = baselines["results"].get("logistic_regression", {}).get("accuracy")
-        beats = linear is None or metrics.get("accuracy", 0.0) >= linear + baselines.get("margin", 0.0)
-        item("evaluation: beats the baseline", "pass" if beats else "fail", "improve the model, or state why in a note: "
-             f"veritrain runs note {run} \"...\"", f"accuracy {metrics.get('accuracy', 0):.4f} vs logistic regression {linear if linear is None else round(linear, 4)}")
-    else:
-        item("evaluation: beats the baseline", "missing", f"veritrain baseline {run}")
-
-    parity = (record.get("export") or {}).get("parity")
-    item("export: parity verified", "missing" if not parity else ("pass" if parity.get("passed") else "fail"), f"veritrain export {run}",
-         "" if not parity else f"{parity.get('samples')} samples, {', '.join(parity.get('formats', {}))}")
-
-    verified = verify_run(run_dir, state_dir, rehash_data=False)
-    code = record.get("code") or {}
-    item("archive: code version recorded", "pass" if code.get("veritrain") else "missing", f"veritrain reproduce {run}",
-         f"veritrain {code.get('veritrain')}, git {str(code.get('git_commit') or 'not in git')[:12]}")
-    item("archive: data, config, logs and model present and verified", "pass" if verified["ok"] else "fail", f"veritrain verify {run}",
-         "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
-    return {"ok": all(i["status"] == "pass" for i in items), "run": run, "items": items}
-
-
-def _has_optimizer(run_dir: Path, artifacts: dict[str, Any]) -> bool:
-    """Whether a checkpoint holds optimizer state (read from its zip index, without unpickling)."""
-    import zipfile
-
-    for name in ("checkpoints/last.pt", "checkpoints/best.pt"):
-        if name in artifacts:
-            try:
-                with zipfile.ZipFile(run_dir / name) as archive:
-                    pickled = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-                    return b"optimizer" in archive.read(pickled)
-            except (OSError, zipfile.BadZipFile, StopIteration):
-                return False
-    return False

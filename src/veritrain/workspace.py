@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Optional
 
 from veritrain.errors import UserError
+
+log = logging.getLogger("veritrain")
 
 
 def process_identity(pid: int) -> Optional[str]:
@@ -28,6 +31,33 @@ def process_identity(pid: int) -> Optional[str]:
     except (OSError, ValueError, IndexError):
         return None
     return f"{boot_id}:{start_ticks}"
+
+
+def _has_model(workspace: "Workspace", record: dict) -> bool:
+    return any(p.startswith("checkpoints/") and p.endswith(".pt") for p in record.get("artifacts") or {})
+
+
+def _has_export(workspace: "Workspace", record: dict) -> bool:
+    return "export/model.json" in (record.get("artifacts") or {})
+
+
+def _resumable(workspace: "Workspace", record: dict) -> bool:
+    return record.get("status") == "interrupted" or (record.get("status") == "running" and workspace.lock_is_stale(record["run_id"]))
+
+
+# what `latest` means for each kind of command: (what it names, the test a run's record must pass)
+LATEST = {
+    "any": ("run", None),
+    "model": ("run with a trained model", _has_model),
+    "export": ("run with an exported model", _has_export),
+    "resumable": ("interrupted run", _resumable),
+}
+LATEST_FIX = {
+    "any": "start one with `veritrain run`",
+    "model": "train one with `veritrain run` or `veritrain train`",
+    "export": "export one with `veritrain export RUN`",
+    "resumable": "every run finished; start a new one with `veritrain train`",
+}
 
 
 @dataclass(frozen=True)
@@ -112,22 +142,42 @@ class Workspace:
     def unlock_run(self, run_id: str) -> None:
         (self.state_dir / "locks" / f"{run_id}.lock").unlink(missing_ok=True)
 
-    def resolve_run(self, ref: str) -> Path:
-        """A run by full id, unique id prefix, `latest`, or a run directory path."""
+    def resolve_run(self, ref: str, need: str = "any") -> Path:
+        """A run by full id, unique id prefix, `latest`, or a run directory path. `latest` is the newest
+        run that fits the command (`need`, a key of LATEST): the newest with a trained model for eval,
+        export and reproduce, with an export for predict, the newest interrupted one for resume, and the
+        newest of any kind otherwise. A line says so when that is not the newest run."""
         candidate = Path(ref).expanduser()
         if candidate.is_dir() and (candidate / "record.json").exists():
             return candidate.resolve()
         runs = sorted(p for p in self.runs_dir.glob("*") if (p / "record.json").exists()) if self.runs_dir.exists() else []
         if ref == "latest":
-            if not runs:
-                raise UserError(f"latest: no runs in {self.runs_dir}; start one with `veritrain run`")
-            return runs[-1]
+            return self._latest(runs, need)
         matches = [p for p in runs if p.name.startswith(ref)]
         if len(matches) == 1:
             return matches[0]
         if not matches:
             raise UserError(f"{ref}: no such run in {self.runs_dir}; give a run id, a unique prefix, `latest` or a run folder")
         raise UserError(f"{ref}: matches {len(matches)} runs ({', '.join(p.name for p in matches[:3])}, ...); give a longer prefix")
+
+    def _latest(self, runs: list[Path], need: str) -> Path:
+        from veritrain.record import record_problem
+
+        what, fits = LATEST[need]
+        if not runs:
+            raise UserError(f"latest: no runs in {self.runs_dir}; start one with `veritrain run`")
+        if fits is None:
+            return runs[-1]
+        for run_dir in reversed(runs):
+            try:
+                record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError, RecursionError):
+                continue  # damaged or being written: `veritrain verify` is the place to say so
+            if record_problem(record, run_dir.name) is None and fits(self, record):
+                if run_dir != runs[-1]:
+                    log.info("latest: %s, the newest %s; the newest run of all, %s, is not one", run_dir.name, what, runs[-1].name)
+                return run_dir
+        raise UserError(f"latest: no {what} in {self.runs_dir}; {LATEST_FIX[need]}")
 
     def resolve_data_version(self, ref: str) -> Path:
         """A data version folder by full id or unique prefix, or the version a run used (any RUN form)."""
