@@ -106,7 +106,7 @@ def test_every_float_key_refuses_non_finite_values():
     named = {
         "optim.lr", "optim.weight_decay", "optim.momentum", "schedule.gamma", "train.grad_clip", "train.label_smoothing",
         "train.rollback_lr_factor", "augment.mixup_alpha", "augment.cutmix_alpha", "checkpoint.every_minutes",
-        "eval.baseline_margin", "export.parity_atol", "export.parity_min_agreement", "data.imbalance_ratio",
+        "eval.baseline_margin", "export.parity_atol", "export.parity_rtol", "export.parity_min_agreement", "data.imbalance_ratio",
         "data.split_tolerance", "data.near_duplicate_difference", "data.split_ratios", "model.dropout",
     }
     assert named <= set(keys)

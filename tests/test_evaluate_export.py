@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +17,27 @@ import pytest
 from conftest import in_process_run
 
 FAST = ["train.epochs=3", "model.name=mlp", "model.hidden=[64]"]
+REBUILD_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "rebuild_from_export.py"
+# `python -I -c WITHOUT_VERITRAIN script args...`: runs the script where importing veritrain fails, then
+# checks none of it was loaded (veritrain is installed in this environment, so it is blocked, not absent)
+WITHOUT_VERITRAIN = """
+import runpy, sys
+sys.modules["veritrain"] = None  # `import veritrain` and `import veritrain.x` now raise ImportError
+try:
+    import veritrain
+except ImportError:
+    pass
+else:
+    sys.exit("veritrain is importable")
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as done:
+    if done.code:
+        raise
+loaded = [name for name, module in sys.modules.items() if name.split(".")[0] == "veritrain" and module is not None]
+sys.exit(f"veritrain modules were loaded: {loaded}" if loaded else 0)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +154,240 @@ def test_export_files_model_json_and_parity(full_run):
     assert description["classes"] == record["data"]["classes"]
     assert description["input"]["shape"] == [None, 1, 8, 8] and description["data_version"] == record["data"]["version"]
     assert description["preprocessing"]["mean"] == pytest.approx([record_mean(run_dir)])
+    assert description["config_hash"] == record["config_hash"]
     parity = json.loads((out / "parity.json").read_text())
     assert parity["passed"] and parity["samples"] == 179
     assert parity["formats"]["onnx"]["max_abs_diff"] <= 1e-4 and parity["formats"]["onnx"]["agreement"] == 1.0
+    # every listed format is checked; safetensors by loading it into the model
+    assert set(parity["formats"]) == set(description["files"]) and parity["formats"]["safetensors"]["max_abs_diff"] == 0.0
     assert record["export"]["parity"]["passed"]
+
+
+def test_model_json_describes_architecture_and_source_mapping(full_run):
+    _, run_dir, _ = full_run
+    description = json.loads((run_dir / "export" / "model.json").read_text())
+    architecture = description["architecture"]
+    assert {k: architecture[k] for k in ("name", "hidden", "dropout", "input_shape", "num_outputs")} == {
+        "name": "mlp", "hidden": [64], "dropout": 0.0, "input_shape": [1, 8, 8], "num_outputs": 10}
+    assert architecture["layer_list"] == ["Flatten", "Linear(64→64)", "ReLU", "Dropout(p=0; identity at inference)", "Linear(64→10)"]
+    from safetensors import safe_open
+
+    with safe_open(run_dir / "export" / "model.safetensors", "np") as f:
+        stored = set(f.keys())
+    named = {op[key] for op in architecture["layers"] for key in ("weight", "bias") if op.get(key)}
+    assert named == stored == {"net.1.weight", "net.1.bias", "net.4.weight", "net.4.bias"}
+    mapping = description["source_mapping"]
+    assert mapping["source"] == "digits" and "255 / 16" in mapping["mapping"]
+    # entry v is what raw value v became; it must be what the data version holds
+    from veritrain.data.sources import bundled_digits
+
+    values, _, _ = bundled_digits()
+    inputs = np.load(Path(json.loads((run_dir / "record.json").read_text())["data"]["path"]) / "inputs.npy")
+    table = np.array(mapping["table"], dtype=np.uint8)
+    assert len(table) == 17 and table[8] == 128 and table[16] == 255
+    assert np.array_equal(np.sort(np.unique(inputs)), np.sort(np.unique(table[values.astype(int)])))
+
+
+@pytest.mark.parametrize("source, target, shape, expected", [
+    ({"source": "cifar10", "dtype": "uint8", "layout": "NHWC", "channel_order": "RGB"}, {"shape": [32, 32, 3], "dtype": "uint8"}, [32, 32, 3],
+     "the bytes as they are (no scaling); each row reshaped to 3×32×32 and transposed to 32×32×3 (HWC, RGB)"),
+    ({"source": "imagefolder"}, {"shape": [16, 24, 3], "convert": True, "resize": "bilinear", "exif_orientation": "not applied"}, [16, 24, 3],
+     "decoded with Pillow 11.0.0 (Image.open, then load); a file not in mode RGB is converted with Image.convert('RGB') and one not "
+     "24×16 (W×H) resized with Image.BILINEAR (data.convert: true); EXIF orientation not applied; numpy.asarray as uint8 H×W×C"),
+    ({"source": "csv"}, {"shape": [8, 8, 1], "convert": False, "resize": None, "exif_orientation": "not applied"}, [8, 8, 1],
+     "decoded with Pillow 11.0.0 (Image.open, then load); a file is used as it is when in mode L and 8×8 (W×H), else quarantined as "
+     "bad_shape (data.convert: false); EXIF orientation not applied; numpy.asarray as uint8 H×W×C"),
+])
+def test_source_mapping_of_each_kind_of_source(source, target, shape, expected):
+    from types import SimpleNamespace
+
+    from veritrain.export import source_mapping
+
+    data = SimpleNamespace(info={"preprocessing": {"source": source, "target": target}, "input_shape": shape, "decoders": {"pillow": "11.0.0"}})
+    mapping = source_mapping(data)
+    assert mapping["source"] == source["source"] and mapping["mapping"] == expected
+    assert mapping["result"].startswith(f"uint8 array H×W×C = {'×'.join(map(str, shape))}")
+
+
+def test_onnx_and_safetensors_carry_the_metadata_deterministically(full_run, tmp_path):
+    import onnx
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from veritrain import export
+
+    _, run_dir, record = full_run
+    out = run_dir / "export"
+    in_onnx = {p.key: p.value for p in onnx.load(str(out / "model.onnx")).metadata_props}
+    with safe_open(out / "model.safetensors", "pt") as f:
+        in_safetensors = f.metadata()
+    assert in_onnx == in_safetensors
+    assert json.loads(in_onnx["classes"]) == record["data"]["classes"]
+    assert json.loads(in_onnx["mean"]) == pytest.approx([record_mean(run_dir)]) and len(json.loads(in_onnx["std"])) == 1
+    assert in_onnx["input_layout"] == "NCHW" and json.loads(in_onnx["input_shape"]) == [None, 1, 8, 8]
+    assert (in_onnx["source_run"], in_onnx["data_version"], in_onnx["config_hash"]) == (run_dir.name, record["data"]["version"], record["config_hash"])
+    assert in_onnx["model_json_format_version"] == str(export.MODEL_JSON_VERSION)
+    # the same tensors and metadata, given in another order, give the same bytes (runs are compared by hash)
+    again = tmp_path / "again.safetensors"
+    export.write_safetensors(again, dict(reversed(list(load_file(str(out / "model.safetensors")).items()))), dict(reversed(list(in_safetensors.items()))))
+    assert again.read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def opened(full_run):
+    from veritrain import pipeline
+    from veritrain.workspace import Workspace
+
+    workdir, run_dir, _ = full_run
+    return pipeline.open_run(Workspace.open(workdir), run_dir.name)
+
+
+class Lines(logging.Handler):
+    """What the `veritrain` logger says while it is attached (it does not propagate to pytest's caplog)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append((record.levelname, record.getMessage()))
+
+    def __enter__(self):
+        logging.getLogger("veritrain").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("veritrain").removeHandler(self)
+
+
+def test_export_of_one_format_keeps_the_others_only_from_the_same_checkpoint(full_run, opened, tmp_path):
+    from veritrain import export
+    from veritrain.hashing import sha256_file
+
+    _, run_dir, _ = full_run
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)  # the shared run must still verify afterwards
+    out = copy / "export"
+    before = {p.name: sha256_file(p) for p in out.iterdir()}
+    with Lines() as said:
+        described = export.run(opened.config, opened.data, opened.task, copy, None, ["onnx"])
+    assert described["kept"] == ["torchscript", "safetensors"] and described["removed"] == []
+    assert not [m for level, m in said.lines if "removed" in m]
+    description = json.loads((out / "model.json").read_text())
+    assert {name: entry["sha256"] for name, entry in description["files"].items()} == {
+        "onnx": before["model.onnx"], "torchscript": before["model.torchscript.pt"], "safetensors": before["model.safetensors"]}
+    assert {p.name: sha256_file(p) for p in out.iterdir() if p.name.startswith("model.") and p.name != "model.json"} == {
+        k: v for k, v in before.items() if k.startswith("model.") and k != "model.json"}  # ONNX written again, byte for byte
+    parity = json.loads((out / "parity.json").read_text())
+    assert set(parity["formats"]) == set(parity["files_sha256"]) == {"onnx", "torchscript", "safetensors"} and parity["passed"]
+
+    # training kept improving after the best epoch of this run: last.pt is another checkpoint
+    assert sha256_file(copy / "checkpoints" / "last.pt") != sha256_file(copy / "checkpoints" / "best.pt")
+    with Lines() as said:
+        described = export.run(opened.config, opened.data, opened.task, copy, "last", ["onnx"])
+    assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.onnx", "parity.json"] and described["kept"] == []
+    assert [(r["format"], r["file"]) for r in described["removed"]] == [("torchscript", "model.torchscript.pt"), ("safetensors", "model.safetensors")]
+    assert all(r["reason"].startswith("made from another checkpoint (checkpoints/best.pt, sha256 ") for r in described["removed"])
+    removals = [(level, m) for level, m in said.lines if "removed" in m]
+    assert len(removals) == 1 and removals[0][0] == "WARNING"
+    assert removals[0][1].startswith("export: removed model.torchscript.pt, model.safetensors: made from another checkpoint (checkpoints/best.pt")
+    assert removals[0][1].endswith("; export them again with --format torchscript --format safetensors")
+    description = json.loads((out / "model.json").read_text())
+    assert set(description["files"]) == {"onnx"} and description["checkpoint"] == "checkpoints/last.pt"
+    assert set(json.loads((out / "parity.json").read_text())["formats"]) == {"onnx"}
+
+    # a model file model.json does not describe is never kept
+    (out / "model.safetensors").write_bytes(b"not from this export")
+    described = export.run(opened.config, opened.data, opened.task, copy, "last", ["onnx"])
+    assert [(r["file"], r["reason"]) for r in described["removed"]] == [("model.safetensors", "not listed in the previous model.json, so its origin is unknown")]
+    assert not (out / "model.safetensors").exists()
+
+
+def test_export_refuses_a_model_with_non_finite_outputs(full_run, opened, tmp_path):
+    from veritrain import export
+    from veritrain.errors import RunFailed
+    from veritrain.hashing import sha256_file
+    from veritrain.train import checkpoint
+
+    _, run_dir, _ = full_run
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    state = checkpoint.load(copy / "checkpoints" / "best.pt")
+    state["model"]["net.4.bias"][3] = float("nan")  # the output layer: every sample's class-3 logit is NaN
+    checkpoint.write(copy / "checkpoints", checkpoint.encode(state), ["diverged.pt"], keep_last=10)
+    before = {p.name: sha256_file(p) for p in (copy / "export").iterdir()}
+    with pytest.raises(RunFailed) as failed:
+        export.run(opened.config, opened.data, opened.task, copy, "checkpoints/diverged.pt")
+    message = str(failed.value)
+    assert message.startswith("export: the model gives non-finite outputs (NaN or inf) for 179 of 179 test samples; ")
+    assert "--checkpoint" in message and "\n" not in message
+    assert {p.name: sha256_file(p) for p in (copy / "export").iterdir()} == before  # nothing exported, nothing removed
+
+
+def _rebuild_without_veritrain(export_dir: Path, *args: str) -> dict:
+    """examples/rebuild_from_export.py in a fresh interpreter (-I: no PYTHONPATH, no user site) where importing
+    veritrain fails: veritrain is installed in this environment, so it is taken out of reach first."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-I", "-c", WITHOUT_VERITRAIN, str(REBUILD_SCRIPT), str(export_dir), *args, "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _digit_inputs(run_dir: Path, tmp_path: Path, n: int = 64) -> Path:
+    """`n` digits of the data version preprocessed with numpy as model.json says: x / 255, (x - mean) / std, HWC → CHW."""
+    record = json.loads((run_dir / "record.json").read_text())
+    prep = json.loads((run_dir / "export" / "model.json").read_text())["preprocessing"]
+    images = np.load(Path(record["data"]["path"]) / "inputs.npy")[:n].astype(np.float32) / 255.0
+    x = ((images - np.float32(prep["mean"][0])) / np.float32(prep["std"][0])).transpose(0, 3, 1, 2)
+    np.save(tmp_path / "inputs.npy", np.ascontiguousarray(x, dtype=np.float32))
+    return tmp_path / "inputs.npy"
+
+
+@pytest.fixture(scope="module")
+def cnn_run(tmp_path_factory):
+    outcome = in_process_run(tmp_path_factory.mktemp("cnn"), ["train.epochs=1", "model.name=cnn", "model.widths=[8,16]",
+                                                              "data.split_ratios=[0.2,0.2,0.6]", "eval.baselines=false", "export.parity_samples=64"])
+    assert outcome.error is None, outcome.summary
+    return Path(outcome.summary["run_dir"])
+
+
+@pytest.mark.parametrize("which", ["mlp", "cnn"])
+def test_a_script_without_veritrain_rebuilds_the_model_from_the_export(request, which, tmp_path):
+    run_dir = request.getfixturevalue("full_run")[1] if which == "mlp" else request.getfixturevalue("cnn_run")
+    result = _rebuild_without_veritrain(run_dir / "export", "--inputs", str(_digit_inputs(run_dir, tmp_path)))
+    atol = json.loads((run_dir / "record.json").read_text())["config"]["export"]["parity_atol"]
+    assert result["model"] == which and result["samples"] == 64
+    assert result["max_abs_diff"] <= atol and result["argmax_agreement"] == 1.0
+
+
+def test_a_script_without_veritrain_rebuilds_resnet18(opened, tmp_path):
+    """ResNet-18 with random weights and batch statistics, exported by the export stage (training it takes too long here)."""
+    import torch
+
+    from veritrain import export
+    from veritrain.train import checkpoint
+
+    cfg = opened.config.model_copy(deep=True, update={"model": opened.config.model.model_copy(update={"name": "resnet18"}),
+                                                      "export": opened.config.export.model_copy(update={"parity_samples": 8})})
+    torch.manual_seed(0)
+    state = opened.task.build_model(cfg.model, opened.data).state_dict()
+    generator = torch.Generator().manual_seed(1)
+    for key, value in state.items():  # fresh statistics (0 and 1) would hide a batch norm read wrongly
+        if key.endswith("running_mean"):
+            value.copy_(torch.randn(value.shape, generator=generator) * 0.1)
+        elif key.endswith("running_var"):
+            value.copy_(torch.rand(value.shape, generator=generator) + 0.5)
+    run_dir = tmp_path / "resnet-run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    checkpoint.write(run_dir / "checkpoints", checkpoint.encode({"model": state, "loop": {"epochs_done": 0}}), ["best.pt"], keep_last=1)
+    described = export.run(cfg, opened.data, opened.task, run_dir, "best", ["onnx", "safetensors"])
+    assert described["architecture"]["layer_list"][3:6] == [
+        "BasicBlock(64→64, stride 1, identity shortcut)", "BasicBlock(64→64, stride 1, identity shortcut)",
+        "BasicBlock(64→128, stride 2, Conv1×1+BatchNorm shortcut)"]
+    result = _rebuild_without_veritrain(run_dir / "export")
+    assert result["model"] == "resnet18" and result["tensors"] == len(state)
+    assert result["max_abs_diff"] <= cfg.export.parity_atol and result["argmax_agreement"] == 1.0
 
 
 def record_mean(run_dir: Path) -> float:
@@ -181,7 +437,7 @@ def test_parity_fails_on_an_altered_export(full_run, tmp_path):
 
 
 def test_export_command_fails_with_exit_1_when_parity_fails(cli, tmp_path):
-    run = cli("train", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "export.parity_atol=1e-30",
+    run = cli("train", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "export.parity_atol=1e-30", "--set", "export.parity_rtol=0",
               "--set", "export.formats=[onnx]", "--workdir", str(tmp_path), "--json")
     run_id = run.json()["run_id"]
     result = cli("export", run_id, "--workdir", str(tmp_path))
@@ -354,4 +610,8 @@ def test_unscriptable_model_exports_with_torch_export(tmp_path):
     out = Path(outcome.summary["run_dir"]) / "export"
     description = json.loads((out / "model.json").read_text())
     assert set(description["files"]) == {"onnx", "torch_export", "safetensors"} and (out / "model.pt2").is_file()
-    assert description["parity"]["passed"] and set(description["parity"]["formats"]) == {"onnx", "torch_export"}
+    assert description["parity"]["passed"] and set(description["parity"]["formats"]) == {"onnx", "torch_export", "safetensors"}
+    architecture = description["architecture"]
+    assert architecture["target"] == "test_evaluate_export:unscriptable" and architecture["kwargs"] == {}
+    assert architecture["layers"] is None and architecture["module"] == "test_evaluate_export.Unscriptable"
+    assert architecture["input_shape"] == [1, 8, 8] and architecture["num_outputs"] == 10

@@ -184,3 +184,19 @@ def test_the_end_of_run_summary_keeps_the_seal_whole_and_says_what_is_next(tmp_p
     for step in (f"veritrain verify {run_dir.name} --expect {seal}", f"veritrain check {run_dir.name}",
                  f"veritrain predict {run_dir.name}", f"veritrain runs compare {run_dir.name}"):
         assert step in text, step
+
+
+def test_a_reproduction_records_the_same_environment_and_is_compared_with_its_source(cli, trained_then_baseline):
+    workdir, trained, _ = trained_then_baseline
+    at = ["--workdir", str(workdir)]
+    reproduced = cli("reproduce", trained, *at, "--json")
+    assert reproduced.code == 0, reproduced.stderr
+    copy = reproduced.json()["reproduction"]
+    compared = cli("runs", "compare", trained, copy, *at, "--json").json()
+    # deterministic runs set CUBLAS_WORKSPACE_CONFIG before recording their environment, whatever the entry point
+    assert compared["env"][copy] == {}, compared["env"]
+    for run_id in (trained, copy):
+        record = json.loads((workdir / "runs" / run_id / "record.json").read_text())
+        assert record["env"]["variables"].get("CUBLAS_WORKSPACE_CONFIG"), run_id
+    entry = (workdir / "experiments.md").read_text().split(f"## {copy}")[1].split("\n## ")[0]
+    assert f"changes vs {trained}: _none (same config)_" in entry and f"reproduces {trained}: final weights identical" in entry

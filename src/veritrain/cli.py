@@ -398,7 +398,11 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
     if as_json:
         emit_json(description)
     else:
-        click.echo(f"exported {', '.join(description['files'])} to {opened.run_dir / 'export'}; parity passed")
+        kept, removed = description.get("kept", []), description.get("removed", [])
+        written = [name for name in description["files"] if name not in kept]
+        click.echo(f"exported {', '.join(written)} to {opened.run_dir / 'export'}"
+                   + (f"; kept {', '.join(kept)} (same checkpoint)" if kept else "")
+                   + (f"; removed {', '.join(r['file'] for r in removed)}" if removed else "") + "; parity passed")
     return 0
 
 

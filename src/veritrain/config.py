@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError, core_schema
 from veritrain.errors import ConfigError, UserError
 from veritrain.hashing import canonical_json, sha256_json
 from veritrain.secrets import ENV_REFERENCE, expand_env
+from veritrain.task_registry import TASKS
 
 # The built-in default config is the one shipped as configs/digits.yaml; its experiment name
 # follows the same rule as a file's (the file name without extension).
@@ -402,6 +403,7 @@ class ExportConfig(Section):
     )
     parity_samples: Annotated[int, Limit(10**7)] = Field(256, ge=1, description="real test samples the parity check runs through every exported form")
     parity_atol: float = Field(1e-4, gt=0.0, description="largest allowed absolute difference of logits between the trained model and an export")
+    parity_rtol: float = Field(1e-5, ge=0.0, le=1.0, description="added to parity_atol for large logits: the allowed difference is parity_atol + parity_rtol × the largest absolute logit of the trained model (float32 rounding grows with the values)")
     parity_min_agreement: float = Field(1.0, ge=0.0, le=1.0, description="smallest allowed fraction of samples whose predicted class agrees")
     opset: Annotated[int, Limit(1000)] = Field(17, ge=7, description="ONNX opset version")
 
@@ -426,8 +428,6 @@ class RunConfig(Section):
     @field_validator("task")
     @classmethod
     def _known_task(cls, value: str) -> str:
-        from veritrain.tasks import TASKS
-
         return _registered(value, TASKS)
 
 
@@ -492,6 +492,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "data.split_tolerance": 0.03,
     "data.on_split_skew": "fail",
     "data.on_label_issue": "warn",
+    "export.parity_rtol": 1e-5,
 }
 
 

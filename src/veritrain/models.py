@@ -126,3 +126,83 @@ def build(name: str, input_shape: Sequence[int], num_outputs: int, widths: Seque
             features *= d
         return MLP(features, hidden, num_outputs, dropout)
     raise ValueError(f"unknown model {name!r}")
+
+
+# ---------------------------------------------------------------- description for export
+
+SUMMARIES = {
+    MLP: "mlp: flatten the C×H×W input, then (Linear → ReLU) per hidden width, dropout, and a Linear output layer",
+    ConvNet: "cnn: per width a block of Conv3×3 (padding 1, no bias) → BatchNorm → ReLU → MaxPool 2×2 (ceil mode); "
+    "then the mean over H and W (global average pooling), dropout and a Linear head",
+    ResNet18: "resnet18 in its CIFAR form: stem Conv3×3 (64, stride 1, padding 1, no bias) → BatchNorm → ReLU, no max-pool; "
+    "four stages of two basic blocks with 64, 128, 256, 512 channels (the first block of stages 2–4 has stride 2 and a "
+    "Conv1×1 (stride 2, no bias) → BatchNorm shortcut, every other shortcut is the identity); a basic block is "
+    "relu(BN(Conv3×3(relu(BN(Conv3×3(x))))) + shortcut(x)); then the mean over H and W, dropout and a Linear head",
+}
+
+
+def describe(model: nn.Module) -> dict[str, Any] | None:
+    """The inference-time computation of a built-in model as plain operations, each naming the state_dict
+    keys it reads, so it can be rebuilt without veritrain (see examples/rebuild_from_export.py); None for a
+    user model. Read from the built module itself, so the description cannot drift from the code."""
+    if isinstance(model, MLP):
+        layers = _ops(model.net, "net.")
+    elif isinstance(model, ConvNet):
+        layers = [*_ops(model.features, "features."), _GLOBAL_AVG_POOL, *_op(model.dropout, "dropout."), *_op(model.head, "head.")]
+    elif isinstance(model, ResNet18):
+        layers = [*_ops(model.stem, "stem."), *_ops(model.layers, "layers."), _GLOBAL_AVG_POOL,
+                  *_op(model.dropout, "dropout."), *_op(model.head, "head.")]
+    else:
+        return None
+    return {"summary": SUMMARIES[type(model)], "layers": layers, "layer_list": [layer["text"] for layer in layers]}
+
+
+_GLOBAL_AVG_POOL = {"op": "global_avg_pool", "text": "GlobalAvgPool (mean over H and W: N×C×H×W → N×C)"}
+
+
+def _ops(sequence: nn.Module, prefix: str) -> list[dict[str, Any]]:
+    return [op for name, child in sequence.named_children() for op in _op(child, f"{prefix}{name}.")]
+
+
+def _op(module: nn.Module, prefix: str) -> list[dict[str, Any]]:
+    """One module as a list of operations (empty for the identity); `prefix` is its state_dict key prefix."""
+    if isinstance(module, nn.Flatten):
+        return [{"op": "flatten", "start_dim": module.start_dim, "text": "Flatten"}]
+    if isinstance(module, nn.Linear):
+        return [{"op": "linear", "in_features": module.in_features, "out_features": module.out_features,
+                 "weight": prefix + "weight", "bias": prefix + "bias" if module.bias is not None else None,
+                 "text": f"Linear({module.in_features}→{module.out_features})"}]
+    if isinstance(module, nn.Conv2d):
+        kernel, stride, padding = list(module.kernel_size), list(module.stride), list(module.padding)
+        return [{"op": "conv2d", "in_channels": module.in_channels, "out_channels": module.out_channels,
+                 "kernel_size": kernel, "stride": stride, "padding": padding, "dilation": list(module.dilation), "groups": module.groups,
+                 "weight": prefix + "weight", "bias": prefix + "bias" if module.bias is not None else None,
+                 "text": f"Conv2d({module.in_channels}→{module.out_channels}, {kernel[0]}×{kernel[1]}, stride {stride[0]}, padding {padding[0]}"
+                 + (")" if module.bias is not None else ", no bias)")}]
+    if isinstance(module, nn.BatchNorm2d):
+        # inference: (x - running_mean) / sqrt(running_var + eps) * weight + bias, per channel
+        return [{"op": "batch_norm2d", "num_features": module.num_features, "eps": module.eps,
+                 "weight": prefix + "weight", "bias": prefix + "bias", "running_mean": prefix + "running_mean",
+                 "running_var": prefix + "running_var", "num_batches_tracked": prefix + "num_batches_tracked",
+                 "text": f"BatchNorm2d({module.num_features}, eps {module.eps:g})"}]
+    if isinstance(module, nn.ReLU):
+        return [{"op": "relu", "text": "ReLU"}]
+    if isinstance(module, nn.MaxPool2d):
+        return [{"op": "max_pool2d", "kernel_size": module.kernel_size, "stride": module.stride, "padding": module.padding,
+                 "ceil_mode": module.ceil_mode, "text": f"MaxPool2d({module.kernel_size}, stride {module.stride}"
+                 + (", ceil mode)" if module.ceil_mode else ")")}]
+    if isinstance(module, nn.Dropout):
+        return [{"op": "dropout", "p": module.p, "text": f"Dropout(p={module.p:g}; identity at inference)"}]
+    if isinstance(module, nn.Identity):
+        return []
+    if isinstance(module, nn.Sequential):
+        return _ops(module, prefix)
+    if isinstance(module, BasicBlock):
+        body = [*_op(module.conv1, prefix + "conv1."), *_op(module.bn1, prefix + "bn1."), {"op": "relu", "text": "ReLU"},
+                *_op(module.conv2, prefix + "conv2."), *_op(module.bn2, prefix + "bn2.")]
+        shortcut = _op(module.shortcut, prefix + "shortcut.")
+        conv1 = module.conv1
+        return [{"op": "residual", "body": body, "shortcut": shortcut, "after_add": "relu",
+                 "text": f"BasicBlock({conv1.in_channels}→{conv1.out_channels}, stride {conv1.stride[0]}, "
+                 + ("identity shortcut)" if not shortcut else "Conv1×1+BatchNorm shortcut)")}]
+    raise ValueError(f"cannot describe {type(module).__name__} at {prefix!r}")
