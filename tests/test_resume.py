@@ -163,8 +163,8 @@ def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path
 
 
 def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
-    # weights and metrics do not depend on keep_last; with 4 kept, three whole step files remain even when the
-    # kill lands while a save is recycling the oldest one's blocks (with 3 kept, two remained, and both get damaged below)
+    # weights and metrics do not depend on keep_last; with 4 kept, whole step files remain after the two
+    # newest are damaged below, even when the kill lands between a new step file and its sidecar
     proc = start(tmp_path, "train", *CHAOS, "--set", "checkpoint.keep_last=4")
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("runs/*/checkpoints/step-*.pt"))) < 3:
@@ -249,7 +249,7 @@ def test_nonfinite_policies(tmp_path, policy, expected, monkeypatch):
         assert "on_nonfinite is stop" in outcome.record["error"]["message"]
 
 
-@pytest.mark.parametrize("failing_save", [2, 3])  # the 3rd save is the first to take over an old file's blocks
+@pytest.mark.parametrize("failing_save", [2, 3])  # the 3rd save is the first after which an old step file is deleted
 def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, monkeypatch, failing_save):
     calls = {"n": 0}
 
@@ -304,77 +304,70 @@ def test_killed_before_the_first_checkpoint_resumes_from_the_beginning(reference
     assert comparable(run_dir) == reference
 
 
-def test_background_writer_reports_any_failure_and_keeps_serving(tmp_path, monkeypatch):
-    real_write = checkpoint.write_into
-    calls = {"n": 0}
+def test_a_failed_save_leaves_the_previous_checkpoint_and_no_trace_of_itself(tmp_path, monkeypatch):
+    checkpoint.write(tmp_path, b"first", ["step-1.pt"], keep_last=2)
 
-    def failing_once(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("unexpected")
-        return real_write(*args, **kwargs)
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpoint, "write_into", failing_once)
-    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2)
-    writer.submit(b"first", ["step-1.pt"], step=1)
-    with pytest.raises(RuntimeError) as failure:
-        writer.wait()
-    assert failure.value.step == 1
-    writer.submit(b"second", ["step-2.pt"], step=2)  # the thread is still there
-    writer.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256"]  # nothing left of the failed one
+    for name in ("fsync", "fdatasync"):  # whichever the write uses for the data
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.write(tmp_path, b"second", ["step-2.pt"], keep_last=1)
+    monkeypatch.undo()  # the disk has room again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1.pt", "step-1.pt.sha256"]  # no temp file, nothing pruned
+    assert (tmp_path / "step-1.pt").read_bytes() == b"first"
+    checkpoint.write(tmp_path, b"second", ["step-2.pt"], keep_last=1)  # the next save works as usual
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256"]
     assert (tmp_path / "step-2.pt").read_bytes() == b"second"
 
 
-def test_background_writer_prunes_step_files_left_by_an_earlier_process(tmp_path):
+def test_a_save_prunes_step_files_left_by_an_earlier_process(tmp_path):
     for step in (5, 10, 15):  # a resumed run's folder: keep_last was 3 then
         (tmp_path / f"step-{step}.pt").write_bytes(b"old")
         (tmp_path / f"step-{step}.pt.sha256").write_text("x\n")
-    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2)
-    writer.submit(b"new", ["best.pt", "step-20.pt"], step=20)
-    writer.submit(b"newer", ["step-25.pt"], step=25)
-    writer.close()
+    checkpoint.write(tmp_path, b"new", ["best.pt", "step-20.pt"], keep_last=2)
+    checkpoint.write(tmp_path, b"newer", ["step-25.pt"], keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "best.pt", "best.pt.sha256", "step-20.pt", "step-20.pt.sha256", "step-25.pt", "step-25.pt.sha256"]
     assert (tmp_path / "step-25.pt.sha256").read_text().strip() == hashlib.sha256(b"newer").hexdigest()
+    assert (tmp_path / "best.pt.sha256").read_text().strip() == hashlib.sha256(b"new").hexdigest()
 
 
-def test_background_writer_reuses_the_disk_blocks_of_the_step_file_it_replaces(tmp_path):
-    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2)
-    writer.submit(b"a" * 5000, ["step-1.pt"], step=1)
-    writer.submit(b"b" * 5000, ["step-2.pt"], step=2)
-    writer.wait()
+def test_a_new_step_file_is_a_new_file_and_the_kept_ones_are_left_alone(tmp_path):
+    checkpoint.write(tmp_path, b"a" * 5000, ["step-1.pt"], keep_last=2)
+    checkpoint.write(tmp_path, b"b" * 5000, ["step-2.pt"], keep_last=2)
     oldest = (tmp_path / "step-1.pt").stat().st_ino
-    writer.submit(b"c" * 3000, ["step-3.pt"], step=3)  # shorter than the file it takes over
-    writer.close()
+    kept = (tmp_path / "step-2.pt").stat()
+    checkpoint.write(tmp_path, b"c" * 3000, ["step-3.pt"], keep_last=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256", "step-3.pt", "step-3.pt.sha256"]
-    assert (tmp_path / "step-3.pt").stat().st_ino == oldest  # the same file, renamed and overwritten
-    assert (tmp_path / "step-3.pt").read_bytes() == b"c" * 3000  # no tail of the old bytes
+    assert (tmp_path / "step-3.pt").stat().st_ino != oldest  # created while the oldest still existed, then that one deleted
+    assert (tmp_path / "step-3.pt").read_bytes() == b"c" * 3000
     assert (tmp_path / "step-3.pt.sha256").read_text().strip() == hashlib.sha256(b"c" * 3000).hexdigest()
-    assert (tmp_path / "step-2.pt").read_bytes() == b"b" * 5000  # the previous one was complete throughout
+    after = (tmp_path / "step-2.pt").stat()
+    assert (after.st_ino, after.st_mtime_ns, (tmp_path / "step-2.pt").read_bytes()) == (kept.st_ino, kept.st_mtime_ns, b"b" * 5000)
 
 
-def test_background_writer_with_keep_last_1_writes_the_new_file_before_deleting_the_old(tmp_path, monkeypatch):
-    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=1)
-    writer.submit(b"first", ["step-1.pt"], step=1)
-    writer.wait()
+def test_keep_last_1_writes_the_new_file_before_deleting_the_old(tmp_path, monkeypatch):
+    checkpoint.write(tmp_path, b"first", ["step-1.pt"], keep_last=1)
     first_inode = (tmp_path / "step-1.pt").stat().st_ino
     seen = []
-    real_write = checkpoint.write_into
+    real_write = checkpoint.write_atomic
 
-    def watching(*args, **kwargs):
-        seen.append(sorted(p.name for p in tmp_path.iterdir()))
-        return real_write(*args, **kwargs)
+    def watching(path, *args, **kwargs):
+        seen.append(sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")))
+        return real_write(path, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "write_into", watching)
-    writer.submit(b"second", ["step-2.pt"], step=2)
-    writer.close()
-    assert seen == [["step-1.pt", "step-1.pt.sha256"]]  # the only previous checkpoint stays until the new one is in place
+    monkeypatch.setattr(checkpoint, "write_atomic", watching)
+    checkpoint.write(tmp_path, b"second", ["step-2.pt"], keep_last=1)
+    # the only previous checkpoint stays until the new one and its sidecar are in place
+    assert seen == [["step-1.pt", "step-1.pt.sha256"], ["step-1.pt", "step-1.pt.sha256", "step-2.pt"]]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2.pt", "step-2.pt.sha256"]
     assert (tmp_path / "step-2.pt").stat().st_ino != first_inode  # a new file, not the old one overwritten
 
 
-def test_resume_clears_broken_step_files_after_its_start_so_a_save_never_overwrites_the_only_whole_one(tmp_path, monkeypatch):
+def test_resume_clears_broken_step_files_after_its_start_so_they_never_crowd_out_a_whole_one(tmp_path, monkeypatch):
     def state(step):
         return checkpoint.encode({"loop": {"step": step}})
 
@@ -384,18 +377,16 @@ def test_resume_clears_broken_step_files_after_its_start_so_a_save_never_overwri
     path, _, problems = checkpoint.newest_valid(tmp_path)
     assert path.name == "step-32.pt" and problems
     assert checkpoint.discard_after(tmp_path, 32) == ["step-33.pt"]
-    writer = checkpoint.BackgroundWriter(tmp_path, keep_last=2)
-    real_write = checkpoint.write_into
+    real_write = checkpoint.write_atomic
     loadable_while_writing = []
 
-    def watching(dir_fd, name, data, digest, reuse=None):
-        path, _, _ = checkpoint.newest_valid(tmp_path)  # what a resume would find if the process died now
-        loadable_while_writing.append((name, path.name if path else None))
-        return real_write(dir_fd, name, data, digest, reuse)
+    def watching(path, *args, **kwargs):
+        found, _, _ = checkpoint.newest_valid(tmp_path)  # what a resume would find if the process died now
+        loadable_while_writing.append((path.name, found.name if found else None))
+        return real_write(path, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint, "write_into", watching)
+    monkeypatch.setattr(checkpoint, "write_atomic", watching)
     for step in (36, 40, 50):
-        writer.submit(state(step), [f"step-{step}.pt"], step=step)
-    writer.close()
+        checkpoint.write(tmp_path, state(step), [f"step-{step}.pt"], keep_last=2)
     assert all(found is not None for _, found in loadable_while_writing), loadable_while_writing
     assert [p.name for _, p in checkpoint.step_files(tmp_path)] == ["step-50.pt", "step-40.pt"]

@@ -4,8 +4,6 @@ stopping, step logs, the startup header."""
 from __future__ import annotations
 
 import json
-import resource
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -192,36 +190,3 @@ def test_tensorboard_needs_its_package(tmp_path):
                          "the code path is one call (loop.py: `forward = torch.compile(model)`)")
 def test_compile():
     pass
-
-
-def _minor_page_faults(fn, *args) -> int:
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    fn(*args)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-
-@pytest.mark.skipif(sys.implementation.name != "cpython" or sys.version_info < (3, 11) or not sys.platform.startswith("linux"),
-                    reason="frames live in freed-on-return stack chunks on CPython 3.11+; page faults are counted on Linux")
-def test_the_training_loop_runs_where_its_calls_never_cross_an_interpreter_stack_chunk():
-    """A call repeated at a depth where it crosses a frame-chunk boundary maps a fresh chunk (a page
-    fault) every time; under `with_stack_headroom`, at that same depth, it does not."""
-    from veritrain.train import loop
-
-    def inner(a):
-        return a + 1
-
-    def leaf(a, b, c):
-        return inner(a)
-
-    def hot(calls):
-        for i in range(calls):
-            leaf(i, 0, 0)
-
-    def at_depth(depth, fn, *args):
-        return fn(*args) if depth == 0 else at_depth(depth - 1, fn, *args)
-
-    calls = 2000
-    crossing = next((d for d in range(400) if _minor_page_faults(at_depth, d, hot, calls) >= calls // 2), None)
-    if crossing is None:
-        pytest.skip("this interpreter keeps freed frame chunks: no depth makes the calls map memory")
-    assert _minor_page_faults(at_depth, crossing, loop.with_stack_headroom, hot, calls) < calls // 20

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from veritrain.task_registry import TASKS  # the one registry, shared with config validation
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from veritrain.config import ModelConfig
     from veritrain.data.prepare import DataVersion
 
 
@@ -23,7 +24,9 @@ class Task(Protocol):
     # (metrics.jsonl key, "max" | "min") that picks checkpoints/best.pt
     best_metric: tuple[str, str]
 
-    def build_model(self, cfg: "ModelConfig", data: "DataVersion") -> "torch.nn.Module": ...
+    def build_model(self, cfg: Any, data: "DataVersion") -> "torch.nn.Module":
+        """The network for this data version; `cfg` is the run config's `model` section."""
+        ...
 
     def batch(
         self, data: "DataVersion", rows: "np.ndarray", device: "torch.device", train: bool, generator: "torch.Generator"
@@ -45,16 +48,6 @@ class Task(Protocol):
     def metrics(self, outputs: "torch.Tensor", targets: "torch.Tensor", data: "DataVersion") -> dict[str, Any]:
         """Final evaluation metrics from all outputs of a split (e.g. accuracy, macro_f1, loss)."""
         ...
-
-
-def _classification(cfg: Any) -> Task:
-    from veritrain.tasks.classification import ClassificationTask
-
-    return ClassificationTask(cfg)
-
-
-# name → factory(run config) → Task
-TASKS: dict[str, Callable[[Any], Task]] = {"classification": _classification}
 
 
 def register_task(name: str, factory: Callable[[Any], Task]) -> None:

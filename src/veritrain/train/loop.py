@@ -177,32 +177,10 @@ def _truncate_jsonl(path: Path, keep) -> None:
     write_atomic(path, "".join(r + "\n" for r in rows).encode())
 
 
-def with_stack_headroom(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)`, called from a frame that reserves 32 KiB of interpreter stack.
-
-    CPython 3.11+ keeps Python frames in per-thread chunks of 16 KiB and frees a chunk as soon as the
-    frame that opened it returns. A hot loop whose calls straddle a chunk boundary therefore maps and
-    unmaps a chunk (mmap, munmap, fresh zeroed pages) on every call across it: about 80 times per
-    epoch for the mlp on digits under `veritrain train`, decided only by how deep the caller happened
-    to be. This frame does not fit in the current chunk, so it opens a fresh 64 KiB one and leaves
-    32 KiB above itself, room for every frame a training step pushes, whatever the caller's depth.
-    Elsewhere (other interpreters, older versions) it is only a call."""
-    return fn(*args, **kwargs)
-
-
-# 4096 value-stack slots of 8 bytes: the frame's size, not a limit on anything it calls
-with_stack_headroom.__code__ = with_stack_headroom.__code__.replace(co_stacksize=4096)
-
-
 def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
     checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`."""
-    return with_stack_headroom(_run, cfg, data, task, run_dir, stop, console, resume, events)
-
-
-def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console],
-         resume: bool, events: Optional[list[dict[str, Any]]]) -> TrainResult:
     started = time.perf_counter()
     tcfg, ccfg = cfg.train, cfg.checkpoint
     events = events if events is not None else []
@@ -228,15 +206,13 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
     state = LoopState(stat_sums={name: 0.0 for name in task.epoch_metrics})
     factor = schedule_factor(cfg.schedule, steps_per_epoch, steps_per_epoch * tcfg.epochs)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: factor(step) * state.lr_factor)
-    scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
-    scaling = tcfg.precision == "fp16"  # the scaler's calls are skipped entirely otherwise: they cost per step
-
-    no_autocast = contextlib.nullcontext()  # reusable: entered once per step at full precision
+    scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")  # passes values through when disabled
 
     def autocast() -> Any:
         if autocast_dtype is None:
-            return no_autocast
+            return contextlib.nullcontext()
         return torch.autocast(device.type, dtype=autocast_dtype)
+
     best_key = ccfg.best_metric or task.best_metric[0]
     best_mode = ccfg.best_mode or task.best_metric[1]
     has_val = len(data.splits["val"]) > 0
@@ -321,12 +297,9 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
     last_save = time.monotonic()
     board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
 
-    writer = checkpoint.BackgroundWriter(ckpt_dir, ccfg.keep_last)
-
     def save(reason: str, augment: Optional[torch.Generator], best: bool = False, final: bool = False) -> bytes:
         """One checkpoint: step-<N>.pt, plus best.pt when it improved and last.pt when training stops
-        (during training the newest step file is the latest state; resume looks at both). The state is
-        encoded now; the files are written in the background, except when training stops."""
+        (during training the newest step file is the latest state; resume looks at both)."""
         nonlocal last_save
         t = time.perf_counter()
         data_bytes = checkpoint.encode(full_state(reason, augment))
@@ -334,14 +307,12 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
         if final and ccfg.last:
             targets.append("last.pt")
         try:
-            writer.submit(data_bytes, targets, state.step)
-            if final:
-                writer.wait()
+            checkpoint.write(ckpt_dir, data_bytes, targets, ccfg.keep_last)
         except OSError as err:
-            raise RunFailed(f"checkpoint: saving at step {getattr(err, 'step', state.step)} failed ({err.strerror or err}); "
+            raise RunFailed(f"checkpoint: saving at step {state.step} failed ({err.strerror or err}); "
                             "the previous checkpoint is intact") from None
         last_save = time.monotonic()
-        log.debug("checkpoint: %s (%s) encoded in %.3fs, %d bytes", ", ".join(targets), reason,
+        log.debug("checkpoint: %s (%s) in %.3fs, %d bytes", ", ".join(targets), reason,
                   time.perf_counter() - t, len(data_bytes))
         return data_bytes
 
@@ -380,146 +351,135 @@ def _run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console:
     log_every = cfg.logging.every_steps
     loop_started = time.perf_counter()
     next_progress = 0.0
-    try:
-        with progress:
-            bar = progress.add_task("train", total=len(starts), epoch="", loss="-", lr="-", rate="-")
-            while state.epoch <= tcfg.epochs and not state.stopped_early:
-                epoch = state.epoch
-                order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
-                augment = _generator_with(cfg.seed, epoch, augment_resume)
-                augment_resume = None
-                epoch_started = time.perf_counter()
-                seen_at_start = state.seen
-                progress.reset(bar, total=len(starts), completed=state.batch_index, epoch=f"{epoch}/{tcfg.epochs}", loss="-", lr="-", rate="-")
-                try:
-                    with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
-                        model.train()
-                        while state.batch_index < len(starts):
-                            first = state.batch_index
-                            group = range(first, min(len(starts), (first // tcfg.accumulate_steps + 1) * tcfg.accumulate_steps))
-                            optimizer.zero_grad(set_to_none=True)
-                            step_loss, stepped = 0.0, False
-                            for b in group:
-                                rows = order[starts[b] : starts[b] + tcfg.batch_size]
-                                x, y = task.batch(data, rows, device, True, augment)
-                                if tcfg.channels_last and x.dim() == 4:
-                                    x = x.contiguous(memory_format=torch.channels_last)
-                                with autocast():
-                                    outputs = forward(x)
-                                    loss = task.loss(outputs, y)
-                                loss_value = loss.item()  # the batch loss as a Python float: the non-finite check and the epoch sums
-                                if not math.isfinite(loss_value):
-                                    nonfinite("loss", loss_value)
-                                    continue  # skip_batch
-                                if len(group) > 1:  # the mean over the accumulated batches; a single batch needs no extra graph node
-                                    loss = loss / len(group)
-                                (scaler.scale(loss) if scaling else loss).backward()
-                                stepped = True
-                                step_loss += loss_value / len(group)
-                                state.loss_sum += loss_value * len(rows)
-                                state.seen += len(rows)
-                                detached = outputs.detach()
-                                stats = task.batch_stats(detached if detached.dtype == torch.float32 else detached.float(), y)
-                                for name, value in stats.items():
-                                    state.stat_sums[name] = state.stat_sums.get(name, 0.0) + value
-                            grad_norm = None
-                            if stepped:
-                                norm_for_log = log_every and (state.step + 1) % log_every == 0
-                                if tcfg.grad_clip or tcfg.check_grad_norm or norm_for_log:
-                                    if scaling:
-                                        scaler.unscale_(optimizer)
-                                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
-                                    if tcfg.check_grad_norm and not math.isfinite(grad_norm):
-                                        nonfinite("gradient norm", grad_norm)
-                                        stepped = False
-                            if stepped:
-                                if scaling:
-                                    scaler.step(optimizer)
-                                    scaler.update()
-                                else:
-                                    optimizer.step()
-                                schedule.step()
-                                state.step += 1
-                            state.batch_index = group[-1] + 1
+    with progress:
+        bar = progress.add_task("train", total=len(starts), epoch="", loss="-", lr="-", rate="-")
+        while state.epoch <= tcfg.epochs and not state.stopped_early:
+            epoch = state.epoch
+            order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
+            augment = _generator_with(cfg.seed, epoch, augment_resume)
+            augment_resume = None
+            epoch_started = time.perf_counter()
+            seen_at_start = state.seen
+            progress.reset(bar, total=len(starts), completed=state.batch_index, epoch=f"{epoch}/{tcfg.epochs}", loss="-", lr="-", rate="-")
+            try:
+                with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
+                    model.train()
+                    while state.batch_index < len(starts):
+                        first = state.batch_index
+                        group = range(first, min(len(starts), (first // tcfg.accumulate_steps + 1) * tcfg.accumulate_steps))
+                        optimizer.zero_grad(set_to_none=True)
+                        step_loss, stepped = 0.0, False
+                        for b in group:
+                            rows = order[starts[b] : starts[b] + tcfg.batch_size]
+                            x, y = task.batch(data, rows, device, True, augment)
+                            if tcfg.channels_last and x.dim() == 4:
+                                x = x.contiguous(memory_format=torch.channels_last)
+                            with autocast():
+                                outputs = forward(x)
+                                loss = task.loss(outputs, y)
+                            loss_value = loss.item()  # the batch loss as a Python float: the non-finite check and the epoch sums
+                            if not math.isfinite(loss_value):
+                                nonfinite("loss", loss_value)
+                                continue  # skip_batch
+                            if len(group) > 1:  # the mean over the accumulated batches; a single batch needs no extra graph node
+                                loss = loss / len(group)
+                            scaler.scale(loss).backward()
+                            stepped = True
+                            step_loss += loss_value / len(group)
+                            state.loss_sum += loss_value * len(rows)
+                            state.seen += len(rows)
+                            stats = task.batch_stats(outputs.detach().float(), y)  # float32 (from bf16) for the sums
+                            for name, value in stats.items():
+                                state.stat_sums[name] = state.stat_sums.get(name, 0.0) + value
+                        grad_norm = None
+                        if stepped:
+                            norm_for_log = log_every and (state.step + 1) % log_every == 0
+                            if tcfg.grad_clip or tcfg.check_grad_norm or norm_for_log:
+                                scaler.unscale_(optimizer)
+                                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
+                                if tcfg.check_grad_norm and not math.isfinite(grad_norm):
+                                    nonfinite("gradient norm", grad_norm)
+                                    stepped = False
+                        if stepped:
+                            scaler.step(optimizer)
+                            scaler.update()
+                            schedule.step()
+                            state.step += 1
+                        state.batch_index = group[-1] + 1
 
-                            now = time.perf_counter()
-                            logging_step = stepped and log_every and state.step % log_every == 0
-                            show = now >= next_progress or state.batch_index == len(starts)  # ≤ 10 bar updates/s
-                            if logging_step or show:
-                                lr = optimizer.param_groups[0]["lr"]
-                                rate = (state.seen - seen_at_start) / max(now - epoch_started, 1e-9)
-                            if show:
-                                next_progress = now + 0.1
-                                progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
-                            if logging_step:
-                                with open(steps_path, "a", encoding="utf-8") as f:
-                                    f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
-                                                        "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
-                                if board is not None:
-                                    board.add_scalar("step/loss", step_loss, state.step)
-                                    board.add_scalar("step/lr", lr, state.step)
-                            if state.batch_index < len(starts):  # the epoch's end saves below
-                                if stepped and ccfg.every_steps and state.step % ccfg.every_steps == 0:
-                                    snapshot = save("step", augment)
-                                elif ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60:
-                                    save("minutes", augment)
-                                if stop.signum is not None:
-                                    save("signal", augment, final=True)
-                                    raise Interrupted(stop.signum)
+                        now = time.perf_counter()
+                        logging_step = stepped and log_every and state.step % log_every == 0
+                        show = now >= next_progress or state.batch_index == len(starts)  # ≤ 10 bar updates/s
+                        if logging_step or show:
+                            lr = optimizer.param_groups[0]["lr"]
+                            rate = (state.seen - seen_at_start) / max(now - epoch_started, 1e-9)
+                        if show:
+                            next_progress = now + 0.1
+                            progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
+                        if logging_step:
+                            with open(steps_path, "a", encoding="utf-8") as f:
+                                f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
+                                                    "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
+                            if board is not None:
+                                board.add_scalar("step/loss", step_loss, state.step)
+                                board.add_scalar("step/lr", lr, state.step)
+                        if state.batch_index < len(starts):  # the epoch's end saves below
+                            if stepped and ccfg.every_steps and state.step % ccfg.every_steps == 0:
+                                snapshot = save("step", augment)
+                            elif ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60:
+                                save("minutes", augment)
+                            if stop.signum is not None:
+                                save("signal", augment, final=True)
+                                raise Interrupted(stop.signum)
 
-                        # ---- end of epoch: validate, log, checkpoint
-                        row: dict[str, Any] = {"epoch": epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
-                        row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
-                        if has_val:
-                            val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
-                            row["val_loss"] = float(task.loss(val_out, val_y))
-                            row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
-                        row["lr"] = optimizer.param_groups[0]["lr"]
-                        row["seconds"] = round(time.perf_counter() - epoch_started, 4)
-                        if best_key not in row:
-                            raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
-                        value = row[best_key]
-                        improved = state.best_value is None or (value > state.best_value if best_mode == "max" else value < state.best_value)
-                        if improved:
-                            state.best_value, state.best_epoch, state.bad_epochs = value, epoch, 0
-                        else:
-                            state.bad_epochs += 1
-                        state.epochs_done, state.epoch, state.batch_index = epoch, epoch + 1, 0
-                        state.loss_sum, state.seen, state.stat_sums = 0.0, 0, {name: 0.0 for name in task.epoch_metrics}
-                        if tcfg.early_stopping_patience and state.bad_epochs >= tcfg.early_stopping_patience:
-                            state.stopped_early = True
-                            events.append({"kind": "early_stop", "step": state.step,
-                                           "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
-                        history.append(row)
-                        with open(metrics_path, "a", encoding="utf-8") as f:
-                            f.write(json.dumps(row) + "\n")
-                        if board is not None:
-                            for key, value in row.items():
-                                if key not in ("epoch", "step"):
-                                    board.add_scalar(f"epoch/{key}", value, epoch)
-                            board.flush()
-                        save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
-                        save_started = time.perf_counter()
-                        stops = epoch == tcfg.epochs or state.stopped_early or stop.signum is not None
-                        if save_now or (improved and ccfg.best) or stops:
-                            snapshot = save("epoch", None, best=improved and ccfg.best, final=stops)
-                        log.info(
-                            "epoch %d/%d  %s  lr %.2e  (%.1fs, checkpoint %.2fs%s)",
-                            epoch, tcfg.epochs,
-                            "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
-                            row["lr"], row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
-                        )
-                        if state.stopped_early:
-                            log.info("train: early stop, %s", events[-1]["detail"])
-                        if stop.signum is not None:
-                            raise Interrupted(stop.signum)
-                except _RolledBack:
-                    continue
-    finally:
-        try:
-            writer.close()  # never seal a run while a checkpoint is still being written
-        except OSError:
-            pass  # already failing: the error that stopped training is the one to report
+                    # ---- end of epoch: validate, log, checkpoint
+                    row: dict[str, Any] = {"epoch": epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
+                    row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
+                    if has_val:
+                        val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
+                        row["val_loss"] = float(task.loss(val_out, val_y))
+                        row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
+                    row["lr"] = optimizer.param_groups[0]["lr"]
+                    row["seconds"] = round(time.perf_counter() - epoch_started, 4)
+                    if best_key not in row:
+                        raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
+                    value = row[best_key]
+                    improved = state.best_value is None or (value > state.best_value if best_mode == "max" else value < state.best_value)
+                    if improved:
+                        state.best_value, state.best_epoch, state.bad_epochs = value, epoch, 0
+                    else:
+                        state.bad_epochs += 1
+                    state.epochs_done, state.epoch, state.batch_index = epoch, epoch + 1, 0
+                    state.loss_sum, state.seen, state.stat_sums = 0.0, 0, {name: 0.0 for name in task.epoch_metrics}
+                    if tcfg.early_stopping_patience and state.bad_epochs >= tcfg.early_stopping_patience:
+                        state.stopped_early = True
+                        events.append({"kind": "early_stop", "step": state.step,
+                                       "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
+                    history.append(row)
+                    with open(metrics_path, "a", encoding="utf-8") as f:
+                        f.write(json.dumps(row) + "\n")
+                    if board is not None:
+                        for key, value in row.items():
+                            if key not in ("epoch", "step"):
+                                board.add_scalar(f"epoch/{key}", value, epoch)
+                        board.flush()
+                    save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
+                    save_started = time.perf_counter()
+                    stops = epoch == tcfg.epochs or state.stopped_early or stop.signum is not None
+                    if save_now or (improved and ccfg.best) or stops:
+                        snapshot = save("epoch", None, best=improved and ccfg.best, final=stops)
+                    log.info(
+                        "epoch %d/%d  %s  lr %.2e  (%.1fs, checkpoint %.2fs%s)",
+                        epoch, tcfg.epochs,
+                        "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
+                        row["lr"], row["seconds"], time.perf_counter() - save_started, ", best" if improved else "",
+                    )
+                    if state.stopped_early:
+                        log.info("train: early stop, %s", events[-1]["detail"])
+                    if stop.signum is not None:
+                        raise Interrupted(stop.signum)
+            except _RolledBack:
+                continue
     loop_seconds = time.perf_counter() - loop_started
 
     if board is not None:
