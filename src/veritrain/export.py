@@ -70,7 +70,6 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
                             torch.device("cpu"), False, torch.Generator())
     with torch.no_grad():
         example_logits = model(example)
-    h, w, c = data.info["input_shape"]
     description: dict[str, Any] = {
         "format_version": MODEL_JSON_VERSION,
         "source_run": run_dir.name,
@@ -78,7 +77,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
         "config_hash": config_hash(cfg),
         "task": cfg.task,
         "model": cfg.model.target or cfg.model.name,
-        "architecture": architecture(cfg.model, model, [c, h, w], int(example_logits.shape[1])),
+        "architecture": architecture(cfg.model, model, list(example.shape[1:]), int(example_logits.shape[1])),
         "checkpoint": path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path),
         "checkpoint_sha256": sha256_file(path),
         "checkpoint_epoch": state["loop"]["epochs_done"],
@@ -212,6 +211,9 @@ def source_mapping(data: Any) -> dict[str, Any]:
     recorded = data.info.get("preprocessing") or {}
     source = recorded.get("source") or {}
     target = recorded.get("target") or {}
+    if len(data.info["input_shape"]) != 3:  # not images: the task's own arrays, as the version stores them
+        return {"source": source.get("source"), "result": f"array of shape {list(data.info['input_shape'])} per sample, as the data version stores it",
+                "recorded": source}
     h, w, c = data.info["input_shape"]
     result = {"source": source.get("source"), "result": f"uint8 array H×W×C = {h}×{w}×{c} ({'grey' if c == 1 else 'RGB'}), 0..255"}
     if source.get("source") == "digits" and source.get("pixel_scale") == "round(v * 255 / 16)":

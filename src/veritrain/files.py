@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+
 
 TEMP_SUFFIX = ".tmp"  # `.<name>.tmp`: the hidden temp file a write goes to before its rename
 
@@ -25,34 +25,17 @@ def write_atomic(path: Path, data: bytes, fsync: bool = True, sync_folder: bool 
         os.close(dir_fd)
 
 
-def replace_in(dir_fd: int, name: str, data: bytes, fsync: bool = True, reuse: Optional[str] = None) -> None:
-    """The atomic replacement of `name` in the open folder `dir_fd`: `.<name>.tmp` is written
-    (+ its data synced) and renamed over it. The folder's own fsync is the caller's, once for several files.
-
-    `reuse` names a file in the folder that is no longer wanted (the oldest checkpoint): it is renamed
-    to the temp name and overwritten in place, so its disk blocks are used again — nothing to free and
-    allocate, and when the size is unchanged the data sync has no metadata to commit. If it is gone,
-    a new temp file is made instead.
-
-    Plain `os` calls relative to the open folder: each is one system call without a path walk, and
-    one hand-over of the GIL when this runs on a background thread while training goes on.
-    """
+def replace_in(dir_fd: int, name: str, data: bytes, fsync: bool = True) -> None:
+    """The atomic replacement of `name` in the open folder `dir_fd`: a new `.<name>.tmp` is written
+    (+ its data synced) and renamed over it, so a reader sees the old file or the new one, never a mix.
+    The folder's own fsync is the caller's, once for several files."""
     tmp = f".{name}{TEMP_SUFFIX}"
     try:
-        reused = False
-        if reuse is not None:
-            try:
-                os.replace(reuse, tmp, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-                reused = True
-            except FileNotFoundError:
-                pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | (0 if reused else os.O_TRUNC), 0o666, dir_fd=dir_fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666, dir_fd=dir_fd)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            if reused and os.fstat(fd).st_size > len(data):
-                os.ftruncate(fd, len(data))  # the reused file was longer
             if fsync:
                 sync_data(fd)
         finally:
