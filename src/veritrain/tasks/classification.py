@@ -8,6 +8,7 @@ final evaluation reports accuracy, macro-F1 and loss.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -24,10 +25,11 @@ DECODE_CHUNK_ROWS = 4096  # rows converted at a time while decoding, to bound th
 
 
 def class_probabilities(outputs: torch.Tensor) -> np.ndarray:
-    """N×K logits → N×K float64 class probabilities, exp(log_softmax): the largest logit of a row is
-    subtracted before exponentiating, so logits of any finite size (1e30 apart) give probabilities
-    in [0, 1] that sum to 1, never inf/inf = NaN."""
-    return torch.log_softmax(outputs.double(), dim=1).exp().numpy()
+    """N×K logits → N×K float64 class probabilities. torch's softmax subtracts each row's largest logit
+    before exponentiating, so finite logits of any size (1e30 apart) give probabilities in [0, 1] that
+    sum to 1; non-finite outputs are refused before this (evaluate.require_finite). The formula is the
+    one every recorded run was evaluated with, so re-evaluations and reproductions stay bit-identical."""
+    return torch.softmax(outputs.double(), dim=1).numpy()
 
 
 class ClassificationTask:
@@ -154,8 +156,10 @@ class ClassificationTask:
 
         probabilities = class_probabilities(outputs)
         metrics = classification_eval.compute(probabilities, targets.cpu().numpy(), data.classes)
-        # in float64, so logits far apart (a diverging model) give a large loss rather than inf
-        metrics["loss"] = float(F.cross_entropy(outputs.double(), targets))
+        loss = float(F.cross_entropy(outputs.float(), targets))  # as every recorded run computed it
+        if not math.isfinite(loss):  # logits more than float32's range apart (a diverging model): a large number, not inf
+            loss = float(F.cross_entropy(outputs.double(), targets))
+        metrics["loss"] = loss
         return metrics
 
     # ---- optional parts of the Task protocol, used by the evaluation stage
