@@ -15,7 +15,7 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python pyproject.toml requirements.lock requirements-test.lock
 	$(PIP) install $(TORCH)
 	$(PIP) install -r requirements.lock -r requirements-test.lock
-	$(PIP) install --no-deps -e .
+	$(PIP) install --no-deps -e '.[ui]'
 	touch $@
 
 install: $(VENV)/.installed

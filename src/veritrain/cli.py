@@ -1074,6 +1074,86 @@ def config_keys(workdir: Optional[str], as_json: bool) -> int:
     return 0
 
 
+@cli.command("ui")
+@workdir_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on; anything but a loopback address shows your runs to the network.")
+@click.option("--port", type=click.IntRange(min=1, max=65535), default=8765, show_default=True, help="Port to listen on.")
+@click.option("--open", "open_browser", is_flag=True, help="Open the page in the default browser.")
+def ui_command(workdir: Optional[str], host: str, port: int, open_browser: bool) -> int:
+    """Browse the runs of the workspace in a local web page (read-only): the runs table, run pages with
+    curves, evaluation images and the checklist, comparisons, data versions and the experiment log.
+
+    \b
+    Example:
+      veritrain ui --port 8765
+    """
+    try:
+        import jinja2  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UserError("install the ui extra: pip install 'veritrain[ui]'") from None
+    from veritrain.web.server import serve
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(f"warning: ui: listening on {host}, not a loopback address: anyone who can reach it can read every run of {workspace.root}", err=True)
+    click.echo(f"veritrain ui: {url} (Ctrl-C stops it)", err=True)
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+    serve(workspace, host, port)
+    return 0
+
+
+@cli.command("publish")
+@click.argument("refs", nargs=-1, metavar="[RUN...]")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False), help="The folder to write the site into.")
+@click.option("--with-archives", is_flag=True, help="Write each run's archive (with its data version) beside its page.")
+@workdir_option
+@json_option
+def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Write the run pages as a static site (relative links, no network): runs that do not verify are refused.
+
+    Without RUN, every completed run is published.
+
+    \b
+    Example:
+      veritrain publish latest --out site/ --with-archives
+    """
+    from pathlib import Path
+
+    try:
+        import jinja2  # noqa: F401
+    except ImportError:
+        raise UserError("install the ui extra: pip install 'veritrain[ui]'") from None
+    from veritrain import registry
+    from veritrain.web.publish import publish
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    if refs:
+        run_dirs = list(dict.fromkeys(workspace.resolve_run(r) for r in refs))
+    else:
+        rows = registry.query(workspace.state_dir, workspace.runs_dir, ("completed",))
+        run_dirs = [workspace.runs_dir / r["run_id"] for r in sorted(rows, key=lambda r: r["started_at"] or "")]
+    if not run_dirs:
+        raise UserError(f"publish: no completed runs in {workspace.runs_dir}; name runs or start one with `veritrain run`")
+    outside = [d.name for d in run_dirs if d.parent != workspace.runs_dir.resolve()]
+    if outside:
+        raise UserError(f"publish: {outside[0]} is not a run of this workspace; import it first (`veritrain import`) or pass --workdir")
+    result = publish(workspace, run_dirs, Path(out), with_archives)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"published {len(result['runs'])} run(s), {len(result['data_versions'])} data version(s) to {result['out']}/index.html"
+                   + (f" with {len(result['archives'])} archive(s)" if result["archives"] else ""))
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     logs.setup_console_logging()
     try:

@@ -1,0 +1,85 @@
+"""`veritrain publish`: the run browser's pages as a static site (no server, no network).
+
+Only runs that verify are published. Every link is relative and every chart's data is inlined, so the
+folder can be opened from disk or served by any static host; with archives, each run page names the
+commands that check it elsewhere: `veritrain import FILE` and `veritrain verify RUN --expect SEAL`.
+
+    veritrain publish latest --out site/ --with-archives
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from veritrain.errors import RunFailed
+from veritrain.web import STATIC_DIR, environment, page_context, views
+
+
+def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: bool = False) -> dict[str, Any]:
+    """Write index.html, runs/<id>.html, data/<version>.html, experiments.html, static/ and the images
+    the pages show into `out_dir`; a run that does not verify is refused before anything is written."""
+    from veritrain.verify import verify_run
+
+    for run_dir in run_dirs:
+        verified = verify_run(run_dir, workspace.state_dir, rehash_data=False)
+        if not verified["ok"]:
+            first = (verified["problems"] or [{"path": "the environment", "kind": "drift"}])[0]
+            raise RunFailed(f"publish {run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
+                            + f"; the run does not verify, see `veritrain verify {run_dir.name}`")
+    env = environment()
+    ids = [d.name for d in run_dirs]
+    written: list[str] = []
+
+    def write(rel: str, template: str, depth: int, **context: Any) -> None:
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(env.get_template(template).render(**page_context(depth, static=True), **context), encoding="utf-8")
+        written.append(rel)
+
+    def copy(rel: str) -> None:
+        source = views.safe_source(workspace.root, rel)
+        if source is not None:
+            target = out_dir / "files" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            written.append(f"files/{rel}")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = views.runs_table(workspace, {}, page_size=max(1, len(ids)), only=ids)
+    columns = [("run_id", "run"), ("exp_name", "experiment"), ("kind", "kind"), ("status", "status"), ("started_at", "started"),
+               ("data_version", "data"), *((m, m) for m in views.TABLE_METRICS), ("hypothesis", "hypothesis")]
+    write("index.html", "index.html", 0, table=table, columns=columns, sort_links={}, prev_link=None, next_link=None)
+    archives = []
+    versions = []
+    for run_id in ids:
+        run = views.run_page(workspace, run_id)
+        archive_name = None
+        if with_archives:
+            from veritrain import archive
+
+            archive_name = f"{run_id}.tar.gz"
+            result = archive.create(workspace.runs_dir / run_id, workspace.state_dir, out_dir / "runs" / archive_name, with_data=True)
+            archives.append({"run_id": run_id, "archive": f"runs/{archive_name}", "sha256": result["sha256"]})
+            written.append(f"runs/{archive_name}")
+        for e in run["evals"]:
+            for rel in e["images"].values():
+                copy(rel)
+        write(f"runs/{run_id}.html", "run.html", 1, run=run, archive=archive_name, curves_data=run["curves"])
+        version = run["data"].get("version")
+        if version and version not in versions:
+            versions.append(version)
+    for version in versions:
+        try:
+            d = views.data_page(workspace, version)
+        except views.UserError:
+            continue  # a run imported without its data: its page says which version it used
+        for rel in d["images"]:
+            copy(rel)
+        write(f"data/{version}.html", "data.html", 1, d=d)
+    write("experiments.html", "experiments.html", 0, exp=views.experiments_page(workspace, only=ids))
+    if STATIC_DIR.is_dir():
+        shutil.copytree(STATIC_DIR, out_dir / "static", dirs_exist_ok=True)
+        written.append("static/")
+    return {"out": str(out_dir), "runs": ids, "data_versions": versions, "archives": archives, "files": written}

@@ -1,0 +1,339 @@
+"""Page data for the run browser (`veritrain ui`) and the static site (`veritrain publish`).
+
+Plain functions from a Workspace to dicts that the templates render; they only read the run folders,
+the data versions and the index (`.veritrain/registry.sqlite`, a cache). No torch import.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+from veritrain import registry
+from veritrain.errors import UserError
+
+PAGE_SIZE = 100
+TABLE_METRICS = ("test.accuracy", "test.macro_f1", "test.log_loss")
+FILTER_COLUMNS = ("status", "exp_name", "kind", "data_version")
+SORT_COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "data_version")
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
+METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+EVAL_IMAGES = ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png")
+CURVE_KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "lr")
+MAX_CSV_ROWS = 1000  # per-class rows shown on a page
+
+
+def run_dir_of(workspace: Any, run_id: str) -> Path:
+    """The folder of a run named by its exact id (never a path or a prefix: ids come from URLs)."""
+    if not RUN_ID.fullmatch(run_id or "") or not (workspace.runs_dir / run_id / "record.json").is_file():
+        raise UserError(f"{run_id}: no such run in {workspace.runs_dir}")
+    return workspace.runs_dir / run_id
+
+
+def safe_source(root: Path, rel: str) -> Path | None:
+    """The regular file `rel` names under root/runs or root/.veritrain/data, after following links;
+    None for anything else (`..`, absolute paths, links out, folders, devices)."""
+    parts = rel.replace("\\", "/").split("/")
+    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in rel:
+        return None
+    if not (parts[0] == "runs" or parts[:2] == [".veritrain", "data"]):
+        return None
+    try:
+        real = (root / rel).resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None
+    allowed = [(root / "runs").resolve(), (root / ".veritrain" / "data").resolve()]
+    if not any(real.is_relative_to(base) for base in allowed) or not real.is_file():
+        return None
+    return real
+
+
+def _number(text: Optional[str], name: str) -> Optional[float]:
+    if text in (None, ""):
+        return None
+    try:
+        return float(text)  # type: ignore[arg-type]
+    except ValueError:
+        raise UserError(f"{name}: {text!r} is not a number") from None
+
+
+def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_SIZE, only: Optional[list[str]] = None) -> dict[str, Any]:
+    """One page of the runs table: filtered, sorted and counted in SQL on the index.
+
+    params: status, exp_name, kind, data_version (exact), metric with min/max (a metric path such as
+    test.accuracy), q (text in run id, exp_name, hypothesis or notes), sort (a column or metric path,
+    largest first as in `runs list`, smallest first with a leading `-`), page (from 1).
+    """
+    where: list[str] = []
+    args: list[Any] = []
+    for column in FILTER_COLUMNS:
+        value = (params.get(column) or "").strip()
+        if value:
+            where.append(f"{column} = ?")
+            args.append(value)
+    metric = (params.get("metric") or "").strip()
+    low, high = _number(params.get("min"), "min"), _number(params.get("max"), "max")
+    if metric:
+        if not METRIC_KEY.fullmatch(metric):
+            raise UserError(f"metric: {metric!r} is not a metric path such as test.accuracy")
+        if low is not None:
+            where.append("CAST(json_extract(metrics, ?) AS REAL) >= ?")
+            args += [f"$.{metric}", low]
+        if high is not None:
+            where.append("CAST(json_extract(metrics, ?) AS REAL) <= ?")
+            args += [f"$.{metric}", high]
+    q = (params.get("q") or "").strip()
+    if q:
+        like = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        where.append("(" + " OR ".join(f"IFNULL({c}, '') LIKE ? ESCAPE '\\'" for c in ("run_id", "exp_name", "hypothesis", "notes")) + ")")
+        args += [like] * 4
+    if only is not None:
+        where.append(f"run_id IN ({', '.join('?' * len(only))})")
+        args += list(only)
+    sort = (params.get("sort") or "").strip()
+    key = sort.lstrip("-")
+    descending = not sort.startswith("-")
+    order_args: list[Any] = []
+    if not key:
+        order = "started_at DESC, run_id DESC"
+    elif key in SORT_COLUMNS:
+        order = f"{key} IS NULL, {key} {'DESC' if descending else 'ASC'}, run_id DESC"
+    elif METRIC_KEY.fullmatch(key):
+        order = f"json_extract(metrics, ?) IS NULL, json_extract(metrics, ?) {'DESC' if descending else 'ASC'}, started_at DESC"
+        order_args = [f"$.{key}", f"$.{key}"]
+    else:
+        raise UserError(f"sort: {sort!r} is not a column or a metric path")
+    try:
+        page = max(1, int(params.get("page") or 1))
+    except ValueError:
+        raise UserError(f"page: {params.get('page')!r} is not a page number") from None
+    clause = ("WHERE " + " AND ".join(where)) if where else ""
+    db = registry.sync(workspace.state_dir, workspace.runs_dir)
+    try:
+        total = db.execute(f"SELECT COUNT(*) FROM runs {clause}", args).fetchone()[0]
+        cursor = db.execute(f"SELECT run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics FROM runs {clause} "
+                            f"ORDER BY {order} LIMIT ? OFFSET ?", [*args, *order_args, page_size, (page - 1) * page_size])
+        rows = []
+        for run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics in cursor:
+            values = json.loads(metrics) if metrics else {}
+            rows.append({"run_id": run_id, "exp_name": exp_name, "kind": kind, "status": status, "started_at": started_at,
+                         "data_version": data_version, "hypothesis": hypothesis, "seal": seal,
+                         "metrics": {m: _lookup(values, m) for m in TABLE_METRICS}})
+        choices = {c: [v for (v,) in db.execute(f"SELECT DISTINCT {c} FROM runs WHERE {c} IS NOT NULL ORDER BY {c} LIMIT 200")]
+                   for c in FILTER_COLUMNS}
+    finally:
+        db.close()
+    pages = max(1, -(-total // page_size))
+    return {"rows": rows, "total": total, "page": page, "pages": pages, "page_size": page_size,
+            "params": {k: params.get(k) or "" for k in ("sort", *FILTER_COLUMNS, "metric", "min", "max", "q")},
+            "metrics": list(TABLE_METRICS), "choices": choices}
+
+
+def _lookup(values: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(values, dict):
+            return None
+        values = values.get(part)
+    return values
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    rows = []
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def curves(run_dir: Path) -> dict[str, Any]:
+    """{"epochs": [...], "series": {train_loss, val_loss, train_acc, val_acc, lr}} from metrics.jsonl;
+    steps.jsonl, when the run wrote one, adds {"steps": [...], "step_series": {...}}."""
+    rows = [r for r in _jsonl(run_dir / "metrics.jsonl") if isinstance(r.get("epoch"), (int, float))]
+    data: dict[str, Any] = {"epochs": [r["epoch"] for r in rows], "series": {k: [_finite(r.get(k)) for r in rows] for k in CURVE_KEYS}}
+    steps = [r for r in _jsonl(run_dir / "steps.jsonl") if isinstance(r.get("step"), (int, float))]
+    if steps:
+        keys = sorted({k for r in steps for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        data["steps"] = [r["step"] for r in steps]
+        data["step_series"] = {k: [_finite(r.get(k)) for r in steps] for k in keys}
+    return data
+
+
+def _finite(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if value == value and abs(value) != float("inf") else None
+
+
+def _csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    try:
+        with path.open(encoding="utf-8", errors="replace", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, [])
+            rows = [row for _, row in zip(range(MAX_CSV_ROWS), reader)]
+    except OSError:
+        return [], []
+    return header, rows
+
+
+def _seal(run_dir: Path) -> Optional[str]:
+    try:
+        return (run_dir / "record.sha256").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
+def _reference_config(workspace: Any, record: dict[str, Any]) -> tuple[str, Optional[dict[str, Any]]]:
+    parent = record.get("parent")
+    if parent and RUN_ID.fullmatch(str(parent)):
+        parent_record = _read_json(workspace.runs_dir / str(parent) / "record.json")
+        if isinstance(parent_record, dict) and isinstance(parent_record.get("config"), dict):
+            return f"parent run {parent}", parent_record["config"]
+    try:
+        from veritrain.config import RunConfig
+
+        return "defaults", RunConfig().model_dump(mode="json")
+    except Exception:  # a default that cannot be built here (a plugin missing): no diff rather than no page
+        return "defaults", None
+
+
+def run_page(workspace: Any, run_id: str, with_check: bool = True) -> dict[str, Any]:
+    """Everything the run page shows, from the run folder alone."""
+    from veritrain.experiments import config_diff, flatten
+    from veritrain.record import read_record
+
+    run_dir = run_dir_of(workspace, run_id)
+    record = read_record(run_dir)
+    notes = registry.read_notes(run_dir)
+    reference, ref_config = _reference_config(workspace, record)
+    changed = config_diff(ref_config, record.get("config")) if ref_config is not None else {}
+    evals = []
+    eval_dir = run_dir / "eval"
+    if eval_dir.is_dir():
+        for split_dir in sorted(p for p in eval_dir.iterdir() if p.is_dir() and not p.is_symlink()):
+            images = {name.removesuffix(".png"): f"runs/{run_id}/eval/{split_dir.name}/{name}"
+                      for name in EVAL_IMAGES if (split_dir / name).is_file() and not (split_dir / name).is_symlink()}
+            header, rows = _csv_rows(split_dir / "per_class.csv")
+            evals.append({"split": split_dir.name, "images": images, "per_class_header": header, "per_class": rows,
+                          "metrics": (record.get("metrics") or {}).get(split_dir.name) or {}})
+    baselines = [{"name": name, "accuracy": (result or {}).get("accuracy")}
+                 for name, result in ((record.get("baselines") or {}).get("results") or {}).items()]
+    export = record.get("export") or {}
+    parity = export.get("parity") or None
+    env = {k: v for k, v in flatten(record.get("env") if isinstance(record.get("env"), dict) else {}).items()}
+    artifacts = [{"path": path, "size": (info or {}).get("size"), "sha256": (info or {}).get("sha256")}
+                 for path, info in sorted((record.get("artifacts") or {}).items())]
+    check = None
+    if with_check:
+        from veritrain.check import check_run
+
+        check = check_run(run_dir, workspace.state_dir)
+    return {
+        "run_id": record["run_id"], "record": record, "status": record.get("status"), "kind": record.get("kind"),
+        "exp_name": record.get("exp_name"), "hypothesis": record.get("hypothesis"),
+        "started_at": record.get("started_at"), "ended_at": record.get("ended_at"),
+        "error": record.get("error"), "seal": _seal(run_dir), "seal_history": record.get("seal_history") or [],
+        "notes": [n for n in notes if not n.get("conclusion")], "conclusions": [n for n in notes if n.get("conclusion")],
+        "reference": reference, "config_changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
+        "config_hash": record.get("config_hash"), "data": record.get("data") or {},
+        "metrics": {split: {k: v for k, v in m.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+                    for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)},
+        "training": record.get("training") or {}, "curves": curves(run_dir), "evals": evals, "baselines": baselines,
+        "export_files": sorted(export.get("files") or {}), "parity": parity, "events": record.get("events") or [],
+        "env": env, "code": record.get("code") or {}, "artifacts": artifacts, "check": check,
+    }
+
+
+def compare_page(workspace: Any, run_ids: list[str]) -> dict[str, Any]:
+    """2–6 runs side by side: config and environment differences against the first, metrics with deltas,
+    data versions and every run's curves."""
+    from veritrain.experiments import config_diff, flatten
+    from veritrain.record import read_record
+
+    run_ids = [r for r in dict.fromkeys(run_ids) if r]
+    if not 2 <= len(run_ids) <= 6:
+        raise UserError("compare: give 2 to 6 runs, e.g. ?runs=RUN1,RUN2")
+    records = [read_record(run_dir_of(workspace, r)) for r in run_ids]
+    base = records[0]
+    keys = sorted(set().union(*(flatten(r.get("config")).keys() for r in records)))
+    flat_configs = [flatten(r.get("config")) for r in records]
+    config_rows = [{"key": k, "values": [c.get(k) for c in flat_configs]} for k in keys
+                   if any(c.get(k) != flat_configs[0].get(k) for c in flat_configs)]
+    flat_metrics = [{k: v for k, v in flatten(r.get("metrics")).items() if isinstance(v, (int, float)) and not isinstance(v, bool)} for r in records]
+    metric_rows = []
+    for k in sorted(set().union(*flat_metrics)):
+        first = flat_metrics[0].get(k)
+        metric_rows.append({"key": k, "values": [{"value": m.get(k), "delta": (m[k] - first) if k in m and first is not None else None}
+                                                  for m in flat_metrics]})
+    env_rows = []
+    for other in records[1:]:
+        for k, (a, b) in config_diff(base.get("env"), other.get("env")).items():
+            env_rows.append({"run_id": other["run_id"], "key": k, "base": a, "this": b})
+    return {"run_ids": [r["run_id"] for r in records], "config": config_rows, "metrics": metric_rows, "env": env_rows,
+            "data_versions": [(r.get("data") or {}).get("version") for r in records],
+            "curves": {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}}}
+
+
+def data_dir_of(workspace: Any, version: str) -> Path:
+    if not VERSION_ID.fullmatch(version or "") or not (workspace.state_dir / "data" / version / "version.json").is_file():
+        raise UserError(f"{version}: no such data version in {workspace.state_dir / 'data'}")
+    return workspace.state_dir / "data" / version
+
+
+def data_page(workspace: Any, version: str) -> dict[str, Any]:
+    """A data version: its report, findings and quarantine by kind, achieved split, card and charts."""
+    folder = data_dir_of(workspace, version)
+    report = _read_json(folder / "data_report.json") or {}
+    try:
+        report_md = (folder / "data_report.md").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        report_md = None
+    findings = report.get("findings") if isinstance(report.get("findings"), list) else []
+    quarantined = report.get("quarantined") if isinstance(report.get("quarantined"), list) else []
+    images = [f".veritrain/data/{version}/{p.name}" for p in sorted(folder.glob("*.png")) if p.is_file() and not p.is_symlink()]
+    summary = report.get("summary") if isinstance(report.get("summary"), dict) else {}
+    return {"version": version, "report": report, "report_md": report_md, "source": report.get("source"),
+            "counts": report.get("counts") or {}, "classes": report.get("classes") or [],
+            "findings_by_kind": report.get("findings_by_kind") or {}, "findings": findings[:MAX_CSV_ROWS],
+            "quarantined_by_kind": summary.get("quarantined_by_kind") or {}, "quarantined": quarantined[:MAX_CSV_ROWS],
+            "achieved_split": summary.get("achieved_split") or {}, "card": report.get("card") or {}, "images": images}
+
+
+def experiments_page(workspace: Any, only: Optional[list[str]] = None) -> dict[str, Any]:
+    """The experiment log (what experiments.md shows), built from the index: newest first, each entry with
+    its hypothesis, config changes against its reference run, headline metrics and notes."""
+    from veritrain.experiments import HEADLINE, config_diff, reference_of
+
+    rows = registry.query(workspace.state_dir, workspace.runs_dir)
+    if only is not None:
+        rows = [r for r in rows if r["run_id"] in set(only)]
+    ordered = sorted(rows, key=lambda r: r["started_at"] or "")
+    by_id = {r["run_id"]: r for r in rows}
+    entries = []
+    for row in reversed(ordered):
+        reference = reference_of(row, by_id, ordered)
+        changed = config_diff(reference["config"], row["config"]) if reference else {}
+        metrics = [(f"{split}.{name}", value) for split, values in (row["metrics"] or {}).items()
+                   for name, value in values.items() if name in HEADLINE]
+        entries.append({"row": row, "reference": reference["run_id"] if reference else None,
+                        "changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
+                        "metrics": metrics, "notes": row["notes"] or []})
+    return {"entries": entries}
