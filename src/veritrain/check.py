@@ -41,9 +41,10 @@ TRAINING_ROWS = ("smoke_passed", "log_complete", "checkpoint_with_optimizer", "t
 PASSING = ("pass", "waived", "n/a")
 
 
-def check_run(run_dir: Path, state_dir: Path) -> dict[str, Any]:
+def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """{"ok", "run", "items": [{"id", "item", "status", "detail", "fix"}]}; `ok` when every row passes,
-    is waived or does not apply."""
+    is waived or does not apply. `verified`: the run's `verify_run(..., rehash_data=False)` result when
+    the caller has it (each file of the run is then hashed once)."""
     from veritrain.registry import read_notes
     from veritrain.verify import verify_run
 
@@ -124,7 +125,7 @@ def check_run(run_dir: Path, state_dir: Path) -> dict[str, Any]:
     code = record.get("code") or {}
     rows["code_version"] = ("pass" if code.get("veritrain") else "missing", new_run,
                             f"veritrain {code.get('veritrain')}, git {str(code.get('git_commit') or 'not in git')[:12]}")
-    verified = verify_run(run_dir, state_dir, rehash_data=False)
+    verified = verified if verified is not None else verify_run(run_dir, state_dir, rehash_data=False)
     rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
                             f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
                             "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))

@@ -22,8 +22,10 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
     the pages show into `out_dir`; a run that does not verify is refused before anything is written."""
     from veritrain.verify import verify_run
 
+    verified_runs = {}
     for run_dir in run_dirs:
         verified = verify_run(run_dir, workspace.state_dir, rehash_data=False)
+        verified_runs[run_dir.name] = verified  # the run pages' checklists reuse it: each file is hashed once
         if not verified["ok"]:
             first = (verified["problems"] or [{"path": "the environment", "kind": "drift"}])[0]
             raise RunFailed(f"publish {run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
@@ -54,7 +56,7 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
     archives = []
     versions = []
     for run_id in ids:
-        run = views.run_page(workspace, run_id)
+        run = views.run_page(workspace, run_id, verified=verified_runs[run_id])
         archive_name = None
         if with_archives:
             from veritrain import archive

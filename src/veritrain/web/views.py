@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -25,6 +27,11 @@ METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 EVAL_IMAGES = ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png")
 CURVE_KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "lr")
 MAX_CSV_ROWS = 1000  # per-class rows shown on a page
+# seconds: the index is brought up to date with the run folders at most this often. Refreshing reads two
+# file stats per run (about 0.3 s at 10,000 runs), too slow for every sort and filter; a new run shows
+# within this time without a restart.
+INDEX_REFRESH_SECONDS = 3.0
+_refreshed: dict[Path, float] = {}  # state folder → when its index was last brought up to date (monotonic)
 
 
 def run_dir_of(workspace: Any, run_id: str) -> Path:
@@ -112,7 +119,7 @@ def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_
     except ValueError:
         raise UserError(f"page: {params.get('page')!r} is not a page number") from None
     clause = ("WHERE " + " AND ".join(where)) if where else ""
-    db = registry.sync(workspace.state_dir, workspace.runs_dir)
+    db = _index(workspace)
     try:
         total = db.execute(f"SELECT COUNT(*) FROM runs {clause}", args).fetchone()[0]
         cursor = db.execute(f"SELECT run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics FROM runs {clause} "
@@ -131,6 +138,20 @@ def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_
     return {"rows": rows, "total": total, "page": page, "pages": pages, "page_size": page_size,
             "params": {k: params.get(k) or "" for k in ("sort", *FILTER_COLUMNS, "metric", "min", "max", "q")},
             "metrics": list(TABLE_METRICS), "choices": choices}
+
+
+def _index(workspace: Any) -> sqlite3.Connection:
+    """The run index, refreshed from the run folders when the last refresh is older than INDEX_REFRESH_SECONDS."""
+    now = time.monotonic()
+    last = _refreshed.get(workspace.state_dir)
+    if last is not None and now - last < INDEX_REFRESH_SECONDS and (workspace.state_dir / "registry.sqlite").is_file():
+        try:
+            return registry.connect(workspace.state_dir)
+        except sqlite3.Error:
+            pass  # the index cannot be opened now: refresh (sync falls back to one in memory)
+    db = registry.sync(workspace.state_dir, workspace.runs_dir)
+    _refreshed[workspace.state_dir] = now
+    return db
 
 
 def _lookup(values: Any, path: str) -> Any:
@@ -215,7 +236,7 @@ def _reference_config(workspace: Any, record: dict[str, Any]) -> tuple[str, Opti
         return "defaults", None
 
 
-def run_page(workspace: Any, run_id: str, with_check: bool = True) -> dict[str, Any]:
+def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything the run page shows, from the run folder alone."""
     from veritrain.experiments import config_diff, flatten
     from veritrain.record import read_record
@@ -245,7 +266,7 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True) -> dict[str, 
     if with_check:
         from veritrain.check import check_run
 
-        check = check_run(run_dir, workspace.state_dir)
+        check = check_run(run_dir, workspace.state_dir, verified)  # `verified`: the caller's verify_run of this run, if any
     return {
         "run_id": record["run_id"], "record": record, "status": record.get("status"), "kind": record.get("kind"),
         "exp_name": record.get("exp_name"), "hypothesis": record.get("hypothesis"),
