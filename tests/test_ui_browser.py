@@ -313,6 +313,24 @@ def test_published_site_works_offline(site: Path, workspace: dict[str, Any], bro
 
         for name in ("experiments.html", f"data/{run['data_version']}.html"):
             assert (site / name).is_file(), name
+
+        page.goto((site / "index.html").as_uri())
+        page.locator("#compare-link").click()
+        page.wait_for_url("**/compare.html")
+        metrics = page.locator("#compare-metrics")
+        metrics.wait_for()
+        a, b = (r["id"] for r in workspace["runs"])
+        assert a in metrics.inner_text() and b in metrics.inner_text()
+        _assert_charts(page, "#compare-curves", 2)
+        legend = page.locator('#compare-curves .chart[data-chart="accuracy"] .u-legend').inner_text()
+        assert a in legend and b in legend, "one line per run, named by its run id"
+        _shot(page, screenshots, "site-compare-page")
+
+        page.goto((site / "data" / f"{run['data_version']}.html").as_uri())
+        assert run["data_version"][:12] in page.locator("#data-title").inner_text()
+        assert page.locator("#split-table").count() == 1
+        if (site / "files" / ".veritrain" / "data" / run["data_version"] / "flagged.png").is_file():
+            assert _wait_loaded(page.locator("img#flagged")) > 0
         assert blocked == [], f"the published site fetched from the network: {blocked}"
     finally:
         context.close()

@@ -219,6 +219,20 @@ def test_no_page_or_verify_writes_to_runs_or_data(client, site):
     assert _tree_hashes(site["workspace"]) == before
 
 
+def _assert_relative_site(out: Path) -> list[Path]:
+    """Every page of a published site: no hostile text, every link relative and every linked file present."""
+    pages = sorted(out.rglob("*.html"))
+    for page in pages:
+        html = page.read_text(encoding="utf-8")
+        _no_raw_hostile_text(html)
+        for link in re.findall(r'(?:src|href)="([^"]*)"', html):
+            assert not re.match(r"[a-z]+:|//|/", link), f"{page.name}: {link}"
+            target = link.split("?")[0].split("#")[0]
+            if target and not target.startswith("static/") and "/static/" not in "/" + target:
+                assert (page.parent / target).exists(), f"{page.name}: {link}"
+    return pages
+
+
 def test_publish_writes_a_relative_site_and_refuses_runs_that_do_not_verify(site, tmp_path):
     workdir = str(site["workspace"].root)
     refused = veritrain("publish", site["forged"], "--out", str(tmp_path / "refused"), "--workdir", workdir)
@@ -229,16 +243,9 @@ def test_publish_writes_a_relative_site_and_refuses_runs_that_do_not_verify(site
     assert result.code == 0, result.stderr
     summary = result.json()
     assert summary["runs"] == [site["good"]] and len(summary["archives"]) == 1
-    pages = sorted(out.rglob("*.html"))
+    pages = _assert_relative_site(out)
     assert {p.relative_to(out).as_posix() for p in pages} >= {"index.html", f"runs/{site['good']}.html", "experiments.html"}
-    for page in pages:
-        html = page.read_text(encoding="utf-8")
-        _no_raw_hostile_text(html)
-        for link in re.findall(r'(?:src|href)="([^"]*)"', html):
-            assert not re.match(r"[a-z]+:|//|/", link), f"{page.name}: {link}"
-            target = link.split("?")[0].split("#")[0]
-            if target and not target.startswith("static/") and "/static/" not in "/" + target:
-                assert (page.parent / target).exists(), f"{page.name}: {link}"
+    assert not (out / "compare.html").exists() and 'id="compare-link"' not in (out / "index.html").read_text(encoding="utf-8")
     run_html = (out / "runs" / f"{site['good']}.html").read_text(encoding="utf-8")
     seal = (site["workspace"].runs_dir / site["good"] / "record.sha256").read_text().strip()
     assert f"veritrain verify {site['good']} --expect {seal}" in run_html and "verify-button" not in run_html
@@ -247,3 +254,108 @@ def test_publish_writes_a_relative_site_and_refuses_runs_that_do_not_verify(site
     imported = veritrain("import", str(out / "runs" / f"{site['good']}.tar.gz"), "--workdir", str(elsewhere))
     assert imported.code == 0, imported.stderr
     assert veritrain("verify", site["good"], "--expect", seal, "--workdir", str(elsewhere)).code == 0
+
+
+def test_data_page_tables_gallery_and_limits(tmp_path):
+    """A data version's page from its data_report.json: achieved split, quarantine, findings by kind, label issues
+    and outliers with the gallery, the card; hostile text escaped, long tables cut at 500 rows."""
+    from PIL import Image
+
+    from veritrain.web import views
+    from veritrain.web.server import create_app
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(tmp_path / "ws")
+    version = "0123456789abcdef" * 4
+    folder = workspace.state_dir / "data" / version
+    folder.mkdir(parents=True)
+    (folder / "version.json").write_text("{}", encoding="utf-8")
+    Image.new("RGB", (12, 8), (200, 30, 30)).save(folder / "flagged.png")
+    Image.new("RGB", (12, 8), (30, 30, 200)).save(folder / "class_distribution_train.png")
+    quarantined = [{"sample_id": f"cat/bad_{i:03d}.png", "kind": "undecodable", "reason": "not a readable image"} for i in range(510)]
+    quarantined[0] = {"sample_id": f"cat/{SCRIPT}.png", "kind": "exact_duplicate", "reason": f"same bytes as dog/{ATTRIBUTE}"}
+    findings = [
+        {"kind": "label_issue", "severity": "warning", "samples": [f"dog/{ATTRIBUTE}.png"], "reason": "r", "label": "dog",
+         "suggested": SCRIPT, "score": 0.91234, "rank": 1, "split": "train"},
+        {"kind": "outlier", "severity": "warning", "samples": ["cat/odd.png"], "reason": "far from its class", "label": "cat",
+         "score": 3.5, "rank": 1, "split": "val"},
+        {"kind": "near_duplicate", "severity": "warning", "samples": ["a.png", "b.png", "c.png", "d.png"], "reason": f"hash {SCRIPT}"},
+    ]
+    report = {
+        "data_version": version, "source": "imagefolder", "counts": {"train": 8, "val": 2, "test": 2}, "classes": ["cat", "dog"],
+        "summary": {"quarantined_by_kind": {"exact_duplicate": 1, "undecodable": 509},
+                    "achieved_split": {"asked": {"train": 0.8, "val": 0.1, "test": 0.1}, "wanted_for_free_samples": {"train": 0.8, "val": 0.1, "test": 0.1},
+                                       "judged": True, "skewed": [f"class {SCRIPT!r}: too few units to place"],
+                                       "per_class": {"cat": {"samples": 6, "train": 0.6667, "val": 0.1667, "test": 0.1667, "largest_gap": 0.1333, "allowed": 0.1667},
+                                                     ATTRIBUTE: {"samples": 6, "train": 1.0, "val": 0.0, "test": 0.0, "largest_gap": 0.2, "allowed": 0.1667}}}},
+        "quarantined": quarantined, "findings": findings,
+        "findings_by_kind": {"label_issue": 1, "near_duplicate": 1, "outlier": 1},
+        "card": {"origin": f"made by hand {SCRIPT}", "license": ""}, "card_warnings": ["data.card.license is missing"], "gallery": "flagged.png",
+    }
+    (folder / "data_report.json").write_text(json.dumps(report), encoding="utf-8")
+
+    d = views.data_page(workspace, version)
+    assert d["quarantine"]["total"] == 510 and len(d["quarantine"]["rows"]) == 500 and d["quarantine"]["more"] == 10
+    assert d["gallery"] == f".veritrain/data/{version}/flagged.png"
+    assert d["images"] == [f".veritrain/data/{version}/class_distribution_train.png"]
+
+    client = TestClient(create_app(workspace), base_url=BASE)
+    page = client.get(f"/data/{version}")
+    assert page.status_code == 200
+    html = page.text
+    _no_raw_hostile_text(html)
+    assert f'<h1 id="data-title">data version {version}</h1>' in html
+    for table in ("split-table", "quarantine", "quarantine-by-kind", "findings-by-kind", "flagged-table", "findings-table", "card-table"):
+        assert f'id="{table}"' in html, table
+    split = re.search(r'<table id="split-table">(.*?)</table>', html, re.S).group(1)
+    assert "<td>cat</td>" in split and ">0.67<" in split and ">0.17<" in split and 'class="skewed"' in split
+    assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in split  # a hostile class name, escaped
+    assert re.search(r'id="split-asked">asked \(train / val / test\): train 0.80, val 0.10, test 0.10<', html)
+    quarantine = re.search(r'<table id="quarantine">(.*?)</table>', html, re.S).group(1)
+    assert quarantine.count("<tr>") == 501  # the header and the first 500 rows
+    assert "cat/&lt;script&gt;alert(1)&lt;/script&gt;.png" in quarantine and "<td>exact_duplicate</td>" in quarantine
+    assert "10 more quarantined samples not shown (first 500 of 510)" in html
+    by_kind = re.search(r'<table id="findings-by-kind"[^>]*>(.*?)</table>', html, re.S).group(1)
+    assert "<th>label_issue</th>" in by_kind and "<th>near_duplicate</th>" in by_kind
+    flagged = re.search(r'<table id="flagged-table">(.*?)</table>', html, re.S).group(1)
+    assert "<td>dog</td><td>&lt;script&gt;alert(1)&lt;/script&gt;</td><td class=\"num\">0.9123</td>" in flagged
+    assert "cat/odd.png" in flagged and "3.5" in flagged
+    assert "a.png, b.png, c.png (+1)" in html
+    assert "made by hand &lt;script&gt;" in html and "warning: data.card.license is missing" in html
+    assert f'<img id="flagged" src="../files/.veritrain/data/{version}/flagged.png"' in html
+    assert "[{" not in html.split('<section id="report">')[0]  # no raw JSON rows
+    image = client.get(f"/files/.veritrain/data/{version}/flagged.png")
+    assert image.status_code == 200 and image.headers["content-type"] == "image/png"
+
+
+def test_publish_writes_a_compare_page_for_several_runs(site, tmp_path):
+    """Two published runs: compare.html (the server's template, data inlined, relative links), linked from index.html."""
+    import torch
+
+    from veritrain import pipeline
+    from veritrain.config import load_config
+    from veritrain.workspace import Workspace
+
+    copied = tmp_path / "ws"
+    shutil.copytree(site["workspace"].root, copied, symlinks=True)
+    workspace = Workspace.open(copied)
+    threads = torch.get_num_threads()
+    try:
+        resolved = load_config(None, [*FAST_OVERRIDES, "train.epochs=1", "seed=2", f"exp_name=y{SCRIPT}"])
+        second = pipeline.run(resolved, workspace, ["veritrain", "run"], hypothesis=f"h2 {ATTRIBUTE}").record["run_id"]
+    finally:
+        torch.set_num_threads(threads)
+    out = tmp_path / "site"
+    result = veritrain("publish", site["good"], second, "--out", str(out), "--json", "--workdir", str(copied))
+    assert result.code == 0, result.stderr
+    assert "compare.html" in result.json()["files"]
+    pages = _assert_relative_site(out)
+    assert out / "compare.html" in pages
+    index = (out / "index.html").read_text(encoding="utf-8")
+    assert '<a id="compare-link" href="compare.html">' in index
+    html = (out / "compare.html").read_text(encoding="utf-8")
+    assert '<table id="compare-metrics">' in html and '<table id="compare-config">' in html and '<section id="compare-curves">' in html
+    assert f'href="runs/{site["good"]}.html"' in html and f'href="runs/{second}.html"' in html
+    assert 'src="static/charts.js"' in html and 'id="compare-note"' not in html
+    data = json.loads(re.search(r'id="curves-data">(.*?)</script>', html, re.S).group(1))
+    assert set(data["runs"]) == {site["good"], second} and all(c["epochs"] for c in data["runs"].values())

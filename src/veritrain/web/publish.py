@@ -17,9 +17,13 @@ from veritrain.errors import RunFailed
 from veritrain.web import STATIC_DIR, environment, page_context, views
 
 
+COMPARE_MAX = 6  # runs on the static compare page, as on the server's
+
+
 def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: bool = False) -> dict[str, Any]:
-    """Write index.html, runs/<id>.html, data/<version>.html, experiments.html, static/ and the images
-    the pages show into `out_dir`; a run that does not verify is refused before anything is written."""
+    """Write index.html, runs/<id>.html, data/<version>.html, experiments.html, compare.html (2 or more
+    runs: the first COMPARE_MAX of them), static/ and the images the pages show into `out_dir`; a run that
+    does not verify is refused before anything is written."""
     from veritrain.verify import verify_run
 
     verified_runs = {}
@@ -52,7 +56,9 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
     table = views.runs_table(workspace, {}, page_size=max(1, len(ids)), only=ids)
     columns = [("run_id", "run"), ("exp_name", "experiment"), ("kind", "kind"), ("status", "status"), ("started_at", "started"),
                ("data_version", "data"), *((m, m) for m in views.TABLE_METRICS), ("hypothesis", "hypothesis")]
-    write("index.html", "index.html", 0, table=table, columns=columns, sort_links={}, prev_link=None, next_link=None)
+    compared = ids[:COMPARE_MAX] if len(ids) >= 2 else []
+    write("index.html", "index.html", 0, table=table, columns=columns, sort_links={}, prev_link=None, next_link=None,
+          compare_link="compare.html" if compared else None)
     archives = []
     versions = []
     for run_id in ids:
@@ -72,14 +78,22 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
         version = run["data"].get("version")
         if version and version not in versions:
             versions.append(version)
+    data_pages = []
     for version in versions:
         try:
             d = views.data_page(workspace, version)
         except views.UserError:
             continue  # a run imported without its data: its page says which version it used
-        for rel in d["images"]:
+        for rel in [*d["images"], *([d["gallery"]] if d["gallery"] else [])]:
             copy(rel)
         write(f"data/{version}.html", "data.html", 1, d=d)
+        data_pages.append(version)
+    if compared:
+        cmp = views.compare_page(workspace, compared)
+        note = (f"The first {len(compared)} of the {len(ids)} published runs; the browser (`veritrain ui`) compares any "
+                f"{COMPARE_MAX}." if len(ids) > len(compared) else None)
+        write("compare.html", "compare.html", 0, cmp=cmp, curves_data=cmp["curves"], note=note,
+              data_pages=data_pages)
     write("experiments.html", "experiments.html", 0, exp=views.experiments_page(workspace, only=ids))
     if STATIC_DIR.is_dir():
         shutil.copytree(STATIC_DIR, out_dir / "static", dirs_exist_ok=True)

@@ -319,23 +319,79 @@ def data_dir_of(workspace: Any, version: str) -> Path:
     return workspace.state_dir / "data" / version
 
 
+MAX_DATA_ROWS = 500  # rows of a data version's long tables shown on its page
+SPLITS = ("train", "val", "test")
+
+
+def _first(rows: list[Any], limit: int = MAX_DATA_ROWS) -> dict[str, Any]:
+    """The first `limit` rows and how many more there are."""
+    return {"rows": rows[:limit], "more": max(0, len(rows) - limit), "total": len(rows)}
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
 def data_page(workspace: Any, version: str) -> dict[str, Any]:
-    """A data version: its report, findings and quarantine by kind, achieved split, card and charts."""
+    """A data version: the achieved split against the asked ratios, the quarantine, findings counted by kind,
+    label issues and outliers with the gallery of flagged samples, the other findings, the data card and charts.
+    Every table is plain rows of text and numbers (the template renders them), the long ones cut at MAX_DATA_ROWS."""
     folder = data_dir_of(workspace, version)
-    report = _read_json(folder / "data_report.json") or {}
+    report = _read_json(folder / "data_report.json")
+    report = report if isinstance(report, dict) else {}
     try:
         report_md = (folder / "data_report.md").read_text(encoding="utf-8", errors="replace")
     except OSError:
         report_md = None
-    findings = report.get("findings") if isinstance(report.get("findings"), list) else []
-    quarantined = report.get("quarantined") if isinstance(report.get("quarantined"), list) else []
-    images = [f".veritrain/data/{version}/{p.name}" for p in sorted(folder.glob("*.png")) if p.is_file() and not p.is_symlink()]
+    findings = [f for f in report.get("findings") or [] if isinstance(f, dict)] if isinstance(report.get("findings"), list) else []
+    quarantined = [q for q in report.get("quarantined") or [] if isinstance(q, dict)] if isinstance(report.get("quarantined"), list) else []
     summary = report.get("summary") if isinstance(report.get("summary"), dict) else {}
+
+    gallery_name = report.get("gallery") if isinstance(report.get("gallery"), str) else "flagged.png"
+    gallery_path = folder / gallery_name
+    gallery = (f".veritrain/data/{version}/{gallery_name}"
+               if "/" not in gallery_name and gallery_path.is_file() and not gallery_path.is_symlink() else None)
+    images = [f".veritrain/data/{version}/{p.name}" for p in sorted(folder.glob("*.png"))
+              if p.is_file() and not p.is_symlink() and p.name != gallery_name]
+
+    achieved = summary.get("achieved_split") if isinstance(summary.get("achieved_split"), dict) else {}
+    per_class = achieved.get("per_class") if isinstance(achieved.get("per_class"), dict) else {}
+    split_rows = [{"class": str(name), "samples": (s or {}).get("samples"), **{k: _finite((s or {}).get(k)) for k in SPLITS},
+                   "largest_gap": _finite((s or {}).get("largest_gap")), "allowed": _finite((s or {}).get("allowed"))}
+                  for name, s in per_class.items() if isinstance(s, dict) or s is None]
+    asked = achieved.get("asked") if isinstance(achieved.get("asked"), dict) else {}
+    wanted = achieved.get("wanted_for_free_samples") if isinstance(achieved.get("wanted_for_free_samples"), dict) else {}
+    split = {"judged": bool(achieved.get("judged")), "asked": {k: _finite(v) for k, v in asked.items()},
+             "wanted": {k: _finite(v) for k, v in wanted.items()}, "rows": split_rows,
+             "skewed": [_text(r) for r in achieved.get("skewed") or []] if isinstance(achieved.get("skewed"), list) else [],
+             "present": bool(achieved)}
+
+    quarantine = [{"sample_id": _text(q.get("sample_id")), "kind": _text(q.get("kind")), "reason": _text(q.get("reason"))} for q in quarantined]
+    flagged, others = [], []
+    for f in findings:
+        samples = [_text(s) for s in f.get("samples") or []] if isinstance(f.get("samples"), list) else []
+        if f.get("kind") in ("label_issue", "outlier"):
+            flagged.append({"kind": _text(f.get("kind")), "rank": f.get("rank") if isinstance(f.get("rank"), int) else None,
+                            "sample_id": samples[0] if samples else "", "split": _text(f.get("split")),
+                            "label": _text(f.get("label")), "suggested": _text(f.get("suggested")), "score": _finite(f.get("score")),
+                            "severity": _text(f.get("severity"))})
+        else:
+            others.append({"kind": _text(f.get("kind")), "severity": _text(f.get("severity")), "samples": samples[:3],
+                           "more_samples": max(0, len(samples) - 3), "reason": _text(f.get("reason"))})
+    by_kind = report.get("findings_by_kind") if isinstance(report.get("findings_by_kind"), dict) else {}
+    q_by_kind = summary.get("quarantined_by_kind") if isinstance(summary.get("quarantined_by_kind"), dict) else {}
+    card = report.get("card") if isinstance(report.get("card"), dict) else {}
+    warnings = report.get("card_warnings") if isinstance(report.get("card_warnings"), list) else []
     return {"version": version, "report": report, "report_md": report_md, "source": report.get("source"),
-            "counts": report.get("counts") or {}, "classes": report.get("classes") or [],
-            "findings_by_kind": report.get("findings_by_kind") or {}, "findings": findings[:MAX_CSV_ROWS],
-            "quarantined_by_kind": summary.get("quarantined_by_kind") or {}, "quarantined": quarantined[:MAX_CSV_ROWS],
-            "achieved_split": summary.get("achieved_split") or {}, "card": report.get("card") or {}, "images": images}
+            "counts": report.get("counts") if isinstance(report.get("counts"), dict) else {},
+            "classes": [_text(c) for c in report.get("classes") or []] if isinstance(report.get("classes"), list) else [],
+            "findings_by_kind": {_text(k): v for k, v in by_kind.items()},
+            "quarantined_by_kind": {_text(k): v for k, v in q_by_kind.items()},
+            "achieved_split": split, "quarantine": _first(quarantine), "flagged": _first(flagged), "other_findings": _first(others),
+            "card": [{"key": _text(k), "value": _text(v)} for k, v in card.items()], "card_warnings": [_text(w) for w in warnings],
+            "gallery": gallery, "images": images}
 
 
 def experiments_page(workspace: Any, only: Optional[list[str]] = None) -> dict[str, Any]:
