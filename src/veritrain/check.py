@@ -16,7 +16,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain.record import RECORD_FILE, record_problem
+from veritrain.errors import RunFailed
+from veritrain.record import read_record
 
 # row id → what it checks; ids are what `runs note --waive` takes
 ROWS = {
@@ -50,14 +51,10 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
 
     run = run_dir.name
     try:
-        record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
-        problem = record_problem(record, run_dir.name)
-        if problem is not None:
-            raise ValueError(problem)
-    except (OSError, ValueError, RecursionError) as err:  # nothing else can be checked without the record
-        why = err.strerror if isinstance(err, OSError) else str(err)
+        record = read_record(run_dir)
+    except RunFailed as err:  # nothing else can be checked without the record
         return {"ok": False, "run": run, "items": [{"id": "run_verifies", "item": "archive: record.json readable", "status": "fail",
-                                                    "detail": f"{RECORD_FILE}: {why}", "fix": f"veritrain verify {run}"}]}
+                                                    "detail": str(err), "fix": f"veritrain verify {run}"}]}
     artifacts = record.get("artifacts") or {}
     data = record.get("data") or {}
     kind = record.get("kind") or "run"
@@ -180,7 +177,7 @@ def _training_fix(run: str, record: dict[str, Any], new_run: str) -> str:
 def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:
     """Passed when the run relied on a passing smoke test, or one has passed since for the same config
     hash, data version and code (`veritrain smoke runs/<run>/config.yaml` files it under that key)."""
-    from veritrain.smoke import smoke_key
+    from veritrain.smoke import passed_before, smoke_key
 
     smoke = record.get("smoke") or {}
     fix = f"veritrain smoke {config}"
@@ -189,11 +186,7 @@ def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -
     version, config_hash = (record.get("data") or {}).get("version"), record.get("config_hash")
     if version and config_hash:
         key = smoke_key(config_hash, version, record.get("code") or {})
-        try:
-            passed = json.loads((state_dir / "smoke" / key / "record.json").read_text(encoding="utf-8")).get("status") == "completed"
-        except (OSError, ValueError, AttributeError):
-            passed = False
-        if passed:
+        if passed_before(state_dir, key):
             return "pass", fix, f"passed after the run (.veritrain/smoke/{key[:12]})"
     return "missing", fix, f"smoke {smoke.get('status', 'not run')}"
 

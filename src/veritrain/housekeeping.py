@@ -54,7 +54,7 @@ def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_c
     action, reason, version = prepare.plan(resolved.config.data, resolved.data_paths, workspace.state_dir)
     if not smoke:
         stages = [StagePlan("smoke", "skip", "--no-smoke")]
-    elif version and passed_before(workspace, smoke_key(resolved.hash, version, capture_code(workspace.root))):
+    elif version and passed_before(workspace.state_dir, smoke_key(resolved.hash, version, capture_code(workspace.root))):
         stages = [StagePlan("smoke", "reuse", "a smoke test passed for this config hash, data version and code")]
     else:
         stages = [StagePlan("smoke", "run", "no smoke test passed yet for this config hash, data version and code")]

@@ -38,9 +38,14 @@ def smoke_key(config_hash: str, data_version: str, code: dict[str, Any]) -> str:
                         "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty")}})[:32]
 
 
-def passed_before(workspace: Workspace, key: str) -> bool:
-    record = workspace.state_dir / "smoke" / key / "record.json"
-    return record.exists() and json.loads(record.read_text()).get("status") == "completed"
+def passed_before(state_dir: Path, key: str) -> bool:
+    """Whether the smoke test filed under `key` in `.veritrain/smoke/` passed; a missing or damaged result
+    counts as not passed (the smoke test then runs again)."""
+    try:
+        record = json.loads((state_dir / "smoke" / key / "record.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(record, dict) and record.get("status") == "completed"
 
 
 def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -135,7 +140,7 @@ def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
     key = smoke_key(resolved.hash, data.version, code)
     if code["git_dirty"]:  # uncommitted changes have no name a cached result could be filed under
         log.info("smoke: the checkout has uncommitted changes, so an earlier smoke result cannot vouch for this code")
-    elif passed_before(workspace, key):
+    elif passed_before(workspace.state_dir, key):
         log.info("smoke: passed before for this config, data version and code (%s)", key[:12])
         return {"key": key, "status": "completed", "cached": True}
     log.info("smoke: a tiny slice through every stage first")

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
-from veritrain.errors import UserError
+from veritrain.errors import RunFailed, UserError
 
 log = logging.getLogger("veritrain")
 
@@ -161,7 +161,7 @@ class Workspace:
         raise UserError(f"{ref}: matches {len(matches)} runs ({', '.join(p.name for p in matches[:3])}, ...); give a longer prefix")
 
     def _latest(self, runs: list[Path], need: str) -> Path:
-        from veritrain.record import record_problem
+        from veritrain.record import read_record
 
         what, fits = LATEST[need]
         if not runs:
@@ -170,10 +170,10 @@ class Workspace:
             return runs[-1]
         for run_dir in reversed(runs):
             try:
-                record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
-            except (OSError, ValueError, RecursionError):
+                record = read_record(run_dir)
+            except RunFailed:
                 continue  # damaged or being written: `veritrain verify` is the place to say so
-            if record_problem(record, run_dir.name) is None and fits(self, record):
+            if fits(self, record):
                 if run_dir != runs[-1]:
                     log.info("latest: %s, the newest %s; the newest run of all, %s, is not one", run_dir.name, what, runs[-1].name)
                 return run_dir

@@ -16,12 +16,12 @@ from typing import Any, Mapping, Optional
 
 from veritrain import registry
 from veritrain.errors import UserError
+from veritrain.record import RUN_ID  # the id shape every reader of a record enforces
 
 PAGE_SIZE = 100
 TABLE_METRICS = ("test.accuracy", "test.macro_f1", "test.log_loss")
 FILTER_COLUMNS = ("status", "exp_name", "kind", "data_version")
 SORT_COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "data_version")
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
 METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 EVAL_IMAGES = ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png")
