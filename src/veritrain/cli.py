@@ -34,6 +34,10 @@ set_option = click.option(
     metavar="KEY.PATH=VALUE",
     help="Override a config value, e.g. --set train.epochs=5 (repeatable; values are YAML).",
 )
+nproc_option = click.option(
+    "--nproc", type=click.IntRange(min=1, max=1024), default=None, metavar="N",
+    help="Train with N processes on this machine (data parallel through torchrun; train.batch_size is the global batch). See docs/distributed.md.",
+)
 config_argument = click.argument("config", required=False, type=click.Path(dir_okay=True))
 
 
@@ -61,10 +65,11 @@ def cli() -> None:
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test that runs first (recorded in the run).")
 @click.option("--dry-run", is_flag=True, help="Print each stage with run/reuse and the reason; run nothing.")
 @click.option("--reuse-completed", is_flag=True, help="Return an identical completed run (same config hash, data version, code version) instead of running.")
+@nproc_option
 @workdir_option
 @json_option
 def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, hypothesis: Optional[str], parent: Optional[str],
-                no_smoke: bool, dry_run: bool, reuse_completed: bool, workdir: Optional[str], as_json: bool) -> int:
+                no_smoke: bool, dry_run: bool, reuse_completed: bool, nproc: Optional[int], workdir: Optional[str], as_json: bool) -> int:
     """Prepare data, train and evaluate: one recorded run.
 
     CONFIG is a YAML run config; without it the built-in default runs (scikit-learn's bundled digits,
@@ -78,6 +83,8 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
     from veritrain.config import load_config
     from veritrain.workspace import Workspace
 
+    if _torchrun_follower():  # rank 1… of `torchrun … -m veritrain run`: rank 0 runs the command, this one trains along
+        return pipeline.follow()
     resolved = load_config(config, overrides)
     workspace = Workspace.open(workdir)
     if dry_run or reuse_completed:
@@ -110,11 +117,12 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
         passed = smoke.ensure(resolved, workspace)  # fails fast (exit 1) before the long run starts
         smoke_result = {"key": passed["key"], "status": passed["status"], "cached": passed["cached"]}
     if repeat == 1:
-        outcome = pipeline.run(resolved, workspace, pipeline.python_argv(), hypothesis=hypothesis, parent=parent, smoke=smoke_result)
+        outcome = pipeline.run(resolved, workspace, pipeline.python_argv(), hypothesis=hypothesis, parent=parent, smoke=smoke_result,
+                               nproc=nproc or 1)
         return _finish_run(outcome, as_json)
     from veritrain import repeats
 
-    result = repeats.run(resolved, workspace, pipeline.python_argv(), repeat)
+    result = repeats.run(resolved, workspace, pipeline.python_argv(), repeat, nproc=nproc or 1)
     if as_json:
         emit_json(result)
     _render_repeat_summary(result)
@@ -131,10 +139,11 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
 @click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
 @click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
 @click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
+@nproc_option
 @workdir_option
 @json_option
 def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref: Optional[str], hypothesis: Optional[str],
-                  parent: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+                  parent: Optional[str], trust_code: bool, nproc: Optional[int], workdir: Optional[str], as_json: bool) -> int:
     """Train only (preparing the data version if needed), or resume an interrupted run.
 
     A run killed at any moment and resumed ends with the same weights as one never interrupted.
@@ -148,18 +157,27 @@ def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref:
     from veritrain.config import load_config
     from veritrain.workspace import Workspace
 
+    if _torchrun_follower():  # rank 1… of `torchrun … -m veritrain train`: rank 0 runs the command, this one trains along
+        return pipeline.follow()
     workspace = Workspace.open(workdir)
     if resume_ref and resume_ref != "auto":
         if config or overrides:
             raise UserError(f"--resume {resume_ref}: a resumed run keeps its own recorded config; drop CONFIG and --set")
-        outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv(), trust_code=trust_code)
+        outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv(), trust_code=trust_code, nproc=nproc)
     elif resume_ref == "auto":  # with a config: the newest interrupted run of it; without: the newest of the workspace
         match = load_config(config, overrides) if (config or overrides) else None
-        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=match, trust_code=trust_code)
+        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=match, trust_code=trust_code, nproc=nproc)
     else:
         outcome = pipeline.run(load_config(config, overrides), workspace, pipeline.python_argv(), kind="train",
-                               hypothesis=hypothesis, parent=parent)
+                               hypothesis=hypothesis, parent=parent, nproc=nproc or 1)
     return _finish_run(outcome, as_json)
+
+
+def _torchrun_follower() -> bool:
+    from veritrain.train.distributed import from_environment
+
+    ranks = from_environment()
+    return ranks is not None and not ranks.is_main
 
 
 def _finish_run(outcome: Any, as_json: bool) -> int:
@@ -245,6 +263,126 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
     logs.print_table(table)
     for run in result["runs"]:
         logs.console.print(f"  {run['run_id']}  seed {run['seed']}  {run['status']}", markup=False)
+
+
+@cli.command("sweep")
+@config_argument
+@set_option
+@click.option("--vary", "varies", multiple=True, metavar="KEY.PATH=V1,V2,...",
+              help="A key and the values to try (YAML, as --set; commas inside [] or quotes stay in the value). Repeatable.")
+@click.option("--grid", is_flag=True, help="Every combination of the --vary values, instead of one change at a time.")
+@click.option("--parallel", type=click.IntRange(min=1), default=None, help="Runs at once (default 1; with --resume, the sweep's own).")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default=None, help="local processes (default) or Ray tasks (needs the ray extra).")
+@click.option("--ray-address", default=None, metavar="ADDR", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local Ray).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per trial and parent (seed, seed+1, …).")
+@click.option("--parent", default=None, metavar="RUN", help="A completed run of the base config to compare with, instead of running it first.")
+@click.option("--no-smoke", is_flag=True, help="Skip the smoke test of the base config that runs first.")
+@click.option("--dry-run", is_flag=True, help="Print the planned trials; run nothing.")
+@click.option("--resume", "resume_id", default=None, metavar="SWEEP_ID", help="Continue an interrupted sweep (id, unique prefix or `latest`).")
+@workdir_option
+@json_option
+def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tuple[str, ...], grid: bool, parallel: Optional[int],
+                  backend: Optional[str], ray_address: Optional[str], repeat: int, parent: Optional[str], no_smoke: bool, dry_run: bool,
+                  resume_id: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+    """Runs that each change the config in one key, compared with a parent run of the base config.
+
+    Each --vary value is a trial (one change at a time; --grid: every combination); the parent
+    runs first. Summary in .veritrain/sweeps/<id>/summary.json and experiments.md; see docs/sweep.md.
+
+    \b
+    Examples:
+      veritrain sweep configs/digits.yaml --vary optim.lr=0.01,0.001 --vary train.batch_size=32,128 --parallel 2
+      veritrain sweep --resume latest
+    """
+    from veritrain import pipeline, sweep
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    if resume_id:
+        given = [name for name, value in (("CONFIG", config), ("--set", overrides), ("--vary", varies), ("--grid", grid), ("--repeat", repeat != 1),
+                                          ("--parent", parent), ("--no-smoke", no_smoke), ("--dry-run", dry_run)) if value]
+        if given:
+            raise UserError(f"--resume {resume_id}: a resumed sweep keeps its plan; drop {', '.join(given)}")
+        outcome = sweep.resume(workspace, resume_id, pipeline.python_argv(), parallel, backend, ray_address)
+    else:
+        plan = sweep.plan(config, overrides, varies, grid, repeat, parallel or 1, backend or "local", parent, workspace)
+        if dry_run:
+            if as_json:
+                emit_json(plan.as_dict())
+            else:
+                _render_sweep_plan(plan)
+            return 0
+        outcome = sweep.start(plan, workspace, pipeline.python_argv(), smoke=not no_smoke, ray_address=ray_address)
+    if as_json:
+        emit_json(outcome.summary)
+    _render_sweep_summary(outcome.summary)
+    if outcome.error is not None:
+        raise outcome.error
+    return 0
+
+
+def _render_sweep_plan(plan: Any) -> None:
+    from rich.table import Table
+
+    from veritrain.sweep import change_text
+
+    table = Table(title=f"sweep plan: {len(plan.trials)} trial(s), {plan.mode}, threads {plan.threads}, {plan.repeat} seed(s) each", title_justify="left")
+    for column in ("trial", "change", "config hash", "hypothesis"):
+        table.add_column(column)
+    for trial in plan.trials:
+        table.add_row(str(trial.index), change_text(trial.change), trial.config_hashes[0][:12], trial.hypothesis)
+    logs.print_table(table)
+    for note in plan.skipped:
+        logs.console.print(f"left out {note}", markup=False, soft_wrap=True)
+
+
+def _render_sweep_summary(summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from veritrain.sweep import change_text
+
+    headline = (summary.get("headline") or {}).get("metric")
+    names = [n for n in dict.fromkeys([headline, "accuracy", "macro_f1", "log_loss", "rmse"]) if n and
+             any(n in g["metrics"] for g in (summary["parent"], *summary["trials"]))][:3]
+    best = (summary.get("best") or {}).get("trial")
+
+    def cells(group: dict[str, Any], with_delta: bool) -> list[str]:
+        shown = []
+        for name in names:
+            if name not in group["metrics"]:
+                shown.append("-")
+                continue
+            spread = (group.get("spread") or {}).get(name)
+            text = f"{group['metrics'][name]:.4f}" + (f" ± {spread['std']:.4f}" if spread and spread["n"] > 1 else "")
+            if with_delta and name in group.get("deltas", {}):
+                text += f" ({group['deltas'][name]:+.4f})"
+            shown.append(text)
+        return shown
+
+    def runs(group: dict[str, Any]) -> str:
+        ids = group["run_ids"]
+        return "-" if not ids else ids[0] + (f" +{len(ids) - 1}" if len(ids) > 1 else "")
+
+    table = Table(title=f"sweep {summary['id']} ({summary['mode']}, threads {summary['threads']}, {summary['repeat']} seed(s); Δ vs parent)",
+                  title_justify="left")
+    for column in ("trial", "change", "run", "status", *names):
+        table.add_column(column)
+    parent = summary["parent"]
+    table.add_row("parent", "-", runs(parent), parent["status"], *cells(parent, False))
+    for trial in summary["trials"]:
+        status = trial["status"] + (f": {trial['error']}" if trial["status"] != "completed" and trial.get("error") else "")
+        table.add_row(f"{trial['index']}" + (" best" if trial["index"] == best else ""), change_text(trial["change"]), runs(trial),
+                      status, *cells(trial, True), style="bold" if trial["index"] == best else None)
+    logs.print_table(table)
+    for trial in summary["trials"]:
+        if trial.get("note"):
+            logs.console.print(f"trial {trial['index']}: {trial['note']}", markup=False, soft_wrap=True)
+    if summary.get("best"):
+        b = summary["best"]
+        delta = f" ({b['delta']:+.4f} vs parent)" if b.get("delta") is not None else ""
+        logs.console.print(f"best: trial {b['trial']} ({change_text(b['change'])}): {summary['split']} {b['metric']} {b['value']:.4f}{delta}",
+                           markup=False, soft_wrap=True)
+    logs.console.print(f"summary: {summary['folder']}/summary.json; the trials are in experiments.md", markup=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------- stages on a finished run

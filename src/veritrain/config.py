@@ -360,6 +360,13 @@ class TrainConfig(Section):
     )
     compile: bool = Field(False, description="`torch.compile` the model (outside the bit-exact promise)")
     channels_last: bool = Field(False, description="channels-last memory format for image models")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="collective backend when training with several processes (`--nproc N` or torchrun): `auto` takes NCCL on CUDA, gloo on the CPU"
+    )
+    batchnorm: Literal["per_rank", "sync"] = Field(
+        "per_rank", description="BatchNorm with several processes: `per_rank` normalises each rank's share of the batch (rank 0's running statistics are kept); "
+        "`sync` uses SyncBatchNorm over the whole batch (CUDA only)"
+    )
 
 
 class AugmentConfig(Section):
@@ -493,6 +500,8 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "data.on_split_skew": "fail",
     "data.on_label_issue": "warn",
     "export.parity_rtol": 1e-5,
+    "train.backend": "auto",
+    "train.batchnorm": "per_rank",
 }
 
 

@@ -68,6 +68,13 @@ def setup_console_logging() -> None:
     log.propagate = False
 
 
+def silence_console() -> None:
+    """No console lines from this process (a rank other than 0: rank 0 speaks for the run)."""
+    for handler in [h for h in log.handlers if isinstance(h, ConsoleHandler)]:
+        log.removeHandler(handler)
+    log.propagate = False
+
+
 def attach_file(path: Path) -> logging.Handler:
     """Send everything (DEBUG and up, with timestamps) to `path` until `detach` is called."""
     from veritrain.secrets import RedactingFilter

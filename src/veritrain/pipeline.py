@@ -31,6 +31,8 @@ from veritrain.hashing import sha256_file
 from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, reseal, save_code, write_record
 from veritrain.secrets import allowed_environment, redact_argv, redact_text
 from veritrain.signals import StopFlag, interruptible
+from veritrain.train import distributed
+from veritrain.train.distributed import RankLost
 from veritrain.workspace import Workspace
 
 if TYPE_CHECKING:  # imported for types only: the data and task modules load torch and numpy
@@ -58,14 +60,18 @@ class RunOutcome:
 def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run",
         repeat: Optional[dict[str, Any]] = None, reproduced_from: Optional[str] = None,
         hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None,
-        data_version: Optional[str] = None) -> RunOutcome:
+        data_version: Optional[str] = None, sweep: Optional[dict[str, Any]] = None, nproc: int = 1) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
     prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of).
     `data_version` is the version the run must train on (reproduce): the data must still prepare to it,
-    or it is the stored version of an earlier recipe."""
+    or it is the stored version of an earlier recipe. `sweep` links a trial of `veritrain sweep` (id, trial,
+    change). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed)."""
     cfg = resolved.config
     if parent is not None:
         parent = workspace.resolve_run(parent).name  # fails before anything starts when it does not exist
+    ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain run|train` (the others `follow`)
+    if ranks is not None and nproc > 1:
+        raise UserError(f"--nproc {nproc}: torchrun already started {ranks.world_size} ranks; drop --nproc")
     run_id, run_dir = workspace.new_run_dir()
     workspace.mark_created(run_id, resolved.hash)
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
@@ -100,20 +106,29 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "events": [],
         "resumes": [],
         "repeat": repeat,
+        "sweep": sweep,
+        "distributed": None,  # several processes: world size, nodes, backend, devices, launch command
         "reproduced_from": reproduced_from,
         "hypothesis": redact_text(hypothesis) if hypothesis else None,  # stated before the run, sealed with it
         "parent": parent,  # the reference run experiments.md compares the config with
         "smoke": smoke,  # the smoke test this run relied on, or {"status": "skipped"} with --no-smoke
         "error": None,
     }
+    if nproc > 1:  # completed by the launch with the backend and each rank's device
+        record["distributed"] = {"world_size": nproc, "nodes": 1, "backend": cfg.train.backend, "devices": [], "launch": []}
+    elif ranks is not None:
+        record["distributed"] = distributed.describe(ranks, [], distributed.torchrun_command(ranks, argv))
     save_code(record["code"], workspace.root, run_dir, cfg.model.target)
     return _execute(record, run_dir, resolved, workspace, resume=False)
 
 
-def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[ResolvedConfig] = None, trust_code: bool = False) -> RunOutcome:
+def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[ResolvedConfig] = None, trust_code: bool = False,
+           nproc: Optional[int] = None) -> RunOutcome:
     """Continue a run in its own folder from its newest valid checkpoint. `ref` is a RUN reference
     or `auto`: the newest interrupted (or stale running) run whose config hash and data version
-    match `match`."""
+    match `match`. A run trained by several processes resumes with as many (`nproc`, when given,
+    must be that number)."""
+    ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain train --resume RUN`
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
     record = read_record(run_dir)
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
@@ -122,6 +137,17 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
         raise UserError(f"--resume {ref}: run {run_dir.name} already completed; start a new run instead")
     if status == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"--resume {ref}: run {run_dir.name} is still running (its lock is held by a live process)")
+    recorded = record.get("distributed") or {}
+    world_size = int(recorded.get("world_size", 1))
+    if ranks is not None and ranks.world_size != world_size:
+        raise UserError(f"--resume {ref}: run {run_dir.name} was trained by {world_size} process(es) and torchrun started {ranks.world_size}; "
+                        "resume with the same number: each rank's random state and share of the data are in its checkpoints")
+    if ranks is None and int(recorded.get("nodes", 1)) > 1:
+        raise UserError(f"--resume {ref}: run {run_dir.name} was trained on {recorded['nodes']} machines; resume it with the same torchrun "
+                        f"command: {' '.join(recorded.get('launch') or ['torchrun'])} (with --resume {run_dir.name} instead of the config)")
+    if nproc is not None and nproc != world_size:
+        raise UserError(f"--nproc {nproc}: run {run_dir.name} was trained by {world_size} process(es); resume it with the same number "
+                        f"(--nproc {world_size}, or leave --nproc out): each rank's random state and share of the data are in its checkpoints")
     cfg = RunConfig.model_validate(record["config"])
     if config_hash(cfg) != record["config_hash"]:
         raise RunFailed(f"--resume {ref}: the recorded config of {run_dir.name} no longer hashes to its config_hash; this veritrain cannot resume it")
@@ -172,6 +198,8 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
         if unfinished:
             log.info("resume: removed %s, left by a write that was interrupted", ", ".join(unfinished))
     error: Optional[VeritrainError | Interrupted] = None
+    ranks = distributed.from_environment()
+    announced = {"done": ranks is None}  # under torchrun, the other ranks wait for rank 0 to say where the run is
     try:
         with interruptible() as stop:
             import torch  # noqa: F401  (imported here so the environment below names its version)
@@ -210,7 +238,7 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
 
             task = get_task(cfg)
             if "train" in record["stages"]:
-                _train_stage(record, run_dir, cfg, data, task, stop, resume)
+                _train_stage(record, run_dir, cfg, data, task, stop, resume, workspace.state_dir, ranks, announced)
             _evaluation_stages(record, run_dir, cfg, data, task)
             record["status"] = "completed"
     except Interrupted as err:
@@ -218,6 +246,11 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
         record["status"] = "interrupted"
         record["error"] = {"type": "Interrupted", "message": str(err)}
         log.warning("run %s interrupted (%s)", run_id, err, extra=logs.FILE_ONLY)
+    except RankLost as err:  # resumable like a signal: the newest scheduled checkpoint is the resume point
+        error = err
+        record["status"] = "interrupted"
+        record["error"] = {"type": "RankLost", "message": str(err)}
+        log.warning("run %s interrupted: %s", run_id, err, extra=logs.FILE_ONLY)
     except VeritrainError as err:
         error = err if isinstance(err, UserError) else RunFailed(f"run {run_id} failed: {err}")
         _record_failure(record, err)
@@ -225,6 +258,11 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
         error = RunFailed(f"run {run_id} failed: {err.__class__.__name__}: {err} (traceback in {run_dir / 'train.log'})")
         _record_failure(record, err)
     finally:
+        if not announced["done"]:  # stopped before training: release the waiting ranks
+            try:
+                distributed.broadcast(None)
+            except distributed.PeerLost:
+                pass
         seconds = time.perf_counter() - started
         record["ended_at"] = now_iso()
         record["timings"]["total"] = round(record["timings"].get("total", 0) + seconds, 3)
@@ -250,11 +288,77 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
     return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
 
 
-def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool) -> None:
+def follow() -> int:
+    """A rank other than 0 of `torchrun … -m veritrain run|train`: wait for rank 0 to say where the run is,
+    train this rank's share of every batch, and return the exit code. Rank 0 keeps the record and the
+    console; this rank logs to `train.rank<k>.log` in the run."""
+    from veritrain.data import prepare
+    from veritrain.tasks import get_task
+    from veritrain.train import loop
+
+    logs.silence_console()
+    ranks = distributed.join_from_environment()
+    assert ranks is not None and not ranks.is_main
+    file_log = None
+    try:
+        announced = distributed.broadcast(None)
+        if announced is None:  # rank 0 stopped before training and reports why
+            return 0
+        run_dir = Path(announced["run_dir"])
+        file_log = logs.attach_file(run_dir / f"train.rank{ranks.rank}.log")
+        cfg = RunConfig.model_validate(read_record(run_dir)["config"])
+        data = prepare.load_version(Path(announced["data_path"]))
+        with interruptible() as stop:
+            loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=announced["resume"], events=[], ranks=ranks)
+        return 0
+    except distributed.PeerLost as err:
+        log.debug("rank %d: another rank is gone (%s)", ranks.rank, err)
+        return 1
+    except Interrupted as err:
+        return err.exit_code
+    except VeritrainError as err:
+        log.error("rank %d: %s", ranks.rank, err)
+        return err.exit_code
+    finally:
+        if file_log is not None:
+            logs.detach(file_log)
+        distributed.stop_group()
+
+
+def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool,
+                 state_dir: Path, ranks: Optional[distributed.Ranks] = None, announced: Optional[dict[str, bool]] = None) -> None:
     from veritrain.train import loop
 
     t = time.perf_counter()
-    result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"])
+    world_size = int((record.get("distributed") or {}).get("world_size", 1))
+    if ranks is not None:  # rank 0 under torchrun: tell the other ranks where the run is, then train with them
+        distributed.broadcast({"run_dir": str(run_dir), "data_path": str(data.path), "resume": resume})
+        if announced is not None:
+            announced["done"] = True
+        try:
+            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"], ranks=ranks)
+        except distributed.PeerLost as err:
+            raise RankLost(f"another rank was lost ({err}); the ranks stopped without it. The run is interrupted at its newest "
+                           f"scheduled checkpoint; resume with the same torchrun command and `veritrain train --resume {run_dir.name}`") from None
+        finally:
+            record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
+        record["distributed"] = {**record["distributed"], "backend": result.backend, "devices": result.devices}
+        t = time.perf_counter()
+    elif world_size > 1:  # `--nproc N`: torchrun starts the ranks; this process keeps the record
+        try:
+            payload = distributed.launch(run_dir, state_dir, data.path, world_size, resume, stop, cfg.train.threads)
+        except BaseException as err:
+            record["events"].extend(getattr(err, "train_events", []))
+            record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
+            raise
+        record["events"].extend(payload.pop("events"))
+        launch_command = [str(Path(part).relative_to(state_dir.parent)) if part.startswith(str(state_dir.parent) + "/") else part
+                          for part in payload.pop("launch")]  # workspace paths relative to the workspace
+        result = loop.TrainResult(**payload)
+        record["distributed"] = {"world_size": world_size, "nodes": 1, "backend": result.backend or "gloo",
+                                 "devices": result.devices or [], "launch": launch_command}
+    else:
+        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"])
     record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
     record["env"]["device"] = result.device
     record["env"]["torch_threads"] = result.threads
@@ -307,10 +411,20 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
         record["timings"]["export"] = round(time.perf_counter() - t, 3)
 
 
+# Set (to 1) in the processes of a sweep's trials (veritrain.sweep_trial): their runs write only their own folders,
+# and the sweep's driver, the one process that opens the workspace's SQLite index, refreshes it and experiments.md
+# as they finish. SQLite must not be written from several hosts over a network filesystem.
+DEFER_INDEX_VARIABLE = "VERITRAIN_DEFER_INDEX"
+
+
 def update_experiments(workspace: Workspace) -> None:
     """Regenerate experiments.md; a failure here is reported, never fatal to the run."""
+    from os import environ
+
     from veritrain import experiments
 
+    if environ.get(DEFER_INDEX_VARIABLE) == "1":
+        return
     try:
         experiments.write(workspace.state_dir, workspace.runs_dir, workspace.root / "experiments.md")
     except Exception as err:  # the run itself is sealed; the log can be rebuilt any time

@@ -142,6 +142,20 @@ class Repeat(_Part):
     of: Annotated[int, Field(ge=1)]
 
 
+class Distributed(_Part):
+    world_size: Annotated[int, Field(ge=1)]
+    nodes: Annotated[int, Field(ge=1)]
+    backend: str
+    devices: list[str]
+    launch: list[str]
+
+
+class SweepLink(_Part):
+    id: str
+    trial: Optional[int] = None  # null for the sweep's parent run
+    change: dict[str, Any] = {}
+
+
 class FileRef(_Part):
     file: RunPath
     sha256: Sha256
@@ -231,6 +245,8 @@ class RunRecord(_Part):
     parent: Optional[str] = None
     reproduced_from: Optional[str] = None
     repeat: Optional[Repeat] = None
+    sweep: Optional[SweepLink] = None
+    distributed: Optional[Distributed] = None
     final_state_sha256: Optional[Sha256] = None
     timings: Optional[dict[str, float]] = None
     events: Optional[list[Event]] = None

@@ -50,7 +50,7 @@ def spread(values: list[float], valid: tuple[float, float] = (-math.inf, math.in
     return {"mean": mean, "std": std, "ci95": [max(mean - half, low), min(mean + half, high)], "n": n, "values": values}
 
 
-def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: int) -> dict[str, Any]:
+def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: int, nproc: int = 1) -> dict[str, Any]:
     group = secrets.token_hex(4)
     base_seed = resolved.config.seed
     outcomes = []
@@ -58,7 +58,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
         config = resolved.config.model_copy(update={"seed": base_seed + index})
         seeded = ResolvedConfig(config=config, path=resolved.path, overrides=[*resolved.overrides, f"seed={base_seed + index}"],
                                 data_paths=resolved.data_paths)
-        outcome = pipeline.run(seeded, workspace, argv, repeat={"group": group, "index": index, "of": count})
+        outcome = pipeline.run(seeded, workspace, argv, repeat={"group": group, "index": index, "of": count}, nproc=nproc)
         outcomes.append(outcome)
     completed = [o for o in outcomes if o.record["status"] == "completed"]
     split = resolved.config.eval.split

@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from veritrain.errors import UserError
 from veritrain.hashing import sha256_file
 from veritrain.record import RECORD_FILE, SEAL_FILE, UNSEALED
 
@@ -275,7 +276,12 @@ def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = Fals
         raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "
                         "restore the data to reproduce" + prepare.earlier_recipe_hint(original.get("data")))
     resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
-    outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"], data_version=data.version)
+    distributed = original.get("distributed") or {}
+    if int(distributed.get("nodes", 1)) > 1:
+        raise UserError(f"{original['run_id']}: it was trained on {distributed['nodes']} machines; reproduce it there: start the same torchrun "
+                        f"command ({distributed['world_size']} ranks) with `veritrain train runs/{original['run_id']}/config.yaml` and compare with `veritrain runs compare`")
+    outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"], data_version=data.version,
+                           nproc=int(distributed.get("world_size", 1)))  # the same world size: the result depends on it
     comparison = compare_runs(original_dir, Path(outcome.summary["run_dir"]))
     comparison["reproduction_status"] = outcome.record["status"]
     comparison["reproduction_seal"] = outcome.seal

@@ -34,12 +34,12 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from veritrain.errors import Interrupted, RunFailed
+from veritrain.errors import Interrupted, RunFailed, UserError
 from veritrain.evaluate import forward_split
 from veritrain.files import write_atomic
 from veritrain.hashing import state_dict_sha256
 from veritrain.signals import StopFlag
-from veritrain.train import checkpoint
+from veritrain.train import checkpoint, distributed
 
 log = logging.getLogger("veritrain")
 
@@ -75,6 +75,8 @@ class TrainResult:
     threads: int
     peak_memory_mb: float
     loop_seconds: float = 0.0  # the epochs alone (no setup, data or model building): what overhead is measured on
+    devices: Optional[list[str]] = None  # with several ranks: each rank's device, in rank order
+    backend: Optional[str] = None  # with several ranks: the collective backend
 
 
 class _RolledBack(Exception):
@@ -100,10 +102,12 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def epoch_generator(seed: int, epoch: int, stream: int) -> torch.Generator:
+def epoch_generator(seed: int, epoch: int, stream: int, rank: int = 0) -> torch.Generator:
     """A generator for one epoch and purpose (0: data order, 1: augmentation), independent of how
-    many random numbers earlier epochs drew — so an epoch can be replayed from its number alone."""
-    state = np.random.SeedSequence([seed % 2**63, epoch, stream]).generate_state(1, dtype=np.uint64)[0]
+    many random numbers earlier epochs drew — so an epoch can be replayed from its number alone.
+    Ranks after the first draw their own augmentation (`rank`); rank 0 draws what one process draws."""
+    entropy = [seed % 2**63, epoch, stream] + ([rank] if rank else [])
+    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]
     return torch.Generator().manual_seed(int(state))
 
 
@@ -134,11 +138,11 @@ def schedule_factor(cfg: Any, steps_per_epoch: int, total_steps: int):
     return factor
 
 
-def batch_starts(n: int, batch_size: int) -> list[int]:
-    """Start offsets of the batches of one epoch. A last batch of a single sample is dropped:
-    BatchNorm cannot normalise one sample, and a one-sample step would be noise anyway."""
+def batch_starts(n: int, batch_size: int, world_size: int = 1) -> list[int]:
+    """Start offsets of the (global) batches of one epoch. A last batch with fewer than 2 samples per
+    rank is dropped: BatchNorm cannot normalise one sample, and a one-sample step would be noise anyway."""
     starts = list(range(0, n, batch_size))
-    if len(starts) > 1 and n - starts[-1] == 1:
+    if len(starts) > 1 and n - starts[-1] < 2 * world_size:
         starts.pop()
     return starts
 
@@ -178,9 +182,13 @@ def _truncate_jsonl(path: Path, keep) -> None:
 
 
 def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
-        resume: bool = False, events: Optional[list[dict[str, Any]]] = None) -> TrainResult:
+        resume: bool = False, events: Optional[list[dict[str, Any]]] = None,
+        ranks: Optional[distributed.Ranks] = None) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
-    checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`."""
+    checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`.
+
+    With `ranks` (one of several processes started by torchrun, see veritrain.train.distributed) each
+    rank trains on its share of every global batch of `train.batch_size` samples; only rank 0 writes."""
     started = time.perf_counter()
     tcfg, ccfg = cfg.train, cfg.checkpoint
     events = events if events is not None else []
@@ -188,6 +196,17 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         torch.set_num_threads(tcfg.threads)
     seed_everything(cfg.seed, tcfg.deterministic)
     device = resolve_device(tcfg.device)
+    main = ranks is None or ranks.is_main  # the process that writes metrics, logs of steps and checkpoints
+    world_size = ranks.world_size if ranks else 1
+    if ranks is not None:
+        if device.type == "cuda":
+            device = torch.device("cuda", ranks.local_rank)
+        ranks = distributed.start(ranks, tcfg.backend, device.type)
+        if tcfg.batchnorm == "sync" and device.type != "cuda":
+            raise RunFailed("train.batchnorm: 'sync' (SyncBatchNorm) needs CUDA devices; use per_rank on the CPU")
+        if tcfg.batch_size < 2 * world_size:
+            raise RunFailed(f"train.batch_size: {tcfg.batch_size} gives fewer than 2 samples to each of {world_size} ranks; "
+                            f"use at least {2 * world_size} (it is the global batch, split over the ranks)")
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
@@ -199,9 +218,18 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         task.prepare(data)
     if tcfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    trainer: torch.nn.Module = model  # what the training forward runs: the model, or its DDP wrapper
+    if ranks is not None:
+        if tcfg.batchnorm == "sync":
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        # rank 0's initial weights go to every rank; its buffers (BatchNorm statistics) before every forward
+        trainer = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        if not ranks.is_main:  # dropout differs per rank (the weights are rank 0's): reseed the global generators
+            seed_everything(int(np.random.SeedSequence([cfg.seed % 2**63, ranks.rank]).generate_state(1, dtype=np.uint64)[0] % 2**63),
+                            tcfg.deterministic)
     optimizer = build_optimizer(cfg.optim, model)
     train_rows = data.splits["train"]
-    starts = batch_starts(len(train_rows), tcfg.batch_size)
+    starts = batch_starts(len(train_rows), tcfg.batch_size, world_size)
     steps_per_epoch = math.ceil(len(starts) / tcfg.accumulate_steps)
     state = LoopState(stat_sums={name: 0.0 for name in task.epoch_metrics})
     factor = schedule_factor(cfg.schedule, steps_per_epoch, steps_per_epoch * tcfg.epochs)
@@ -220,7 +248,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         best_key = "train_" + best_key.removeprefix("val_")
         log.warning("train: the val split is empty; best.pt follows %s on the train split", best_key)
     ckpt_dir = run_dir / "checkpoints"
-    ckpt_dir.mkdir(exist_ok=True)
+    if main:
+        ckpt_dir.mkdir(exist_ok=True)
     metrics_path, steps_path = run_dir / "metrics.jsonl", run_dir / "steps.jsonl"
     settings = {"device": str(device), "threads": torch.get_num_threads(), "num_workers": tcfg.num_workers}
     run_config_hash = config_hash(cfg)
@@ -250,30 +279,47 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         scaler.load_state_dict(saved["scaler"])
         for key, value in saved["loop"].items():
             setattr(state, key, value)
-        set_rng_state(saved["rng"])
-        _truncate_jsonl(metrics_path, lambda row: row["epoch"] <= state.epochs_done)
-        _truncate_jsonl(steps_path, lambda row: row["step"] <= state.step)
+        # a checkpoint written by rank 0 holds every rank's generators; a rank's own rollback snapshot only its own
+        own = saved["distributed"]["ranks"][ranks.rank] if ranks is not None and "distributed" in saved else saved
+        set_rng_state(own["rng"])
+        if main:
+            _truncate_jsonl(metrics_path, lambda row: row["epoch"] <= state.epochs_done)
+            _truncate_jsonl(steps_path, lambda row: row["step"] <= state.step)
         del history[state.epochs_done :]
-        return saved["augment_rng"]
+        return own["augment_rng"]
 
     augment_resume: Optional[torch.Tensor] = None
-    if resume and not any(ckpt_dir.glob("*.pt")):
+    has_checkpoint = any(ckpt_dir.glob("*.pt")) if main else None
+    if ranks is not None:
+        has_checkpoint = distributed.broadcast(has_checkpoint)
+    if resume and not has_checkpoint:
         # stopped before its first checkpoint: starting over is the same run, bit for bit
         log.info("resume: no checkpoint was saved yet; training from the beginning")
         events.append({"kind": "resume", "step": 0, "detail": "no checkpoint yet: from the beginning"})
-        _truncate_jsonl(metrics_path, lambda row: False)
-        _truncate_jsonl(steps_path, lambda row: False)
+        if main:
+            _truncate_jsonl(metrics_path, lambda row: False)
+            _truncate_jsonl(steps_path, lambda row: False)
         resume = False
     if resume:
-        path, saved, problems = checkpoint.newest_valid(ckpt_dir)
+        path, saved, problems = checkpoint.newest_valid(ckpt_dir) if main else (None, None, [])
         for problem in problems:
             log.warning("checkpoint: %s; falling back to an older one", problem)
-        if saved is None:
+        if ranks is not None:  # every rank resumes from the file rank 0 chose
+            chosen = distributed.broadcast(path.name if saved is not None else None)
+            if not main and chosen is not None:
+                path = ckpt_dir / chosen
+                saved = checkpoint.load(path)
+        if saved is None or path is None:
             raise RunFailed(f"resume: no valid checkpoint in {ckpt_dir}; start a new run instead")
         if saved["config_hash"] != run_config_hash or saved["data_version"] != data.version:
             raise RunFailed(f"resume: {path.name} was saved with another config or data version; resume with the run's own config.yaml")
-        for name in checkpoint.discard_after(ckpt_dir, int(saved["loop"]["step"])):
-            log.warning("checkpoint: removed %s, which failed its check and lies after the resume point", name)
+        saved_world = int((saved.get("distributed") or {}).get("world_size", 1))
+        if saved_world != world_size:
+            raise UserError(f"resume: {path.name} was saved by {saved_world} process(es) and this resume has {world_size}; "
+                            f"resume with the same number (--nproc {saved_world}): each rank's random state and share of the data are in the checkpoint")
+        if main:
+            for name in checkpoint.discard_after(ckpt_dir, int(saved["loop"]["step"])):
+                log.warning("checkpoint: removed %s, which failed its check and lies after the resume point", name)
         changed = {k: (saved["settings"].get(k), v) for k, v in settings.items() if saved["settings"].get(k) != v}
         if changed:
             log.warning("resume: settings differ from the saved run (%s); the result may not be bit-identical",
@@ -285,24 +331,35 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         history.extend(json.loads(line) for line in metrics_path.read_text().splitlines())
 
     # the rollback target: the initial (or resumed) state, then every step-scheduled checkpoint
-    snapshot = checkpoint.encode(full_state("snapshot", _generator_with(cfg.seed, state.epoch, augment_resume)))
-    forward = torch.compile(model) if tcfg.compile else model
+    rank = ranks.rank if ranks is not None else 0
+    snapshot = checkpoint.encode(full_state("snapshot", _generator_with(cfg.seed, state.epoch, augment_resume, rank)))
+    forward = torch.compile(trainer) if tcfg.compile else trainer
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
         "train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d batches (%d steps)/epoch × %d epochs",
         cfg.model.target or cfg.model.name, f"{n_params:,}", device, torch.get_num_threads(), tcfg.precision,
         len(train_rows), len(starts), steps_per_epoch, tcfg.epochs,
     )
+    if ranks is not None:
+        log.info("train: rank %d of %d (%d node(s), backend %s); each global batch of %d is split over the ranks",
+                 ranks.rank, world_size, ranks.nodes, ranks.backend, tcfg.batch_size)
 
     last_save = time.monotonic()
-    board = _tensorboard(run_dir) if cfg.logging.tensorboard else None
+    board = _tensorboard(run_dir) if cfg.logging.tensorboard and main else None
 
     def save(reason: str, augment: Optional[torch.Generator], best: bool = False, final: bool = False) -> bytes:
         """One checkpoint: step-<N>.pt, plus best.pt when it improved and last.pt when training stops
         (during training the newest step file is the latest state; resume looks at both)."""
         nonlocal last_save
         t = time.perf_counter()
-        data_bytes = checkpoint.encode(full_state(reason, augment))
+        saved = full_state(reason, augment)
+        if ranks is not None:  # rank 0 writes one file with every rank's generators; the others keep their own snapshot
+            parts = distributed.gather({"rng": saved["rng"], "augment_rng": saved["augment_rng"]}, ranks)
+            if not main:
+                last_save = time.monotonic()
+                return checkpoint.encode(saved)
+            saved["distributed"] = {"world_size": world_size, "ranks": parts}
+        data_bytes = checkpoint.encode(saved)
         targets = (["best.pt"] if best else []) + [f"step-{state.step}.pt"]
         if final and ccfg.last:
             targets.append("last.pt")
@@ -356,7 +413,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         while state.epoch <= tcfg.epochs and not state.stopped_early:
             epoch = state.epoch
             order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(cfg.seed, epoch, 0)).numpy()]
-            augment = _generator_with(cfg.seed, epoch, augment_resume)
+            augment = _generator_with(cfg.seed, epoch, augment_resume, rank)
             augment_resume = None
             epoch_started = time.perf_counter()
             seen_at_start = state.seen
@@ -371,6 +428,9 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                         step_loss, stepped = 0.0, False
                         for b in group:
                             rows = order[starts[b] : starts[b] + tcfg.batch_size]
+                            batch_rows = len(rows)  # of the global batch, all ranks together
+                            if ranks is not None:
+                                rows = distributed.shard(rows, ranks)
                             x, y = task.batch(data, rows, device, True, augment)
                             if tcfg.channels_last and x.dim() == 4:
                                 x = x.contiguous(memory_format=torch.channels_last)
@@ -378,17 +438,34 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                                 outputs = forward(x)
                                 loss = task.loss(outputs, y)
                             loss_value = loss.item()  # the batch loss as a Python float: the non-finite check and the epoch sums
+                            if ranks is None:
+                                loss_total = loss_value * len(rows)
+                                stats = None
+                            else:  # the global batch's loss and statistics, the same on every rank (so are all decisions)
+                                local_stats = task.batch_stats(outputs.detach().float(), y)
+                                names = sorted(local_stats)
+                                minutes_due = main and bool(ccfg.every_minutes) and time.monotonic() - last_save >= ccfg.every_minutes * 60
+                                sums = distributed.reduce_batch([loss_value * len(rows), float(len(rows)), *(float(local_stats[k]) for k in names),
+                                                                 *distributed.signal_slots(stop.signum), float(minutes_due)])
+                                loss_total, loss_value = sums[0], sums[0] / sums[1]
+                                stats = dict(zip(names, sums[2 : 2 + len(names)]))
+                                agreed_signum = distributed.agreed_signal(sums[2 + len(names) : 4 + len(names)])
+                                agreed_minutes = sums[-1] > 0
                             if not math.isfinite(loss_value):
                                 nonfinite("loss", loss_value)
                                 continue  # skip_batch
+                            if ranks is not None and len(rows) * world_size != batch_rows:
+                                # DDP averages the ranks' gradients; weigh an unequal share so the result is the global mean
+                                loss = loss * (len(rows) * world_size / batch_rows)
                             if len(group) > 1:  # the mean over the accumulated batches; a single batch needs no extra graph node
                                 loss = loss / len(group)
                             scaler.scale(loss).backward()
                             stepped = True
                             step_loss += loss_value / len(group)
-                            state.loss_sum += loss_value * len(rows)
-                            state.seen += len(rows)
-                            stats = task.batch_stats(outputs.detach().float(), y)  # float32 (from bf16) for the sums
+                            state.loss_sum += loss_total
+                            state.seen += batch_rows
+                            if stats is None:
+                                stats = task.batch_stats(outputs.detach().float(), y)  # float32 (from bf16) for the sums
                             for name, value in stats.items():
                                 state.stat_sums[name] = state.stat_sums.get(name, 0.0) + value
                         grad_norm = None
@@ -416,7 +493,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                         if show:
                             next_progress = now + 0.1
                             progress.update(bar, completed=state.batch_index, loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
-                        if logging_step:
+                        if logging_step and main:
                             with open(steps_path, "a", encoding="utf-8") as f:
                                 f.write(json.dumps({"step": state.step, "epoch": epoch, "loss": step_loss, "lr": lr,
                                                     "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
@@ -424,23 +501,31 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                                 board.add_scalar("step/loss", step_loss, state.step)
                                 board.add_scalar("step/lr", lr, state.step)
                         if state.batch_index < len(starts):  # the epoch's end saves below
+                            # with several ranks, the clock and the signals are rank 0's and any rank's, agreed in the batch's reduction
+                            minutes = agreed_minutes if ranks is not None else (
+                                ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60)
+                            signum = agreed_signum if ranks is not None else stop.signum
                             if stepped and ccfg.every_steps and state.step % ccfg.every_steps == 0:
                                 snapshot = save("step", augment)
-                            elif ccfg.every_minutes and time.monotonic() - last_save >= ccfg.every_minutes * 60:
+                            elif minutes:
                                 save("minutes", augment)
-                            if stop.signum is not None:
+                            if signum is not None:
                                 save("signal", augment, final=True)
-                                raise Interrupted(stop.signum)
+                                raise Interrupted(signum)
 
                     # ---- end of epoch: validate, log, checkpoint
                     row: dict[str, Any] = {"epoch": epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
                     row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
-                    if has_val:
+                    if has_val and main:
                         val_out, val_y = forward_split(model, task, data, "val", device, cfg.eval.batch_size)
                         row["val_loss"] = float(task.loss(val_out, val_y))
                         row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
                     row["lr"] = optimizer.param_groups[0]["lr"]
                     row["seconds"] = round(time.perf_counter() - epoch_started, 4)
+                    epoch_signum = stop.signum
+                    if ranks is not None:  # rank 0 validates (its model and statistics are the run's); every rank decides alike
+                        row = distributed.broadcast(row)
+                        epoch_signum = distributed.agreed_signal(distributed.reduce_batch(distributed.signal_slots(stop.signum)))
                     if best_key not in row:
                         raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
                     value = row[best_key]
@@ -456,8 +541,9 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                         events.append({"kind": "early_stop", "step": state.step,
                                        "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
                     history.append(row)
-                    with open(metrics_path, "a", encoding="utf-8") as f:
-                        f.write(json.dumps(row) + "\n")
+                    if main:
+                        with open(metrics_path, "a", encoding="utf-8") as f:
+                            f.write(json.dumps(row) + "\n")
                     if board is not None:
                         for key, value in row.items():
                             if key not in ("epoch", "step"):
@@ -465,7 +551,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                         board.flush()
                     save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
                     save_started = time.perf_counter()
-                    stops = epoch == tcfg.epochs or state.stopped_early or stop.signum is not None
+                    stops = epoch == tcfg.epochs or state.stopped_early or epoch_signum is not None
                     if save_now or (improved and ccfg.best) or stops:
                         snapshot = save("epoch", None, best=improved and ccfg.best, final=stops)
                     log.info(
@@ -476,8 +562,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                     )
                     if state.stopped_early:
                         log.info("train: early stop, %s", events[-1]["detail"])
-                    if stop.signum is not None:
-                        raise Interrupted(stop.signum)
+                    if epoch_signum is not None:
+                        raise Interrupted(epoch_signum)
             except _RolledBack:
                 continue
     loop_seconds = time.perf_counter() - loop_started
@@ -488,6 +574,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     if device.type == "cuda":
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     log.info("train: %d steps in %.1fs, peak memory %.0f MB", state.step, time.perf_counter() - started, peak_mb)
+    devices = distributed.gather(str(device), ranks) if ranks is not None else None
     return TrainResult(
         final_state_sha256=state_dict_sha256(model.state_dict()),
         epochs=history,
@@ -499,6 +586,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         threads=torch.get_num_threads(),
         peak_memory_mb=round(peak_mb, 1),
         loop_seconds=round(loop_seconds, 4),
+        devices=devices,
+        backend=ranks.backend if ranks is not None else None,
     )
 
 
@@ -510,8 +599,8 @@ def _tensorboard(run_dir: Path) -> Any:
     return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
 
 
-def _generator_with(seed: int, epoch: int, saved_state: Optional[torch.Tensor]) -> torch.Generator:
-    generator = epoch_generator(seed, epoch, 1)
+def _generator_with(seed: int, epoch: int, saved_state: Optional[torch.Tensor], rank: int = 0) -> torch.Generator:
+    generator = epoch_generator(seed, epoch, 1, rank)
     if saved_state is not None:
         generator.set_state(saved_state)
     return generator
