@@ -385,6 +385,10 @@ class CheckpointConfig(Section):
     best_metric: Optional[str] = Field(None, description="metrics.jsonl key that picks best.pt; null: the task's (val_acc for classification)")
     best_mode: Optional[Literal["max", "min"]] = Field(None, description="whether a larger or smaller best_metric is better; null: the task's")
     keep_last: Annotated[int, Limit(10**6)] = Field(2, ge=1, description="step-<N>.pt files kept (the newest); older ones are deleted")
+    audit_every: Annotated[int, Limit(10**6)] = Field(
+        0, ge=0, description="also keep every N-th scheduled checkpoint of the trajectory, so `veritrain audit` can replay the segments after them "
+        "(`gc` keeps them too); 0: only keep_last"
+    )
 
 
 class LoggingConfig(Section):
@@ -502,6 +506,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "export.parity_rtol": 1e-5,
     "train.backend": "auto",
     "train.batchnorm": "per_rank",
+    "checkpoint.audit_every": 0,
 }
 
 

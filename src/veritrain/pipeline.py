@@ -363,6 +363,10 @@ def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Da
     record["env"]["device"] = result.device
     record["env"]["torch_threads"] = result.threads
     record["final_state_sha256"] = result.final_state_sha256
+    from veritrain.train import trajectory
+
+    record["trajectory"] = trajectory.for_record(result.trajectory or [], run_dir / "checkpoints", cfg.checkpoint.audit_every)
+    record["other_saves"] = result.other_saves or []
     record["training"] = {
         "epochs": len(result.epochs),
         "steps": result.steps,
@@ -602,7 +606,8 @@ def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str) -> 
     from veritrain.verify import verify_run
 
     # the data version is left out: whoever opens it next checks it (load_version), and a run is not re-sealed over it
-    found = verify_run(run_dir, workspace.state_dir, rehash_data=False, check_data=False)["problems"]
+    # the checkpoints' bytes are checked; matching their states with the trajectory is left to `verify`
+    found = verify_run(run_dir, workspace.state_dir, rehash_data=False, check_data=False, check_states=False)["problems"]
     if found:
         first = found[0]
         raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")

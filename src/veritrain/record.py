@@ -30,7 +30,9 @@ RECORD_VERSION = 1
 RECORD_FILE = "record.json"
 SEAL_FILE = "record.sha256"
 NOTES_FILE = "notes.jsonl"
-UNSEALED = frozenset({RECORD_FILE, SEAL_FILE, NOTES_FILE})  # notes are added after the run, on purpose outside the seal
+OMITTED_FILE = "archive_omitted.json"  # written by import: audit checkpoints an archive left out on purpose
+# notes are added after the run, on purpose outside the seal; so is the list of what an archive left out
+UNSEALED = frozenset({RECORD_FILE, SEAL_FILE, NOTES_FILE, OMITTED_FILE})
 
 
 def now_iso() -> str:
@@ -156,6 +158,22 @@ class SweepLink(_Part):
     change: dict[str, Any] = {}
 
 
+class TrajectoryEntry(_Part):
+    step: Annotated[int, Field(ge=0)]
+    epoch: Annotated[int, Field(ge=0)]
+    state_sha256: Sha256
+    model_sha256: Sha256
+    chain: Sha256
+    kept: bool = False
+    kept_for_audit: bool = False
+
+
+class OtherSave(_Part):
+    step: Annotated[int, Field(ge=0)]
+    reason: str
+    state_sha256: Sha256
+
+
 class FileRef(_Part):
     file: RunPath
     sha256: Sha256
@@ -248,6 +266,8 @@ class RunRecord(_Part):
     sweep: Optional[SweepLink] = None
     distributed: Optional[Distributed] = None
     final_state_sha256: Optional[Sha256] = None
+    trajectory: Optional[list[TrajectoryEntry]] = None
+    other_saves: Optional[list[OtherSave]] = None
     timings: Optional[dict[str, float]] = None
     events: Optional[list[Event]] = None
     resumes: Optional[list[Resume]] = None

@@ -24,13 +24,15 @@ from typing import Any, Callable, Optional
 
 from veritrain.errors import UserError
 from veritrain.hashing import sha256_file
-from veritrain.record import RECORD_FILE, SEAL_FILE, UNSEALED
+from veritrain.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
 
 
 def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
-               rehash_data: bool = True, check_data: bool = True) -> dict[str, Any]:
+               rehash_data: bool = True, check_data: bool = True, check_states: bool = True) -> dict[str, Any]:
     """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}]}.
-    `check_data` False leaves the data version out (for callers that open it next, which checks it)."""
+    `check_data` False leaves the data version out (for callers that open it next, which checks it);
+    `check_states` False skips loading the checkpoints to match them with the trajectory (their bytes
+    are checked either way)."""
     problems: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
 
@@ -78,8 +80,11 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
             problem(rel, "link", "a run directory holds only regular files")
         elif path.is_file() and rel not in UNSEALED:
             present[rel] = path
+    omitted = _omitted_for_audit(run_dir, record)
     for rel, entry in artifacts.items():
         path = present.get(rel)
+        if path is None and rel in omitted:
+            continue  # left out of an archive on purpose (made without --with-audit); `veritrain audit` cannot start there
         if path is None:
             problem(rel, "missing")
         elif path.stat().st_size != entry.get("size") or (digest := sha256_file(path)) != entry.get("sha256"):
@@ -87,6 +92,8 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
             problem(rel, "changed", f"{shown}, recorded {str(entry.get('sha256'))[:16]}…")
     for rel in sorted(set(present) - set(artifacts)):
         problem(rel, "added", "not listed in record.json")
+    intact = {rel: path for rel, path in present.items() if rel in artifacts and not any(p["path"] == rel for p in problems)}
+    problems.extend(_trajectory_problems(record, intact, check_states))
 
     data = record.get("data") or {}
     if data.get("version") and check_data:
@@ -94,6 +101,70 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict}
+
+
+def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
+    """The checkpoint files that may be absent: listed by import as left out of the archive, and kept only
+    for audit according to the record itself (never a checkpoint that keep_last, best or last keeps)."""
+    try:
+        listed = json.loads((run_dir / OMITTED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    audit_only = {f"checkpoints/step-{e['step']}.pt" for e in record.get("trajectory") or [] if e.get("kept_for_audit")}
+    newest = [f"checkpoints/step-{e['step']}.pt" for e in record.get("trajectory") or [] if e.get("kept")]
+    keep_last = int(((record.get("config") or {}).get("checkpoint") or {}).get("keep_last", 2))
+    audit_only -= set(newest[-keep_last:])
+    names = {str(name) for name in listed.get("files", [])} if isinstance(listed, dict) else set()
+    allowed = {name for name in names if name in audit_only}
+    return allowed | {name + ".sha256" for name in allowed}
+
+
+def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool) -> list[dict[str, Any]]:
+    """The trajectory's chain holds, its last entry is the final state, and every checkpoint in the run
+    holds a state of the trajectory (or of `other_saves`). Runs made before the trajectory have none."""
+    from veritrain.train import trajectory as trajectory_module
+
+    entries = record.get("trajectory")
+    if not entries:
+        return []
+    problems = []
+    broken = trajectory_module.chain_problem(entries, str(record.get("config_hash")), str((record.get("data") or {}).get("version")))
+    if broken:
+        problems.append({"path": RECORD_FILE, "kind": "trajectory_broken", "detail": broken})
+    training = record.get("training") or {}
+    last = entries[-1]
+    if record.get("status") == "completed" and training:
+        if last.get("model_sha256") != record.get("final_state_sha256") or last.get("step") != training.get("steps"):
+            problems.append({"path": RECORD_FILE, "kind": "trajectory_endpoint",
+                             "detail": f"the last entry (step {last.get('step')}, weights {str(last.get('model_sha256'))[:12]}) is not the final state "
+                                       f"(step {training.get('steps')}, final_state_sha256 {str(record.get('final_state_sha256'))[:12]})"})
+    if not check_states:
+        return problems
+    by_step = {(e["step"], e["state_sha256"]) for e in entries} | {(e["step"], e["state_sha256"]) for e in record.get("other_saves") or []}
+    known = {digest for _, digest in by_step}
+    from veritrain.train import checkpoint
+
+    for rel, path in sorted(files.items()):
+        if not (rel.startswith("checkpoints/") and rel.endswith(".pt")):
+            continue
+        try:
+            state = checkpoint.load(path)
+            step = int(state["loop"]["step"])
+            digest = trajectory_module.state_sha256(state)
+        except Exception as err:  # not a checkpoint veritrain could have written
+            problems.append({"path": rel, "kind": "not_in_trajectory", "detail": f"cannot be read as a checkpoint ({str(err)[:120]})"})
+            continue
+        name = path.name
+        if name == "last.pt" and record.get("status") == "completed":
+            fits = digest == last["state_sha256"]
+        elif name.startswith("step-"):
+            fits = (step, digest) in by_step
+        else:
+            fits = digest in known
+        if not fits:
+            problems.append({"path": rel, "kind": "not_in_trajectory",
+                             "detail": f"its state (step {step}, state_sha256 {digest[:12]}) is not {'the last entry' if name == 'last.pt' else 'in the trajectory'}"})
+    return problems
 
 
 def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, drift: list[dict[str, Any]]) -> list[dict[str, Any]]:

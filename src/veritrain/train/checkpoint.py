@@ -108,9 +108,10 @@ def discard_after(folder: Path, step: int) -> list[str]:
     return removed
 
 
-def write(folder: Path, data: bytes, names: list[str], keep_last: int) -> None:
+def write(folder: Path, data: bytes, names: list[str], keep_last: int, keep: frozenset[int] | set[int] = frozenset()) -> None:
     """Write the encoded checkpoint `data` under each of `names` in `folder` (in that order), each a new
-    file with its SHA-256 sidecar, then delete the step files older than the newest `keep_last`.
+    file with its SHA-256 sidecar, then delete the step files older than the newest `keep_last`, except
+    the steps in `keep` (kept for `veritrain audit`, checkpoint.audit_every).
 
     The old step files are deleted only once the new one is in place and the folder synced, so a
     failed or killed save always leaves the previous checkpoint whole (also with `keep_last` 1).
@@ -126,6 +127,8 @@ def write(folder: Path, data: bytes, names: list[str], keep_last: int) -> None:
         # the sidecar's data is not synced (after a power loss a missing or stale sidecar only makes the
         # loader fall back to an older checkpoint); the last one syncs the folder, once for all the renames
         write_atomic(folder / f"{name}.sha256", (digest + "\n").encode(), fsync=False, sync_folder=name == names[-1])
-    for _, path in step_files(folder)[keep_last:]:
+    for step, path in step_files(folder)[keep_last:]:
+        if step in keep:
+            continue
         path.unlink(missing_ok=True)
         path.with_name(path.name + ".sha256").unlink(missing_ok=True)

@@ -39,7 +39,7 @@ from veritrain.evaluate import forward_split
 from veritrain.files import write_atomic
 from veritrain.hashing import state_dict_sha256
 from veritrain.signals import StopFlag
-from veritrain.train import checkpoint, distributed
+from veritrain.train import checkpoint, distributed, trajectory
 
 log = logging.getLogger("veritrain")
 
@@ -61,6 +61,9 @@ class LoopState:
     rollbacks: int = 0
     lr_factor: float = 1.0  # product of rollback_lr_factor over the rollbacks so far
     stopped_early: bool = False
+    # the committed trajectory (veritrain.train.trajectory) and the saves outside it; carried, not hashed
+    trajectory: list[dict[str, Any]] = field(default_factory=list)
+    other_saves: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -75,12 +78,26 @@ class TrainResult:
     threads: int
     peak_memory_mb: float
     loop_seconds: float = 0.0  # the epochs alone (no setup, data or model building): what overhead is measured on
+    trajectory: Optional[list[dict[str, Any]]] = None  # one entry per scheduled checkpoint (and the initial state)
+    other_saves: Optional[list[dict[str, Any]]] = None  # signal and every_minutes saves: {step, reason, state_sha256}
     devices: Optional[list[str]] = None  # with several ranks: each rank's device, in rank order
     backend: Optional[str] = None  # with several ranks: the collective backend
 
 
 class _RolledBack(Exception):
     """Raised inside the epoch to restart the loop from the restored snapshot."""
+
+
+class ReplayDone(Exception):
+    """`run(stop_at_step=N)` (an audit replay) reached the scheduled checkpoint at step N: carries the
+    trajectory so far and the state that checkpoint would hold."""
+
+    def __init__(self, trajectory: list[dict[str, Any]], state: dict[str, Any]):
+        super().__init__(f"replayed to step {trajectory[-1]['step']}")
+        self.trajectory, self.state = trajectory, state
+
+
+SCHEDULED = ("step", "epoch")  # saves in the trajectory; "signal" and "minutes" depend on timing
 
 
 def resolve_device(name: str) -> torch.device:
@@ -183,12 +200,14 @@ def _truncate_jsonl(path: Path, keep) -> None:
 
 def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None,
-        ranks: Optional[distributed.Ranks] = None) -> TrainResult:
+        ranks: Optional[distributed.Ranks] = None, stop_at_step: Optional[int] = None) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
     checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`.
 
     With `ranks` (one of several processes started by torchrun, see veritrain.train.distributed) each
-    rank trains on its share of every global batch of `train.batch_size` samples; only rank 0 writes."""
+    rank trains on its share of every global batch of `train.batch_size` samples; only rank 0 writes.
+    With `stop_at_step` (an audit replay, `veritrain.audit`) it raises ReplayDone at the scheduled
+    checkpoint of that step instead of writing it."""
     started = time.perf_counter()
     tcfg, ccfg = cfg.train, cfg.checkpoint
     events = events if events is not None else []
@@ -264,7 +283,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             "scaler": scaler.state_dict(),
             "rng": rng_state(),
             "augment_rng": augment.get_state() if augment is not None else None,
-            "loop": {**vars(state), "stat_sums": dict(state.stat_sums)},  # a copy: the loop goes on mutating it
+            # a copy: the loop goes on mutating it
+            "loop": {**vars(state), "stat_sums": dict(state.stat_sums), "trajectory": list(state.trajectory), "other_saves": list(state.other_saves)},
             "settings": settings,
             "config_hash": run_config_hash,
             "data_version": data.version,
@@ -330,8 +350,32 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     if metrics_path.exists():
         history.extend(json.loads(line) for line in metrics_path.read_text().splitlines())
 
-    # the rollback target: the initial (or resumed) state, then every step-scheduled checkpoint
+    def complete_state(reason: str, augment: Optional[torch.Generator]) -> tuple[Optional[dict[str, Any]], dict[str, Any]]:
+        """(what rank 0 writes: with every rank's generators; None on the other ranks, this rank's own state)."""
+        own = full_state(reason, augment)
+        if ranks is None:
+            return own, own
+        parts = distributed.gather({"rng": own["rng"], "augment_rng": own["augment_rng"]}, ranks)
+        return ({**own, "distributed": {"world_size": world_size, "ranks": parts}} if main else None), own
+
+    def commit(written: dict[str, Any], reason: str, epoch: int) -> None:
+        """Enter a state rank 0 is about to write into the trajectory (or other_saves), and into the state itself."""
+        state_hash = trajectory.state_sha256(written)
+        if reason in SCHEDULED or reason == "initial":
+            state.trajectory.append(trajectory.entry(state.trajectory, run_config_hash, data.version, state.step, epoch,
+                                                     state_hash, state_dict_sha256(written["model"])))
+        else:
+            state.other_saves.append({"step": state.step, "reason": reason, "state_sha256": state_hash})
+        written["loop"] = {**written["loop"], "trajectory": list(state.trajectory), "other_saves": list(state.other_saves)}
+        if stop_at_step is not None and reason in SCHEDULED and state.step >= stop_at_step:
+            raise ReplayDone(list(state.trajectory), written)
+
     rank = ranks.rank if ranks is not None else 0
+    if not resume:  # the trajectory starts with the initial state, rebuilt from the config alone by an audit
+        written, _ = complete_state("initial", _generator_with(cfg.seed, state.epoch, None, rank))
+        if written is not None:
+            commit(written, "initial", 0)
+    # the rollback target: the initial (or resumed) state, then every step-scheduled checkpoint
     snapshot = checkpoint.encode(full_state("snapshot", _generator_with(cfg.seed, state.epoch, augment_resume, rank)))
     forward = torch.compile(trainer) if tcfg.compile else trainer
     n_params = sum(p.numel() for p in model.parameters())
@@ -352,19 +396,19 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         (during training the newest step file is the latest state; resume looks at both)."""
         nonlocal last_save
         t = time.perf_counter()
-        saved = full_state(reason, augment)
-        if ranks is not None:  # rank 0 writes one file with every rank's generators; the others keep their own snapshot
-            parts = distributed.gather({"rng": saved["rng"], "augment_rng": saved["augment_rng"]}, ranks)
-            if not main:
-                last_save = time.monotonic()
-                return checkpoint.encode(saved)
-            saved["distributed"] = {"world_size": world_size, "ranks": parts}
-        data_bytes = checkpoint.encode(saved)
+        written, own = complete_state(reason, augment)
+        if written is None:  # not rank 0: rank 0 writes the file; this rank keeps its own state as its rollback snapshot
+            last_save = time.monotonic()
+            return checkpoint.encode(own)
+        commit(written, reason, state.epochs_done if augment is None else state.epoch)
+        data_bytes = checkpoint.encode(written)
         targets = (["best.pt"] if best else []) + [f"step-{state.step}.pt"]
         if final and ccfg.last:
             targets.append("last.pt")
+        # checkpoint.audit_every K: every K-th entry of the trajectory stays for `veritrain audit`
+        kept_for_audit = {e["step"] for i, e in enumerate(state.trajectory) if ccfg.audit_every and i and i % ccfg.audit_every == 0}
         try:
-            checkpoint.write(ckpt_dir, data_bytes, targets, ccfg.keep_last)
+            checkpoint.write(ckpt_dir, data_bytes, targets, ccfg.keep_last, keep=kept_for_audit)
         except OSError as err:
             raise RunFailed(f"checkpoint: saving at step {state.step} failed ({err.strerror or err}); "
                             "the previous checkpoint is intact") from None
@@ -553,7 +597,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
                     save_started = time.perf_counter()
                     stops = epoch == tcfg.epochs or state.stopped_early or epoch_signum is not None
                     if save_now or (improved and ccfg.best) or stops:
-                        snapshot = save("epoch", None, best=improved and ccfg.best, final=stops)
+                        scheduled = save_now or (improved and ccfg.best) or epoch == tcfg.epochs or state.stopped_early
+                        snapshot = save("epoch" if scheduled else "signal", None, best=improved and ccfg.best, final=stops)
                     log.info(
                         "epoch %d/%d  %s  lr %.2e  (%.1fs, checkpoint %.2fs%s)",
                         epoch, tcfg.epochs,
@@ -588,6 +633,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         loop_seconds=round(loop_seconds, 4),
         devices=devices,
         backend=ranks.backend if ranks is not None else None,
+        trajectory=list(state.trajectory) if main else None,
+        other_saves=list(state.other_saves) if main else None,
     )
 
 
