@@ -1,5 +1,5 @@
 """The long chaos run: kill training with SIGKILL 20 times at random moments, resume each time, and
-check that the final weights and metrics equal an uninterrupted run's.
+check that the final weights, metrics and committed trajectory equal an uninterrupted run's.
 
     .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--seed 0]
 
@@ -33,13 +33,15 @@ def start(workdir: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def outcome(run_dir: Path) -> tuple[str, list[dict]]:
+def outcome(run_dir: Path) -> tuple[str, list[dict], list[dict]]:
+    """Final weights, metrics without timings, and the committed trajectory (which step files remain may differ)."""
     record = json.loads((run_dir / "record.json").read_text())
     metrics = [{k: v for k, v in json.loads(l).items() if k != "seconds"} for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return record["final_state_sha256"], metrics
+    trajectory = [{k: v for k, v in e.items() if k not in ("kept", "kept_for_audit")} for e in record.get("trajectory") or []]
+    return record["final_state_sha256"], metrics, trajectory
 
 
-def run_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, list[dict], int]:
+def run_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, list[dict], list[dict], int]:
     """One training run, SIGKILLed at a random moment of its expected `duration` and resumed."""
     proc = start(workdir, "train", *CHAOS)
     kills = 0
@@ -80,8 +82,8 @@ def main() -> None:
         identical = killed = 0
         for i in range(args.kills):
             workdir = Path(tmp) / f"chaos-{i}"
-            final, metrics, kills = run_once(workdir, rng, duration)
-            same = (final, metrics) == reference
+            final, metrics, trajectory, kills = run_once(workdir, rng, duration)
+            same = (final, metrics, trajectory) == reference
             identical += same
             killed += kills
             print(f"cycle {i + 1}: {'killed and resumed' if kills else 'finished before the kill'}, {'identical' if same else 'DIFFERENT'}", flush=True)

@@ -43,12 +43,15 @@ def start(workdir: Path, *extra: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def comparable(run_dir: Path) -> tuple[str, list[dict], list[dict]]:
-    """Final weights hash, metrics.jsonl and steps.jsonl without their wall-clock fields."""
+def comparable(run_dir: Path) -> tuple[str, list[dict], list[dict], list[dict]]:
+    """Final weights hash, metrics.jsonl and steps.jsonl without their wall-clock fields, and the committed
+    trajectory (without which step files happen to be kept): a resume replays into the same chain."""
     record = json.loads((run_dir / "record.json").read_text())
     metrics = [{k: v for k, v in json.loads(l).items() if k != "seconds"} for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [{k: v for k, v in json.loads(l).items() if k != "samples_per_s"} for l in (run_dir / "steps.jsonl").read_text().splitlines()]
-    return record["final_state_sha256"], metrics, steps
+    trajectory = [{k: v for k, v in e.items() if k not in ("kept", "kept_for_audit")} for e in record["trajectory"]]
+    assert len(trajectory) > 1
+    return record["final_state_sha256"], metrics, steps, trajectory
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +187,10 @@ def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
     _, err = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, err
     assert f"{newest.name}: content does not match" in err and f"{second.name}: content does not match" in err
-    assert comparable(run_dir) == reference
+    final, metrics, steps, trajectory = comparable(run_dir)
+    assert (final, metrics, steps) == reference[:3]
+    # keep_last is part of the config, whose hash the states and the chain include: the weights along the way are the same
+    assert [(e["step"], e["model_sha256"]) for e in trajectory] == [(e["step"], e["model_sha256"]) for e in reference[3]]
 
 
 def test_no_valid_checkpoint_exits_1(tmp_path):

@@ -189,7 +189,7 @@ def _replay_segment(opened: Any, entries: list[dict[str, Any]], index: int, thre
     t = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="audit-", dir=scratch_root) as scratch:
         run_dir = Path(scratch)
-        resume = index > 1
+        resume = not trajectory_module.starts_at_initial_state(entries, index)
         if resume:  # start from the kept checkpoint (its sidecar is checked when it loads)
             (run_dir / "checkpoints").mkdir()
             name = f"step-{start['step']}.pt"
@@ -215,7 +215,7 @@ def _replay_segment(opened: Any, entries: list[dict[str, Any]], index: int, thre
         return verdict
     got = replayed.trajectory[-1]
     verdict["replayed_state_sha256"] = got["state_sha256"]
-    if index == 1 and replayed.trajectory[0]["state_sha256"] != entries[0]["state_sha256"]:
+    if not resume and replayed.trajectory[0]["state_sha256"] != entries[0]["state_sha256"]:
         verdict.update(verdict="differs", detail="the initial state rebuilt from the config is not the recorded one (model init or seeding differ)")
         return verdict
     if got["step"] == end["step"] and got["state_sha256"] == end["state_sha256"]:

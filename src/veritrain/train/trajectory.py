@@ -156,4 +156,10 @@ def auditable_segments(trajectory: list[dict[str, Any]], available: Optional[set
     def start_present(item: dict[str, Any]) -> bool:
         return item["step"] in available if available is not None else bool(item.get("kept"))
 
-    return [i for i in range(1, len(trajectory)) if i == 1 or start_present(trajectory[i - 1])]
+    return [i for i in range(1, len(trajectory)) if starts_at_initial_state(trajectory, i) or start_present(trajectory[i - 1])]
+
+
+def starts_at_initial_state(trajectory: list[dict[str, Any]], index: int) -> bool:
+    """Whether segment `index` starts at the initial state (a run resumed from a checkpoint made before
+    trajectories has no entry for it)."""
+    return index == 1 and trajectory[0]["step"] == 0 and trajectory[0]["epoch"] == 0

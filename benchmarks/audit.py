@@ -1,0 +1,76 @@
+"""The cost of `veritrain audit` against `veritrain reproduce` on the same run, measured side by side.
+
+    .venv/bin/python benchmarks/audit.py [--segments 2] [--repeat 3]
+
+One training run of the `cnn` on CIFAR-shaped data (a generated CIFAR-10 batch set of 10,000 images,
+8,889 of them train), 2 threads, 4 epochs of 70 steps (batch 128) with a checkpoint every 14 steps: a
+trajectory of 20 segments, every checkpoint kept for audit (`checkpoint.audit_every: 1`). Then, in
+alternation, `--repeat` times each: `veritrain audit RUN --segments S` and `veritrain reproduce RUN`
+(whole processes: start-up, checks and data loading included). Prints the medians and their ratio;
+the target is audit ≤ 15% of reproduce for S = 2 of 20 segments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CONFIG = (
+    "data:\n  source: cifar10\n  root: {cifar}\n  near_duplicates: 'off'\n"
+    "model:\n  name: cnn\n  widths: [32, 64, 128]\n"
+    "augment:\n  crop_padding: 4\n  hflip: true\n"
+    "train:\n  epochs: 4\n  batch_size: 128\n  threads: 2\n"
+    # 70 steps per epoch: a checkpoint every 14 steps gives 5 per epoch, 20 in all (the epoch's end is the 5th)
+    "checkpoint:\n  every_steps: 14\n  audit_every: 1\n"
+)
+
+
+def veritrain(*args: str) -> tuple[float, dict]:
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "veritrain", *args, "--json"], capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"veritrain {' '.join(args)} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return seconds, json.loads(done.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--segments", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    from veritrain.data.cifar10 import write_fake_cifar10
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        write_fake_cifar10(tmp_path / "cifar", per_batch=2000)
+        config = tmp_path / "cifar.yaml"
+        config.write_text(CONFIG.format(cifar=tmp_path / "cifar"))
+        workspace = str(tmp_path / "workspace")
+        train_seconds, trained = veritrain("train", str(config), "--workdir", workspace)
+        run_id = trained["run_id"]
+        record = json.loads((Path(trained["run_dir"]) / "record.json").read_text())
+        segments = len(record["trajectory"]) - 1
+        print(f"trained {run_id} in {train_seconds:.1f}s: {segments} segments in the trajectory", flush=True)
+        audits, reproductions, verdicts = [], [], set()
+        for i in range(args.repeat):  # alternate, so a slow spell of the machine hits both
+            seconds, audited = veritrain("audit", run_id, "--segments", str(args.segments), "--seed", str(i), "--workdir", workspace)
+            audits.append(seconds)
+            seconds, reproduced = veritrain("reproduce", run_id, "--workdir", workspace)
+            reproductions.append(seconds)
+            verdicts |= {audited["verdict"], reproduced["verdict"]}
+            print(f"pair {i + 1}: audit {audits[-1]:.1f}s (replay {audited['replay_seconds']:.1f}s, "
+                  f"{audited['cost_fraction']:.1%} of the recorded training), reproduce {reproductions[-1]:.1f}s", flush=True)
+        audit, reproduce = statistics.median(audits), statistics.median(reproductions)
+        print(f"audit of {args.segments} of {segments} segments: median {audit:.1f}s; reproduce: median {reproduce:.1f}s; "
+              f"ratio {audit / reproduce:.3f} (target ≤ 0.15); verdicts {sorted(verdicts)}")
+
+
+if __name__ == "__main__":
+    main()
