@@ -175,3 +175,16 @@ def test_escape_probability():
     assert escape_probability(20, 1, 2) == pytest.approx(0.9)  # C(19, 2) / C(20, 2)
     assert escape_probability(20, 2, 2) == pytest.approx(153 / 190)
     assert escape_probability(4, 1, 4) == 0.0
+
+
+@pytest.mark.slow
+def test_no_false_alarm_on_ten_honest_runs(tmp_path):
+    """Ten honest runs (seeds 0–9, with augmentation and dropout drawing from every generator), each
+    audited in every segment: all identical on this machine."""
+    for seed in range(10):
+        trained = veritrain("train", *AUDITED, "--set", "train.epochs=2", "--set", f"seed={seed}", "--set", "model.dropout=0.2", "--set", "augment.hflip=true",
+                            "--set", "checkpoint.every_steps=7", "--workdir", str(tmp_path), "--json")
+        assert trained.code == 0, trained.stderr
+        audited = veritrain("audit", trained.json()["run_id"], "--segments", "100", "--workdir", str(tmp_path), "--json")
+        assert audited.code == 0, f"seed {seed}: {audited.stdout}{audited.stderr}"
+        assert audited.json()["verdict"] == "identical" and audited.json()["segments_audited"] >= 6

@@ -930,8 +930,20 @@ def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dic
 
 def _write_card(version_dir: Path, card: dict[str, Any]) -> None:
     """The data card sits beside the version (not inside its hash): editing it keeps the version."""
-    if version_dir.exists():
-        (version_dir / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    if not version_dir.exists():
+        return
+    text = json.dumps(card, indent=2) + "\n"
+    path = version_dir / CARD_FILE
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return  # runs starting at once (a sweep's trials) each get here: none rewrites what others may be reading
+    except (OSError, UnicodeDecodeError):
+        pass
+    # a temp file beside the version folder, not in it (where a check would count it), renamed over the card:
+    # a parallel run reading the card sees the old one or the new one, never a half-written file
+    tmp = version_dir.parent / f".tmp-card-{uuid.uuid4().hex}"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def normalization_stats(inputs: np.ndarray, train_rows: np.ndarray) -> dict[str, Any]:
