@@ -7,6 +7,11 @@ unpacks no more than the archive declares: the record comes first and sizes the 
 data version's version.json comes next and sizes its files, so a gzip bomb is refused before it
 is written (the limits below). An archive that is cut short or is not a .tar.gz is exit 2.
 
+Checkpoints a run keeps only for audit (`checkpoint.audit_every`) travel only with `--with-audit`:
+without it the archive leaves them out and says so in `runs/<run_id>/archive_omitted.json`, which
+import accepts only for files the run's record keeps for audit, and writes into the imported run, so
+`veritrain verify` accepts their absence there (and `veritrain audit` replays from what is present).
+
     veritrain archive latest -o run.tar.gz --with-data
     veritrain import run.tar.gz --workdir elsewhere/
 """
@@ -15,9 +20,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import shutil
 import tarfile
+import time
 import uuid
 import zlib
 from pathlib import Path, PurePosixPath
@@ -25,8 +32,11 @@ from typing import Any, Optional
 
 from veritrain.errors import RunFailed, UserError
 from veritrain.hashing import sha256_file
-from veritrain.record import NOTES_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
+from veritrain.record import NOTES_FILE, OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
 from veritrain.verify import data_version_problems, verify_run
+
+# what an archive's archive_omitted.json says about the files it lists
+OMITTED_REASON = "checkpoints kept only for audit (checkpoint.audit_every), left out by `veritrain archive` without --with-audit"
 
 # What import unpacks, at most. A file's allowance is the size the archive declares for it: the
 # record for the run's files, version.json `files` for a data version's bound files (both come
@@ -34,6 +44,7 @@ from veritrain.verify import data_version_problems, verify_run
 # is written, and the bytes written are counted too. Files that nothing sizes share a margin.
 MAX_RECORD_BYTES = 16 << 20  # record.json: real ones are tens of KB (one entry per file of the run)
 MAX_SEAL_BYTES = 1 << 10  # record.sha256: one hex digest
+MAX_OMITTED_BYTES = 1 << 20  # archive_omitted.json: one name per checkpoint left out (~40 bytes each)
 UNSIZED_FILE_BYTES = 64 << 20  # each of notes.jsonl, version.json, card.json and a data report (nothing sizes them)
 UNSIZED_BYTES = 256 << 20  # all of those together: the margin over the declared sizes
 # a data version whose version.json does not come first with sizes (archives before it did, recipe 2)
@@ -48,9 +59,23 @@ MEMBER_OVERHEAD = 4 << 10  # tar and pax header blocks and padding per member, f
 TRAILING_BYTES = 1 << 20  # zeros after the tar's end-of-archive blocks (tar pads to 10 KiB)
 
 
-def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[str, Any]:
+def audit_only_checkpoints(record: dict[str, Any]) -> list[str]:
+    """The checkpoints a record keeps only for audit (veritrain.train.trajectory.audit_only_checkpoints, which
+    verify uses too): what an archive made without --with-audit leaves out."""
+    from veritrain.train.trajectory import audit_only_checkpoints as audit_only
+
+    return audit_only(record)
+
+
+def _with_sidecars(names: list[str]) -> list[str]:
+    return sorted({*names, *(name + ".sha256" for name in names)})
+
+
+def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool, with_audit: bool = False) -> dict[str, Any]:
     """Pack the run's sealed files (and with `with_data` its data version) into `out`; a run that
-    does not verify is refused, so an archive never holds files its own record would reject."""
+    does not verify is refused, so an archive never holds files its own record would reject. Without
+    `with_audit` the checkpoints kept only for audit (and their sidecars) are left out, and the archive
+    lists them in the run's archive_omitted.json."""
     run_id = run_dir.name
     verified = verify_run(run_dir, state_dir, rehash_data=False)
     # the data version only travels with --with-data (a missing one is the UserError below)
@@ -61,10 +86,21 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[s
                         + (f", and {len(refused) - 1} more problem(s)" if len(refused) > 1 else "")
                         + f"; the run does not verify, see `veritrain verify {run_id}`")
     record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
-    files = [RECORD_FILE, SEAL_FILE, *sorted(record.get("artifacts") or {})]
+    artifacts = record.get("artifacts") or {}
+    audit_only = [name for name in audit_only_checkpoints(record) if name in artifacts]
+    absent = [rel for rel in sorted(artifacts) if not (run_dir / rel).is_file()]  # only what verify excused: audit-only checkpoints
+    if with_audit and absent:
+        raise UserError(f"--with-audit: {len(absent)} file(s) of {run_id} kept for audit are not in this workspace (first: {absent[0]}); "
+                        "the run was imported from an archive made without --with-audit: archive it without --with-audit, or where the run was trained")
+    left_out = [] if with_audit else audit_only
+    skipped = set(_with_sidecars(left_out))
+    files = [RECORD_FILE, SEAL_FILE, *(rel for rel in sorted(artifacts) if rel not in skipped)]
     if (run_dir / NOTES_FILE).exists():
         files.append(NOTES_FILE)
-    members = [(run_dir / rel, f"runs/{run_id}/{rel}") for rel in files]
+    members: list[tuple[Any, str]] = [(run_dir / rel, f"runs/{run_id}/{rel}") for rel in files]
+    if left_out:  # right after the seal: what was left out on purpose, checked against the record by import
+        listing = json.dumps({"files": left_out, "reason": OMITTED_REASON}, indent=2).encode() + b"\n"
+        members.insert(2, (listing, f"runs/{run_id}/{OMITTED_FILE}"))
     version = (record.get("data") or {}).get("version")
     if with_data:
         folder = state_dir / "data" / str(version)
@@ -77,17 +113,22 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool) -> dict[s
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
     try:
         with tarfile.open(tmp, "w:gz") as tar:
-            for path, name in members:
-                info = tar.gettarinfo(str(path), arcname=name)
+            for source, name in members:
+                if isinstance(source, bytes):  # written by this function, not a file of the run
+                    info = tarfile.TarInfo(name)
+                    info.size, info.mtime, info.mode = len(source), int(time.time()), 0o644
+                    tar.addfile(info, io.BytesIO(source))
+                    continue
+                info = tar.gettarinfo(str(source), arcname=name)
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
-                with open(path, "rb") as f:
+                with open(source, "rb") as f:
                     tar.addfile(info, f)
         tmp.replace(out)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"archive": str(out), "run_id": run_id, "files": len(members), "with_data": with_data,
-            "sha256": sha256_file(out)}
+    return {"archive": str(out), "run_id": run_id, "files": len(members), "with_data": with_data, "with_audit": with_audit,
+            "left_out": _with_sidecars(left_out), "sha256": sha256_file(out)}
 
 
 def _safe_name(name: str) -> PurePosixPath:
@@ -247,8 +288,9 @@ def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path,
             allowance, over = MAX_SEAL_BYTES, f"import: the record of {run_id} is missing or does not match its seal"
         elif name.startswith(prefix):
             rel = name[len(prefix):]
-            if rel == NOTES_FILE:
-                pool, allowance = "unsized", min(UNSIZED_FILE_BYTES, pools["unsized"])
+            if rel in (NOTES_FILE, OMITTED_FILE):
+                cap = UNSIZED_FILE_BYTES if rel == NOTES_FILE else MAX_OMITTED_BYTES
+                pool, allowance = "unsized", min(cap, pools["unsized"])
                 over = f"import: refused member {member.name!r}: more than the {allowance} bytes import accepts for a file whose size nothing declares"
             elif rel in artifacts:
                 allowance = artifacts[rel]["size"]
@@ -314,6 +356,35 @@ def _check_end(tar: tarfile.TarFile, archive: Path) -> None:
         raise _damaged(archive, ValueError("the end of its tar archive is missing"))
 
 
+def _accepted_omissions(archive: Path, run_staging: Path, artifacts: dict[str, Any], present: set[str]) -> set[str]:
+    """The files the archive left out on purpose (its archive_omitted.json, with their sidecars), once every
+    one is a checkpoint the (sealed) record keeps only for audit and none is in the archive after all; the
+    listing is then written again in the form verify reads. A listing that names anything else (best.pt,
+    last.pt, metrics) is refused: it would excuse a missing file."""
+    path = run_staging / OMITTED_FILE
+    if not path.exists():
+        return set()
+    shape = f"import: refused {archive}: its {OMITTED_FILE} is not {{\"files\": [\"checkpoints/step-<N>.pt\", ...]}} as `veritrain archive` writes it"
+    try:
+        listing = json.loads(_read_back(path))
+    except (ValueError, RecursionError):
+        raise RunFailed(shape) from None
+    names = listing.get("files") if isinstance(listing, dict) else None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise RunFailed(shape)
+    record = json.loads(_read_back(run_staging / RECORD_FILE))  # sealed and checked for shape while unpacking
+    allowed = {name for name in audit_only_checkpoints(record) if name in artifacts}
+    for name in names:
+        if name not in allowed:
+            raise RunFailed(f"import: refused {archive}: its {OMITTED_FILE} names {name[:80]!r}, which the run's record does not keep "
+                            "only for audit; an archive may leave out only checkpoints kept for audit (checkpoint.audit_every)")
+        if name in present or name + ".sha256" in present:
+            raise RunFailed(f"import: refused {archive}: its {OMITTED_FILE} names {name[:80]!r}, which the archive holds")
+    excused = _with_sidecars(sorted(set(names)))
+    path.write_text(json.dumps({"files": sorted(set(names)), "reason": OMITTED_REASON}, indent=2) + "\n", encoding="utf-8")
+    return set(excused)
+
+
 def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
     """Check every member, then move the run (and data version) into the workspace. Members are
     unpacked (and hashed) into a staging folder under `.veritrain/`, never held in memory; nothing
@@ -329,7 +400,8 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
             rel = name[len(prefix):]
             if name.startswith(prefix) and rel not in UNSEALED and (digest, size) != (artifacts[rel]["sha256"], artifacts[rel]["size"]):
                 raise RunFailed(f"import: {name!r} does not match its hash in the record")
-        missing = [rel for rel in artifacts if prefix + rel not in digests]
+        left_out = _accepted_omissions(archive, staging / prefix, artifacts, {n[len(prefix):] for n in digests if n.startswith(prefix)})
+        missing = [rel for rel in artifacts if prefix + rel not in digests and rel not in left_out]
         if missing:
             raise RunFailed(f"import: {len(missing)} file(s) of the record are missing from the archive (first: {missing[0]})")
         data_files = {n[len(data_prefix):] for n in digests if version and n.startswith(data_prefix)}
@@ -364,4 +436,4 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
     config = json.loads((target / RECORD_FILE).read_text(encoding="utf-8")).get("config")
     code = [str(config["model"]["target"])] if isinstance(config, dict) and isinstance(config.get("model"), dict) and config["model"].get("target") else []
     return {"run_id": run_id, "run_dir": str(target), "data_version": version, "with_data": bool(data_files),
-            "code": code}  # the code the run's config names: never run without --trust-code
+            "left_out": sorted(left_out), "code": code}  # the code the run's config names: never run without --trust-code

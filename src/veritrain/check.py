@@ -37,9 +37,11 @@ ROWS = {
     "export_parity": "export: parity verified",
     "code_version": "archive: code version recorded",
     "run_verifies": "archive: data, config, logs and model present and verified",
+    "auditable": "audit: auditable segments",
 }
 TRAINING_ROWS = ("smoke_passed", "log_complete", "checkpoint_with_optimizer", "test_metrics", "bad_cases", "beats_baseline", "export_parity")
 PASSING = ("pass", "waived", "n/a")
+AUDIT_EVERY_FIX = 1  # `auditable`'s fix keeps every scheduled checkpoint for audit
 
 
 def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
@@ -126,6 +128,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
                             f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
                             "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
+    rows["auditable"] = _auditable_row(run_dir, record, new_run)
 
     if failed:  # a new run that addresses the cause is the fix for every row the failure left open
         for row in ("smoke_passed", "baseline_present"):
@@ -189,6 +192,28 @@ def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -
         if passed_before(state_dir, key):
             return "pass", fix, f"passed after the run (.veritrain/smoke/{key[:12]})"
     return "missing", fix, f"smoke {smoke.get('status', 'not run')}"
+
+
+def _auditable_row(run_dir: Path, record: dict[str, Any], new_run: str) -> tuple[str, str, str]:
+    """How many segments of the trajectory `veritrain audit` can replay from the checkpoints on disk: the first
+    (from the initial state) and each that starts at a step file present. n/a for runs without a trajectory
+    (made before it, baseline runs) or without a segment yet. A run that keeps no checkpoints for audit still
+    passes with what it has (never fail a run for a setting it did not ask for); the detail says how to keep more."""
+    from veritrain.train.trajectory import auditable_segments
+
+    entries = record.get("trajectory") or []
+    fix = f"{new_run} --set checkpoint.audit_every={AUDIT_EVERY_FIX}"
+    if len(entries) < 2:
+        return "n/a", fix, "no trajectory: a baseline run, one made before trajectories, or one stopped before its first checkpoint"
+    available = {e["step"] for e in entries if (run_dir / "checkpoints" / f"step-{e['step']}.pt").is_file()}
+    auditable = auditable_segments(entries, available)
+    absent = sum(1 for e in entries if e.get("kept_for_audit") and e["step"] not in available)
+    detail = f"{len(auditable)} of {len(entries) - 1} segments auditable"
+    if not any(e.get("kept_for_audit") for e in entries):
+        detail += "; no checkpoints kept for audit (checkpoint.audit_every keeps them)"
+    elif absent:
+        detail += f"; {absent} checkpoint(s) kept for audit are not here (left out of the archive it was imported from)"
+    return ("pass" if auditable else "missing"), fix, detail
 
 
 def _has_optimizer(run_dir: Path, artifacts: dict[str, Any]) -> bool:

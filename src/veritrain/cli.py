@@ -272,7 +272,7 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
               help="A key and the values to try (YAML, as --set; commas inside [] or quotes stay in the value). Repeatable.")
 @click.option("--grid", is_flag=True, help="Every combination of the --vary values, instead of one change at a time.")
 @click.option("--parallel", type=click.IntRange(min=1), default=None, help="Runs at once (default 1; with --resume, the sweep's own).")
-@click.option("--backend", type=click.Choice(["local", "ray"]), default=None, help="local processes (default) or Ray tasks (needs the ray extra).")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default=None, help="Local processes (default) or Ray tasks (needs the ray extra).")
 @click.option("--ray-address", default=None, metavar="ADDR", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local Ray).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per trial and parent (seed, seed+1, …).")
 @click.option("--parent", default=None, metavar="RUN", help="A completed run of the base config to compare with, instead of running it first.")
@@ -685,7 +685,7 @@ def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
 @workdir_option
 @json_option
 def gc_command(dry_run: bool, workdir: Optional[str], as_json: bool) -> int:
-    """Remove step checkpoints of completed runs (best/last stay), data versions no run references
+    """Remove step checkpoints of completed runs (best/last and those kept for audit stay), data versions no run references
     and stale locks; runs that lose files are re-sealed with a `gc` event.
 
     \b
@@ -712,10 +712,14 @@ def gc_command(dry_run: bool, workdir: Optional[str], as_json: bool) -> int:
 @click.argument("ref", metavar="RUN")
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False), help="The .tar.gz file to write.")
 @click.option("--with-data", is_flag=True, help="Include the prepared data version (manifest, splits, arrays).")
+@click.option("--with-audit", is_flag=True, help="Include the checkpoints kept only for audit (checkpoint.audit_every); without it they are left out, and listed.")
 @workdir_option
 @json_option
-def archive_command(ref: str, output: str, with_data: bool, workdir: Optional[str], as_json: bool) -> int:
+def archive_command(ref: str, output: str, with_data: bool, with_audit: bool, workdir: Optional[str], as_json: bool) -> int:
     """Pack a sealed run (and optionally its data version) into one .tar.gz.
+
+    Checkpoints kept only for audit travel with --with-audit; without it the archive lists them as
+    left out, the import still verifies, and `veritrain audit` there replays from what remains.
 
     \b
     Example:
@@ -727,11 +731,13 @@ def archive_command(ref: str, output: str, with_data: bool, workdir: Optional[st
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
-    result = archive.create(workspace.resolve_run(ref), workspace.state_dir, Path(output), with_data)
+    result = archive.create(workspace.resolve_run(ref), workspace.state_dir, Path(output), with_data, with_audit=with_audit)
     if as_json:
         emit_json(result)
     else:
-        click.echo(f"archived {result['run_id']} ({result['files']} files) to {result['archive']}; sha256 {result['sha256']}")
+        left_out = [name for name in result["left_out"] if name.endswith(".pt")]
+        click.echo(f"archived {result['run_id']} ({result['files']} files) to {result['archive']}; sha256 {result['sha256']}"
+                   + (f"; left out {len(left_out)} checkpoint(s) kept only for audit (--with-audit includes them)" if left_out else ""))
     return 0
 
 
@@ -758,7 +764,9 @@ def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> 
     if as_json:
         emit_json(result)
     else:
-        click.echo(f"imported run {result['run_id']} into {result['run_dir']}" + (" with its data version" if result["with_data"] else ""))
+        click.echo(f"imported run {result['run_id']} into {result['run_dir']}" + (" with its data version" if result["with_data"] else "")
+                   + (f"; the archive left out {len(result['left_out'])} file(s) kept only for audit (`veritrain audit` cannot start from them)"
+                      if result.get("left_out") else ""))
     for target in result["code"]:
         logs.console.print(f"warning: import: the run's config names code, {target}; commands that build its model need --trust-code, "
                            "after you have read it", style="yellow", markup=False, soft_wrap=True)

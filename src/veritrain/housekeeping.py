@@ -91,9 +91,31 @@ def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
     return found
 
 
+def _step_file_of(path: Path) -> str:
+    """`step-<N>.pt` for a step checkpoint or its sidecar (`step-<N>.pt.sha256`)."""
+    return path.name.removesuffix(".sha256")
+
+
+def _kept_step_files(run_dir: Path, record: dict[str, Any]) -> set[str]:
+    """The step files gc keeps: those of trajectory entries kept for audit (checkpoint.audit_every). In a run
+    imported without them (archive_omitted.json), also the newest keep_last kept entries': verify excuses the
+    missing audit checkpoints only beside those (archive.audit_only_checkpoints), so removing them, and
+    clearing their `kept`, would make the run stop verifying."""
+    from veritrain.archive import audit_only_checkpoints
+    from veritrain.record import OMITTED_FILE
+
+    entries = record.get("trajectory") or []
+    kept = {f"step-{e['step']}.pt" for e in entries if e.get("kept_for_audit")}
+    if (run_dir / OMITTED_FILE).exists():
+        audit_only = {name.removeprefix("checkpoints/") for name in audit_only_checkpoints(record)}
+        kept |= {f"step-{e['step']}.pt" for e in entries if e.get("kept")} - audit_only
+    return kept
+
+
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
-    """Remove step checkpoints of completed runs (best/last stay), data versions no run references,
-    and stale locks; runs that lose files are re-sealed with a `gc` event."""
+    """Remove step checkpoints of completed runs (best/last and the checkpoints kept for audit stay), data
+    versions no run references, and stale locks; runs that lose files are re-sealed with a `gc` event and
+    their trajectory's `kept` flags cleared for the step files removed."""
     from veritrain.pipeline import refuse_unverified
 
     removed: list[str] = []
@@ -118,7 +140,8 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             referenced.add(record["data"]["version"])
         if record.get("status") != "completed":
             continue  # an interrupted or failed run may still be resumed from its step files
-        steps = sorted((run_dir / "checkpoints").glob("step-*.pt*"))
+        kept = _kept_step_files(run_dir, record)
+        steps = [p for p in sorted((run_dir / "checkpoints").glob("step-*.pt*")) if _step_file_of(p) not in kept]
         if not steps:
             continue
         try:  # removing files and re-sealing would launder a change to the run: leave such a run alone
@@ -132,8 +155,12 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             if not dry_run:
                 path.unlink()
         if not dry_run:
+            gone = {_step_file_of(p) for p in steps}
+            for entry in record.get("trajectory") or []:  # `kept`: the entry's step file is in the run
+                if entry.get("kept") and f"step-{entry['step']}.pt" in gone:
+                    entry["kept"] = False
             record["events"].append({"kind": "gc", "step": None, "at": now_iso(),
-                                     "detail": f"removed {len(steps)} step checkpoint file(s); best.pt and last.pt kept"})
+                                     "detail": f"removed {len(steps)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept"})
             reseal(run_dir, record, by="gc")
         resealed.append(run_dir.name)  # with --dry-run: the runs that would be re-sealed
     leftovers = _leftovers(workspace)

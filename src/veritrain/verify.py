@@ -106,16 +106,16 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
 def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
     """The checkpoint files that may be absent: listed by import as left out of the archive, and kept only
     for audit according to the record itself (never a checkpoint that keep_last, best or last keeps)."""
+    from veritrain.train.trajectory import audit_only_checkpoints
+
     try:
         listed = json.loads((run_dir / OMITTED_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return set()
-    audit_only = {f"checkpoints/step-{e['step']}.pt" for e in record.get("trajectory") or [] if e.get("kept_for_audit")}
-    newest = [f"checkpoints/step-{e['step']}.pt" for e in record.get("trajectory") or [] if e.get("kept")]
-    keep_last = int(((record.get("config") or {}).get("checkpoint") or {}).get("keep_last", 2))
-    audit_only -= set(newest[-keep_last:])
-    names = {str(name) for name in listed.get("files", [])} if isinstance(listed, dict) else set()
-    allowed = {name for name in names if name in audit_only}
+    names = listed.get("files") if isinstance(listed, dict) else None
+    if not isinstance(names, list):
+        return set()
+    allowed = {name for name in names if isinstance(name, str)} & set(audit_only_checkpoints(record))
     return allowed | {name + ".sha256" for name in allowed}
 
 

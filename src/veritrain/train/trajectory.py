@@ -163,3 +163,19 @@ def starts_at_initial_state(trajectory: list[dict[str, Any]], index: int) -> boo
     """Whether segment `index` starts at the initial state (a run resumed from a checkpoint made before
     trajectories has no entry for it)."""
     return index == 1 and trajectory[0]["step"] == 0 and trajectory[0]["epoch"] == 0
+
+
+def audit_only_checkpoints(record: dict[str, Any]) -> list[str]:
+    """The `checkpoints/step-<N>.pt` files a record keeps only for audit: entries marked `kept_for_audit`,
+    less the newest `checkpoint.keep_last` entries of the trajectory (by position: the resume points
+    keep_last keeps in any case). An archive made without --with-audit leaves exactly these out, and
+    verify excuses exactly these when import listed them; best.pt and last.pt are never among them."""
+    entries = [e for e in record.get("trajectory") or [] if isinstance(e, dict)]
+    try:
+        keep_last = int(((record.get("config") or {}).get("checkpoint") or {}).get("keep_last", 2))
+    except (TypeError, ValueError, AttributeError):  # no usable keep_last: nothing counts as audit-only
+        return []
+    if keep_last < 1:
+        return []
+    newest = {f"checkpoints/step-{e.get('step')}.pt" for e in entries[1:][-keep_last:]}
+    return sorted({f"checkpoints/step-{e.get('step')}.pt" for e in entries[1:] if e.get("kept_for_audit") is True} - newest)

@@ -68,7 +68,8 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
             from veritrain import archive
 
             archive_name = f"{run_id}.tar.gz"
-            result = archive.create(workspace.runs_dir / run_id, workspace.state_dir, out_dir / "runs" / archive_name, with_data=True)
+            # with the checkpoints kept for audit: whoever downloads a published run can audit it, not only verify it
+            result = archive.create(workspace.runs_dir / run_id, workspace.state_dir, out_dir / "runs" / archive_name, with_data=True, with_audit=True)
             archives.append({"run_id": run_id, "archive": f"runs/{archive_name}", "sha256": result["sha256"]})
             written.append(f"runs/{archive_name}")
         for e in run["evals"]:

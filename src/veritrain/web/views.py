@@ -236,6 +236,65 @@ def _reference_config(workspace: Any, record: dict[str, Any]) -> tuple[str, Opti
         return "defaults", None
 
 
+MAX_TRAJECTORY_ROWS = 500  # entries of a trajectory shown on a run page (a long run with every_steps has thousands)
+MAX_AUDITS = 50  # audit results shown on a run page, newest first
+
+
+def trajectory(run_dir: Path, record: dict[str, Any], audited: Optional[list[dict[str, Any]]] = None) -> Optional[dict[str, Any]]:
+    """The run's trajectory as table rows: step, epoch, short state hash, whether its step file is here, kept
+    for audit or left out (an archive made without --with-audit), whether the segment ending at it can be
+    replayed from what is on disk (as `veritrain audit` decides), and the newest verdict of the `audited`
+    results (`audits`, newest first) on it. None for runs without a trajectory."""
+    from veritrain.train.trajectory import auditable_segments  # no torch at import
+
+    entries = record.get("trajectory") or []
+    if not entries:
+        return None
+    available = {e["step"] for e in entries if (run_dir / "checkpoints" / f"step-{e['step']}.pt").is_file()}
+    auditable = set(auditable_segments(entries, available))
+    verdicts: dict[str, str] = {}
+    for result in reversed(audited or []):  # oldest first: a newer audit's verdict replaces an older one
+        verdicts.update({s["segment"]: s["verdict"] for s in result["segments"]})
+    rows = []
+    for index, e in enumerate(entries):
+        here = index > 0 and e["step"] in available
+        if index == 0:
+            checkpoint = "initial state"
+        elif e.get("kept_for_audit"):
+            checkpoint = "kept for audit" if here else "kept for audit, not here"
+        else:
+            checkpoint = "kept" if here else "not kept"
+        rows.append({"index": index, "step": e["step"], "epoch": e["epoch"], "state_sha256": e["state_sha256"],
+                     "checkpoint": checkpoint, "here": here, "kept_for_audit": bool(e.get("kept_for_audit")),
+                     "auditable": index in auditable, "audit": verdicts.get(str(index)) if index > 0 else None})
+    return {"segments": len(entries) - 1, "auditable": len(auditable), "kept_for_audit": sum(r["kept_for_audit"] for r in rows),
+            "entries": _first(rows, MAX_TRAJECTORY_ROWS)}
+
+
+def audits(workspace: Any, run_id: str) -> list[dict[str, Any]]:
+    """The results `veritrain audit` kept for this run (.veritrain/audits/<run_id>/*.json), newest first. They are
+    the auditor's, outside the run's seal: each row names the command that repeats it."""
+    folder = workspace.state_dir / "audits" / run_id
+    found = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        result = _read_json(path) if path.is_file() and not path.is_symlink() else None
+        if not isinstance(result, dict) or result.get("run_id") != run_id:
+            continue
+        segments = [s for s in result.get("segments") or [] if isinstance(s, dict)] if isinstance(result.get("segments"), list) else []
+        found.append({
+            "audited_at": _text(result.get("audited_at")), "seed": _text(result.get("seed")), "verdict": _text(result.get("verdict")),
+            "segments_audited": result.get("segments_audited") if isinstance(result.get("segments_audited"), int) else None,
+            "segments_auditable": result.get("segments_auditable") if isinstance(result.get("segments_auditable"), int) else None,
+            "segments_total": result.get("segments_total") if isinstance(result.get("segments_total"), int) else None,
+            "cost_fraction": _finite(result.get("cost_fraction")), "command": _text(result.get("command")),
+            "segments": [{"segment": _text(s.get("segment")), "from_step": _text(s.get("from_step")), "to_step": _text(s.get("to_step")),
+                          "verdict": _text(s.get("verdict")), "detail": _text(s.get("detail"))} for s in segments],
+            "differs": [_text(s.get("segment")) for s in segments if s.get("verdict") != "identical"],
+            "file": path.name})
+    found.sort(key=lambda a: (a["audited_at"], a["file"]), reverse=True)
+    return found[:MAX_AUDITS]
+
+
 def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything the run page shows, from the run folder alone."""
     from veritrain.experiments import config_diff, flatten
@@ -262,6 +321,7 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
     env = {k: v for k, v in flatten(record.get("env") if isinstance(record.get("env"), dict) else {}).items()}
     artifacts = [{"path": path, "size": (info or {}).get("size"), "sha256": (info or {}).get("sha256")}
                  for path, info in sorted((record.get("artifacts") or {}).items())]
+    audited = audits(workspace, record["run_id"])
     check = None
     if with_check:
         from veritrain.check import check_run
@@ -280,6 +340,7 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
         "training": record.get("training") or {}, "curves": curves(run_dir), "evals": evals, "baselines": baselines,
         "export_files": sorted(export.get("files") or {}), "parity": parity, "events": record.get("events") or [],
         "env": env, "code": record.get("code") or {}, "artifacts": artifacts, "check": check,
+        "trajectory": trajectory(run_dir, record, audited), "audits": audited,
     }
 
 
