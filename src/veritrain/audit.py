@@ -119,7 +119,8 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     entries = record.get("trajectory") or []
     if not entries:
         raise UserError(f"{run_dir.name}: the record has no trajectory (a baseline run, or a run made before trajectories); nothing to audit")
-    checked = verify_run(run_dir, workspace.state_dir, rehash_data=False)
+    # the files, the chain and its endpoint; the start checkpoints' states are matched with the trajectory below
+    checked = verify_run(run_dir, workspace.state_dir, rehash_data=False, check_states=False)
     if checked["problems"]:
         first = checked["problems"][0]
         raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']} ({first.get('detail', '')}); the run does not verify, "
@@ -137,7 +138,7 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     import random
 
     chosen = sorted(random.Random(seed).sample(auditable, min(segments, len(auditable))))
-    opened = pipeline.open_run(workspace, run_dir.name, trust_code=trust_code, need="model")
+    opened = pipeline.open_run(workspace, run_dir.name, trust_code=trust_code, need="model", verified=True)
     threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
     verdicts = []
     started = time.perf_counter()
@@ -190,9 +191,14 @@ def _replay_segment(opened: Any, entries: list[dict[str, Any]], index: int, thre
     with tempfile.TemporaryDirectory(prefix="audit-", dir=scratch_root) as scratch:
         run_dir = Path(scratch)
         resume = not trajectory_module.starts_at_initial_state(entries, index)
-        if resume:  # start from the kept checkpoint (its sidecar is checked when it loads)
-            (run_dir / "checkpoints").mkdir()
+        if resume:  # start from the kept checkpoint (its sidecar is checked when it loads), which must hold the entry's state
             name = f"step-{start['step']}.pt"
+            held = trajectory_module.state_sha256(checkpoint.load(opened.run_dir / "checkpoints" / name))
+            if held != start["state_sha256"]:
+                verdict.update(verdict="differs", seconds=round(time.perf_counter() - t, 3),
+                               detail=f"checkpoints/{name} holds state {held[:12]}, not the trajectory's {start['state_sha256'][:12]}")
+                return verdict
+            (run_dir / "checkpoints").mkdir()
             for suffix in ("", ".sha256"):
                 shutil.copyfile(opened.run_dir / "checkpoints" / (name + suffix), run_dir / "checkpoints" / (name + suffix))
         replayed: Optional[loop.ReplayDone] = None

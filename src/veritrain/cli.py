@@ -842,8 +842,9 @@ def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[st
         emit_json(result)
     from rich.table import Table
 
-    table = Table(title=f"audit {result['run_id']}: {result['verdict']} ({result['segments_audited']} of {result['segments_auditable']} auditable segments, seed {result['seed']})",
-                  title_justify="left")
+    logs.console.print(f"audit {result['run_id']}: {result['segments_audited']} of {result['segments_auditable']} auditable segments "
+                       f"({result['segments_total']} in the trajectory), seed {result['seed']}", markup=False, soft_wrap=True)
+    table = Table(title=f"audit: {result['verdict']}", title_justify="left")
     for column in ("segment", "steps", "verdict", "seconds", "detail"):
         table.add_column(column, overflow="fold")
     for v in result["segments"]:

@@ -528,7 +528,8 @@ class OpenRun:
     drift: Optional[str] = None  # why the data differs from the recorded version, when allowed
 
 
-def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, trust_code: bool = False, need: str = "any") -> OpenRun:
+def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, trust_code: bool = False, need: str = "any",
+             verified: bool = False) -> OpenRun:
     """A finished run with its config, task and recorded data version, for eval/export/baseline.
 
     The data is prepared again from the raw files when they are present (fast when unchanged) and must
@@ -541,7 +542,8 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     record = read_record(run_dir)
     if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
-    refuse_unverified(run_dir, workspace, "it is not changed or re-sealed")
+    if not verified:  # the caller (audit) has just verified the run itself
+        refuse_unverified(run_dir, workspace, "it is not changed or re-sealed")
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
     cfg = RunConfig.model_validate(record["config"])
     recorded = (record.get("data") or {}).get("version")
