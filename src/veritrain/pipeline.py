@@ -300,6 +300,7 @@ def follow() -> int:
     ranks = distributed.join_from_environment()
     assert ranks is not None and not ranks.is_main
     file_log = None
+    finished = False
     try:
         announced = distributed.broadcast(None)
         if announced is None:  # rank 0 stopped before training and reports why
@@ -310,6 +311,7 @@ def follow() -> int:
         data = prepare.load_version(Path(announced["data_path"]))
         with interruptible() as stop:
             loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=announced["resume"], events=[], ranks=ranks)
+        finished = True
         return 0
     except distributed.PeerLost as err:
         log.debug("rank %d: another rank is gone (%s)", ranks.rank, err)
@@ -322,7 +324,8 @@ def follow() -> int:
     finally:
         if file_log is not None:
             logs.detach(file_log)
-        distributed.stop_group()
+        if finished:  # never under a traceback that may hold the DDP wrapper (see distributed.worker)
+            distributed.stop_group()
 
 
 def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool,

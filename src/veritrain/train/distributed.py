@@ -399,7 +399,10 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
             (handoff / f"rank{ranks.rank}.json").write_text(json.dumps(status), encoding="utf-8")
         finally:
             logs.detach(file_log)
-            stop_group()
+            if code == 0:
+                # only after a clean finish: on an error path the traceback may still hold the DDP wrapper, and
+                # destroying the group under it can hang in gloo; the process ends next, which frees it all
+                stop_group()
     return code
 
 
