@@ -3,8 +3,11 @@
     .venv/bin/python benchmarks/audit.py [--segments 2] [--repeat 3]
 
 One training run of the `cnn` on CIFAR-shaped data (a generated CIFAR-10 batch set of 10,000 images,
-8,889 of them train), 2 threads, 4 epochs of 70 steps (batch 128) with a checkpoint every 14 steps: a
-trajectory of 20 segments, every checkpoint kept for audit (`checkpoint.audit_every: 1`). Then, in
+8,889 of them train), 2 threads, 8 epochs of 70 steps (batch 128) with a checkpoint every 28 steps
+(every 2nd epoch's end is one of them; no best.pt): a trajectory of 20 segments, every checkpoint kept for
+audit (`checkpoint.audit_every: 1`). About a minute of training on an idle 2-core machine: both commands
+also pay the same fixed costs (start-up, imports, the environment's package list), so a shorter
+training would measure those rather than the replay. Then, in
 alternation, `--repeat` times each: `veritrain audit RUN --segments S` and `veritrain reproduce RUN`
 (whole processes: start-up, checks and data loading included). Prints the medians and their ratio;
 the target is audit ≤ 15% of reproduce for S = 2 of 20 segments.
@@ -25,9 +28,10 @@ CONFIG = (
     "data:\n  source: cifar10\n  root: {cifar}\n  near_duplicates: 'off'\n"
     "model:\n  name: cnn\n  widths: [32, 64, 128]\n"
     "augment:\n  crop_padding: 4\n  hflip: true\n"
-    "train:\n  epochs: 4\n  batch_size: 128\n  threads: 2\n"
-    # 70 steps per epoch: a checkpoint every 14 steps gives 5 per epoch, 20 in all (the epoch's end is the 5th)
-    "checkpoint:\n  every_steps: 14\n  audit_every: 1\n"
+    "train:\n  epochs: 8\n  batch_size: 128\n  threads: 2\n"
+    # 70 steps per epoch, 560 in all: a checkpoint every 28 steps is 20 checkpoints; the ends of epochs 2, 4, 6 and 8
+    # fall on them (every_epochs 2), the other epoch ends save nothing (no best.pt)
+    "checkpoint:\n  every_steps: 28\n  every_epochs: 2\n  best: false\n  audit_every: 1\n"
 )
 
 
