@@ -36,8 +36,8 @@ def test_a_step_file_once_written_is_never_changed_by_later_saves(tmp_path, monk
     seen: dict[str, tuple[int, int, str]] = {}
     saves = []
 
-    def watching(folder, data, names, keep_last):
-        real_write(folder, data, names, keep_last)
+    def watching(folder, data, names, keep_last, keep=frozenset()):
+        real_write(folder, data, names, keep_last, keep)
         saves.append(names)
         now = {path.name: _fingerprint(path) for _, path in checkpoint.step_files(folder)}
         for name, before in seen.items():

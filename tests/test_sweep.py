@@ -229,11 +229,12 @@ def test_resume_keeps_finished_trials_resumes_the_interrupted_and_runs_the_rest(
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     driver = subprocess.Popen(
         [sys.executable, "-m", "veritrain", "sweep", str(tiny), "--parent", parent_id, "--vary", "optim.lr=0.02",
-         "--vary", "train.epochs=20", "--vary", "train.batch_size=96", "--workdir", str(workdir), "--json"],
+         "--vary", "train.epochs=200", "--vary", "train.batch_size=96", "--workdir", str(workdir), "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
     training = None
-    while time.monotonic() < deadline and training is None and driver.poll() is None:  # until the 20-epoch trial has an epoch
+    # until the 200-epoch trial (several seconds, so the signal lands while it trains, even on a loaded machine) has an epoch
+    while time.monotonic() < deadline and training is None and driver.poll() is None:
         time.sleep(0.1)
         for run_id, record in records(workdir).items():
             if run_id in before:
@@ -262,7 +263,7 @@ def test_resume_keeps_finished_trials_resumes_the_interrupted_and_runs_the_rest(
     assert summary["trials"][1]["run_ids"] == [training]  # resumed in its own folder
     resumed = records(workdir)[training]
     assert resumed["status"] == "completed" and resumed["resumes"][0]["previous_status"] == "interrupted"
-    assert resumed["training"]["epochs"] == 20
+    assert resumed["training"]["epochs"] == 200
     new = set(records(workdir)) - before
     assert new == {first, training, summary["trials"][2]["run_ids"][0]}  # one run per trial, no duplicates
     assert all(records(workdir)[run_id]["parent"] == parent_id for run_id in new)
