@@ -36,7 +36,7 @@ from veritrain.record import now_iso, read_record
 from veritrain.secrets import redact_argv
 from veritrain.signals import StopFlag, interruptible
 from veritrain.sweep_trial import working_dir
-from veritrain.workspace import Workspace
+from veritrain.workspace import Workspace, by_prefix
 
 log = logging.getLogger("veritrain")
 
@@ -737,12 +737,8 @@ def resolve_sweep(workspace: Workspace, ref: str) -> Path:
     sweeps = sorted(p for p in root.glob("*") if (p / "spec.json").exists()) if root.exists() else []
     if ref == "latest" and sweeps:
         return sweeps[-1]
-    matches = [p for p in sweeps if p.name.startswith(ref)]
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise UserError(f"--resume {ref}: no such sweep in {root}; give a sweep id (its folder name there), a unique prefix or `latest`")
-    raise UserError(f"--resume {ref}: matches {len(matches)} sweeps ({', '.join(p.name for p in matches[:3])}, ...); give a longer prefix")
+    return by_prefix(sweeps, ref, f"--resume {ref}: no such sweep in {root}; give a sweep id (its folder name there), a unique prefix or `latest`",
+                     f"--resume {ref}: matches {{count}} sweeps ({{names}}, ...); give a longer prefix")
 
 
 def _runs_of(workspace: Workspace, sweep_id: str) -> dict[Slot, dict[str, Any]]:

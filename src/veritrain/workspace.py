@@ -153,12 +153,8 @@ class Workspace:
         runs = sorted(p for p in self.runs_dir.glob("*") if (p / "record.json").exists()) if self.runs_dir.exists() else []
         if ref == "latest":
             return self._latest(runs, need)
-        matches = [p for p in runs if p.name.startswith(ref)]
-        if len(matches) == 1:
-            return matches[0]
-        if not matches:
-            raise UserError(f"{ref}: no such run in {self.runs_dir}; give a run id, a unique prefix, `latest` or a run folder")
-        raise UserError(f"{ref}: matches {len(matches)} runs ({', '.join(p.name for p in matches[:3])}, ...); give a longer prefix")
+        return by_prefix(runs, ref, f"{ref}: no such run in {self.runs_dir}; give a run id, a unique prefix, `latest` or a run folder",
+                         f"{ref}: matches {{count}} runs ({{names}}, ...); give a longer prefix")
 
     def _latest(self, runs: list[Path], need: str) -> Path:
         from veritrain.record import read_record
@@ -198,3 +194,12 @@ class Workspace:
             raise UserError(f"{ref}: run {run_dir.name} used data version {version}, which is not in {store}; prepare it with `veritrain data prepare`")
         return store / version
 
+
+def by_prefix(folders: list[Path], ref: str, none: str, several: str) -> Path:
+    """The one folder whose name starts with `ref`; UserError `none`, or `several` (with {count} and {names}) otherwise."""
+    matches = [p for p in folders if p.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UserError(none)
+    raise UserError(several.format(count=len(matches), names=", ".join(p.name for p in matches[:3])))
