@@ -205,3 +205,10 @@ def test_rank_exits_map_onto_the_exit_code_contract(tmp_path, statuses, torchrun
     assert expected in str(raised.value) and raised.value.exit_code == code
     if "lost" in expected or "killed" in expected or "reporting" in expected:
         assert isinstance(raised.value, distributed.RankLost)
+
+
+def test_a_config_that_cannot_run_on_n_ranks_is_refused_before_a_run_exists(tmp_path):
+    result = veritrain("train", "--nproc", "4", "--set", "train.batch_size=6", "--workdir", str(tmp_path))
+    assert result.code == 2 and not (tmp_path / "runs").exists()
+    assert result.stderr.strip().splitlines() == ["error: --nproc 4: train.batch_size: 6 gives fewer than 2 samples to each of 4 ranks; "
+                                                  "use at least 8 (it is the global batch, split over the ranks)"]

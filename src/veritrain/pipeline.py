@@ -72,6 +72,13 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain run|train` (the others `follow`)
     if ranks is not None and nproc > 1:
         raise UserError(f"--nproc {nproc}: torchrun already started {ranks.world_size} ranks; drop --nproc")
+    if nproc > 1:  # a config that cannot run with that many ranks fails here, before a run exists (exit 2)
+        import torch
+
+        device_type = "cuda" if cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available()) else "cpu"
+        problem = distributed.config_problem(cfg.train, nproc, device_type)
+        if problem:
+            raise UserError(f"--nproc {nproc}: {problem}")
     run_id, run_dir = workspace.new_run_dir()
     workspace.mark_created(run_id, resolved.hash)
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
@@ -313,12 +320,15 @@ def follow() -> int:
             loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=announced["resume"], events=[], ranks=ranks)
         finished = True
         return 0
-    except distributed.PeerLost as err:
-        log.debug("rank %d: another rank is gone (%s)", ranks.rank, err)
-        return 1
     except Interrupted as err:
         return err.exit_code
-    except VeritrainError as err:
+    except Exception as err:
+        lost = distributed.lost_peer(err)
+        if lost is not None:
+            log.debug("rank %d: another rank is gone (%s)", ranks.rank, lost)
+            return 1
+        if not isinstance(err, VeritrainError):
+            raise
         log.error("rank %d: %s", ranks.rank, err)
         return err.exit_code
     finally:
@@ -340,19 +350,20 @@ def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Da
             announced["done"] = True
         try:
             result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"], ranks=ranks)
-        except distributed.PeerLost as err:
-            raise RankLost(f"another rank was lost ({err}); the ranks stopped without it. The run is interrupted at its newest "
+        except Exception as err:
+            lost = distributed.lost_peer(err)
+            if lost is None:
+                raise
+            raise RankLost(f"another rank was lost ({lost}); the ranks stopped without it. The run is interrupted at its newest "
                            f"scheduled checkpoint; resume with the same torchrun command and `veritrain train --resume {run_dir.name}`") from None
-        finally:
-            record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
         record["distributed"] = {**record["distributed"], "backend": result.backend, "devices": result.devices}
-        t = time.perf_counter()
     elif world_size > 1:  # `--nproc N`: torchrun starts the ranks; this process keeps the record
         try:
             payload = distributed.launch(run_dir, state_dir, data.path, world_size, resume, stop, cfg.train.threads)
         except BaseException as err:
+            # what rank 0 recorded before it stopped; no train timing, as for one process: a stage without one is
+            # the stage the run stopped in (require_checkpoint)
             record["events"].extend(getattr(err, "train_events", []))
-            record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
             raise
         record["events"].extend(payload.pop("events"))
         launch_command = [str(Path(part).relative_to(state_dir.parent)) if part.startswith(str(state_dir.parent) + "/") else part

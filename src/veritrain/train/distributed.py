@@ -99,6 +99,18 @@ def resolve_backend(name: str, device_type: str) -> str:
     return name
 
 
+def config_problem(train_cfg: Any, world_size: int, device_type: str) -> Optional[str]:
+    """Why a train config cannot run with `world_size` ranks (one line naming the key and the fix), or None."""
+    if train_cfg.batchnorm == "sync" and device_type != "cuda":
+        return "train.batchnorm: 'sync' (SyncBatchNorm) needs CUDA devices; use per_rank on the CPU"
+    if train_cfg.batch_size < 2 * world_size:
+        return (f"train.batch_size: {train_cfg.batch_size} gives fewer than 2 samples to each of {world_size} ranks; "
+                f"use at least {2 * world_size} (it is the global batch, split over the ranks)")
+    if train_cfg.backend == "nccl" and device_type != "cuda":
+        return "train.backend: 'nccl' needs CUDA devices; use gloo (or auto) on the CPU"
+    return None
+
+
 def start(ranks: Ranks, backend_name: str, device_type: str) -> Ranks:
     """Join the process group (once per process); returns `ranks` with the backend in use."""
     import torch
@@ -152,6 +164,23 @@ def collective(what: str):
             raise PeerLost(f"{what}: {str(err).splitlines()[0][:200]}") from None
 
     return wrap
+
+
+LOST_PEER_SIGNS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe")
+
+
+def lost_peer(err: BaseException) -> Optional[PeerLost]:
+    """PeerLost for an error of a collective that veritrain does not call itself (DDP's gradient all-reduce in
+    backward, its buffer broadcast in forward) when a rank is gone; None for any other error."""
+    if isinstance(err, PeerLost):
+        return err
+    import torch.distributed as dist
+
+    text = str(err)
+    if isinstance(err, getattr(dist, "DistBackendError", ())) or (
+            isinstance(err, RuntimeError) and any(sign in text.lower() for sign in LOST_PEER_SIGNS)):
+        return PeerLost(text.splitlines()[0][:200] if text else err.__class__.__name__)
+    return None
 
 
 def shard(rows: Any, ranks: Ranks) -> Any:
@@ -376,22 +405,24 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     except Interrupted as err:
         status, code = {"status": "interrupted", "signum": err.signum, "message": str(err)}, err.exit_code
         log.warning("rank %d: %s", ranks.rank, err)
-    except PeerLost as err:
-        status, code = {"status": "peer_lost", "message": str(err)}, 1
-        # DEBUG: the launcher's one line names the lost rank; this detail stays in the log
-        log.debug("rank %d: another rank is gone (%s); stopping without a checkpoint", ranks.rank, err)
-    except UserError as err:
-        status, code = {"status": "user_error", "message": str(err)}, 2
-        log.error("rank %d: %s", ranks.rank, err)
-    except RunFailed as err:
-        status, code = {"status": "failed", "message": str(err)}, 1
-        log.error("rank %d: %s", ranks.rank, err)
-    except Exception as err:  # a bug or the machine: the traceback stays in this rank's log
+    except Exception as err:
         import traceback
 
-        status, code = {"status": "error", "message": f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"}, 1
-        log.error("rank %d failed: %s", ranks.rank, status["message"])
-        log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
+        lost = lost_peer(err)
+        if lost is not None:
+            status, code = {"status": "peer_lost", "message": str(lost)}, 1
+            # DEBUG: the launcher's one line names the lost rank; this detail stays in the log
+            log.debug("rank %d: another rank is gone (%s); stopping without a checkpoint", ranks.rank, lost)
+        elif isinstance(err, UserError):
+            status, code = {"status": "user_error", "message": str(err)}, 2
+            log.error("rank %d: %s", ranks.rank, err)
+        elif isinstance(err, RunFailed):
+            status, code = {"status": "failed", "message": str(err)}, 1
+            log.error("rank %d: %s", ranks.rank, err)
+        else:  # a bug or the machine: the traceback stays in this rank's log
+            status, code = {"status": "error", "message": f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"}, 1
+            log.error("rank %d failed: %s", ranks.rank, status["message"])
+            log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
     finally:
         if ranks.is_main:
             status["events"] = events

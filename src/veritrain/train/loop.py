@@ -220,12 +220,10 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     if ranks is not None:
         if device.type == "cuda":
             device = torch.device("cuda", ranks.local_rank)
+        problem = distributed.config_problem(tcfg, world_size, device.type)  # `--nproc` checks it before the run starts
+        if problem:
+            raise RunFailed(problem)
         ranks = distributed.start(ranks, tcfg.backend, device.type)
-        if tcfg.batchnorm == "sync" and device.type != "cuda":
-            raise RunFailed("train.batchnorm: 'sync' (SyncBatchNorm) needs CUDA devices; use per_rank on the CPU")
-        if tcfg.batch_size < 2 * world_size:
-            raise RunFailed(f"train.batch_size: {tcfg.batch_size} gives fewer than 2 samples to each of {world_size} ranks; "
-                            f"use at least {2 * world_size} (it is the global batch, split over the ranks)")
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
@@ -371,12 +369,14 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             raise ReplayDone(list(state.trajectory), written)
 
     rank = ranks.rank if ranks is not None else 0
-    if not resume:  # the trajectory starts with the initial state, rebuilt from the config alone by an audit
-        written, _ = complete_state("initial", _generator_with(cfg.seed, state.epoch, None, rank))
+    # the rollback target: the initial (or resumed) state, then every step-scheduled checkpoint
+    if resume:
+        snapshot = checkpoint.encode(full_state("snapshot", _generator_with(cfg.seed, state.epoch, augment_resume, rank)))
+    else:  # the trajectory starts with the initial state, which an audit rebuilds from the config alone
+        written, own = complete_state("snapshot", _generator_with(cfg.seed, state.epoch, None, rank))
         if written is not None:
             commit(written, "initial", 0)
-    # the rollback target: the initial (or resumed) state, then every step-scheduled checkpoint
-    snapshot = checkpoint.encode(full_state("snapshot", _generator_with(cfg.seed, state.epoch, augment_resume, rank)))
+        snapshot = checkpoint.encode(written if written is not None else own)
     forward = torch.compile(trainer) if tcfg.compile else trainer
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
