@@ -267,3 +267,25 @@ def test_resume_keeps_finished_trials_resumes_the_interrupted_and_runs_the_rest(
     new = set(records(workdir)) - before
     assert new == {first, training, summary["trials"][2]["run_ids"][0]}  # one run per trial, no duplicates
     assert all(records(workdir)[run_id]["parent"] == parent_id for run_id in new)
+
+
+def test_resume_trusts_no_plan_from_a_copied_workspace(local_sweep):
+    """spec.json is workspace state: a copy whose id is not its folder, or whose plan names code, is refused (exit 2)."""
+    import shutil
+
+    workdir, local = local_sweep
+    assert local.code == 0, local.stderr
+    original = workdir / ".veritrain" / "sweeps" / local.json()["id"]
+    for case, new_id in (("renamed", "20991231-000000-aaaaaa"), ("code", "20991231-000000-bbbbbb")):
+        copy = original.parent / new_id
+        shutil.copytree(original, copy)
+        spec = json.loads((copy / "spec.json").read_text())
+        if case == "code":
+            spec["id"] = new_id
+            spec["trials"][0]["overrides"].append("model.target=veritrain_evil:build")
+        (copy / "spec.json").write_text(json.dumps(spec))
+        result = veritrain("sweep", "--resume", new_id, "--workdir", str(workdir))
+        assert result.code == 2, result.stderr
+        (line,) = result.stderr.strip().splitlines()[-1:]
+        assert line.startswith("error: --resume ") and ("names sweep" if case == "renamed" else "names code") in line, result.stderr
+        shutil.rmtree(copy)

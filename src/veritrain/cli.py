@@ -279,11 +279,12 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test of the base config that runs first.")
 @click.option("--dry-run", is_flag=True, help="Print the planned trials; run nothing.")
 @click.option("--resume", "resume_id", default=None, metavar="SWEEP_ID", help="Continue an interrupted sweep (id, unique prefix or `latest`).")
+@click.option("--trust-code", is_flag=True, help="With --resume: start runs whose planned config names code (model.target) (read spec.json and that code first).")
 @workdir_option
 @json_option
 def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tuple[str, ...], grid: bool, parallel: Optional[int],
                   backend: Optional[str], ray_address: Optional[str], repeat: int, parent: Optional[str], no_smoke: bool, dry_run: bool,
-                  resume_id: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+                  resume_id: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Runs that each change the config in one key, compared with a parent run of the base config.
 
     Each --vary value is a trial (one change at a time; --grid: every combination); the parent
@@ -303,7 +304,7 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
                                           ("--parent", parent), ("--no-smoke", no_smoke), ("--dry-run", dry_run)) if value]
         if given:
             raise UserError(f"--resume {resume_id}: a resumed sweep keeps its plan; drop {', '.join(given)}")
-        outcome = sweep.resume(workspace, resume_id, pipeline.python_argv(), parallel, backend, ray_address)
+        outcome = sweep.resume(workspace, resume_id, pipeline.python_argv(), parallel, backend, ray_address, trust_code=trust_code)
     else:
         plan = sweep.plan(config, overrides, varies, grid, repeat, parallel or 1, backend or "local", parent, workspace)
         if dry_run:

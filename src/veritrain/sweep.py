@@ -343,29 +343,44 @@ def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: b
 
 
 def resume(workspace: Workspace, ref: str, argv: list[str], parallel: Optional[int], backend: Optional[str],
-           ray_address: Optional[str] = None) -> SweepOutcome:
+           ray_address: Optional[str] = None, trust_code: bool = False) -> SweepOutcome:
     """Continue a sweep: completed and failed runs are kept, interrupted ones resume in their own folders, the
-    runs that never started start."""
+    runs that never started start. spec.json is workspace state that may come from a copied workspace: its
+    id must be its folder's name, and a planned config that names code needs `trust_code`."""
     folder = resolve_sweep(workspace, ref)
     try:
         spec = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise UserError(f"--resume {ref}: {folder / 'spec.json'} cannot be read ({err}); the sweep cannot be resumed") from None
-    if spec.get("sweep_version") != SWEEP_VERSION:
-        raise UserError(f"--resume {ref}: {folder / 'spec.json'} is of sweep format {spec.get('sweep_version')}, this veritrain reads {SWEEP_VERSION}")
+    if not isinstance(spec, dict) or spec.get("sweep_version") != SWEEP_VERSION:
+        raise UserError(f"--resume {ref}: {folder / 'spec.json'} is not a sweep plan of format {SWEEP_VERSION} this veritrain reads")
+    try:
+        return _resume(workspace, spec, folder, ref, argv, parallel, backend, ray_address, trust_code)
+    except (KeyError, TypeError, AttributeError, IndexError) as err:  # a hand-edited or damaged plan: never a traceback
+        raise UserError(f"--resume {ref}: {folder / 'spec.json'} is malformed ({err.__class__.__name__}: {str(err)[:80]}); start a new sweep") from None
+
+
+def _resume(workspace: Workspace, spec: dict[str, Any], folder: Path, ref: str, argv: list[str], parallel: Optional[int],
+            backend: Optional[str], ray_address: Optional[str], trust_code: bool) -> SweepOutcome:
     sweep_id = spec["id"]
+    if sweep_id != folder.name:
+        raise UserError(f"--resume {ref}: {folder / 'spec.json'} names sweep {str(sweep_id)[:40]!r}, not its folder's {folder.name}; start a new sweep")
+    if not all(isinstance(t, dict) and t.get("index") == i for i, t in enumerate(spec["trials"])):
+        raise UserError(f"--resume {ref}: {folder / 'spec.json'} lists its trials out of order; start a new sweep")
     if not workspace.lock_is_stale(_lock_name(sweep_id)):
         raise UserError(f"--resume {ref}: sweep {sweep_id} is still running (a live process holds .veritrain/locks/{_lock_name(sweep_id)}.lock)")
     backend = backend or spec["backend"]
     if backend == "ray":
         require_ray()
     parallel = parallel or spec["parallel"]
+    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
+        raise UserError(f"--resume {ref}: spec.json says parallel {str(parallel)[:20]}; give --parallel K (K ≥ 1)")
     found = _runs_of(workspace, sweep_id)
     for slot, record in found.items():
         if record["status"] == "running" and not workspace.lock_is_stale(record["run_id"]):
             raise UserError(f"--resume {ref}: run {record['run_id']} of the sweep is still running (its lock is held by a live process); wait for it")
     overrides = {None: spec["config"]["overrides"], **{t["index"]: t["overrides"] for t in spec["trials"]}}
-    _check_unchanged(spec, found, overrides, ref)
+    _check_unchanged(spec, found, overrides, ref, trust_code)
     finished = sum(1 for record in found.values() if record["status"] in ("completed", "failed"))
     if finished == len(_planned_hashes(spec)):
         log.info("sweep %s: every run has finished (failed runs are kept: they would fail the same way); nothing to resume", sweep_id)
@@ -374,8 +389,10 @@ def resume(workspace: Workspace, ref: str, argv: list[str], parallel: Optional[i
     return _drive(workspace, spec, folder, argv, overrides, found, _open_backend(backend, spec, folder, parallel, ray_address), parallel)
 
 
-def _check_unchanged(spec: dict[str, Any], found: dict[Slot, dict[str, Any]], overrides: dict[Optional[int], list[str]], ref: str) -> None:
-    """Runs that start now must get the config the sweep planned: the config file may have changed since."""
+def _check_unchanged(spec: dict[str, Any], found: dict[Slot, dict[str, Any]], overrides: dict[Optional[int], list[str]], ref: str,
+                     trust_code: bool) -> None:
+    """Runs that start now must get the config the sweep planned: the config file may have changed since. A
+    planned config that names code (model.target) is code: building its model runs it, so it needs trust_code."""
     cwd = spec["config"]["cwd"]
     if not Path(cwd).is_dir():
         raise UserError(f"--resume {ref}: {cwd}, the folder the sweep started in, is gone; relative paths of its config resolve against it")
@@ -387,6 +404,10 @@ def _check_unchanged(spec: dict[str, Any], found: dict[Slot, dict[str, Any]], ov
                 resolved = load_config(spec["config"]["path"], _slot_overrides(spec, overrides, slot))
             except ConfigError as err:
                 raise UserError(f"--resume {ref}: the sweep's config no longer loads ({err}); start a new sweep") from None
+        target = resolved.config.model.target
+        if target and not trust_code:
+            raise UserError(f"--resume {ref}: {slot.name(spec['repeat'])}'s planned config names code (model.target {str(target)[:80]!r}); "
+                            "building its model would run that code: read spec.json and that code, then pass --trust-code")
         if resolved.hash != expected:
             raise UserError(f"--resume {ref}: {slot.name(spec['repeat'])}'s config now hashes to {resolved.hash[:12]}, the sweep planned "
                             f"{expected[:12]}: {spec['config']['path'] or 'the built-in default'} changed since the sweep started (spec.json keeps "
@@ -442,14 +463,14 @@ def _drive(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[
     try:
         with interruptible() as stop, stop.deferred():
             parent_slots = [slot for slot in states if slot.trial is None]
-            _run_slots(_jobs(spec, states, overrides, argv, parent_slots), backend, parallel, stop, on_started, on_finished)
+            _run_slots(_jobs(spec, states, overrides, argv, parent_slots, workspace=workspace), backend, parallel, stop, on_started, on_finished)
             parent_states = [states[slot] for slot in sorted(parent_slots, key=lambda s: s.seed_index)]
             unfinished = next((state for state in parent_states if state.status != "completed"), None)
             if unfinished is not None:  # nothing to compare the trials with: they do not start
                 error = _parent_unfinished(spec["id"], unfinished)
             else:
                 trial_slots = [slot for slot in states if slot.trial is not None]
-                jobs = _jobs(spec, states, overrides, argv, trial_slots, [state.run_id for state in parent_states])
+                jobs = _jobs(spec, states, overrides, argv, trial_slots, [state.run_id for state in parent_states], workspace=workspace)
                 _run_slots(jobs, backend, parallel, stop, on_started, on_finished)
     except Interrupted as err:
         error = err
@@ -496,7 +517,8 @@ def _one_line(text: str, width: int) -> str:
 
 
 def _jobs(spec: dict[str, Any], states: dict[Slot, SlotState], overrides: dict[Optional[int], list[str]],
-          argv: list[str], slots: list[Slot], parent_ids: Optional[list[Optional[str]]] = None) -> list[tuple[Slot, dict[str, Any]]]:
+          argv: list[str], slots: list[Slot], parent_ids: Optional[list[Optional[str]]] = None, *,
+          workspace: Workspace) -> list[tuple[Slot, dict[str, Any]]]:
     """What each slot still needs: nothing when its run completed or failed (a failed run would fail the same
     way; its failure stays in the summary), a resume when it was interrupted, else a new run."""
     jobs = []
@@ -505,7 +527,8 @@ def _jobs(spec: dict[str, Any], states: dict[Slot, SlotState], overrides: dict[O
         state = states[slot]
         if state.run_id and state.status in ("completed", "failed"):
             continue
-        job: dict[str, Any] = {"workspace": spec["workspace"], "cwd": spec["config"]["cwd"], "argv": argv, "driver_pid": os.getpid()}
+        # this workspace, never a path from spec.json (a copied or moved workspace would write elsewhere)
+        job: dict[str, Any] = {"workspace": str(workspace.root), "cwd": spec["config"]["cwd"], "argv": argv, "driver_pid": os.getpid()}
         if state.run_id:  # interrupted, or `running` with a dead process (resume checked that no live process holds it)
             job["resume_run"] = state.run_id
         else:
@@ -593,6 +616,11 @@ def _open_backend(name: str, spec: dict[str, Any], folder: Path, parallel: int, 
     return LocalTrials(spec, folder)
 
 
+# `python -m` would put the folder the trial starts in (the sweep's working folder) first on sys.path, where a
+# `yaml.py` or a `veritrain/` folder would be imported instead of the real ones; `veritrain run` does not do that
+TRIAL_ENTRY = "import sys; sys.path.pop(0); from veritrain.sweep_trial import main; sys.exit(main())"
+
+
 class LocalTrials:
     """Each run in a fresh `python -m veritrain.sweep_trial` process, in a session of its own (so a Ctrl-C reaches
     the driver alone, which passes it on once). Its console output goes to `.veritrain/sweeps/<id>/logs/`."""
@@ -610,7 +638,7 @@ class LocalTrials:
         with open(log_path, "ab") as console:
             console.write(f"---- {now_iso()} {'resume ' + job['resume_run'] if job.get('resume_run') else 'start'}\n".encode())
             console.flush()
-            process = subprocess.Popen([sys.executable, "-m", "veritrain.sweep_trial", "--result", str(result_path)], stdin=subprocess.PIPE,
+            process = subprocess.Popen([sys.executable, "-c", TRIAL_ENTRY, "--result", str(result_path)], stdin=subprocess.PIPE,
                                        stdout=console, stderr=console, env=self.env, cwd=job["cwd"], start_new_session=True)
         try:
             assert process.stdin is not None
