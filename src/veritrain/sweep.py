@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
@@ -375,7 +375,7 @@ def _resume(workspace: Workspace, spec: dict[str, Any], folder: Path, ref: str, 
     parallel = parallel or spec["parallel"]
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise UserError(f"--resume {ref}: spec.json says parallel {str(parallel)[:20]}; give --parallel K (K ≥ 1)")
-    found = _runs_of(workspace, sweep_id)
+    found = _runs_of(workspace, spec)
     for slot, record in found.items():
         if record["status"] == "running" and not workspace.lock_is_stale(record["run_id"]):
             raise UserError(f"--resume {ref}: run {record['run_id']} of the sweep is still running (its lock is held by a live process); wait for it")
@@ -477,7 +477,7 @@ def _drive(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[
     finally:
         backend.close()
         workspace.unlock_run(_lock_name(spec["id"]))
-    for slot, record in _runs_of(workspace, spec["id"]).items():  # runs whose process never reported back (a second signal)
+    for slot, record in _runs_of(workspace, spec).items():  # runs whose process never reported back (a second signal)
         if slot in states and (states[slot].run_id is None or states[slot].status == "running"):
             states[slot] = SlotState(run_id=record["run_id"], status=record["status"])
     summary = _write_summary(workspace, spec, folder, states, "interrupted" if isinstance(error, Interrupted) else None)
@@ -769,13 +769,20 @@ def resolve_sweep(workspace: Workspace, ref: str) -> Path:
                      f"--resume {ref}: matches {{count}} sweeps ({{names}}, ...); give a longer prefix")
 
 
-def _runs_of(workspace: Workspace, sweep_id: str) -> dict[Slot, dict[str, Any]]:
+def _runs_of(workspace: Workspace, spec: dict[str, Any]) -> dict[Slot, dict[str, Any]]:
     """The runs whose record names this sweep, one per slot: the records are the truth, whatever summary.json
-    (written by a process that may have been killed) says. Of several runs of one slot the one that got furthest
-    counts. Only runs that started after the sweep are read: run ids begin with their start time."""
+    (written by a process that may have been killed) says. A record counts only with the config hash planned for
+    its slot (a copied or imported run that claims the slot does not). Of several runs of one slot the one that
+    got furthest counts. Only runs that started after the sweep (less an hour, for the clocks of other Ray nodes)
+    are read: run ids begin with their start time."""
     if not workspace.runs_dir.exists():
         return {}
-    since = sweep_id[:15]  # YYYYMMDD-HHMMSS, as run ids begin
+    sweep_id, planned = spec["id"], _planned_hashes(spec)
+    try:
+        started = datetime.strptime(sweep_id[:15], "%Y%m%d-%H%M%S")
+        since = (started - timedelta(hours=1)).strftime("%Y%m%d-%H%M%S")
+    except ValueError:
+        since = ""
     rank = {"completed": 3, "interrupted": 2, "running": 2, "failed": 1}
     best: dict[Slot, dict[str, Any]] = {}
     for run_dir in sorted(workspace.runs_dir.glob("*")):
@@ -789,6 +796,8 @@ def _runs_of(workspace: Workspace, sweep_id: str) -> dict[Slot, dict[str, Any]]:
         if link.get("id") != sweep_id:
             continue
         slot = Slot(link.get("trial"), (record.get("repeat") or {}).get("index", 0))
+        if planned.get(slot) != record.get("config_hash"):
+            continue
         if slot not in best or rank.get(record["status"], 0) >= rank.get(best[slot]["status"], 0):
             best[slot] = record
     return best
