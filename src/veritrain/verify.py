@@ -27,12 +27,17 @@ from veritrain.hashing import sha256_file
 from veritrain.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
 
 
+Progress = Callable[[str, int, int], None]  # (stage, done, total): "files", "states", "data version", "raw data"
+
+
 def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
-               rehash_data: bool = True, check_data: bool = True, check_states: bool = True) -> dict[str, Any]:
+               rehash_data: bool = True, check_data: bool = True, check_states: bool = True,
+               progress: Optional[Progress] = None) -> dict[str, Any]:
     """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}]}.
     `check_data` False leaves the data version out (for callers that open it next, which checks it);
     `check_states` False skips loading the checkpoints to match them with the trajectory (their bytes
-    are checked either way)."""
+    are checked either way). `progress` is told each stage as it goes (the run browser shows it)."""
+    report: Progress = progress or (lambda stage, done, total: None)
     problems: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
 
@@ -81,7 +86,8 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         elif path.is_file() and rel not in UNSEALED:
             present[rel] = path
     omitted = _omitted_for_audit(run_dir, record)
-    for rel, entry in artifacts.items():
+    for done, (rel, entry) in enumerate(artifacts.items()):
+        report("files", done, len(artifacts))
         path = present.get(rel)
         if path is None and rel in omitted:
             continue  # left out of an archive on purpose (made without --with-audit); `veritrain audit` cannot start there
@@ -92,12 +98,13 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
             problem(rel, "changed", f"{shown}, recorded {str(entry.get('sha256'))[:16]}…")
     for rel in sorted(set(present) - set(artifacts)):
         problem(rel, "added", "not listed in record.json")
+    report("files", len(artifacts), len(artifacts))
     intact = {rel: path for rel, path in present.items() if rel in artifacts and not any(p["path"] == rel for p in problems)}
-    problems.extend(_trajectory_problems(record, intact, check_states))
+    problems.extend(_trajectory_problems(record, intact, check_states, report))
 
     data = record.get("data") or {}
     if data.get("version") and check_data:
-        problems.extend(_check_data_version(record, state_dir, rehash_data, drift))
+        problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report))
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict}
@@ -119,7 +126,7 @@ def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
     return allowed | {name + ".sha256" for name in allowed}
 
 
-def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool) -> list[dict[str, Any]]:
+def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool, report: Progress) -> list[dict[str, Any]]:
     """The trajectory's chain holds, its last entry is the final state, and every checkpoint in the run
     holds a state of the trajectory (or of `other_saves`). Runs made before the trajectory have none."""
     from veritrain.train import trajectory as trajectory_module
@@ -144,9 +151,9 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     known = {digest for _, digest in by_step}
     import torch
 
-    for rel, path in sorted(files.items()):
-        if not (rel.startswith("checkpoints/") and rel.endswith(".pt")):
-            continue
+    checkpoints = [(rel, path) for rel, path in sorted(files.items()) if rel.startswith("checkpoints/") and rel.endswith(".pt")]
+    for done, (rel, path) in enumerate(checkpoints):
+        report("states", done, len(checkpoints))
         try:  # its bytes were just matched with the sealed record: no second hash (checkpoint.load's sidecar check)
             state = torch.load(path, map_location="cpu", weights_only=True)
             step = int(state["loop"]["step"])
@@ -167,9 +174,11 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     return problems
 
 
-def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, drift: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, drift: list[dict[str, Any]],
+                        report: Progress) -> list[dict[str, Any]]:
     """The stored data version must still hash to its id; the raw data, when present, must still
     prepare to it."""
+    report("data version", 0, 1)
     problems = []
     version = record["data"]["version"]
     folder = state_dir / "data" / version
@@ -207,6 +216,7 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
 
         import tempfile
 
+        report("raw data", 0, 1)
         try:  # in a folder of its own, removed afterwards: verify never writes into the workspace
             with tempfile.TemporaryDirectory(prefix="veritrain-verify-") as scratch:
                 again = prepare.run(RunConfig.model_validate(record["config"]).data, paths, Path(scratch), rehash=True)
