@@ -105,3 +105,20 @@ def test_config_validation_and_the_tasks_package_share_one_registry(monkeypatch)
     monkeypatch.setitem(TASKS, "other", lambda cfg: None)  # restored afterwards
     register_task("other", lambda cfg: None)
     assert load_config(None, ["task=other"]).config.task == "other"
+
+
+# the base and records layers (ARCHITECTURE.md): what the kept verdicts may import from veritrain
+BASE_AND_RECORDS = {"veritrain", "veritrain.config", "veritrain.hashing", "veritrain.files", "veritrain.secrets", "veritrain.errors",
+                    "veritrain.logs", "veritrain.record", "veritrain.workspace", "veritrain.registry", "veritrain.experiments"}
+
+
+def test_kept_verdicts_stay_in_the_records_layer():
+    """verdicts.py is read by the trust layer (verify, check) and the front ends: it imports from neither."""
+    imported = _imported_modules(SRC / "veritrain" / "verdicts.py", "veritrain")
+    ours = {m for m in imported if m == "veritrain" or m.startswith("veritrain.")}
+    # `from veritrain.record import now_iso` also names veritrain.record.now_iso, a name in an allowed module;
+    # `from veritrain import verify` names veritrain.verify, a module of its own
+    modules = BASE_AND_RECORDS - {"veritrain"}
+    upward = sorted(m for m in ours if m not in BASE_AND_RECORDS and m.rsplit(".", 1)[0] not in modules)
+    assert not upward, upward
+    assert {"veritrain.record", "veritrain.files"} <= ours  # the check sees its imports

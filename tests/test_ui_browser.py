@@ -249,13 +249,26 @@ def test_run_page_draws_curves_and_verifies(server: str, workspace: dict[str, An
     assert page.locator("#check").count() == 1
     assert run["seal"] in page.locator("#seal").inner_text()
 
+    verdict = page.locator("#verdict")
+    assert verdict.get_attribute("data-state") == "none"  # nothing verified yet: the page shows no verdict
+    assert page.locator("#verdict-summary").inner_text().startswith("not verified yet")
+    assert page.locator('#check tr[data-row="run_verifies"]').get_attribute("class") == "check-unknown"
+
     button = page.locator("#verify-button")
     assert button.get_attribute("data-run") == run["id"]
-    button.click()
+    button.click()  # a POST with the X-Veritrain header, then the verdict URL polled until the job is done
     result = page.locator("#verify-result")
     result.filter(has_text="verified: seal").wait_for()
     assert result.inner_text().strip() == f"verified: seal {run['seal']}"
+    assert verdict.get_attribute("data-state") == "ok" and run["seal"] in page.locator("#verdict-summary").inner_text()
     _shot(page, screenshots, "run-page")
+
+    page.reload()  # the verdict is kept: the page shows it, with its time and seal, and the checklist passes on it
+    page.locator("#verdict").wait_for()
+    assert page.locator("#verdict").get_attribute("data-state") == "ok"
+    assert page.locator("#verdict-seal").inner_text() == run["seal"]
+    assert page.locator("#verdict-summary").inner_text().startswith("verified at ")
+    assert page.locator('#check tr[data-row="run_verifies"]').get_attribute("class") == "check-pass"
 
 
 def test_compare_page_overlays_the_runs(server: str, workspace: dict[str, Any], watched: Watched, screenshots: Path):
@@ -309,6 +322,8 @@ def test_published_site_works_offline(site: Path, workspace: dict[str, Any], bro
         page.wait_for_url(f"**/runs/{run['id']}.html")
         _assert_run_page(page, run)
         assert not page.locator("#verify-button").is_visible(), "a static page has no server to verify with"
+        assert page.locator("#verdict").get_attribute("data-state") == "ok"  # the verdict publish computed for the page
+        assert page.locator("#verdict-seal").inner_text() == run["seal"]
         _shot(page, screenshots, "site-run-page")
 
         for name in ("experiments.html", f"data/{run['data_version']}.html"):

@@ -53,6 +53,60 @@ def test_untouched_run_verifies(cli, sealed):
     payload = result.json()
     assert payload["ok"] and payload["seal"] == seal and payload["problems"] == []
     assert set(payload) >= {"ok", "seal", "problems", "drift"}
+    from veritrain import verdicts
+
+    kept = verdicts.latest(run_dir, workdir / ".veritrain")  # verify keeps its verdict in the workspace, not in the run
+    assert kept["ok"] is True and kept["seal"] == seal and kept["expect"] == seal and kept["stale"] is False
+    assert kept["verified_at"] == payload["verified_at"] and not (run_dir / "verdicts").exists()
+    assert verdicts.path_of(workdir / ".veritrain", run_dir.name) == workdir / ".veritrain" / "verdicts" / f"{run_dir.name}.json"
+
+
+def test_a_kept_verdict_is_stale_once_the_seal_or_a_file_it_covered_changes(damageable_data_version):
+    """Notes are outside what verify reads: adding one leaves the verdict fresh. A changed file of the run, of its
+    data version or an edited record (a new seal) makes it stale, saying why."""
+    from veritrain import verdicts
+    from veritrain.verify import verify_and_keep
+
+    workdir, run_dir, version, version_dir = damageable_data_version
+    state = workdir / ".veritrain"
+    assert verdicts.latest(run_dir, state) is None
+    result = verify_and_keep(run_dir, state)
+    kept = verdicts.latest(run_dir, state)
+    assert result["ok"] and kept["ok"] and kept["stale"] is False and kept["stale_reasons"] == []
+    assert kept["seal"] == result["seal"] and kept["verified_at"] == result["verified_at"] and kept["expect"] is None
+    assert {e[0] for e in kept["fingerprint"]["run"]} >= {"record.json", "train.log", "checkpoints/best.pt"}
+    assert kept["fingerprint"]["data_version"]["count"] > 0 and kept["fingerprint"]["raw_data"]["count"] == 0  # digits: no raw files
+
+    with (run_dir / "notes.jsonl").open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"text": "a note", "at": "2026-01-01T00:00:00"}) + "\n")
+    assert verdicts.latest(run_dir, state)["stale"] is False
+
+    with (version_dir / "data_report.json").open("a", encoding="utf-8") as f:
+        f.write(" ")
+    assert verdicts.latest(run_dir, state)["stale_reasons"] == ["a file of the run's data version changed since"]
+
+    with (run_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        f.write("\n")
+    (run_dir / "record.json").write_text((run_dir / "record.json").read_text() + " ")
+    stale = verdicts.latest(run_dir, state)
+    assert stale["stale"] is True and stale["ok"] is True  # the verdict kept as it was computed
+    assert stale["stale_reasons"][0].startswith("the seal changed: record.json now hashes to ")
+    assert stale["stale_reasons"][1] == "1 file(s) of the run changed since: metrics.jsonl"  # record.json is said once, as the seal
+
+
+def test_verify_answers_when_its_verdict_cannot_be_kept(copy_of, monkeypatch):
+    from veritrain import verdicts
+    from veritrain.verify import verify_and_keep
+
+    workdir, run_dir, seal = copy_of
+
+    def read_only(path, data, fsync=True, sync_folder=True):
+        raise OSError(30, "Read-only file system", str(path))
+
+    monkeypatch.setattr(verdicts, "write_atomic", read_only)
+    result = verify_and_keep(run_dir, workdir / ".veritrain", expect=seal)
+    assert result["ok"] and result["seal"] == seal
+    assert verdicts.latest(run_dir, workdir / ".veritrain") is None
 
 
 KINDS = ["config.yaml", "train.log", "metrics.jsonl", "checkpoints/best.pt", "checkpoints/step-46.pt.sha256",

@@ -1,21 +1,25 @@
 """The run browser (`veritrain ui`) through Starlette's TestClient, and `veritrain publish`: the pages keep
 the DOM the browser tests use, hostile text is escaped, nothing outside runs/ and data versions is
-served, requests for another Host are refused, and no page or verify request writes to a run."""
+served, requests for another Host are refused, and no page or verify request writes to a run. The CLI,
+the Verify button, `check` and `publish` give one verdict; a page shows only a verdict that was computed."""
 
 from __future__ import annotations
 
 import csv
 import hashlib
 import json
+import os
 import re
 import shutil
+import threading
+import time
 import warnings
 from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
 
-from conftest import FAST_OVERRIDES, veritrain
+from conftest import FAST_OVERRIDES, in_process_run, veritrain
 
 pytest.importorskip("starlette")
 pytest.importorskip("jinja2")
@@ -25,6 +29,8 @@ with warnings.catch_warnings():  # Starlette's TestClient on httpx warns that ht
 SCRIPT = "<script>alert(1)</script>"
 ATTRIBUTE = '"><img src=x onerror=alert(1)>'
 BASE = "http://127.0.0.1:8765"
+VERIFY_HEADERS = {"X-Veritrain": "verify", "Origin": BASE}  # what the run page's button sends
+JOB_POLLS = 6000  # reads of a verify job's progress, 0.05 s apart, before a test gives up on it
 
 
 @pytest.fixture(scope="module")
@@ -212,10 +218,11 @@ def test_no_page_or_verify_writes_to_runs_or_data(client, site):
     for path in ("/", "/?sort=test.accuracy", "/api/runs", f"/runs/{site['good']}", f"/runs/{site['forged']}", "/experiments",
                  f"/compare?runs={site['good']},{site['forged']}", f"/data/{version}"):
         assert client.get(path).status_code == 200, path
-    good = client.get(f"/api/runs/{site['good']}/verify").json()
-    forged = client.get(f"/api/runs/{site['forged']}/verify").json()
+    good = _verify_in_browser(client, site["good"])
+    forged = _verify_in_browser(client, site["forged"])
     assert good["ok"] is True and forged["ok"] is False
-    assert client.get("/api/runs/..%2F..%2Fx/verify").status_code == 404
+    assert client.post("/api/runs/..%2F..%2Fx/verify", headers=VERIFY_HEADERS).status_code == 404
+    assert client.get("/api/runs/..%2F..%2Fx/verdict").status_code == 404
     assert _tree_hashes(site["workspace"]) == before
 
 
@@ -249,6 +256,10 @@ def test_publish_writes_a_relative_site_and_refuses_runs_that_do_not_verify(site
     run_html = (out / "runs" / f"{site['good']}.html").read_text(encoding="utf-8")
     seal = (site["workspace"].runs_dir / site["good"] / "record.sha256").read_text().strip()
     assert f"veritrain verify {site['good']} --expect {seal}" in run_html and "verify-button" not in run_html
+    # the verdict publish computed for the page (the CLI's defaults), with its time and seal
+    assert 'id="verdict" class="verdict verdict-ok" data-state="ok"' in run_html
+    assert re.search(r'verified at <time>\d{4}-\d\d-\d\dT[^<]+</time> for seal <code id="verdict-seal">' + seal, run_html)
+    assert '<tr data-row="run_verifies" class="check-pass">' in run_html
     assert f"veritrain import {site['good']}.tar.gz" in run_html
     elsewhere = tmp_path / "elsewhere"
     imported = veritrain("import", str(out / "runs" / f"{site['good']}.tar.gz"), "--workdir", str(elsewhere))
@@ -359,3 +370,227 @@ def test_publish_writes_a_compare_page_for_several_runs(site, tmp_path):
     assert 'src="static/charts.js"' in html and 'id="compare-note"' not in html
     data = json.loads(re.search(r'id="curves-data">(.*?)</script>', html, re.S).group(1))
     assert set(data["runs"]) == {site["good"], second} and all(c["epochs"] for c in data["runs"].values())
+
+
+# ---------------------------------------------------------------------------------------------- one verdict
+
+
+def _job(client, run_id: str) -> dict:
+    """The run's verify job once it is no longer queued or running (read as the button polls it)."""
+    for _ in range(JOB_POLLS):
+        job = client.get(f"/api/runs/{run_id}/verdict").json()["job"]
+        if job is None or job["state"] not in ("queued", "running"):
+            return job
+        time.sleep(0.05)
+    pytest.fail(f"the verify job of {run_id} did not finish: {job}")
+
+
+def _verify_in_browser(client, run_id: str) -> dict:
+    """What the run page's Verify button does: POST with its header, then poll the verdict until the job is done."""
+    response = client.post(f"/api/runs/{run_id}/verify", headers=VERIFY_HEADERS)
+    assert response.status_code == 202, response.text
+    job = _job(client, run_id)
+    assert job["state"] == "done", job
+    return job["result"]
+
+
+def _verdict_box(html: str) -> str:
+    return re.search(r'<div id="verdict".*?</div>', html, re.S).group(0)
+
+
+def _check_row(html: str, row: str) -> str:
+    return re.search(rf'<tr data-row="{row}" class="check-([a-z]+)">', html).group(1)
+
+
+@pytest.fixture(scope="module")
+def raw_run(tmp_path_factory):
+    """One short run on a folder of PNGs, so that verify has raw data to prepare again, in a workspace of its own."""
+    from datafixtures import good_imagefolder
+    from veritrain.workspace import Workspace
+
+    root = tmp_path_factory.mktemp("raw")
+    images = good_imagefolder(root / "images", per_class=10)
+    config = root / "images.yaml"
+    config.write_text(f"data:\n  source: imagefolder\n  root: {images}\n", encoding="utf-8")
+    outcome = in_process_run(root / "ws", ["train.epochs=1", "model.name=mlp", "model.hidden=[8]"], config)
+    assert outcome.record["status"] == "completed", outcome.record.get("error")
+    return {"workspace": Workspace.open(root / "ws"), "run": outcome.record["run_id"], "images": images, "seal": outcome.seal}
+
+
+def test_verify_is_a_post_from_this_page_only(raw_run):
+    """A GET of the verify URL is 405 and starts nothing; a POST without the button's header, or from another
+    origin or site, is 403 and starts nothing (no job, no verdict kept)."""
+    from veritrain import verdicts
+    from veritrain.web.server import create_app
+
+    workspace, run = raw_run["workspace"], raw_run["run"]
+    kept = verdicts.path_of(workspace.state_dir, run)
+    kept.unlink(missing_ok=True)
+    client = TestClient(create_app(workspace), base_url=BASE)
+    assert client.get(f"/api/runs/{run}/verify").status_code == 405
+    refused = [client.post(f"/api/runs/{run}/verify"),
+               client.post(f"/api/runs/{run}/verify", headers={"X-Veritrain": "yes"}),
+               client.post(f"/api/runs/{run}/verify", headers={**VERIFY_HEADERS, "Origin": "http://evil.example"}),
+               client.post(f"/api/runs/{run}/verify", headers={**VERIFY_HEADERS, "Origin": "null"}),
+               client.post(f"/api/runs/{run}/verify", headers={**VERIFY_HEADERS, "Origin": "http://127.0.0.1:9999"}),
+               client.post(f"/api/runs/{run}/verify", headers={"X-Veritrain": "verify", "Sec-Fetch-Site": "cross-site"})]
+    assert [r.status_code for r in refused] == [403] * len(refused)
+    assert all(r.json()["error"].startswith("refused: ") for r in refused)
+    assert client.post(f"/api/runs/{run}/verify", headers={"X-Veritrain": "verify", "Host": "evil.example:8765"}).status_code == 400
+    assert client.get(f"/api/runs/{run}/verdict").json() == {"run_id": run, "verdict": None, "job": None}
+    assert not kept.exists()
+    assert client.post("/api/runs/20990101-000000-000-abcdef/verify", headers=VERIFY_HEADERS).status_code == 404
+
+
+def test_a_second_post_joins_the_running_verify_off_the_event_loop(site, monkeypatch):
+    """While one verify runs (held here in its worker thread), pages still answer, a second POST for the run joins
+    its job (one verify), and the job's latest progress is served."""
+    from veritrain import verify
+    from veritrain.web.server import create_app
+
+    release, calls = threading.Event(), []
+
+    def held(run_dir, state_dir, expect=None, strict=False, progress=None):
+        calls.append((run_dir.name, expect, strict))
+        progress("files", 3, 7)
+        release.wait(120)
+        return {"ok": True, "seal": "s", "problems": [], "drift": [], "verified_at": "now"}
+
+    monkeypatch.setattr(verify, "verify_and_keep", held)
+    client = TestClient(create_app(site["workspace"]), base_url=BASE)
+    first = client.post(f"/api/runs/{site['good']}/verify", headers=VERIFY_HEADERS).json()
+    try:
+        for _ in range(JOB_POLLS):  # the worker has taken the job and told its progress
+            job = client.get(f"/api/runs/{site['good']}/verdict").json()["job"]
+            if job["stage"] == "files":
+                break
+            time.sleep(0.05)
+        assert job["state"] == "running" and (job["done"], job["total"]) == (3, 7)
+        assert client.get("/").status_code == 200  # the event loop is free while the verify runs
+        second = client.post(f"/api/runs/{site['good']}/verify", headers=VERIFY_HEADERS).json()
+        assert first["started"] is True and second["started"] is False
+    finally:
+        release.set()
+    assert _job(client, site["good"])["result"]["ok"] is True
+    assert calls == [(site["good"], None, False)]  # one verify, with the CLI's defaults
+
+
+def test_every_view_says_a_run_with_one_changed_pixel_does_not_verify(raw_run):
+    """One raw pixel of the run's data changed: `veritrain verify` (exit 1), the Verify button, `check` and
+    `publish` all say the run does not verify, with data_changed; the run page shows that verdict."""
+    from PIL import Image
+
+    from veritrain import verdicts
+    from veritrain.web.server import create_app
+
+    workspace, run = raw_run["workspace"], raw_run["run"]
+    workdir = str(workspace.root)
+    image = sorted(raw_run["images"].rglob("*.png"))[0]
+    original = image.read_bytes()
+    client = TestClient(create_app(workspace), base_url=BASE)
+    try:
+        with Image.open(image) as opened:
+            picture = opened.convert("RGB")
+        red, green, blue = picture.getpixel((0, 0))
+        picture.putpixel((0, 0), ((red + 1) % 256, green, blue))
+        picture.save(image, format="PNG")
+
+        cli = veritrain("verify", run, "--json", "--workdir", workdir)
+        assert cli.code == 1 and cli.stderr.strip().splitlines()[-1].startswith(f"error: verify {run}: ")
+        assert "data_changed" in [p["kind"] for p in cli.json()["problems"]]
+        kept = verdicts.latest(workspace.runs_dir / run, workspace.state_dir)
+        assert kept["ok"] is False and kept["stale"] is False and "data_changed" in [p["kind"] for p in kept["problems"]]
+
+        button = _verify_in_browser(client, run)
+        assert button["ok"] is False and "data_changed" in [p["kind"] for p in button["problems"]]
+        assert _job(client, run)["stage"] == "raw data"  # the last stage it told: the raw data was prepared again
+
+        check = veritrain("check", run, "--json", "--workdir", workdir)
+        assert check.code == 1
+        row = next(i for i in check.json()["items"] if i["id"] == "run_verifies")
+        assert row["status"] == "fail" and "data_changed" in row["detail"]
+
+        published = veritrain("publish", run, "--out", str(raw_run["images"].parent / "site"), "--workdir", workdir)
+        assert published.code == 1 and "does not verify" in published.stderr and "data_changed" in published.stderr
+
+        html = client.get(f"/runs/{run}").text
+        box = _verdict_box(html)
+        assert 'data-state="failed"' in box and "does not verify at <time>" in box and "data_changed" in box
+        assert _check_row(html, "run_verifies") == "fail"
+    finally:
+        image.write_bytes(original)
+    assert _verify_in_browser(client, run)["ok"] is True  # the pixel restored, the run verifies again
+
+
+def test_the_run_page_shows_only_a_kept_verdict_and_marks_it_stale(raw_run):
+    """No verdict kept: the page says "not verified yet" and its checklist does not pass run_verifies. After the
+    Verify button, it shows that verdict with its time and seal; once a file of the run (or of its raw data)
+    changes, the verdict is stale and the checklist no longer passes on it."""
+    from veritrain import verdicts
+    from veritrain.check import PASSING
+    from veritrain.web.server import create_app
+
+    workspace, run = raw_run["workspace"], raw_run["run"]
+    run_dir = workspace.runs_dir / run
+    verdicts.path_of(workspace.state_dir, run).unlink(missing_ok=True)
+    client = TestClient(create_app(workspace), base_url=BASE)
+
+    html = client.get(f"/runs/{run}").text
+    box = _verdict_box(html)
+    assert 'data-state="none"' in box and "not verified yet" in box
+    assert "verified at" not in box and "verified: seal" not in html and "<time>" not in box
+    assert _check_row(html, "run_verifies") == "unknown" and "unknown" not in PASSING
+    assert "not verified yet" in re.search(r'<tr data-row="run_verifies".*?</tr>', html, re.S).group(0)
+    assert client.get(f"/api/runs/{run}/verdict").json()["verdict"] is None  # reading the page verified nothing
+
+    assert _verify_in_browser(client, run)["ok"] is True
+    shown = client.get(f"/api/runs/{run}/verdict").json()["verdict"]
+    assert shown["ok"] is True and shown["stale"] is False and shown["seal"] == raw_run["seal"] and shown["verified_at"]
+    html = client.get(f"/runs/{run}").text
+    box = _verdict_box(html)
+    assert 'data-state="ok"' in box and f'verified at <time>{shown["verified_at"]}</time> for seal <code id="verdict-seal">{raw_run["seal"]}</code>' in box
+    assert _check_row(html, "run_verifies") == "pass"
+
+    log = run_dir / "train.log"
+    original = log.read_bytes()
+    try:
+        log.write_bytes(original + b"one more line\n")
+        shown = client.get(f"/api/runs/{run}/verdict").json()["verdict"]
+        assert shown["stale"] is True and shown["ok"] is True
+        assert shown["stale_reasons"] == ["1 file(s) of the run changed since: train.log"]
+        html = client.get(f"/runs/{run}").text
+        box = _verdict_box(html)
+        assert 'data-state="stale"' in box and "stale: 1 file(s) of the run changed since: train.log" in box
+        assert _check_row(html, "run_verifies") == "unknown"
+    finally:
+        log.write_bytes(original)
+    image = sorted(raw_run["images"].rglob("*.png"))[-1]
+    before = image.stat()
+    os.utime(image, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000_000))  # touched: verify would prepare it again
+    shown = client.get(f"/api/runs/{run}/verdict").json()["verdict"]
+    assert shown["stale"] is True and "a file of the run's raw data changed since" in shown["stale_reasons"]
+
+
+def test_runs_of_an_outside_checkpoint_are_marked(raw_run, tmp_path):
+    """An eval or export run of a checkpoint from outside is shown as not from the audited training, in the runs
+    table and on its page; a training run is not."""
+    from veritrain.web.server import create_app
+    from veritrain.workspace import Workspace
+
+    workspace = Workspace.open(tmp_path / "ws")
+    parent = raw_run["run"]
+    child = parent[:-6] + "eeeeee"
+    shutil.copytree(raw_run["workspace"].runs_dir / parent, workspace.runs_dir / parent)
+    shutil.copytree(raw_run["workspace"].runs_dir / parent, workspace.runs_dir / child)
+    record = json.loads((workspace.runs_dir / child / "record.json").read_text(encoding="utf-8"))
+    record.update(run_id=child, kind="eval", parent=parent)
+    (workspace.runs_dir / child / "record.json").write_text(json.dumps(record), encoding="utf-8")
+    client = TestClient(create_app(workspace), base_url=BASE)
+    index = client.get("/").text
+    rows = {run_id: row for run_id, row in re.findall(r'<tr data-run-id="([^"]+)">(.*?)</tr>', index, re.S)}
+    assert "not from the audited training" in rows[child] and "not from the audited training" not in rows[parent]
+    page = client.get(f"/runs/{child}").text
+    kind = re.search(r'<td id="kind">(.*?)</td>', page, re.S).group(1)
+    assert kind.startswith("eval <span class=\"badge outside-checkpoint\">not from the audited training</span>")
+    assert f'href="../runs/{parent}"' in kind
+    assert "not from the audited training" not in client.get(f"/runs/{parent}").text

@@ -2,8 +2,9 @@
 export, archive), one row each with its status and the fix that clears it.
 
 A row is `pass`, `fail`, `missing`, `n/a` (it does not apply to this kind of run, e.g. training rows
-of a baseline run) or `waived` (a note gave the reason it cannot pass: `veritrain runs note RUN --waive
-ROW "reason"`). A waived row is never shown as passed. Each fix is what clears the row: a command on
+of a baseline run), `waived` (a note gave the reason it cannot pass: `veritrain runs note RUN --waive
+ROW "reason"`) or `unknown` (the run page's `run_verifies` row when no fresh verdict is kept: it shows
+no verdict it did not compute). A waived or unknown row is never shown as passed. Each fix is what clears the row: a command on
 this run when one exists (eval, export, baseline, smoke, resume), else a new run that addresses the
 recorded cause (a failed run is never resumed: it would fail the same way).
 """
@@ -44,12 +45,15 @@ PASSING = ("pass", "waived", "n/a")
 AUDIT_EVERY_FIX = 1  # `auditable`'s fix keeps every scheduled checkpoint for audit
 
 
-def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None,
+              unverified: Optional[str] = None) -> dict[str, Any]:
     """{"ok", "run", "items": [{"id", "item", "status", "detail", "fix"}]}; `ok` when every row passes,
-    is waived or does not apply. `verified`: the run's `verify_run(..., rehash_data=False)` result when
-    the caller has it (each file of the run is then hashed once)."""
+    is waived or does not apply. `verified`: the run's verify result as `veritrain verify` computes it (the
+    defaults of `verify_run`), when the caller has it (each file of the run is then hashed once); else it is
+    computed here and kept like the CLI's. `unverified`: why the caller has no fresh verdict and wants none
+    computed (the run page): the `run_verifies` row is then `unknown`, saying so."""
     from veritrain.registry import read_notes
-    from veritrain.verify import verify_run
+    from veritrain.verify import verify_and_keep
 
     run = run_dir.name
     try:
@@ -124,10 +128,13 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     code = record.get("code") or {}
     rows["code_version"] = ("pass" if code.get("veritrain") else "missing", new_run,
                             f"veritrain {code.get('veritrain')}, git {str(code.get('git_commit') or 'not in git')[:12]}")
-    verified = verified if verified is not None else verify_run(run_dir, state_dir, rehash_data=False)
-    rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
-                            f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
-                            "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
+    if verified is None and unverified is not None:
+        rows["run_verifies"] = ("unknown", f"veritrain verify {run}", unverified)
+    else:
+        verified = verified if verified is not None else verify_and_keep(run_dir, state_dir)
+        rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
+                                f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
+                                "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
     rows["auditable"] = _auditable_row(run_dir, record, new_run)
 
     if failed:  # a new run that addresses the cause is the fix for every row the failure left open

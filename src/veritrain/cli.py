@@ -623,14 +623,14 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
     Example:
       veritrain verify latest --expect 63a6a0c8...
     """
-    from veritrain.verify import verify_run
+    from veritrain.verify import verify_and_keep
     from veritrain.workspace import Workspace
 
     if expect is not None and not re.fullmatch(r"[0-9a-f]{64}", expect.strip().lower()):
         raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
-    result = {"run_id": run_dir.name, **verify_run(run_dir, workspace.state_dir, expect=expect, strict=strict)}
+    result = {"run_id": run_dir.name, **verify_and_keep(run_dir, workspace.state_dir, expect=expect, strict=strict)}  # kept for `ui` and `check`
     if as_json:
         emit_json(result)
     for p in result["problems"]:

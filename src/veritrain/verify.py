@@ -16,8 +16,10 @@ import csv
 import hashlib
 import io
 import json
+import logging
 import re
 import platform
+import threading
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -108,6 +110,24 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict}
+
+
+def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
+                    progress: Optional[Progress] = None) -> dict[str, Any]:
+    """`verify_run` as the CLI runs it, its verdict then kept in `.veritrain/verdicts/<run_id>.json` (never in
+    the run) for the views that show it; the answer gains "verified_at". Keeping is best effort: a read-only
+    or full workspace still gets its answer."""
+    from veritrain import verdicts
+    from veritrain.record import now_iso
+
+    covered = verdicts.fingerprint(run_dir, state_dir)  # before: a file changed while verify runs makes the verdict stale
+    result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress)
+    result["verified_at"] = now_iso()
+    try:
+        verdicts.store(run_dir, state_dir, result, covered, result["verified_at"], expect=expect, strict=strict)
+    except OSError:
+        pass
+    return result
 
 
 def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
@@ -217,7 +237,9 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         import tempfile
 
         report("raw data", 0, 1)
-        try:  # in a folder of its own, removed afterwards: verify never writes into the workspace
+        quiet = _QuietThread()  # prepare's info lines ("writing a data version") would describe the scratch folder
+        logging.getLogger("veritrain").addFilter(quiet)
+        try:  # in a folder of its own, removed afterwards: verify never writes into the workspace's data
             with tempfile.TemporaryDirectory(prefix="veritrain-verify-") as scratch:
                 again = prepare.run(RunConfig.model_validate(record["config"]).data, paths, Path(scratch), rehash=True)
         except Exception as err:  # bad data now is a finding of verify, not a crash
@@ -226,7 +248,20 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
             if again.version != version:
                 problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
                                  "detail": f"the raw data now prepares to version {again.version[:12]}, not {version[:12]}"})
+        finally:
+            logging.getLogger("veritrain").removeFilter(quiet)
     return problems
+
+
+class _QuietThread(logging.Filter):
+    """Drops the info lines one thread logs (the run browser verifies in a worker: other threads keep theirs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or record.thread != self.thread
 
 
 REPORT_NAME = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")  # a relative path of plain names (no NUL; `.` and `..` parts refused too)

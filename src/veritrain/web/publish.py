@@ -1,6 +1,7 @@
 """`veritrain publish`: the run browser's pages as a static site (no server, no network).
 
-Only runs that verify are published. Every link is relative and every chart's data is inlined, so the
+Only runs that verify are published: each is verified as `veritrain verify` does (its verdict kept as verify
+keeps it), and its page shows that verdict with its time and seal. Every link is relative and every chart's data is inlined, so the
 folder can be opened from disk or served by any static host; with archives, each run page names the
 commands that check it elsewhere: `veritrain import FILE` and `veritrain verify RUN --expect SEAL`.
 
@@ -24,12 +25,12 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
     """Write index.html, runs/<id>.html, data/<version>.html, experiments.html, compare.html (2 or more
     runs: the first COMPARE_MAX of them), static/ and the images the pages show into `out_dir`; a run that
     does not verify is refused before anything is written."""
-    from veritrain.verify import verify_run
+    from veritrain.verify import verify_and_keep
 
     verified_runs = {}
     for run_dir in run_dirs:
-        verified = verify_run(run_dir, workspace.state_dir, rehash_data=False)
-        verified_runs[run_dir.name] = verified  # the run pages' checklists reuse it: each file is hashed once
+        verified = verify_and_keep(run_dir, workspace.state_dir)  # the CLI's defaults: the raw data is prepared again too
+        verified_runs[run_dir.name] = verified  # the run pages show it and their checklists reuse it: each file is hashed once
         if not verified["ok"]:
             first = (verified["problems"] or [{"path": "the environment", "kind": "drift"}])[0]
             raise RunFailed(f"publish {run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")

@@ -1,9 +1,12 @@
-"""`veritrain ui`: a local, read-only run browser (Starlette, GET only).
+"""`veritrain ui`: a local, read-only run browser (Starlette; GET only but for the Verify button's POST).
 
 Every page is built from the run folders on each request, so new runs appear without a restart.
 Requests must name this server in their Host header (a page elsewhere cannot reach it by DNS
 rebinding), every response carries a strict Content-Security-Policy, and /files serves only images
-and small text files from runs/ and .veritrain/data/ of this workspace.
+and small text files from runs/ and .veritrain/data/ of this workspace. The Verify button POSTs
+/api/runs/<id>/verify (with the header `X-Veritrain: verify`, from this server's origin only): it runs
+`veritrain verify`'s check in a worker thread, keeps the verdict as the CLI does, and
+GET /api/runs/<id>/verdict shows its progress and the kept verdict.
 
     veritrain ui --workdir . --port 8765
 """
@@ -12,8 +15,10 @@ from __future__ import annotations
 
 import json
 import mimetypes
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 from urllib.parse import urlencode
 
 from veritrain.errors import VeritrainError
@@ -57,6 +62,72 @@ class Guard:
         await self.app(scope, receive, send_with_headers)
 
 
+VERIFY_HEADER = "x-veritrain"  # the Verify button's POST carries `X-Veritrain: verify`: a page of another origin cannot
+VERIFY_HEADER_VALUE = "verify"  # send it without a CORS preflight, which this server never answers
+
+
+class VerifyJobs:
+    """The Verify button's jobs: `veritrain verify`'s check of a run (`verify_and_keep`, the CLI's defaults) in
+    one worker thread, off the event loop and one run at a time, with each job's latest progress. Asking for a
+    run that is being verified joins its job."""
+
+    def __init__(self, state_dir: Path):
+        self.state_dir = state_dir
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="veritrain-verify")
+        self.lock = threading.Lock()
+        self.jobs: dict[str, dict[str, Any]] = {}  # run id → its latest job (kept when done: the page reads its result)
+
+    def start(self, run_dir: Path) -> tuple[dict[str, Any], bool]:
+        """(the run's job, True when this call started it; False when it joined one queued or running)."""
+        from veritrain.record import now_iso
+
+        with self.lock:
+            job = self.jobs.get(run_dir.name)
+            if job is not None and job["state"] in ("queued", "running"):
+                return dict(job), False
+            job = {"state": "queued", "stage": None, "done": 0, "total": 0, "started_at": now_iso(), "result": None, "error": None}
+            self.jobs[run_dir.name] = job
+            shown = dict(job)
+        self.executor.submit(self._run, run_dir, job)
+        return shown, True
+
+    def state(self, run_id: str) -> Optional[dict[str, Any]]:
+        with self.lock:
+            job = self.jobs.get(run_id)
+            return dict(job) if job is not None else None
+
+    def _run(self, run_dir: Path, job: dict[str, Any]) -> None:
+        from veritrain.verify import verify_and_keep
+
+        def progress(stage: str, done: int, total: int) -> None:
+            with self.lock:
+                job.update(stage=stage, done=done, total=total)
+
+        with self.lock:
+            job["state"] = "running"
+        try:
+            result = verify_and_keep(run_dir, self.state_dir, progress=progress)
+        except Exception as err:  # a crash of the check (not a finding: those are in the result); the page says it
+            with self.lock:
+                job.update(state="failed", error=f"{type(err).__name__}: {err}"[:500])
+            return
+        with self.lock:
+            job.update(state="done", result=json.loads(json.dumps({"run_id": run_dir.name, **result}, default=str)))
+
+
+def cross_site_refusal(headers: Any, origin: str) -> Optional[str]:
+    """Why a state-changing request may come from another site's page (one line), or None: it must carry the
+    Verify header, and an Origin or Sec-Fetch-Site it sends must say this server's origin."""
+    if headers.get(VERIFY_HEADER) != VERIFY_HEADER_VALUE:
+        return f"refused: a verify request carries the header `X-Veritrain: {VERIFY_HEADER_VALUE}` (the run page's Verify button sends it)"
+    sent = headers.get("origin")
+    if sent is not None and sent.lower() != origin.lower():
+        return f"refused: a verify request from {sent[:80]}, not from {origin}"
+    if headers.get("sec-fetch-site") not in (None, "same-origin", "none"):
+        return "refused: a verify request from another site"
+    return None
+
+
 def allowed_hosts(host: str, port: int) -> set[str]:
     names = {"127.0.0.1", "localhost", "[::1]", f"[{host}]" if ":" in host else host}
     return {f"{name}:{port}".lower() for name in names}
@@ -69,6 +140,7 @@ def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any
     from starlette.routing import Route
 
     env = environment()
+    jobs = VerifyJobs(workspace.state_dir)
 
     def render(name: str, depth: int, status: int = 200, **context: Any) -> HTMLResponse:
         html = env.get_template(name).render(**page_context(depth, static=False), **context)
@@ -106,7 +178,7 @@ def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any
             return JSONResponse({"error": str(err)}, status_code=400)
         return JSONResponse({k: table[k] for k in ("rows", "total", "page", "pages", "page_size", "params")})
 
-    async def run_page(request: Request) -> Response:
+    def run_page(request: Request) -> Response:  # in Starlette's thread pool: it reads the kept verdict's files
         try:
             run = views.run_page(workspace, request.path_params["run_id"])
         except VeritrainError as err:
@@ -157,15 +229,27 @@ def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any
         media = STATIC_TYPES.get(real.suffix.lower()) or mimetypes.guess_type(real.name)[0] or "application/octet-stream"
         return FileResponse(real, media_type=media)
 
-    async def verify(request: Request) -> Response:
-        from veritrain.verify import verify_run
+    async def verify(request: Request) -> Response:  # POST only: a GET is 405 and starts nothing
+        refusal = cross_site_refusal(request.headers, f"{request.url.scheme}://{request.headers.get('host', '')}")
+        if refusal is not None:
+            return JSONResponse({"error": refusal}, status_code=403)
+        try:
+            run_dir = views.run_dir_of(workspace, request.path_params["run_id"])
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=404)
+        job, started = jobs.start(run_dir)
+        return JSONResponse({"run_id": run_dir.name, "started": started, "job": job}, status_code=202)
+
+    def verdict(request: Request) -> Response:  # read-only; in Starlette's thread pool: it stats the files the verdict covered
+        from veritrain import verdicts
 
         try:
             run_dir = views.run_dir_of(workspace, request.path_params["run_id"])
         except VeritrainError as err:
             return JSONResponse({"error": str(err)}, status_code=404)
-        result = verify_run(run_dir, workspace.state_dir, rehash_data=False)
-        return JSONResponse(json.loads(json.dumps({"run_id": run_dir.name, **result}, default=str)))
+        kept = verdicts.latest(run_dir, workspace.state_dir)
+        shown = {k: v for k, v in kept.items() if k != "fingerprint"} if kept is not None else None
+        return JSONResponse(json.loads(json.dumps({"run_id": run_dir.name, "verdict": shown, "job": jobs.state(run_dir.name)}, default=str)))
 
     routes = [
         Route("/", index), Route("/index.html", index),
@@ -176,7 +260,8 @@ def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any
         Route("/files/{path:path}", files),
         Route("/static/{path:path}", static),
         Route("/api/runs", api_runs),
-        Route("/api/runs/{run_id}/verify", verify),
+        Route("/api/runs/{run_id}/verify", verify, methods=["POST"]),
+        Route("/api/runs/{run_id}/verdict", verdict),
     ]
     app = Starlette(routes=routes)
     return Guard(app, allowed_hosts(host, port))

@@ -26,6 +26,7 @@ VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
 METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 EVAL_IMAGES = ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png")
 CURVE_KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "lr")
+OUTSIDE_KINDS = ("eval", "export")  # runs of a checkpoint from outside the run (`eval/export --checkpoint FILE`): not from the audited training
 MAX_CSV_ROWS = 1000  # per-class rows shown on a page
 # seconds: the index is brought up to date with the run folders at most this often. Refreshing reads two
 # file stats per run (about 0.3 s at 10,000 runs), too slow for every sort and filter; a new run shows
@@ -127,8 +128,8 @@ def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_
         rows = []
         for run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics in cursor:
             values = json.loads(metrics) if metrics else {}
-            rows.append({"run_id": run_id, "exp_name": exp_name, "kind": kind, "status": status, "started_at": started_at,
-                         "data_version": data_version, "hypothesis": hypothesis, "seal": seal,
+            rows.append({"run_id": run_id, "exp_name": exp_name, "kind": kind, "outside": kind in OUTSIDE_KINDS, "status": status,
+                         "started_at": started_at, "data_version": data_version, "hypothesis": hypothesis, "seal": seal,
                          "metrics": {m: _lookup(values, m) for m in TABLE_METRICS}})
         choices = {c: [v for (v,) in db.execute(f"SELECT DISTINCT {c} FROM runs WHERE {c} IS NOT NULL ORDER BY {c} LIMIT 200")]
                    for c in FILTER_COLUMNS}
@@ -295,8 +296,22 @@ def audits(workspace: Any, run_id: str) -> list[dict[str, Any]]:
     return found[:MAX_AUDITS]
 
 
+def verdict_shown(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """The verify verdict a page shows: `verified` when the caller has just computed it (publish), else the one
+    kept in `.veritrain/verdicts/` (stale when the seal or a file it covered has changed since); never one
+    computed for the page. {"state": "none" | "ok" | "failed" | "stale", "verdict": the verdict or None}."""
+    from veritrain import verdicts
+
+    verdict = {**verified, "stale": False, "stale_reasons": []} if verified is not None else verdicts.latest(run_dir, state_dir)
+    if verdict is None:
+        return {"state": "none", "verdict": None}
+    shown = {k: verdict.get(k) for k in ("ok", "verified_at", "seal", "problems", "drift", "expect", "strict", "stale", "stale_reasons")}
+    return {"state": "stale" if verdict["stale"] else "ok" if verdict["ok"] else "failed", "verdict": shown}
+
+
 def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Everything the run page shows, from the run folder alone."""
+    """Everything the run page shows, from the run folder alone. `verified`: the verify result the caller
+    computed for this page (publish); without it the page shows the verdict kept in the workspace, if any."""
     from veritrain.experiments import config_diff, flatten
     from veritrain.record import read_record
 
@@ -322,11 +337,17 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
     artifacts = [{"path": path, "size": (info or {}).get("size"), "sha256": (info or {}).get("sha256")}
                  for path, info in sorted((record.get("artifacts") or {}).items())]
     audited = audits(workspace, record["run_id"])
+    verdict = verdict_shown(run_dir, workspace.state_dir, verified)
     check = None
     if with_check:
         from veritrain.check import check_run
 
-        check = check_run(run_dir, workspace.state_dir, verified)  # `verified`: the caller's verify_run of this run, if any
+        if verdict["state"] in ("ok", "failed"):  # a fresh verdict: the checklist shows it, computes none
+            check = check_run(run_dir, workspace.state_dir, verdict["verdict"])
+        else:
+            why = ("stale: " + "; ".join(verdict["verdict"]["stale_reasons"]) if verdict["state"] == "stale"
+                   else "not verified yet") + f" (Verify, or `veritrain verify {record['run_id']}`)"
+            check = check_run(run_dir, workspace.state_dir, unverified=why)
     return {
         "run_id": record["run_id"], "record": record, "status": record.get("status"), "kind": record.get("kind"),
         "exp_name": record.get("exp_name"), "hypothesis": record.get("hypothesis"),
@@ -340,7 +361,8 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
         "training": record.get("training") or {}, "curves": curves(run_dir), "evals": evals, "baselines": baselines,
         "export_files": sorted(export.get("files") or {}), "parity": parity, "events": record.get("events") or [],
         "env": env, "code": record.get("code") or {}, "artifacts": artifacts, "check": check,
-        "trajectory": trajectory(run_dir, record, audited), "audits": audited,
+        "trajectory": trajectory(run_dir, record, audited), "audits": audited, "verdict": verdict,
+        "outside": record.get("kind") in OUTSIDE_KINDS, "parent": record.get("parent"),
     }
 
 

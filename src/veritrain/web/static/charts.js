@@ -1,5 +1,5 @@
 /*
- * Training curves and the verify button of the veritrain pages.
+ * Training curves and the verify button of the veritrain pages (it POSTs the verify, then polls its progress).
  *
  * Reads <script type="application/json" id="curves-data"> and draws one uPlot chart into each
  * <div class="chart" data-chart="loss|accuracy|lr">. A run page gives
@@ -187,13 +187,15 @@
     });
   }
 
-  // /runs/<id> (or /prefix/runs/<id>) -> /api/runs/<id>/verify under the same prefix.
-  function verifyUrl(runId) {
+  // /runs/<id> (or /prefix/runs/<id>) -> /api/runs/<id>/<what> under the same prefix.
+  function apiUrl(runId, what) {
     var path = window.location.pathname;
     var at = path.lastIndexOf("/runs/");
     var prefix = at >= 0 ? path.slice(0, at) : "";
-    return window.location.origin + prefix + "/api/runs/" + encodeURIComponent(runId) + "/verify";
+    return window.location.origin + prefix + "/api/runs/" + encodeURIComponent(runId) + "/" + what;
   }
+
+  var POLL_MS = 300; // between two reads of the verify job's progress
 
   function describeVerify(result) {
     if (result && result.ok) return "verified: seal " + (result.seal || "");
@@ -212,10 +214,69 @@
     return "not verified\n" + lines.join("\n");
   }
 
+  function describeProgress(job) {
+    if (!job || job.state === "queued") return "verifying… (queued behind another run's verify)";
+    if (!job.stage) return "verifying…";
+    return "verifying… " + job.stage + ": " + job.done + " of " + job.total;
+  }
+
+  // The kept verdict shown above the button now describes this result.
+  function showVerdict(result) {
+    var box = document.getElementById("verdict");
+    var summary = document.getElementById("verdict-summary");
+    if (!box || !summary || !result || typeof result.ok !== "boolean") return;
+    var state = result.ok ? "ok" : "failed";
+    box.className = "verdict verdict-" + state;
+    box.setAttribute("data-state", state);
+    var problems = result.problems || [];
+    summary.textContent = (result.ok ? "verified" : "does not verify") + " at " + (result.verified_at || "") + " for seal " +
+      (result.seal || "-") + (problems.length ? ": " + problems.length + " problem(s)" : "");
+    var list = document.getElementById("verdict-problems");
+    if (list) list.parentNode.removeChild(list);
+  }
+
+  function getJson(request) {
+    try {
+      return JSON.parse(request.responseText);
+    } catch (err) {
+      return { ok: false, error: "the server answered " + request.status + " without JSON" };
+    }
+  }
+
   function setupVerify() {
     var button = document.getElementById("verify-button");
     var out = document.getElementById("verify-result");
     if (!button || !out) return;
+
+    function finish(className, text) {
+      button.disabled = false;
+      out.className = className;
+      out.textContent = text;
+    }
+
+    function poll(runId) {
+      var request = new XMLHttpRequest();
+      request.open("GET", apiUrl(runId, "verdict"));
+      request.setRequestHeader("Accept", "application/json");
+      request.onload = function () {
+        var answer = getJson(request);
+        var job = answer && answer.job;
+        if (request.status >= 400 || !job) {
+          finish("verify-failed", describeVerify({ ok: false, error: (answer && answer.error) || "the server lost the verify job; try again" }));
+        } else if (job.state === "queued" || job.state === "running") {
+          out.textContent = describeProgress(job);
+          setTimeout(function () { poll(runId); }, POLL_MS);
+        } else if (job.state === "done" && job.result) {
+          finish(job.result.ok ? "verify-ok" : "verify-failed", describeVerify(job.result));
+          showVerdict(job.result);
+        } else {
+          finish("verify-failed", describeVerify({ ok: false, error: job.error || "the verify job failed" }));
+        }
+      };
+      request.onerror = function () { finish("verify-failed", "could not reach the server"); };
+      request.send();
+    }
+
     button.addEventListener("click", function () {
       var runId = button.getAttribute("data-run");
       if (!runId) return;
@@ -223,25 +284,19 @@
       out.className = "verify-pending";
       out.textContent = "verifying…";
       var request = new XMLHttpRequest();
-      request.open("GET", verifyUrl(runId));
+      request.open("POST", apiUrl(runId, "verify"));
       request.setRequestHeader("Accept", "application/json");
+      request.setRequestHeader("X-Veritrain", "verify"); // the server refuses a verify request without it (another site cannot send it)
       request.onload = function () {
-        button.disabled = false;
-        var result = null;
-        try {
-          result = JSON.parse(request.responseText);
-        } catch (err) {
-          result = { ok: false, error: "the server answered " + request.status + " without JSON" };
+        var answer = getJson(request);
+        if (request.status !== 202) {
+          finish("verify-failed", describeVerify({ ok: false, error: (answer && answer.error) || "the server answered " + request.status }));
+          return;
         }
-        if (request.status >= 400 && result && result.ok) result.ok = false;
-        out.className = result && result.ok ? "verify-ok" : "verify-failed";
-        out.textContent = describeVerify(result);
+        out.textContent = describeProgress(answer.job);
+        poll(runId);
       };
-      request.onerror = function () {
-        button.disabled = false;
-        out.className = "verify-failed";
-        out.textContent = "could not reach the server";
-      };
+      request.onerror = function () { finish("verify-failed", "could not reach the server"); };
       request.send();
     });
   }
