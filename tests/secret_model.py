@@ -6,8 +6,8 @@ import numpy as np
 import torch
 
 
-def checking_factory(input_shape, num_outputs, hidden, api_key_unused, token):
+def checking_factory(input_shape, num_outputs, hidden, api_key, token):
     assert token == os.environ["VT_CANARY_TOKEN"], "the ${env:...} reference was not read"
-    assert api_key_unused == os.environ["VT_EXPECTED_KEY"], "a literal kwarg did not arrive as given"
+    assert api_key == os.environ["VT_EXPECTED_KEY"], "the ${env:...} reference under a credential key was not read"
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(int(np.prod(input_shape)), hidden), torch.nn.ReLU(),
                                torch.nn.Linear(hidden, num_outputs))

@@ -73,3 +73,34 @@ def test_a_run_of_the_previous_code_without_its_stored_version_says_what_to_brin
     assert result.code == 2
     (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
     assert "an earlier data recipe" in line and "--with-data" in line
+
+
+REDACTED_COMPLETED = "20261201-094118-928-779001"
+REDACTED_INTERRUPTED = "20261201-094140-540-259ab6"
+
+
+def refusal(result) -> str:
+    assert result.code == 2, result.stdout + result.stderr
+    (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+    return line
+
+
+def test_runs_whose_config_was_recorded_with_stars_verify_but_are_not_rebuilt(cli, tmp_path):
+    # the previous veritrain recorded model.kwargs max_tokens and key_dim as "***": the run is still what its seal
+    # says, but its model cannot be built again from the record, so nothing pretends to (exit 2, the keys named),
+    # whether or not its code is trusted
+    completed, interrupted = tmp_path / "completed", tmp_path / "interrupted"
+    imported(cli, completed, "redacted-kwargs-completed.tar.gz")
+    imported(cli, interrupted, "redacted-kwargs-interrupted.tar.gz")
+    for workdir, run in ((completed, REDACTED_COMPLETED), (interrupted, REDACTED_INTERRUPTED)):
+        verified = cli("verify", run, "--workdir", str(workdir), "--json")
+        assert verified.code == 0 and verified.json()["ok"], verified.stdout + verified.stderr
+    for trust in ((), ("--trust-code",)):
+        for command in (["reproduce", REDACTED_COMPLETED, "--workdir", str(completed)],
+                        ["train", "--resume", REDACTED_INTERRUPTED, "--workdir", str(interrupted)],
+                        ["eval", REDACTED_COMPLETED, "--workdir", str(completed)]):
+            line = refusal(cli(*command, *trust))
+            assert "model.kwargs.key_dim, model.kwargs.max_tokens: recorded as \"***\" by an earlier veritrain" in line, line
+    assert len(list((completed / "runs").iterdir())) == 1  # reproduce started no run
+    after = json.loads((interrupted / "runs" / REDACTED_INTERRUPTED / "record.json").read_text())
+    assert after["status"] == "interrupted" and not after.get("resumes")

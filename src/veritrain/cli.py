@@ -86,6 +86,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
     if _torchrun_follower():  # rank 1… of `torchrun … -m veritrain run`: rank 0 runs the command, this one trains along
         return pipeline.follow()
     resolved = load_config(config, overrides)
+    pipeline.refuse_secrets(pipeline.python_argv(), hypothesis)  # before the smoke test: the record keeps them as given
     workspace = Workspace.open(workdir)
     if dry_run or reuse_completed:
         from veritrain import housekeeping
@@ -1056,16 +1057,19 @@ def runs_note(ref: str, text: str, conclusion: bool, waive: Optional[str], workd
     from veritrain import pipeline
     from veritrain.check import ROWS
     from veritrain.record import NOTES_FILE, now_iso
-    from veritrain.secrets import redact_text
+    from veritrain.secrets import find_secret
     from veritrain.workspace import Workspace
 
     if waive is not None and waive not in ROWS:
         raise UserError(f"--waive {waive}: not a check row; give one of {', '.join(ROWS)}")
     if waive is not None and not text.strip():
         raise UserError(f"--waive {waive}: give the reason the row cannot pass as TEXT")
+    kind = find_secret(text)
+    if kind is not None:
+        raise UserError(f"TEXT holds {kind}; a note is kept as written (and shown in experiments.md): leave the secret out")
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
-    note = {"at": now_iso(), "text": redact_text(text), "conclusion": conclusion}
+    note = {"at": now_iso(), "text": text, "conclusion": conclusion}
     if waive is not None:
         note["waive"] = waive
     with open(run_dir / NOTES_FILE, "a", encoding="utf-8") as f:
@@ -1383,6 +1387,8 @@ FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # errors of the machine, 
 
 
 def _error(message: str, code: int) -> None:
+    from veritrain.secrets import redact_text
+
     sys.stdout.flush()
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {redact_text(message)}", file=sys.stderr)  # a message may quote a value given on the command line
     sys.exit(code)

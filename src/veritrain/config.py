@@ -31,7 +31,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from veritrain.errors import ConfigError, UserError
 from veritrain.hashing import canonical_json, sha256_json
-from veritrain.secrets import ENV_REFERENCE, expand_env
+from veritrain.secrets import ENV_REFERENCE, config_secret, expand_env
 from veritrain.task_registry import TASKS
 
 # The built-in default config is the one shipped as configs/digits.yaml; its experiment name
@@ -489,10 +489,37 @@ def paths_from_record(recorded: dict[str, str]) -> dict[str, Path]:
 
 
 def config_dict(config: RunConfig) -> dict[str, Any]:
-    """The config as recorded: secret-looking values redacted (see veritrain.secrets)."""
-    from veritrain.secrets import redact
+    """The config as recorded: every value as given (`load_config` refuses secrets, see veritrain.secrets)."""
+    return config.model_dump(mode="json")
 
-    return redact(config.model_dump(mode="json"))
+
+# `config_recorded` of a record whose config holds every value as given; records without it come from a
+# veritrain that replaced values under secret-looking keys (`max_tokens`, `api_key`) by "***"
+CONFIG_AS_GIVEN = "as_given"
+NOT_RECORDED = "***"
+
+
+def config_from_record(record: dict[str, Any]) -> RunConfig:
+    """The config a run recorded, to build its model or train it again (resume, reproduce, eval, export, the
+    ranks of a multi-process run). A record of an earlier veritrain whose config holds "***" lost those values:
+    nothing rebuilt from it would be the run, so it is refused naming the keys (verify still checks such a run)."""
+    config = record["config"]
+    if record.get("config_recorded") != CONFIG_AS_GIVEN:
+        lost = sorted(_values_not_recorded(config, []))
+        if lost:
+            raise UserError(f"run {record.get('run_id')}: {', '.join(lost[:5])}: recorded as \"***\" by an earlier veritrain, which did not "
+                            "keep the value, so the run cannot be rebuilt from its record; start a new run with the value given "
+                            "(a secret as ${env:NAME})")
+    return RunConfig.model_validate(config)
+
+
+def _values_not_recorded(value: Any, path: list[str]) -> list[str]:
+    """Key paths of the strings in a recorded config that are or hold "***"."""
+    if isinstance(value, dict):
+        return [key for name, item in value.items() for key in _values_not_recorded(item, path + [str(name)])]
+    if isinstance(value, list):
+        return [key for i, item in enumerate(value) for key in _values_not_recorded(item, path + [str(i)])]
+    return [_key_text(path)] if isinstance(value, str) and NOT_RECORDED in value else []
 
 
 # Keys added after runs were first recorded, with the default each was added at. A config that leaves such a
@@ -560,6 +587,14 @@ def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]
         key, value = _parse_override(item)
         _apply_override(raw, key, value)
         overridden.add(key)
+
+    secret = config_secret(raw)  # before validation, whose messages quote values
+    if secret is not None:
+        where, kind = secret
+        dotted = ".".join(where)
+        origin = "--set" if any(dotted == o or dotted.startswith(o + ".") for o in overridden) else source
+        raise ConfigError(origin, _key_text(where), f"holds {kind}, and a run records its config as written; write the secret "
+                          "as ${env:NAME} and export NAME before running")
 
     try:
         config = RunConfig.model_validate(raw)
@@ -742,8 +777,9 @@ def _apply_override(raw: dict[str, Any], key: str, value: Any) -> None:
         prefix = ".".join(parts[: depth + 1])
         info = schema.model_fields.get(part) if schema else None
         schema = _section_type(info.annotation) if info else None
+        mapping = info is not None and typing.get_origin(info.annotation) is dict  # model.kwargs.max_tokens=512
         child = node.get(part)
-        if (info is not None and schema is None) or (child is not None and not isinstance(child, dict)):
+        if (info is not None and schema is None and not mapping) or (child is not None and not isinstance(child, dict)):
             raise ConfigError("--set", key, f"{prefix} is a value, not a section; set {prefix}=... instead")
         if child is None:
             child = node[part] = {}

@@ -188,17 +188,15 @@ def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, 
 
 def architecture(model_cfg: Any, model: Any, input_shape: list[int], num_outputs: int) -> dict[str, Any]:
     """What builds the model again: for a built-in one every argument of `models.build` and its layers as plain
-    operations with their state_dict keys; for a user model the factory, its kwargs (as recorded: secrets redacted,
+    operations with their state_dict keys; for a user model the factory, its kwargs (as recorded: as given,
     `${env:NAME}` references stay references) and its arguments."""
     from veritrain import models
 
     built = {"module": f"{type(model).__module__}.{type(model).__qualname__}", "input_shape": input_shape, "num_outputs": num_outputs,
              "parameters": int(sum(p.numel() for p in model.parameters()))}
     if model_cfg.target:
-        from veritrain.secrets import redact
-
-        # as recorded: secret-looking values redacted, `${env:NAME}` references kept (the model's reader resolves them)
-        return {"name": None, "target": model_cfg.target, "kwargs": redact(model_cfg.kwargs), **built,
+        # as recorded: `${env:NAME}` references kept (the model's reader resolves them)
+        return {"name": None, "target": model_cfg.target, "kwargs": json.loads(json.dumps(model_cfg.kwargs)), **built,
                 "rebuild": "call target(input_shape=input_shape, num_outputs=num_outputs, **kwargs) and load model.safetensors into it",
                 "layers": None}
     layers = models.describe(model)

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain import config as config_module
 from veritrain import logs
-from veritrain.config import ResolvedConfig, RunConfig, config_hash, paths_from_record
+from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_from_record, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
 from veritrain.hashing import sha256_file
 from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, reseal, save_code, write_record
-from veritrain.secrets import allowed_environment, redact_argv, redact_text
+from veritrain.secrets import allowed_environment, find_secret, secret_in_command_line
 from veritrain.signals import StopFlag, interruptible
 from veritrain.train import distributed
 from veritrain.train.distributed import RankLost
@@ -67,6 +67,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     or it is the stored version of an earlier recipe. `sweep` links a trial of `veritrain sweep` (id, trial,
     change). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed)."""
     cfg = resolved.config
+    refuse_secrets(argv, hypothesis)
     if parent is not None:
         parent = workspace.resolve_run(parent).name  # fails before anything starts when it does not exist
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain run|train` (the others `follow`)
@@ -90,15 +91,16 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "status": "running",
         "started_at": now_iso(),
         "ended_at": None,
-        "argv": redact_argv(argv),
-        "exp_name": redact_text(cfg.exp_name) if cfg.exp_name else cfg.exp_name,
+        "argv": argv,
+        "exp_name": cfg.exp_name,
         "task": cfg.task,
         "seed": cfg.seed,
         "config": resolved.as_dict(),
+        "config_recorded": CONFIG_AS_GIVEN,  # every value as given: resume and reproduce rebuild from it
         "config_hash": resolved.hash,
         "config_source": {
             "path": str(resolved.path) if resolved.path else None,
-            "overrides": redact_argv(resolved.overrides),
+            "overrides": list(resolved.overrides),
             "data_root": cfg.data.root,
             "data_root_resolved": resolved.recorded_data_paths().get("root"),
             "data_paths_resolved": resolved.recorded_data_paths(),
@@ -116,7 +118,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "sweep": sweep,
         "distributed": None,  # several processes: world size, nodes, backend, devices, launch command
         "reproduced_from": reproduced_from,
-        "hypothesis": redact_text(hypothesis) if hypothesis else None,  # stated before the run, sealed with it
+        "hypothesis": hypothesis or None,  # stated before the run, sealed with it
         "parent": parent,  # the reference run experiments.md compares the config with
         "smoke": smoke,  # the smoke test this run relied on, or {"status": "skipped"} with --no-smoke
         "error": None,
@@ -135,9 +137,11 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     or `auto`: the newest interrupted (or stale running) run whose config hash and data version
     match `match`. A run trained by several processes resumes with as many (`nproc`, when given,
     must be that number)."""
+    refuse_secrets(argv)
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain train --resume RUN`
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
     record = read_record(run_dir)
+    cfg = config_from_record(record)
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
     status = record.get("status")
     if status == "completed":
@@ -155,13 +159,12 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     if nproc is not None and nproc != world_size:
         raise UserError(f"--nproc {nproc}: run {run_dir.name} was trained by {world_size} process(es); resume it with the same number "
                         f"(--nproc {world_size}, or leave --nproc out): each rank's random state and share of the data are in its checkpoints")
-    cfg = RunConfig.model_validate(record["config"])
     if config_hash(cfg) != record["config_hash"]:
         raise RunFailed(f"--resume {ref}: the recorded config of {run_dir.name} no longer hashes to its config_hash; this veritrain cannot resume it")
     paths = paths_from_record(record["config_source"].get("data_paths_resolved", {}))
     resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
     record.update(status="running", ended_at=None, error=None)
-    record.setdefault("resumes", []).append({"at": now_iso(), "argv": redact_argv(argv), "previous_status": status})
+    record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": status})
     return _execute(record, run_dir, resolved, workspace, resume=True)
 
 
@@ -314,7 +317,7 @@ def follow() -> int:
             return 0
         run_dir = Path(announced["run_dir"])
         file_log = logs.attach_file(run_dir / f"train.rank{ranks.rank}.log")
-        cfg = RunConfig.model_validate(read_record(run_dir)["config"])
+        cfg = config_from_record(read_record(run_dir))
         data = prepare.load_version(Path(announced["data_path"]))
         with interruptible() as stop:
             loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=announced["resume"], events=[], ranks=ranks)
@@ -529,6 +532,16 @@ def python_argv() -> list[str]:
     return ["veritrain", *sys.argv[1:]]
 
 
+def refuse_secrets(argv: list[str], hypothesis: Optional[str] = None) -> None:
+    """A record keeps its command line and hypothesis as given: one holding a secret by its shape is refused."""
+    found = secret_in_command_line(argv)
+    if found is None and hypothesis and (kind := find_secret(hypothesis)):
+        found = f"--hypothesis ({kind})"
+    if found is not None:
+        raise UserError(f"{found}: a run records its command line as given; leave the secret out (a config value can be "
+                        "${env:NAME}, read when it is used)")
+
+
 # ---------------------------------------------------------------- stages on an existing run
 
 
@@ -556,10 +569,10 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     record = read_record(run_dir)
     if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
+    cfg = config_from_record(record)
     if not verified:  # the caller (audit) has just verified the run itself
         refuse_unverified(run_dir, workspace, "it is not changed or re-sealed")
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
-    cfg = RunConfig.model_validate(record["config"])
     recorded = (record.get("data") or {}).get("version")
     stored = workspace.state_dir / "data" / str(recorded)
     paths = paths_from_record(record["config_source"].get("data_paths_resolved", {}))

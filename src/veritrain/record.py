@@ -249,6 +249,7 @@ class RunRecord(_Part):
     task: Optional[str] = None
     seed: Optional[int] = None
     config: dict[str, Any]
+    config_recorded: Optional[str] = None  # "as_given"; absent in records that replaced values under secret-looking keys by "***"
     config_hash: Optional[Sha256] = None
     config_source: Optional[ConfigSource] = None
     code: Optional[Code] = None

@@ -1,13 +1,15 @@
-"""Keep secrets out of runs: redaction of secret-looking values, `${env:NAME}` references, and the
-short allowlist of environment variables a record may name.
+"""Keep secrets out of runs: refuse them where they would be recorded, redact them by shape where text is only
+shown, `${env:NAME}` references, and the short allowlist of environment variables a record may name.
 
-A value is redacted (`***`) when its key looks secret (contains token, key, secret, password, passwd or
-authorization). In free text (argv, logs, hypotheses, notes, data cards) the redacted parts are: the password
-of a URL (`scheme://user:***@host`, whatever characters it holds), `key=value` pairs whose key looks secret,
-the credentials of an `Authorization:` header or after `Bearer`, and tokens of well-known shapes (Hugging
-Face, GitHub, GitLab, OpenAI/Anthropic, AWS access key ids, Slack, Google, Stripe, npm, PyPI, JWTs, PEM
-private keys). Secrets belong in the environment: a config value `${env:NAME}` is recorded as that
-reference and read when it is used, so a run can still be reproduced by whoever has the variable.
+A config is recorded exactly as written (record.json, config.yaml, argv, sweep plans), so `find_secret` and
+`config_secret` tell `config.load_config` and the commands what to refuse: a value holding a secret by its
+shape (the password of a URL, the credential of an `Authorization:` header or after `Bearer`, tokens of
+well-known shapes: Hugging Face, GitHub, GitLab, OpenAI/Anthropic, AWS access key ids, Slack, Google, Stripe,
+npm, PyPI, JWTs, PEM private keys), or a literal under a key named as a credential (`password`, `api_key`, ...).
+Key names that merely contain such letters (`max_tokens`, `key_dim`) mean nothing. Secrets belong in the
+environment: a config value `${env:NAME}` is recorded as that reference and read when it is used, so a run can
+still be reproduced by whoever has the variable. Logs, the console and error lines redact the same shapes
+(`redact_text`): `scheme://user:***@host`, `Bearer ***`, `***` for a token.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any
+from typing import Any, Optional
 
 REDACTED = "***"
-SECRET_KEY = re.compile(r"token|key|secret|passw(or)?d|authorization", re.IGNORECASE)
+# keys whose value is a credential, whatever it looks like: these exact names, and names ending in the suffixes
+CREDENTIAL_KEYS = frozenset({"password", "passwd", "secret", "api_key", "apikey", "access_key", "secret_key", "access_token", "auth_token"})
+CREDENTIAL_SUFFIXES = ("_password", "_secret", "_api_key")
 # Any run of non-space characters holding `://`; its userinfo is redacted by `_url_password_redacted`.
 URL_TOKEN = re.compile(r"(?<!\S)\S*://\S*")  # starts only where a run starts: each run is scanned once
 # `Authorization: Bearer x`, `'Authorization': 'Basic x'`, `authorization=x`: the credential after the scheme word
@@ -45,8 +49,7 @@ TOKEN = re.compile(
 PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.DOTALL)
 # Every secret above contains one of these (lowercased); a line without any, as most log lines are, skips the
 # patterns. Searched in `text.lower()`: about 1 µs for an epoch line, where re.IGNORECASE costs 14.
-SECRET_HINT = re.compile(r"://|token|key|secret|passw|authorization|bearer|hf_|gh[pousr]_|github_pat_|glpat-|sk-|akia|asia|xox|aiza|k_live_|k_test_|npm_|pypi-|eyj")
-ASSIGNMENT = re.compile(r"(?P<key>[\w.\-]*(token|key|secret|passw(?:or)?d)[\w.\-]*)(?P<sep>\s*[=:]\s*)(?P<value>[^\s,;&]+)", re.IGNORECASE)
+SECRET_HINT = re.compile(r"://|private key|authorization|bearer|hf_|gh[pousr]_|github_pat_|glpat-|sk-|akia|asia|xox|aiza|k_live_|k_test_|npm_|pypi-|eyj")
 ENV_REFERENCE = re.compile(r"\$\{env:(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}")
 
 # environment variables a record may name: they change results or their speed, and are not secret
@@ -55,7 +58,8 @@ ENV_ALLOWLIST = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "
 
 
 def redact_text(text: str) -> str:
-    """URL passwords, `secretkey=value` pairs, Authorization/Bearer credentials and known token shapes in free text."""
+    """URL passwords, Authorization/Bearer credentials, known token shapes and private keys in free text (logs,
+    the console, error lines): by the shape of the value, never by a key name (`max_tokens=512` stays)."""
     # an epoch line is redacted once per handler: most lines stop here
     if not SECRET_HINT.search(text.lower()):
         return text
@@ -66,17 +70,73 @@ def redact_text(text: str) -> str:
     text = TOKEN.sub(REDACTED, text)
     if "PRIVATE KEY-----" in text:
         text = PRIVATE_KEY.sub(REDACTED, text)
-    if SECRET_KEY.search(text):
-        text = ASSIGNMENT.sub(lambda m: m["key"] + m["sep"] + (m["value"] if ENV_REFERENCE.fullmatch(m["value"]) else REDACTED), text)
     return text
 
 
+def find_secret(text: str) -> Optional[str]:
+    """What secret `text` holds by its shape, as a message names it ("a URL password", ...), or None. A
+    `${env:NAME}` reference in the place of a secret is none: it is recorded as written and read when used."""
+    if not SECRET_HINT.search(text.lower()):
+        return None
+    text = ENV_REFERENCE.sub("\0", text)  # a reference is one character that no secret pattern takes for a secret
+    if "://" in text and "@" in text:
+        for match in URL_TOKEN.finditer(text):
+            span = _url_password(match[0])
+            if span is not None and match[0][span[0]: span[1]].strip("\0"):
+                return "a URL password (scheme://user:password@host)"
+    if any(m["credential"].strip("\0") for m in AUTH_HEADER.finditer(text)):
+        return "an Authorization credential"
+    if BEARER.search(text):
+        return "a bearer token"
+    if TOKEN.search(text):
+        return "a token of a known shape"
+    if PRIVATE_KEY.search(text):
+        return "a private key"
+    return None
+
+
+def is_credential_key(key: str) -> bool:
+    """`password`, `api_key`, `db_password`, ... (any case); `max_tokens` or `key_dim` are not."""
+    key = key.lower()
+    return key in CREDENTIAL_KEYS or key.endswith(CREDENTIAL_SUFFIXES)
+
+
+def config_secret(value: Any, path: tuple[str, ...] = ()) -> Optional[tuple[list[str], str]]:
+    """The first value of a config-like structure that would record a secret: (key path, what it is), or None.
+    A string holding a secret by its shape anywhere, or a literal (text or a number, not a `${env:NAME}`
+    reference) under a credential key; booleans, null and empty text are no secret."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = config_secret(item, (*path, str(key)))
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list):
+        return next((found for i, item in enumerate(value) if (found := config_secret(item, (*path, str(i)))) is not None), None)
+    named = bool(path) and is_credential_key(path[-1])
+    if isinstance(value, str):
+        kind = find_secret(value)
+        if kind is not None:
+            return list(path), kind
+        if named and value.strip() and not ENV_REFERENCE.search(value):
+            return list(path), "a credential written out (its key names one)"
+    elif named and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return list(path), "a credential written out (its key names one)"
+    return None
+
+
 def _url_password_redacted(match: re.Match[str]) -> str:
-    """`scheme://user:***@host...`: the password runs from the first `:` after `://` to the last `@` of the run,
-    since it may hold `/`, `@` or `:` unescaped (`https://u:p@ss/w0rd@host`, `s3://KEYID:se/cr@et@bucket`). The
-    user is kept; a user holding `/` is a path, so the next `://` is tried (`https://archive.org/web/https://u:p@h`).
-    A URL with a port and an `@` in its path loses that stretch too, which is the safe way to be wrong."""
     run = match[0]
+    span = _url_password(run)
+    return run if span is None else run[: span[0]] + REDACTED + run[span[1]:]
+
+
+def _url_password(run: str) -> Optional[tuple[int, int]]:
+    """Where the password of `scheme://user:password@host...` is in a run of non-space characters, or None: from
+    the first `:` after `://` to the last `@` of the run, since it may hold `/`, `@` or `:` unescaped
+    (`https://u:p@ss/w0rd@host`, `s3://KEYID:se/cr@et@bucket`). A user holding `/` is a path, so the next `://`
+    is tried (`https://archive.org/web/https://u:p@h`). A URL with a port and an `@` in its path loses that
+    stretch too, which is the safe way to be wrong."""
     at = run.rfind("@")
     start = run.find("://")
     while 0 <= start < at:  # each pass starts past the previous colon: linear in the run
@@ -85,30 +145,23 @@ def _url_password_redacted(match: re.Match[str]) -> str:
         if colon < 0:
             break
         if "/" not in run[user_start:colon]:
-            return run[: colon + 1] + REDACTED + run[at:]
+            return colon + 1, at
         start = run.find("://", user_start, at)
-    return run
+    return None
 
 
-def redact(value: Any, key: str = "") -> Any:
-    """A copy of a config-like structure with secret-looking values redacted (env references kept)."""
-    if isinstance(value, dict):
-        return {k: redact(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(v, key) for v in value]
-    if isinstance(value, str):
-        if ENV_REFERENCE.fullmatch(value.strip()):
-            return value
-        if key and SECRET_KEY.search(key) and value:
-            return REDACTED
-        return redact_text(value)
-    if key and SECRET_KEY.search(key) and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return REDACTED
-    return value
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    return [redact_text(a) for a in argv]
+def secret_in_command_line(argv: list[str]) -> Optional[str]:
+    """Where a command line that a record keeps holds a secret by its shape, as "--hypothesis (a bearer token)",
+    or None."""
+    for index, argument in enumerate(argv):
+        kind = find_secret(argument)
+        if kind is None:
+            continue
+        option = argv[index - 1] if index > 0 and argv[index - 1].startswith("-") else ""
+        if option == "--set" or (argument.startswith("--") and "=" in argument):
+            option = f"{option} {argument.partition('=')[0]}".strip()
+        return f"{option or f'argument {index}'} ({kind})"
+    return None
 
 
 def expand_env(text: str) -> str:

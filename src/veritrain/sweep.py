@@ -33,7 +33,6 @@ from veritrain.config import ResolvedConfig, load_config, without_added_defaults
 from veritrain.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import write_atomic
 from veritrain.record import now_iso, read_record
-from veritrain.secrets import redact_argv
 from veritrain.signals import StopFlag, interruptible
 from veritrain.sweep_trial import working_dir
 from veritrain.workspace import Workspace, by_prefix
@@ -53,14 +52,14 @@ ONE_AT_A_TIME, GRID = "one-at-a-time", "grid"
 @dataclass
 class PlannedTrial:
     index: int
-    change: dict[str, Any]  # config key → the trial's value (as its recorded, redacted config holds it)
+    change: dict[str, Any]  # config key → the trial's value (as its recorded config holds it)
     overrides: list[str]  # the --set arguments of the trial's config: the base ones, then the change
     config_hashes: list[str]  # one per seed (seed, seed+1, … with --repeat)
     seeds: list[int]
     hypothesis: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "change": self.change, "overrides": redact_argv(self.overrides),
+        return {"index": self.index, "change": self.change, "overrides": self.overrides,
                 "config_hashes": self.config_hashes, "seeds": self.seeds, "hypothesis": self.hypothesis}
 
 
@@ -87,7 +86,7 @@ class SweepPlan:
         """The plan as spec.json keeps it (and `--dry-run --json` prints it)."""
         cfg = self.base.config
         return {
-            "config": {"path": self.config_path, "overrides": redact_argv(self.base_overrides), "hash": self.base.hash, "cwd": self.cwd},
+            "config": {"path": self.config_path, "overrides": self.base_overrides, "hash": self.base.hash, "cwd": self.cwd},
             "exp_name": cfg.exp_name,
             "split": cfg.eval.split,
             "mode": self.mode,
@@ -314,6 +313,9 @@ class SweepOutcome:
 def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: bool, ray_address: Optional[str] = None) -> SweepOutcome:
     """Run a planned sweep: the smoke test of the base config (unless --no-smoke, or a --parent run stands in
     for the base config), the parent run, then the trials."""
+    from veritrain.pipeline import refuse_secrets
+
+    refuse_secrets(argv)  # spec.json keeps the command line as given
     smoke_result: dict[str, Any]
     if sweep_plan.parent_run:
         smoke_result = {"status": "skipped", "reason": f"the parent run {sweep_plan.parent_run} was given with --parent"}
@@ -325,7 +327,7 @@ def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: b
     else:
         smoke_result = {"status": "skipped"}
     sweep_id, folder = _new_sweep_folder(workspace)
-    spec = {"sweep_version": SWEEP_VERSION, "id": sweep_id, "created_at": now_iso(), "argv": redact_argv(argv),
+    spec = {"sweep_version": SWEEP_VERSION, "id": sweep_id, "created_at": now_iso(), "argv": argv,
             "workspace": str(workspace.root), "smoke": smoke_result, **sweep_plan.as_dict()}
     try:
         backend = _open_backend(sweep_plan.backend, spec, folder, sweep_plan.parallel, ray_address)
@@ -337,7 +339,6 @@ def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: b
              sweep_plan.mode, ", ".join(sweep_plan.varied), sweep_plan.repeat, sweep_plan.threads, folder / "spec.json")
     for note in sweep_plan.skipped:
         log.info("sweep: left out %s", note)
-    # in memory the --set values are as given; spec.json keeps them redacted
     overrides = {None: sweep_plan.base_overrides, **{t.index: t.overrides for t in sweep_plan.trials}}
     return _drive(workspace, spec, folder, argv, overrides, {}, backend, sweep_plan.parallel)
 
@@ -410,8 +411,7 @@ def _check_unchanged(spec: dict[str, Any], found: dict[Slot, dict[str, Any]], ov
                             "building its model would run that code: read spec.json and that code, then pass --trust-code")
         if resolved.hash != expected:
             raise UserError(f"--resume {ref}: {slot.name(spec['repeat'])}'s config now hashes to {resolved.hash[:12]}, the sweep planned "
-                            f"{expected[:12]}: {spec['config']['path'] or 'the built-in default'} changed since the sweep started (spec.json keeps "
-                            "no secret values: give those as ${env:NAME}); start a new sweep")
+                            f"{expected[:12]}: {spec['config']['path'] or 'the built-in default'} changed since the sweep started; start a new sweep")
 
 
 def _planned_hashes(spec: dict[str, Any]) -> dict[Slot, str]:

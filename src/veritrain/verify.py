@@ -371,17 +371,17 @@ def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = Fals
     """Run the recorded pipeline of RUN again (same config, seed, data version) into a new run and
     compare the final weights and every epoch's metrics."""
     from veritrain import pipeline
-    from veritrain.config import ResolvedConfig, RunConfig, config_hash
+    from veritrain.config import ResolvedConfig, config_from_record, config_hash
     from veritrain.data import prepare
     from veritrain.errors import UserError
     from veritrain.record import read_record
 
     original_dir = workspace.resolve_run(ref, "model")
     original = read_record(original_dir)
+    cfg = config_from_record(original)  # before the code is trusted: a run whose values were not recorded is refused either way
     pipeline.refuse_untrusted_code(workspace, original_dir, original, trust_code)
     if original.get("status") != "completed":
         raise UserError(f"{ref}: run {original_dir.name} is {original.get('status')}; only a completed run can be reproduced")
-    cfg = RunConfig.model_validate(original["config"])
     if config_hash(cfg) != original["config_hash"]:
         raise UserError(f"{ref}: the recorded config no longer hashes to its config_hash with this veritrain; it cannot be re-run as recorded")
     from veritrain.config import paths_from_record

@@ -922,10 +922,11 @@ def _seal_version(out: Path, info: dict[str, Any]) -> None:
 
 def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:
     """data.card, with what the source knows of itself (digits, CIFAR-10) filling the keys left empty;
-    URL credentials and the like are redacted (the card is free text)."""
-    from veritrain.secrets import redact
+    URL credentials and the like are redacted by their shape (the config's card holds none: load_config refuses them)."""
+    from veritrain.secrets import redact_text
 
-    return redact({key: value if value else source_card.get(key) for key, value in config_card.items()})
+    merged = {key: value if value else source_card.get(key) for key, value in config_card.items()}
+    return {key: redact_text(value) if isinstance(value, str) else value for key, value in merged.items()}
 
 
 def _write_card(version_dir: Path, card: dict[str, Any]) -> None:
