@@ -188,3 +188,52 @@ def test_no_false_alarm_on_ten_honest_runs(tmp_path):
         audited = veritrain("audit", trained.json()["run_id"], "--segments", "100", "--workdir", str(tmp_path), "--json")
         assert audited.code == 0, f"seed {seed}: {audited.stdout}{audited.stderr}"
         assert audited.json()["verdict"] == "identical" and audited.json()["segments_audited"] >= 6
+
+
+@pytest.mark.slow
+def test_a_forged_segment_without_a_start_checkpoint_is_replayed_from_an_earlier_state(tmp_path):
+    """With the default audit_every 0 only the newest checkpoints stay. The forger puts a state trained on other data
+    at step 40 and lets the real loop resume from it: verify passes, the segment 30 → 40 has no checkpoint to start
+    from, and the audit replays it from the initial state and names it."""
+    from veritrain.hashing import state_dict_sha256
+    from veritrain.record import write_record
+    from veritrain.train import checkpoint, trajectory
+
+    plain = ["--set", "train.epochs=3", "--set", "model.name=mlp", "--set", "model.hidden=[16]", "--set", "checkpoint.every_steps=10"]
+    workdir = tmp_path / "ws"
+    honest = veritrain("train", *plain, "--workdir", str(workdir), "--json")
+    assert honest.code == 0, honest.stderr
+    honest_dir = Path(honest.json()["run_dir"])
+    other = veritrain("train", *plain, "--set", "data.split_seed=1", "--set", "checkpoint.keep_last=100", "--workdir", str(tmp_path / "other"), "--json")
+    assert other.code == 0, other.stderr
+    foreign = checkpoint.load(Path(other.json()["run_dir"]) / "checkpoints" / "step-40.pt")
+
+    forged_dir = copy_run(honest_dir, COPY_ID)
+    honest_record = record(forged_dir)
+    entries = honest_record["trajectory"][:5]  # steps 0, 10, 20, 23, 30: the honest story up to step 30
+    foreign["config_hash"], foreign["data_version"] = honest_record["config_hash"], honest_record["data"]["version"]
+    entries = [{k: e[k] for k in ("step", "epoch", "state_sha256", "model_sha256", "chain")} for e in entries]
+    entries.append(trajectory.entry(entries, foreign["config_hash"], foreign["data_version"], 40, 2,
+                                    trajectory.state_sha256(foreign), state_dict_sha256(foreign["model"])))
+    foreign["loop"]["trajectory"], foreign["loop"]["other_saves"] = entries, []
+    for path in (forged_dir / "checkpoints").iterdir():
+        path.unlink()
+    checkpoint.write(forged_dir / "checkpoints", checkpoint.encode(foreign), ["step-40.pt"], keep_last=100)
+    (forged_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in (honest_dir / "metrics.jsonl").read_text().splitlines()[:1]))
+    (forged_dir / "steps.jsonl").unlink(missing_ok=True)
+    honest_record.update(status="interrupted", training=None, final_state_sha256=None, trajectory=None, other_saves=None)
+    write_record(forged_dir, honest_record)
+    resumed = veritrain("train", "--resume", COPY_ID, "--workdir", str(workdir), "--json")
+    assert resumed.code == 0, resumed.stderr
+    forged = record(forged_dir)
+    assert [e["step"] for e in forged["trajectory"]] == [0, 10, 20, 23, 30, 40, 46, 50, 60, 69]
+    assert not (forged_dir / "checkpoints" / "step-30.pt").exists()  # no start checkpoint for the forged segment
+    assert veritrain("verify", COPY_ID, "--workdir", str(workdir)).code == 0
+
+    audited = veritrain("audit", COPY_ID, "--segments", "100", "--workdir", str(workdir), "--json")
+    assert audited.code == 1, audited.stderr
+    verdicts = {s["segment"]: s for s in audited.json()["segments"]}
+    assert [verdicts[i]["verdict"] for i in range(1, 5)] == ["identical"] * 4
+    assert verdicts[5]["verdict"] == "differs" and verdicts[5]["replayed_from_step"] == 0  # from the initial state
+    assert verdicts[9]["verdict"] == "identical" and verdicts[9]["replayed_from_step"] == 60  # its own kept start
+    assert "segment(s) 5 differ" in audited.stderr.strip().splitlines()[-1]

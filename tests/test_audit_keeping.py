@@ -78,9 +78,9 @@ def test_archive_leaves_out_audit_only_checkpoints_and_the_import_verifies(audit
     verified = verify_run(copy, target.state_dir, rehash_data=False)
     assert verified["ok"], verified["problems"]
     assert verified["seal"] == (run_dir / "record.sha256").read_text().strip()
-    # audit can start only where a checkpoint is: the initial state and step 40 (segments 1 and 6)
+    # imported without its data version: no replay can run here, and the row says what to bring
     row = next(i for i in check_run(copy, target.state_dir, verified)["items"] if i["id"] == "auditable")
-    assert row["status"] == "pass" and row["detail"].startswith("2 of 6 segments auditable; 2 checkpoint(s) kept for audit are not here")
+    assert row["status"] == "missing" and "the data version" in row["detail"] and "--with-data" in row["fix"]
     # the imported run archives again (the same files left out), but not --with-audit: it has not got them
     again = archive.create(copy, target.state_dir, tmp_path / "again.tar.gz", with_data=False)
     assert again["left_out"] == AUDIT_ONLY_FILES
@@ -187,14 +187,16 @@ def test_check_counts_auditable_segments(audited):
 
     run_dir = audited["run_dir"]
     row = next(i for i in check_run(run_dir, audited["workdir"] / ".veritrain")["items"] if i["id"] == "auditable")
-    # segments 1 (from the initial state), 3, 5 and 6 start at a checkpoint that is here (steps 20, 30, 40)
-    assert row == {"id": "auditable", "item": "audit: auditable segments", "status": "pass", "detail": "4 of 6 segments auditable", "fix": None}
+    # starts: the initial state and steps 20, 30, 40, 46 (step files here); segment 2 (10 → 20) replays from step 0
+    assert row == {"id": "auditable", "item": "audit: auditable segments", "status": "pass",
+                   "detail": "all 6 segments auditable; the longest replay a segment needs: 2 segment(s), 20 steps", "fix": None}
     record = record_of(run_dir)
+    state_dir = audited["workdir"] / ".veritrain"
     plain = {**record, "trajectory": [{**e, "kept_for_audit": False} for e in record["trajectory"]]}
-    status, fix, detail = _auditable_row(run_dir, plain, "veritrain run config.yaml")
-    assert status == "pass" and detail == "4 of 6 segments auditable; no checkpoints kept for audit (checkpoint.audit_every keeps them)"
+    status, fix, detail = _auditable_row(run_dir, plain, state_dir, "veritrain run config.yaml")  # flags that disagree with audit_every 2
+    assert status == "fail" and "kept_for_audit False, but checkpoint.audit_every 2 keeps it" in detail
     for older in ({**record, "trajectory": None}, {k: v for k, v in record.items() if k != "trajectory"}):
-        status, fix, detail = _auditable_row(run_dir, older, "veritrain run config.yaml")
+        status, fix, detail = _auditable_row(run_dir, older, state_dir, "veritrain run config.yaml")
         assert status == "n/a" and fix == "veritrain run config.yaml --set checkpoint.audit_every=1"
 
 
@@ -215,7 +217,7 @@ def test_run_page_shows_the_trajectory_and_the_audits(audited, tmp_path):
     (workspace.state_dir / "audits" / run / "29990101T000000-000008.json").write_text(json.dumps(forged))
     html = TestClient(create_app(workspace), base_url="http://127.0.0.1:8765").get(f"/runs/{run}").text
     section = html[html.index('<section id="trajectory">'):html.index('<section id="events">')]
-    assert "4 of 6 segments auditable; 3 checkpoint(s) kept for audit" in section
+    assert "6 of 6 segments auditable; 3 checkpoint(s) kept for audit" in section and "auditable from step 0" in section
     assert len(re.findall(r'<tr data-step="', section)) == len(STEPS)
     assert section.count("kept for audit</td>") == 3 and '<tr data-step="23" class=" segment-differs">' in section
     audits = re.findall(r'<tr class="audit verdict-row-(\w+)">.*?<code>(\d+)</code>', section)

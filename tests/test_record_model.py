@@ -17,6 +17,7 @@ from veritrain.record import RunRecord, record_problem, write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY = ROOT / "tests" / "fixtures" / "legacy"
+LEGACY_COMPLETED = "20261130-064052-598-fd2b78"  # legacy-completed.tar.gz: the oldest completed run
 
 
 def documented_rows() -> dict[str, tuple[str, str]]:
@@ -125,7 +126,7 @@ FORGERIES = {  # what a forger changes → the words the refusal names
 def forged_workspace(tmp_path):
     """A workspace holding the legacy fixture's completed run and, beside it, one forged copy per forgery."""
     legacy_records(tmp_path)
-    [good] = [p.parent for p in tmp_path.glob("runs/*/record.json") if json.loads(p.read_text())["status"] == "completed"]
+    [good] = [p.parent for p in tmp_path.glob("runs/*/record.json") if p.parent.name == LEGACY_COMPLETED]
     for other in tmp_path.glob("runs/*"):
         if other != good:
             shutil.rmtree(other)

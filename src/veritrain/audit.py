@@ -1,19 +1,24 @@
-"""`veritrain audit RUN`: check that a run's weights came from its recorded training without redoing it.
+"""`veritrain audit RUN`: check that a run's weights and results came from its recorded training without redoing it.
 
 `verify` proves the files are the recorded ones; whoever can train can also write a consistent record.
 The trajectory (veritrain.train.trajectory) commits to the training state at every scheduled
-checkpoint. The audit draws S segments at random among those it can replay (from the initial state,
-or from a checkpoint the run kept), replays each with the recorded config and data version on this
-machine, and demands the recorded state hash at the segment's end, bit for bit. Training is exact on
-the same kind of machine, so a difference is evidence, not noise. The auditor draws a fresh seed
-(printed) unless `--seed` repeats an earlier audit, so the trainer cannot know the segments in advance.
+checkpoint. The audit first runs the full `verify`, then draws S segments at random among all N of the
+trajectory and replays each from the nearest earlier state it can start from (the initial state, rebuilt
+from the config, or a checkpoint the run kept), with the recorded config and data version on this machine,
+demanding the recorded state hash at every entry on the way, bit for bit. Segments that share a start share
+one replay, so any audit costs at most one pass over the run; `checkpoint.audit_every` K bounds a replay to
+K segments. Then every result the record binds to an entry (metrics, export parity) is computed again from
+it and compared. Training is exact on the same kind of machine, so a difference is evidence, not noise. The
+auditor draws a fresh seed (printed) unless `--seed` repeats an earlier audit, so the trainer cannot know
+the segments in advance. A trajectory with F forged segments escapes an audit that checked c of N segments
+with probability C(N−c, F) / C(N, F).
 
     veritrain audit latest --segments 2
     veritrain audit RUN --segments 5 --seed 1234 --out audit.json --json
 
-Exit codes: 0 every segment identical; 1 a segment differs (or the run does not verify); 2 the audit
-cannot start (no auditable segments, or this machine cannot replay the run exactly: the difference is
-named, and it is never a forgery verdict).
+Exit codes: 0 every segment and result identical; 1 one differs (or the run does not verify); 2 the audit
+cannot start (this machine cannot replay the run exactly: the difference is named, and it is never a
+forgery verdict).
 """
 
 from __future__ import annotations
@@ -40,11 +45,12 @@ log = logging.getLogger("veritrain")
 DECISIVE_PACKAGES = ("torch", "numpy", "veritrain")
 
 
-def escape_probability(total: int, forged: int, sampled: int) -> float:
-    """The chance that S segments drawn without replacement among N all miss F forged ones: C(N−F, S) / C(N, S)."""
-    if sampled > total or forged > total:
+def escape_probability(total: int, forged: int, covered: int) -> float:
+    """The chance that F forged segments, placed anywhere among N, all lie outside the c segments an audit checked:
+    C(N−c, F) / C(N, F)."""
+    if covered > total or forged > total:
         return 0.0
-    return math.comb(total - forged, sampled) / math.comb(total, sampled)
+    return math.comb(total - covered, forged) / math.comb(total, forged)
 
 
 def replay_blockers(record: dict[str, Any], run_dir: Path) -> tuple[list[str], list[str]]:
@@ -107,7 +113,7 @@ def _quiet() -> Iterator[None]:
 def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] = None, out: Optional[Path] = None,
         trust_code: bool = False) -> dict[str, Any]:
     """Audit a run; returns the result (also written to `out` and to .veritrain/audits/<run>/). Raises
-    UserError (exit 2) when the audit cannot start."""
+    UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify."""
     from veritrain import pipeline
     from veritrain.train import trajectory as trajectory_module
     from veritrain.verify import verify_run
@@ -118,9 +124,11 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
         raise UserError(f"--out {out}: inside the run folder; the audit never writes into the run (it would no longer verify)")
     entries = record.get("trajectory") or []
     if not entries:
-        raise UserError(f"{run_dir.name}: the record has no trajectory (a baseline run, or a run made before trajectories); nothing to audit")
-    # the files, the chain and its endpoint; the start checkpoints' states are matched with the trajectory below
-    checked = verify_run(run_dir, workspace.state_dir, rehash_data=False, check_states=False)
+        raise UserError(f"{run_dir.name}: the record has no trajectory (a baseline run, a run of an outside checkpoint, or a run made "
+                        "before trajectories); nothing to audit")
+    # the full `veritrain verify` first (checkpoint states, keep rule, results and data included): a run that does not
+    # verify has nothing an audit could vouch for
+    checked = verify_run(run_dir, workspace.state_dir)
     if checked["problems"]:
         first = checked["problems"][0]
         raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']} ({first.get('detail', '')}); the run does not verify, "
@@ -128,40 +136,53 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     blockers, notes = replay_blockers(record, run_dir)
     if blockers:
         raise UserError(f"{run_dir.name}: this machine cannot replay the run exactly: {'; '.join(blockers[:4])}; audit it on a machine like the recorded one (`veritrain runs show {run_dir.name}`)")
-    available = {e["step"] for e in entries if (run_dir / "checkpoints" / f"step-{e['step']}.pt").is_file()}
-    auditable = trajectory_module.auditable_segments(entries, available)
-    if not auditable:
-        raise UserError(f"{run_dir.name}: no auditable segment (no checkpoint of the trajectory is kept); "
-                        "train with checkpoint.audit_every to keep them")
+    starts = trajectory_module.start_points(entries, trajectory_module.kept_checkpoints(run_dir, record))
+    total = len(entries) - 1
     if seed is None:
         seed = secrets.randbits(63)  # the auditor's own randomness: the trainer cannot know the segments
     import random
 
-    chosen = sorted(random.Random(seed).sample(auditable, min(segments, len(auditable))))
+    chosen = sorted(random.Random(seed).sample(range(1, total + 1), min(segments, total)))
+    plan = trajectory_module.stretches(chosen, set(starts))
+    unreachable = sorted(set(chosen) - {i for start, end in plan for i in range(start + 1, end + 1)})
+    if unreachable:
+        raise UserError(f"{run_dir.name}: segment(s) {', '.join(map(str, unreachable))} have no earlier state to replay from (the "
+                        "trajectory does not start at the initial state and no earlier checkpoint is kept)")
     opened = pipeline.open_run(workspace, run_dir.name, trust_code=trust_code, need="model", verified=True)
     threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
-    verdicts = []
+    verdicts: list[dict[str, Any]] = []
+    replays = []
     started = time.perf_counter()
-    for index in chosen:
-        verdicts.append(_replay_segment(opened, entries, index, threads, workspace))
+    for start, end in plan:
+        t = time.perf_counter()
+        verdicts.extend(_replay_stretch(opened, entries, start, end, starts[start], threads, workspace))
+        replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
+                        "seconds": round(time.perf_counter() - t, 3)})
+    results = _check_results(opened, entries, workspace)
     seconds = time.perf_counter() - started
     training_seconds = float((record.get("timings") or {}).get("train") or 0.0)
-    differs = [v for v in verdicts if v["verdict"] != "identical"]
+    checked_segments = [v for v in verdicts if v["verdict"] in ("identical", "differs")]
+    differs = [v for v in verdicts if v["verdict"] == "differs"] + [r for r in results if r["verdict"] == "differs"]
+    covered = len(checked_segments)
     result = {
         "run_id": run_dir.name,
         "audited_at": now_iso(),
         "seed": seed,
-        "segments_total": len(entries) - 1,
-        "segments_auditable": len(auditable),
-        "segments_audited": len(chosen),
+        "segments_total": total,
+        "segments_auditable": total,  # every segment: each is replayed from the nearest earlier kept state
+        "segments_drawn": chosen,
+        "segments_audited": covered,  # every segment checked on the way, drawn or not
         "verdict": "differs" if differs else "identical",
         "segments": verdicts,
+        "replays": replays,
+        "results": results,
         "replay_seconds": round(seconds, 3),
         "training_seconds": training_seconds,
         "cost_fraction": round(seconds / training_seconds, 4) if training_seconds else None,
-        # the chance that an audit like this one misses a trajectory with F forged auditable segments
-        "escape_probability": {str(f): escape_probability(len(auditable), f, len(chosen)) for f in (1, 2, 5) if f <= len(auditable)},
+        # the chance that a trajectory with F forged segments escapes an audit that checked c of its N segments
+        "escape_probability": {str(f): escape_probability(total, f, covered) for f in (1, 2, 5) if f <= total},
         "environment_notes": notes,
+        "not_checked": checked.get("not_checked", []),
         "command": f"veritrain audit {run_dir.name} --segments {segments} --seed {seed}",
     }
     text = json.dumps(result, indent=2) + "\n"
@@ -174,33 +195,41 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     return result
 
 
-def _replay_segment(opened: Any, entries: list[dict[str, Any]], index: int, threads: int, workspace: Workspace) -> dict[str, Any]:
-    """Replay entry index−1 → entry index in a scratch folder and compare the state hash."""
+def _replay_stretch(opened: Any, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,
+                    workspace: Workspace) -> list[dict[str, Any]]:
+    """Replay entry `start` → entry `end` once in a scratch folder (from the initial state when `start_file` is None)
+    and compare the state hash of every entry on the way: one verdict per segment start+1 … end."""
     import torch
 
     from veritrain.errors import VeritrainError
     from veritrain.signals import StopFlag
     from veritrain.train import checkpoint, loop, trajectory as trajectory_module
 
-    start, end = entries[index - 1], entries[index]
-    verdict: dict[str, Any] = {"segment": index, "from_step": start["step"], "to_step": end["step"], "epoch": end["epoch"]}
+    def verdict(index: int, **fields: Any) -> dict[str, Any]:
+        return {"segment": index, "from_step": entries[index - 1]["step"], "to_step": entries[index]["step"], "epoch": entries[index]["epoch"],
+                "replayed_from_step": entries[start]["step"], **fields}
+
+    def unchecked(after: int, why: str) -> list[dict[str, Any]]:
+        return [verdict(i, verdict="unchecked", detail=why) for i in range(after, end + 1)]
+
     scratch_root = workspace.state_dir / "tmp"
     scratch_root.mkdir(parents=True, exist_ok=True)
     previous_threads = torch.get_num_threads()
-    t = time.perf_counter()
+    resume = start_file is not None
+    carried = 1  # entries the replay starts with: the initial state's, or those the start checkpoint carries
     with tempfile.TemporaryDirectory(prefix="audit-", dir=scratch_root) as scratch:
         run_dir = Path(scratch)
-        resume = not trajectory_module.starts_at_initial_state(entries, index)
-        if resume:  # start from the kept checkpoint (its sidecar is checked when it loads), which must hold the entry's state
-            name = f"step-{start['step']}.pt"
-            held = trajectory_module.state_sha256(checkpoint.load(opened.run_dir / "checkpoints" / name))
-            if held != start["state_sha256"]:
-                verdict.update(verdict="differs", seconds=round(time.perf_counter() - t, 3),
-                               detail=f"checkpoints/{name} holds state {held[:12]}, not the trajectory's {start['state_sha256'][:12]}")
-                return verdict
+        if resume:  # the kept checkpoint (its sidecar is checked when it loads) must hold the entry's state
+            saved = checkpoint.load(start_file)
+            held = trajectory_module.state_sha256(saved)
+            if held != entries[start]["state_sha256"]:
+                return [verdict(start + 1, verdict="differs", detail=f"checkpoints/{start_file.name} holds state {held[:12]}, not entry {start}'s "
+                                                                     f"{entries[start]['state_sha256'][:12]}")] + unchecked(start + 2, "its start state is not the trajectory's")
+            carried = len(saved["loop"].get("trajectory") or [])
+            name = f"step-{entries[start]['step']}.pt"
             (run_dir / "checkpoints").mkdir()
-            for suffix in ("", ".sha256"):
-                shutil.copyfile(opened.run_dir / "checkpoints" / (name + suffix), run_dir / "checkpoints" / (name + suffix))
+            shutil.copyfile(start_file, run_dir / "checkpoints" / name)
+            shutil.copyfile(start_file.with_name(start_file.name + ".sha256"), run_dir / "checkpoints" / (name + ".sha256"))
         replayed: Optional[loop.ReplayDone] = None
         failure = None
         try:
@@ -208,33 +237,88 @@ def _replay_segment(opened: Any, entries: list[dict[str, Any]], index: int, thre
                 torch.set_num_threads(threads)
             with _quiet():
                 loop.run(opened.config, opened.data, opened.task, run_dir, StopFlag(), None, resume=resume, events=[],
-                         stop_at_step=end["step"])
+                         stop_at_step=entries[end]["step"])
         except loop.ReplayDone as done:
             replayed = done
         except VeritrainError as err:
             failure = str(err)
         finally:
             torch.set_num_threads(previous_threads)
-    verdict["seconds"] = round(time.perf_counter() - t, 3)
     if replayed is None:
-        verdict.update(verdict="differs", detail=failure or f"the replay ended without a scheduled checkpoint at step {end['step']}")
-        return verdict
-    got = replayed.trajectory[-1]
-    verdict["replayed_state_sha256"] = got["state_sha256"]
+        return [verdict(start + 1, verdict="differs", detail=failure or f"the replay ended without a scheduled checkpoint at step {entries[end]['step']}")] \
+            + unchecked(start + 2, "the replay stopped")
     if not resume and replayed.trajectory[0]["state_sha256"] != entries[0]["state_sha256"]:
-        verdict.update(verdict="differs", detail="the initial state rebuilt from the config is not the recorded one (model init or seeding differ)")
-        return verdict
-    if got["step"] == end["step"] and got["state_sha256"] == end["state_sha256"]:
-        verdict["verdict"] = "identical"
-        return verdict
-    verdict["verdict"] = "differs"
-    recorded_file = opened.run_dir / "checkpoints" / f"step-{end['step']}.pt"
-    if got["step"] != end["step"]:
-        verdict["detail"] = f"the replay reached its checkpoint at step {got['step']}, the trajectory says {end['step']}"
-    elif recorded_file.is_file():
-        where = trajectory_module.first_difference(replayed.state, checkpoint.load(recorded_file))
-        verdict["detail"] = f"first differing tensor or value: {where}" if where else "the states differ in what the hash covers"
-        verdict["first_difference"] = where
-    else:
-        verdict["detail"] = f"state hash {got['state_sha256'][:12]} replayed, {end['state_sha256'][:12]} recorded (the end checkpoint is not kept, so no tensor can be named)"
-    return verdict
+        return [verdict(1, verdict="differs", detail="the initial state rebuilt from the config is not the recorded one (model init or seeding differ)")] \
+            + unchecked(2, "the replay started from another initial state")
+    new = replayed.trajectory[carried:]
+    verdicts = []
+    for index in range(start + 1, end + 1):
+        got = new[index - start - 1] if index - start - 1 < len(new) else None
+        recorded = entries[index]
+        if got is None or got["step"] != recorded["step"]:
+            where = "ended" if got is None else f"reached its checkpoint at step {got['step']}"
+            verdicts.append(verdict(index, verdict="differs", detail=f"the replay {where}, the trajectory says step {recorded['step']}"))
+        elif got["state_sha256"] == recorded["state_sha256"]:
+            verdicts.append(verdict(index, verdict="identical", replayed_state_sha256=got["state_sha256"]))
+            continue
+        else:
+            found = verdict(index, verdict="differs", replayed_state_sha256=got["state_sha256"])
+            recorded_file = opened.run_dir / "checkpoints" / f"step-{recorded['step']}.pt"
+            if index == end and recorded_file.is_file():
+                where_first = trajectory_module.first_difference(replayed.state, checkpoint.load(recorded_file))
+                found.update(detail=f"first differing tensor or value: {where_first}" if where_first else "the states differ in what the hash covers",
+                             first_difference=where_first)
+            else:
+                found["detail"] = f"state hash {got['state_sha256'][:12]} replayed, {recorded['state_sha256'][:12]} recorded"
+            verdicts.append(found)
+        # every later entry of this stretch follows from the differing state: the replay cannot judge it
+        return verdicts + unchecked(index + 1, f"follows segment {index}, which differs")
+    return verdicts
+
+
+# metrics.json fields that say where a result came from, not what it is: the rest must be equal, bit for bit
+PROVENANCE = ("checkpoint", "trajectory_entry", "predictions")
+
+
+def _check_results(opened: Any, entries: list[dict[str, Any]], workspace: Workspace) -> list[dict[str, Any]]:
+    """Every result the record binds to a trajectory entry, computed again here: each metric set re-evaluated from
+    the entry's checkpoint on the recorded split and compared exactly (evaluation is order-exact), and the exports'
+    parity check re-run against the entry's model."""
+    import torch
+
+    from veritrain import evaluate, export
+    from veritrain.train.loop import resolve_device
+
+    record, run_dir = opened.record, opened.run_dir
+    found = []
+    scratch_root = workspace.state_dir / "tmp"
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    for split, metrics in sorted((record.get("metrics") or {}).items()):
+        ref = metrics.get("trajectory_entry") if isinstance(metrics, dict) else None
+        if not ref:
+            continue
+        item = {"what": f"metrics.{split}", "entry": ref["index"], "step": ref["step"]}
+        if metrics.get("data_version") not in (None, opened.data.version):
+            found.append({**item, "verdict": "unchecked", "detail": f"evaluated on data version {str(metrics.get('data_version'))[:12]} (--allow-data-drift)"})
+            continue
+        with tempfile.TemporaryDirectory(prefix="audit-eval-", dir=scratch_root) as scratch, _quiet():
+            again = evaluate.run(opened.config, opened.data, opened.task, Path(scratch), resolve_device(opened.config.train.device),
+                                 str(run_dir / metrics["checkpoint"]), split)
+        left = json.loads(json.dumps({k: v for k, v in metrics.items() if k not in PROVENANCE}))
+        right = json.loads(json.dumps({k: v for k, v in again.items() if k not in PROVENANCE}))
+        keys = [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
+        found.append({**item, "verdict": "differs" if keys else "identical",
+                      "detail": f"{len(keys)} value(s) differ, first {keys[0]}: recorded {str(left.get(keys[0]))[:40]}, now {str(right.get(keys[0]))[:40]}"
+                      if keys else f"{len(left)} values equal"})
+    exported = record.get("export") or {}
+    ref = exported.get("trajectory_entry")
+    if ref and exported.get("files"):
+        item = {"what": "export parity", "entry": ref["index"], "step": ref["step"]}
+        model, _ = evaluate.load_model(opened.config, opened.data, opened.task, run_dir / exported["checkpoint"], torch.device("cpu"))
+        files = {name: entry["file"] for name, entry in exported["files"].items()}
+        with _quiet():
+            parity = export.check_parity(opened.config, opened.data, opened.task, model.float().eval(), run_dir / "export", files, write=False)
+        found.append({**item, "verdict": "identical" if parity["passed"] else "differs",
+                      "detail": ", ".join(f"{k} max |Δlogit| {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items())
+                      + ("" if parity["passed"] else f"; {parity['reason']}")})
+    return found

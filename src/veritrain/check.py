@@ -39,6 +39,7 @@ ROWS = {
     "code_version": "archive: code version recorded",
     "run_verifies": "archive: data, config, logs and model present and verified",
     "auditable": "audit: auditable segments",
+    "results_from_trajectory": "audit: metrics and export from the audited training",
 }
 TRAINING_ROWS = ("smoke_passed", "log_complete", "checkpoint_with_optimizer", "test_metrics", "bad_cases", "beats_baseline", "export_parity")
 PASSING = ("pass", "waived", "n/a")
@@ -135,7 +136,8 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
         rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
                                 f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
                                 "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
-    rows["auditable"] = _auditable_row(run_dir, record, new_run)
+    rows["auditable"] = _auditable_row(run_dir, record, state_dir, new_run)
+    rows["results_from_trajectory"] = _results_row(run, record)
 
     if failed:  # a new run that addresses the cause is the fix for every row the failure left open
         for row in ("smoke_passed", "baseline_present"):
@@ -201,26 +203,62 @@ def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -
     return "missing", fix, f"smoke {smoke.get('status', 'not run')}"
 
 
-def _auditable_row(run_dir: Path, record: dict[str, Any], new_run: str) -> tuple[str, str, str]:
-    """How many segments of the trajectory `veritrain audit` can replay from the checkpoints on disk: the first
-    (from the initial state) and each that starts at a step file present. n/a for runs without a trajectory
-    (made before it, baseline runs) or without a segment yet. A run that keeps no checkpoints for audit still
-    passes with what it has (never fail a run for a setting it did not ask for); the detail says how to keep more."""
-    from veritrain.train.trajectory import auditable_segments
+def _auditable_row(run_dir: Path, record: dict[str, Any], state_dir: Path, new_run: str) -> tuple[str, str, str]:
+    """Whether `veritrain audit` can replay every segment of the trajectory: each from the nearest earlier state the run
+    keeps (the initial state always counts), with the checkpoints kept as the keep rule says (the training config,
+    each gc, an archive left without its audit checkpoints), the data version and the recorded code here. The detail
+    gives the longest replay a segment needs. n/a for runs without a trajectory (baseline runs, runs of an outside
+    checkpoint, runs made before trajectories)."""
+    from veritrain.train import trajectory
+    from veritrain.verify import _omitted_for_audit
 
     entries = record.get("trajectory") or []
     fix = f"{new_run} --set checkpoint.audit_every={AUDIT_EVERY_FIX}"
     if len(entries) < 2:
-        return "n/a", fix, "no trajectory: a baseline run, one made before trajectories, or one stopped before its first checkpoint"
-    available = {e["step"] for e in entries if (run_dir / "checkpoints" / f"step-{e['step']}.pt").is_file()}
-    auditable = auditable_segments(entries, available)
-    absent = sum(1 for e in entries if e.get("kept_for_audit") and e["step"] not in available)
-    detail = f"{len(auditable)} of {len(entries) - 1} segments auditable"
-    if not any(e.get("kept_for_audit") for e in entries):
-        detail += "; no checkpoints kept for audit (checkpoint.audit_every keeps them)"
-    elif absent:
-        detail += f"; {absent} checkpoint(s) kept for audit are not here (left out of the archive it was imported from)"
-    return ("pass" if auditable else "missing"), fix, detail
+        return "n/a", fix, "no trajectory: a baseline run, a run of an outside checkpoint, one made before trajectories, or one stopped before its first checkpoint"
+    present = {p.relative_to(run_dir).as_posix() for p in (run_dir / "checkpoints").glob("*") if p.is_file()} if (run_dir / "checkpoints").is_dir() else set()
+    broken = trajectory.keep_rule_problems(record, present, _omitted_for_audit(run_dir, record))
+    if broken:
+        return "fail", f"restore the run's checkpoints (import its archive again); `veritrain verify {run_dir.name}` lists them", \
+            f"the kept checkpoints do not follow the keep rule: {broken[0]['path']}: {broken[0]['detail']}"
+    version = (record.get("data") or {}).get("version")
+    if not version or not (state_dir / "data" / str(version) / "version.json").is_file():
+        return "missing", f"veritrain data prepare {_config_path(run_dir)} (or import the run's archive made --with-data)", \
+            f"the data version {str(version)[:12]} is not here: a replay needs it"
+    source = (record.get("code") or {}).get("model_source") or {}
+    if source.get("file") and not (run_dir / source["file"]).is_file():
+        return "missing", f"import the run's archive again; `veritrain verify {run_dir.name}` lists what is missing", f"the recorded code {source['file']} is not here"
+    longest = trajectory.longest_stretch(entries, set(trajectory.start_points(entries, trajectory.kept_checkpoints(run_dir, record))))
+    if longest is None:
+        return "missing", fix, "a segment has no earlier state to replay from (the trajectory does not start at the initial state)"
+    segments, steps = longest
+    detail = f"all {len(entries) - 1} segments auditable; the longest replay a segment needs: {segments} segment(s), {steps} steps"
+    if segments > 1 and not any(e.get("kept_for_audit") for e in entries):
+        detail += " (checkpoint.audit_every keeps more start points)"
+    return "pass", fix, detail
+
+
+def _results_row(run: str, record: dict[str, Any]) -> tuple[str, str, str]:
+    """Whether every metric set and export names the trajectory entry it came from (verify checks that it holds). A run of
+    an outside checkpoint (kind eval or export) fails: its results are not from the audited training."""
+    outside = record.get("input_checkpoint")
+    if outside or record.get("kind") in ("eval", "export"):
+        parent = record.get("parent") or "the parent run"
+        return "fail", f"veritrain {record.get('kind') or 'eval'} {parent}", \
+            f"not from the audited training: {(outside or {}).get('file', 'its checkpoint')} came from {(outside or {}).get('source', 'outside')}, not from the trajectory of {parent}"
+    if record.get("kind") == "baseline":
+        return "n/a", None, "baseline run: no model is trained"
+    results = [(f"metrics.{split}", m) for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)]
+    if (record.get("export") or {}).get("files"):
+        results.append(("export", record["export"]))
+    if not results:
+        return "n/a", None, "no metrics or export yet"
+    if not record.get("trajectory"):
+        return "n/a", None, "not checked: the run has no trajectory (made before veritrain kept one)"
+    unbound = [what for what, r in results if not r.get("trajectory_entry")]
+    if unbound:
+        return "n/a", None, f"not checked: {', '.join(unbound)} name no trajectory entry (made by an earlier veritrain)"
+    return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results)
 
 
 def _has_optimizer(run_dir: Path, artifacts: dict[str, Any]) -> bool:

@@ -425,18 +425,16 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
         if not ref:
             raise UserError("veritrain eval: give a RUN (id, prefix, latest or folder) or --predictions FILE")
         from veritrain import pipeline
-        from veritrain.train.loop import resolve_device
         from veritrain.workspace import Workspace
 
         workspace = Workspace.open(workdir)
-        opened = pipeline.open_run(workspace, ref, allow_data_drift, trust_code=trust_code, need="model")
-        pipeline.require_checkpoint(opened, which)
-        baselines = opened.record.get("baselines")
-        metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, resolve_device(opened.config.train.device),
-                               which, split, baselines=baselines)
-        opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
-        seal = pipeline.amend(opened, workspace, "eval", f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
-        logs.console.print(f"eval written to {opened.run_dir / 'eval' / metrics['split']}; run re-sealed: {seal}", markup=False)
+        done = pipeline.evaluate_run(workspace, ref, which, split, pipeline.python_argv(), allow_data_drift, trust_code)
+        metrics = done.result
+        if done.outside:
+            logs.console.print(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
+                               f"not from the audited training); seal {done.seal}", markup=False)
+        else:
+            logs.console.print(f"eval written to {done.run_dir / 'eval' / metrics['split']}; run re-sealed: {done.seal}", markup=False)
     if as_json:
         emit_json(metrics)
     else:
@@ -521,26 +519,20 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
     Example:
       veritrain export latest --format onnx
     """
-    from veritrain import export, pipeline
+    from veritrain import pipeline
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
-    opened = pipeline.open_run(workspace, ref, trust_code=trust_code, need="model")
-    pipeline.require_checkpoint(opened, which)
-    try:
-        description = export.run(opened.config, opened.data, opened.task, opened.run_dir, which, formats or None)
-    except export.ParityFailed as err:
-        opened.record["export"] = {"parity": err.parity}
-        pipeline.amend(opened, workspace, "export", f"parity FAILED: {err.parity['reason']}")
-        raise
-    opened.record["export"] = {"files": description["files"], "parity": description["parity"]}
-    pipeline.amend(opened, workspace, "export", f"{', '.join(description['files'])}; parity passed")
+    done = pipeline.export_run(workspace, ref, which, list(formats) or None, pipeline.python_argv(), trust_code)
+    description = done.result
+    if done.outside:
+        logs.console.print(f"exported into new run {done.run_dir.name} (kind export, not from the audited training); seal {done.seal}", markup=False)
     if as_json:
         emit_json(description)
     else:
         kept, removed = description.get("kept", []), description.get("removed", [])
         written = [name for name in description["files"] if name not in kept]
-        click.echo(f"exported {', '.join(written)} to {opened.run_dir / 'export'}"
+        click.echo(f"exported {', '.join(written)} to {done.run_dir / 'export'}"
                    + (f"; kept {', '.join(kept)} (same checkpoint)" if kept else "")
                    + (f"; removed {', '.join(r['file'] for r in removed)}" if removed else "") + "; parity passed")
     return 0
@@ -844,25 +836,32 @@ def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[st
         emit_json(result)
     from rich.table import Table
 
-    logs.console.print(f"audit {result['run_id']}: {result['segments_audited']} of {result['segments_auditable']} auditable segments "
-                       f"({result['segments_total']} in the trajectory), seed {result['seed']}", markup=False, soft_wrap=True)
+    logs.console.print(f"audit {result['run_id']}: {len(result['segments_drawn'])} segment(s) drawn of {result['segments_total']}, "
+                       f"{result['segments_audited']} checked on the way, seed {result['seed']}", markup=False, soft_wrap=True)
     table = Table(title=f"audit: {result['verdict']}", title_justify="left")
-    for column in ("segment", "steps", "verdict", "seconds", "detail"):
+    for column in ("segment", "steps", "replayed from step", "verdict", "detail"):
         table.add_column(column, overflow="fold")
     for v in result["segments"]:
-        table.add_row(str(v["segment"]), f"{v['from_step']} → {v['to_step']}", v["verdict"], f"{v['seconds']:.2f}", v.get("detail", ""))
+        table.add_row(str(v["segment"]), f"{v['from_step']} → {v['to_step']}", str(v["replayed_from_step"]), v["verdict"], v.get("detail", ""))
+    for r in result["results"]:
+        table.add_row(r["what"], f"entry {r['entry']} (step {r['step']})", "", r["verdict"], r.get("detail", ""))
     logs.print_table(table)
     cost = f" = {result['cost_fraction']:.1%} of the recorded training time" if result["cost_fraction"] is not None else ""
-    logs.console.print(f"replay {result['replay_seconds']:.1f}s{cost}", markup=False)
+    logs.console.print(f"replay {result['replay_seconds']:.1f}s in {len(result['replays'])} stretch(es){cost}", markup=False)
     for forged, chance in result["escape_probability"].items():
-        logs.console.print(f"a trajectory with {forged} forged segment(s) among {result['segments_auditable']} escapes this audit with probability {chance:.3f}", markup=False, soft_wrap=True)
+        logs.console.print(f"a trajectory with {forged} forged segment(s) among {result['segments_total']} escapes this audit "
+                           f"(which checked {result['segments_audited']}) with probability {chance:.3f}", markup=False, soft_wrap=True)
+    for item in result.get("not_checked") or []:
+        logs.console.print(f"not checked: {item['check']}: {item['reason']}", markup=False, style="dim", soft_wrap=True)
     for note in result["environment_notes"]:
         logs.console.print(f"note: {note}", markup=False, style="dim")
     logs.console.print(f"repeat: {result['command']}", markup=False, soft_wrap=True)
     if result["verdict"] != "identical":
-        bad = [str(v["segment"]) for v in result["segments"] if v["verdict"] != "identical"]
-        raise RunFailed(f"audit {result['run_id']}: segment(s) {', '.join(bad)} differ from the recorded trajectory: "
-                        "the weights did not come from the recorded training on this data")
+        bad = [str(v["segment"]) for v in result["segments"] if v["verdict"] == "differs"]
+        results = [r["what"] for r in result["results"] if r["verdict"] == "differs"]
+        raise RunFailed(f"audit {result['run_id']}: " + (f"segment(s) {', '.join(bad)} differ from the recorded trajectory: "
+                        "the weights did not come from the recorded training on this data" if bad else
+                        f"{', '.join(results)} differ from what the trajectory entry gives: the results did not come from the audited training"))
     return 0
 
 
@@ -900,7 +899,9 @@ def runs_list(status: tuple[str, ...], sort: Optional[str], filters: tuple[str, 
         table.add_column(column, overflow="fold")
     for r in rows:
         accuracy = ((r["metrics"] or {}).get("test") or {}).get("accuracy")
-        table.add_row(r["run_id"], str(r["exp_name"]), str(r["kind"]), str(r["status"]),
+        # a run of an outside checkpoint says so where its kind is: its accuracy is not the audited training's
+        kind = f"{r['kind']} (not from the audited training)" if r["kind"] in ("eval", "export") else str(r["kind"])
+        table.add_row(r["run_id"], str(r["exp_name"]), kind, str(r["status"]),
                       f"{accuracy:.4f}" if isinstance(accuracy, float) else "-", (r["data_version"] or "-")[:12], str(r["started_at"])[:19])
     logs.print_table(table)
     return 0

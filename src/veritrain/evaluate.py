@@ -17,7 +17,7 @@ import torch
 
 from veritrain.errors import RunFailed, UserError
 from veritrain.hashing import sha256_file
-from veritrain.train import checkpoint
+from veritrain.train import checkpoint, trajectory
 
 log = logging.getLogger("veritrain")
 
@@ -97,6 +97,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
         checkpoint=shown_path,
         checkpoint_sha256=sha256_file(path),
         checkpoint_epoch=state["loop"]["epochs_done"],
+        checkpoint_state_sha256=trajectory.state_sha256(state),  # which trajectory entry it is (record.json names it)
     )
     history_path = run_dir / "metrics.jsonl"
     if history_path.exists() and hasattr(task, "plot_curves"):

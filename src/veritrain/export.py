@@ -54,6 +54,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
 
     from veritrain.config import config_hash
     from veritrain.evaluate import checkpoint_path, load_model
+    from veritrain.train import trajectory
 
     # TorchScript and the TorchScript-based ONNX exporter warn that they are deprecated on every call;
     # they are what works with onnxruntime without extra packages, so keep the console clean
@@ -81,6 +82,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
         "checkpoint": path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path),
         "checkpoint_sha256": sha256_file(path),
         "checkpoint_epoch": state["loop"]["epochs_done"],
+        "checkpoint_state_sha256": trajectory.state_sha256(state),  # which trajectory entry it is (record.json names it)
         "classes": data.classes,
         "input": {"name": "input", "shape": [None, *example.shape[1:]], "dtype": "float32", "batch": "dynamic"},
         "output": {"name": "logits", "shape": [None, *example_logits.shape[1:]], "dtype": "float32"},
@@ -324,10 +326,10 @@ def reference_outputs(cfg: Any, data: Any, task: Any, model: Any) -> tuple[str, 
 
 
 def check_parity(cfg: Any, data: Any, task: Any, model: Any, out: Path, files: dict[str, str],
-                 reference: Optional[tuple[str, Any, Any]] = None) -> dict[str, Any]:
+                 reference: Optional[tuple[str, Any, Any]] = None, write: bool = True) -> dict[str, Any]:
     """Trained model vs each export in `files` (format → file name in `out`) on real test samples; writes
-    export/parity.json. safetensors is checked by loading it into a copy of the model. `reference`: what
-    `reference_outputs` returned, when the caller has it."""
+    export/parity.json (unless `write` is False: `veritrain audit` checks a sealed export again). safetensors is
+    checked by loading it into a copy of the model. `reference`: what `reference_outputs` returned, when the caller has it."""
     import copy
 
     import torch
@@ -380,7 +382,8 @@ def check_parity(cfg: Any, data: Any, task: Any, model: Any, out: Path, files: d
         "reason": "; ".join(failures) or None,
         "files_sha256": {name: sha256_file(out / file) for name, file in files.items()},
     }
-    (out / "parity.json").write_text(json.dumps(parity, indent=2) + "\n", encoding="utf-8")
+    if write:
+        (out / "parity.json").write_text(json.dumps(parity, indent=2) + "\n", encoding="utf-8")
     return parity
 
 

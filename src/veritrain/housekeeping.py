@@ -97,7 +97,8 @@ def _step_file_of(path: Path) -> str:
 
 
 def _kept_step_files(run_dir: Path, record: dict[str, Any]) -> set[str]:
-    """The step files gc keeps: those of trajectory entries kept for audit (checkpoint.audit_every). In a run
+    """The step files gc keeps: those of trajectory entries kept for audit (checkpoint.audit_every) and those a
+    result came from. In a run
     imported without them (archive_omitted.json), also the newest keep_last kept entries': verify excuses the
     missing audit checkpoints only beside those (archive.audit_only_checkpoints), so removing them, and
     clearing their `kept`, would make the run stop verifying."""
@@ -106,6 +107,9 @@ def _kept_step_files(run_dir: Path, record: dict[str, Any]) -> set[str]:
 
     entries = record.get("trajectory") or []
     kept = {f"step-{e['step']}.pt" for e in entries if e.get("kept_for_audit")}
+    # a result's checkpoint (`veritrain eval RUN --checkpoint checkpoints/step-N.pt`): verify checks it holds the result's entry
+    results = [m for m in (record.get("metrics") or {}).values() if isinstance(m, dict)] + [record.get("export") or {}]
+    kept |= {str(r["checkpoint"]).removeprefix("checkpoints/") for r in results if str(r.get("checkpoint", "")).startswith("checkpoints/step-")}
     if (run_dir / OMITTED_FILE).exists():
         audit_only = {name.removeprefix("checkpoints/") for name in audit_only_checkpoints(record)}
         kept |= {f"step-{e['step']}.pt" for e in entries if e.get("kept")} - audit_only

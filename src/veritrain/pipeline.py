@@ -413,6 +413,7 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
     if "eval" in stages:
         t = time.perf_counter()
         metrics = evaluate.run(cfg, data, task, run_dir, resolve_device(cfg.train.device), baselines=baselines)
+        metrics["trajectory_entry"] = result_entry(record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
         record["metrics"][cfg.eval.split] = metrics
         record["timings"]["eval"] = round(time.perf_counter() - t, 3)
         verdict = baseline_verdict(metrics, baselines)
@@ -428,7 +429,7 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
         except export.ParityFailed as err:
             record["export"] = {"parity": err.parity}
             raise
-        record["export"] = {"files": description["files"], "parity": description["parity"]}
+        record["export"] = export_record(record, description)
         record["timings"]["export"] = round(time.perf_counter() - t, 3)
 
 
@@ -571,7 +572,8 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
     cfg = config_from_record(record)
     if not verified:  # the caller (audit) has just verified the run itself
-        refuse_unverified(run_dir, workspace, "it is not changed or re-sealed")
+        # raw data that now prepares to another version is judged just below: refused, or recorded with --allow-data-drift
+        refuse_unverified(run_dir, workspace, "it is not changed or re-sealed", decided_next=("data_changed",))
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
     recorded = (record.get("data") or {}).get("version")
     stored = workspace.state_dir / "data" / str(recorded)
@@ -629,14 +631,14 @@ def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: dict[str,
                         "(imported, copied or given as a folder): building its model would run that code; read it, then pass --trust-code")
 
 
-def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str) -> None:
-    """RunFailed (exit 1) naming the first problem when the run's own files do not match its sealed record:
-    re-sealing it would launder the change. Problems of its data version are left to the data check."""
+def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str, decided_next: tuple[str, ...] = ()) -> None:
+    """RunFailed (exit 1) naming the first problem when the run does not verify: re-sealing it would launder the
+    change. This is the full `veritrain verify` (its defaults: checkpoint states, the data version and the raw data
+    included), so no command re-seals a run that `verify` fails. Problems of the kinds in `decided_next` are left to
+    the caller, which checks them itself right after (open_run: raw data that prepares to another version)."""
     from veritrain.verify import verify_run
 
-    # the data version is left out: whoever opens it next checks it (load_version), and a run is not re-sealed over it
-    # the checkpoints' bytes are checked; matching their states with the trajectory is left to `verify`
-    found = verify_run(run_dir, workspace.state_dir, rehash_data=False, check_data=False, check_states=False)["problems"]
+    found = [p for p in verify_run(run_dir, workspace.state_dir)["problems"] if p["kind"] not in decided_next]
     if found:
         first = found[0]
         raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
@@ -656,3 +658,214 @@ def amend(opened: OpenRun, workspace: Workspace, kind: str, detail: str) -> str:
         workspace.unlock_run(opened.run_dir.name)
     update_experiments(workspace)  # new metrics or export results show there too
     return seal
+
+
+# ---------------------------------------------------------------- results of an existing run, and outside checkpoints
+
+
+def result_entry(record: dict[str, Any], checkpoint_shown: str, state_hash: str) -> Optional[dict[str, Any]]:
+    """The trajectory entry a result's checkpoint holds ({index, step, state_sha256}); None for a run without a
+    trajectory (made before it, or interrupted: its record has none yet). RunFailed when the run has a trajectory
+    and the state is not in it: a timing save (signal, every_minutes) is a resume point, never a result."""
+    from veritrain.train import trajectory
+
+    entries = record.get("trajectory") or []
+    if not entries:
+        return None
+    index = trajectory.entry_with_state(entries, state_hash)
+    if index is None:
+        raise UserError(f"--checkpoint {checkpoint_shown}: its state ({state_hash[:12]}) is not an entry of the run's trajectory "
+                        "(a timing save, or a state the run never committed to); no result comes from it: give best, last or "
+                        "a step file of the trajectory")
+    return {"index": index, "step": entries[index]["step"], "state_sha256": state_hash}
+
+
+def export_record(record: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
+    """What the record keeps of an export: its files, parity, the checkpoint and the trajectory entry it holds."""
+    return {"files": description["files"], "parity": description["parity"], "checkpoint": description["checkpoint"],
+            "trajectory_entry": result_entry(record, description["checkpoint"], description["checkpoint_state_sha256"])}
+
+
+@dataclass
+class Amended:
+    """What `evaluate_run` and `export_run` did: `run_dir` is the run amended, or the new run of an outside
+    checkpoint (`outside` True: kind eval or export, parent the run asked for)."""
+
+    run_dir: Path
+    seal: str
+    result: dict[str, Any]  # the metrics, or the export's description
+    outside: bool = False
+    parent: Optional[str] = None  # with `outside`: the run whose checkpoint was not used
+
+
+def _in_run_checkpoint(opened: OpenRun, which: Optional[str]) -> tuple[Optional[str], Optional[Path]]:
+    """(the checkpoint as a path inside the run, the outside file) for `--checkpoint which`. A path outside the run
+    whose state is a trajectory entry that a checkpoint of the run holds counts as that checkpoint."""
+    from veritrain.evaluate import checkpoint_path
+    from veritrain.train import checkpoint, trajectory
+
+    path = checkpoint_path(opened.config, opened.run_dir, which)
+    if not path.exists():
+        raise UserError(f"--checkpoint: {path}: no such checkpoint; give best, last or the path of a .pt file")
+    run_dir = opened.run_dir.resolve()
+    real = path.resolve()
+    artifacts = opened.record.get("artifacts") or {}
+    if real.is_relative_to(run_dir / "checkpoints") and real.relative_to(run_dir).as_posix() in artifacts:
+        return real.relative_to(run_dir).as_posix(), None
+    entries = opened.record.get("trajectory") or []
+    if entries:
+        try:
+            _, state = checkpoint.load_outside(real)
+        except checkpoint.CheckpointError as err:
+            raise UserError(f"--checkpoint: {err}") from None
+        index = trajectory.entry_with_state(entries, trajectory.state_sha256(state))
+        if index is not None:  # the run keeps this state itself: use its own file (verify has matched its state)
+            candidates = [f"checkpoints/step-{entries[index]['step']}.pt"]
+            if index == len(entries) - 1:
+                candidates.append("checkpoints/last.pt")
+            if index == trajectory.best_entry(entries, (opened.record.get("training") or {}).get("best_epoch")):
+                candidates.append("checkpoints/best.pt")
+            for name in candidates:
+                if name in artifacts and (opened.run_dir / name).is_file():
+                    return name, None
+    return None, real
+
+
+def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Optional[str], argv: list[str],
+                 allow_data_drift: bool = False, trust_code: bool = False) -> Amended:
+    """`veritrain eval RUN`: evaluate a checkpoint of the run (default best.pt, or last.pt) and amend the run, after
+    a full verify. The result names the trajectory entry it came from. A checkpoint outside the run's trajectory
+    never changes the run: it is evaluated in a new run of kind `eval` whose parent is RUN."""
+    from veritrain import evaluate
+    from veritrain.train.loop import resolve_device
+
+    opened = open_run(workspace, ref, allow_data_drift, trust_code=trust_code, need="model")
+    require_checkpoint(opened, which)
+    inside, outside = _in_run_checkpoint(opened, which)
+    device = resolve_device(opened.config.train.device)
+    if outside is not None:
+        def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+            metrics = evaluate.run(opened.config, opened.data, opened.task, run_dir, device, INPUT_CHECKPOINT, split)
+            record["metrics"][metrics["split"]] = metrics
+            return metrics
+
+        return _outside_run(workspace, opened, outside, "eval", argv, stage)
+    metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, device, inside, split,
+                           baselines=opened.record.get("baselines"))
+    metrics["trajectory_entry"] = result_entry(opened.record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
+    opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
+    seal = amend(opened, workspace, "eval", f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
+    return Amended(opened.run_dir, seal, metrics)
+
+
+def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Optional[list[str]], argv: list[str],
+               trust_code: bool = False) -> Amended:
+    """`veritrain export RUN`: export a checkpoint of the run and amend the run, after a full verify; an outside
+    checkpoint is exported in a new run of kind `export` (see `evaluate_run`). Raises export.ParityFailed after
+    recording the failed parity."""
+    from veritrain import export
+
+    opened = open_run(workspace, ref, trust_code=trust_code, need="model")
+    require_checkpoint(opened, which)
+    inside, outside = _in_run_checkpoint(opened, which)
+    if outside is not None:
+        def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+            try:
+                description = export.run(opened.config, opened.data, opened.task, run_dir, INPUT_CHECKPOINT, formats)
+            except export.ParityFailed as err:
+                record["export"] = {"parity": err.parity}
+                raise
+            record["export"] = {"files": description["files"], "parity": description["parity"], "checkpoint": description["checkpoint"]}
+            return description
+
+        return _outside_run(workspace, opened, outside, "export", argv, stage)
+    try:
+        description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats)
+    except export.ParityFailed as err:
+        opened.record["export"] = {"parity": err.parity}
+        amend(opened, workspace, "export", f"parity FAILED: {err.parity['reason']}")
+        raise
+    opened.record["export"] = export_record(opened.record, description)
+    seal = amend(opened, workspace, "export", f"{', '.join(description['files'])}; parity passed")
+    return Amended(opened.run_dir, seal, description)
+
+
+INPUT_CHECKPOINT = "checkpoints/input.pt"  # an eval or export run's outside checkpoint, copied in
+
+
+def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str, argv: list[str], stage: Any) -> Amended:
+    """A new run of `kind` (eval or export) with `parent` = the opened run, for a checkpoint outside its trajectory:
+    the checkpoint is copied in (checkpoints/input.pt, hashed), so the new run verifies on its own, and the opened
+    run is left byte for byte as it was. Its results are not from the audited training, and say so."""
+    from veritrain.train import checkpoint, trajectory
+
+    try:
+        data, state = checkpoint.load_outside(source)
+    except checkpoint.CheckpointError as err:
+        raise UserError(f"--checkpoint: {err}") from None
+    state_hash = trajectory.state_sha256(state)
+    cfg = opened.config
+    parent = opened.run_dir.name
+    run_id, run_dir = workspace.new_run_dir()
+    workspace.mark_created(run_id, opened.record["config_hash"])
+    workspace.lock_run(run_id)
+    (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
+    (run_dir / "checkpoints").mkdir()
+    checkpoint.write(run_dir / "checkpoints", data, ["input.pt"], keep_last=1)
+    env, package_list = capture_env()
+    (run_dir / "env").mkdir()
+    (run_dir / "env" / "requirements.lock").write_text(package_list, encoding="utf-8")
+    record: dict[str, Any] = {
+        "record_version": RECORD_VERSION,
+        "run_id": run_id,
+        "kind": kind,
+        "stages": [kind],
+        "status": "running",
+        "started_at": now_iso(),
+        "ended_at": None,
+        "argv": argv,
+        "exp_name": opened.record.get("exp_name"),
+        "task": opened.record.get("task"),
+        "seed": opened.record.get("seed"),
+        "config": opened.record["config"],
+        "config_hash": opened.record["config_hash"],
+        "config_source": opened.record.get("config_source"),
+        "code": capture_code(workspace.root),
+        "env": env,
+        "data": data_summary(opened.data),
+        "training": None,
+        "metrics": {},
+        "final_state_sha256": None,
+        "timings": {},
+        "events": [{"kind": "outside_checkpoint", "step": None, "at": now_iso(),
+                    "detail": f"{source} (state {state_hash[:12]}) is not a state of the trajectory of run {parent}: not from the audited training"}],
+        "resumes": [],
+        "parent": parent,
+        "input_checkpoint": {"file": INPUT_CHECKPOINT, "sha256": sha256_file(run_dir / INPUT_CHECKPOINT), "source": str(source),
+                             "state_sha256": state_hash},
+        "error": None,
+    }
+    for key in ("config_recorded",):  # fields of the parent's record that describe its config
+        if key in opened.record:
+            record[key] = opened.record[key]
+    save_code(record["code"], workspace.root, run_dir, cfg.model.target)
+    log.warning("%s: %s is not a state of run %s's trajectory; it is evaluated in a new run %s (kind %s, not from the audited "
+                "training), and %s is left as it was", kind, source, parent, run_id, kind, parent)
+    started = time.perf_counter()
+    error: Optional[BaseException] = None
+    result: dict[str, Any] = {}
+    try:
+        result = stage(run_dir, record)
+        record["status"] = "completed"
+    except VeritrainError as err:
+        error = err
+        _record_failure(record, err)
+    finally:
+        record["timings"][kind] = round(time.perf_counter() - started, 3)
+        record["ended_at"] = now_iso()
+        seal = write_record(run_dir, record)
+        workspace.unlock_run(run_id)
+        update_experiments(workspace)
+    if error is not None:
+        raise error
+    return Amended(run_dir, seal, result, outside=True, parent=parent)

@@ -172,6 +172,15 @@ class OtherSave(_Part):
     step: Annotated[int, Field(ge=0)]
     reason: str
     state_sha256: Sha256
+    after_step: Optional[int] = None  # the step of the trajectory entry it follows (absent in older records)
+
+
+class EntryRef(_Part):
+    """A trajectory entry a result came from: its index, step and state hash (verify checks all three)."""
+
+    index: Annotated[int, Field(ge=0)]
+    step: Annotated[int, Field(ge=0)]
+    state_sha256: Sha256
 
 
 class FileRef(_Part):
@@ -230,6 +239,15 @@ class Training(_Part):
 class ExportInfo(_Part):
     files: Optional[dict[str, FileRef]] = None
     parity: Optional[dict[str, Any]] = None
+    checkpoint: Optional[str] = None  # the checkpoint exported, as model.json names it
+    trajectory_entry: Optional[EntryRef] = None  # the trajectory entry it holds (absent in older records)
+
+
+class InputCheckpoint(FileRef):
+    """An `eval`/`export` run's checkpoint from outside the parent's trajectory, copied into the run."""
+
+    source: str  # the path it was given as
+    state_sha256: Sha256
 
 
 class RunRecord(_Part):
@@ -275,6 +293,7 @@ class RunRecord(_Part):
     seal_history: Optional[list[SealEntry]] = None
     artifacts: Optional[dict[RunPath, Artifact]] = None
     error: Optional[RunError] = None
+    input_checkpoint: Optional[InputCheckpoint] = None  # kinds eval and export: the outside checkpoint, not from the audited training
 
 
 def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:

@@ -102,14 +102,15 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         problem(rel, "added", "not listed in record.json")
     report("files", len(artifacts), len(artifacts))
     intact = {rel: path for rel, path in present.items() if rel in artifacts and not any(p["path"] == rel for p in problems)}
-    problems.extend(_trajectory_problems(record, intact, check_states, report))
+    not_checked: list[dict[str, str]] = []  # checks whose fields the record does not carry (older runs), and why
+    problems.extend(_trajectory_problems(record, intact, check_states, report, set(present), omitted, not_checked))
 
     data = record.get("data") or {}
     if data.get("version") and check_data:
         problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report))
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
-    return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict}
+    return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked}
 
 
 def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
@@ -146,31 +147,44 @@ def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
     return allowed | {name + ".sha256" for name in allowed}
 
 
-def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool, report: Progress) -> list[dict[str, Any]]:
-    """The trajectory's chain holds, its last entry is the final state, and every checkpoint in the run
-    holds a state of the trajectory (or of `other_saves`). Runs made before the trajectory have none."""
+def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool, report: Progress,
+                         present: set[str], omitted: set[str], not_checked: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The trajectory's chain holds, its last entry is the final state, the checkpoints kept are those the keep rule
+    keeps, every checkpoint in the run holds a state of the trajectory (a step file may hold a timing save of
+    `other_saves`, a resume point), best.pt holds the best epoch's entry and last.pt the final one, and every result
+    (metrics, export) comes from the entry its record names. Runs made before the trajectory have none; checks whose
+    fields a record does not carry are listed in `not_checked`."""
     from veritrain.train import trajectory as trajectory_module
 
     entries = record.get("trajectory")
-    if not entries:
+    outside = record.get("input_checkpoint")
+    if not entries and not outside:
+        if record.get("training"):
+            not_checked.append({"check": "trajectory", "reason": "the record has no trajectory (made before veritrain kept one)"})
         return []
     problems = []
-    broken = trajectory_module.chain_problem(entries, str(record.get("config_hash")), str((record.get("data") or {}).get("version")))
-    if broken:
-        problems.append({"path": RECORD_FILE, "kind": "trajectory_broken", "detail": broken})
+    entries = entries or []
     training = record.get("training") or {}
-    last = entries[-1]
-    if record.get("status") == "completed" and training:
-        if last.get("model_sha256") != record.get("final_state_sha256") or last.get("step") != training.get("steps"):
-            problems.append({"path": RECORD_FILE, "kind": "trajectory_endpoint",
-                             "detail": f"the last entry (step {last.get('step')}, weights {str(last.get('model_sha256'))[:12]}) is not the final state "
-                                       f"(step {training.get('steps')}, final_state_sha256 {str(record.get('final_state_sha256'))[:12]})"})
+    if entries:
+        broken = trajectory_module.chain_problem(entries, str(record.get("config_hash")), str((record.get("data") or {}).get("version")))
+        if broken:
+            problems.append({"path": RECORD_FILE, "kind": "trajectory_broken", "detail": broken})
+        last = entries[-1]
+        if record.get("status") == "completed" and training:
+            if last.get("model_sha256") != record.get("final_state_sha256") or last.get("step") != training.get("steps"):
+                problems.append({"path": RECORD_FILE, "kind": "trajectory_endpoint",
+                                 "detail": f"the last entry (step {last.get('step')}, weights {str(last.get('model_sha256'))[:12]}) is not the final state "
+                                           f"(step {training.get('steps')}, final_state_sha256 {str(record.get('final_state_sha256'))[:12]})"})
+        problems.extend(trajectory_module.keep_rule_problems(record, present, omitted))
     if not check_states:
+        not_checked.append({"check": "checkpoint states", "reason": "not asked for (check_states off)"})
         return problems
     by_step = {(e["step"], e["state_sha256"]) for e in entries} | {(e["step"], e["state_sha256"]) for e in record.get("other_saves") or []}
-    known = {digest for _, digest in by_step}
+    in_trajectory = {e["state_sha256"] for e in entries}
+    best_index = trajectory_module.best_entry(entries, training.get("best_epoch"))
     import torch
 
+    states: dict[str, str] = {}  # checkpoint file → its state hash
     checkpoints = [(rel, path) for rel, path in sorted(files.items()) if rel.startswith("checkpoints/") and rel.endswith(".pt")]
     for done, (rel, path) in enumerate(checkpoints):
         report("states", done, len(checkpoints))
@@ -181,16 +195,85 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
         except Exception as err:  # not a checkpoint veritrain could have written
             problems.append({"path": rel, "kind": "not_in_trajectory", "detail": f"cannot be read as a checkpoint ({str(err)[:120]})"})
             continue
+        states[rel] = digest
         name = path.name
-        if name == "last.pt" and record.get("status") == "completed":
-            fits = digest == last["state_sha256"]
+        if outside:
+            fits, wanted = name == "input.pt" and digest == outside.get("state_sha256"), "the input_checkpoint the record names"
+        elif name == "last.pt" and record.get("status") == "completed":
+            fits, wanted = digest == entries[-1]["state_sha256"], "the last entry"
+        elif name == "best.pt" and best_index is not None:
+            fits, wanted = digest == entries[best_index]["state_sha256"], f"the entry of the best epoch ({training.get('best_epoch')}, entry {best_index})"
         elif name.startswith("step-"):
-            fits = (step, digest) in by_step
+            fits, wanted = (step, digest) in by_step, "in the trajectory or a timing save at its step"
+        elif name == "last.pt":  # an interrupted run: its last save may be a timing save
+            fits, wanted = (step, digest) in by_step, "in the trajectory or a timing save at its step"
         else:
-            fits = digest in known
+            fits, wanted = digest in in_trajectory, "in the trajectory"
         if not fits:
-            problems.append({"path": rel, "kind": "not_in_trajectory",
-                             "detail": f"its state (step {step}, state_sha256 {digest[:12]}) is not {'the last entry' if name == 'last.pt' else 'in the trajectory'}"})
+            kind = "best_not_best_epoch" if name == "best.pt" and best_index is not None else "not_in_trajectory"
+            problems.append({"path": rel, "kind": kind, "detail": f"its state (step {step}, state_sha256 {digest[:12]}) is not {wanted}"})
+    problems.extend(_result_problems(record, entries, states, files, not_checked))
+    return problems
+
+
+def _result_problems(record: dict[str, Any], entries: list[dict[str, Any]], states: dict[str, str], files: dict[str, Path],
+                     not_checked: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """Every metric set and the export come from the trajectory entry the record names: the entry is the trajectory's,
+    the checkpoint the result names holds its state, and export/model.safetensors holds its weights."""
+    problems = []
+
+    def differs(path: str, detail: str) -> None:
+        problems.append({"path": path, "kind": "result_not_from_trajectory", "detail": detail})
+
+    def entry_problem(what: str, ref: Any) -> Optional[str]:
+        if not isinstance(ref, dict) or not isinstance(ref.get("index"), int) or not 0 <= ref["index"] < len(entries):
+            return f"{what} names no entry of the trajectory ({str(ref)[:60]})"
+        entry = entries[ref["index"]]
+        if (ref.get("step"), ref.get("state_sha256")) != (entry["step"], entry["state_sha256"]):
+            return f"{what} names entry {ref['index']} as step {ref.get('step')}, state {str(ref.get('state_sha256'))[:12]}; the trajectory says step {entry['step']}, state {entry['state_sha256'][:12]}"
+        return None
+
+    outside = record.get("input_checkpoint")
+    results = [(f"metrics.{split}", m, m.get("checkpoint")) for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)]
+    export = record.get("export") or {}
+    if export.get("files"):
+        results.append(("export", export, export.get("checkpoint")))
+    for what, result, checkpoint_name in results:
+        if outside:  # an eval or export run: its results come from the outside checkpoint it holds, and say so
+            if checkpoint_name not in (None, outside.get("file")):
+                differs(RECORD_FILE, f"{what} comes from {checkpoint_name}, not the run's input_checkpoint {outside.get('file')}")
+            continue
+        ref = result.get("trajectory_entry")
+        if ref is None:
+            not_checked.append({"check": f"{what} from the trajectory", "reason": "the record does not name the trajectory entry it came from (made by an earlier veritrain)"})
+            continue
+        wrong = entry_problem(what, ref)
+        if wrong:
+            differs(RECORD_FILE, wrong)
+            continue
+        if checkpoint_name is not None:
+            held = states.get(str(checkpoint_name))
+            if held is None:
+                differs(str(checkpoint_name), f"{what} comes from {checkpoint_name}, which is not in the run")
+            elif held != ref["state_sha256"]:
+                differs(str(checkpoint_name), f"{what} names entry {ref['index']} (state {ref['state_sha256'][:12]}), but {checkpoint_name} holds state {held[:12]}")
+        if what == "export":
+            safetensors = files.get("export/model.safetensors")
+            if safetensors is None:
+                not_checked.append({"check": "export weights", "reason": "the export has no model.safetensors to compare with the entry's weights"})
+                continue
+            from safetensors.torch import load_file
+
+            from veritrain.hashing import state_dict_sha256
+
+            try:
+                weights = state_dict_sha256(load_file(str(safetensors)))
+            except Exception as err:  # not a safetensors file
+                differs("export/model.safetensors", f"cannot be read ({str(err)[:120]})")
+                continue
+            wanted = entries[ref["index"]]["model_sha256"]
+            if weights != wanted:
+                differs("export/model.safetensors", f"its weights hash to {weights[:12]}, entry {ref['index']} has weights {wanted[:12]}")
     return problems
 
 

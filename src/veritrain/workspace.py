@@ -33,12 +33,17 @@ def process_identity(pid: int) -> Optional[str]:
     return f"{boot_id}:{start_ticks}"
 
 
+# runs of an outside checkpoint (`eval`/`export --checkpoint FILE` with a state outside the run's trajectory):
+# their results are not from the audited training, so `latest` never names one; name it by its id
+OUTSIDE_KINDS = ("eval", "export")
+
+
 def _has_model(workspace: "Workspace", record: dict) -> bool:
-    return any(p.startswith("checkpoints/") and p.endswith(".pt") for p in record.get("artifacts") or {})
+    return record.get("kind") not in OUTSIDE_KINDS and any(p.startswith("checkpoints/") and p.endswith(".pt") for p in record.get("artifacts") or {})
 
 
 def _has_export(workspace: "Workspace", record: dict) -> bool:
-    return "export/model.json" in (record.get("artifacts") or {})
+    return record.get("kind") not in OUTSIDE_KINDS and "export/model.json" in (record.get("artifacts") or {})
 
 
 def _resumable(workspace: "Workspace", record: dict) -> bool:

@@ -54,10 +54,30 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: its {sidecar.name} is missing; the save did not finish") from None
     if hashlib.sha256(data).hexdigest() != expected:
         raise CheckpointError(f"{path}: content does not match {sidecar.name} (truncated or changed)")
+    return decode(path, data)
+
+
+def decode(path: Path, data: bytes) -> dict[str, Any]:
+    """The training state in a checkpoint's bytes (`path` names it in errors): a dict with the model's state and the
+    loop's, as veritrain writes it; anything else (another pickle, a bare state_dict) is a CheckpointError."""
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # a matching hash makes this unlikely; refuse anything odd all the same
-        raise CheckpointError(f"{path}: cannot be loaded ({err.__class__.__name__}: {err})") from None
+        raise CheckpointError(f"{path}: cannot be loaded ({err.__class__.__name__}: {str(err)[:200]})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict) or not isinstance(state.get("loop"), dict) \
+            or not isinstance(state["loop"].get("epochs_done"), int):
+        raise CheckpointError(f"{path}: not a veritrain checkpoint (a training state with `model` and `loop`, as checkpoints/*.pt hold)")
+    return state
+
+
+def load_outside(path: Path) -> tuple[bytes, dict[str, Any]]:
+    """(bytes, state) of a checkpoint from outside a run, which has no sidecar to check: it is hashed and copied
+    into the run that uses it."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read it ({err.strerror})") from None
+    return data, decode(path, data)
 
 
 def step_files(folder: Path) -> list[tuple[int, Path]]:

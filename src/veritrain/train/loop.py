@@ -363,7 +363,9 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
             state.trajectory.append(trajectory.entry(state.trajectory, run_config_hash, data.version, state.step, epoch,
                                                      state_hash, state_dict_sha256(written["model"])))
         else:
-            state.other_saves.append({"step": state.step, "reason": reason, "state_sha256": state_hash})
+            # a timing save names the chain entry it follows: it is a resume point, never a result
+            state.other_saves.append({"step": state.step, "reason": reason, "state_sha256": state_hash,
+                                      "after_step": state.trajectory[-1]["step"] if state.trajectory else None})
         written["loop"] = {**written["loop"], "trajectory": list(state.trajectory), "other_saves": list(state.other_saves)}
         if stop_at_step is not None and reason in SCHEDULED and state.step >= stop_at_step:
             raise ReplayDone(list(state.trajectory), written)

@@ -149,6 +149,118 @@ def for_record(entries: list[dict[str, Any]], checkpoints: Any, audit_every: int
             for index, item in enumerate(entries)]
 
 
+def entry_with_state(trajectory: list[dict[str, Any]], state_hash: str) -> Optional[int]:
+    """The index of the (last) entry holding `state_hash`, or None: the state is not one the run committed to."""
+    found = [index for index, item in enumerate(trajectory) if item.get("state_sha256") == state_hash]
+    return found[-1] if found else None
+
+
+def best_entry(trajectory: list[dict[str, Any]], best_epoch: Any) -> Optional[int]:
+    """The index of the entry best.pt must hold: the save at the end of `training.best_epoch` (the last entry of that
+    epoch; saves inside an epoch carry the epoch in progress, so the epoch's end is its last). None when the trajectory
+    has no such entry (no best epoch, or a run resumed from a checkpoint made before trajectories)."""
+    if not isinstance(best_epoch, int) or best_epoch < 1:
+        return None
+    found = [index for index, item in enumerate(trajectory) if index and item.get("epoch") == best_epoch]
+    return found[-1] if found else None
+
+
+def audit_steps(trajectory: list[dict[str, Any]], audit_every: int) -> set[int]:
+    """The steps whose checkpoint `checkpoint.audit_every` K keeps: every K-th entry after the initial state."""
+    return {item["step"] for index, item in enumerate(trajectory) if audit_every and index and index % audit_every == 0}
+
+
+def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[str]) -> list[dict[str, str]]:
+    """Where the checkpoints a run holds differ from the rule that kept them, as the commands that ran on the run
+    applied it: training keeps best.pt, last.pt, the newest `checkpoint.keep_last` step files (of every save: the
+    trajectory's and the timing saves') and every `audit_every`-th entry; `veritrain gc` (recorded in seal_history)
+    then removes every step file but those kept for audit; an archive made without --with-audit leaves out the
+    audit-only ones (`omitted`, listed by import). `present`: the run's files (relative paths). A checkpoint the
+    rule keeps that is not there, or a `kept`/`kept_for_audit` flag that disagrees with the rule or the files, is
+    a problem: a forger who deletes the start of a forged segment must also break the rule."""
+    entries = [e for e in record.get("trajectory") or [] if isinstance(e, dict)]
+    training = record.get("training") or {}
+    if not entries or not training:
+        return []
+    checkpoint_cfg = (record.get("config") or {}).get("checkpoint") or {}
+    keep_last, every = int(checkpoint_cfg.get("keep_last", 2)), int(checkpoint_cfg.get("audit_every", 0) or 0)
+    problems: list[dict[str, str]] = []
+
+    def problem(path: str, detail: str) -> None:
+        problems.append({"path": path, "kind": "keep_rule", "detail": detail})
+
+    for index, item in enumerate(entries):
+        expected = bool(every) and index > 0 and index % every == 0
+        if bool(item.get("kept_for_audit")) != expected:
+            problem("record.json", f"trajectory entry {index} (step {item.get('step')}) says kept_for_audit {bool(item.get('kept_for_audit'))}, "
+                                   f"but checkpoint.audit_every {every} {'keeps' if expected else 'does not keep'} it")
+    written = sorted({e["step"] for e in entries[1:]} | {o.get("step") for o in record.get("other_saves") or [] if isinstance(o, dict)}, reverse=True)
+    collected = any(isinstance(h, dict) and h.get("by") == "gc" for h in record.get("seal_history") or [])
+    required = audit_steps(entries, every) | (set() if collected else set(written[:keep_last]))
+    for step in sorted(required):
+        name = f"checkpoints/step-{step}.pt"
+        if name not in present and name not in omitted:
+            why = "kept for audit (checkpoint.audit_every)" if step in audit_steps(entries, every) else f"one of the newest checkpoint.keep_last {keep_last}"
+            problem(name, f"the keep rule keeps it ({why}) but it is not in the run")
+    for index, item in enumerate(entries[1:], start=1):
+        name = f"checkpoints/step-{item['step']}.pt"
+        here = name in present or name in omitted
+        if bool(item.get("kept")) != here:
+            problem("record.json", f"trajectory entry {index} (step {item['step']}) says kept {bool(item.get('kept'))}, but {name} is {'' if here else 'not '}in the run")
+    if checkpoint_cfg.get("best", True) and best_entry(entries, training.get("best_epoch")) is not None and "checkpoints/best.pt" not in present:
+        problem("checkpoints/best.pt", "checkpoint.best keeps the best epoch's state, but best.pt is not in the run")
+    if checkpoint_cfg.get("last", True) and "checkpoints/last.pt" not in present:
+        problem("checkpoints/last.pt", "checkpoint.last keeps the final state, but last.pt is not in the run")
+    return problems
+
+
+def kept_checkpoints(run_dir: Any, record: dict[str, Any]) -> dict[int, Any]:
+    """Entry index → the checkpoint of the run (a Path) that holds its state: its step file, or best.pt for the best
+    epoch's entry when its step file is gone (verify matches both with the trajectory)."""
+    entries = record.get("trajectory") or []
+    folder = run_dir / "checkpoints"
+    files = {index: folder / f"step-{e['step']}.pt" for index, e in enumerate(entries) if index and (folder / f"step-{e['step']}.pt").is_file()}
+    best = best_entry(entries, (record.get("training") or {}).get("best_epoch"))
+    if best is not None and best not in files and (folder / "best.pt").is_file():
+        files[best] = folder / "best.pt"
+    return files
+
+
+def start_points(trajectory: list[dict[str, Any]], files: dict[int, Any]) -> dict[int, Any]:
+    """Entry index → where a replay can start from it: the initial state (None: rebuilt from the config) and each
+    entry with a kept checkpoint (`files`: entry index → checkpoint path)."""
+    starts: dict[int, Any] = {index: path for index, path in files.items() if 0 < index < len(trajectory)}
+    if len(trajectory) > 1 and starts_at_initial_state(trajectory, 1):
+        starts[0] = None
+    return starts
+
+
+def stretches(segments: list[int], starts: set[int]) -> list[tuple[int, int]]:
+    """The replays that cover `segments` (segment i: entry i−1 → entry i): each from the nearest earlier start
+    (an entry in `starts`) to the last segment that needs it, every entry on the way checked. Segments sharing a
+    start share one replay, and stretches never overlap, so auditing any set of segments replays each at most once."""
+    ends: dict[int, int] = {}
+    for segment in sorted(segments):
+        earlier = [k for k in starts if k <= segment - 1]
+        if not earlier:
+            continue
+        start = max(earlier)
+        ends[start] = max(ends.get(start, segment), segment)
+    return sorted(ends.items())
+
+
+def longest_stretch(trajectory: list[dict[str, Any]], starts: set[int]) -> Optional[tuple[int, int]]:
+    """(segments, steps) of the longest replay any one segment needs, or None when some segment has no start."""
+    longest = (0, 0)
+    for segment in range(1, len(trajectory)):
+        earlier = [k for k in starts if k <= segment - 1]
+        if not earlier:
+            return None
+        start = max(earlier)
+        longest = max(longest, (segment - start, trajectory[segment]["step"] - trajectory[start]["step"]))
+    return longest
+
+
 def auditable_segments(trajectory: list[dict[str, Any]], available: Optional[set[int]] = None) -> list[int]:
     """Indices i of the entries whose segment (entry i−1 → entry i) can be replayed: entry i−1 is the
     initial state (index 0, rebuilt from the config) or its checkpoint is there (`available` steps, else

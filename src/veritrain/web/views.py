@@ -246,13 +246,16 @@ def trajectory(run_dir: Path, record: dict[str, Any], audited: Optional[list[dic
     for audit or left out (an archive made without --with-audit), whether the segment ending at it can be
     replayed from what is on disk (as `veritrain audit` decides), and the newest verdict of the `audited`
     results (`audits`, newest first) on it. None for runs without a trajectory."""
-    from veritrain.train.trajectory import auditable_segments  # no torch at import
+    from veritrain.train.trajectory import kept_checkpoints, start_points  # no torch at import
 
     entries = record.get("trajectory") or []
     if not entries:
         return None
     available = {e["step"] for e in entries if (run_dir / "checkpoints" / f"step-{e['step']}.pt").is_file()}
-    auditable = set(auditable_segments(entries, available))
+    starts = set(start_points(entries, kept_checkpoints(run_dir, record)))
+    # every segment with an earlier state to start from (as `veritrain audit` replays it), and that start's step
+    replayed_from = {i: entries[max(k for k in starts if k <= i - 1)]["step"] for i in range(1, len(entries)) if any(k <= i - 1 for k in starts)}
+    auditable = set(replayed_from)
     verdicts: dict[str, str] = {}
     for result in reversed(audited or []):  # oldest first: a newer audit's verdict replaces an older one
         verdicts.update({s["segment"]: s["verdict"] for s in result["segments"]})
@@ -267,7 +270,8 @@ def trajectory(run_dir: Path, record: dict[str, Any], audited: Optional[list[dic
             checkpoint = "kept" if here else "not kept"
         rows.append({"index": index, "step": e["step"], "epoch": e["epoch"], "state_sha256": e["state_sha256"],
                      "checkpoint": checkpoint, "here": here, "kept_for_audit": bool(e.get("kept_for_audit")),
-                     "auditable": index in auditable, "audit": verdicts.get(str(index)) if index > 0 else None})
+                     "auditable": index in auditable, "replayed_from": replayed_from.get(index),
+                     "audit": verdicts.get(str(index)) if index > 0 else None})
     return {"segments": len(entries) - 1, "auditable": len(auditable), "kept_for_audit": sum(r["kept_for_audit"] for r in rows),
             "entries": _first(rows, MAX_TRAJECTORY_ROWS)}
 
