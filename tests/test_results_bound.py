@@ -158,13 +158,20 @@ def test_a_checkpoint_replaced_by_something_else_fails_verify_audit_and_every_am
     (copy / "checkpoints" / "step-60.pt.sha256").write_text(hashlib.sha256(target.read_bytes()).hexdigest() + "\n")
     write_record(copy, record_of(copy))  # sidecar and seal fixed
     assert "not_in_trajectory" in kinds(copy)
-    workdir = str(copy.parent.parent)
-    for command in (["audit", copy.name, "--segments", "1"], ["eval", copy.name], ["export", copy.name], ["baseline", copy.name]):
-        result = veritrain(*command, "--workdir", workdir)
-        assert result.code == 1, (command, result.stderr)
-        assert "not_in_trajectory" in result.stderr and "does not verify" in result.stderr, result.stderr
-    gc = veritrain("gc", "--workdir", workdir)
-    assert gc.code == 1 and "do not verify" in gc.stderr
+    from veritrain import housekeeping, pipeline
+    from veritrain.errors import RunFailed
+
+    result = veritrain("audit", copy.name, "--segments", "1", "--workdir", str(copy.parent.parent))  # one line, exit 1
+    assert result.code == 1 and result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
+    assert "not_in_trajectory" in result.stderr and "does not verify" in result.stderr, result.stderr
+    workspace = workspace_of(copy)
+    amends = (lambda: pipeline.evaluate_run(workspace, copy.name, None, None, ["veritrain", "eval"]),
+              lambda: pipeline.export_run(workspace, copy.name, None, None, ["veritrain", "export"]),
+              lambda: pipeline.open_run(workspace, copy.name))  # baseline RUN opens the run this way
+    for amend in amends:
+        with pytest.raises(RunFailed, match="not_in_trajectory.*does not verify"):
+            amend()
+    assert housekeeping.gc(workspace, dry_run=False)["unverified"]
     assert record_of(copy)["metrics"]["test"] == metrics and target.exists()
 
 

@@ -324,13 +324,13 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         logging.getLogger("veritrain").addFilter(quiet)
         try:  # in a folder of its own, removed afterwards: verify never writes into the workspace's data
             with tempfile.TemporaryDirectory(prefix="veritrain-verify-") as scratch:
-                again = prepare.run(RunConfig.model_validate(record["config"]).data, paths, Path(scratch), rehash=True)
+                again = prepare.version_now(RunConfig.model_validate(record["config"]).data, paths, Path(scratch))
         except Exception as err:  # bad data now is a finding of verify, not a crash
             problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed", "detail": f"the data no longer prepares ({err})"})
         else:
-            if again.version != version:
+            if again != version:
                 problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
-                                 "detail": f"the raw data now prepares to version {again.version[:12]}, not {version[:12]}"})
+                                 "detail": f"the raw data now prepares to version {again[:12]}, not {version[:12]}"})
         finally:
             logging.getLogger("veritrain").removeFilter(quiet)
     return problems

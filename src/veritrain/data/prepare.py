@@ -179,7 +179,14 @@ def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], ta
     return {"format": FORMAT_VERSION, "data": cfg, "source": source_preprocessing, "target": target}
 
 
-def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None) -> DataVersion:
+def version_now(data_cfg: Any, paths: dict[str, Path], scratch_state: Path) -> str:
+    """The id the raw data prepares to now, every file hashed again (`veritrain verify`): the whole gate runs in
+    `scratch_state`, but no report, chart or version folder is written, since only the id is compared."""
+    return run(data_cfg, paths, scratch_state, rehash=True, id_only=True)  # type: ignore[return-value]
+
+
+def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
+        id_only: bool = False) -> DataVersion:
     """Stage entry: prepare (or reuse) the data version for `data_cfg`; returns it loaded and checked.
 
     `paths` are the config's data paths made absolute; `workspace_state` is the workspace's
@@ -199,6 +206,8 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     timings: dict[str, float] = {}
     started = time.perf_counter()
     source = load_source(data_cfg, paths)
+    if id_only:
+        rehash = True
     timings["list"] = time.perf_counter() - started
     cache_dir = workspace_state / "cache"
     workers = data_cfg.workers or _default_workers()
@@ -268,6 +277,8 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
         info["achieved_split"] = achieved
         version = version_id(preprocessing, DATA_HASH_ALGORITHM, samples, content_hash(info))
         info["data_version"] = version
+        if id_only:  # version_now: the id is all that is asked
+            return version  # type: ignore[return-value]
         final = store / version
         if (final / "version.json").exists():
             log.info("data: reusing data version %s (%d samples)", version[:12], len(table.ids))
