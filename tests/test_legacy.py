@@ -111,8 +111,8 @@ def test_runs_whose_config_was_recorded_with_stars_verify_but_are_not_rebuilt(cl
 
 
 @pytest.mark.parametrize("archive, run_id", [
-    pytest.param("trajectory-completed.tar.gz", "20261201-094044-364-7c21c2", marks=pytest.mark.slow),  # the resumed one covers it
-    ("trajectory-resumed.tar.gz", "20261201-094204-361-6d6672")])
+    ("trajectory-completed.tar.gz", "20261201-094044-364-7c21c2"), ("trajectory-resumed.tar.gz", "20261201-094204-361-6d6672")])
+@pytest.mark.slow  # an import and a full audit each: compatibility, checked in `make test-slow`
 def test_a_run_with_a_trajectory_of_the_previous_code_verifies_and_audits_and_says_what_was_not_checked(cli, tmp_path, archive, run_id):
     """Made before results named their trajectory entry: the keep rule, best.pt's and last.pt's entries and the chain
     hold and are checked; the results' entries are not, and verify, check and audit say so. The second run was
