@@ -52,7 +52,10 @@ def require_finite(outputs: torch.Tensor, split: str, checkpoint_shown: str) -> 
 
 def checkpoint_path(cfg: Any, run_dir: Path, which: Optional[str]) -> Path:
     """`best`, `last`, or a path (absolute, or relative to the run directory); None: best.pt when
-    the run keeps one (`checkpoint.best`), else last.pt."""
+    the run keeps one (`checkpoint.best`), else last.pt; in a run of an outside checkpoint, its input.pt."""
+    outside = run_dir / "checkpoints" / "input.pt"  # a run of an outside checkpoint (kind eval or export) holds only that
+    if which is None and outside.is_file() and not any((run_dir / "checkpoints" / f"{n}.pt").exists() for n in ("best", "last")):
+        return outside
     which = which or ("best" if cfg.checkpoint.best else "last")
     if which in ("best", "last"):
         return run_dir / "checkpoints" / f"{which}.pt"
