@@ -89,6 +89,7 @@ def refusal(result) -> str:
     return line
 
 
+@pytest.mark.slow  # two imports and five commands: compatibility, checked in `make test-slow`
 def test_runs_whose_config_was_recorded_with_stars_verify_but_are_not_rebuilt(cli, tmp_path):
     # the previous veritrain recorded model.kwargs max_tokens and key_dim as "***": the run is still what its seal
     # says, but its model cannot be built again from the record, so nothing pretends to (exit 2, the keys named),
