@@ -1,4 +1,4 @@
-"""The digits data version: content hashes, stratified seeded split, train-only stats, stable version id."""
+"""The digits data version: content hashes, a seeded split by key hash, train-only stats, stable version id."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from PIL import Image
 
 from veritrain.config import DataConfig
 from veritrain.data import prepare
-from veritrain.data.split import stratified_split
+from veritrain.data.split import Unit, assign, split_of_keys
 from veritrain.errors import RunFailed
 
 
@@ -40,16 +40,17 @@ def test_png_written_from_stored_array_decodes_identically(digits):
     assert np.array_equal(np.asarray(Image.open(buffer)), digits.inputs[7, :, :, 0])
 
 
-def test_split_files_partition_samples_stratified(digits):
+def test_split_files_partition_samples_each_class_within_chance(digits):
     counts = digits.counts
     assert sum(counts.values()) == 1797
-    assert counts == {"train": 1439, "val": 179, "test": 179}
+    assert counts == {"train": 1437, "val": 189, "test": 171}  # data recipe 4: each sample placed by the hash of its key
     all_rows = np.concatenate(list(digits.splits.values()))
     assert len(np.unique(all_rows)) == 1797  # a partition: no sample in two splits
+    class_sizes = np.bincount(digits.targets, minlength=10)
     for split, rows in digits.splits.items():
-        per_class = np.bincount(digits.targets[rows], minlength=10)
-        expected = {"train": 0.8, "val": 0.1, "test": 0.1}[split] * np.bincount(digits.targets, minlength=10)
-        assert np.all(np.abs(per_class - expected) <= 1)  # each class keeps its share
+        p = {"train": 0.8, "val": 0.1, "test": 0.1}[split]
+        fraction = np.bincount(digits.targets[rows], minlength=10) / class_sizes
+        assert np.all(np.abs(fraction - p) <= np.maximum(0.03, 3 * np.sqrt(p * (1 - p) / class_sizes)))  # each class within 3σ
     ids = (digits.path / "splits" / "test.txt").read_text().split()
     assert ids == [digits.sample_ids[i] for i in digits.splits["test"]]
 
@@ -59,7 +60,8 @@ def test_manifest_has_one_content_hash_per_sample(digits):
 
     with open(digits.path / "manifest.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["sample_id", "size", "blake3", "label", "split", "status"]
+    assert list(rows[0]) == ["sample_id", "size", "blake3", "label", "split", "status", "key", "unit"]
+    assert rows[3]["key"] == rows[3]["unit"] == ""  # placed by its own content hash
     assert len(rows) == 1797
     assert rows[3]["blake3"] == blake3.blake3(np.asarray(digits.inputs[3]).tobytes()).hexdigest()
     assert rows[3]["label"] == digits.classes[digits.targets[3]]
@@ -112,14 +114,21 @@ def test_version_changes_with_a_relabel_or_a_changed_byte(digits, tmp_path, monk
 
 
 def test_split_is_seeded():
-    labels = [0] * 50 + [1] * 50
-    assert stratified_split(labels, 100, (0.8, 0.1, 0.1), 3) == stratified_split(labels, 100, (0.8, 0.1, 0.1), 3)
-    assert stratified_split(labels, 100, (0.8, 0.1, 0.1), 3) != stratified_split(labels, 100, (0.8, 0.1, 0.1), 4)
+    keys = [f"sample-{i}" for i in range(100)]
+    assert split_of_keys(keys, (0.8, 0.1, 0.1), 3) == split_of_keys(keys, (0.8, 0.1, 0.1), 3)
+    assert split_of_keys(keys, (0.8, 0.1, 0.1), 3) != split_of_keys(keys, (0.8, 0.1, 0.1), 4)
 
 
-def test_class_too_small_for_split_is_an_error():
-    with pytest.raises(RunFailed, match="class 1 has 2 sample"):
-        stratified_split([0] * 10 + [1] * 2, 12, (0.8, 0.1, 0.1), 0)
+def test_a_class_with_no_train_sample_is_an_error_and_one_without_val_or_test_is_not():
+    keys = [f"k{i}" for i in range(400)]
+    placed = split_of_keys(keys, (0.8, 0.1, 0.1), 0)
+    elsewhere = [k for k, s in zip(keys, placed) if s != "train"][:2]
+    trained = [k for k, s in zip(keys, placed) if s == "train"]
+    units = [Unit([i], [0], key=k) for i, k in enumerate(trained[:10])]
+    small = [Unit([10 + i], [1], key=k) for i, k in enumerate(elsewhere)]
+    with pytest.raises(RunFailed, match="class 1 has 2 sample.*none of them placed in train.*too_small"):
+        assign(units + small, (0.8, 0.1, 0.1), 0)
+    assert assign(units, (0.8, 0.1, 0.1), 0) == ["train"] * 10  # no val or test sample: fine
 
 
 def test_test_split_file_applies_to_array_sources(digits, tmp_path):

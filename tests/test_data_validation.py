@@ -90,7 +90,7 @@ def test_report_files_and_manifest(faulty):
     assert (data.path / "class_distribution_train.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with open(data.path / "manifest.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["sample_id", "size", "blake3", "label", "split", "status"]
+    assert list(rows[0]) == ["sample_id", "size", "blake3", "label", "split", "status", "key", "unit"]
     statuses = {r["sample_id"]: r["status"] for r in rows}
     assert statuses["cat/empty.png"] == "quarantined" and statuses["cat/cat_00.png"] == "ok"
     report = data.report()
@@ -223,10 +223,15 @@ def test_time_split_puts_latest_in_test(tmp_path):
 
 
 def test_too_small_class_exits_1(tmp_path):
-    root = good_imagefolder(tmp_path / "raw", per_class=12)
-    for p in list((root / "dog").glob("*.png"))[2:]:
+    from veritrain.data.split import place
+
+    root = good_imagefolder(tmp_path / "raw", per_class=40)
+    # keep two dogs that the hash of their content places outside train: the class has nothing to learn from
+    dogs = sorted((root / "dog").glob("*.png"))
+    kept = [p for p in dogs if place(blake3_file(p), (0.8, 0.1, 0.1), 0) != "train"][:2]
+    for p in set(dogs) - set(kept):
         p.unlink()
-    with pytest.raises(RunFailed, match="class 'dog' has 2 sample"):
+    with pytest.raises(RunFailed, match="class 'dog' has 2 sample.*none of them placed in train"):
         prepare_config("data:\n  source: imagefolder\n  root: raw\n", tmp_path)
 
 

@@ -83,7 +83,8 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     rows["no_leakage"] = ("missing" if leakage is None else ("pass" if leakage == 0 else "fail"), new_run,
                           f"{leakage} cross-split duplicate pairs")
     achieved = (data.get("summary") or {}).get("achieved_split")
-    skewed = (achieved or {}).get("skewed") or []
+    # recipe 4 on: a group mixing data.test_from's former test and train/val samples fails the row like a skew
+    skewed = ((achieved or {}).get("skewed") or []) + (((achieved or {}).get("test_from") or {}).get("leaks") or [])
     rows["achieved_split"] = (
         "missing" if achieved is None else ("fail" if skewed else "pass"),
         new_run if achieved is None else f"fix the data or its groups (see `veritrain data report {run}`), then start a new run: {new_run}",

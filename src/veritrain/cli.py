@@ -1205,6 +1205,9 @@ def data_report(ref: str, workdir: Optional[str], as_json: bool) -> int:
 def data_diff(old: str, new: str, workdir: Optional[str], as_json: bool) -> int:
     """Samples added, removed, relabelled or moved between splits from V1 to V2 (versions or runs).
 
+    Samples are matched by key (content hash or the source's id), and each move is counted by its cause:
+    under one split rule only samples whose key changed, whose group merged or split, or that were quarantined move.
+
     \b
     Example:
       veritrain data diff 6ee98039 3fa1c2d4
@@ -1227,6 +1230,11 @@ def data_diff(old: str, new: str, workdir: Optional[str], as_json: bool) -> int:
         items = result[key]
         shown = ", ".join(f"{item['sample_id']}: {item['old']} → {item['new']}" for item in items[:5])
         click.echo(f"{key}: {len(items)}" + (f"  ({shown}{', ...' if len(items) > 5 else ''})" if items else ""))
+    causes = result["moved_by_cause"]
+    click.echo(f"moved because: its key changed {causes['key']}, its group merged or split {causes['group']}, "
+               f"quarantined or released {causes['quarantine']}, the split rule changed {causes['placement']}")
+    for name, change in result["split_rule_changed"].items():
+        click.echo(f"split rule changed: {name} {change['old']} → {change['new']}")
     return 0
 
 

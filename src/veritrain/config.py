@@ -148,7 +148,8 @@ class DataConfig(Section):
         "(against the current directory when given with --set). Unused by `digits`",
     )
     csv: Optional[str] = Field(
-        None, description="csv source: file with columns path,label (paths relative to root) and optional group, split, timestamp; relative to the config's folder like root"
+        None, description="csv source: file with columns path,label (paths relative to root) and optional group, split, timestamp, id "
+        "(a stable id that places the sample instead of its content hash); relative to the config's folder like root"
     )
     labels: Optional[str] = Field(None, description="labelmap source: JSON file mapping relpath → label; relative to the config's folder like root")
     split_dir: Optional[str] = Field(
@@ -193,7 +194,8 @@ class DataConfig(Section):
     imbalance_ratio: float = Field(10.0, ge=1.0, description="warn when the largest class has this many times the samples of the smallest, or more (whole set and each split)")
     split_tolerance: float = Field(
         0.03, ge=0.0, le=1.0, description="largest gap between a class's achieved train/val/test fraction and data.split_ratios "
-        "(at least one sample in small classes) before the split is `split_skew`"
+        "before the split is `split_skew`; a class (or the whole set) is allowed max(tolerance, 3σ), σ = √(p(1−p)/n) for ratio p and n samples, "
+        "since each sample's split follows the hash of its key (data recipe 3 and before: at least one sample)"
     )
     on_split_skew: Literal["fail", "warn"] = Field(
         "fail", description="`fail`: a `split_skew` stops the prepare (exit 1) naming the class and its cause; `warn`: report it and go on"
@@ -206,13 +208,20 @@ class DataConfig(Section):
         None, description="regex with one capture group over the relpath; samples with the same group stay in one split (e.g. '^(patient_\\d+)/')"
     )
     split_by: Literal["random", "time"] = Field(
-        "random", description="`random`: stratified by class and seeded; `time`: chronological by the csv timestamp column (test = latest)"
+        "random", description="`random`: each sample (or group) placed by the hash of data.split_seed and its key, so adding samples moves "
+        "no others; `time`: chronological by the csv timestamp column (test = latest)"
     )
     split_seed: Annotated[int, Limit(2**63 - 1)] = Field(
         0, ge=0, description="seed of the train/val/test split; separate from `seed` so a new training seed keeps the data version"
     )
     split_ratios: tuple[float, float, float] = Field(
-        (0.8, 0.1, 0.1), description="fractions of each class in train, val and test; must sum to 1"
+        (0.8, 0.1, 0.1), description="fractions in train, val and test, of the whole set and of each class (within chance: each sample's "
+        "split follows the hash of data.split_seed and its key); must sum to 1"
+    )
+    test_from: Optional[str] = Field(
+        None, description="a data version of this workspace (id or unique prefix, at least 4 hex digits) whose test split carries over: "
+        "its test samples still here (same key) stay in test, its train/val samples never enter test (where the hash says test they keep "
+        "their former split); a group mixing both is a `test_from_leak`, handled as data.on_split_skew says. Needs split_by: random"
     )
     workers: Optional[Annotated[int, Limit(4096)]] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
     card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")
@@ -238,6 +247,17 @@ class DataConfig(Section):
         source = info.data.get("source")  # absent when data.source itself was refused
         if value == "time" and source is not None and source not in TIMESTAMPED_SOURCES:
             raise ValueError(f"'time' needs data.source: csv with a timestamp column; data.source {source!r} has no timestamps, use split_by: random")
+        return value
+
+    @field_validator("test_from")
+    @classmethod
+    def _version_id(cls, value: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if value is None:
+            return value
+        if not re.fullmatch(r"[0-9a-f]{4,64}", value):
+            raise ValueError(f"expected a data version id or a prefix of it (4 to 64 lowercase hex digits), got {_shown(value)}")
+        if info.data.get("split_by") == "time":
+            raise ValueError("carries a test split over by sample key, which a chronological split does not follow; use split_by: random or drop data.test_from")
         return value
 
     @field_validator("split_ratios")
@@ -530,6 +550,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "data.split_tolerance": 0.03,
     "data.on_split_skew": "fail",
     "data.on_label_issue": "warn",
+    "data.test_from": None,
     "export.parity_rtol": 1e-5,
     "train.backend": "auto",
     "train.batchnorm": "per_rank",

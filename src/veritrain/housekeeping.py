@@ -116,6 +116,21 @@ def _kept_step_files(run_dir: Path, record: dict[str, Any]) -> set[str]:
     return kept
 
 
+def _test_splits_carried_over(store: Path, versions: set[str]) -> set[str]:
+    """The data versions whose test split `versions` carried over (data.test_from), and theirs in turn: re-preparing
+    a kept version (verify, resume, reproduce) reads them."""
+    from veritrain.data.prepare import carried_test_from
+
+    found: set[str] = set()
+    todo = list(versions)
+    while todo:
+        carried = carried_test_from(store / todo.pop())
+        if carried is not None and carried not in found and carried not in versions:
+            found.add(carried)
+            todo.append(carried)
+    return found
+
+
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     """Remove step checkpoints of completed runs (best/last and the checkpoints kept for audit stay), data
     versions no run references, and stale locks; runs that lose files are re-sealed with a `gc` event and
@@ -173,6 +188,7 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
         removed.append(f"{path.relative_to(workspace.root)} (left by a killed command {age / 60:.0f} min ago)")
         if not dry_run:
             shutil.rmtree(path, ignore_errors=True)
+    referenced |= _test_splits_carried_over(workspace.state_dir / "data", referenced)
     if keep_data:
         log.warning("gc: keeping every data version: %s", keep_data)
     for version_dir in sorted((workspace.state_dir / "data").glob("*")) if (workspace.state_dir / "data").exists() and not keep_data else []:

@@ -305,14 +305,18 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     except Exception:  # an ${env:...} path whose variable is not set here
         paths = {}
         drift.append({"what": "raw data", "recorded": str(source.get("data_paths_resolved")), "now": "its environment variable is not set"})
-    from veritrain.data.prepare import FORMAT_VERSION, stored_recipe
+    from veritrain.data.prepare import FORMAT_VERSION, carried_test_from, stored_recipe
 
     recipe = stored_recipe(folder)
+    carried = carried_test_from(folder)  # data.test_from's version: re-preparing reads its test split
     if "root" in paths and not paths["root"].exists():
         drift.append({"what": "raw data", "recorded": str(paths["root"]), "now": "not present"})
     elif rehash and recipe is not None and recipe != FORMAT_VERSION:
         drift.append({"what": "raw data", "recorded": f"prepared by data recipe {recipe}",
                       "now": f"this veritrain prepares with recipe {FORMAT_VERSION}, so the raw data cannot be re-prepared to compare"})
+    elif rehash and carried is not None and not (state_dir / "data" / carried / "version.json").is_file():
+        drift.append({"what": "raw data", "recorded": f"test split carried over from data version {carried[:12]} (data.test_from)",
+                      "now": "that version is not in this workspace, so the raw data cannot be re-prepared to compare"})
     elif rehash:
         from veritrain.config import RunConfig
         from veritrain.data import prepare
@@ -324,7 +328,10 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         logging.getLogger("veritrain").addFilter(quiet)
         try:  # in a folder of its own, removed afterwards: verify never writes into the workspace's data
             with tempfile.TemporaryDirectory(prefix="veritrain-verify-") as scratch:
-                again = prepare.version_now(RunConfig.model_validate(record["config"]).data, paths, Path(scratch))
+                data_cfg = RunConfig.model_validate(record["config"]).data
+                if carried is not None:  # the full id the version recorded, whatever prefix the config gave
+                    data_cfg = data_cfg.model_copy(update={"test_from": carried})
+                again = prepare.version_now(data_cfg, paths, Path(scratch), versions=state_dir / "data")
         except Exception as err:  # bad data now is a finding of verify, not a crash
             problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed", "detail": f"the data no longer prepares ({err})"})
         else:

@@ -39,8 +39,11 @@ log = logging.getLogger("veritrain")
 
 # The data recipe: how a data version is prepared and laid out; part of the version id. 3: near-duplicates
 # confirmed by pixels, achieved-split check, label issues and outliers, exact normalization, every file of the
-# version bound to its id. Runs made with an earlier recipe keep the version it prepared (see `run`'s `recorded`).
-FORMAT_VERSION = 3
+# version bound to its id. 4: stable splits (each unit placed by the hash of its key, see data/split.py), the
+# achieved-split check against 3σ of chance, data.test_from, the manifest's `key` and `unit` columns. Runs made
+# with an earlier recipe keep the version it prepared (see `run`'s `recorded`).
+FORMAT_VERSION = 4
+MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status", "key", "unit")
 NEAR_DUPLICATE_MIN_SIDE = 16  # px: below this a perceptual hash says little (digits are 8×8)
 BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "inputs.npy", "targets.npy")
 BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files", "achieved_split")
@@ -111,6 +114,7 @@ class _Table:
     groups: list[Optional[str]]
     fixed: list[Optional[str]]
     timestamps: list[Optional[str]]
+    source_ids: list[Optional[str]]  # the source's own id per sample (csv `id` column); None: placed by content hash
     keep_usable: bool = False  # data.on_bad_file: warn — only samples that cannot be used are excluded
     findings: list[Finding] = field(default_factory=list)
     excluded: dict[int, Finding] = field(default_factory=dict)  # sample index → the finding that removed it
@@ -131,6 +135,10 @@ class _Table:
 
     def included(self) -> list[int]:
         return [i for i in range(len(self.ids)) if i not in self.excluded]
+
+    def key(self, i: int) -> str:
+        """What places sample `i` in a split: the source's own id, else its content hash ("" when unreadable)."""
+        return self.source_ids[i] or self.hashes[i] or ""
 
 
 def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any, content: Optional[str] = None) -> str:
@@ -179,20 +187,22 @@ def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], ta
     return {"format": FORMAT_VERSION, "data": cfg, "source": source_preprocessing, "target": target}
 
 
-def version_now(data_cfg: Any, paths: dict[str, Path], scratch_state: Path) -> str:
+def version_now(data_cfg: Any, paths: dict[str, Path], scratch_state: Path, versions: Optional[Path] = None) -> str:
     """The id the raw data prepares to now, every file hashed again (`veritrain verify`): the whole gate runs in
-    `scratch_state`, but no report, chart or version folder is written, since only the id is compared."""
-    return run(data_cfg, paths, scratch_state, rehash=True, id_only=True)  # type: ignore[return-value]
+    `scratch_state`, but no report, chart or version folder is written, since only the id is compared. `versions`
+    is the workspace's folder of data versions, where data.test_from's version is read."""
+    return run(data_cfg, paths, scratch_state, rehash=True, id_only=True, versions=versions)  # type: ignore[return-value]
 
 
 def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
-        id_only: bool = False) -> DataVersion:
+        id_only: bool = False, versions: Optional[Path] = None) -> DataVersion:
     """Stage entry: prepare (or reuse) the data version for `data_cfg`; returns it loaded and checked.
 
     `paths` are the config's data paths made absolute; `workspace_state` is the workspace's
     `.veritrain/` (data versions in `data/`, hash and decode caches in `cache/`). `recorded` is the version
     a run already used (resume, reproduce, eval, export): when an earlier recipe prepared it and it is
     stored here, it is the one returned, since this recipe would prepare the same data to another id.
+    `versions` is where data.test_from's version is looked up (default: `workspace_state/data`).
     """
     if recorded is not None:
         stored = workspace_state / "data" / recorded
@@ -205,6 +215,9 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
             return loaded
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    former_dir = former_version(data_cfg, versions or workspace_state / "data")
+    if former_dir is not None:  # recorded (and hashed) by its full id, however the config abbreviates it
+        data_cfg = data_cfg.model_copy(update={"test_from": former_dir.name})
     source = load_source(data_cfg, paths)
     if id_only:
         rehash = True
@@ -243,8 +256,11 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
     _check_labels(table, classes)
     units, near_pairs = _duplicates_and_units(data_cfg, table, classes)
     _apply_policy(data_cfg, table)
+    earlier = _mark_former_splits(former_dir, table, units) if former_dir is not None else None
     assigned = _split(data_cfg, table, units, classes)
     achieved = _achieved_split(data_cfg, table, units, assigned, classes)  # the split's own placement, before label quarantine
+    if earlier is not None:
+        achieved["test_from"] = _test_from_outcome(data_cfg, earlier, table, units, assigned)
     timings["validate_split"] = time.perf_counter() - t
     t = time.perf_counter()
     label_method = _label_issues_and_outliers(data_cfg, table, assigned, classes)
@@ -273,7 +289,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
         t = time.perf_counter()
         _write_arrays(tmp, rows, table, source, data_cfg, target, classes, workers)
         timings["decode"] = time.perf_counter() - t
-        info = _write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin)
+        info = _write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin, units)
         info["achieved_split"] = achieved
         version = version_id(preprocessing, DATA_HASH_ALGORITHM, samples, content_hash(info))
         info["data_version"] = version
@@ -313,16 +329,21 @@ def _made_from(data: DataVersion, data_cfg: Any, source: Any, table: _Table) -> 
     if stored.get("data") != wanted["data"] or stored.get("source") != wanted["source"] or stored.get("format") != wanted["format"]:
         return False
     with open(data.path / "manifest.csv", newline="", encoding="utf-8") as f:
-        rows = [(row["sample_id"], row[DATA_HASH_ALGORITHM] or None, row["label"] or None) for row in csv.DictReader(f)]
-    return rows == list(zip(table.ids, table.hashes, table.labels))
+        rows = [(row["sample_id"], row[DATA_HASH_ALGORITHM] or None, row["label"] or None, row.get("key") or None) for row in csv.DictReader(f)]
+    return rows == list(zip(table.ids, table.hashes, table.labels, table.source_ids))
 
 
 def _refuse_skew(data_cfg: Any, data: DataVersion) -> None:
     """data.on_split_skew: fail stops here (the version stays stored, with its report, for a look)."""
-    skewed = (data.info.get("achieved_split") or {}).get("skewed") or []
+    achieved = data.info.get("achieved_split") or {}
+    skewed = achieved.get("skewed") or []
     if skewed and data_cfg.on_split_skew == "fail":
-        raise RunFailed(f"data: split_skew: {skewed[0]}" + (f" (and {len(skewed) - 1} more class(es))" if len(skewed) > 1 else "")
+        raise RunFailed(f"data: split_skew: {skewed[0]}" + (f" (and {len(skewed) - 1} more)" if len(skewed) > 1 else "")
                         + f"; see {data.path / 'data_report.md'}; fix the data, or set data.on_split_skew: warn to train on it anyway")
+    leaks = (achieved.get("test_from") or {}).get("leaks") or []
+    if leaks and data_cfg.on_split_skew == "fail":
+        raise RunFailed(f"data: test_from_leak: {leaks[0]}" + (f" (and {len(leaks) - 1} more)" if len(leaks) > 1 else "")
+                        + f"; see {data.path / 'data_report.md'}; separate the group's members, or set data.on_split_skew: warn to go on with it out of test")
 
 
 def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Any:
@@ -357,6 +378,16 @@ def stored_recipe(folder: Path) -> Optional[int]:
         return None
 
 
+def carried_test_from(folder: Path) -> Optional[str]:
+    """The data version a stored version took its test split from (data.test_from, recipe 4 on), if any;
+    None when it names none or cannot be read."""
+    try:
+        carried = json.loads((folder / "version.json").read_text(encoding="utf-8"))["preprocessing"]["data"].get("test_from")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return carried if isinstance(carried, str) else None
+
+
 def _default_workers() -> int:
     from veritrain.data.validate import default_workers
 
@@ -388,6 +419,7 @@ def _table_from_arrays(source: SourceData) -> _Table:
         groups=[None] * n,
         fixed=list(source.fixed_split) if source.fixed_split else [None] * n,
         timestamps=[None] * n,
+        source_ids=[None] * n,
     )
     return table
 
@@ -411,7 +443,7 @@ def _fingerprint(cfg: Any, source: Any, table: _Table) -> str:
 
     return sha256_json({
         "config": preprocessing_config(cfg, source.preprocessing),
-        "samples": list(zip(table.ids, table.hashes, table.labels, table.groups, table.fixed, table.timestamps)),
+        "samples": list(zip(table.ids, table.hashes, table.labels, table.groups, table.fixed, table.timestamps, table.source_ids)),
         "findings": [f.as_dict() for f in table.findings],
         "versions": {"veritrain": __version__, "pillow": PIL.__version__, "numpy": np.__version__},
     })
@@ -477,6 +509,7 @@ def _list_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, ti
         groups=[s.group for s in samples],
         fixed=[s.fixed_split for s in samples],
         timestamps=[s.timestamp for s in samples],
+        source_ids=[s.source_id for s in samples],
     )
     index_of = {sid: i for i, sid in enumerate(table.ids)}
     for kind, ids, reason in source.findings:
@@ -659,6 +692,7 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]])
             labels=[class_index.get(table.labels[i]) if classes else None for i in members],
             fixed=winner,
             timestamp=max(timestamps) if timestamps else None,
+            key=splitting.unit_key(table.key(i) for i in members),
         ))
     units.sort(key=lambda u: u.members[0])
     return units, near_pairs
@@ -706,6 +740,88 @@ def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndar
     return pairs
 
 
+def former_version(cfg: Any, versions: Path) -> Optional[Path]:
+    """The stored data version data.test_from names (full id or unique prefix), checked like every open; None
+    when the key is not set. A missing or ambiguous one is a usage error naming the key."""
+    ref = getattr(cfg, "test_from", None)
+    if ref is None:
+        return None
+    if not re.fullmatch(r"[0-9a-f]{4,64}", ref):  # the config checks it; a value set in code or read from a record may not be
+        raise UserError(f"data.test_from: {ref!r}: expected a data version id or a prefix of it (4 to 64 lowercase hex digits)")
+    stored = sorted(p for p in versions.glob(f"{ref}*") if (p / "version.json").is_file()) if versions.is_dir() else []
+    if not stored:
+        raise UserError(f"data.test_from: {ref!r}: no data version with this id or prefix in {versions}; give the id of a version "
+                        "stored in this workspace (`veritrain data report ID` shows one), or import the run that used it with --with-data")
+    if len(stored) > 1:
+        raise UserError(f"data.test_from: {ref!r}: matches {len(stored)} data versions ({', '.join(p.name[:12] for p in stored[:3])}); give a longer prefix or the full id")
+    check_version(stored[0])
+    return stored[0]
+
+
+@dataclass
+class _Former:
+    """What data.test_from's version says about today's samples."""
+
+    version: str
+    matched_by: str  # "key" (recipe 4 on: the manifest's key column) or the content hash (earlier recipes)
+    split_of: dict[int, str]  # sample index → its split in that version (samples it placed; quarantined ones are new)
+
+
+def _mark_former_splits(folder: Path, table: _Table, units: list[splitting.Unit]) -> _Former:
+    """Give each unit the splits its members had in data.test_from's version (`Unit.former`), matching samples by
+    key; a version of recipe 3 or before has no key column, so there the content hash matches (same algorithm)."""
+    info = json.loads((folder / "version.json").read_text(encoding="utf-8"))
+    if info.get("hash_algorithm") != DATA_HASH_ALGORITHM:
+        raise UserError(f"data.test_from: {folder.name[:12]}: hashes samples with {info.get('hash_algorithm')!r}, not {DATA_HASH_ALGORITHM}; "
+                        "its samples cannot be matched to these, give a version prepared by this veritrain")
+    with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    by_key = bool(rows) and "key" in rows[0]
+    former: dict[str, str] = {}
+    for row in rows:
+        if row["status"] == "ok" and row["split"] in SPLITS:
+            key = (row["key"] if by_key else "") or row[DATA_HASH_ALGORITHM]
+            # copies of one content share a key and a split; should they not, the most protected split counts
+            if key not in former or SPLIT_PRIORITY[row["split"]] < SPLIT_PRIORITY[former[key]]:
+                former[key] = row["split"]
+    split_of = {}
+    for unit in units:
+        for i in unit.members:
+            found = former.get(table.key(i) if by_key else table.hashes[i] or "")
+            if found is not None:
+                split_of[i] = found
+        unit.former = frozenset(split_of[i] for i in unit.members if i in split_of)
+    return _Former(folder.name, "key" if by_key else DATA_HASH_ALGORITHM, split_of)
+
+
+def _test_from_outcome(cfg: Any, former: _Former, table: _Table, units: list[splitting.Unit], assigned: dict[int, str]) -> dict[str, Any]:
+    """What data.test_from did, bound with the achieved split: former test samples kept in test, former train/val
+    samples kept out of the test split the hash gave them, and each group that mixes the two (`test_from_leak`:
+    kept out of test, so its former test members leave it; data.on_split_skew decides whether that stops)."""
+    outcome: dict[str, Any] = {"version": former.version, "matched_by": former.matched_by,
+                               "former_test_samples": 0, "kept_in_test": 0, "kept_out_of_test": 0, "leaks": []}
+    ratios = splitting.free_ratios(cfg.split_ratios, {u.fixed for u in units if u.fixed})  # as splitting.assign places
+    for unit in units:
+        placed = [i for i in unit.members if i in assigned]
+        earlier = [i for i in placed if i in former.split_of]
+        outcome["former_test_samples"] += sum(1 for i in earlier if former.split_of[i] == "test")
+        outcome["kept_in_test"] += sum(1 for i in earlier if former.split_of[i] == "test" and assigned[i] == "test")
+        if unit.fixed is not None or not placed:
+            continue
+        if unit.former & {"train", "val"} and splitting.place(unit.key, ratios, cfg.split_seed) == "test":
+            outcome["kept_out_of_test"] += len(placed)  # the hash said test; formerly trained on, so kept where it was
+        if "test" in unit.former and unit.former & {"train", "val"}:
+            tested = [i for i in unit.members if former.split_of.get(i) == "test"]
+            trained = [i for i in unit.members if former.split_of.get(i) in ("train", "val")]
+            why = table.units_of.get(unit.members[0], "tied samples")
+            reason = (f"a unit of {len(unit.members)} samples kept together ({why}) holds {len(tested)} former test sample(s) of data version {former.version[:12]} (e.g. {table.ids[tested[0]]}) "
+                      f"and {len(trained)} former train/val one(s) (e.g. {table.ids[trained[0]]}); it went to {assigned[placed[0]]}, "
+                      "so no former training sample enters test and those test samples leave it")
+            outcome["leaks"].append(reason)
+            table.add("test_from_leak", tested + trained, reason)
+    return outcome
+
+
 def _split(cfg: Any, table: _Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> dict[int, str]:
     splits = splitting.assign(units, cfg.split_ratios, cfg.split_seed, by_time=cfg.split_by == "time", class_names=classes)
     return {i: s for unit, s in zip(units, splits) for i in unit.members if i not in table.excluded}
@@ -727,13 +843,18 @@ def _leakage_pairs(table: _Table, assigned: dict[int, str], near_pairs: np.ndarr
 
 
 def _achieved_split(cfg: Any, table: _Table, units: list[splitting.Unit], assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
-    """Each class's achieved train/val/test fractions over the samples the split was free to place, against
-    the ratios they were meant to follow; a class further off than data.split_tolerance (at least one sample)
-    is a `split_skew` finding that names what forced it. Fixed splits and time splits are not judged."""
+    """Each class's achieved train/val/test fractions over the samples the split was free to place, against the
+    ratios they were meant to follow, and the same over all those samples together (`whole`). Each sample's place
+    follows the hash of its key, so a class of n samples lands within a few σ = √(p(1−p)/n) of each ratio p by
+    chance alone: a class further off than max(data.split_tolerance, 3σ) in some split is a `split_skew` finding
+    that names what forced it, and so is the whole set further off than max(data.split_tolerance, 3σ) (the
+    tolerance, once there are a few thousand samples). Every gap is also given in σ. Fixed splits and time splits
+    are not judged."""
     fixed_present = {u.fixed for u in units if u.fixed}
     wanted = splitting.free_ratios(cfg.split_ratios, fixed_present)  # type: ignore[arg-type]
     result: dict[str, Any] = {"asked": dict(zip(SPLITS, cfg.split_ratios)), "wanted_for_free_samples": dict(zip(SPLITS, wanted)),
-                              "judged": cfg.split_by == "random" and classes is not None, "per_class": {}, "skewed": []}
+                              "judged": cfg.split_by == "random" and classes is not None, "per_class": {}, "whole": None, "skewed": [],
+                              "bound": "max(data.split_tolerance, 3 sigma), sigma = sqrt(p (1 - p) / n)"}
     if not result["judged"]:
         return result
     unit_of = {i: unit for unit in units for i in unit.members}
@@ -745,25 +866,59 @@ def _achieved_split(cfg: Any, table: _Table, units: list[splitting.Unit], assign
         members = free.get(name, [])
         if not members:
             continue
-        counts = Counter(assigned[i] for i in members)
-        fractions = {s: counts[s] / len(members) for s in SPLITS}
-        allowed = max(cfg.split_tolerance, 1.0 / len(members))
-        off = {s: fractions[s] - w for s, w in zip(SPLITS, wanted)}
-        worst = max(SPLITS, key=lambda s: abs(off[s]))
-        result["per_class"][name] = {"samples": len(members), **{s: round(fractions[s], 4) for s in SPLITS},
-                                     "largest_gap": round(abs(off[worst]), 4), "allowed": round(allowed, 4)}
-        if abs(off[worst]) > allowed + 1e-12:
+        judged = _judged_fractions(cfg, [assigned[i] for i in members], wanted)
+        result["per_class"][name] = judged
+        if judged["skewed"]:
             # the biggest tied unit of this class in the split that got too many: what forced the skew
-            over = max(SPLITS, key=lambda s: off[s])
+            over = max(SPLITS, key=lambda s: judged[s] - wanted[SPLITS.index(s)])
             tied = [unit_of[i] for i in members if assigned[i] == over and len(unit_of[i].members) > 1]
             biggest = max(tied, key=lambda u: len(u.members), default=None)
             cause = (f"a unit of {len(biggest.members)} samples that must stay together ({table.units_of.get(biggest.members[0], 'tied samples')}, "
                      f"e.g. {table.ids[biggest.members[0]]}) went to {over}") if biggest else "too few units to place"
-            reason = (f"class {name!r}: train/val/test {' / '.join(f'{fractions[s]:.2f}' for s in SPLITS)} of {len(members)} samples, "
-                      f"asked {' / '.join(f'{w:.2f}' for w in wanted)} (data.split_tolerance {cfg.split_tolerance:g}); {cause}")
+            reason = (f"class {name!r}: train/val/test {_shown_fractions(judged)} of {len(members)} samples, "
+                      f"asked {' / '.join(f'{w:.2f}' for w in wanted)} ({_shown_gaps(judged)}; allowed max(data.split_tolerance "
+                      f"{cfg.split_tolerance:g}, 3σ)); {cause}")
             result["skewed"].append(reason)
             table.add("split_skew", [], reason)
+    everything = [i for members in free.values() for i in members]
+    if everything:
+        whole = result["whole"] = _judged_fractions(cfg, [assigned[i] for i in everything], wanted)
+        if whole["skewed"]:
+            reason = (f"all classes together: train/val/test {_shown_fractions(whole)} of {len(everything)} samples, "
+                      f"asked {' / '.join(f'{w:.2f}' for w in wanted)} ({_shown_gaps(whole)}; allowed max(data.split_tolerance "
+                      f"{cfg.split_tolerance:g}, 3σ)); large groups tip the whole split")
+            result["skewed"].append(reason)
+            table.add("split_skew", [], reason)
+    for name, found in result["per_class"].items():
+        found.pop("skewed")
+    if result["whole"]:
+        result["whole"].pop("skewed")
     return result
+
+
+def _judged_fractions(cfg: Any, splits: list[str], wanted: list[float]) -> dict[str, Any]:
+    """Achieved fractions of `splits` against `wanted`: per split the gap, σ = √(p(1−p)/n), the gap in σ and what is
+    allowed, max(data.split_tolerance, 3σ); `largest_gap` and `allowed` are those of the split furthest past (or
+    nearest to) its bound."""
+    n = len(splits)
+    counts = Counter(splits)
+    fractions = {s: counts[s] / n for s in SPLITS}
+    gap = {s: fractions[s] - w for s, w in zip(SPLITS, wanted)}
+    sigma = {s: math.sqrt(w * (1 - w) / n) for s, w in zip(SPLITS, wanted)}
+    allowed = {s: max(cfg.split_tolerance, 3 * sigma[s]) for s in SPLITS}
+    worst = max(SPLITS, key=lambda s: abs(gap[s]) - allowed[s])
+    return {"samples": n, **{s: round(fractions[s], 4) for s in SPLITS},
+            "largest_gap": round(abs(gap[worst]), 4), "allowed": round(allowed[worst], 4),
+            "gap_sigma": {s: round(gap[s] / sigma[s], 2) if sigma[s] > 0 else 0.0 for s in SPLITS},
+            "skewed": any(abs(gap[s]) > allowed[s] + 1e-12 for s in SPLITS)}
+
+
+def _shown_fractions(judged: dict[str, Any]) -> str:
+    return " / ".join(f"{judged[s]:.2f}" for s in SPLITS)
+
+
+def _shown_gaps(judged: dict[str, Any]) -> str:
+    return "gaps " + " / ".join(f"{judged['gap_sigma'][s]:+.1f}σ" for s in SPLITS)
 
 
 def _check_balance(cfg: Any, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> None:
@@ -874,15 +1029,20 @@ def _write_arrays(out: Path, rows: list[int], table: _Table, source: Any, cfg: A
 
 
 def _write_version(out: Path, cfg: Any, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
-                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any]) -> dict[str, Any]:
+                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit]) -> dict[str, Any]:
     """manifest.csv, quarantine.csv and the split lists beside the arrays; returns version.json's content
     (without the id, which hashes it)."""
+    unit_of = {i: unit.key for unit in units for i in unit.members}
     with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(["sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status"])
+        writer.writerow(MANIFEST_COLUMNS)
         for i, sid in enumerate(table.ids):
             status = "ok" if i in assigned else "quarantined"
-            writer.writerow([sid, table.sizes[i], table.hashes[i] or "", table.labels[i] or "", assigned.get(i, ""), status])
+            # key: the source's own id, empty when the content hash is the key; unit: the key that placed the sample
+            # when that is another member's (its group's smallest), empty when its own or when quarantined
+            unit = unit_of.get(i, "") if i in assigned else ""
+            writer.writerow([sid, table.sizes[i], table.hashes[i] or "", table.labels[i] or "", assigned.get(i, ""), status,
+                             table.source_ids[i] or "", "" if unit == table.key(i) else unit])
     with open(out / "quarantine.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["sample_id", "kind", "reason"])
@@ -1034,6 +1194,9 @@ def load_version(path: Path) -> DataVersion:
 
 def plan(data_cfg: Any, paths: dict[str, Path], workspace_state: Path) -> tuple[str, str, Optional[str]]:
     """What `run` would do, without decoding or writing a version: ("reuse" | "run", reason, version)."""
+    former_dir = former_version(data_cfg, workspace_state / "data")
+    if former_dir is not None:
+        data_cfg = data_cfg.model_copy(update={"test_from": former_dir.name})
     source = load_source(data_cfg, paths)
     timings: dict[str, float] = {}
     table = _sample_table(data_cfg, source, paths, workspace_state / "cache", False, timings)

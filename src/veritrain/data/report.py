@@ -127,6 +127,7 @@ def markdown(report: dict[str, Any]) -> str:
     summary = report.get("summary") or {}
     lines = [f"# Data report: {report['data_version'][:12]}", ""]
     lines += summary_lines(summary)
+    lines += achieved_lines(summary.get("achieved_split") or {})
     lines += [
         "",
         "## Version",
@@ -222,10 +223,22 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         asked = " / ".join(f"{w:.2f}" for w in (achieved.get("wanted_for_free_samples") or {}).values())
         worst = max(per_class.items(), key=lambda item: item[1]["largest_gap"], default=None)
         skewed = achieved.get("skewed") or []
+        sigmas = [(abs(v), name, split) for name, found in per_class.items() for split, v in (found.get("gap_sigma") or {}).items()]
         lines.append(f"- achieved split (train / val / test, per class, of the samples the split placed freely): asked {asked}; "
-                     + (f"**{len(skewed)} class(es) skewed (split_skew)**" if skewed else "every class within tolerance")
-                     + (f"; largest gap {worst[1]['largest_gap']:.3f} in class {worst[0]!r}" if worst else ""))
+                     + (f"**{len(skewed)} skewed (split_skew)**" if skewed else "every class within tolerance")
+                     + (f"; largest gap {worst[1]['largest_gap']:.3f} in class {worst[0]!r}" if worst else "")
+                     + (f"; largest deviation {max(sigmas)[0]:.1f}σ (class {max(sigmas)[1]!r}, {max(sigmas)[2]})" if sigmas else ""))
+        whole = achieved.get("whole")
+        if whole:  # recipe 4 on
+            lines.append(f"  - all classes together: {' / '.join(f'{whole[s]:.4f}' for s in ('train', 'val', 'test'))} of {whole['samples']} samples "
+                         f"({' / '.join(f'{v:+.1f}σ' for v in whole['gap_sigma'].values())}), allowed gap {whole['allowed']:.4f}")
         lines += [f"  - **split_skew:** {reason}" for reason in skewed]
+        test_from = achieved.get("test_from")
+        if test_from:
+            lines.append(f"- test split carried over from {test_from['version'][:12]} (data.test_from): {test_from['kept_in_test']} of its "
+                         f"{test_from['former_test_samples']} test samples still here are in test; {test_from['kept_out_of_test']} former "
+                         "train/val samples kept out of test")
+            lines += [f"  - **test_from_leak:** {reason}" for reason in test_from.get("leaks") or []]
     else:
         lines.append("- achieved split: not judged (fixed or time-ordered split)")
     lines.append(f"- label issues: {issues.get('found', 0)} found"
@@ -233,6 +246,22 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                  + (f", {issues['in_test']} in the test split (reported, never removed)" if issues.get("in_test") else ""))
     lines.append(f"- outliers: {(summary.get('outliers') or {}).get('found', 0)} found")
     lines.append(f"- near-duplicate groups: {summary.get('near_duplicate_groups', 0)}")
+    return lines
+
+
+def achieved_lines(achieved: dict[str, Any]) -> list[str]:
+    """Each class's achieved fractions and their gaps from the asked ratios in σ = √(p(1−p)/n) (data recipe 4 on)."""
+    per_class = achieved.get("per_class") or {}
+    if not achieved.get("judged") or not all("gap_sigma" in found for found in per_class.values()) or not per_class:
+        return []
+    lines = ["", "## Achieved split", "",
+             "Each sample's split follows the hash of its key, so a class of n samples lands about σ = √(p(1−p)/n) from each "
+             "ratio p by chance; a gap beyond max(data.split_tolerance, 3σ) is `split_skew`.", "",
+             "| class | samples | train | val | test | gap train | gap val | gap test | allowed |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = list(per_class.items()) + ([("(all classes)", achieved["whole"])] if achieved.get("whole") else [])
+    for name, found in rows:
+        gaps = " | ".join(f"{found['gap_sigma'][s]:+.1f}σ" for s in ("train", "val", "test"))
+        lines.append(f"| {_cell(str(name))} | {found['samples']} | {found['train']:.4f} | {found['val']:.4f} | {found['test']:.4f} | {gaps} | {found['allowed']:.4f} |")
     return lines
 
 
@@ -245,37 +274,100 @@ def _cell(text: str) -> str:
 
 
 def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
-    """Samples added, removed, relabelled, moved between splits, or changed in content between two versions."""
+    """Samples added, removed, relabelled, moved between splits, or changed in content between two versions.
+
+    Samples are matched by their key (the manifest's `key` column from data recipe 4 on; the content hash when a
+    version has none), so a renamed or relabelled file is the same sample, then what is left by sample id (its
+    content or id changed: `content_changed` lists those of the same id). Each move says why: `key` (the sample's
+    own key changed, so the hash placed it anew), `group` (its unit's smallest key changed: the change merged or
+    split its group), `quarantine` (quarantined or released), or `placement` (the split rule differs: recipe,
+    split_seed, split_ratios, test_from, a fixed split). Between versions of one rule no `placement` move occurs.
+    """
     import csv
 
-    def read(path: Path) -> tuple[dict[str, dict[str, str]], str]:
-        """The manifest's rows by sample id, and its content-hash column: named by the algorithm
-        version.json records (`hash_algorithm`), as `prepare.version_id_of_manifest` reads it."""
+    def read(path: Path) -> tuple[dict[str, dict[str, str]], str, dict[str, Any]]:
+        """The manifest's rows by sample id, its content-hash column (named by the algorithm version.json records,
+        `hash_algorithm`, as `prepare.version_id_of_manifest` reads it), and version.json."""
         try:
-            algorithm = json.loads((path / "version.json").read_text(encoding="utf-8"))["hash_algorithm"]
+            info = json.loads((path / "version.json").read_text(encoding="utf-8"))
+            algorithm = info["hash_algorithm"]
             with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
                 rows = {row["sample_id"]: row for row in csv.DictReader(f)}
             if any(algorithm not in row for row in rows.values()):
                 raise KeyError(algorithm)
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise RunFailed(f"{path}: not a readable data version ({err.__class__.__name__}: {err}); `veritrain verify` on a run that uses it says more") from None
-        return rows, algorithm
+        return rows, algorithm, info
 
-    (old, old_hash), (new, new_hash) = read(old_dir), read(new_dir)
-    common = sorted(set(old) & set(new))
+    (old, old_hash, old_info), (new, new_hash, new_info) = read(old_dir), read(new_dir)
+    common_ids = sorted(set(old) & set(new))
 
     def where(row: dict[str, str]) -> str:
         return row["split"] if row["status"] == "ok" else "quarantined"
 
+    keyed = all("key" in row for rows in (old, new) for row in rows.values())
+    matched_by = "key" if keyed else old_hash if old_hash == new_hash else "sample_id"
+
+    def key_of(row: dict[str, str], algorithm: str) -> str:
+        # unreadable samples have no content hash: they match by sample id only
+        if matched_by == "sample_id":
+            return "\0" + row["sample_id"]
+        return (row["key"] if keyed else "") or row[algorithm] or "\0" + row["sample_id"]
+
+    pairs = _matched_rows(old, new, lambda r: key_of(r, old_hash), lambda r: key_of(r, new_hash))
+    relabelled, moved = [], []
+    for old_id, new_id in pairs:
+        before, after = old[old_id], new[new_id]
+        named = {"sample_id": new_id, **({"old_sample_id": old_id} if old_id != new_id else {})}
+        if before["label"] != after["label"]:
+            relabelled.append({**named, "old": before["label"], "new": after["label"]})
+        if where(before) != where(after):
+            if "quarantined" in (where(before), where(after)):
+                why = "quarantine"
+            elif key_of(before, old_hash) != key_of(after, new_hash):
+                why = "key"
+            elif keyed and (before["unit"] or key_of(before, old_hash)) != (after["unit"] or key_of(after, new_hash)):
+                why = "group"
+            else:
+                why = "placement"
+            moved.append({**named, "old": where(before), "new": where(after), "why": why})
+    matched_old, matched_new = {a for a, _ in pairs}, {b for _, b in pairs}
+    rule = {name: [(info.get("preprocessing") or {}).get("data", {}).get(name) for info in (old_info, new_info)]
+            for name in ("split_seed", "split_ratios", "split_by", "test_from")}
+    rule["recipe"] = [old_info.get("format"), new_info.get("format")]
     return {
         "old": old_dir.name,
         "new": new_dir.name,
-        "added": sorted(set(new) - set(old)),
-        "removed": sorted(set(old) - set(new)),
-        "relabelled": [{"sample_id": s, "old": old[s]["label"], "new": new[s]["label"]} for s in common if old[s]["label"] != new[s]["label"]],
-        "moved": [{"sample_id": s, "old": where(old[s]), "new": where(new[s])} for s in common if where(old[s]) != where(new[s])],
+        "added": sorted(set(new) - matched_new),
+        "removed": sorted(set(old) - matched_old),
+        "relabelled": relabelled,
+        "moved": moved,
+        "matched_by": matched_by,
+        "moved_by_cause": {why: sum(1 for m in moved if m["why"] == why) for why in ("key", "group", "quarantine", "placement")},
+        "split_rule_changed": {name: {"old": a, "new": b} for name, (a, b) in rule.items() if a != b},
         "content_hash": old_hash if old_hash == new_hash else f"{old_hash} → {new_hash}",
         # hashes by different algorithms cannot be compared: then no sample counts as changed
         "content_compared": old_hash == new_hash,
-        "content_changed": [s for s in common if old[s][old_hash] != new[s][new_hash]] if old_hash == new_hash else [],
+        "content_changed": [s for s in common_ids if old[s][old_hash] != new[s][new_hash]] if old_hash == new_hash else [],
     }
+
+
+def _matched_rows(old: dict[str, dict[str, str]], new: dict[str, dict[str, str]], old_key: Any, new_key: Any) -> list[tuple[str, str]]:
+    """(old sample id, new sample id) of the same sample: same key, the same sample id first, then copies of one
+    content paired in sample-id order (so a renamed file is matched to its former self); last, rows left over on
+    both sides with the same sample id (new content, or a new id in the source)."""
+    by_key_old: dict[str, list[str]] = {}
+    by_key_new: dict[str, list[str]] = {}
+    for sid, row in sorted(old.items()):
+        by_key_old.setdefault(old_key(row), []).append(sid)
+    for sid, row in sorted(new.items()):
+        by_key_new.setdefault(new_key(row), []).append(sid)
+    pairs = []
+    for key, olds in by_key_old.items():
+        news = by_key_new.get(key, [])
+        same = set(olds) & set(news)
+        pairs += [(sid, sid) for sid in olds if sid in same]
+        pairs += list(zip([s for s in olds if s not in same], [s for s in news if s not in same]))
+    matched_old, matched_new = {a for a, _ in pairs}, {b for _, b in pairs}
+    pairs += [(sid, sid) for sid in sorted(set(old) & set(new)) if sid not in matched_old and sid not in matched_new]
+    return pairs

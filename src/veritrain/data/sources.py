@@ -50,6 +50,7 @@ class FileSample:
     group: Optional[str] = None  # samples of one group stay in one split
     fixed_split: Optional[str] = None  # train | val | test when given by the data
     timestamp: Optional[str] = None  # for data.split_by: time (ISO 8601 or any sortable text)
+    source_id: Optional[str] = None  # the source's own id (csv `id` column): the split key instead of the content hash
 
 
 @dataclass
@@ -202,7 +203,8 @@ def load_imagefolder_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
 
 
 def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
-    """A csv file (data.csv) with columns path,label and optional group, split, timestamp."""
+    """A csv file (data.csv) with columns path,label and optional group, split, timestamp, id (a stable id per
+    row that places the sample instead of its content hash, so an edited file keeps its split; empty: the hash)."""
     root = _root(paths)
     csv_path = _required(paths, "csv", "the csv file listing path,label (paths relative to data.root)")
     try:
@@ -216,11 +218,12 @@ def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
         raise UserError(f"data.csv: {csv_path}: cannot read it ({err}); save it as UTF-8 csv with a header row") from None
     missing = {"path", "label"} - columns
     if missing:
-        raise UserError(f"data.csv: {csv_path}: missing column(s) {', '.join(sorted(missing))}; the header needs path,label (optional group, split, timestamp)")
+        raise UserError(f"data.csv: {csv_path}: missing column(s) {', '.join(sorted(missing))}; the header needs path,label (optional group, split, timestamp, id)")
     if cfg.split_by == "time" and "timestamp" not in columns:
         raise UserError(f"data.split_by: 'time' needs a timestamp column in {csv_path}; add it or use split_by: random")
     samples: list[FileSample] = []
     seen: dict[str, int] = {}
+    id_lines: dict[str, int] = {}  # id → the line that gave it
     findings = []
     for line, row in enumerate(rows, start=2):
         rel = (row.get("path") or "").strip().replace("\\", "/")
@@ -236,7 +239,14 @@ def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
         if split is not None and split not in SPLITS:
             raise RunFailed(f"data.csv: {csv_path}: line {line}: split {split!r}; use train, val, test or leave it empty")
         label = (row.get("label") or "").strip() or None
-        samples.append(FileSample(rel, os.path.join(root, rel), label, (row.get("group") or "").strip() or None, split, (row.get("timestamp") or "").strip() or None))
+        source_id = (row.get("id") or "").strip() or None
+        if source_id is not None:
+            if source_id in id_lines:
+                raise RunFailed(f"data.csv: {csv_path}: line {line}: id {source_id!r} is also on line {id_lines[source_id]}; "
+                                "give each row its own id, or leave it empty to place the sample by its content hash")
+            id_lines[source_id] = line
+        samples.append(FileSample(rel, os.path.join(root, rel), label, (row.get("group") or "").strip() or None, split,
+                                  (row.get("timestamp") or "").strip() or None, source_id))
     if cfg.split_by == "time":
         undated = [s.sample_id for s in samples if s.timestamp is None]
         if undated:

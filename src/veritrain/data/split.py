@@ -2,22 +2,28 @@
 
 Samples are split as *units*: a unit is one sample, or everything that must stay together (a group
 from `data.group_regex` or the csv `group` column, exact duplicates, near-duplicate clusters). Units
-with a fixed split (official test set, csv `split`, `data.test_split_file`) keep it; the others are
-assigned per class, shuffled by `data.split_seed` and cut by `data.split_ratios` — or, with
-`data.split_by: time`, chronologically so the test split holds the latest samples.
+with a fixed split (official test set, csv `split`, `data.test_split_file`) keep it. Every other unit
+is placed by its key alone (data recipe 4, "stable splits"): u = the first 8 bytes of
+SHA-256(split_seed ‖ key) / 2⁶⁴ against the cumulative `data.split_ratios` (train, val, test), where a
+sample's key is its content hash or the source's explicit id and a unit's key is its smallest member
+key. So adding or removing samples moves no other sample, except members of groups the change merges
+or splits. With `data.split_by: time` the test split holds the latest samples instead.
+
+    from veritrain.data.split import place
+    place("9f2c…", (0.8, 0.1, 0.1), seed=0)   # 'train', 'val' or 'test'
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import hashlib
+import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
-
-import numpy as np
+from typing import Iterable, Optional, Sequence
 
 from veritrain.errors import RunFailed
 
 SPLITS = ("train", "val", "test")
+PLACEMENT_SCALE = 2**64  # u = placement value / 2⁶⁴, in [0, 1)
 
 
 @dataclass
@@ -26,15 +32,36 @@ class Unit:
     labels: list[Optional[int]] = field(default_factory=list)  # class index per member (None: no classes)
     fixed: Optional[str] = None  # a split the data itself prescribes
     timestamp: Optional[str] = None  # latest member timestamp, for time splits
+    key: str = ""  # the smallest member key: what places the unit
+    former: frozenset[str] = frozenset()  # data.test_from: the splits its members had in that version
 
-    @property
-    def stratum(self) -> int:
-        """The unit's class for stratification: its most common label (ties: the smallest index)."""
-        counts = Counter(label for label in self.labels if label is not None)
-        if not counts:
-            return -1
-        best = max(counts.values())
-        return min(label for label, n in counts.items() if n == best)
+
+def placement_value(seed: int, key: str) -> int:
+    """The first 8 bytes of SHA-256(split_seed as 8 bytes big-endian ‖ key as UTF-8), big-endian: u·2⁶⁴."""
+    digest = hashlib.sha256(seed.to_bytes(8, "big") + key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def thresholds(ratios: Sequence[float]) -> tuple[int, int]:
+    """The cumulative ratios as placement values: train below the first, val below the second, test from there.
+
+    Exact integers (a float times 2⁶⁴ is exact; ceil makes `value < bound` mean `u < ratio`), so every machine
+    places alike; a split with ratio 0 gets nothing even when the other ratios sum to 1 only up to rounding."""
+    train = math.ceil(ratios[0] * PLACEMENT_SCALE)
+    val = train if ratios[1] == 0 else math.ceil((ratios[0] + ratios[1]) * PLACEMENT_SCALE)
+    return train, (PLACEMENT_SCALE if ratios[2] == 0 else val)
+
+
+def place(key: str, ratios: Sequence[float], seed: int) -> str:
+    """Where the hash puts a sample (or unit) of this key: train, val or test."""
+    value = placement_value(seed, key)
+    train, val = thresholds(ratios)
+    return "train" if value < train else "val" if value < val else "test"
+
+
+def unit_key(member_keys: Iterable[str]) -> str:
+    """A group is placed by its smallest member key (smallest as text, i.e. by code point)."""
+    return min(member_keys)
 
 
 def free_ratios(ratios: Sequence[float], fixed_present: set[str]) -> list[float]:
@@ -48,9 +75,21 @@ def free_ratios(ratios: Sequence[float], fixed_present: set[str]) -> list[float]
     return [r / total for r in kept]
 
 
+def settled(unit: Unit, hashed: str) -> str:
+    """Where a free unit goes, given where the hash puts it and data.test_from: a unit whose members were
+    all test (of those the former version holds) stays in test; one with a former train or val member never
+    enters test: when the hash says test it keeps its former split (train if it had members in both)."""
+    earlier_training = unit.former & {"train", "val"}
+    if "test" in unit.former and not earlier_training:
+        return "test"
+    if earlier_training and hashed == "test":
+        return "train" if "train" in earlier_training else "val"
+    return hashed
+
+
 def assign(units: list[Unit], ratios: Sequence[float], seed: int, by_time: bool = False,
            class_names: Optional[Sequence[str]] = None) -> list[str]:
-    """A split name per unit."""
+    """A split name per unit: fixed ones keep theirs, the others follow `place` on their key (and `settled`)."""
     result: list[Optional[str]] = [u.fixed for u in units]
     fixed_present = {u.fixed for u in units if u.fixed}
     ratios = free_ratios(ratios, fixed_present)  # type: ignore[arg-type]
@@ -58,18 +97,33 @@ def assign(units: list[Unit], ratios: Sequence[float], seed: int, by_time: bool 
     if by_time:
         _assign_by_time(units, free, ratios, result)
     else:
-        rng = np.random.default_rng(seed)
-        by_stratum: dict[int, list[int]] = {}
         for i in free:
-            by_stratum.setdefault(units[i].stratum, []).append(i)
-        for stratum in sorted(by_stratum):
-            members = by_stratum[stratum]
-            if stratum < 0:
-                shown = "(all samples)"
-            else:
-                shown = repr(class_names[stratum]) if class_names is not None else str(stratum)
-            _assign_stratum([members[j] for j in rng.permutation(len(members))], units, ratios, result, shown)
+            result[i] = settled(units[i], place(units[i].key, ratios, seed))
+        _refuse_classes_without_train(units, free, result, ratios, class_names)
     return [r or "train" for r in result]
+
+
+def _refuse_classes_without_train(units: list[Unit], free: list[int], result: list[Optional[str]], ratios: Sequence[float],
+                                  class_names: Optional[Sequence[str]]) -> None:
+    """A class the split was free to place but that got no train sample at all cannot be learned: too_small.
+    (A small class may well get no val or test sample: the report's per-class counts show it.)"""
+    in_train: set[int] = set()
+    placed_freely: dict[int, int] = {}
+    for i, unit in enumerate(units):
+        for label in unit.labels:
+            if label is None:
+                continue
+            if result[i] == "train":
+                in_train.add(label)
+            if i in free:
+                placed_freely[label] = placed_freely.get(label, 0) + 1
+    for label in sorted(set(placed_freely) - in_train):
+        shown = repr(class_names[label]) if class_names is not None else str(label)
+        raise RunFailed(
+            f"data: class {shown} has {placed_freely[label]} sample(s), none of them placed in train (each sample's split follows "
+            f"the hash of its key with ratios {[round(r, 4) for r in ratios]}); add samples, raise the train ratio in "
+            "data.split_ratios, or change data.split_seed, which places every sample anew (too_small)"
+        )
 
 
 def _targets(total: int, ratios: Sequence[float]) -> tuple[int, int]:
@@ -77,46 +131,6 @@ def _targets(total: int, ratios: Sequence[float]) -> tuple[int, int]:
     n_val = max(1, round(total * ratios[1])) if ratios[1] > 0 else 0
     n_test = max(1, round(total * ratios[2])) if ratios[2] > 0 else 0
     return n_val, n_test
-
-
-def _assign_stratum(order: list[int], units: list[Unit], ratios: Sequence[float], result: list[Optional[str]], shown: str) -> None:
-    sizes = [len(units[i].members) for i in order]
-    total = sum(sizes)
-    needed = 1 + sum(1 for r in ratios[1:] if r > 0)
-    if len(order) < needed:
-        raise RunFailed(
-            f"data: class {shown} has {total} sample(s) in {len(order)} unit(s) that can be split, too few for "
-            f"ratios {[round(r, 4) for r in ratios]}; add samples or change data.split_ratios (too_small)"
-        )
-    n_val, n_test = _targets(total, ratios)
-    if total - n_val - n_test < 1:
-        raise RunFailed(
-            f"data: class {shown} has {total} sample(s), none left for train with ratios {[round(r, 4) for r in ratios]}; "
-            "add samples or raise the train ratio in data.split_ratios (too_small)"
-        )
-    targets = {"val": n_val, "test": n_test}
-    counts = {"val": 0, "test": 0}
-    *rest, last = order
-    result[last] = "train"  # train always gets a unit
-    def closer(split: str, size: int) -> bool:
-        """Whether adding a unit of `size` brings the split nearer its target (a single sample: while it is short)."""
-        return counts[split] + size - targets[split] < targets[split] - counts[split]
-
-    for k, i in enumerate(rest):
-        remaining = len(rest) - k
-        size = len(units[i].members)
-        still_empty = [s for s in ("val", "test") if targets[s] > 0 and counts[s] == 0]
-        if remaining <= len(still_empty):  # the last units go where a split would stay empty
-            split = still_empty[0]
-        elif closer("val", size):
-            split = "val"
-        elif closer("test", size):
-            split = "test"
-        else:
-            split = "train"
-        result[i] = split
-        if split != "train":
-            counts[split] += len(units[i].members)
 
 
 def _assign_by_time(units: list[Unit], free: list[int], ratios: Sequence[float], result: list[Optional[str]]) -> None:
@@ -135,10 +149,6 @@ def _assign_by_time(units: list[Unit], free: list[int], ratios: Sequence[float],
         filled += len(units[i].members)
 
 
-def stratified_split(
-    strata: Optional[Sequence[int]], n: int, ratios: Sequence[float], seed: int, names: Optional[Sequence[str]] = None
-) -> list[str]:
+def split_of_keys(keys: Sequence[str], ratios: Sequence[float], seed: int) -> list[str]:
     """A split name per sample when every sample is its own unit (no groups, duplicates or fixed splits)."""
-    labels = [None] * n if strata is None else [int(s) for s in strata]
-    units = [Unit([i], [labels[i]]) for i in range(n)]
-    return assign(units, ratios, seed, class_names=names)
+    return [place(key, ratios, seed) for key in keys]

@@ -41,6 +41,7 @@ FINDING_SEVERITY = {
     "conflicting_near_duplicate": "quarantine",
     "near_duplicate_cluster_capped": "warning",
     "split_skew": "warning",
+    "test_from_leak": "warning",
     "label_issue": "warning",
     "outlier": "warning",
     "leak_duplicate": "quarantine",
