@@ -63,7 +63,7 @@ def test_an_interrupted_run_of_the_previous_code_resumes_to_completion(cli, tmp_
     fresh = cli("train", str(tmp_path / "runs" / INTERRUPTED / "config.yaml"), "--set", "train.epochs=1", "--workdir", str(tmp_path), "--json")
     assert fresh.code == 0, fresh.stderr
     fresh_record = json.loads((Path(fresh.json()["run_dir"]) / "record.json").read_text())
-    assert fresh_record["data"]["recipe"] == 3 and fresh_record["data"]["version"] != after["data"]["version"]
+    assert fresh_record["data"]["recipe"] == 4 and fresh_record["data"]["version"] != after["data"]["version"]
     assert after["data"]["recipe"] == 2
 
 

@@ -874,7 +874,7 @@ def _achieved_split(cfg: Any, table: _Table, units: list[splitting.Unit], assign
             tied = [unit_of[i] for i in members if assigned[i] == over and len(unit_of[i].members) > 1]
             biggest = max(tied, key=lambda u: len(u.members), default=None)
             cause = (f"a unit of {len(biggest.members)} samples that must stay together ({table.units_of.get(biggest.members[0], 'tied samples')}, "
-                     f"e.g. {table.ids[biggest.members[0]]}) went to {over}") if biggest else "too few units to place"
+                     f"e.g. {table.ids[biggest.members[0]]}) went to {over}") if biggest else "no group forced it: the hash of the keys placed them so by chance, another data.split_seed places every sample anew"
             reason = (f"class {name!r}: train/val/test {_shown_fractions(judged)} of {len(members)} samples, "
                       f"asked {' / '.join(f'{w:.2f}' for w in wanted)} ({_shown_gaps(judged)}; allowed max(data.split_tolerance "
                       f"{cfg.split_tolerance:g}, 3σ)); {cause}")
