@@ -75,6 +75,11 @@ def test_one_change_at_a_time_each_trial_linked_to_one_parent(local_sweep):
         assert record["config"]["train"]["threads"] == 1 and record["env"]["variables"]["OMP_NUM_THREADS"] == "1"
         assert record["smoke"]["status"] == "skipped" and "one smoke test, of the base config" in record["smoke"]["reason"]
         assert record["config_hash"] == trial["config_hash"]
+        # val (selection) and test (the final report) from the same checkpoint, the one the run exports
+        assert record["metrics"]["val"]["checkpoint_sha256"] == record["metrics"]["test"]["checkpoint_sha256"]
+        assert record["metrics"]["test"]["checkpoint"] == record["export"]["checkpoint"]
+        assert record["selection"]["sweep"] == {"id": summary["id"], "split": "val", "metric": None, "mode": None}
+        assert record["selection"]["best_checkpoint"] == {"split": "val", "metric": "val_acc", "mode": "max"}
 
 
 def test_summary_has_deltas_best_trial_and_is_on_disk(local_sweep):
@@ -84,17 +89,20 @@ def test_summary_has_deltas_best_trial_and_is_on_disk(local_sweep):
     assert json.loads((folder / "summary.json").read_text()) == summary
     assert json.loads((folder / "spec.json").read_text())["trials"][0]["change"] == {"optim.lr": 0.1}
     found = records(workdir)
-    parent_metrics = found[summary["parent"]["run_ids"][0]]["metrics"]["test"]
-    assert summary["headline"] == {"metric": "accuracy", "mode": "max"}
+    parent_metrics = found[summary["parent"]["run_ids"][0]]["metrics"]["val"]
+    assert summary["headline"] == {"metric": "accuracy", "mode": "max"} and summary["split"] == "val"
     for trial in summary["trials"]:
-        metrics = found[trial["run_ids"][0]]["metrics"]["test"]
+        metrics = found[trial["run_ids"][0]]["metrics"]["val"]
         for name in ("accuracy", "macro_f1", "log_loss"):
             assert trial["metrics"][name] == metrics[name]
             assert trial["deltas"][name] == pytest.approx(metrics[name] - parent_metrics[name], abs=1e-12)
     best = max(summary["trials"], key=lambda t: t["metrics"]["accuracy"])
     assert summary["best"]["trial"] == best["index"] and summary["best"]["value"] == best["metrics"]["accuracy"]
+    tested = found[best["run_ids"][0]]["metrics"]["test"]  # the chosen trial's final report, beside the selection
+    assert summary["best"]["test"]["metrics"]["accuracy"] == tested["accuracy"] and summary["best"]["test"]["used_for_selection"] is False
     assert summary["failed"] == [] and summary["counts"]["completed"] == 4
     assert "best: trial" in result.stderr and "Δ vs parent" in result.stderr  # the table goes to stderr
+    assert "its test result, not used for selection: accuracy" in result.stderr
 
 
 def test_experiments_md_has_the_sweep_section(local_sweep):
@@ -102,7 +110,7 @@ def test_experiments_md_has_the_sweep_section(local_sweep):
     summary = result.json()
     text = (workdir / "experiments.md").read_text()
     section = text[text.index(f"## Sweep {summary['id']}"):]
-    assert "| trial | change | runs | status | accuracy | Δ vs parent |" in section
+    assert "| trial | change | runs | status | val accuracy | Δ vs parent |" in section
     for trial in summary["trials"]:
         ((key, value),) = trial["change"].items()
         marker = " **best**" if trial["index"] == summary["best"]["trial"] else ""

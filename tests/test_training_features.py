@@ -158,6 +158,9 @@ def test_early_stopping_records_an_event(tmp_path):
     assert record["status"] == "completed"
     assert record["training"]["epochs"] == 3  # epoch 1 sets the best, 2 and 3 do not improve
     assert [e["kind"] for e in record["events"]] == ["early_stop"]
+    # what stopped training and what picked best.pt, on which split (check's selection_on_validation row reads it)
+    assert record["selection"] == {"best_checkpoint": {"split": "val", "metric": "val_acc", "mode": "max"},
+                                   "early_stopping": {"split": "val", "metric": "val_acc", "mode": "max", "patience": 2}, "sweep": None}
 
 
 def test_mixup_training_is_deterministic(tmp_path):

@@ -33,6 +33,7 @@ ROWS = {
     "log_complete": "training: log complete",
     "checkpoint_with_optimizer": "training: checkpoint with optimizer state",
     "test_metrics": "evaluation: metrics on the fixed test split",
+    "selection_on_validation": "evaluation: best.pt, early stopping and sweep choices on validation only (test: final report)",
     "bad_cases": "evaluation: bad cases recorded",
     "beats_baseline": "evaluation: beats the baseline",
     "export_parity": "export: parity verified",
@@ -41,7 +42,8 @@ ROWS = {
     "auditable": "audit: auditable segments",
     "results_from_trajectory": "audit: metrics and export from the audited training",
 }
-TRAINING_ROWS = ("smoke_passed", "log_complete", "checkpoint_with_optimizer", "test_metrics", "bad_cases", "beats_baseline", "export_parity")
+TRAINING_ROWS = ("smoke_passed", "log_complete", "checkpoint_with_optimizer", "test_metrics", "selection_on_validation", "bad_cases",
+                 "beats_baseline", "export_parity")
 PASSING = ("pass", "waived", "n/a")
 AUDIT_EVERY_FIX = 1  # `auditable`'s fix keeps every scheduled checkpoint for audit
 
@@ -111,6 +113,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     eval_fix = f"veritrain eval {run} --split test" if has_checkpoint and not failed else train_fix
     metrics = (record.get("metrics") or {}).get("test")
     rows["test_metrics"] = ("pass" if metrics and metrics.get("data_version") in (None, data.get("version")) else "missing", eval_fix, "")
+    rows["selection_on_validation"] = _selection_row(record, new_run)
     rows["bad_cases"] = ("pass" if "eval/test/bad_cases.csv" in artifacts else "missing", eval_fix, "")
     if metrics and baselines:
         linear = baselines["results"].get("logistic_regression", {}).get("accuracy")
@@ -260,6 +263,31 @@ def _results_row(run: str, record: dict[str, Any]) -> tuple[str, str, str]:
     if unbound:
         return "n/a", None, f"not checked: {', '.join(unbound)} name no trajectory entry (made by an earlier veritrain)"
     return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results)
+
+
+def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[str], str]:
+    """Whether everything that selected (best.pt, early stopping, the sweep's choice of its best trial) read the val
+    split only, as the record's `selection` says, and training picked best.pt by the metric it names. n/a for a run
+    that trains nothing and for one made before records said it."""
+    from veritrain.selection import SELECTION_SPLIT, selected_on
+
+    if "train" not in (record.get("stages") or ()):
+        return "n/a", None, "trains nothing: nothing is selected"
+    if "selection" not in record:
+        return "n/a", None, "not checked: the record does not say what selected what (made by an earlier veritrain)"
+    picked = record.get("selection") or {}
+    chosen = selected_on(picked)
+    if not chosen:
+        return "pass", None, "nothing selected: the last checkpoint is evaluated"
+    fix = f"{new_run} --set checkpoint.best_metric=null --set checkpoint.best_mode=null"  # null: the task's val metric
+    elsewhere = [f"{what} on {metric} ({split or 'no'} split)" for what, split, metric in chosen if split != SELECTION_SPLIT]
+    if elsewhere:
+        return "fail", fix, f"not on validation: {'; '.join(elsewhere)}"
+    trained_on = ((record.get("training") or {}).get("best_metric") or {}).get("name")
+    recorded = (picked.get("best_checkpoint") or {}).get("metric")
+    if recorded and trained_on and trained_on != recorded:
+        return "fail", fix, f"training picked best.pt on {trained_on}, the record's selection says {recorded}"
+    return "pass", None, "; ".join(f"{what} on {split} {metric}" for what, split, metric in chosen) + "; test: final report only"
 
 
 def _has_optimizer(run_dir: Path, artifacts: dict[str, Any]) -> bool:

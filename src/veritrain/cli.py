@@ -252,7 +252,8 @@ def _print_next_steps(outcome: Any) -> None:
 def _render_repeat_summary(result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    table = Table(title=f"{len(result['runs'])} seeds (group {result['group']})", title_justify="left")
+    table = Table(title=f"{len(result['runs'])} seeds (group {result['group']}): {result['split']} split, a final report; no seed is selected",
+                  title_justify="left")
     for column in ("metric", "mean ± std", "95% interval", "seeds"):
         table.add_column(column)
     for name, s in result["summary"].items():
@@ -277,6 +278,8 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
 @click.option("--ray-address", default=None, metavar="ADDR", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local Ray).")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per trial and parent (seed, seed+1, …).")
 @click.option("--parent", default=None, metavar="RUN", help="A completed run of the base config to compare with, instead of running it first.")
+@click.option("--metric", default=None, metavar="val.NAME",
+              help="The val metric that picks the best trial, e.g. val.log_loss (default: val accuracy); never a test metric.")
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test of the base config that runs first.")
 @click.option("--dry-run", is_flag=True, help="Print the planned trials; run nothing.")
 @click.option("--resume", "resume_id", default=None, metavar="SWEEP_ID", help="Continue an interrupted sweep (id, unique prefix or `latest`).")
@@ -284,12 +287,14 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
 @workdir_option
 @json_option
 def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tuple[str, ...], grid: bool, parallel: Optional[int],
-                  backend: Optional[str], ray_address: Optional[str], repeat: int, parent: Optional[str], no_smoke: bool, dry_run: bool,
-                  resume_id: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+                  backend: Optional[str], ray_address: Optional[str], repeat: int, parent: Optional[str], metric: Optional[str], no_smoke: bool,
+                  dry_run: bool, resume_id: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Runs that each change the config in one key, compared with a parent run of the base config.
 
     Each --vary value is a trial (one change at a time; --grid: every combination); the parent
-    runs first. Summary in .veritrain/sweeps/<id>/summary.json and experiments.md; see docs/sweep.md.
+    runs first. Every run evaluates val and test from the same checkpoint; the best trial is chosen
+    on val (--metric), and its test result is reported, never used for selection. Summary in
+    .veritrain/sweeps/<id>/summary.json and experiments.md; see docs/sweep.md.
 
     \b
     Examples:
@@ -302,12 +307,12 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
     workspace = Workspace.open(workdir)
     if resume_id:
         given = [name for name, value in (("CONFIG", config), ("--set", overrides), ("--vary", varies), ("--grid", grid), ("--repeat", repeat != 1),
-                                          ("--parent", parent), ("--no-smoke", no_smoke), ("--dry-run", dry_run)) if value]
+                                          ("--parent", parent), ("--metric", metric), ("--no-smoke", no_smoke), ("--dry-run", dry_run)) if value]
         if given:
             raise UserError(f"--resume {resume_id}: a resumed sweep keeps its plan; drop {', '.join(given)}")
         outcome = sweep.resume(workspace, resume_id, pipeline.python_argv(), parallel, backend, ray_address, trust_code=trust_code)
     else:
-        plan = sweep.plan(config, overrides, varies, grid, repeat, parallel or 1, backend or "local", parent, workspace)
+        plan = sweep.plan(config, overrides, varies, grid, repeat, parallel or 1, backend or "local", parent, workspace, metric=metric)
         if dry_run:
             if as_json:
                 emit_json(plan.as_dict())
@@ -344,6 +349,7 @@ def _render_sweep_summary(summary: dict[str, Any]) -> None:
     from veritrain.sweep import change_text
 
     headline = (summary.get("headline") or {}).get("metric")
+    split = summary["split"]  # the trials' metrics: the split the best trial is chosen on
     names = [n for n in dict.fromkeys([headline, "accuracy", "macro_f1", "log_loss", "rmse"]) if n and
              any(n in g["metrics"] for g in (summary["parent"], *summary["trials"]))][:3]
     best = (summary.get("best") or {}).get("trial")
@@ -367,7 +373,7 @@ def _render_sweep_summary(summary: dict[str, Any]) -> None:
 
     table = Table(title=f"sweep {summary['id']} ({summary['mode']}, threads {summary['threads']}, {summary['repeat']} seed(s); Δ vs parent)",
                   title_justify="left")
-    for column in ("trial", "change", "run", "status", *names):
+    for column in ("trial", "change", "run", "status", *(f"{split} {name}" for name in names)):
         table.add_column(column)
     parent = summary["parent"]
     table.add_row("parent", "-", runs(parent), parent["status"], *cells(parent, False))
@@ -376,14 +382,20 @@ def _render_sweep_summary(summary: dict[str, Any]) -> None:
         table.add_row(f"{trial['index']}" + (" best" if trial["index"] == best else ""), change_text(trial["change"]), runs(trial),
                       status, *cells(trial, True), style="bold" if trial["index"] == best else None)
     logs.print_table(table)
-    for trial in summary["trials"]:
-        if trial.get("note"):
-            logs.console.print(f"trial {trial['index']}: {trial['note']}", markup=False, soft_wrap=True)
+    for who, group in (("parent", parent), *((f"trial {t['index']}", t) for t in summary["trials"])):
+        if group.get("note"):
+            logs.console.print(f"{who}: {group['note']}", markup=False, soft_wrap=True)
     if summary.get("best"):
         b = summary["best"]
         delta = f" ({b['delta']:+.4f} vs parent)" if b.get("delta") is not None else ""
-        logs.console.print(f"best: trial {b['trial']} ({change_text(b['change'])}): {summary['split']} {b['metric']} {b['value']:.4f}{delta}",
+        logs.console.print(f"best: trial {b['trial']} ({change_text(b['change'])}), chosen on {split} {b['metric']}: {b['value']:.4f}{delta}",
                            markup=False, soft_wrap=True)
+        report = b.get("test") or {}
+        spread = report.get("spread") or {}
+        shown = ", ".join(f"{name} {report['metrics'][name]:.4f}" + (f" ± {spread[name]['std']:.4f}" if name in spread and spread[name]["n"] > 1 else "")
+                          for name in names if name in (report.get("metrics") or {}))
+        if shown:
+            logs.console.print(f"  its test result, {report['label']}: {shown}", markup=False, soft_wrap=True)
     logs.console.print(f"summary: {summary['folder']}/summary.json; the trials are in experiments.md", markup=False, soft_wrap=True)
 
 

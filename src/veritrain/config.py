@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError, core_schema
 from veritrain.errors import ConfigError, UserError
 from veritrain.hashing import canonical_json, sha256_json
 from veritrain.secrets import ENV_REFERENCE, config_secret, expand_env
+from veritrain.selection import test_key_problem, validation_problem
 from veritrain.task_registry import TASKS
 
 # The built-in default config is the one shipped as configs/digits.yaml; its experiment name
@@ -402,13 +403,23 @@ class CheckpointConfig(Section):
     every_minutes: Optional[float] = Field(None, gt=0.0, description="save when this many minutes passed since the last save; null: off")
     last: bool = Field(True, description="write checkpoints/last.pt, a copy of the newest checkpoint, when training stops (completed, early stop, signal)")
     best: bool = Field(True, description="keep checkpoints/best.pt, the epoch with the best `best_metric`")
-    best_metric: Optional[str] = Field(None, description="metrics.jsonl key that picks best.pt; null: the task's (val_acc for classification)")
+    best_metric: Optional[str] = Field(
+        None, description="metrics.jsonl key that picks best.pt (and early stopping); null: the task's (val_acc for classification); never a test key"
+    )
     best_mode: Optional[Literal["max", "min"]] = Field(None, description="whether a larger or smaller best_metric is better; null: the task's")
     keep_last: Annotated[int, Limit(10**6)] = Field(2, ge=1, description="step-<N>.pt files kept (the newest); older ones are deleted")
     audit_every: Annotated[int, Limit(10**6)] = Field(
         0, ge=0, description="also keep every N-th scheduled checkpoint of the trajectory, so `veritrain audit` can replay the segments after them "
         "(`gc` keeps them too); 0: only keep_last"
     )
+
+    @field_validator("best_metric")
+    @classmethod
+    def _not_on_test(cls, value: Optional[str]) -> Optional[str]:
+        problem = None if value is None else test_key_problem(value)  # selection reads validation only (veritrain.selection)
+        if problem:
+            raise ValueError(problem)
+        return value
 
 
 class LoggingConfig(Section):
@@ -621,6 +632,13 @@ def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]
         config = RunConfig.model_validate(raw)
     except ValidationError as err:
         raise _config_error(err, raw, source, overridden) from None
+
+    no_validation = validation_problem(config)  # best.pt or early stopping on a val split the ratios leave empty
+    if no_validation is not None:
+        key, problem = no_validation
+        involved = {"data", "data.split_ratios", "data.split_dir", "checkpoint", "checkpoint.best", "checkpoint.best_metric",
+                    "train", "train.early_stopping_patience"}
+        raise ConfigError("--set" if overridden & involved else source, key, problem)
 
     if config.exp_name is None:
         name = file_path.stem if file_path else DEFAULT_CONFIG_NAME

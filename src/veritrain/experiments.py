@@ -78,7 +78,8 @@ def write(state_dir: Path, runs_dir: Path, out: Path) -> Path:
         for split, metrics in (row["metrics"] or {}).items():
             shown = ", ".join(f"{k} {metrics[k]:.4f}" for k in HEADLINE if k in metrics)
             if shown:
-                spread = spreads.get(row.get("repeat_group") or "")
+                spread_split, spread = spreads.get(row.get("repeat_group") or "", (None, None))
+                spread = spread if spread_split in (None, split) else None  # a group's spread is of one split
                 extra = ""
                 if spread and "accuracy" in spread:
                     s = spread["accuracy"]
@@ -96,20 +97,21 @@ def write(state_dir: Path, runs_dir: Path, out: Path) -> Path:
     return out
 
 
-def _repeat_spreads(state_dir: Path) -> dict[str, dict[str, Any]]:
+def _repeat_spreads(state_dir: Path) -> dict[str, tuple[Optional[str], dict[str, Any]]]:
+    """Repeat group → (the split its spread is of, the spread)."""
     spreads = {}
     folder = state_dir / "repeats"
     if folder.exists():
         for path in folder.glob("*.json"):
             try:
                 data = json.loads(path.read_text())
-                spreads[data["group"]] = data["summary"]
+                spreads[data["group"]] = (data.get("split"), data["summary"])
             except (OSError, json.JSONDecodeError, KeyError):
                 continue
     for summary in _sweep_summaries(state_dir):  # the seeds of a sweep's trial (--repeat) are a group too
         for group in (summary.get("parent") or {}, *(summary.get("trials") or [])):
             if isinstance(group, dict) and group.get("group") and group.get("spread"):
-                spreads[group["group"]] = group["spread"]
+                spreads[group["group"]] = (summary.get("split"), group["spread"])
     return spreads
 
 
@@ -155,8 +157,11 @@ def _sweep_section(s: dict[str, Any]) -> list[str]:
     if best:
         delta = f" ({best['delta']:+.4f} vs parent)" if best.get("delta") is not None else ""
         change = ", ".join(f"`{k}`={_short(v)}" for k, v in best["change"].items())
-        lines.append(f"- best: trial {best['trial']} ({change}): {metric} {best['value']:.4f}{delta}")
-    lines += ["", f"| trial | change | runs | status | {metric or 'metric'} | Δ vs parent |", "|---|---|---|---|---|---|"]
+        report = best.get("test") or {}
+        tested = (f"; test {metric} {report['metrics'][metric]:.4f} ({report.get('label', 'not used for selection')})"
+                  if metric in (report.get("metrics") or {}) else "")
+        lines.append(f"- best: trial {best['trial']} ({change}), chosen on {s['split']} {metric}: {best['value']:.4f}{delta}{tested}")
+    lines += ["", f"| trial | change | runs | status | {s['split']} {metric or 'metric'} | Δ vs parent |", "|---|---|---|---|---|---|"]
     for t in s["trials"]:
         marker = " **best**" if best.get("trial") == t["index"] else ""
         change = ", ".join(f"`{k}`={_short(v)}" for k, v in t["change"].items())

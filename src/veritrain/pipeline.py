@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain import config as config_module
 from veritrain import logs
+from veritrain import selection
 from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_from_record, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
@@ -60,12 +61,14 @@ class RunOutcome:
 def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str = "run",
         repeat: Optional[dict[str, Any]] = None, reproduced_from: Optional[str] = None,
         hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None,
-        data_version: Optional[str] = None, sweep: Optional[dict[str, Any]] = None, nproc: int = 1) -> RunOutcome:
+        data_version: Optional[str] = None, sweep: Optional[dict[str, Any]] = None, nproc: int = 1,
+        sweep_selection: Optional[dict[str, Any]] = None) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
     prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of).
     `data_version` is the version the run must train on (reproduce): the data must still prepare to it,
     or it is the stored version of an earlier recipe. `sweep` links a trial of `veritrain sweep` (id, trial,
-    change). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed)."""
+    change); `sweep_selection` is what that sweep picks its best trial by (metric, mode; the record's
+    `selection.sweep`). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed)."""
     cfg = resolved.config
     refuse_secrets(argv, hypothesis)
     if parent is not None:
@@ -116,6 +119,8 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         "resumes": [],
         "repeat": repeat,
         "sweep": sweep,
+        # what selects what (veritrain.selection): completed once the task is known; the sweep's part is planned
+        "selection": {"sweep": {"id": sweep["id"], "split": selection.SELECTION_SPLIT, **(sweep_selection or {})}} if sweep else None,
         "distributed": None,  # several processes: world size, nodes, backend, devices, launch command
         "reproduced_from": reproduced_from,
         "hypothesis": hypothesis or None,  # stated before the run, sealed with it
@@ -231,6 +236,7 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             record["env"] = env
             (run_dir / "env").mkdir(exist_ok=True)
             (run_dir / "env" / "requirements.lock").write_text(package_list, encoding="utf-8")
+            record["selection"] = selection.for_run(cfg, get_task(cfg).best_metric, record["stages"], (record.get("selection") or {}).get("sweep"))
             _log_header(record, resolved, run_dir, resume)
             write_record(run_dir, record)
 
@@ -247,6 +253,7 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             write_record(run_dir, record)
 
             task = get_task(cfg)
+            selection.require_validation(record["selection"], data.counts.get("val", 0))  # before training, which would select on it
             if "train" in record["stages"]:
                 _train_stage(record, run_dir, cfg, data, task, stop, resume, workspace.state_dir, ranks, announced)
             _evaluation_stages(record, run_dir, cfg, data, task)
@@ -412,11 +419,12 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
         log.info("baselines: %s", "  ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in baselines["results"].items()))
     if "eval" in stages:
         t = time.perf_counter()
-        metrics = evaluate.run(cfg, data, task, run_dir, resolve_device(cfg.train.device), baselines=baselines)
-        metrics["trajectory_entry"] = result_entry(record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
-        record["metrics"][cfg.eval.split] = metrics
+        for split in evaluation_splits(record, cfg, run_dir.parent):  # each from the same checkpoint: the one export ships
+            metrics = evaluate.run(cfg, data, task, run_dir, resolve_device(cfg.train.device), split=split, baselines=baselines)
+            metrics["trajectory_entry"] = result_entry(record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
+            record["metrics"][split] = metrics
         record["timings"]["eval"] = round(time.perf_counter() - t, 3)
-        verdict = baseline_verdict(metrics, baselines)
+        verdict = baseline_verdict(record["metrics"].get(cfg.eval.split, metrics), baselines)
         if verdict and baselines is not None:
             baselines["warning"] = verdict
             log.warning("eval: %s", verdict)
@@ -431,6 +439,23 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
             raise
         record["export"] = export_record(record, description)
         record["timings"]["export"] = round(time.perf_counter() - t, 3)
+
+
+def evaluation_splits(record: dict[str, Any], cfg: RunConfig, runs_dir: Path) -> list[str]:
+    """The splits a run evaluates, all from the same checkpoint: `eval.split`; for a run of a sweep both val (the
+    sweep selects its best trial on it) and test (the selected trial's final report); for a seed of a `--repeat`
+    group test too (the group's final report); for a reproduction also those its original evaluated, so that
+    every result compares."""
+    splits = [selection.SELECTION_SPLIT, selection.REPORT_SPLIT] if record.get("sweep") else [cfg.eval.split]
+    if record.get("repeat") and selection.REPORT_SPLIT not in splits:
+        splits.append(selection.REPORT_SPLIT)
+    if record.get("reproduced_from"):
+        try:
+            original = read_record(runs_dir / record["reproduced_from"]).get("metrics") or {}
+        except RunFailed:  # gone or damaged since reproduce read it: the run's own splits
+            original = {}
+        splits += [split for split in (selection.SELECTION_SPLIT, selection.REPORT_SPLIT) if split in original and split not in splits]
+    return splits
 
 
 # Set (to 1) in the processes of a sweep's trials (veritrain.sweep_trial): their runs write only their own folders,

@@ -158,6 +158,35 @@ class SweepLink(_Part):
     change: dict[str, Any] = {}
 
 
+class Picked(_Part):
+    """A metrics.jsonl key that chose something during training, the split it is computed on and its direction."""
+
+    split: Optional[Literal["train", "val", "test"]] = None  # null: the key names no split
+    metric: str
+    mode: Literal["max", "min"]
+
+
+class EarlyStopping(Picked):
+    patience: Annotated[int, Field(ge=1)]  # epochs without improvement
+
+
+class SweepSelection(_Part):
+    """What the sweep a run belongs to picks its best trial by: a metric of eval/<split>/metrics.json."""
+
+    id: str
+    split: Literal["train", "val", "test"]
+    metric: Optional[str] = None  # null: the sweep's headline metric (the first of accuracy, macro_f1, rmse, mae, log_loss its runs report)
+    mode: Optional[Literal["max", "min"]] = None
+
+
+class Selection(_Part):
+    """Which split selected what (veritrain.selection); absent in records made before it."""
+
+    best_checkpoint: Optional[Picked] = None  # null: checkpoint.best is off, nothing picks best.pt
+    early_stopping: Optional[EarlyStopping] = None  # null: training runs every epoch
+    sweep: Optional[SweepSelection] = None  # null: not a run of a sweep
+
+
 class TrajectoryEntry(_Part):
     step: Annotated[int, Field(ge=0)]
     epoch: Annotated[int, Field(ge=0)]
@@ -283,6 +312,7 @@ class RunRecord(_Part):
     reproduced_from: Optional[str] = None
     repeat: Optional[Repeat] = None
     sweep: Optional[SweepLink] = None
+    selection: Optional[Selection] = None  # absent in records made before it
     distributed: Optional[Distributed] = None
     final_state_sha256: Optional[Sha256] = None
     trajectory: Optional[list[TrajectoryEntry]] = None

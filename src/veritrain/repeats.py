@@ -1,5 +1,6 @@
 """`veritrain run --repeat N`: the same config with seeds seed, seed+1, …, as linked runs, and the
-spread of their metrics (mean, standard deviation, 95% interval from Student's t).
+spread of their test metrics (mean, standard deviation, 95% interval from Student's t): a final report,
+which selects nothing (no seed or run is picked; every run evaluates the test split).
 
 The group summary is written to `.veritrain/repeats/<group>.json`; each run's record names its
 group, index and count under `repeat`.
@@ -15,6 +16,7 @@ from typing import Any
 
 from veritrain import pipeline
 from veritrain.config import ResolvedConfig
+from veritrain.selection import REPORT_SPLIT
 from veritrain.workspace import Workspace
 
 SUMMARIZED = ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "log_loss", "ece", "mae", "rmse")
@@ -61,7 +63,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
         outcome = pipeline.run(seeded, workspace, argv, repeat={"group": group, "index": index, "of": count}, nproc=nproc)
         outcomes.append(outcome)
     completed = [o for o in outcomes if o.record["status"] == "completed"]
-    split = resolved.config.eval.split
+    split = REPORT_SPLIT  # each seed's run evaluates test (pipeline.evaluation_splits), whatever eval.split says
     summary = {}
     for name in SUMMARIZED:
         values = [o.record["metrics"][split][name] for o in completed if isinstance(o.record["metrics"].get(split, {}).get(name), float)]
@@ -80,6 +82,8 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
     result = {
         "group": group,
         "split": split,
+        "selection": None,  # the spread is reported; no seed is chosen
+        "report": "final: the spread over seeds on the test split; no seed or run is selected",
         "runs": [{**o.summary, "seed": o.record["seed"]} for o in outcomes],
         "summary": summary,
         "baselines": baselines,

@@ -7,8 +7,10 @@ combination of the values given), each compared with one parent run of the base 
 The plan goes to `.veritrain/sweeps/<id>/spec.json` before anything runs. The parent run of the base config
 runs first, then the trials, up to `--parallel` at once, each in a fresh process (`veritrain.sweep_trial`) or as
 a Ray task. Every one is a normal run whose record names the sweep (`sweep`: id, trial, change), its parent and
-a hypothesis. `summary.json` beside the spec is rewritten as runs finish: the eval split's metrics with their
-deltas against the parent, the seed spread with `--repeat`, the best trial, the failed ones with their reason.
+a hypothesis. Every run evaluates the val and the test split from the same checkpoint (the one it would ship).
+`summary.json` beside the spec is rewritten as runs finish: each trial's val metrics with their deltas against the
+parent, the seed spread with `--repeat`, the best trial (chosen on val, by `--metric` or the headline) with its
+test result, which is reported and never used for selection, and the failed trials with their reason.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from veritrain.config import ResolvedConfig, load_config, without_added_defaults
 from veritrain.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import write_atomic
 from veritrain.record import now_iso, read_record
+from veritrain.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, sweep_metric
 from veritrain.signals import StopFlag, interruptible
 from veritrain.sweep_trial import working_dir
 from veritrain.workspace import Workspace, by_prefix
@@ -40,7 +43,8 @@ from veritrain.workspace import Workspace, by_prefix
 log = logging.getLogger("veritrain")
 
 SWEEP_VERSION = 1  # of spec.json and summary.json
-# The metric that picks the best trial: the first of these the runs report, with the direction that is better.
+# The metric that picks the best trial without --metric: the first of these the runs report on val, with the
+# direction that is better.
 HEADLINE = (("accuracy", "max"), ("macro_f1", "max"), ("rmse", "min"), ("mae", "min"), ("log_loss", "min"))
 POLL_SECONDS = 0.2  # how often the driver looks for finished runs; a signal is acted on within this time
 ONE_AT_A_TIME, GRID = "one-at-a-time", "grid"
@@ -81,6 +85,8 @@ class SweepPlan:
     parent_run: Optional[str]  # --parent RUN (resolved), else the sweep runs the base config first
     parent_seeds: list[int] = field(default_factory=list)
     parent_hashes: list[str] = field(default_factory=list)
+    # what picks the best trial: a metric of each trial's eval/val/metrics.json (metric None: the headline)
+    selection: dict[str, Any] = field(default_factory=lambda: {"split": SELECTION_SPLIT, "metric": None, "mode": None})
 
     def as_dict(self) -> dict[str, Any]:
         """The plan as spec.json keeps it (and `--dry-run --json` prints it)."""
@@ -88,7 +94,9 @@ class SweepPlan:
         return {
             "config": {"path": self.config_path, "overrides": self.base_overrides, "hash": self.base.hash, "cwd": self.cwd},
             "exp_name": cfg.exp_name,
-            "split": cfg.eval.split,
+            "split": SELECTION_SPLIT,  # the split the trials' metrics and deltas come from
+            "selection": self.selection,
+            "report_split": REPORT_SPLIT,  # evaluated from the same checkpoint, shown for the best trial only
             "mode": self.mode,
             "varied": self.varied,
             "threads": self.threads,
@@ -171,15 +179,21 @@ def change_text(change: dict[str, Any]) -> str:
 
 
 def plan(config: Optional[str], overrides: tuple[str, ...] | list[str], varies: tuple[str, ...] | list[str], grid: bool,
-         repeat: int, parallel: int, backend: str, parent: Optional[str], workspace: Workspace) -> SweepPlan:
-    """Everything a sweep will run, checked before anything runs: a bad --vary, config, --parent or a missing
-    Ray is a UserError (exit 2) here."""
+         repeat: int, parallel: int, backend: str, parent: Optional[str], workspace: Workspace, metric: Optional[str] = None) -> SweepPlan:
+    """Everything a sweep will run, checked before anything runs: a bad --vary, --metric (a test metric), config,
+    --parent, a config without a val split to select on, or a missing Ray is a UserError (exit 2) here."""
     if not varies:
         raise UserError("sweep: give at least one --vary KEY=V1,V2,..., e.g. --vary optim.lr=0.01,0.001")
     parsed = parse_vary(varies)
+    chosen = sweep_metric(metric) if metric is not None else (None, None)
     if backend == "ray":
         require_ray()
     base = load_config(config, overrides)
+    if not has_validation_share(base.config.data):
+        origin = "--set" if any(o.split("=", 1)[0].strip() in ("data", "data.split_ratios") for o in overrides) else (config or "<default>")
+        raise ConfigError(origin, "data.split_ratios", f"{list(base.config.data.split_ratios)} gives the val split no samples, and a sweep "
+                          "picks its best trial on val (the test split is for the final report only); give val a share, e.g. "
+                          "--set data.split_ratios=[0.8,0.1,0.1]")
     parent_record = _given_parent(workspace, parent) if parent else None
     threads, threads_reason = _pinned_threads(base, parallel, parent_record)
     base_overrides = list(overrides)
@@ -204,6 +218,9 @@ def plan(config: Optional[str], overrides: tuple[str, ...] | list[str], varies: 
         trial_overrides = [*base_overrides, *(f"{key}={text}" for key, text in combo)]
         resolved = _load_varied(config, trial_overrides)
         given = ", ".join(f"{key}={text}" for key, text in combo)
+        if not has_validation_share(resolved.config.data):
+            raise ConfigError("--vary", "data.split_ratios", f"{given} gives the val split no samples ({list(resolved.config.data.split_ratios)}), "
+                              "and a sweep picks its best trial on val (the test split is for the final report only); give every value a val share")
         if resolved.hash in seen:
             skipped.append(f"{given}: the same config as {seen[resolved.hash]}")
             continue
@@ -222,7 +239,9 @@ def plan(config: Optional[str], overrides: tuple[str, ...] | list[str], varies: 
         mode=GRID if grid else ONE_AT_A_TIME, varied=varied,
         trials=trials, skipped=skipped, threads=threads, threads_reason=threads_reason, repeat=repeat, parallel=parallel,
         backend=backend, parent_run=parent_record["run_id"] if parent_record else None, parent_seeds=parent_seeds, parent_hashes=parent_hashes,
+        selection={"split": SELECTION_SPLIT, "metric": chosen[0], "mode": chosen[1]},
     )
+
 
 
 def _seeded(config: Optional[str], overrides: list[str], resolved: ResolvedConfig, repeat: int) -> tuple[list[int], list[str]]:
@@ -548,6 +567,7 @@ def _jobs(spec: dict[str, Any], states: dict[Slot, SlotState], overrides: dict[O
                 "repeat": {"group": f"sweep-{spec['id']}-{'parent' if trial is None else trial['index']}", "index": slot.seed_index, "of": repeat}
                 if repeat > 1 else None,
                 "sweep": {"id": spec["id"], "trial": slot.trial, "change": {} if trial is None else trial["change"]},
+                "selection": planned_selection(spec),  # the record's selection.sweep
             })
         jobs.append((slot, job))
     return jobs
@@ -813,10 +833,17 @@ def _json_bytes(document: dict[str, Any]) -> bytes:
     return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
 
 
+def planned_selection(spec: dict[str, Any]) -> dict[str, Any]:
+    """What the sweep picks its best trial by: spec.json's `selection` (a sweep planned before it had one: the
+    headline on val)."""
+    planned = spec.get("selection")
+    if not isinstance(planned, dict):
+        return {"split": SELECTION_SPLIT, "metric": None, "mode": None}
+    return {"split": SELECTION_SPLIT, "metric": planned.get("metric"), "mode": planned.get("mode")}
+
+
 def summarize(workspace: Workspace, spec: dict[str, Any], states: dict[Slot, SlotState], status: Optional[str] = None) -> dict[str, Any]:
-    """summary.json from the spec and the runs' records: per trial its runs, status, metrics of the eval split with
-    deltas against the parent, the seed spread, then the best trial and the failed ones. `status` None: decided
-    from the trials (completed, failed, or running while any is pending)."""
+    """summary.json from the spec and the runs' records (see `summary_from_records`)."""
     records: dict[str, dict[str, Any]] = {}
     for state in states.values():
         if state.run_id and state.run_id not in records:
@@ -827,29 +854,46 @@ def summarize(workspace: Workspace, spec: dict[str, Any], states: dict[Slot, Slo
             if record["status"] == "running" and state.status != "running" and workspace.lock_is_stale(state.run_id):
                 record = {**record, "status": "interrupted"}  # its process is gone (killed): resumable like an interrupted run
             records[state.run_id] = record
+    return summary_from_records(spec, states, records, status, str(workspace.state_dir / "sweeps" / spec["id"]))
+
+
+def summary_from_records(spec: dict[str, Any], states: dict[Slot, SlotState], records: dict[str, dict[str, Any]],
+                         status: Optional[str], folder: str) -> dict[str, Any]:
+    """summary.json from the spec and the runs' records (run id → record): per trial its runs, status, the metrics of
+    its val split with deltas against the parent and the seed spread; then the best trial, chosen on val only, with
+    its test result beside it, reported and not used for selection; then the failed trials. `status` None: decided
+    from the trials (completed, failed, or running while any is pending)."""
     parent_slots = sorted((s for s in states if s.trial is None), key=lambda s: s.seed_index)
     parent = _group(spec, [states[s] for s in parent_slots], records)
-    trials = []
+    if spec["parent"]["run"] and parent["status"] == "completed" and not parent["metrics"]:
+        parent["note"] = (f"the --parent run has no val metrics, so the trials have no deltas; add them: "
+                          f"veritrain eval {spec['parent']['run']} --split val")
+    trials, by_index = [], {}
     for trial in spec["trials"]:
         slots = sorted((s for s in states if s.trial == trial["index"]), key=lambda s: s.seed_index)
+        group_states = [states[s] for s in slots]
         entry = {"index": trial["index"], "change": trial["change"], "hypothesis": trial["hypothesis"],
-                 "config_hash": trial["config_hashes"][0], **_group(spec, [states[s] for s in slots], records)}
+                 "config_hash": trial["config_hashes"][0], **_group(spec, group_states, records)}
         entry["group"] = f"sweep-{spec['id']}-{trial['index']}" if spec["repeat"] > 1 else None
         entry["deltas"] = {name: value - parent["metrics"][name] for name, value in entry["metrics"].items()
                            if parent["status"] == "completed" and name in parent["metrics"]}
         if entry["data_version"] and parent["data_version"] and entry["data_version"] != parent["data_version"]:
-            entry["note"] = "trained and evaluated on another data version than the parent: its deltas compare different test sets"
+            entry["note"] = "; ".join(filter(None, [entry.get("note"), "trained and evaluated on another data version than the parent: "
+                                                    "its deltas compare different val sets"]))
         trials.append(entry)
+        by_index[trial["index"]] = group_states
     parent["group"] = f"sweep-{spec['id']}-parent" if spec["repeat"] > 1 and not spec["parent"]["run"] else None
-    headline = _headline([parent, *trials])
+    planned = planned_selection(spec)
+    headline = (planned["metric"], planned["mode"]) if planned["metric"] else _headline([parent, *trials])
     best = None
-    if headline:
+    top = select_best(trials, *headline) if headline else None
+    if top is not None and headline:
         name, mode = headline
-        scored = [t for t in trials if t["status"] == "completed" and name in t["metrics"]]
-        if scored:
-            top = (max if mode == "max" else min)(scored, key=lambda t: t["metrics"][name])
-            best = {"trial": top["index"], "change": top["change"], "metric": name, "mode": mode, "value": top["metrics"][name],
-                    "delta": top["deltas"].get(name), "run_ids": top["run_ids"]}
+        report = _group(spec, by_index[top["index"]], records, REPORT_SPLIT)  # read only now that the trial is chosen
+        best = {"trial": top["index"], "change": top["change"], "split": SELECTION_SPLIT, "metric": name, "mode": mode,
+                "value": top["metrics"][name], "delta": top["deltas"].get(name), "run_ids": top["run_ids"],
+                "test": {"split": REPORT_SPLIT, "used_for_selection": False, "label": NOT_USED_FOR_SELECTION,
+                         "metrics": report["metrics"], "spread": report["spread"]}}
     counts = {key: sum(1 for t in trials if t["status"] == key) for key in ("completed", "failed", "interrupted", "running", "pending")}
     if status is None:
         statuses = {parent["status"], *(t["status"] for t in trials)}
@@ -861,7 +905,7 @@ def summarize(workspace: Workspace, spec: dict[str, Any], states: dict[Slot, Slo
         "status": status,
         "created_at": spec["created_at"],
         "updated_at": now_iso(),
-        "folder": str(workspace.state_dir / "sweeps" / spec["id"]),
+        "folder": folder,
         "exp_name": spec["exp_name"],
         "config": spec["config"],
         "mode": spec["mode"],
@@ -870,7 +914,9 @@ def summarize(workspace: Workspace, spec: dict[str, Any], states: dict[Slot, Slo
         "threads_reason": spec["threads_reason"],
         "repeat": spec["repeat"],
         "backend": spec["backend"],
-        "split": spec["split"],
+        "split": SELECTION_SPLIT,
+        "selection": {"split": SELECTION_SPLIT, "metric": headline[0] if headline else None, "mode": headline[1] if headline else None,
+                      "given": bool(planned["metric"]), "report_split": REPORT_SPLIT},
         "headline": {"metric": headline[0], "mode": headline[1]} if headline else None,
         "parent": {**parent, "given": bool(spec["parent"]["run"])},
         "trials": trials,
@@ -881,11 +927,21 @@ def summarize(workspace: Workspace, spec: dict[str, Any], states: dict[Slot, Slo
     }
 
 
-def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The runs of one trial (or the parent), one per seed: status, metrics (the mean over seeds), spread, error."""
+def select_best(trials: list[dict[str, Any]], metric: str, mode: str) -> Optional[dict[str, Any]]:
+    """The completed trial with the best `metric` of its val split (its mean over seeds); the first of equals. Test
+    metrics are not an input: a summary's trials hold their val metrics only."""
+    scored = [t for t in trials if t["status"] == "completed" and metric in t["metrics"]]
+    if not scored:
+        return None
+    return (max if mode == "max" else min)(scored, key=lambda t: t["metrics"][metric])
+
+
+def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dict[str, Any]], split: str = SELECTION_SPLIT) -> dict[str, Any]:
+    """The runs of one trial (or the parent), one per seed: status, metrics of `split` (the mean over seeds), spread,
+    error. A run counts only when its val and test metrics come from the same checkpoint (the one it ships)."""
     from veritrain.repeats import RANGES, SUMMARIZED, spread
 
-    statuses, errors, values, versions = [], [], {}, set()
+    statuses, errors, values, versions, notes = [], [], {}, set(), []
     for state in states:
         record = records.get(state.run_id) if state.run_id else None
         status = record["status"] if record and state.status != "running" else state.status  # a resumed run says so once it runs
@@ -895,8 +951,13 @@ def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dic
         elif state.error and status != "completed":
             errors.append(state.error)
         if record and status == "completed":
-            split = ((record.get("config") or {}).get("eval") or {}).get("split", spec["split"])
-            metrics = (record.get("metrics") or {}).get(split) or {}
+            evaluated = record.get("metrics") or {}
+            checkpoints = {(evaluated.get(s) or {}).get("checkpoint_sha256") for s in (SELECTION_SPLIT, REPORT_SPLIT) if s in evaluated}
+            if len(checkpoints) > 1:
+                notes.append(f"run {record['run_id']}: its val and test metrics come from different checkpoints, so it is left out; "
+                             f"evaluate both from the one it ships: veritrain eval {record['run_id']} --split {SELECTION_SPLIT}")
+                continue
+            metrics = evaluated.get(split) or {}
             for name in SUMMARIZED:
                 if isinstance(metrics.get(name), (int, float)) and not isinstance(metrics.get(name), bool):
                     values.setdefault(name, []).append(float(metrics[name]))
@@ -911,6 +972,8 @@ def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dic
         "data_version": next(iter(versions)) if len(versions) == 1 else None,
         "error": errors[0] if errors else None,
     }
+    if notes:
+        entry["note"] = "; ".join(notes)
     return entry
 
 

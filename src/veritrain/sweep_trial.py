@@ -59,7 +59,8 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
                         "error": f"the config now hashes to {resolved.hash[:12]}, the sweep planned {spec['config_hash'][:12]}: "
                                  f"{spec['config_path'] or 'the built-in default'} changed since the sweep started"}
             outcome = pipeline.run(resolved, workspace, spec["argv"], kind="run", hypothesis=spec["hypothesis"],
-                                   parent=spec["parent"], smoke=spec["smoke"], repeat=spec["repeat"], sweep=spec["sweep"])
+                                   parent=spec["parent"], smoke=spec["smoke"], repeat=spec["repeat"], sweep=spec["sweep"],
+                                   sweep_selection=spec.get("selection"))
     except (Interrupted, KeyboardInterrupt) as err:  # before the run folder existed: the trial starts again on resume
         return {"run_id": None, "status": "interrupted", "error": str(err) or "interrupted"}
     except VeritrainError as err:  # could not start (the parent vanished, the data is gone, ...)

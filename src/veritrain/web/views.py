@@ -500,4 +500,48 @@ def experiments_page(workspace: Any, only: Optional[list[str]] = None) -> dict[s
         entries.append({"row": row, "reference": reference["run_id"] if reference else None,
                         "changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
                         "metrics": metrics, "notes": row["notes"] or []})
-    return {"entries": entries}
+    return {"entries": entries, "sweeps": sweeps_of(workspace.state_dir, only)}
+
+
+def sweeps_of(state_dir: Path, only: Optional[list[str]] = None) -> list[dict[str, Any]]:
+    """Each sweep's summary.json as the experiments page shows it, newest first: the trials with their val metric and
+    delta, the best trial (chosen on val) and its test result, labelled as not used for selection. With `only` (what
+    `publish` includes), a sweep only when all its runs are among them; a summary of another shape is left out."""
+    from veritrain.experiments import _sweep_summaries
+
+    shown = []
+    for summary in _sweep_summaries(state_dir):
+        try:
+            shown.append(_sweep_view(summary))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if only is not None and not set(shown[-1]["run_ids"]) <= set(only):
+            shown.pop()
+    return shown
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _sweep_view(summary: dict[str, Any]) -> dict[str, Any]:
+    metric = (summary.get("headline") or {}).get("metric")
+    split = _text(summary.get("split"))
+    best = summary.get("best") or {}
+    trials, run_ids = [], list(summary["parent"].get("run_ids") or [])
+    for trial in summary["trials"]:
+        run_ids += trial.get("run_ids") or []
+        trials.append({"index": trial["index"], "change": ", ".join(f"{k}={_text(v)}" for k, v in (trial.get("change") or {}).items()),
+                       "runs": ", ".join(trial.get("run_ids") or []) or "-", "status": _text(trial.get("status")),
+                       "value": _number((trial.get("metrics") or {}).get(metric)), "delta": _number((trial.get("deltas") or {}).get(metric)),
+                       "best": best.get("trial") == trial["index"]})
+    report = best.get("test") or {}
+    chosen = None
+    if best:
+        chosen = {"trial": best["trial"], "change": ", ".join(f"{k}={_text(v)}" for k, v in (best.get("change") or {}).items()),
+                  "value": _number(best.get("value")), "delta": _number(best.get("delta")),
+                  "test": _number((report.get("metrics") or {}).get(metric)), "label": _text(report.get("label") or "not used for selection")}
+    return {"id": _text(summary["id"]), "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
+            "split": split, "metric": _text(metric), "trials": trials, "best": chosen, "run_ids": run_ids,
+            "parent": {"runs": ", ".join(summary["parent"].get("run_ids") or []) or "-", "status": _text(summary["parent"].get("status")),
+                       "value": _number((summary["parent"].get("metrics") or {}).get(metric))}}
