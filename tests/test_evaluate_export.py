@@ -16,7 +16,8 @@ import pytest
 
 from conftest import in_process_run
 
-FAST = ["train.epochs=3", "model.name=mlp", "model.hidden=[64]"]
+# seed 2: on the digits split of data recipe 4 val accuracy peaks at epoch 2 of 3, so best.pt and last.pt differ
+FAST = ["train.epochs=3", "model.name=mlp", "model.hidden=[64]", "seed=2"]
 REBUILD_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "rebuild_from_export.py"
 # `python -I -c WITHOUT_VERITRAIN script args...`: runs the script where importing veritrain fails, then
 # checks none of it was loaded (veritrain is installed in this environment, so it is blocked, not absent)
@@ -156,7 +157,7 @@ def test_export_files_model_json_and_parity(full_run):
     assert description["preprocessing"]["mean"] == pytest.approx([record_mean(run_dir)])
     assert description["config_hash"] == record["config_hash"]
     parity = json.loads((out / "parity.json").read_text())
-    assert parity["passed"] and parity["samples"] == 179
+    assert parity["passed"] and parity["samples"] == 171  # the digits test split (data recipe 4)
     assert parity["formats"]["onnx"]["max_abs_diff"] <= 1e-4 and parity["formats"]["onnx"]["agreement"] == 1.0
     # every listed format is checked; safetensors by loading it into the model
     assert set(parity["formats"]) == set(description["files"]) and parity["formats"]["safetensors"]["max_abs_diff"] == 0.0
@@ -319,7 +320,7 @@ def test_export_refuses_a_model_with_non_finite_outputs(full_run, opened, tmp_pa
     with pytest.raises(RunFailed) as failed:
         export.run(opened.config, opened.data, opened.task, copy, "checkpoints/diverged.pt")
     message = str(failed.value)
-    assert message.startswith("export: the model gives non-finite outputs (NaN or inf) for 179 of 179 test samples; ")
+    assert message.startswith("export: the model gives non-finite outputs (NaN or inf) for 171 of 171 test samples; ")
     assert "--checkpoint" in message and "\n" not in message
     assert {p.name: sha256_file(p) for p in (copy / "export").iterdir()} == before  # nothing exported, nothing removed
 
@@ -542,7 +543,7 @@ def test_eval_command_reseals_and_records(cli, full_run):
 def test_eval_refuses_data_drift(cli, tmp_path):
     from datafixtures import good_imagefolder, save, structured_image
 
-    root = good_imagefolder(tmp_path / "images", per_class=10)
+    root = good_imagefolder(tmp_path / "images", per_class=15)  # 24 / 2 / 4: fewer leave val empty, which best.pt refuses
     config = tmp_path / "c.yaml"
     config.write_text(f"data:\n  source: imagefolder\n  root: images\nmodel:\n  name: mlp\n  hidden: [8]\ntrain:\n  epochs: 1\n")
     run_id = cli("train", str(config), "--workdir", str(tmp_path), "--json").json()["run_id"]
