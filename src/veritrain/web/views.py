@@ -520,7 +520,7 @@ def sweeps_of(state_dir: Path, only: Optional[list[str]] = None) -> list[dict[st
     return shown
 
 
-def _number(value: Any) -> Optional[float]:
+def _metric_value(value: Any) -> Optional[float]:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -533,15 +533,15 @@ def _sweep_view(summary: dict[str, Any]) -> dict[str, Any]:
         run_ids += trial.get("run_ids") or []
         trials.append({"index": trial["index"], "change": ", ".join(f"{k}={_text(v)}" for k, v in (trial.get("change") or {}).items()),
                        "runs": ", ".join(trial.get("run_ids") or []) or "-", "status": _text(trial.get("status")),
-                       "value": _number((trial.get("metrics") or {}).get(metric)), "delta": _number((trial.get("deltas") or {}).get(metric)),
+                       "value": _metric_value((trial.get("metrics") or {}).get(metric)), "delta": _metric_value((trial.get("deltas") or {}).get(metric)),
                        "best": best.get("trial") == trial["index"]})
     report = best.get("test") or {}
     chosen = None
     if best:
         chosen = {"trial": best["trial"], "change": ", ".join(f"{k}={_text(v)}" for k, v in (best.get("change") or {}).items()),
-                  "value": _number(best.get("value")), "delta": _number(best.get("delta")),
-                  "test": _number((report.get("metrics") or {}).get(metric)), "label": _text(report.get("label") or "not used for selection")}
+                  "value": _metric_value(best.get("value")), "delta": _metric_value(best.get("delta")),
+                  "test": _metric_value((report.get("metrics") or {}).get(metric)), "label": _text(report.get("label") or "not used for selection")}
     return {"id": _text(summary["id"]), "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
             "split": split, "metric": _text(metric), "trials": trials, "best": chosen, "run_ids": run_ids,
             "parent": {"runs": ", ".join(summary["parent"].get("run_ids") or []) or "-", "status": _text(summary["parent"].get("status")),
-                       "value": _number((summary["parent"].get("metrics") or {}).get(metric))}}
+                       "value": _metric_value((summary["parent"].get("metrics") or {}).get(metric))}}
