@@ -75,7 +75,7 @@ def test_regression_task_satisfies_protocol():
 
 def test_regression_runs_through_the_whole_pipeline(regression_registered, tmp_path):
     overrides = ["task=regression", "data.source=toy_tabular", "model.name=mlp", "model.hidden=[16]",
-                 "train.epochs=20", "optim.lr=0.01", "exp_name=toy"]
+                 "train.epochs=20", "optim.lr=0.02", "exp_name=toy"]  # 20 epochs at 0.01 stop short on some splits (MAE 0.52)
     outcome = in_process_run(tmp_path, overrides)
     assert outcome.error is None, outcome.summary
     record = outcome.record
