@@ -212,19 +212,26 @@ def test_a_failed_trial_exits_1_after_the_summary(local_sweep, tiny):
     workdir, local = local_sweep
     assert local.code == 0, local.stderr
     parent_id = local.json()["parent"]["run_ids"][0]
-    result = veritrain("sweep", str(tiny), "--vary", "model.target=veritrain_no_such_module:build", "--parent", parent_id,
+    # a module that imports (found beside the config) and whose factory fails when the run builds the model
+    (tiny.parent / "sweep_failing_model.py").write_text("def build(**given):\n    raise RuntimeError('the factory cannot build this model')\n")
+    result = veritrain("sweep", str(tiny), "--vary", "model.target=sweep_failing_model:build", "--parent", parent_id,
                        "--parallel", "2", "--workdir", str(workdir), "--json")
     assert result.code == 1
     summary = result.json()
     (failed,) = summary["failed"]
-    assert summary["status"] == "failed" and failed["trial"] == 0 and "veritrain_no_such_module" in failed["error"]
+    assert summary["status"] == "failed" and failed["trial"] == 0 and "the factory cannot build this model" in failed["error"]
     (run_id,) = failed["run_ids"]
     assert records(workdir)[run_id]["status"] == "failed"
+    assert [f["module"] for f in records(workdir)[run_id]["code"]["user_files"]] == ["sweep_failing_model"]  # the sweep's copy
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"error: sweep {summary['id']}: 1 of 1 trials failed: trial 0 (model.target=veritrain_no_such_module:build), run {run_id}: ")
-    assert "veritrain_no_such_module" in last
+    assert last.startswith(f"error: sweep {summary['id']}: 1 of 1 trials failed: trial 0 (model.target=sweep_failing_model:build), run {run_id}: ")
+    assert "the factory cannot build this model" in last
     text = (workdir / "experiments.md").read_text()
-    assert f"| 0 | `model.target`=veritrain_no_such_module:build | {run_id} | failed: " in text
+    assert f"| 0 | `model.target`=sweep_failing_model:build | {run_id} | failed: " in text
+    # a module that is nowhere is a config problem: exit 2 before the sweep starts a run
+    missing = veritrain("sweep", str(tiny), "--vary", "model.target=veritrain_no_such_module:build", "--parent", parent_id,
+                        "--workdir", str(workdir))
+    assert missing.code == 2 and missing.stderr.strip().splitlines()[-1].startswith("error: model.target: no module 'veritrain_no_such_module'")
 
 
 def test_resume_keeps_finished_trials_resumes_the_interrupted_and_runs_the_rest(local_sweep, tiny):

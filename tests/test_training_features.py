@@ -110,9 +110,11 @@ def test_user_model_target(tmp_path):
 
 
 def test_bad_user_model_target_fails_cleanly(tmp_path):
-    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.target=no_such_module:factory"])
-    assert outcome.record["status"] == "failed"
-    assert "model.target: cannot import 'no_such_module:factory'" in outcome.record["error"]["message"]
+    from veritrain.errors import UserError
+
+    with pytest.raises(UserError, match="model.target: no module 'no_such_module' in "):  # before a run exists
+        in_process_run(tmp_path, ["train.epochs=1", "model.target=no_such_module:factory"])
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())
 
 
 def test_accumulation_counts_optimizer_steps(tmp_path):

@@ -153,12 +153,15 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     verdicts: list[dict[str, Any]] = []
     replays = []
     started = time.perf_counter()
-    for start, end in plan:
-        t = time.perf_counter()
-        verdicts.extend(_replay_stretch(opened, entries, start, end, starts[start], threads, workspace))
-        replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
-                        "seconds": round(time.perf_counter() - t, 3)})
-    results = _check_results(opened, entries, workspace)
+    with pipeline.code_session(workspace, run_dir, record, "audit") as code:  # replayed with the code the run recorded
+        if opened.config.model.target:
+            code.import_target(opened.config.model.target)
+        for start, end in plan:
+            t = time.perf_counter()
+            verdicts.extend(_replay_stretch(opened, entries, start, end, starts[start], threads, workspace))
+            replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
+                            "seconds": round(time.perf_counter() - t, 3)})
+        results = _check_results(opened, entries, workspace)
     seconds = time.perf_counter() - started
     training_seconds = float((record.get("timings") or {}).get("train") or 0.0)
     checked_segments = [v for v in verdicts if v["verdict"] in ("identical", "differs")]

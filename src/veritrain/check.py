@@ -229,9 +229,11 @@ def _auditable_row(run_dir: Path, record: dict[str, Any], state_dir: Path, new_r
     if not version or not (state_dir / "data" / str(version) / "version.json").is_file():
         return "missing", f"veritrain data prepare {_config_path(run_dir)} (or import the run's archive made --with-data)", \
             f"the data version {str(version)[:12]} is not here: a replay needs it"
-    source = (record.get("code") or {}).get("model_source") or {}
-    if source.get("file") and not (run_dir / source["file"]).is_file():
-        return "missing", f"import the run's archive again; `veritrain verify {run_dir.name}` lists what is missing", f"the recorded code {source['file']} is not here"
+    from veritrain.usercode import CODE_DIR, recorded_listing
+
+    absent = [entry["path"] for entry in recorded_listing(record)[0] if not (run_dir / CODE_DIR / str(entry["path"])).is_file()]
+    if absent:
+        return "missing", f"import the run's archive again; `veritrain verify {run_dir.name}` lists what is missing", f"the recorded code {CODE_DIR}/{absent[0]} is not here"
     longest = trajectory.longest_stretch(entries, set(trajectory.start_points(entries, trajectory.kept_checkpoints(run_dir, record))))
     if longest is None:
         return "missing", fix, "a segment has no earlier state to replay from (the trajectory does not start at the initial state)"
@@ -248,6 +250,9 @@ def _results_row(run: str, record: dict[str, Any]) -> tuple[str, str, str]:
     outside = record.get("input_checkpoint")
     if outside or record.get("kind") in ("eval", "export"):
         parent = record.get("parent") or "the parent run"
+        if any(event.get("kind") == "current_code" for event in record.get("events") or []):
+            return "fail", f"veritrain {record.get('kind') or 'eval'} {parent}", \
+                f"not from the recorded code: {parent}'s checkpoint was built with the code current when this run was made"
         return "fail", f"veritrain {record.get('kind') or 'eval'} {parent}", \
             f"not from the audited training: {(outside or {}).get('file', 'its checkpoint')} came from {(outside or {}).get('source', 'outside')}, not from the trajectory of {parent}"
     if record.get("kind") == "baseline":

@@ -140,11 +140,12 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
 @click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
 @click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
 @click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
+@click.option("--use-current-code", is_flag=True, help="With --resume: continue in a new run built from the current user code (the interrupted run is left as it is).")
 @nproc_option
 @workdir_option
 @json_option
 def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref: Optional[str], hypothesis: Optional[str],
-                  parent: Optional[str], trust_code: bool, nproc: Optional[int], workdir: Optional[str], as_json: bool) -> int:
+                  parent: Optional[str], trust_code: bool, use_current_code: bool, nproc: Optional[int], workdir: Optional[str], as_json: bool) -> int:
     """Train only (preparing the data version if needed), or resume an interrupted run.
 
     A run killed at any moment and resumed ends with the same weights as one never interrupted.
@@ -161,13 +162,17 @@ def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref:
     if _torchrun_follower():  # rank 1… of `torchrun … -m veritrain train`: rank 0 runs the command, this one trains along
         return pipeline.follow()
     workspace = Workspace.open(workdir)
+    if use_current_code and not resume_ref:
+        raise UserError("--use-current-code: a new run always uses the current code; the flag goes with --resume RUN")
     if resume_ref and resume_ref != "auto":
         if config or overrides:
             raise UserError(f"--resume {resume_ref}: a resumed run keeps its own recorded config; drop CONFIG and --set")
-        outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv(), trust_code=trust_code, nproc=nproc)
+        outcome = pipeline.resume(workspace, resume_ref, pipeline.python_argv(), trust_code=trust_code, nproc=nproc,
+                                  use_current_code=use_current_code)
     elif resume_ref == "auto":  # with a config: the newest interrupted run of it; without: the newest of the workspace
         match = load_config(config, overrides) if (config or overrides) else None
-        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=match, trust_code=trust_code, nproc=nproc)
+        outcome = pipeline.resume(workspace, "auto", pipeline.python_argv(), match=match, trust_code=trust_code, nproc=nproc,
+                                  use_current_code=use_current_code)
     else:
         outcome = pipeline.run(load_config(config, overrides), workspace, pipeline.python_argv(), kind="train",
                                hypothesis=hypothesis, parent=parent, nproc=nproc or 1)
@@ -409,10 +414,11 @@ def _render_sweep_summary(summary: dict[str, Any]) -> None:
 @click.option("--predictions", type=click.Path(dir_okay=False), default=None, help="Recompute every metric from a predictions.csv alone (no RUN).")
 @click.option("--allow-data-drift", is_flag=True, help="Evaluate even when the data no longer matches the run's data version (recorded).")
 @click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
+@click.option("--use-current-code", is_flag=True, help="Build the model from the current user code instead of the copies recorded with the run, in a new run (the run itself is left as it is).")
 @workdir_option
 @json_option
 def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str], predictions: Optional[str], allow_data_drift: bool,
-                 trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+                 trust_code: bool, use_current_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Evaluate a run's checkpoint on its fixed split; writes eval/<split>/ and re-seals the run.
 
     \b
@@ -440,9 +446,12 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
         from veritrain.workspace import Workspace
 
         workspace = Workspace.open(workdir)
-        done = pipeline.evaluate_run(workspace, ref, which, split, pipeline.python_argv(), allow_data_drift, trust_code)
+        done = pipeline.evaluate_run(workspace, ref, which, split, pipeline.python_argv(), allow_data_drift, trust_code, use_current_code)
         metrics = done.result
-        if done.outside:
+        if done.outside and use_current_code:
+            logs.console.print(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
+                               f"built with the current code, not the code recorded with {done.parent}); seal {done.seal}", markup=False)
+        elif done.outside:
             logs.console.print(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
                                f"not from the audited training); seal {done.seal}", markup=False)
         else:
@@ -520,9 +529,11 @@ def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, wor
               help="Format to write (repeatable; default: the run's export.formats, all three).")
 @click.option("--checkpoint", "which", default=None, metavar="best|last|PATH", help="Checkpoint to export (default: best, or last when the run kept no best.pt).")
 @click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
+@click.option("--use-current-code", is_flag=True, help="Build the model from the current user code instead of the copies recorded with the run, in a new run (the run itself is left as it is).")
 @workdir_option
 @json_option
-def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], trust_code: bool, use_current_code: bool,
+                   workdir: Optional[str], as_json: bool) -> int:
     """Export a run's model (ONNX, TorchScript, safetensors) with model.json and a parity check.
 
     Exits 1 when an exported model does not give the trained model's answers on real test samples.
@@ -535,9 +546,12 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
     from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
-    done = pipeline.export_run(workspace, ref, which, list(formats) or None, pipeline.python_argv(), trust_code)
+    done = pipeline.export_run(workspace, ref, which, list(formats) or None, pipeline.python_argv(), trust_code, use_current_code)
     description = done.result
-    if done.outside:
+    if done.outside and use_current_code:
+        logs.console.print(f"exported into new run {done.run_dir.name} (kind export, built with the current code, not the code "
+                           f"recorded with {done.parent}); seal {done.seal}", markup=False)
+    elif done.outside:
         logs.console.print(f"exported into new run {done.run_dir.name} (kind export, not from the audited training); seal {done.seal}", markup=False)
     if as_json:
         emit_json(description)
@@ -782,9 +796,10 @@ def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> 
 @cli.command("reproduce")
 @click.argument("ref", metavar="RUN")
 @click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
+@click.option("--use-current-code", is_flag=True, help="Train the reproduction with the current user code instead of the copies recorded with the run.")
 @workdir_option
 @json_option
-def reproduce_command(ref: str, trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdir: Optional[str], as_json: bool) -> int:
     """Re-run a completed run's recorded pipeline into a new run and compare weights and metrics.
 
     Same config, seed and data version (refused when the data changed); only the data version is
@@ -798,7 +813,7 @@ def reproduce_command(ref: str, trust_code: bool, workdir: Optional[str], as_jso
     from veritrain.verify import reproduce
     from veritrain.workspace import Workspace
 
-    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code)
+    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code, use_current_code=use_current_code)
     if as_json:
         emit_json(result)
     from rich.table import Table

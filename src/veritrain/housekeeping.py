@@ -22,15 +22,21 @@ log = logging.getLogger("veritrain")
 
 
 def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_version: Optional[str]) -> Optional[dict[str, Any]]:
-    """A completed `run` with the same config hash, data version and code version, if any."""
+    """A completed `run` with the same config hash, data version, code version and user model code, if any."""
     from veritrain import registry
 
+    from veritrain.usercode import current_listing, listing_sha256
+
     code = capture_code(workspace.root)
+    user_code = listing_sha256(current_listing(resolved.path, resolved.config.model.target))
     for row in registry.query(workspace.state_dir, workspace.runs_dir, status=("completed",)):
         if row["kind"] != "run" or row["config_hash"] != resolved.hash or row["data_version"] != data_version:
             continue
         recorded = read_record(workspace.runs_dir / row["run_id"])["code"]
-        if all(recorded.get(k) == code.get(k) for k in ("veritrain", "git_commit", "git_dirty")) and not code.get("git_dirty"):
+        if recorded.get("user_files") is None and resolved.config.model.target:
+            continue  # a run from before the full listing: its model code cannot be compared
+        same_user_code = listing_sha256(recorded.get("user_files") or []) == user_code
+        if same_user_code and all(recorded.get(k) == code.get(k) for k in ("veritrain", "git_commit", "git_dirty")) and not code.get("git_dirty"):
             return row
     return None
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain import config as config_module
-from veritrain import logs
+from veritrain import logs, usercode
 from veritrain import selection
 from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_from_record, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
@@ -62,15 +62,29 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         repeat: Optional[dict[str, Any]] = None, reproduced_from: Optional[str] = None,
         hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None,
         data_version: Optional[str] = None, sweep: Optional[dict[str, Any]] = None, nproc: int = 1,
-        sweep_selection: Optional[dict[str, Any]] = None) -> RunOutcome:
+        code: Optional[usercode.CodeSession] = None, sweep_selection: Optional[dict[str, Any]] = None) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
     prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of).
     `data_version` is the version the run must train on (reproduce): the data must still prepare to it,
     or it is the stored version of an earlier recipe. `sweep` links a trial of `veritrain sweep` (id, trial,
     change); `sweep_selection` is what that sweep picks its best trial by (metric, mode; the record's
-    `selection.sweep`). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed)."""
+    `selection.sweep`). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed).
+    `code` is where user modules come from (reproduce: the original's copies; a sweep's trial: the sweep's);
+    by default the config file's folder, the working directory, then sys.path (veritrain.usercode)."""
+    session = code or usercode.fresh(resolved.path)
+    with session:
+        return _start(resolved, workspace, argv, kind, repeat, reproduced_from, hypothesis, parent, smoke, data_version, sweep, nproc, session,
+                      sweep_selection)
+
+
+def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str, repeat: Optional[dict[str, Any]],
+           reproduced_from: Optional[str], hypothesis: Optional[str], parent: Optional[str], smoke: Optional[dict[str, Any]],
+           data_version: Optional[str], sweep: Optional[dict[str, Any]], nproc: int, code: usercode.CodeSession,
+           sweep_selection: Optional[dict[str, Any]] = None) -> RunOutcome:
     cfg = resolved.config
     refuse_secrets(argv, hypothesis)
+    if cfg.model.target:  # a module or factory that is missing is a config problem: exit 2 before a run exists
+        code.import_target(cfg.model.target)
     if parent is not None:
         parent = workspace.resolve_run(parent).name  # fails before anything starts when it does not exist
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain run|train` (the others `follow`)
@@ -132,16 +146,17 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         record["distributed"] = {"world_size": nproc, "nodes": 1, "backend": cfg.train.backend, "devices": [], "launch": []}
     elif ranks is not None:
         record["distributed"] = distributed.describe(ranks, [], distributed.torchrun_command(ranks, argv))
-    save_code(record["code"], workspace.root, run_dir, cfg.model.target)
-    return _execute(record, run_dir, resolved, workspace, resume=False)
+    save_code(record["code"], workspace.root, run_dir)
+    code.save(run_dir, record["code"], cfg.model.target)  # what the target imported; training adds any it imports later
+    return _execute(record, run_dir, resolved, workspace, resume=False, code=code)
 
 
 def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[ResolvedConfig] = None, trust_code: bool = False,
-           nproc: Optional[int] = None) -> RunOutcome:
-    """Continue a run in its own folder from its newest valid checkpoint. `ref` is a RUN reference
-    or `auto`: the newest interrupted (or stale running) run whose config hash and data version
-    match `match`. A run trained by several processes resumes with as many (`nproc`, when given,
-    must be that number)."""
+           nproc: Optional[int] = None, use_current_code: bool = False) -> RunOutcome:
+    """Continue a run in its own folder from its newest valid checkpoint, with the user code recorded with it.
+    `ref` is a RUN reference or `auto`: the newest interrupted (or stale running) run whose config hash and data
+    version match `match`. A run trained by several processes resumes with as many (`nproc`, when given, must be
+    that number). `use_current_code` continues in a new run (parent: the run) built from today's code instead."""
     refuse_secrets(argv)
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain train --resume RUN`
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
@@ -168,9 +183,46 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
         raise RunFailed(f"--resume {ref}: the recorded config of {run_dir.name} no longer hashes to its config_hash; this veritrain cannot resume it")
     paths = paths_from_record(record["config_source"].get("data_paths_resolved", {}))
     resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
-    record.update(status="running", ended_at=None, error=None)
-    record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": status})
-    return _execute(record, run_dir, resolved, workspace, resume=True)
+    if use_current_code:
+        return _resume_in_new_run(workspace, run_dir, record, resolved, argv)
+    with code_session(workspace, run_dir, record, "resume") as code:
+        if cfg.model.target:
+            code.import_target(cfg.model.target)
+        record.update(status="running", ended_at=None, error=None)
+        record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": status})
+        return _execute(record, run_dir, resolved, workspace, resume=True, code=code)
+
+
+def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: dict[str, Any], resolved: ResolvedConfig, argv: list[str]) -> RunOutcome:
+    """`--resume RUN --use-current-code`: a new run (parent RUN) that starts from a copy of RUN's checkpoints and
+    logs and trains on with the current user code, recorded as its own; RUN is left byte for byte as it was."""
+    import copy
+    import shutil
+
+    cfg = resolved.config
+    with code_session(workspace, old_dir, old_record, "resume", use_current=True) as code:
+        if cfg.model.target:
+            code.import_target(cfg.model.target)
+        run_id, run_dir = workspace.new_run_dir()
+        workspace.mark_created(run_id, old_record["config_hash"])
+        for source in sorted(old_dir.rglob("*")):
+            relative = source.relative_to(old_dir)
+            if relative.parts[0] in (usercode.CODE_DIR, "record.json", "record.sha256") or not source.is_file():
+                continue
+            (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, run_dir / relative)
+        record = copy.deepcopy(old_record)
+        for key in ("seal_history", "artifacts"):
+            record.pop(key, None)
+        record.update(run_id=run_id, status="running", ended_at=None, error=None, parent=old_dir.name, code=capture_code(workspace.root))
+        record["events"] = [*record.get("events", []), {"kind": "current_code", "step": None, "at": now_iso(),
+                            "detail": f"continues run {old_dir.name} from its newest checkpoint, built with the current code"}]
+        record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": old_record.get("status")})
+        save_code(record["code"], workspace.root, run_dir)
+        record["code"]["user_files"] = []
+        code.save(run_dir, record["code"], cfg.model.target)
+        log.warning("resume: run %s continues in a new run %s with the current code; %s is left as it was", old_dir.name, run_id, old_dir.name)
+        return _execute(record, run_dir, resolved, workspace, resume=True, code=code)
 
 
 def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -> Path:
@@ -202,7 +254,8 @@ def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -
     return candidates[0]
 
 
-def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, workspace: Workspace, resume: bool) -> RunOutcome:
+def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, workspace: Workspace, resume: bool,
+             code: Optional[usercode.CodeSession] = None) -> RunOutcome:
     started = time.perf_counter()
     cfg = resolved.config
     run_id = record["run_id"]
@@ -256,6 +309,8 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             selection.require_validation(record["selection"], data.counts.get("val", 0))  # before training, which would select on it
             if "train" in record["stages"]:
                 _train_stage(record, run_dir, cfg, data, task, stop, resume, workspace.state_dir, ranks, announced)
+                if code is not None and record["code"].get("user_files") is not None:  # modules imported while it trained
+                    code.save(run_dir, record["code"], cfg.model.target)
             _evaluation_stages(record, run_dir, cfg, data, task)
             record["status"] = "completed"
     except Interrupted as err:
@@ -324,9 +379,10 @@ def follow() -> int:
             return 0
         run_dir = Path(announced["run_dir"])
         file_log = logs.attach_file(run_dir / f"train.rank{ranks.rank}.log")
-        cfg = config_from_record(read_record(run_dir))
+        record = read_record(run_dir)
+        cfg = config_from_record(record)
         data = prepare.load_version(Path(announced["data_path"]))
-        with interruptible() as stop:
+        with interruptible() as stop, usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
             loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=announced["resume"], events=[], ranks=ranks)
         finished = True
         return 0
@@ -646,6 +702,16 @@ def require_checkpoint(opened: OpenRun, which: Optional[str]) -> None:
                     f"`veritrain verify {run}` says what else changed, or give --checkpoint with a step file of the run")
 
 
+def code_session(workspace: Workspace, run_dir: Path, record: dict[str, Any], command: str, use_current: bool = False) -> usercode.CodeSession:
+    """Where a command on an existing run imports user modules from: the copies recorded with the run (saying in
+    one line which of the user's files now differ), or with `use_current` the current code, as a new run would."""
+    config_path = (record.get("config_source") or {}).get("path")
+    config_path = Path(config_path) if config_path and Path(config_path).is_file() else None
+    if use_current:
+        return usercode.fresh(config_path)
+    return usercode.recorded(run_dir, record, workspace.root / usercode.STATE_SCRATCH, command, usercode.fresh(config_path).roots)
+
+
 def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: dict[str, Any], trust_code: bool) -> None:
     """A run's config that names code (`model.target`) is code: building its model imports and runs it. Configs
     you write are trusted; a run this workspace did not start (imported, copied, or a folder given as RUN) is
@@ -757,10 +823,11 @@ def _in_run_checkpoint(opened: OpenRun, which: Optional[str]) -> tuple[Optional[
 
 
 def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Optional[str], argv: list[str],
-                 allow_data_drift: bool = False, trust_code: bool = False) -> Amended:
+                 allow_data_drift: bool = False, trust_code: bool = False, use_current_code: bool = False) -> Amended:
     """`veritrain eval RUN`: evaluate a checkpoint of the run (default best.pt, or last.pt) and amend the run, after
-    a full verify. The result names the trajectory entry it came from. A checkpoint outside the run's trajectory
-    never changes the run: it is evaluated in a new run of kind `eval` whose parent is RUN."""
+    a full verify. The model is built from the code recorded with the run. The result names the trajectory entry it
+    came from. A checkpoint outside the run's trajectory, or `use_current_code`, never changes the run: the
+    checkpoint is evaluated in a new run of kind `eval` whose parent is RUN."""
     from veritrain import evaluate
     from veritrain.train.loop import resolve_device
 
@@ -768,15 +835,19 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
     require_checkpoint(opened, which)
     inside, outside = _in_run_checkpoint(opened, which)
     device = resolve_device(opened.config.train.device)
-    if outside is not None:
-        def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
-            metrics = evaluate.run(opened.config, opened.data, opened.task, run_dir, device, INPUT_CHECKPOINT, split)
-            record["metrics"][metrics["split"]] = metrics
-            return metrics
+    with code_session(workspace, opened.run_dir, opened.record, "eval", use_current_code) as code:
+        if opened.config.model.target:
+            code.import_target(opened.config.model.target)
+        if outside is not None or use_current_code:
+            def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+                metrics = evaluate.run(opened.config, opened.data, opened.task, run_dir, device, INPUT_CHECKPOINT, split)
+                record["metrics"][metrics["split"]] = metrics
+                return metrics
 
-        return _outside_run(workspace, opened, outside, "eval", argv, stage)
-    metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, device, inside, split,
-                           baselines=opened.record.get("baselines"))
+            return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "eval", argv, stage, code,
+                                current_code=use_current_code)
+        metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, device, inside, split,
+                               baselines=opened.record.get("baselines"))
     metrics["trajectory_entry"] = result_entry(opened.record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
     opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
     seal = amend(opened, workspace, "eval", f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
@@ -784,32 +855,36 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
 
 
 def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Optional[list[str]], argv: list[str],
-               trust_code: bool = False) -> Amended:
+               trust_code: bool = False, use_current_code: bool = False) -> Amended:
     """`veritrain export RUN`: export a checkpoint of the run and amend the run, after a full verify; an outside
-    checkpoint is exported in a new run of kind `export` (see `evaluate_run`). Raises export.ParityFailed after
-    recording the failed parity."""
+    checkpoint, or `use_current_code`, is exported in a new run of kind `export` (see `evaluate_run`). Raises
+    export.ParityFailed after recording the failed parity."""
     from veritrain import export
 
     opened = open_run(workspace, ref, trust_code=trust_code, need="model")
     require_checkpoint(opened, which)
     inside, outside = _in_run_checkpoint(opened, which)
-    if outside is not None:
-        def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
-            try:
-                description = export.run(opened.config, opened.data, opened.task, run_dir, INPUT_CHECKPOINT, formats)
-            except export.ParityFailed as err:
-                record["export"] = {"parity": err.parity}
-                raise
-            record["export"] = {"files": description["files"], "parity": description["parity"], "checkpoint": description["checkpoint"]}
-            return description
+    with code_session(workspace, opened.run_dir, opened.record, "export", use_current_code) as code:
+        if opened.config.model.target:
+            code.import_target(opened.config.model.target)
+        if outside is not None or use_current_code:
+            def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+                try:
+                    description = export.run(opened.config, opened.data, opened.task, run_dir, INPUT_CHECKPOINT, formats)
+                except export.ParityFailed as err:
+                    record["export"] = {"parity": err.parity}
+                    raise
+                record["export"] = {"files": description["files"], "parity": description["parity"], "checkpoint": description["checkpoint"]}
+                return description
 
-        return _outside_run(workspace, opened, outside, "export", argv, stage)
-    try:
-        description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats)
-    except export.ParityFailed as err:
-        opened.record["export"] = {"parity": err.parity}
-        amend(opened, workspace, "export", f"parity FAILED: {err.parity['reason']}")
-        raise
+            return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "export", argv, stage, code,
+                                current_code=use_current_code)
+        try:
+            description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats)
+        except export.ParityFailed as err:
+            opened.record["export"] = {"parity": err.parity}
+            amend(opened, workspace, "export", f"parity FAILED: {err.parity['reason']}")
+            raise
     opened.record["export"] = export_record(opened.record, description)
     seal = amend(opened, workspace, "export", f"{', '.join(description['files'])}; parity passed")
     return Amended(opened.run_dir, seal, description)
@@ -818,10 +893,13 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
 INPUT_CHECKPOINT = "checkpoints/input.pt"  # an eval or export run's outside checkpoint, copied in
 
 
-def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str, argv: list[str], stage: Any) -> Amended:
-    """A new run of `kind` (eval or export) with `parent` = the opened run, for a checkpoint outside its trajectory:
-    the checkpoint is copied in (checkpoints/input.pt, hashed), so the new run verifies on its own, and the opened
-    run is left byte for byte as it was. Its results are not from the audited training, and say so."""
+def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str, argv: list[str], stage: Any,
+                 code: usercode.CodeSession, current_code: bool = False) -> Amended:
+    """A new run of `kind` (eval or export) with `parent` = the opened run, for a checkpoint outside its trajectory
+    (or, with `current_code`, any checkpoint of it built with today's code): the checkpoint is copied in
+    (checkpoints/input.pt, hashed) and the code it is built with is recorded (`code`), so the new run verifies on its
+    own, and the opened run is left byte for byte as it was. Its results are not from the audited training (or not
+    from the recorded code), and say so."""
     from veritrain.train import checkpoint, trajectory
 
     try:
@@ -862,8 +940,11 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
         "metrics": {},
         "final_state_sha256": None,
         "timings": {},
-        "events": [{"kind": "outside_checkpoint", "step": None, "at": now_iso(),
-                    "detail": f"{source} (state {state_hash[:12]}) is not a state of the trajectory of run {parent}: not from the audited training"}],
+        "events": [{"kind": "current_code", "step": None, "at": now_iso(),
+                    "detail": f"{source} (state {state_hash[:12]}) of run {parent}, built with the current code rather than the code recorded with it"}]
+        if current_code else
+        [{"kind": "outside_checkpoint", "step": None, "at": now_iso(),
+          "detail": f"{source} (state {state_hash[:12]}) is not a state of the trajectory of run {parent}: not from the audited training"}],
         "resumes": [],
         "parent": parent,
         "input_checkpoint": {"file": INPUT_CHECKPOINT, "sha256": sha256_file(run_dir / INPUT_CHECKPOINT), "source": str(source),
@@ -873,9 +954,15 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     for key in ("config_recorded",):  # fields of the parent's record that describe its config
         if key in opened.record:
             record[key] = opened.record[key]
-    save_code(record["code"], workspace.root, run_dir, cfg.model.target)
-    log.warning("%s: %s is not a state of run %s's trajectory; it is evaluated in a new run %s (kind %s, not from the audited "
-                "training), and %s is left as it was", kind, source, parent, run_id, kind, parent)
+    save_code(record["code"], workspace.root, run_dir)
+    record["code"]["user_files"] = []
+    code.save(run_dir, record["code"], cfg.model.target)
+    if current_code:
+        log.warning("%s: run %s is built with the current code in a new run %s (kind %s), and %s is left as it was",
+                    kind, parent, run_id, kind, parent)
+    else:
+        log.warning("%s: %s is not a state of run %s's trajectory; it is evaluated in a new run %s (kind %s, not from the audited "
+                    "training), and %s is left as it was", kind, source, parent, run_id, kind, parent)
     started = time.perf_counter()
     error: Optional[BaseException] = None
     result: dict[str, Any] = {}

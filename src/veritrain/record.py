@@ -221,6 +221,14 @@ class ModelSource(FileRef):
     target: str
 
 
+class UserFile(_Part):
+    """One user module the run imported, copied to `code/<path>` (its package layout)."""
+
+    module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=1000)]
+    path: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*\.py$", max_length=1000)]
+    sha256: Sha256
+
+
 class Code(_Part):
     veritrain: Optional[str] = None
     git_commit: Optional[str] = None
@@ -228,6 +236,7 @@ class Code(_Part):
     diff_patch: Optional[FileRef] = None
     untracked: Optional[list[str]] = None
     model_source: Optional[ModelSource] = None
+    user_files: Optional[list[UserFile]] = None  # None: a record from before the full listing (model_source only)
 
 
 class ConfigSource(_Part):
@@ -461,9 +470,10 @@ def capture_code(workspace_root: Path) -> dict[str, Any]:
     return code
 
 
-def save_code(code: dict[str, Any], workspace_root: Path, run_dir: Path, model_target: Optional[str]) -> None:
+def save_code(code: dict[str, Any], workspace_root: Path, run_dir: Path) -> None:
     """When the checkout is dirty, `code/diff.patch` (the uncommitted changes, against HEAD) and the
-    names of untracked files; for a user model (`model.target`), a copy of its source file."""
+    names of untracked files. The user modules the run imports are copied by its code session
+    (veritrain.usercode), which also lists them in `code.user_files`."""
     excludes = [":(exclude)runs", ":(exclude).veritrain", ":(exclude)experiments.md"]
     if code.get("git_dirty"):
         diff = subprocess.run(["git", "-C", str(workspace_root), "diff", "HEAD", "--binary", "--", ".", *excludes],
@@ -474,18 +484,3 @@ def save_code(code: dict[str, Any], workspace_root: Path, run_dir: Path, model_t
         (run_dir / "code" / "diff.patch").write_bytes(diff.stdout)
         code["diff_patch"] = {"file": "code/diff.patch", "sha256": hashlib.sha256(diff.stdout).hexdigest()}
         code["untracked"] = untracked.stdout.split()
-    if model_target:
-        import importlib.util
-        import shutil
-
-        module = model_target.partition(":")[0]
-        try:
-            spec = importlib.util.find_spec(module)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin and Path(spec.origin).is_file():
-            (run_dir / "code").mkdir(exist_ok=True)
-            target = run_dir / "code" / (module.replace(".", "/") + ".py")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(spec.origin, target)
-            code["model_source"] = {"target": model_target, "file": target.relative_to(run_dir).as_posix(), "sha256": sha256_file(target)}

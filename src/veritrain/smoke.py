@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from veritrain import logs
+from veritrain.usercode import current_listing, fresh, listing_sha256
 from veritrain.config import ResolvedConfig
 from veritrain.errors import RunFailed
 from veritrain.hashing import sha256_json
@@ -34,8 +35,13 @@ TRAIN_SAMPLES, EVAL_SAMPLES, STEPS = 64, 64, 2
 
 
 def smoke_key(config_hash: str, data_version: str, code: dict[str, Any]) -> str:
-    return sha256_json({"config_hash": config_hash, "data_version": data_version,
-                        "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty")}})[:32]
+    """Where a smoke result is filed: config hash, data version, veritrain and git version, and the user's model
+    code when there is any (`user_files`, as usercode.current_listing gives it)."""
+    keyed: dict[str, Any] = {"config_hash": config_hash, "data_version": data_version,
+                             "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty")}}
+    if code.get("user_files"):
+        keyed["user_code"] = listing_sha256(code["user_files"])
+    return sha256_json(keyed)[:32]
 
 
 def passed_before(state_dir: Path, key: str) -> bool:
@@ -60,7 +66,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
     started = time.perf_counter()
     cfg = resolved.config
     data = data if data is not None else prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
-    code = code if code is not None else capture_code(workspace.root)
+    code = code if code is not None else _code_now(resolved, workspace)
     key = smoke_key(resolved.hash, data.version, code)
     folder = workspace.state_dir / "smoke" / key
     shutil.rmtree(folder, ignore_errors=True)
@@ -88,7 +94,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
     checks = record["checks"]
     try:
         task = get_task(tiny)
-        with interruptible() as stop:
+        with interruptible() as stop, fresh(resolved.path):  # the user's model code, as a new run imports it
             (folder / "full").mkdir()
             full = loop.run(tiny, sliced, task, folder / "full", stop, logs.console)
             checks["train"] = {"passed": full.steps == STEPS, "steps": full.steps}
@@ -125,6 +131,13 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
     return {"key": key, "folder": str(folder), "status": record["status"], "checks": checks, "seconds": record["seconds"]}
 
 
+def _code_now(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
+    """The code a run of this config would record: veritrain and git version, and the user's model files."""
+    code = capture_code(workspace.root)
+    code["user_files"] = current_listing(resolved.path, resolved.config.model.target)
+    return code
+
+
 def _log_failure(record: dict[str, Any], err: Exception, message: str) -> None:
     record.update(status="failed", error={"type": err.__class__.__name__, "message": message})
     log.error("smoke failed: %s", message, extra=logs.FILE_ONLY)  # the CLI shows the one-line error
@@ -136,7 +149,7 @@ def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
     from veritrain.data import prepare
 
     data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir)
-    code = capture_code(workspace.root)
+    code = _code_now(resolved, workspace)
     key = smoke_key(resolved.hash, data.version, code)
     if code["git_dirty"]:  # uncommitted changes have no name a cached result could be filed under
         log.info("smoke: the checkout has uncommitted changes, so an earlier smoke result cannot vouch for this code")

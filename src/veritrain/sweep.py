@@ -349,6 +349,7 @@ def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: b
     spec = {"sweep_version": SWEEP_VERSION, "id": sweep_id, "created_at": now_iso(), "argv": argv,
             "workspace": str(workspace.root), "smoke": smoke_result, **sweep_plan.as_dict()}
     try:
+        spec["code"] = _record_code(folder, sweep_plan)
         backend = _open_backend(sweep_plan.backend, spec, folder, sweep_plan.parallel, ray_address)
     except UserError:
         shutil.rmtree(folder, ignore_errors=True)  # nothing ran: no sweep to resume
@@ -360,6 +361,21 @@ def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: b
         log.info("sweep: left out %s", note)
     overrides = {None: sweep_plan.base_overrides, **{t.index: t.overrides for t in sweep_plan.trials}}
     return _drive(workspace, spec, folder, argv, overrides, {}, backend, sweep_plan.parallel)
+
+
+def _record_code(folder: Path, sweep_plan: SweepPlan) -> dict[str, Any]:
+    """Copy the user code the sweep's configs name (every `model.target` of the base and the trials, and what it
+    imports) into the sweep's `code/` folder, as a run does: every trial runs these copies, so an edit during the
+    sweep never reaches its later trials. A missing module is exit 2 here, before any run starts."""
+    from veritrain import usercode
+
+    targets = [sweep_plan.base.config.model.target, *(trial.change.get("model.target") for trial in sweep_plan.trials)]
+    listed: dict[str, Any] = {"user_files": []}
+    with usercode.fresh(Path(sweep_plan.config_path) if sweep_plan.config_path else None, Path(sweep_plan.cwd)) as session:
+        for target in sorted({str(t) for t in targets if t}):
+            session.import_target(target)
+        session.save(folder, listed)
+    return {"user_files": listed["user_files"], "sha256": usercode.listing_sha256(listed["user_files"])}
 
 
 def resume(workspace: Workspace, ref: str, argv: list[str], parallel: Optional[int], backend: Optional[str],
@@ -547,7 +563,8 @@ def _jobs(spec: dict[str, Any], states: dict[Slot, SlotState], overrides: dict[O
         if state.run_id and state.status in ("completed", "failed"):
             continue
         # this workspace, never a path from spec.json (a copied or moved workspace would write elsewhere)
-        job: dict[str, Any] = {"workspace": str(workspace.root), "cwd": spec["config"]["cwd"], "argv": argv, "driver_pid": os.getpid()}
+        job: dict[str, Any] = {"workspace": str(workspace.root), "cwd": spec["config"]["cwd"], "argv": argv, "driver_pid": os.getpid(),
+                               "sweep_id": spec["id"], "code": spec.get("code")}  # the code copied at the sweep's start
         if state.run_id:  # interrupted, or `running` with a dead process (resume checked that no live process holds it)
             job["resume_run"] = state.run_id
         else:

@@ -60,13 +60,28 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
                                  f"{spec['config_path'] or 'the built-in default'} changed since the sweep started"}
             outcome = pipeline.run(resolved, workspace, spec["argv"], kind="run", hypothesis=spec["hypothesis"],
                                    parent=spec["parent"], smoke=spec["smoke"], repeat=spec["repeat"], sweep=spec["sweep"],
-                                   sweep_selection=spec.get("selection"))
+                                   sweep_selection=spec.get("selection"), code=_sweep_code(spec, workspace))
     except (Interrupted, KeyboardInterrupt) as err:  # before the run folder existed: the trial starts again on resume
         return {"run_id": None, "status": "interrupted", "error": str(err) or "interrupted"}
     except VeritrainError as err:  # could not start (the parent vanished, the data is gone, ...)
         return {"run_id": None, "status": "failed", "error": str(err)}
     return {"run_id": outcome.summary["run_id"], "status": outcome.record["status"],
             "error": str(outcome.error) if outcome.error is not None else None}
+
+
+def _sweep_code(spec: dict[str, Any], workspace: Any) -> Any:
+    """The code session of the copies the sweep made at its start (None for a sweep from before them, or one whose
+    configs name no user code: the run then imports as any new run does)."""
+    from veritrain import usercode
+    from veritrain.errors import RunFailed
+
+    code = spec.get("code") or {}
+    if not code.get("user_files"):
+        return None
+    if usercode.listing_sha256(code["user_files"]) != code.get("sha256"):
+        raise RunFailed(f"sweep {spec['sweep_id']}: spec.json: code: its listing does not hash to the sha256 recorded at the start")
+    folder = workspace.state_dir / "sweeps" / spec["sweep_id"]
+    return usercode.from_folder(folder, code["user_files"], workspace.root / usercode.STATE_SCRATCH, f"sweep {spec['sweep_id']}")
 
 
 def _stop_when_orphaned(driver_pid: int) -> None:

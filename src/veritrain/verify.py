@@ -457,9 +457,9 @@ TIMING_KEYS = {"seconds", "samples_per_s"}  # wall-clock fields: never compared
 TOLERANCE = 1e-6  # relative, for "within tolerance"
 
 
-def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = False) -> dict[str, Any]:
-    """Run the recorded pipeline of RUN again (same config, seed, data version) into a new run and
-    compare the final weights and every epoch's metrics."""
+def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = False, use_current_code: bool = False) -> dict[str, Any]:
+    """Run the recorded pipeline of RUN again (same config, seed, data version, and the user code recorded with it,
+    or today's with `use_current_code`) into a new run and compare the final weights and every epoch's metrics."""
     from veritrain import pipeline
     from veritrain.config import ResolvedConfig, config_from_record, config_hash
     from veritrain.data import prepare
@@ -486,8 +486,9 @@ def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = Fals
     if int(distributed.get("nodes", 1)) > 1:
         raise UserError(f"{original['run_id']}: it was trained on {distributed['nodes']} machines; reproduce it there: start the same torchrun "
                         f"command ({distributed['world_size']} ranks) with `veritrain train runs/{original['run_id']}/config.yaml` and compare with `veritrain runs compare`")
+    code = pipeline.code_session(workspace, original_dir, original, "reproduce", use_current_code)
     outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"], data_version=data.version,
-                           nproc=int(distributed.get("world_size", 1)))  # the same world size: the result depends on it
+                           nproc=int(distributed.get("world_size", 1)), code=code)  # the same world size: the result depends on it
     comparison = compare_runs(original_dir, Path(outcome.summary["run_dir"]))
     comparison["reproduction_status"] = outcome.record["status"]
     comparison["reproduction_seal"] = outcome.seal

@@ -374,7 +374,7 @@ def _tail(path: Path, limit: int = 200_000) -> str:
 def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     """One rank started by `launch`: train the run's recorded config on its recorded data version. Writes
     `rank<k>.json` (its status) into the hand-off folder, and rank 0 also `result.json`; returns the exit code."""
-    from veritrain import logs
+    from veritrain import logs, usercode
     from veritrain.config import config_from_record
     from veritrain.data import prepare
     from veritrain.record import read_record
@@ -397,7 +397,9 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
             data = prepare.load_version(Path((handoff / "data_path").read_text(encoding="utf-8").strip()))
             if data.version != record["data"]["version"]:
                 raise RunFailed(f"data version {data.version[:12]} is not the run's {record['data']['version'][:12]}")
-            result = loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events, ranks=ranks)
+            # every rank builds the model from the run's recorded copies of the user's code
+            with usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
+                result = loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events, ranks=ranks)
             if ranks.is_main:
                 payload = {**result.__dict__, "events": events}
                 (handoff / RESULT_FILE).write_text(json.dumps(payload), encoding="utf-8")
