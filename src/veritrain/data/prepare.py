@@ -814,8 +814,8 @@ def _test_from_outcome(cfg: Any, former: _Former, table: _Table, units: list[spl
             tested = [i for i in unit.members if former.split_of.get(i) == "test"]
             trained = [i for i in unit.members if former.split_of.get(i) in ("train", "val")]
             why = table.units_of.get(unit.members[0], "tied samples")
-            reason = (f"a unit of {len(unit.members)} samples kept together ({why}) holds {len(tested)} former test sample(s) of data version {former.version[:12]} (e.g. {table.ids[tested[0]]}) "
-                      f"and {len(trained)} former train/val one(s) (e.g. {table.ids[trained[0]]}); it went to {assigned[placed[0]]}, "
+            reason = (f"a unit of {len(unit.members)} samples kept together ({why}) holds {len(tested)} former test sample(s) of data "
+                      f"version {former.version[:12]} (e.g. {table.ids[tested[0]]}) and {len(trained)} former train/val one(s) (e.g. {table.ids[trained[0]]}); it went to {assigned[placed[0]]}, "
                       "so no former training sample enters test and those test samples leave it")
             outcome["leaks"].append(reason)
             table.add("test_from_leak", tested + trained, reason)
