@@ -128,7 +128,7 @@ def test_code_named_by_a_run_this_workspace_did_not_start_never_runs_without_tru
     assert veritrain("eval", run_id, workdir=tmp_path / "a").returncode == 0  # its own workspace trusts what it started
     assert veritrain("archive", run_id, "-o", str(tmp_path / "r.tar.gz"), "--with-data", workdir=tmp_path / "a").returncode == 0
     imported = veritrain("import", str(tmp_path / "r.tar.gz"), "--json", workdir=tmp_path / "b")
-    assert imported.returncode == 0 and json.loads(imported.stdout)["code"] == ["canary_model:build"]
+    assert imported.returncode == 0 and json.loads(imported.stdout)["code"] == ["canary_model:build", "code/canary_model.py (canary_model)"]
     canary.unlink()
     for command in (["eval", run_id], ["export", run_id], ["baseline", run_id], ["reproduce", run_id]):
         refused = veritrain(*command, workdir=tmp_path / "b")

@@ -101,6 +101,9 @@ def test_layout_paths_follow_the_module_name(tmp_path):
     ({"module": "nets;rm", "path": "nets.py"}, "is not a module name"),
     ({"module": "json", "path": "json.py"}, "the standard-library module json"),
     ({"module": "torch", "path": "torch/__init__.py"}, "the installed module torch"),
+    ({"module": "veritrain", "path": "veritrain/__init__.py"}, "veritrain itself"),
+    # not installed here, but imported by torch when it is: a copy by that name would run without any model.target
+    ({"module": "tensorboard", "path": "tensorboard/__init__.py"}, "a package veritrain or its dependencies import"),
 ])
 def test_a_hostile_listing_is_refused(entry, problem):
     assert problem in usercode.check_listing([{**entry, "sha256": "0" * 64}])
@@ -137,6 +140,43 @@ def test_a_copy_that_does_not_match_its_hash_is_refused(tmp_path):
     record = {"code": {"user_files": [{"module": "m", "path": "m.py", "sha256": "0" * 64}]}}
     with pytest.raises(RunFailed, match="does not match its recorded hash"):
         usercode.recorded(run_dir, record, tmp_path / "scratch", "eval")
+
+
+def test_a_record_that_carries_code_needs_trust_code_even_without_a_target(tmp_path):
+    workspace = Workspace.open(tmp_path / "ws")
+    run_dir = workspace.runs_dir / "copied"
+    run_dir.mkdir(parents=True)
+    record = {"config": {"model": {"target": None}}, "config_hash": "0" * 64,
+              "code": {"user_files": [{"module": "helpers", "path": "helpers.py", "sha256": "0" * 64}]}}
+    with pytest.raises(UserError, match=r"its record names code \(1 recorded module\(s\), e.g. helpers\).*pass --trust-code"):
+        pipeline.refuse_untrusted_code(workspace, run_dir, record, trust_code=False)
+    pipeline.refuse_untrusted_code(workspace, run_dir, record, trust_code=True)
+
+
+def test_a_link_in_the_recorded_code_is_refused(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "code").mkdir(parents=True)
+    (tmp_path / "elsewhere.py").write_text("x = 1\n")
+    (run_dir / "code" / "m.py").symlink_to(tmp_path / "elsewhere.py")
+    record = {"code": {"user_files": [{"module": "m", "path": "m.py", "sha256": "0" * 64}]}}
+    with pytest.raises(RunFailed, match="a link in the recorded code"):
+        usercode.recorded(run_dir, record, tmp_path / "scratch", "eval")
+
+
+def test_namespace_packages_are_imported_afresh_by_each_session(tmp_path):
+    (tmp_path / "ns").mkdir()  # no __init__.py
+    (tmp_path / "ns" / "layers.py").write_text("VALUE = 1\n")
+    (tmp_path / "ns" / "model.py").write_text("from ns import layers\n\n\ndef make():\n    return layers.VALUE\n")
+    (tmp_path / "json").mkdir()  # a data folder named like a module is no module: never refused
+    (tmp_path / "cfg.yaml").write_text("")
+    listings = []
+    for value in (1, 2):
+        (tmp_path / "ns" / "layers.py").write_text(f"VALUE = {value}\n")
+        with usercode.fresh(tmp_path / "cfg.yaml") as code:
+            assert code.import_target("ns.model:make")() == value
+            listings.append([entry["path"] for entry in code.listing()])
+    assert listings == [["ns/layers.py", "ns/model.py"]] * 2
+    assert "ns" not in __import__("sys").modules
 
 
 def test_a_user_module_named_json_is_refused(tmp_path, monkeypatch):
@@ -197,6 +237,8 @@ def test_edited_code_leaves_eval_export_and_reproduce_on_the_recorded_copies(tmp
         {e["module"]: e["sha256"] for e in outcome.record["code"]["user_files"]}["nets.act"]
     assert (run_dir / "record.sha256").read_text() == seal
     assert verify_run(current.run_dir, workspace.state_dir)["ok"]
+    retrained = reproduce(workspace, run_dir.name, ["veritrain", "reproduce"], use_current_code=True)  # Tanh now: another model
+    assert retrained["verdict"] == "differs" and (run_dir / "record.sha256").read_text() == seal
     assert not list((tmp_path / "ws" / ".veritrain" / "tmp").glob("code-*"))  # the scratch copies are gone
 
 

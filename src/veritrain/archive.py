@@ -433,7 +433,10 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
                 workspace.state_dir.rmdir()  # made only for the staging folder: a refusal leaves the workspace as it was
             except OSError:
                 pass
-    config = json.loads((target / RECORD_FILE).read_text(encoding="utf-8")).get("config")
+    imported = json.loads((target / RECORD_FILE).read_text(encoding="utf-8"))
+    config = imported.get("config")
     code = [str(config["model"]["target"])] if isinstance(config, dict) and isinstance(config.get("model"), dict) and config["model"].get("target") else []
+    files = (imported.get("code") or {}).get("user_files") or []
+    code += [f"code/{entry.get('path')} ({entry.get('module')})" for entry in files if isinstance(entry, dict)]  # the copies it would import
     return {"run_id": run_id, "run_dir": str(target), "data_version": version, "with_data": bool(data_files),
             "left_out": sorted(left_out), "code": code}  # the code the run's config names: never run without --trust-code

@@ -788,7 +788,7 @@ def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> 
                    + (f"; the archive left out {len(result['left_out'])} file(s) kept only for audit (`veritrain audit` cannot start from them)"
                       if result.get("left_out") else ""))
     for target in result["code"]:
-        logs.console.print(f"warning: import: the run's config names code, {target}; commands that build its model need --trust-code, "
+        logs.console.print(f"warning: import: the run carries code, {target}; commands that build its model need --trust-code, "
                            "after you have read it", style="yellow", markup=False, soft_wrap=True)
     return 0
 

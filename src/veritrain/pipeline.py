@@ -309,8 +309,6 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             selection.require_validation(record["selection"], data.counts.get("val", 0))  # before training, which would select on it
             if "train" in record["stages"]:
                 _train_stage(record, run_dir, cfg, data, task, stop, resume, workspace.state_dir, ranks, announced)
-                if code is not None and record["code"].get("user_files") is not None:  # modules imported while it trained
-                    code.save(run_dir, record["code"], cfg.model.target)
             _evaluation_stages(record, run_dir, cfg, data, task)
             record["status"] = "completed"
     except Interrupted as err:
@@ -340,6 +338,13 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
         record["timings"]["total"] = round(record["timings"].get("total", 0) + seconds, 3)
         if record["env"] is None:
             record["env"], _ = capture_env()
+        if code is not None and record["code"].get("user_files") is not None:  # modules imported while it ran, however it ended
+            try:
+                code.save(run_dir, record["code"], cfg.model.target)
+            except VeritrainError as err:
+                if error is None:
+                    error = err
+                    _record_failure(record, err)
         if record["status"] == "completed":
             log.info("run %s completed in %.1fs", run_id, seconds)
         logs.detach(file_log)  # the log is complete before it is hashed into the record
@@ -717,8 +722,11 @@ def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: dict[str,
     you write are trusted; a run this workspace did not start (imported, copied, or a folder given as RUN) is
     data, and is refused (UserError, one line) unless the user passes --trust-code after reading that code."""
     target = ((record.get("config") or {}).get("model") or {}).get("target")
-    if target and not trust_code and not workspace.created_here(run_dir, record.get("config_hash")):
-        raise UserError(f"{run_dir.name}: its config names code (model.target {str(target)[:80]!r}) and this workspace did not start the run "
+    files = ((record.get("code") or {}).get("user_files") or [])
+    if (target or files) and not trust_code and not workspace.created_here(run_dir, record.get("config_hash")):
+        named = (f"its config names code (model.target {str(target)[:80]!r})" if target
+                 else f"its record names code ({len(files)} recorded module(s), e.g. {str(files[0].get('module'))[:80]})")
+        raise UserError(f"{run_dir.name}: {named} and this workspace did not start the run "
                         "(imported, copied or given as a folder): building its model would run that code; read it, then pass --trust-code")
 
 
@@ -968,6 +976,7 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     result: dict[str, Any] = {}
     try:
         result = stage(run_dir, record)
+        code.save(run_dir, record["code"], cfg.model.target)  # modules the stage imported
         record["status"] = "completed"
     except VeritrainError as err:
         error = err

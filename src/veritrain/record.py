@@ -236,7 +236,7 @@ class Code(_Part):
     diff_patch: Optional[FileRef] = None
     untracked: Optional[list[str]] = None
     model_source: Optional[ModelSource] = None
-    user_files: Optional[list[UserFile]] = None  # None: a record from before the full listing (model_source only)
+    user_files: Optional[Annotated[list[UserFile], Field(max_length=10_000)]] = None  # None: a record from before the full listing (model_source only)
 
 
 class ConfigSource(_Part):

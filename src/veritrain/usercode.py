@@ -97,6 +97,25 @@ def layout_path(module: str, file: Path) -> Optional[str]:
     return relative if file.as_posix().endswith("/" + relative) else None
 
 
+def _user_namespace(module: ModuleType) -> bool:
+    """A namespace package (no __init__.py) all of whose folders are the user's."""
+    spec = getattr(module, "__spec__", None)
+    if spec is None or spec.origin not in (None, "namespace") or not spec.submodule_search_locations:
+        return False
+    return all(_is_user_path(str(folder)) for folder in spec.submodule_search_locations)
+
+
+def _forget(name: str) -> None:
+    """Drop a module from sys.modules and from its parent package's attributes, so the next import runs it again."""
+    module = sys.modules.pop(name, None)
+    parent, _, child = name.rpartition(".")
+    if parent and module is not None and getattr(sys.modules.get(parent), child, None) is module:
+        try:
+            delattr(sys.modules[parent], child)
+        except AttributeError:
+            pass
+
+
 def user_modules() -> dict[str, tuple[ModuleType, Path]]:
     """The user modules in `sys.modules` now, by name, with their files."""
     found = {}
@@ -110,11 +129,13 @@ def user_modules() -> dict[str, tuple[ModuleType, Path]]:
 
 
 def shadowed(name: str) -> Optional[str]:
-    """What a top-level module name also names outside the user's code: the standard-library or an installed
-    module (with its file), or None. A user module by such a name would silently replace it, or be replaced."""
+    """What a top-level module name also names outside the user's code: the standard-library, veritrain or an
+    installed module (with its file), or None. A user module by such a name would silently replace it, or be replaced."""
     top = name.partition(".")[0]
     if top in sys.stdlib_module_names or top in sys.builtin_module_names:
         return f"the standard-library module {top}"
+    if top == "veritrain":
+        return "veritrain itself"
     system_entries = [entry for entry in sys.path if entry and not is_user_file(Path(entry))]
     spec = importlib.machinery.PathFinder.find_spec(top, system_entries)
     if spec is not None:
@@ -146,8 +167,8 @@ def _top_level_names(root: Path) -> set[str]:
     names = set()
     for entry in entries:
         stem, suffix = os.path.splitext(entry.name)
-        if entry.is_dir() and entry.name.isidentifier():
-            names.add(entry.name)
+        if entry.is_dir() and entry.name.isidentifier() and os.path.isfile(os.path.join(entry.path, "__init__.py")):
+            names.add(entry.name)  # a folder without __init__.py never wins over another module of its name
         elif suffix in importlib.machinery.SOURCE_SUFFIXES and stem.isidentifier():
             names.add(stem)
     return names
@@ -188,10 +209,12 @@ class CodeSession:
 
     def __enter__(self) -> "CodeSession":
         provided = set().union(*(_top_level_names(root) for root in self.roots)) if self.roots else set()
-        for name, (module, _file) in user_modules().items():
-            if name.partition(".")[0] in provided:
-                self._set_aside[name] = module
-                del sys.modules[name]
+        aside = [name for name in user_modules() if name.partition(".")[0] in provided]
+        aside += [name for name, module in list(sys.modules.items())
+                  if module is not None and _user_namespace(module) and name.partition(".")[0] in provided | set(aside)]
+        for name in aside:
+            self._set_aside[name] = sys.modules[name]
+            _forget(name)
         self._path_entries = [str(root) for root in self.roots]
         sys.path[0:0] = self._path_entries
         importlib.invalidate_caches()
@@ -207,9 +230,13 @@ class CodeSession:
         for name, module in list(sys.modules.items()):
             if self._before.get(name) is not module and module is not None:
                 file = _module_file(module)
-                if file is not None and is_user_file(file):
-                    del sys.modules[name]
+                if (file is not None and is_user_file(file)) or _user_namespace(module):
+                    _forget(name)
         sys.modules.update(self._set_aside)
+        for name, module in self._set_aside.items():  # and their places in their parents, as they were
+            parent, _, child = name.rpartition(".")
+            if parent in sys.modules:
+                setattr(sys.modules[parent], child, module)
         importlib.invalidate_caches()
         if self.scratch is not None:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -222,18 +249,22 @@ class CodeSession:
         """The attribute `package.module:factory` names, imported now. UserError (exit 2, one line) when the
         module or attribute is missing, or when a user module's name shadows another module."""
         module_name, _, attribute = target.partition(":")
-        if not MODULE_NAME.match(module_name) or not attribute.isidentifier():
+        if not MODULE_NAME.fullmatch(module_name) or not attribute.isidentifier():
             raise UserError(f"model.target: expected 'package.module:factory', got {target!r}")
         self._refuse_shadowing(module_name)
         top = module_name.partition(".")[0]
-        for name, (module, _file) in user_modules().items():  # imported before the session: import it afresh, to record it
-            if (name == top or name.startswith(top + ".")) and self._before.get(name) is module:
+        for name, module in list(sys.modules.items()):  # imported before the session: import it afresh, to record it
+            if (name == top or name.startswith(top + ".")) and module is not None and self._before.get(name) is module \
+                    and (name in user_modules() or _user_namespace(module)):
                 self._set_aside.setdefault(name, module)
-                del sys.modules[name]
+                _forget(name)
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as err:
             if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
+                if self.scratch is not None:
+                    raise UserError(f"model.target: no module {module_name!r} in {self.describe}; `veritrain verify` says what is "
+                                    "missing, or pass --use-current-code to build it from the current code") from None
                 raise UserError(f"model.target: no module {module_name!r} in {self._places()}; put {module_name.replace('.', '/')}.py "
                                 "beside the config, in the working directory, or on PYTHONPATH") from None
             raise UserError(f"model.target: {module_name} imports {err.name!r}, which is not installed or not found in "
@@ -242,6 +273,9 @@ class CodeSession:
             raise UserError(f"model.target: importing {module_name} failed: {err}") from None
         except SyntaxError as err:
             raise UserError(f"model.target: {err.filename}:{err.lineno}: syntax error in the model code: {err.msg}") from None
+        except Exception as err:  # the module's own code raised while it loaded
+            raise UserError(f"model.target: importing {module_name} raised {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+        self._check_recorded()
         self.refuse_shadowing_loaded()
         if not hasattr(module, attribute):
             where = _module_file(module)
@@ -249,7 +283,21 @@ class CodeSession:
                             "that returns a torch.nn.Module")
         return getattr(module, attribute)
 
+    def _check_recorded(self) -> None:
+        """In a session of copies: every listed module must have come from the copies (RunFailed otherwise), so a
+        regular package of the same name elsewhere on sys.path can never stand in for the recorded one."""
+        if self.scratch is None or not self.recorded:
+            return
+        for entry in self.recorded:
+            module = sys.modules.get(entry["module"])
+            file = _module_file(module) if module is not None else None
+            if file is not None and not file.resolve().is_relative_to(self.scratch.resolve()):
+                raise RunFailed(f"code: {entry['module']} was imported from {file}, not from {self.describe}; another package of that "
+                                "name is on sys.path (rename or uninstall it), or use --use-current-code")
+
     def _places(self) -> str:
+        if self.scratch is not None:
+            return self.describe
         return ", ".join(str(root) for root in self.roots) + (", or sys.path" if self.roots else "sys.path")
 
     def _refuse_shadowing(self, module_name: str) -> None:
@@ -258,7 +306,7 @@ class CodeSession:
         other = shadowed(top)
         if other is None:
             return
-        mine = next((root / name for root in self.roots for name in (f"{top}.py", top) if (root / name).exists()), None)
+        mine = next((root / name for root in self.roots for name in (f"{top}.py", f"{top}/__init__.py") if (root / name).exists()), None)
         if mine is not None:
             raise UserError(f"model.target: the user module {top} ({mine}) has the name of {other}; rename {mine.name} "
                             "(and model.target with it)")
@@ -274,7 +322,7 @@ class CodeSession:
                     raise UserError(f"model.target: the user module {name} ({file}) has the name of {other}; rename it")
             for imported in _imported_names(file):
                 if imported in provided and shadowed(imported) is not None:
-                    mine = next((provided[imported] / n for n in (f"{imported}.py", imported) if (provided[imported] / n).exists()),
+                    mine = next((provided[imported] / n for n in (f"{imported}.py", f"{imported}/__init__.py") if (provided[imported] / n).exists()),
                                 provided[imported])
                     raise UserError(f"model.target: {file.name} imports {imported}, and the user module {imported} ({mine}) has the "
                                     f"name of {shadowed(imported)}: Python would import only one of them; rename {mine.name}")
@@ -292,6 +340,7 @@ class CodeSession:
         """Copy every user module loaded so far into `run_dir/code/` and list them in `code["user_files"]` (added to
         what is already listed); with `model_target`, `code["model_source"]` names the target's copy (as records
         before the full listing did)."""
+        self.refuse_shadowing_loaded()  # a stray module beside the config or in the working directory, imported lazily
         listed = {entry["module"]: entry for entry in code.get("user_files") or []}
         for name, (_module, file) in sorted(self.loaded().items()):
             if name in listed:
@@ -336,7 +385,7 @@ def check_listing(entries: list[dict[str, Any]]) -> Optional[str]:
     name with a relative .py path in its layout, and no name shadows another module."""
     for entry in entries:
         module, path = str(entry.get("module", "")), str(entry.get("path", ""))
-        if not MODULE_NAME.match(module):
+        if not MODULE_NAME.fullmatch(module):
             return f"{module!r} is not a module name"
         parts = path.split("/")
         if path.startswith("/") or ".." in parts or "" in parts or not path.endswith(".py"):
@@ -344,10 +393,21 @@ def check_listing(entries: list[dict[str, Any]]) -> Optional[str]:
         expected = module.split(".")
         if parts not in (expected + ["__init__.py"], expected[:-1] + [expected[-1] + ".py"]):
             return f"{path!r} is not where module {module} is imported from"
-        other = shadowed(module)
+        other = shadowed(module) or _optional_name(module)
         if other is not None:
             return f"module {module} has the name of {other}"
     return None
+
+
+# Modules that veritrain or its dependencies import when present (optional extras): a recorded copy by such a name
+# would be imported by them, not by the model, so a listing that arrives with one is refused.
+OPTIONAL_IMPORTS = ("tensorboard", "onnx", "onnxruntime", "safetensors", "ray", "lightning", "pytorch_lightning",
+                    "transformers", "optuna", "matplotlib", "playwright", "tensorflow", "triton", "sympy")
+
+
+def _optional_name(module: str) -> Optional[str]:
+    top = module.partition(".")[0]
+    return f"{top}, a package veritrain or its dependencies import when it is installed" if top in OPTIONAL_IMPORTS else None
 
 
 def recorded(run_dir: Path, record: dict[str, Any], scratch_parent: Path, command: str,
@@ -359,7 +419,7 @@ def recorded(run_dir: Path, record: dict[str, Any], scratch_parent: Path, comman
     entries, only_target = recorded_listing(record)
     if not entries:
         target = ((record.get("config") or {}).get("model") or {}).get("target")
-        if target:
+        if target and (record.get("code") or {}).get("user_files") is None:  # [] : the target is an installed package
             log.warning("%s: run %s recorded no copy of its model code (%s); it is imported from the current tree",
                         command, run_dir.name, target)
         return CodeSession([], describe="the current code")
@@ -369,12 +429,7 @@ def recorded(run_dir: Path, record: dict[str, Any], scratch_parent: Path, comman
     scratch = scratch_parent / f"code-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         for entry in entries:
-            source = run_dir / CODE_DIR / entry["path"]
-            try:
-                content = source.read_bytes()
-            except OSError:
-                raise RunFailed(f"{run_dir.name}: {CODE_DIR}/{entry['path']}: the recorded copy of {entry['module']} is missing; "
-                                f"`veritrain verify {run_dir.name}` lists what else is") from None
+            content = _read_copy(run_dir, entry["path"], run_dir.name)
             if entry.get("sha256") and hashlib.sha256(content).hexdigest() != entry["sha256"]:
                 raise RunFailed(f"{run_dir.name}: {CODE_DIR}/{entry['path']}: the recorded copy of {entry['module']} does not match "
                                 f"its recorded hash; see `veritrain verify {run_dir.name}`")
@@ -387,7 +442,22 @@ def recorded(run_dir: Path, record: dict[str, Any], scratch_parent: Path, comman
         raise
     if only_target:
         log.warning("%s: run %s recorded only %s; its other modules come from the current tree", command, run_dir.name, entries[0]["path"])
+        return CodeSession([scratch, *(current_roots or [])], scratch=scratch, recorded=entries, describe=f"the code recorded with run {run_dir.name}")
     return CodeSession([scratch], scratch=scratch, recorded=entries, describe=f"the code recorded with run {run_dir.name}")
+
+
+def _read_copy(folder: Path, path: str, what: str) -> bytes:
+    """The bytes of `folder/code/<path>`, refusing a link anywhere on the way (a copied folder is data)."""
+    current = folder / CODE_DIR
+    for part in [None, *path.split("/")]:
+        if part is not None:
+            current = current / part
+        if current.is_symlink():
+            raise RunFailed(f"{what}: {current}: a link in the recorded code; the copies must be plain files")
+    try:
+        return current.read_bytes()
+    except OSError:
+        raise RunFailed(f"{what}: {CODE_DIR}/{path}: the recorded copy is missing; `veritrain verify` lists what else is") from None
 
 
 def _say_if_edited(entry: dict[str, Any], recorded_bytes: bytes, roots: list[Path], command: str, run: str) -> None:
@@ -409,14 +479,17 @@ def from_folder(folder: Path, entries: list[dict[str, Any]], scratch_parent: Pat
     if problem:
         raise RunFailed(f"{what}: code: {problem}")
     scratch = scratch_parent / f"code-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    for entry in entries:
-        content = (folder / CODE_DIR / entry["path"]).read_bytes()
-        if hashlib.sha256(content).hexdigest() != entry["sha256"]:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise RunFailed(f"{what}: {CODE_DIR}/{entry['path']}: the copy of {entry['module']} does not match the hash recorded at the start")
-        copy = scratch / entry["path"]
-        copy.parent.mkdir(parents=True, exist_ok=True)
-        copy.write_bytes(content)
+    try:
+        for entry in entries:
+            content = _read_copy(folder, entry["path"], what)
+            if hashlib.sha256(content).hexdigest() != entry.get("sha256"):
+                raise RunFailed(f"{what}: {CODE_DIR}/{entry['path']}: the copy of {entry['module']} does not match the hash recorded at the start")
+            copy = scratch / entry["path"]
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_bytes(content)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     return CodeSession([scratch], scratch=scratch, recorded=entries, describe=f"the code {what} recorded")
 
 
