@@ -213,9 +213,15 @@ def test_edited_code_leaves_eval_export_and_reproduce_on_the_recorded_copies(tmp
     assert listed == {"helpers": "helpers.py", "nets": "nets/__init__.py", "nets.act": "nets/act.py", "nets.blocks": "nets/blocks.py"}
     assert (run_dir / "code" / "nets" / "act.py").read_text() == ACT_RELU
     recorded_accuracy = outcome.record["metrics"]["test"]["accuracy"]
+    from veritrain.config import load_config
+    from veritrain.housekeeping import identical_completed
+
+    workspace = Workspace.open(tmp_path / "ws")
+    version = outcome.record["data"]["version"]
+    assert identical_completed(load_config(config, TINY), workspace, version)["run_id"] == run_dir.name  # --reuse-completed
 
     (project / "nets" / "act.py").write_text(ACT_TANH)  # the edit: a module the model imports
-    workspace = Workspace.open(tmp_path / "ws")
+    assert identical_completed(load_config(config, TINY), workspace, version) is None  # an edit is never served the old run
     evaluated = pipeline.evaluate_run(workspace, run_dir.name, None, None, ["veritrain", "eval"])
     assert evaluated.run_dir == run_dir and evaluated.result["accuracy"] == recorded_accuracy
     exported = pipeline.export_run(workspace, run_dir.name, None, ["safetensors"], ["veritrain", "export"])

@@ -25,17 +25,19 @@ def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_ver
     """A completed `run` with the same config hash, data version, code version and user model code, if any."""
     from veritrain import registry
 
-    from veritrain.usercode import current_listing, listing_sha256
+    from veritrain.usercode import current_listing
 
     code = capture_code(workspace.root)
-    user_code = listing_sha256(current_listing(resolved.path, resolved.config.model.target))
+    now = current_listing(resolved.path, resolved.config.model.target)  # what importing the target loads today
     for row in registry.query(workspace.state_dir, workspace.runs_dir, status=("completed",)):
         if row["kind"] != "run" or row["config_hash"] != resolved.hash or row["data_version"] != data_version:
             continue
         recorded = read_record(workspace.runs_dir / row["run_id"])["code"]
         if recorded.get("user_files") is None and resolved.config.model.target:
             continue  # a run from before the full listing: its model code cannot be compared
-        same_user_code = listing_sha256(recorded.get("user_files") or []) == user_code
+        # the run may list more (modules its model imported while training), never a different copy of these
+        listed = {(e["module"], e["path"], e["sha256"]) for e in recorded.get("user_files") or []}
+        same_user_code = all((e["module"], e["path"], e["sha256"]) in listed for e in now)
         if same_user_code and all(recorded.get(k) == code.get(k) for k in ("veritrain", "git_commit", "git_dirty")) and not code.get("git_dirty"):
             return row
     return None
