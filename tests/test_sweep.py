@@ -171,7 +171,8 @@ def test_values_split_at_top_level_commas_only():
 ])
 def test_bad_vary_is_one_line_exit_2_before_anything_runs(cli, tmp_path, args, message):
     result = cli("sweep", *args, "--parallel", "2", "--workdir", str(tmp_path), "--json")
-    assert (result.code, result.stdout, result.stderr) == (2, "", message + "\n")
+    assert (result.code, result.stderr) == (2, message + "\n")
+    assert json.loads(result.stdout) == {"error": {"message": message.removeprefix("error: "), "exit_code": 2}}  # --json: one document
     assert not (tmp_path / "runs").exists() and not (tmp_path / ".veritrain" / "sweeps").exists()
 
 

@@ -41,7 +41,11 @@ nproc_option = click.option(
 config_argument = click.argument("config", required=False, type=click.Path(dir_okay=True))
 
 
+_JSON_WRITTEN = {"done": False}  # whether this command printed its JSON document (a failure after it adds none)
+
+
 def emit_json(payload: Any) -> None:
+    _JSON_WRITTEN["done"] = True
     click.echo(json.dumps(payload, indent=2, sort_keys=False))
 
 
@@ -1394,6 +1398,8 @@ def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdi
 
 def main(argv: Optional[list[str]] = None) -> None:
     logs.setup_console_logging()
+    _JSON_WRITTEN["done"] = False
+    wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
     try:
         code = cli.main(args=argv, prog_name="veritrain", standalone_mode=False)
     except click.exceptions.Exit as err:
@@ -1401,30 +1407,35 @@ def main(argv: Optional[list[str]] = None) -> None:
     except click.UsageError as err:
         command = err.ctx.command_path if err.ctx else "veritrain"
         message = " ".join(err.format_message().split()).replace(". Did you mean", "; did you mean").rstrip(".")  # one line
-        _error(f"{command}: {message} (see `{command} --help`)", UserError.exit_code)
+        _error(f"{command}: {message} (see `{command} --help`)", UserError.exit_code, wants_json)
     except click.Abort:
-        _error("interrupted", 130)
+        _error("interrupted", 130, wants_json)
     except (VeritrainError, Interrupted) as err:
-        _error(str(err), err.exit_code)
+        _error(str(err), err.exit_code, wants_json)
     except KeyboardInterrupt:
-        _error("interrupted by SIGINT", 130)
+        _error("interrupted by SIGINT", 130, wants_json)
     except OSError as err:
         if err.errno not in FULL_DISK:
             raise
-        _error(f"{err.filename or 'a file'}: {err.strerror or 'no space left'}; free some space (or make it writable) and run the command again", 1)
+        _error(f"{err.filename or 'a file'}: {err.strerror or 'no space left'}; free some space (or make it writable) and run the command again", 1, wants_json)
     except sqlite3.OperationalError as err:
         if "full" not in str(err) and "I/O" not in str(err) and "readonly" not in str(err):
             raise
-        _error(f"the workspace's index: {err}; free some space (or make it writable) and run the command again", 1)
+        _error(f"the workspace's index: {err}; free some space (or make it writable) and run the command again", 1, wants_json)
     sys.exit(code if isinstance(code, int) else 0)
 
 
 FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # errors of the machine, not of veritrain: one line, exit 1
 
 
-def _error(message: str, code: int) -> None:
+def _error(message: str, code: int, as_json: bool = False) -> None:
+    """The one error line on stderr; with --json, also `{"error": {"message", "exit_code"}}` on stdout, unless the
+    command already printed its JSON document (a failed check prints its result, then fails)."""
     from veritrain.secrets import redact_text
 
+    shown = redact_text(message)  # a message may quote a value given on the command line
+    if as_json and not _JSON_WRITTEN["done"]:
+        click.echo(json.dumps({"error": {"message": shown, "exit_code": code}}, indent=2))
     sys.stdout.flush()
-    print(f"error: {redact_text(message)}", file=sys.stderr)  # a message may quote a value given on the command line
+    print(f"error: {shown}", file=sys.stderr)
     sys.exit(code)
