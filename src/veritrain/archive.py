@@ -85,6 +85,8 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool, with_audi
         raise RunFailed(f"archive {run_id}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
                         + (f", and {len(refused) - 1} more problem(s)" if len(refused) > 1 else "")
                         + f"; the run does not verify, see `veritrain verify {run_id}`")
+    if verified.get("interrupted_amend"):  # verify judged the run as it was; its files are half switched
+        raise RunFailed(f"archive {run_id}: {verified['interrupted_amend']}; archive it after that")
     record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
     artifacts = record.get("artifacts") or {}
     audit_only = [name for name in audit_only_checkpoints(record) if name in artifacts]
@@ -420,11 +422,17 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
         if target.exists():
             raise UserError(f"import: run {run_id} already exists in {workspace.runs_dir}")
         workspace.runs_dir.mkdir(parents=True, exist_ok=True)
-        (staging / prefix).rename(target)
+        # each move is one rename, the data version first: a kill between the two leaves a version no run uses
+        # (gc removes it), never a run without its data; a kill before them leaves only the staging folder (gc too)
         data_target = workspace.state_dir / "data" / str(version)
         if data_files and not data_target.exists():
             data_target.parent.mkdir(parents=True, exist_ok=True)
-            (staging / data_prefix).rename(data_target)
+            try:
+                (staging / data_prefix).rename(data_target)
+            except OSError:
+                if not (data_target / "version.json").exists():  # not a lost race with a prepare or import of the same version
+                    raise
+        (staging / prefix).rename(target)
         accepted = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)

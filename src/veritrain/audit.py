@@ -133,6 +133,8 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
         first = checked["problems"][0]
         raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']} ({first.get('detail', '')}); the run does not verify, "
                         f"so its trajectory cannot be trusted: see `veritrain verify {run_dir.name}`")
+    if checked.get("interrupted_amend"):  # verify judged the run as it was; its files are half switched
+        raise RunFailed(f"{run_dir.name}: {checked['interrupted_amend']}; audit it after that")
     blockers, notes = replay_blockers(record, run_dir)
     if blockers:
         raise UserError(f"{run_dir.name}: this machine cannot replay the run exactly: {'; '.join(blockers[:4])}; audit it on a machine like the recorded one (`veritrain runs show {run_dir.name}`)")

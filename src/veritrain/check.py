@@ -140,6 +140,9 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
         rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
                                 f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
                                 "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
+        if verified.get("interrupted_amend"):  # judged as it was before the amend; the files now are half switched
+            rows["run_verifies"] = ("fail", f"run an amending command on it (veritrain eval, export, baseline {run}, or veritrain gc)",
+                                    verified["interrupted_amend"])
     rows["auditable"] = _auditable_row(run_dir, record, state_dir, new_run)
     rows["results_from_trajectory"] = _results_row(run, record)
 

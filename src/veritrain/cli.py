@@ -515,9 +515,7 @@ def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, wor
         opened = pipeline.open_run(workspace, ref, trust_code=trust_code)
         if not hasattr(opened.task, "baselines"):
             raise UserError(f"{ref}: the task {opened.config.task!r} has no baselines")
-        result = pipeline.fit_baselines(opened.run_dir, opened.config, opened.data, opened.task)
-        opened.record["baselines"] = result
-        pipeline.amend(opened, workspace, "baselines", ", ".join(f"{k} {v['accuracy']:.4f}" for k, v in result["results"].items()))
+        result = pipeline.baselines_run(opened, workspace)
         result["run_id"] = opened.run_dir.name
     if as_json:
         emit_json(result)

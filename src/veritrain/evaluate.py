@@ -74,8 +74,9 @@ def load_model(cfg: Any, data: Any, task: Any, path: Path, device: torch.device)
 
 
 def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, which: Optional[str] = None,
-        split: Optional[str] = None, baselines: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics."""
+        split: Optional[str] = None, baselines: Optional[dict[str, Any]] = None, out_root: Optional[Path] = None) -> dict[str, Any]:
+    """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics. The files go to
+    `eval/<split>/` below `out_root` (default `run_dir`; an amend of a finished run stages them beside it)."""
     split = split or cfg.eval.split
     if len(data.splits[split]) == 0:
         raise UserError(f"eval.split: the {split} split of the data version is empty; evaluate another split (--split) or give it samples (data.split_ratios)")
@@ -87,7 +88,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
         shown_path = str(path)
     outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
     require_finite(outputs, split, shown_path)
-    out_dir = run_dir / "eval" / split
+    out_dir = (out_root or run_dir) / "eval" / split
     out_dir.mkdir(parents=True, exist_ok=True)
     write_files = getattr(task, "write_evaluation", None)  # optional part of the Task protocol
     if write_files is not None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import struct
 import warnings
 from pathlib import Path
@@ -43,13 +45,16 @@ REQUESTED_AS = {"onnx": "onnx", "torchscript": "torchscript", "torch_export": "t
 ORIGIN_FIELDS = ("checkpoint_sha256", "data_version", "source_run")
 
 
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = None, formats: Optional[Sequence[str]] = None) -> dict[str, Any]:
+def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = None, formats: Optional[Sequence[str]] = None,
+        out_dir: Optional[Path] = None) -> dict[str, Any]:
     """Stage entry: export the checkpoint `which` (see `evaluate.checkpoint_path`) in `formats` (default `export.formats`)
     and check parity of every format in export/. Formats not asked for stay when model.json shows they were made from
     the same checkpoint, data version and run, and their files still match its hashes; any other model file there is
     removed and named in one log line. Returns model.json's content plus `kept` (the formats kept as they were) and
     `removed` (format, file and reason per removed file). Raises RunFailed when the model's outputs are not finite
-    (before export/ is touched) and when parity fails (files are kept)."""
+    (before export/ is touched) and when parity fails (files are kept). With `out_dir` (an amend of a finished run
+    stages its new export/ beside the run) the files are written there, the kept ones linked or copied in, and the
+    run's export/ is only read."""
     import torch
 
     from veritrain.config import config_hash
@@ -65,7 +70,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
     model, state = load_model(cfg, data, task, path, torch.device("cpu"))
     model = model.float().eval()
     reference = reference_outputs(cfg, data, task, model)  # refuses NaN/inf outputs before export/ is touched
-    out = run_dir / "export"
+    existing = run_dir / "export"
+    out = out_dir or existing
     out.mkdir(exist_ok=True)
     example, _ = task.batch(data, data.splits["test"][:2] if len(data.splits["test"]) else data.splits["train"][:2],
                             torch.device("cpu"), False, torch.Generator())
@@ -92,8 +98,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
         "preprocessing": task.export_preprocessing(data) if hasattr(task, "export_preprocessing") else {"normalization": data.info["normalization"]},
     }
     metadata = file_metadata(description, data)
-    previous = previous_description(out)
-    kept, removed = _keep_or_remove(out, previous, description, {REQUESTED_AS[name] for name in formats})
+    previous = previous_description(existing)
+    kept, removed = _keep_or_remove(existing, previous, description, {REQUESTED_AS[name] for name in formats}, out)
     for stale in ("model.json", "parity.json"):  # rewritten below; until then no description of files that may change
         (out / stale).unlink(missing_ok=True)
     written: dict[str, str] = {}
@@ -127,13 +133,13 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
     description["parity"] = check_parity(cfg, data, task, model, out, files, reference=reference)
     (out / "model.json").write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     parity = description["parity"]
-    log.info("export: %s in %s%s; parity %s (max |Δlogit| %s, argmax agreement %s)", ", ".join(written), out,
+    log.info("export: %s in %s%s; parity %s (max |Δlogit| %s, argmax agreement %s)", ", ".join(written), existing,
              f" (kept from the same checkpoint: {', '.join(kept_formats)})" if kept_formats else "",
              "passed" if parity["passed"] else "FAILED",
              ", ".join(f"{k} {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items()) or "-",
              ", ".join(f"{k} {v['agreement']:.4f}" for k, v in parity["formats"].items()) or "-")
     if not parity["passed"]:
-        raise ParityFailed(f"export: parity check failed ({parity['reason']}); see {out / 'parity.json'}", parity)
+        raise ParityFailed(f"export: parity check failed ({parity['reason']}); see {existing / 'parity.json'}", parity)
     return {**description, "kept": kept_formats, "removed": removed}
 
 
@@ -146,11 +152,14 @@ def previous_description(out: Path) -> dict[str, Any]:
     return previous if isinstance(previous, dict) else {}
 
 
-def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, Any], requested: set[str]) -> tuple[dict[str, str], list[dict[str, str]]]:
+def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, Any], requested: set[str],
+                    staged: Optional[Path] = None) -> tuple[dict[str, str], list[dict[str, str]]]:
     """Decide for each model file already in `out`: the requested formats are deleted (written again next); a
     format not asked for is kept when the previous model.json lists it with the same origin (ORIGIN_FIELDS) and
     the file still has the hash listed there, else removed with the reason, logged in one line. Returns the kept
-    formats (format → file) and the removed files."""
+    formats (format → file) and the removed files. With `staged` another folder than `out`, nothing in `out` is
+    deleted (the amend that stages the new export/ there removes what it does not hold) and the kept files are
+    put in `staged`."""
     listed = previous.get("files") if isinstance(previous.get("files"), dict) else {}
     other_origin = [key for key in ORIGIN_FIELDS if previous.get(key) != description[key]]
     kept: dict[str, str] = {}
@@ -160,7 +169,8 @@ def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, 
         if not path.exists():
             continue
         if REQUESTED_AS[name] in requested:
-            path.unlink()  # replaced by this export
+            if staged in (None, out):
+                path.unlink()  # replaced by this export
             continue
         entry = listed.get(name)
         if not isinstance(entry, dict) or entry.get("file") != file:
@@ -176,8 +186,11 @@ def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, 
             reason = "changed since it was exported (its SHA-256 is not the one in model.json)"
         else:
             kept[name] = file
+            if staged not in (None, out):
+                _link_or_copy(path, staged / file)
             continue
-        path.unlink()
+        if staged in (None, out):
+            path.unlink()
         removed.append({"format": name, "file": file, "reason": reason})
     if removed:
         reasons: dict[str, list[str]] = {}
@@ -186,6 +199,14 @@ def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, 
         log.warning("export: removed %s; export them again with %s", "; ".join(f"{', '.join(files)}: {reason}" for reason, files in reasons.items()),
                     " ".join(f"--format {REQUESTED_AS[item['format']]}" for item in removed))
     return kept, removed
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A second name for a kept file (its bytes are only read from here on), or a copy where links are refused."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def architecture(model_cfg: Any, model: Any, input_shape: list[int], num_outputs: int) -> dict[str, Any]:

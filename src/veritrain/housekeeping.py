@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from veritrain.config import ResolvedConfig
-from veritrain.errors import RunFailed
-from veritrain.record import capture_code, now_iso, read_record, reseal
+from veritrain import journal
+from veritrain.errors import RunFailed, UserError
+from veritrain.record import capture_code, now_iso, read_record
 from veritrain.workspace import Workspace
 
 log = logging.getLogger("veritrain")
@@ -82,12 +84,14 @@ LEFTOVER_AGE = 60.0  # seconds: a temp folder or record-less run folder younger 
 
 
 def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
-    """(folder, age in seconds) of what killed commands leave: the temp folders of prepares
-    (`.veritrain/data/.tmp-*`) and run folders that never got a record.json, older than a minute, not locked."""
+    """(folder, age in seconds) of what killed commands leave: the temp folders of prepares and of gc's own
+    removals (`.veritrain/data/.tmp-*`), the staging folders of imports (`.veritrain/import-*`) and run folders
+    that never got a record.json, older than a minute, not locked."""
     now = time.time()
     found = []
     data = workspace.state_dir / "data"
-    for folder in sorted(data.glob(".tmp-*")) if data.exists() else []:
+    temporary = (sorted(data.glob(".tmp-*")) if data.exists() else []) + (sorted(workspace.state_dir.glob("import-*")) if workspace.state_dir.exists() else [])
+    for folder in temporary:
         age = now - folder.stat().st_mtime
         if folder.is_dir() and age > LEFTOVER_AGE:
             found.append((folder, age))
@@ -139,11 +143,30 @@ def _test_splits_carried_over(store: Path, versions: set[str]) -> set[str]:
     return found
 
 
+def _remove_and_reseal(workspace: Workspace, run_dir: Path, record: dict[str, Any], steps: list[Path]) -> None:
+    """Remove `steps` from the run and re-seal it, as one amend (veritrain.journal)."""
+    with journal.amending(workspace, run_dir, record) as change:
+        for path in steps:
+            change.remove(path.relative_to(run_dir).as_posix())
+        gone = {_step_file_of(p) for p in steps}
+        for entry in record.get("trajectory") or []:  # `kept`: the entry's step file is in the run
+            if entry.get("kept") and f"step-{entry['step']}.pt" in gone:
+                entry["kept"] = False
+        record["events"].append({"kind": "gc", "step": None, "at": now_iso(),
+                                 "detail": f"removed {len(steps)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept"})
+        change.commit(record, by="gc")
+
+
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     """Remove step checkpoints of completed runs (best/last and the checkpoints kept for audit stay), data
     versions no run references, and stale locks; runs that lose files are re-sealed with a `gc` event and
-    their trajectory's `kept` flags cleared for the step files removed."""
+    their trajectory's `kept` flags cleared for the step files removed, each as one journaled amend. Amends a kill
+    interrupted are completed or rolled back first (veritrain.journal), and a data version is renamed to a temp
+    folder before it is deleted, so a killed gc never leaves half a version that later commands would trust."""
     from veritrain.pipeline import refuse_unverified
+
+    if not dry_run:
+        journal.recover_all(workspace)
 
     removed: list[str] = []
     resealed: list[str] = []
@@ -176,19 +199,15 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
         except RunFailed as err:
             unverified.append(str(err))
             continue
-        for path in steps:
-            freed += path.stat().st_size
-            removed.append(str(path.relative_to(workspace.root)))
-            if not dry_run:
-                path.unlink()
+        size = sum(path.stat().st_size for path in steps)
         if not dry_run:
-            gone = {_step_file_of(p) for p in steps}
-            for entry in record.get("trajectory") or []:  # `kept`: the entry's step file is in the run
-                if entry.get("kept") and f"step-{entry['step']}.pt" in gone:
-                    entry["kept"] = False
-            record["events"].append({"kind": "gc", "step": None, "at": now_iso(),
-                                     "detail": f"removed {len(steps)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept"})
-            reseal(run_dir, record, by="gc")
+            try:
+                _remove_and_reseal(workspace, run_dir, record, steps)
+            except UserError as err:  # another command is amending the run right now
+                log.warning("gc: %s; left alone", err)
+                continue
+        freed += size
+        removed += [str(path.relative_to(workspace.root)) for path in steps]
         resealed.append(run_dir.name)  # with --dry-run: the runs that would be re-sealed
     leftovers = _leftovers(workspace)
     for path, age in leftovers:
@@ -204,8 +223,10 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             continue
         freed += sum(p.stat().st_size for p in version_dir.rglob("*") if p.is_file())
         removed.append(str(version_dir.relative_to(workspace.root)))
-        if not dry_run:
-            shutil.rmtree(version_dir)
+        if not dry_run:  # gone at once under its name; a kill during the deletion leaves a temp folder for the next gc
+            doomed = version_dir.with_name(f".tmp-gc-{uuid.uuid4().hex}")
+            version_dir.rename(doomed)
+            shutil.rmtree(doomed)
     for lock in sorted((workspace.state_dir / "locks").glob("*.lock")) if (workspace.state_dir / "locks").exists() else []:
         if workspace.lock_is_stale(lock.stem):
             removed.append(str(lock.relative_to(workspace.root)))

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain import config as config_module
-from veritrain import logs, usercode
+from veritrain import journal, logs, usercode
 from veritrain import selection
 from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_from_record, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
 from veritrain.hashing import sha256_file
-from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, reseal, save_code, write_record
+from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, save_code, write_record
 from veritrain.secrets import allowed_environment, find_secret, secret_in_command_line
 from veritrain.signals import StopFlag, interruptible
 from veritrain.train import distributed
@@ -160,6 +160,7 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     refuse_secrets(argv)
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain train --resume RUN`
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
+    journal.recover(workspace, run_dir)  # an amend (eval, export) a kill interrupted: completed or rolled back first
     record = read_record(run_dir)
     cfg = config_from_record(record)
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
@@ -540,7 +541,8 @@ def update_experiments(workspace: Workspace) -> None:
 
 
 def fit_baselines(run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> dict[str, Any]:
-    """The task's baselines on the run's splits, written to eval/baselines.json (with the margin)."""
+    """The task's baselines on the run's splits, written to eval/baselines.json (with the margin) below `run_dir`
+    (a new run, or the staging folder of an amend)."""
     baselines = task.baselines(data, cfg)
     baselines["margin"] = cfg.eval.baseline_margin
     (run_dir / "eval").mkdir(exist_ok=True)
@@ -653,6 +655,8 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     from veritrain.tasks import get_task
 
     run_dir = workspace.resolve_run(ref, need)  # `need`: what `latest` must have (workspace.LATEST)
+    if not verified:  # an amend a kill interrupted is completed or rolled back before anything reads the run
+        journal.recover(workspace, run_dir)
     record = read_record(run_dir)
     if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
@@ -744,19 +748,25 @@ def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str, dec
                         + f"; the run does not verify, so {consequence}: see `veritrain verify {run_dir.name}`")
 
 
-def amend(opened: OpenRun, workspace: Workspace, kind: str, detail: str) -> str:
-    """Record an event on a finished run and seal it again; returns the new seal."""
+def amend(opened: OpenRun, workspace: Workspace, change: journal.Amend, kind: str, detail: str) -> str:
+    """Record an event on a finished run and seal it again with the files `change` staged (veritrain.journal);
+    returns the new seal."""
     event = {"kind": kind, "step": None, "detail": detail, "at": now_iso()}
     if opened.drift:
         opened.record["events"].append({"kind": "data_drift", "step": None, "detail": opened.drift + " (--allow-data-drift)", "at": now_iso()})
     opened.record["events"].append(event)
-    workspace.lock_run(opened.run_dir.name)
-    try:
-        seal = reseal(opened.run_dir, opened.record, by=kind)
-    finally:
-        workspace.unlock_run(opened.run_dir.name)
+    seal = change.commit(opened.record, by=kind)
     update_experiments(workspace)  # new metrics or export results show there too
     return seal
+
+
+def baselines_run(opened: OpenRun, workspace: Workspace) -> dict[str, Any]:
+    """`veritrain baseline RUN`: fit the task's baselines on the run's splits and amend the run with them."""
+    with journal.amending(workspace, opened.run_dir, opened.record) as change:
+        result = fit_baselines(change.new, opened.config, opened.data, opened.task)
+        opened.record["baselines"] = result
+        amend(opened, workspace, change, "baselines", ", ".join(f"{k} {v['accuracy']:.4f}" for k, v in result["results"].items()))
+    return result
 
 
 # ---------------------------------------------------------------- results of an existing run, and outside checkpoints
@@ -854,11 +864,13 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
 
             return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "eval", argv, stage, code,
                                 current_code=use_current_code)
-        metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, device, inside, split,
-                               baselines=opened.record.get("baselines"))
-    metrics["trajectory_entry"] = result_entry(opened.record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
-    opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
-    seal = amend(opened, workspace, "eval", f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
+        with journal.amending(workspace, opened.run_dir, opened.record) as change:  # eval/<split>/ is written beside the run
+            metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, device, inside, split,
+                                   baselines=opened.record.get("baselines"), out_root=change.new)
+            metrics["trajectory_entry"] = result_entry(opened.record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
+            opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
+            seal = amend(opened, workspace, change, "eval",
+                         f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
     return Amended(opened.run_dir, seal, metrics)
 
 
@@ -887,14 +899,16 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
 
             return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "export", argv, stage, code,
                                 current_code=use_current_code)
-        try:
-            description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats)
-        except export.ParityFailed as err:
-            opened.record["export"] = {"parity": err.parity}
-            amend(opened, workspace, "export", f"parity FAILED: {err.parity['reason']}")
-            raise
-    opened.record["export"] = export_record(opened.record, description)
-    seal = amend(opened, workspace, "export", f"{', '.join(description['files'])}; parity passed")
+        with journal.amending(workspace, opened.run_dir, opened.record) as change:  # the new export/ is written beside the run
+            try:
+                description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats,
+                                         out_dir=change.replace_folder("export"))
+            except export.ParityFailed as err:
+                opened.record["export"] = {"parity": err.parity}
+                amend(opened, workspace, change, "export", f"parity FAILED: {err.parity['reason']}")
+                raise
+            opened.record["export"] = export_record(opened.record, description)
+            seal = amend(opened, workspace, change, "export", f"{', '.join(description['files'])}; parity passed")
     return Amended(opened.run_dir, seal, description)
 
 

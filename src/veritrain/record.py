@@ -70,6 +70,16 @@ def write_record(run_dir: Path, record: dict[str, Any], run: bool = True) -> str
     return seal
 
 
+def sealed_bytes(record: dict[str, Any], files: dict[str, Path]) -> tuple[bytes, str]:
+    """The bytes of record.json with `artifacts` listing `files` (path in the run → where that file's content is
+    now: an amend seals the run as it will be, before switching it), and their seal. Validated against
+    `RunRecord` first, as in `write_record`. Re-sealing a finished run goes through veritrain.journal."""
+    record["artifacts"] = {rel: {"sha256": sha256_file(path), "size": path.stat().st_size} for rel, path in sorted(files.items())}
+    data = record_bytes(record)
+    RunRecord.model_validate_json(data)  # a ValidationError here is a bug in the writer, never the user's
+    return data, hashlib.sha256(data).hexdigest()
+
+
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{6}")  # workspace.new_run_dir: UTC time to the millisecond, 6 random hex digits
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -358,19 +368,6 @@ def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:
 def _short(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, (dict, list)) else type(value).__name__.replace("dict", "an object").replace("list", "a list")
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def reseal(run_dir: Path, record: dict[str, Any], by: str) -> str:
-    """Seal a finished run again after `by` (eval, export, baseline, gc) changed it, first adding the seal it
-    replaces to `seal_history` ({seal, replaced_at, by}): `verify --expect` an older seal then says what
-    re-sealed the run. The history is written by whoever writes the record, so it explains, never proves."""
-    try:
-        previous = (run_dir / SEAL_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
-        previous = None
-    if previous:
-        record.setdefault("seal_history", []).append({"seal": previous, "replaced_at": now_iso(), "by": by})
-    return write_record(run_dir, record)
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:

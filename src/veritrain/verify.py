@@ -30,6 +30,7 @@ from veritrain.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
 
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "files", "states", "data version", "raw data"
+log = logging.getLogger("veritrain")
 
 
 def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
@@ -38,7 +39,11 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}]}.
     `check_data` False leaves the data version out (for callers that open it next, which checks it);
     `check_states` False skips loading the checkpoints to match them with the trajectory (their bytes
-    are checked either way). `progress` is told each stage as it goes (the run browser shows it)."""
+    are checked either way). `progress` is told each stage as it goes (the run browser shows it). While an amend of
+    the run is unfinished (veritrain.journal), the run is judged as it was before it, from the journal's copies of
+    the files already switched, and "interrupted_amend" says so (else None); nothing is written either way."""
+    from veritrain.journal import interrupted
+
     report: Progress = progress or (lambda stage, done, total: None)
     problems: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
@@ -46,15 +51,19 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     def problem(path: str, kind: str, detail: str = "") -> None:
         problems.append({"path": path, "kind": kind, "detail": detail})
 
-    record_path = run_dir / RECORD_FILE
+    pending = interrupted(run_dir, state_dir)
+    if pending is not None:
+        log.warning("%s: %s", run_dir.name, pending.message)
+    listing = pending.files if pending else {path.relative_to(run_dir).as_posix(): path for path in sorted(run_dir.rglob("*"))}
+    note = pending.message if pending else None
     try:
-        record_bytes = record_path.read_bytes()
+        record_bytes = listing[RECORD_FILE].read_bytes() if RECORD_FILE in listing else (run_dir / RECORD_FILE).read_bytes()
     except OSError:
         problem(RECORD_FILE, "missing", "no record.json: not a run, or it was deleted")
-        return {"ok": False, "seal": None, "problems": problems, "drift": drift}
+        return {"ok": False, "seal": None, "problems": problems, "drift": drift, "interrupted_amend": note}
     seal = hashlib.sha256(record_bytes).hexdigest()
     try:
-        stored_seal = (run_dir / SEAL_FILE).read_text().strip()
+        stored_seal = listing.get(SEAL_FILE, run_dir / SEAL_FILE).read_text().strip()
         if stored_seal != seal:
             problem(RECORD_FILE, "seal_mismatch", f"record.json hashes to {seal[:16]}…, record.sha256 says {stored_seal[:16]}…")
     except OSError:
@@ -71,18 +80,17 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         hint = f"; that seal was replaced when {history[-1].get('by')} re-sealed the run at {history[-1].get('replaced_at')}" if history else ""
         problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}{hint}")
     if record is None:
-        return {"ok": False, "seal": seal, "problems": problems, "drift": drift}
+        return {"ok": False, "seal": seal, "problems": problems, "drift": drift, "interrupted_amend": note}
     from veritrain.record import record_problem
 
     malformed = record_problem(record, None)
     if malformed is not None:  # nothing below may trust its fields (a data version that is a path, say)
         problem(RECORD_FILE, "unreadable", malformed)
-        return {"ok": False, "seal": seal, "problems": problems, "drift": drift}
+        return {"ok": False, "seal": seal, "problems": problems, "drift": drift, "interrupted_amend": note}
 
     artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
     present = {}
-    for path in sorted(run_dir.rglob("*")):
-        rel = path.relative_to(run_dir).as_posix()
+    for rel, path in sorted(listing.items()):
         if path.is_symlink():
             problem(rel, "link", "a run directory holds only regular files")
         elif path.is_file() and rel not in UNSEALED:
@@ -110,7 +118,8 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report))
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
-    return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked}
+    return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
+            "interrupted_amend": note}
 
 
 def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
@@ -124,6 +133,8 @@ def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None
     covered = verdicts.fingerprint(run_dir, state_dir)  # before: a file changed while verify runs makes the verdict stale
     result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress)
     result["verified_at"] = now_iso()
+    if result.get("interrupted_amend"):
+        return result  # it judged the run as it was, not the files there now: no verdict to keep for them
     try:
         verdicts.store(run_dir, state_dir, result, covered, result["verified_at"], expect=expect, strict=strict)
     except OSError:
