@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from veritrain import locks
 from veritrain.config import ResolvedConfig
 from veritrain.errors import RunFailed
 from veritrain.record import capture_code, now_iso, read_record, reseal
@@ -139,6 +140,12 @@ def _test_splits_carried_over(store: Path, versions: set[str]) -> set[str]:
     return found
 
 
+def _held_locks(workspace: Workspace) -> list[Path]:
+    """The lock files in `.veritrain/locks/` that a live process holds (veritrain.locks)."""
+    folder = workspace.state_dir / "locks"
+    return [lock for lock in sorted(folder.glob("*.lock")) if not workspace.lock_is_stale(lock.stem)] if folder.exists() else []
+
+
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     """Remove step checkpoints of completed runs (best/last and the checkpoints kept for audit stay), data
     versions no run references, and stale locks; runs that lose files are re-sealed with a `gc` event and
@@ -156,8 +163,9 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     for run_dir in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
         if not run_dir.is_dir():
             continue
-        if not workspace.lock_is_stale(run_dir.name):
+        if not workspace.lock_is_stale(run_dir.name):  # a live process writes it: gc leaves it alone
             keep_data = f"run {run_dir.name} is in progress"
+            continue
         try:
             record = read_record(run_dir)
         except RunFailed:
@@ -190,7 +198,11 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
                                      "detail": f"removed {len(steps)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept"})
             reseal(run_dir, record, by="gc")
         resealed.append(run_dir.name)  # with --dry-run: the runs that would be re-sealed
-    leftovers = _leftovers(workspace)
+    held = _held_locks(workspace)
+    if held and not keep_data:  # a prepare, smoke test or sweep under way may be about to name a version no run names yet
+        keep_data = f"a command holds {held[0].relative_to(workspace.root)}"
+    preparing = any(lock.name.startswith("prepare-") for lock in held)  # its temp folder may be older than a minute
+    leftovers = [(path, age) for path, age in _leftovers(workspace) if not (preparing and path.parent == workspace.state_dir / "data")]
     for path, age in leftovers:
         freed += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         removed.append(f"{path.relative_to(workspace.root)} (left by a killed command {age / 60:.0f} min ago)")
@@ -207,9 +219,8 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
         if not dry_run:
             shutil.rmtree(version_dir)
     for lock in sorted((workspace.state_dir / "locks").glob("*.lock")) if (workspace.state_dir / "locks").exists() else []:
-        if workspace.lock_is_stale(lock.stem):
-            removed.append(str(lock.relative_to(workspace.root)))
-            if not dry_run:
-                lock.unlink()
+        if workspace.lock_is_stale(lock.stem):  # removed only while gc holds it itself: never one a process takes meanwhile
+            if dry_run or locks.remove_if_free(lock):
+                removed.append(str(lock.relative_to(workspace.root)))
     return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed, "data_versions_kept_because": keep_data,
             "unverified": unverified}

@@ -152,7 +152,7 @@ class Workspace:
         except PermissionError:
             pass  # alive, another user's
         recorded, now = holder.get("process"), process_identity(pid)
-        return bool(recorded and now and recorded == now)  # the pid may have been reused by another process
+        return not (recorded and now and recorded != now)  # alive, unless the pid now belongs to another process
 
     def unlock_run(self, run_id: str) -> None:
         """Let go of the run's lock taken by `lock_run`; a lock file that no process holds is removed too."""
