@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from veritrain import journal, locks
 from veritrain.config import ResolvedConfig
-from veritrain import journal
 from veritrain.errors import RunFailed, UserError
 from veritrain.record import capture_code, now_iso, read_record
 from veritrain.workspace import Workspace
@@ -157,6 +157,12 @@ def _remove_and_reseal(workspace: Workspace, run_dir: Path, record: dict[str, An
         change.commit(record, by="gc")
 
 
+def _held_locks(workspace: Workspace) -> list[Path]:
+    """The lock files in `.veritrain/locks/` that a live process holds (veritrain.locks)."""
+    folder = workspace.state_dir / "locks"
+    return [lock for lock in sorted(folder.glob("*.lock")) if not workspace.lock_is_stale(lock.stem)] if folder.exists() else []
+
+
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     """Remove step checkpoints of completed runs (best/last and the checkpoints kept for audit stay), data
     versions no run references, and stale locks; runs that lose files are re-sealed with a `gc` event and
@@ -179,8 +185,9 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     for run_dir in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
         if not run_dir.is_dir():
             continue
-        if not workspace.lock_is_stale(run_dir.name):
+        if not workspace.lock_is_stale(run_dir.name):  # a live process writes it: gc leaves it alone
             keep_data = f"run {run_dir.name} is in progress"
+            continue
         try:
             record = read_record(run_dir)
         except RunFailed:
@@ -209,7 +216,11 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
         freed += size
         removed += [str(path.relative_to(workspace.root)) for path in steps]
         resealed.append(run_dir.name)  # with --dry-run: the runs that would be re-sealed
-    leftovers = _leftovers(workspace)
+    held = _held_locks(workspace)
+    if held and not keep_data:  # a prepare, smoke test or sweep under way may be about to name a version no run names yet
+        keep_data = f"a command holds {held[0].relative_to(workspace.root)}"
+    preparing = any(lock.name.startswith("prepare-") for lock in held)  # its temp folder may be older than a minute
+    leftovers = [(path, age) for path, age in _leftovers(workspace) if not (preparing and path.parent == workspace.state_dir / "data")]
     for path, age in leftovers:
         freed += sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
         removed.append(f"{path.relative_to(workspace.root)} (left by a killed command {age / 60:.0f} min ago)")
@@ -228,9 +239,8 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             version_dir.rename(doomed)
             shutil.rmtree(doomed)
     for lock in sorted((workspace.state_dir / "locks").glob("*.lock")) if (workspace.state_dir / "locks").exists() else []:
-        if workspace.lock_is_stale(lock.stem):
-            removed.append(str(lock.relative_to(workspace.root)))
-            if not dry_run:
-                lock.unlink()
+        if workspace.lock_is_stale(lock.stem):  # removed only while gc holds it itself: never one a process takes meanwhile
+            if dry_run or locks.remove_if_free(lock):
+                removed.append(str(lock.relative_to(workspace.root)))
     return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed, "data_versions_kept_because": keep_data,
             "unverified": unverified}

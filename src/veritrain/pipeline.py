@@ -248,7 +248,8 @@ def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -
         resumable = record.get("status") == "interrupted" or (
             record.get("status") == "running" and workspace.lock_is_stale(run_dir.name)
         )
-        if resumable and record.get("config_hash") == match.hash and (record.get("data") or {}).get("version") == data_version:
+        # a run killed before its data was prepared has no version yet: it prepares this config's when it continues
+        if resumable and record.get("config_hash") == match.hash and (record.get("data") or {}).get("version") in (data_version, None):
             candidates.append(run_dir)
     if not candidates:
         raise UserError("--resume auto: no interrupted run with this config and data version; start one with `veritrain train`")
@@ -260,8 +261,10 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
     started = time.perf_counter()
     cfg = resolved.config
     run_id = record["run_id"]
+    workspace.lock_run(run_id)  # UserError when another live process holds it: then nothing here has changed
+    if resume:
+        _refuse_resumed_meanwhile(run_dir, record, workspace)
     file_log = logs.attach_file(run_dir / "train.log")
-    workspace.lock_run(run_id)
     if resume:  # before anything re-seals the run: a kill may have left a write's temp file anywhere in it
         unfinished = remove_unfinished(run_dir)
         if unfinished:
@@ -364,6 +367,21 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
     if error is not None:
         summary["error"] = str(error)
     return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
+
+
+def _refuse_resumed_meanwhile(run_dir: Path, record: dict[str, Any], workspace: Workspace) -> None:
+    """With the run's lock held: the record on disk must still be the one this resume read (its resumes, less the
+    one just added). Another resume may have taken the lock, continued the run and let go in between."""
+    if not (run_dir / "record.json").exists():
+        return  # --use-current-code: a new run, whose first record is yet to be written
+    try:
+        now = read_record(run_dir)
+    except RunFailed:
+        now = {}
+    if now.get("status") not in ("running", "interrupted") or len(now.get("resumes") or []) != len(record.get("resumes") or []) - 1:
+        workspace.unlock_run(run_dir.name)
+        raise UserError(f"--resume {run_dir.name}: another process resumed the run while this one started "
+                        f"(it is {now.get('status', 'unreadable')} now); see `veritrain runs show {run_dir.name}`")
 
 
 def follow() -> int:

@@ -1,10 +1,12 @@
 """The smoke test: a tiny slice of a config through every stage, in seconds, before a long run.
 
-Prepare (the real data version), then on ≤ 64 train samples: 2 optimizer steps with a checkpoint
+Prepare (the real data version), then on ≤ 64 train samples (taken class by class in turn, so every class is
+in the slice however the files sort; see `stratified`): 2 optimizer steps with a checkpoint
 after each, a resume from the first checkpoint that must end bit-identical to the uninterrupted
 2 steps, evaluation on ≤ 64 test samples, and export with its parity check. The result is recorded
 (sealed) in `.veritrain/smoke/<key>/`, where the key is the config hash, data version and code
-version: `veritrain run` runs the smoke first and skips it when one already passed for that key.
+version: `veritrain run` runs the smoke first and skips it when one already passed for that key. One process at
+a time runs the smoke test of a key; concurrent runs of one config wait for it and reuse its result.
 The folder keeps its own `train.log` (debug lines included, and the traceback of a failure).
 
     veritrain smoke configs/digits.yaml
@@ -21,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain import logs
+from veritrain import locks, logs
 from veritrain.usercode import current_listing, fresh, listing_sha256
 from veritrain.config import ResolvedConfig
 from veritrain.errors import RunFailed
@@ -32,12 +34,13 @@ from veritrain.workspace import Workspace
 log = logging.getLogger("veritrain")
 
 TRAIN_SAMPLES, EVAL_SAMPLES, STEPS = 64, 64, 2
+SLICE = "stratified"  # how the slice is taken (`stratified`): in the key, so a result from the first rows is not reused
 
 
 def smoke_key(config_hash: str, data_version: str, code: dict[str, Any]) -> str:
     """Where a smoke result is filed: config hash, data version, veritrain and git version, and the user's model
     code when there is any (`user_files`, as usercode.current_listing gives it)."""
-    keyed: dict[str, Any] = {"config_hash": config_hash, "data_version": data_version,
+    keyed: dict[str, Any] = {"config_hash": config_hash, "data_version": data_version, "slice": SLICE,
                              "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty")}}
     if code.get("user_files"):
         keyed["user_code"] = listing_sha256(code["user_files"])
@@ -54,20 +57,46 @@ def passed_before(state_dir: Path, key: str) -> bool:
     return isinstance(record, dict) and record.get("status") == "completed"
 
 
+def stratified(rows: Any, targets: Any, count: int, classes: Optional[list[str]]) -> Any:
+    """`count` of a split's rows, taken class by class in turn (class index order; within a class, the split's
+    order), so a slice of a folder sorted by class still holds every class; a class that runs out drops out of
+    the turn. Without classes (a regression or language-model task) the split's first `count` rows."""
+    import numpy as np
+
+    rows = np.asarray(rows)
+    if not classes or len(rows) <= count or targets.ndim != 1 or not np.issubdtype(targets.dtype, np.integer):
+        return rows[:count]
+    labels = np.asarray(targets)[rows]
+    by_class = [rows[labels == label] for label in np.unique(labels)]
+    # round r takes the r-th row of every class that has one: sort the rows by (round, class)
+    turn = np.concatenate([np.arange(len(group)) for group in by_class])
+    order = np.lexsort((np.concatenate([np.full(len(g), i) for i, g in enumerate(by_class)]), turn))
+    return np.concatenate(by_class)[order][:count]
+
+
 def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Run the smoke test of a config; returns its summary (raises RunFailed when a stage fails).
-    `data` (the prepared data version) and `code` (`capture_code`) are reused when the caller has them."""
-    from veritrain import evaluate, export
+    `data` (the prepared data version) and `code` (`capture_code`) are reused when the caller has them. One
+    process at a time runs the smoke test of a key (its lock in `.veritrain/locks/smoke-<key>.lock`)."""
     from veritrain.data import prepare
-    from veritrain.signals import interruptible
-    from veritrain.tasks import get_task
-    from veritrain.train import loop
 
     started = time.perf_counter()
     cfg = resolved.config
     data = data if data is not None else prepare.run(cfg.data, resolved.data_paths, workspace.state_dir)
     code = code if code is not None else _code_now(resolved, workspace)
     key = smoke_key(resolved.hash, data.version, code)
+    with locks.held(workspace.lock_path(f"smoke-{key}"), lambda by: log.info("smoke: waiting for %s, which runs this smoke test", by)):
+        return _run(resolved, workspace, data, code, key, started)
+
+
+def _run(resolved: ResolvedConfig, workspace: Workspace, data: Any, code: dict[str, Any], key: str, started: float) -> dict[str, Any]:
+    """The smoke test filed under `key`, with its lock held: its folder is this process's alone."""
+    from veritrain import evaluate, export
+    from veritrain.signals import interruptible
+    from veritrain.tasks import get_task
+    from veritrain.train import loop
+
+    cfg = resolved.config
     folder = workspace.state_dir / "smoke" / key
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -83,9 +112,9 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
     })
     batch = tiny.train.batch_size
     sliced = dataclasses.replace(data, splits={
-        "train": data.splits["train"][: batch * STEPS],
-        "val": data.splits["val"][:EVAL_SAMPLES],
-        "test": data.splits["test"][:EVAL_SAMPLES],
+        "train": stratified(data.splits["train"], data.targets, batch * STEPS, data.classes),
+        "val": stratified(data.splits["val"], data.targets, EVAL_SAMPLES, data.classes),
+        "test": stratified(data.splits["test"], data.targets, EVAL_SAMPLES, data.classes),
     })
     record: dict[str, Any] = {
         "record_version": RECORD_VERSION, "run_id": key, "kind": "smoke", "status": "running", "started_at": now_iso(),
@@ -151,6 +180,12 @@ def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
     data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir)
     code = _code_now(resolved, workspace)
     key = smoke_key(resolved.hash, data.version, code)
+    with locks.held(workspace.lock_path(f"smoke-{key}"), lambda by: log.info("smoke: waiting for %s, which runs this smoke test", by)):
+        return _ensure(resolved, workspace, data, code, key)
+
+
+def _ensure(resolved: ResolvedConfig, workspace: Workspace, data: Any, code: dict[str, Any], key: str) -> dict[str, Any]:
+    """`ensure` with the key's lock held: a smoke test that passed while this process waited is reused."""
     if code["git_dirty"]:  # uncommitted changes have no name a cached result could be filed under
         log.info("smoke: the checkout has uncommitted changes, so an earlier smoke result cannot vouch for this code")
     elif passed_before(workspace.state_dir, key):

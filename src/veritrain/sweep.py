@@ -26,10 +26,11 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 from veritrain.config import ResolvedConfig, load_config, without_added_defaults
 from veritrain.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
@@ -346,6 +347,12 @@ def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: b
     else:
         smoke_result = {"status": "skipped"}
     sweep_id, folder = _new_sweep_folder(workspace)
+    with _driving(workspace, sweep_id, ""):
+        return _start_driving(sweep_plan, workspace, argv, ray_address, smoke_result, sweep_id, folder)
+
+
+def _start_driving(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], ray_address: Optional[str],
+                   smoke_result: dict[str, Any], sweep_id: str, folder: Path) -> SweepOutcome:
     spec = {"sweep_version": SWEEP_VERSION, "id": sweep_id, "created_at": now_iso(), "argv": argv,
             "workspace": str(workspace.root), "smoke": smoke_result, **sweep_plan.as_dict()}
     try:
@@ -403,8 +410,29 @@ def _resume(workspace: Workspace, spec: dict[str, Any], folder: Path, ref: str, 
         raise UserError(f"--resume {ref}: {folder / 'spec.json'} names sweep {str(sweep_id)[:40]!r}, not its folder's {folder.name}; start a new sweep")
     if not all(isinstance(t, dict) and t.get("index") == i for i, t in enumerate(spec["trials"])):
         raise UserError(f"--resume {ref}: {folder / 'spec.json'} lists its trials out of order; start a new sweep")
-    if not workspace.lock_is_stale(_lock_name(sweep_id)):
-        raise UserError(f"--resume {ref}: sweep {sweep_id} is still running (a live process holds .veritrain/locks/{_lock_name(sweep_id)}.lock)")
+    with _driving(workspace, sweep_id, f"--resume {ref}: "):
+        return _resume_driving(workspace, spec, folder, ref, argv, parallel, backend, ray_address, trust_code)
+
+
+@contextmanager
+def _driving(workspace: Workspace, sweep_id: str, prefix: str) -> Iterator[None]:
+    """Hold the sweep's lock (`.veritrain/locks/sweep-<id>.lock`) while this process drives it: taken at once or
+    not at all, so two drivers of one sweep (two `--resume`s started together) never both start its pending runs."""
+    try:
+        workspace.lock_run(_lock_name(sweep_id))
+    except UserError:
+        raise UserError(f"{prefix}sweep {sweep_id} is still running (a live process holds "
+                        f".veritrain/locks/{_lock_name(sweep_id)}.lock); wait for it, its summary is "
+                        f".veritrain/sweeps/{sweep_id}/summary.json") from None
+    try:
+        yield
+    finally:
+        workspace.unlock_run(_lock_name(sweep_id))
+
+
+def _resume_driving(workspace: Workspace, spec: dict[str, Any], folder: Path, ref: str, argv: list[str], parallel: Optional[int],
+                    backend: Optional[str], ray_address: Optional[str], trust_code: bool) -> SweepOutcome:
+    sweep_id = spec["id"]
     backend = backend or spec["backend"]
     if backend == "ray":
         require_ray()
@@ -564,7 +592,7 @@ def _jobs(spec: dict[str, Any], states: dict[Slot, SlotState], overrides: dict[O
             continue
         # this workspace, never a path from spec.json (a copied or moved workspace would write elsewhere)
         job: dict[str, Any] = {"workspace": str(workspace.root), "cwd": spec["config"]["cwd"], "argv": argv, "driver_pid": os.getpid(),
-                               "sweep_id": spec["id"], "code": spec.get("code")}  # the code copied at the sweep's start
+                               "sweep_id": spec["id"], "code": spec.get("code"), "slot": slot.name(repeat)}  # the code copied at the sweep's start
         if state.run_id:  # interrupted, or `running` with a dead process (resume checked that no live process holds it)
             job["resume_run"] = state.run_id
         else:

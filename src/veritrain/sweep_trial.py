@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from veritrain import locks
 from veritrain.errors import Interrupted, VeritrainError
 
 
@@ -47,8 +49,18 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
     from veritrain.workspace import Workspace
 
     logs.setup_console_logging()
+    claim: Optional[Path] = None
     try:
         workspace = Workspace.open(spec["workspace"])
+        if spec.get("slot"):  # the slot's claim, held while this process runs it (the kernel lets go if it is killed)
+            claim = workspace.lock_path(f"sweep-{spec['sweep_id']}-{spec['slot']}")
+            locks.acquire(claim, on_wait=lambda by: logging.getLogger("veritrain").info(
+                "sweep: waiting for %s, an earlier process of %s, to stop", by, spec["slot"]))
+            earlier = None if spec.get("resume_run") else _earlier_run(workspace, spec)
+            if earlier is not None and earlier["status"] in ("completed", "failed"):
+                return {"run_id": earlier["run_id"], "status": earlier["status"], "error": (earlier.get("error") or {}).get("message")}
+            if earlier is not None:  # interrupted, or killed while `running`: it continues, no second run of the slot starts
+                spec = {**spec, "resume_run": earlier["run_id"]}
         if spec.get("resume_run"):
             outcome = pipeline.resume(workspace, spec["resume_run"], spec["argv"])
         else:
@@ -65,8 +77,40 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
         return {"run_id": None, "status": "interrupted", "error": str(err) or "interrupted"}
     except VeritrainError as err:  # could not start (the parent vanished, the data is gone, ...)
         return {"run_id": None, "status": "failed", "error": str(err)}
+    finally:
+        if claim is not None:
+            locks.release(claim)
     return {"run_id": outcome.summary["run_id"], "status": outcome.record["status"],
             "error": str(outcome.error) if outcome.error is not None else None}
+
+
+def _earlier_run(workspace: Any, spec: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """The record of a run of this slot made by an earlier process (a trial of a killed driver, which stops itself
+    within a second, may have started one): the slot's sweep link, seed index and planned config hash. Run ids
+    begin with their start time; runs from before the sweep (less an hour, for other Ray nodes' clocks) are not read."""
+    from datetime import datetime, timedelta
+
+    from veritrain.errors import RunFailed
+    from veritrain.record import read_record
+
+    link, index = spec["sweep"], (spec.get("repeat") or {}).get("index", 0)
+    try:
+        since = (datetime.strptime(spec["sweep_id"][:15], "%Y%m%d-%H%M%S") - timedelta(hours=1)).strftime("%Y%m%d-%H%M%S")
+    except ValueError:
+        since = ""
+    found = None
+    for run_dir in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
+        if run_dir.name[:15] < since or not (run_dir / "record.json").exists():
+            continue
+        try:
+            record = read_record(run_dir)
+        except RunFailed:
+            continue
+        mine = record.get("sweep") or {}
+        if (mine.get("id"), mine.get("trial"), (record.get("repeat") or {}).get("index", 0), record.get("config_hash")) == \
+                (link["id"], link["trial"], index, spec["config_hash"]):
+            found = record  # the newest counts
+    return found
 
 
 def _sweep_code(spec: dict[str, Any], workspace: Any) -> Any:

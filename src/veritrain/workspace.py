@@ -1,7 +1,8 @@
 """The workspace: a folder holding `runs/<run_id>/`, and veritrain's own state in `.veritrain/`.
 
 `.veritrain/data/<version>/` stores prepared data versions (content-addressed, immutable);
-`.veritrain/locks/<run_id>.lock` marks a run that a live process is writing.
+`.veritrain/locks/<run_id>.lock` is the OS lock (veritrain.locks) of a run that a live process is writing: the
+kernel releases it when that process ends, so a `running` run whose lock is free is dead and resumable.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from veritrain import locks
 from veritrain.errors import RunFailed, UserError
 
 log = logging.getLogger("veritrain")
+
+LOCK_GRACE_S = 2.0  # seconds lock_run waits: another process may be looking at the lock (is_held takes it for a moment)
 
 
 def process_identity(pid: int) -> Optional[str]:
@@ -114,38 +118,48 @@ class Workspace:
                 continue
             return run_id, path
 
+    def lock_path(self, name: str) -> Path:
+        """`.veritrain/locks/<name>.lock`: a run's lock (its id), or another of veritrain.locks'."""
+        return self.state_dir / "locks" / f"{name}.lock"
+
     def lock_run(self, run_id: str) -> Path:
-        locks = self.state_dir / "locks"
-        locks.mkdir(parents=True, exist_ok=True)
-        lock = locks / f"{run_id}.lock"
-        holder = {"pid": os.getpid(), "host": socket.gethostname(), "process": process_identity(os.getpid())}
-        lock.write_text(json.dumps(holder) + "\n", encoding="utf-8")
+        """Hold the run's OS lock (veritrain.locks) until `unlock_run` or the end of this process, however it ends:
+        a process that holds it is writing the run. Only the process that keeps the record holds it (rank 0 under
+        torchrun, the launcher with --nproc). Taken again by its holder, it is counted (an amend inside a command
+        that holds the run). UserError when another live process holds it."""
+        lock = self.lock_path(run_id)
+        if self._legacy_holder_alive(lock) or not locks.acquire(lock, wait_s=LOCK_GRACE_S):
+            raise UserError(f"run {run_id}: another process ({locks.holder_text(lock)}) holds {lock}; wait for it to finish")
         return lock
 
     def lock_is_stale(self, run_id: str) -> bool:
-        """True when no live process on this host holds the run's lock: missing lock, dead pid, or a
-        pid that now belongs to another process (its start differs from the one the lock recorded,
-        e.g. after a reboot or in a restarted container). A lock from another host cannot be checked
-        and counts as held."""
-        lock = self.state_dir / "locks" / f"{run_id}.lock"
-        try:
-            holder = json.loads(lock.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            return True
-        if holder.get("host") != socket.gethostname():
+        """True when no live process holds the run's lock: the kernel releases it when its process ends, kill -9
+        included. A lock file that no process holds is free; one written by an older veritrain (a pid file, no
+        OS lock) still counts as held while its process runs on this host with the start time it recorded."""
+        lock = self.lock_path(run_id)
+        return not locks.is_held(lock) and not self._legacy_holder_alive(lock)
+
+    @staticmethod
+    def _legacy_holder_alive(lock: Path) -> bool:
+        holder = locks.holder(lock)
+        if not holder or holder.get("lock") == locks.FLOCK or holder.get("host") != socket.gethostname():
             return False
         try:
-            pid = int(holder["pid"])
+            pid = int(holder["pid"])  # type: ignore[arg-type]
             os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except (PermissionError, KeyError, ValueError, TypeError):
+        except (ProcessLookupError, KeyError, ValueError, TypeError):
             return False
+        except PermissionError:
+            pass  # alive, another user's
         recorded, now = holder.get("process"), process_identity(pid)
-        return bool(recorded and now and recorded != now)  # alive, unless the pid was reused
+        return not (recorded and now and recorded != now)  # alive, unless the pid now belongs to another process
 
     def unlock_run(self, run_id: str) -> None:
-        (self.state_dir / "locks" / f"{run_id}.lock").unlink(missing_ok=True)
+        """Let go of the run's lock taken by `lock_run`; a lock file that no process holds is removed too."""
+        lock = self.lock_path(run_id)
+        locks.release(lock)
+        if not self._legacy_holder_alive(lock):
+            locks.remove_if_free(lock)
 
     def resolve_run(self, ref: str, need: str = "any") -> Path:
         """A run by full id, unique id prefix, `latest`, or a run directory path. `latest` is the newest

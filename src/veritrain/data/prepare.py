@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from veritrain import locks
 from veritrain.data import split as splitting
 from veritrain.data.sources import FileListing, SourceData, load_source
 from veritrain.data.split import SPLITS
@@ -196,6 +197,19 @@ def version_now(data_cfg: Any, paths: dict[str, Path], scratch_state: Path, vers
 
 def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
         id_only: bool = False, versions: Optional[Path] = None) -> DataVersion:
+    """`_prepare`, one process at a time per data config and paths (`.veritrain/locks/prepare-<key>.lock`):
+    concurrent runs of one config wait for the one that prepares, then reuse its version. `id_only` (verify,
+    in a scratch folder) writes nothing to the workspace and takes no lock."""
+    if id_only:
+        return _prepare(data_cfg, paths, workspace_state, rehash, recorded, id_only, versions)
+    key = sha256_json({"data": data_cfg.model_dump(mode="json"), "paths": {k: str(v) for k, v in sorted(paths.items())}})[:32]
+    with locks.held(workspace_state / "locks" / f"prepare-{key}.lock",
+                    lambda by: log.info("data: waiting for %s, which prepares this data", by)):
+        return _prepare(data_cfg, paths, workspace_state, rehash, recorded, id_only, versions)
+
+
+def _prepare(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
+             id_only: bool = False, versions: Optional[Path] = None) -> DataVersion:
     """Stage entry: prepare (or reuse) the data version for `data_cfg`; returns it loaded and checked.
 
     `paths` are the config's data paths made absolute; `workspace_state` is the workspace's
