@@ -1089,14 +1089,14 @@ def runs_note(ref: str, text: str, conclusion: bool, waive: Optional[str], workd
     from veritrain import pipeline
     from veritrain.check import ROWS
     from veritrain.record import NOTES_FILE, now_iso
-    from veritrain.secrets import find_secret
+    from veritrain.secrets import text_secret
     from veritrain.workspace import Workspace
 
     if waive is not None and waive not in ROWS:
         raise UserError(f"--waive {waive}: not a check row; give one of {', '.join(ROWS)}")
     if waive is not None and not text.strip():
         raise UserError(f"--waive {waive}: give the reason the row cannot pass as TEXT")
-    kind = find_secret(text)
+    kind = text_secret(text)
     if kind is not None:
         raise UserError(f"TEXT holds {kind}; a note is kept as written (and shown in experiments.md): leave the secret out")
     workspace = Workspace.open(workdir)
