@@ -234,3 +234,12 @@ class RedactingFilter(logging.Filter):
         record.msg, record.args = redact_text(message), ()  # formatted once, for every handler
         record._veritrain_redacted = True
         return True
+
+
+def redacting_excepthook(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+    """`sys.excepthook` for the command: an unexpected error (a bug) still prints its traceback, redacted like every
+    other line, since its values may quote the command line or a config."""
+    import sys
+    import traceback
+
+    sys.stderr.write(redact_text("".join(traceback.format_exception(kind, err, tb))))
