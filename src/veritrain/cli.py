@@ -1412,7 +1412,8 @@ def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdi
 def main(argv: Optional[list[str]] = None) -> None:
     from veritrain.secrets import redacting_excepthook
 
-    sys.excepthook = redacting_excepthook  # a bug's traceback is shown redacted
+    if argv is None:  # the `veritrain` process itself (not a caller's): a bug's traceback is shown redacted
+        sys.excepthook = redacting_excepthook
     logs.setup_console_logging()
     _JSON_WRITTEN["done"] = False
     wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
