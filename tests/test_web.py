@@ -129,7 +129,13 @@ def test_sort_filter_search_and_pages(client, site, monkeypatch):
     table = views.runs_table(site["workspace"], {"sort": "run_id"}, page_size=1)
     assert table["pages"] == 2 and [r["run_id"] for r in table["rows"]] == [site["forged"]]
     api = client.get("/api/runs?sort=run_id&page=2").json()
-    assert api["total"] == 2 and api["page"] == 2 and api["rows"] == []  # 100 a page: page 2 is empty
+    assert api["total"] == 2 and api["page"] == 1 and len(api["rows"]) == 2  # 100 a page: page 2 is past the end, so page 1
+    # a page number past the end (or past SQLite's 64-bit OFFSET) is the last page; below 1 the first
+    assert views.runs_table(site["workspace"], {"sort": "run_id", "page": "99999999999999999999999"}, page_size=1)["page"] == 2
+    assert views.runs_table(site["workspace"], {"sort": "run_id", "page": "-4"}, page_size=1)["page"] == 1
+    huge = client.get("/?page=99999999999999999999999")
+    assert huge.status_code == 200 and "runs-count\">2 runs" in huge.text
+    assert client.get("/?page=two").status_code == 400
 
 
 def test_pagination_links(site):

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import platform
 import secrets
 import shutil
@@ -222,7 +223,7 @@ def _replay_stretch(opened: Any, entries: list[dict[str, Any]], start: int, end:
     previous_threads = torch.get_num_threads()
     resume = start_file is not None
     carried = 1  # entries the replay starts with: the initial state's, or those the start checkpoint carries
-    with tempfile.TemporaryDirectory(prefix="audit-", dir=scratch_root) as scratch:
+    with tempfile.TemporaryDirectory(prefix=f"audit-{os.getpid()}-", dir=scratch_root) as scratch:
         run_dir = Path(scratch)
         if resume:  # the kept checkpoint (its sidecar is checked when it loads) must hold the entry's state
             saved = checkpoint.load(start_file)
@@ -306,7 +307,7 @@ def _check_results(opened: Any, entries: list[dict[str, Any]], workspace: Worksp
         if metrics.get("data_version") not in (None, opened.data.version):
             found.append({**item, "verdict": "unchecked", "detail": f"evaluated on data version {str(metrics.get('data_version'))[:12]} (--allow-data-drift)"})
             continue
-        with tempfile.TemporaryDirectory(prefix="audit-eval-", dir=scratch_root) as scratch, _quiet():
+        with tempfile.TemporaryDirectory(prefix=f"audit-eval-{os.getpid()}-", dir=scratch_root) as scratch, _quiet():
             again = evaluate.run(opened.config, opened.data, opened.task, Path(scratch), resolve_device(opened.config.train.device),
                                  str(run_dir / metrics["checkpoint"]), split)
         left = json.loads(json.dumps({k: v for k, v in metrics.items() if k not in PROVENANCE}))

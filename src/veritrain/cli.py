@@ -45,8 +45,16 @@ _JSON_WRITTEN = {"done": False}  # whether this command printed its JSON documen
 
 
 def emit_json(payload: Any) -> None:
+    """The command's one JSON document on stdout. NaN and ±Infinity, which JSON has no words for, are null, and the
+    document's `nonfinite` lists their paths (e.g. `results[0].top[0].prob`)."""
+    from veritrain.display import finite_json
+
+    payload, nonfinite = finite_json(payload)
+    if nonfinite and isinstance(payload, dict):
+        payload = {**payload, "nonfinite": nonfinite}
+    text = json.dumps(payload, indent=2, sort_keys=False, allow_nan=False)
     _JSON_WRITTEN["done"] = True
-    click.echo(json.dumps(payload, indent=2, sort_keys=False))
+    click.echo(text)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -1053,17 +1061,22 @@ def runs_compare(refs: tuple[str, ...], workdir: Optional[str], as_json: bool) -
     if as_json:
         emit_json(result)
         return 0
+    from veritrain.display import terminal_safe
+
+    def echo(line: str) -> None:  # configs and environments come from the records: shown as written
+        click.echo(terminal_safe(line))
+
     for other in records[1:]:
-        click.echo(f"{other['run_id']} vs {base['run_id']}:")
+        echo(f"{other['run_id']} vs {base['run_id']}:")
         for key, d in result["config"][other["run_id"]].items():
-            click.echo(f"  config {key}: {d['base']} → {d['this']}")
+            echo(f"  config {key}: {d['base']} → {d['this']}")
         for key, m in result["metrics"][other["run_id"]].items():
             delta = f" ({m['delta']:+.4f})" if m["delta"] is not None else ""
-            click.echo(f"  metric {key}: {m['value']:.4f}{delta}")
+            echo(f"  metric {key}: {m['value']:.4f}{delta}")
         same = result["data_version"][other["run_id"]] == result["data_version"][base["run_id"]]
-        click.echo(f"  data version: {'same' if same else 'DIFFERENT'}")
+        echo(f"  data version: {'same' if same else 'DIFFERENT'}")
         for key, d in result["env"][other["run_id"]].items():
-            click.echo(f"  env {key}: {d['base']} → {d['this']}")
+            echo(f"  env {key}: {d['base']} → {d['this']}")
     return 0
 
 
@@ -1087,14 +1100,14 @@ def runs_note(ref: str, text: str, conclusion: bool, waive: Optional[str], workd
     from veritrain import pipeline
     from veritrain.check import ROWS
     from veritrain.record import NOTES_FILE, now_iso
-    from veritrain.secrets import find_secret
+    from veritrain.secrets import text_secret
     from veritrain.workspace import Workspace
 
     if waive is not None and waive not in ROWS:
         raise UserError(f"--waive {waive}: not a check row; give one of {', '.join(ROWS)}")
     if waive is not None and not text.strip():
         raise UserError(f"--waive {waive}: give the reason the row cannot pass as TEXT")
-    kind = find_secret(text)
+    kind = text_secret(text)
     if kind is not None:
         raise UserError(f"TEXT holds {kind}; a note is kept as written (and shown in experiments.md): leave the secret out")
     workspace = Workspace.open(workdir)
@@ -1395,6 +1408,10 @@ def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdi
 
 
 def main(argv: Optional[list[str]] = None) -> None:
+    from veritrain.secrets import redacting_excepthook
+
+    if argv is None:  # the `veritrain` process itself (not a caller's): a bug's traceback is shown redacted
+        sys.excepthook = redacting_excepthook
     logs.setup_console_logging()
     _JSON_WRITTEN["done"] = False
     wants_json = "--json" in (sys.argv[1:] if argv is None else argv)

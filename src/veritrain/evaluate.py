@@ -68,7 +68,12 @@ def load_model(cfg: Any, data: Any, task: Any, path: Path, device: torch.device)
         raise UserError(f"--checkpoint: {path}: no such checkpoint; give best, last or the path of a .pt file of the run")
     state = checkpoint.load(path)
     model = task.build_model(cfg.model, data).to(device)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, TypeError, ValueError, KeyError, AttributeError) as err:  # a state of another model or none
+        detail = " ".join(str(err).split())[:300]
+        raise checkpoint.CheckpointError(f"{path}: its weights do not fit the run's model ({detail}); "
+                                         "give a checkpoint of this run (best, last or checkpoints/step-N.pt)") from None
     model.eval()
     return model, state
 

@@ -39,7 +39,8 @@ def reference_of(row: dict[str, Any], by_id: dict[str, dict[str, Any]], ordered:
     for named in ("parent", "reproduced_from"):
         if row.get(named) and row[named] in by_id:
             return by_id[row[named]]
-    earlier = [r for r in ordered if r["exp_name"] == row["exp_name"] and r["started_at"] < row["started_at"]]
+    # `or ""`: an index built before records were checked for nulls may still hold a row without a start time
+    earlier = [r for r in ordered if r["exp_name"] == row["exp_name"] and (r["started_at"] or "") < (row["started_at"] or "")]
     return earlier[-1] if earlier else None
 
 

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import struct
 import warnings
 from pathlib import Path
@@ -412,12 +413,29 @@ def onnx_logits(path: Path, inputs: np.ndarray) -> np.ndarray:
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
-    options.log_severity_level = 3  # errors only: no warnings on stderr
+    options.log_severity_level = 4  # fatal only: an error is raised with its message, and is not also logged on stderr
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    return session.run(None, {session.get_inputs()[0].name: inputs.astype(np.float32)})[0]
+    run_options = onnxruntime.RunOptions()
+    run_options.log_severity_level = 4
+    return session.run(None, {session.get_inputs()[0].name: inputs.astype(np.float32)}, run_options)[0]
 
 
 # ---------------------------------------------------------------- predict
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a device, a socket or a folder where a file is read: opening a FIFO would wait for
+    a writer forever, a device may never end."""
+
+
+def refuse_non_regular(path: Path) -> None:
+    """Raise NotRegularFile unless `path` is a regular file (links followed), checked with stat, before any open;
+    a missing path raises FileNotFoundError."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+        raise NotRegularFile(f"not a regular file ({kind})")
 
 
 def find_export(ref_dir: Path) -> Path:
@@ -437,6 +455,7 @@ def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
     prep = description["preprocessing"]
     if "mean" not in prep:
         raise UserError("predict: this export is not of an image model; predict reads image files")
+    refuse_non_regular(path)
     with Image.open(path) as img:
         img.load()
         image = img.convert("L" if c == 1 else "RGB")
@@ -473,8 +492,11 @@ def read_description(export_dir: Path) -> dict[str, Any]:
 
     path = export_dir / "model.json"
     try:
+        refuse_non_regular(path)
         description = json.loads(path.read_text(encoding="utf-8"))
         Description.model_validate(description)
+    except NotRegularFile as err:
+        raise RunFailed(f"{path}: {err}; an export's model.json is a plain file, re-export the run") from None
     except OSError as err:
         raise RunFailed(f"{path}: cannot read it ({err.strerror})") from None
     except (ValueError, RecursionError) as err:  # JSON, UTF-8 or the shape (ValidationError is a ValueError)
@@ -536,13 +558,35 @@ def predict(export_dir: Path, files: Sequence[str], top: int = 1) -> list[dict[s
             results.append({"file": name, "ok": True, "top": [], "error": None})
         except FileNotFoundError:
             results.append({"file": name, "ok": False, "top": [], "error": "no such file"})
+        except NotRegularFile as err:  # refused before opening: a FIFO would block predict
+            results.append({"file": name, "ok": False, "top": [], "error": f"{err}; give image files"})
         except Exception as err:  # unreadable or not an image: report and go on
             results.append({"file": name, "ok": False, "top": [], "error": f"cannot decode as an image ({err.__class__.__name__}: {err})"})
     if batch:
-        logits = onnx_logits(export_dir / onnx_file["file"], np.stack(batch)).astype(np.float64)
+        logits = _predicted_logits(export_dir / onnx_file["file"], np.stack(batch), len(classes))
         probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
         probabilities /= probabilities.sum(axis=1, keepdims=True)
         for i, row in zip(positions, probabilities):
             order = np.argsort(-row, kind="stable")[: max(1, top)]
             results[i]["top"] = [{"label": classes[k], "prob": float(row[k])} for k in order]
     return results
+
+
+def _predicted_logits(onnx_path: Path, inputs: np.ndarray, num_classes: int) -> np.ndarray:
+    """The model's outputs for `inputs` as float64 (N, classes); an ONNX file that onnxruntime cannot load or run (an
+    operator it does not know, an allocation it cannot make) or whose output is not one row of class scores per
+    input is one line (exit 1): an export folder may come from anywhere."""
+    try:
+        logits = onnx_logits(onnx_path, inputs)
+    except MemoryError:
+        raise RunFailed(f"{onnx_path}: onnxruntime ran out of memory running it; predict fewer files at once, or re-export the run") from None
+    except Exception as err:  # onnxruntime's errors (Fail, InvalidGraph, NotImplemented, RuntimeException) share no public base
+        detail = " ".join(str(err).split()) or err.__class__.__name__
+        if len(detail) > 240:  # the start names the node or the load, the end the reason
+            detail = f"{detail[:120]} … {detail[-120:]}"
+        raise RunFailed(f"{onnx_path}: onnxruntime cannot run it ({detail}); re-export the run") from None
+    shape = getattr(logits, "shape", None)
+    if not isinstance(logits, np.ndarray) or shape != (len(inputs), num_classes):
+        raise RunFailed(f"{onnx_path}: its output has shape {list(shape) if shape is not None else type(logits).__name__}, not "
+                        f"[{len(inputs)}, {num_classes}] (one score per class of model.json for each file); re-export the run")
+    return logits.astype(np.float64)

@@ -7,6 +7,8 @@ what disk space can be given back without losing anything a record still needs.
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shutil
 import time
 import uuid
@@ -85,8 +87,9 @@ LEFTOVER_AGE = 60.0  # seconds: a temp folder or record-less run folder younger 
 
 def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
     """(folder, age in seconds) of what killed commands leave: the temp folders of prepares and of gc's own
-    removals (`.veritrain/data/.tmp-*`), the staging folders of imports (`.veritrain/import-*`) and run folders
-    that never got a record.json, older than a minute, not locked."""
+    removals (`.veritrain/data/.tmp-*`), the staging folders of imports (`.veritrain/import-*`), the scratch
+    folders of audits and recorded code (`.veritrain/tmp/`) whose process is gone, and run folders that never
+    got a record.json, older than a minute, not locked."""
     now = time.time()
     found = []
     data = workspace.state_dir / "data"
@@ -95,12 +98,40 @@ def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
         age = now - folder.stat().st_mtime
         if folder.is_dir() and age > LEFTOVER_AGE:
             found.append((folder, age))
+    scratch = workspace.state_dir / "tmp"  # audit replays (audit-<pid>-*) and imported code copies (code-<pid>-*)
+    for folder in sorted(scratch.iterdir()) if scratch.is_dir() else []:
+        age = now - folder.lstat().st_mtime
+        if folder.is_dir() and not folder.is_symlink() and _scratch_orphaned(folder.name, age):
+            found.append((folder, age))
     for folder in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
         age = now - folder.stat().st_mtime
         if (folder.is_dir() and not folder.is_symlink() and not (folder / "record.json").exists() and age > LEFTOVER_AGE
                 and workspace.lock_is_stale(folder.name)):
             found.append((folder, age))
     return found
+
+
+SCRATCH_NAME = re.compile(r"^(?:audit-eval|audit|code)-(?:(?P<pid>[0-9]+)-)?")
+UNNAMED_SCRATCH_AGE = 86_400.0  # seconds: a scratch folder that names no process (older veritrain) is kept a day
+
+
+def _scratch_orphaned(name: str, age: float) -> bool:
+    """Whether a `.veritrain/tmp` folder was left by a command that is gone: its name holds the pid of the process
+    that made it, and no process of that pid is alive (a pid in use again keeps it: the safe way to be wrong)."""
+    match = SCRATCH_NAME.match(name)
+    if match is None or age <= LEFTOVER_AGE:
+        return False
+    if match["pid"] is None:
+        return age > UNNAMED_SCRATCH_AGE
+    try:
+        os.kill(int(match["pid"]), 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    except (OverflowError, ValueError):  # a number no process can have
+        return True
+    return False
 
 
 def _step_file_of(path: Path) -> str:

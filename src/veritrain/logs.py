@@ -47,6 +47,9 @@ def print_table(table: Any) -> None:
     """A rich table on the console that never splits a run id, hash, seal or path: on a terminal each
     column is at least as wide as the longest unbroken word in it; in a pipe or a file the table keeps
     its natural width (no wrapping at 80 columns), so every value can be copied whole from one line."""
+    from veritrain.display import plain_table
+
+    plain_table(table)  # cells from records are shown as written: control characters escaped, no markup
     if not console.is_terminal:
         Console(file=console.file, width=100_000, highlight=False, color_system=None).print(table)
         return

@@ -30,7 +30,7 @@ from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
 from veritrain.hashing import sha256_file
 from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, save_code, write_record
-from veritrain.secrets import allowed_environment, find_secret, secret_in_command_line
+from veritrain.secrets import allowed_environment, secret_in_command_line, text_secret
 from veritrain.signals import StopFlag, interruptible
 from veritrain.train import distributed
 from veritrain.train.distributed import RankLost
@@ -642,7 +642,7 @@ def python_argv() -> list[str]:
 def refuse_secrets(argv: list[str], hypothesis: Optional[str] = None) -> None:
     """A record keeps its command line and hypothesis as given: one holding a secret by its shape is refused."""
     found = secret_in_command_line(argv)
-    if found is None and hypothesis and (kind := find_secret(hypothesis)):
+    if found is None and hypothesis and (kind := text_secret(hypothesis)):
         found = f"--hypothesis ({kind})"
     if found is not None:
         raise UserError(f"{found}: a run records its command line as given; leave the secret out (a config value can be "

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from veritrain import __version__
 from veritrain.errors import RunFailed
@@ -110,6 +110,25 @@ def _inside_run(path: str) -> str:
 
 
 RunPath = Annotated[str, AfterValidator(_inside_run)]
+
+
+def _value_needed(value: Any) -> Any:
+    if value is None:
+        raise ValueError("null where the writer always puts a value (the field may be absent in older records, never null)")
+    return value
+
+
+def _iso_time(value: str) -> str:
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("not an ISO 8601 time such as 2026-01-31T12:00:00.000Z") from None
+    return value
+
+
+# a field that older records may lack but that no writer sets to null: readers use its value when it is there
+NOT_NULL = BeforeValidator(_value_needed)
+IsoTime = Annotated[str, AfterValidator(_iso_time)]
 
 
 class _Part(BaseModel):
@@ -305,26 +324,26 @@ class RunRecord(_Part):
 
     record_version: Annotated[int, Field(ge=1)]
     run_id: RunId
-    kind: Optional[str] = None
-    stages: Optional[list[str]] = None
+    kind: Annotated[Optional[str], NOT_NULL] = None
+    stages: Annotated[Optional[list[str]], NOT_NULL] = None
     status: Literal["running", "completed", "failed", "interrupted"]
-    started_at: Optional[str] = None
-    ended_at: Optional[str] = None
-    argv: Optional[list[str]] = None
+    started_at: IsoTime  # every record has it: experiments.md and the UI order runs by it
+    ended_at: Optional[IsoTime] = None  # null while running
+    argv: Annotated[Optional[list[str]], NOT_NULL] = None
     exp_name: Optional[str] = None
-    task: Optional[str] = None
-    seed: Optional[int] = None
+    task: Annotated[Optional[str], NOT_NULL] = None
+    seed: Annotated[Optional[int], NOT_NULL] = None
     config: dict[str, Any]
-    config_recorded: Optional[str] = None  # "as_given"; absent in records that replaced values under secret-looking keys by "***"
-    config_hash: Optional[Sha256] = None
-    config_source: Optional[ConfigSource] = None
-    code: Optional[Code] = None
+    config_recorded: Annotated[Optional[str], NOT_NULL] = None  # "as_given"; absent in records that replaced values under secret-looking keys by "***"
+    config_hash: Annotated[Optional[Sha256], NOT_NULL] = None
+    config_source: Annotated[Optional[ConfigSource], NOT_NULL] = None
+    code: Annotated[Optional[Code], NOT_NULL] = None
     env: Optional[dict[str, Any]] = None
     data: Optional[DataInfo] = None
     training: Optional[Training] = None
-    metrics: Optional[dict[str, dict[str, Any]]] = None
-    baselines: Optional[dict[str, Any]] = None
-    export: Optional[ExportInfo] = None
+    metrics: Annotated[Optional[dict[str, dict[str, Any]]], NOT_NULL] = None
+    baselines: Annotated[Optional[dict[str, Any]], NOT_NULL] = None
+    export: Annotated[Optional[ExportInfo], NOT_NULL] = None
     smoke: Optional[dict[str, Any]] = None
     hypothesis: Optional[str] = None
     parent: Optional[str] = None
@@ -334,15 +353,15 @@ class RunRecord(_Part):
     selection: Optional[Selection] = None  # absent in records made before it
     distributed: Optional[Distributed] = None
     final_state_sha256: Optional[Sha256] = None
-    trajectory: Optional[list[TrajectoryEntry]] = None
-    other_saves: Optional[list[OtherSave]] = None
-    timings: Optional[dict[str, float]] = None
-    events: Optional[list[Event]] = None
-    resumes: Optional[list[Resume]] = None
-    seal_history: Optional[list[SealEntry]] = None
-    artifacts: Optional[dict[RunPath, Artifact]] = None
+    trajectory: Annotated[Optional[list[TrajectoryEntry]], NOT_NULL] = None
+    other_saves: Annotated[Optional[list[OtherSave]], NOT_NULL] = None
+    timings: Annotated[Optional[dict[str, float]], NOT_NULL] = None
+    events: Annotated[Optional[list[Event]], NOT_NULL] = None
+    resumes: Annotated[Optional[list[Resume]], NOT_NULL] = None
+    seal_history: Annotated[Optional[list[SealEntry]], NOT_NULL] = None
+    artifacts: Annotated[Optional[dict[RunPath, Artifact]], NOT_NULL] = None
     error: Optional[RunError] = None
-    input_checkpoint: Optional[InputCheckpoint] = None  # kinds eval and export: the outside checkpoint, not from the audited training
+    input_checkpoint: Annotated[Optional[InputCheckpoint], NOT_NULL] = None  # kinds eval and export: the outside checkpoint, not from the audited training
 
 
 def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:

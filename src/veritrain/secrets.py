@@ -28,7 +28,10 @@ URL_TOKEN = re.compile(r"(?<!\S)\S*://\S*")  # starts only where a run starts: e
 # `Authorization: Bearer x`, `'Authorization': 'Basic x'`, `authorization=x`: the credential after the scheme word
 AUTH_HEADER = re.compile(r"(?P<head>\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?:[a-z][a-z0-9-]*\s+)?)(?P<credential>[^\s\"',;]+)",
                          re.IGNORECASE)
-BEARER = re.compile(r"(?P<head>\bbearer\s+)(?P<credential>[A-Za-z0-9._~+/-]{16,}=*)", re.IGNORECASE)  # RFC 6750 b64token
+# RFC 6750 b64token: 16 characters or more, or 6 or more that look random (a digit, a mid-word `._~+/`, a lowercase
+# letter before an uppercase one): "Bearer hunter2" and "Bearer abc.def" are credentials, "the bearer of" is a word
+BEARER = re.compile(r"(?P<head>\bbearer\s+)(?P<credential>[A-Za-z0-9._~+/-]{16,}=*"
+                    r"|(?=[A-Za-z0-9._~+/-]*(?:[0-9]|[._~+/][A-Za-z0-9]|(?-i:[a-z][A-Z])))[A-Za-z0-9._~+/-]{6,}=*)", re.IGNORECASE)
 # Well-known token shapes, at their real lengths, so that ordinary words never match.
 TOKEN = re.compile(
     r"(?<![A-Za-z0-9_-])(?:"  # a token starts a run: a long run is then tried once, not at every `sk-` in it
@@ -50,6 +53,13 @@ PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [
 # Every secret above contains one of these (lowercased); a line without any, as most log lines are, skips the
 # patterns. Searched in `text.lower()`: about 1 µs for an epoch line, where re.IGNORECASE costs 14.
 SECRET_HINT = re.compile(r"://|private key|authorization|bearer|hf_|gh[pousr]_|github_pat_|glpat-|sk-|akia|asia|xox|aiza|k_live_|k_test_|npm_|pypi-|eyj")
+# A literal under a credential-named key in free text, in any form a note or hypothesis may hold: `password=x`,
+# `api_key: x`, JSON `{"api_key": "x"}`, `secret:"two words"`. The key is checked with `is_credential_key`.
+CREDENTIAL_ASSIGNMENT = re.compile(
+    r"""(?<![A-Za-z0-9_])["']?(?P<key>[A-Za-z][A-Za-z0-9_-]*)["']?\s*[:=]\s*"""
+    r"""(?P<value>\$\{env:[A-Za-z_][A-Za-z0-9_]*\}|"(?:[^"\\]|\\.)*"?|'[^']*'?|[^\s"',;)}\]]+)""")
+CREDENTIAL_HINT = re.compile(r"passw|secret|api_?key|api-key|access_key|access_token|auth_token")  # in text.lower()
+NO_LITERAL = frozenset({"", "null", "none", "~", "true", "false", REDACTED})  # values that hold no credential
 ENV_REFERENCE = re.compile(r"\$\{env:(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}")
 
 # environment variables a record may name: they change results or their speed, and are not secret
@@ -95,6 +105,23 @@ def find_secret(text: str) -> Optional[str]:
     return None
 
 
+def text_secret(text: str) -> Optional[str]:
+    """What secret free text (a note, a hypothesis, an experiment name) holds by the config rule, as a message names
+    it, or None: a secret by its shape (`find_secret`), or a literal under a credential-named key in any form
+    (`password=x`, JSON `{"api_key": "x"}`, `secret:"two words"`). A key with no literal after it ("the password
+    field was removed") and key names that merely contain such letters ("max_tokens 512") are none."""
+    kind = find_secret(text)
+    if kind is not None:
+        return kind
+    if not CREDENTIAL_HINT.search(text.lower()):
+        return None
+    for match in CREDENTIAL_ASSIGNMENT.finditer(text):
+        value = match["value"].strip("\"'").strip()
+        if is_credential_key(match["key"].replace("-", "_")) and value.lower() not in NO_LITERAL and not ENV_REFERENCE.fullmatch(value):
+            return "a credential written out (its key names one)"
+    return None
+
+
 def is_credential_key(key: str) -> bool:
     """`password`, `api_key`, `db_password`, ... (any case); `max_tokens` or `key_dim` are not."""
     key = key.lower()
@@ -115,7 +142,7 @@ def config_secret(value: Any, path: tuple[str, ...] = ()) -> Optional[tuple[list
         return next((found for i, item in enumerate(value) if (found := config_secret(item, (*path, str(i)))) is not None), None)
     named = bool(path) and is_credential_key(path[-1])
     if isinstance(value, str):
-        kind = find_secret(value)
+        kind = text_secret(value)  # also a credential written inside the text (`{"api_key": "x"}` in exp_name)
         if kind is not None:
             return list(path), kind
         if named and value.strip() and not ENV_REFERENCE.search(value):
@@ -196,6 +223,23 @@ class RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "_veritrain_redacted", False):  # the console's and the file's filters see the same record
             return True
-        record.msg, record.args = redact_text(record.getMessage()), ()  # formatted once, for every handler
+        message = record.getMessage()
+        if record.exc_info or record.stack_info:  # a logged exception: its traceback quotes values too
+            formatter = logging.Formatter()
+            if record.exc_info:
+                message += "\n" + formatter.formatException(record.exc_info)
+            if record.stack_info:
+                message += "\n" + formatter.formatStack(record.stack_info)
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        record.msg, record.args = redact_text(message), ()  # formatted once, for every handler
         record._veritrain_redacted = True
         return True
+
+
+def redacting_excepthook(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+    """`sys.excepthook` for the command: an unexpected error (a bug) still prints its traceback, redacted like every
+    other line, since its values may quote the command line or a config."""
+    import sys
+    import traceback
+
+    sys.stderr.write(redact_text("".join(traceback.format_exception(kind, err, tb))))

@@ -77,8 +77,33 @@ class Ranks:
         return self.rank == 0
 
 
+# What torchrun sets in each rank; set in a shell without torchrun (left over from an earlier job), they would make
+# a process wait for ranks that never start
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"  # torchrun (and torch.distributed.run) sets it in every rank it starts
+NPROC_MARKER = "VERITRAIN_NPROC_LAUNCH"  # set by `launch` (--nproc N) for the ranks it starts through torchrun
+
+
+def stray_rank_variables(environ: Optional[dict[str, str]] = None) -> list[str]:
+    """The torchrun variables set in an environment that no torchrun launch made, in `RANK_VARIABLES` order."""
+    environ = os.environ if environ is None else environ
+    if TORCHRUN_MARKER in environ or NPROC_MARKER in environ:
+        return []
+    return [name for name in RANK_VARIABLES if name in environ]
+
+
+def refuse_stray_rank_variables() -> None:
+    """Exit 2 when torchrun variables are set without a torchrun launch: a lone `RANK=1 WORLD_SIZE=2` would wait
+    for rank 0 forever, and a lone `WORLD_SIZE=2` would fail inside torch.distributed."""
+    stray = stray_rank_variables()
+    if stray:
+        raise UserError(f"environment: {', '.join(stray)} {'is' if len(stray) == 1 else 'are'} set but no torchrun launch was found; "
+                        "unset them or start with torchrun")
+
+
 def from_environment() -> Optional[Ranks]:
     """The ranks torchrun describes in the environment, or None for a single process."""
+    refuse_stray_rank_variables()
     try:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
@@ -256,6 +281,7 @@ def launch(run_dir: Path, state_dir: Path, data_path: Path, nproc: int, resume: 
     env.setdefault("OMP_NUM_THREADS", str(threads or 1))
     env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "10")  # seconds a rank gets to stop before SIGKILL
     env["PYTHONUNBUFFERED"] = "1"
+    env[NPROC_MARKER] = "1"
     log_path = run_dir / "train.log"
     offset = log_path.stat().st_size if log_path.exists() else 0
     torchrun_log = handoff / "torchrun.log"

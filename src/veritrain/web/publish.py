@@ -14,11 +14,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from veritrain.errors import RunFailed
+from veritrain.errors import RunFailed, UserError
 from veritrain.web import STATIC_DIR, environment, page_context, views
 
 
 COMPARE_MAX = 6  # runs on the static compare page, as on the server's
+
+
+def refuse_out_in_workspace(workspace: Any, out_dir: Path) -> None:
+    """A site is never written into runs/ or .veritrain/ (sealed runs and data versions), nor into the workspace
+    folder itself, whose runs/ would receive the site's runs/<id>.html. Paths are compared resolved, links followed."""
+    out = out_dir.resolve()
+    for protected in (workspace.runs_dir, workspace.state_dir):
+        place = protected.resolve()
+        if out == place or out.is_relative_to(place) or out == place.parent:
+            raise UserError(f"--out {out_dir}: {'is the workspace folder' if out == place.parent else 'is inside ' + str(place)}, "
+                            "where the runs and data versions are sealed; publish to a folder outside them, e.g. --out site")
 
 
 def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: bool = False) -> dict[str, Any]:
@@ -27,6 +38,7 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
     does not verify is refused before anything is written."""
     from veritrain.verify import verify_and_keep
 
+    refuse_out_in_workspace(workspace, out_dir)
     verified_runs = {}
     for run_dir in run_dirs:
         verified = verify_and_keep(run_dir, workspace.state_dir)  # the CLI's defaults: the raw data is prepared again too

@@ -115,14 +115,17 @@ def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_
         order_args = [f"$.{key}", f"$.{key}"]
     else:
         raise UserError(f"sort: {sort!r} is not a column or a metric path")
-    try:
-        page = max(1, int(params.get("page") or 1))
-    except ValueError:
-        raise UserError(f"page: {params.get('page')!r} is not a page number") from None
+    asked = (params.get("page") or "1").strip()
+    if not re.fullmatch(r"[+-]?[0-9]+", asked):
+        raise UserError(f"page: {params.get('page')!r} is not a page number")
     clause = ("WHERE " + " AND ".join(where)) if where else ""
     db = _index(workspace)
     try:
         total = db.execute(f"SELECT COUNT(*) FROM runs {clause}", args).fetchone()[0]
+        # clamped to the pages there are: SQLite's OFFSET is a 64-bit integer, and a page past the end shows nothing
+        last_page = max(1, -(-total // page_size))
+        page = 1 if asked.startswith("-") else min(last_page, int(asked) if len(asked) <= 18 else last_page)
+        page = max(1, page)
         cursor = db.execute(f"SELECT run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics FROM runs {clause} "
                             f"ORDER BY {order} LIMIT ? OFFSET ?", [*args, *order_args, page_size, (page - 1) * page_size])
         rows = []
@@ -135,8 +138,7 @@ def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_
                    for c in FILTER_COLUMNS}
     finally:
         db.close()
-    pages = max(1, -(-total // page_size))
-    return {"rows": rows, "total": total, "page": page, "pages": pages, "page_size": page_size,
+    return {"rows": rows, "total": total, "page": page, "pages": last_page, "page_size": page_size,
             "params": {k: params.get(k) or "" for k in ("sort", *FILTER_COLUMNS, "metric", "min", "max", "q")},
             "metrics": list(TABLE_METRICS), "choices": choices}
 

@@ -1,0 +1,52 @@
+"""What is shown to people and scripts from records that may come from anywhere (an imported archive, a hand
+edit): text with its terminal control characters escaped, tables whose cells are never read as rich markup,
+and JSON that stays JSON when a value is NaN or infinite.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+# C0 controls (ESC starts the sequences that move the cursor, retitle the window or hide text), DEL, C1 controls
+# (a one-byte CSI), and the bidirectional overrides and isolates that reorder what a line appears to say
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def terminal_safe(text: str) -> str:
+    """`text` with each control character written as its Python escape (`\\x1b`, `\\n`, `\\u202e`): one line,
+    printed as it reads."""
+    if not CONTROL.search(text):
+        return text
+    return CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
+def plain_table(table: Any) -> Any:
+    """A rich Table with its title and every text cell escaped (`terminal_safe`) and made literal: a hypothesis
+    holding `[/]` or an escape sequence is shown as written, never interpreted. Returns the same table."""
+    from rich.text import Text
+
+    if isinstance(table.title, str):
+        table.title = Text(terminal_safe(table.title))
+    for column in table.columns:
+        column._cells = [Text(terminal_safe(cell)) if isinstance(cell, str) else cell for cell in column._cells]
+    return table
+
+
+def finite_json(payload: Any) -> tuple[Any, list[str]]:
+    """(`payload` with every NaN and ±Infinity replaced by null, the paths of those values as
+    `results[0].top[0].prob`): JSON has no such numbers, and `json.dumps` would write bare `NaN`."""
+    found: list[str] = []
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(path or "$")
+            return None
+        if isinstance(value, dict):
+            return {key: walk(item, f"{path}.{key}" if path else str(key)) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(item, f"{path}[{index}]") for index, item in enumerate(value)]
+        return value
+
+    return walk(payload, ""), found
