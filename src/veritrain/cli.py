@@ -134,7 +134,8 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
         return _finish_run(outcome, as_json)
     from veritrain import repeats
 
-    result = repeats.run(resolved, workspace, pipeline.python_argv(), repeat, nproc=nproc or 1)
+    result = repeats.run(resolved, workspace, pipeline.python_argv(), repeat, nproc=nproc or 1, hypothesis=hypothesis, parent=parent,
+                         smoke=smoke_result)
     if as_json:
         emit_json(result)
     _render_repeat_summary(result)
