@@ -221,6 +221,8 @@ def _refuse_unknown_keys(db: sqlite3.Connection, runs_dir: Path, filters: tuple[
     paths, metric paths), so a key of an older record still works. An empty workspace has nothing to check."""
     from veritrain.errors import UserError
 
+    if not filters and not sort:
+        return
     config_keys: set[str] = set()
     metric_keys: set[str] = set()
     count = 0
