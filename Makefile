@@ -1,32 +1,41 @@
 # veritrain: `make demo` runs the bundled example end to end, `make test` runs the test suite.
 # Both create .venv when missing and install the pinned environment (CPU PyTorch first, so pip
-# never pulls a CUDA build of several GB).
+# never pulls a CUDA build of several GB). `make demo` installs only the runtime and the ui extra
+# (requirements.lock); `make test` adds the test tools (requirements-test.lock: pytest, Playwright,
+# Ray, the real-data fixtures).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-slow install clean
+.PHONY: demo test test-slow install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml requirements.lock requirements-test.lock
+$(VENV)/.installed: $(BIN)/python pyproject.toml requirements.lock
 	$(PIP) install $(TORCH)
-	$(PIP) install -r requirements.lock -r requirements-test.lock
+	$(PIP) install -r requirements.lock
 	$(PIP) install --no-deps -e '.[ui]'
+	touch $@
+
+# the runtime pins go along, so the test tools never move a runtime package off its pin
+$(VENV)/.installed-test: $(VENV)/.installed requirements.lock requirements-test.lock
+	$(PIP) install -r requirements.lock -r requirements-test.lock
 	touch $@
 
 install: $(VENV)/.installed
 
+install-test: $(VENV)/.installed-test
+
 demo: install
 	$(BIN)/veritrain run
 
-test: install
+test: install-test
 	$(BIN)/python -m pytest -q -m "not slow"
 
-test-slow: install
+test-slow: install-test
 	$(BIN)/python -m pytest -q -m slow
 
 clean:

@@ -237,3 +237,22 @@ def test_a_forged_segment_without_a_start_checkpoint_is_replayed_from_an_earlier
     assert verdicts[5]["verdict"] == "differs" and verdicts[5]["replayed_from_step"] == 0  # from the initial state
     assert verdicts[9]["verdict"] == "identical" and verdicts[9]["replayed_from_step"] == 60  # its own kept start
     assert "segment(s) 5 differ" in audited.stderr.strip().splitlines()[-1]
+
+
+def test_a_multi_process_run_is_refused_with_the_check_that_works_on_this_machine(tmp_path):
+    from veritrain.audit import cannot_replay, replay_blockers
+
+    two = {"config": {"train": {"deterministic": True}}, "distributed": {"world_size": 2, "nodes": 1}}
+    blockers, _ = replay_blockers(two, tmp_path)  # made here: no machine difference
+    assert not any("process" in b for b in blockers)  # the world size is no difference of this machine
+    message = cannot_replay("R", two, [])
+    assert message == ("R: the run was trained by 2 processes and audit replays a segment in one process, which cannot give a 2-process "
+                       "step bit for bit; check it with `veritrain reproduce R`, which trains it again with 2 processes on this machine "
+                       "and compares the weights and metrics (identical on the same kind of machine)")
+    assert "a machine like the recorded one" not in message
+    elsewhere = cannot_replay("R", two, ["python 3.10.1 recorded, 3.11.2 here"])
+    assert "`veritrain reproduce R` on a machine like the recorded one (this one differs: python 3.10.1 recorded, 3.11.2 here)" in elsewhere
+    nodes = cannot_replay("R", {"distributed": {"world_size": 4, "nodes": 2}}, [])
+    assert "trained by 4 processes on 2 machines" in nodes and "the same torchrun launch (4 ranks)" in nodes
+    assert cannot_replay("R", {"distributed": None}, []) is None
+    assert cannot_replay("R", {}, ["CPU 'a' recorded, 'b' here"]).endswith("audit it on a machine like the recorded one (`veritrain runs show R`)")

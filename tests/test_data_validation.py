@@ -192,6 +192,44 @@ def test_csv_fixed_split_and_leak_duplicate(tmp_path):
     assert data.report()["leakage"]["cross_split_duplicate_pairs"] == 0
 
 
+def _labels_csv(tmp_path: Path, rows: list[tuple[str, str]]) -> Path:
+    (tmp_path / "raw").mkdir(exist_ok=True)  # the listing fails before any file is read
+    with open(tmp_path / "labels.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "label"])
+        writer.writerows(rows)
+    config = tmp_path / "data.yaml"
+    config.write_text("data:\n  source: csv\n  root: raw\n  csv: labels.csv\n", encoding="utf-8")
+    return config
+
+
+@pytest.mark.parametrize("typo", ["dgo", "Dog"])
+def test_a_mistyped_csv_label_is_refused_at_its_file_and_line(tmp_path, capsys, typo):
+    from veritrain.cli import main
+
+    rows = [(f"{c}/{c}_{i:02d}.png", c) for c in ("cat", "dog") for i in range(12)]
+    rows.insert(15, ("dog/extra.png", typo))  # line 17: the header is line 1
+    config = _labels_csv(tmp_path, rows)
+    with pytest.raises(SystemExit) as exited:
+        main(["data", "prepare", str(config), "--workdir", str(tmp_path / "ws")])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 1 and out == "" and "Traceback" not in err  # bad data: exit 1, as the csv's other line errors
+    assert err.splitlines()[-1] == (f"error: data.csv: {tmp_path / 'labels.csv'}: line 17: label {typo!r} is on 1 row(s), 'dog' on 12; "
+                                    f"a typo of 'dog'? fix it, or list every class in data.classes to keep {typo!r} as a class of its own")
+
+
+def test_a_rare_csv_label_is_a_class_when_declared_or_unlike_the_others(tmp_path):
+    from veritrain.data.sources import load_source
+
+    rows = [(f"{c}/{c}_{i:02d}.png", c) for c in ("cat", "dog") for i in range(12)] + [("owl/owl_00.png", "owl"), ("x/dgo.png", "dgo")]
+    config = _labels_csv(tmp_path, rows)
+    declared = load_config(config, ["data.classes=[cat,dog,owl,dgo]"])
+    assert load_source(declared.config.data, declared.data_paths).classes == ["cat", "dog", "owl", "dgo"]
+    _labels_csv(tmp_path, rows[:-1])  # 'owl' on one row looks like no other label: a small class, judged by the split
+    plain = load_config(config, [])
+    assert load_source(plain.config.data, plain.data_paths).classes == ["cat", "dog", "owl"]
+
+
 def test_group_regex_keeps_groups_together(tmp_path):
     root = tmp_path / "raw"
     for c, name in enumerate(("a", "b")):

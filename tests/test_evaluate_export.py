@@ -568,7 +568,7 @@ def test_baseline_command_for_a_config(cli, tmp_path):
 
 def test_repeat_reports_mean_std_and_interval(cli, tmp_path):
     result = cli("run", "--repeat", "3", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "model.hidden=[32]",
-                 "--set", "export.formats=[safetensors]", "--workdir", str(tmp_path), "--json")
+                 "--set", "export.formats=[safetensors]", "--hypothesis", "three seeds agree", "--workdir", str(tmp_path), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
     assert [r["seed"] for r in payload["runs"]] == [0, 1, 2]
@@ -581,6 +581,7 @@ def test_repeat_reports_mean_std_and_interval(cli, tmp_path):
     assert accuracy["ci95"] == pytest.approx([accuracy["mean"] - half, accuracy["mean"] + half])
     records = [json.loads((Path(r["run_dir"]) / "record.json").read_text()) for r in payload["runs"]]
     assert {r["repeat"]["group"] for r in records} == {payload["group"]}
+    assert [r["hypothesis"] for r in records] == ["three seeds agree"] * 3  # kept by every seed's run
     assert (tmp_path / ".veritrain" / "repeats" / f"{payload['group']}.json").exists()
     experiments = (tmp_path / "experiments.md").read_text()
     assert "group of 3 seeds" in experiments and "(single seed)" not in experiments

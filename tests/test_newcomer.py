@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -153,19 +154,22 @@ def test_resume_auto_without_a_config_picks_the_newest_interrupted_run(cli, tmp_
     assert resumed.json()["run_id"] == run_id and f"the newest interrupted run is {run_id}" in resumed.stderr
 
 
-def test_piped_output_keeps_ids_hashes_and_seals_whole(trained_then_baseline):
+def test_piped_output_keeps_ids_hashes_and_seals_whole(trained_then_baseline, tmp_path):
     workdir, trained, baseline = trained_then_baseline
     env = {**os.environ, "COLUMNS": "60", "PYTHONWARNINGS": "ignore"}  # a narrow terminal width must not matter in a pipe
-    listed = subprocess.run([sys.executable, "-m", "veritrain", "runs", "list", "--workdir", str(workdir)],
-                            capture_output=True, text=True, env=env, timeout=120)
-    assert listed.returncode == 0
-    assert all(any(run_id in line for line in listed.stderr.splitlines()) for run_id in (trained, baseline)), listed.stderr
+    # the report is on stdout: a shell pipe into grep finds each run, and a redirect to a file holds the table
+    veritrain = f"{shlex.quote(sys.executable)} -m veritrain runs list --workdir {shlex.quote(str(workdir))}"
+    grepped = subprocess.run(f"{veritrain} | grep {trained}", shell=True, capture_output=True, text=True, env=env, timeout=120)
+    assert grepped.returncode == 0 and trained in grepped.stdout and "completed" in grepped.stdout, grepped.stderr
+    subprocess.run(f"{veritrain} > {shlex.quote(str(tmp_path / 'runs.txt'))}", shell=True, check=True, env=env, timeout=120)
+    listed = (tmp_path / "runs.txt").read_text()
+    assert all(any(run_id in line for line in listed.splitlines()) for run_id in (trained, baseline)), listed
     shown = subprocess.run([sys.executable, "-m", "veritrain", "runs", "show", trained, "--workdir", str(workdir)],
                            capture_output=True, text=True, env=env, timeout=120)
     seal = (workdir / "runs" / trained / "record.sha256").read_text().strip()
-    lines = shown.stderr.splitlines()
-    assert any(seal in line for line in lines) and any(f"veritrain verify {trained} --expect {seal}" in line for line in lines), shown.stderr
-    assert not shown.stdout.strip().startswith("{")  # a summary for people; --json gives the record
+    lines = shown.stdout.splitlines()
+    assert any(seal in line for line in lines) and any(f"veritrain verify {trained} --expect {seal}" in line for line in lines), shown.stdout
+    assert not shown.stdout.strip().startswith("{") and shown.stderr == ""  # a summary for people; --json gives the record
     hashes = {m for line in lines for m in re.findall(r"\b[0-9a-f]{64}\b", line)}
     record = json.loads((workdir / "runs" / trained / "record.json").read_text())
     assert {record["final_state_sha256"], record["data"]["version"], record["config_hash"], seal} <= hashes
@@ -175,7 +179,7 @@ def test_the_end_of_run_summary_keeps_the_seal_whole_and_says_what_is_next(tmp_p
     env = {**os.environ, "COLUMNS": "60", "PYTHONWARNINGS": "ignore"}
     with open(tmp_path / "summary.txt", "w") as out:
         done = subprocess.run([sys.executable, "-m", "veritrain", "run", *SMALL, "--set", "export.formats=[onnx]", "--no-smoke",
-                               "--workdir", str(tmp_path)], stderr=out, stdout=subprocess.DEVNULL, env=env, timeout=300)
+                               "--workdir", str(tmp_path)], stdout=out, stderr=subprocess.DEVNULL, env=env, timeout=300)
     assert done.returncode == 0
     text = (tmp_path / "summary.txt").read_text()
     [run_dir] = (tmp_path / "runs").iterdir()

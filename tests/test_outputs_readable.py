@@ -193,3 +193,18 @@ def test_images_table_of_image_files():
     assert lines[:2] == ["| property | value | samples |", "|---|---|---|"]
     assert lines[2:] == ["| size (width × height) | 32×32 | 20 |", "| size (width × height) | 64×48 | 3 |",
                          "| mode | RGB | 22 |", "| mode | L | 1 |", "| format | PNG | 23 |"]
+
+
+@pytest.mark.parametrize("wanted, shown", [
+    ({"train": 0.8, "val": 0.1, "test": 0.1}, "asked 0.8 / 0.1 / 0.1 (data.split_ratios); every class"),
+    # a csv split column fixes the test rows: the other samples follow train and val alone, and the line says why
+    ({"train": 0.8 / 0.9, "val": 0.1 / 0.9, "test": 0.0},
+     "asked 0.8 / 0.1 / 0.1 (data.split_ratios), so the samples without a fixed split follow 0.89 / 0.11 / 0.00 as the data fixes test;"),
+])
+def test_the_data_report_shows_the_split_ratios_asked(wanted, shown):
+    from veritrain.data.report import summary_lines
+
+    achieved = {"judged": True, "asked": {"train": 0.8, "val": 0.1, "test": 0.1}, "wanted_for_free_samples": wanted,
+                "per_class": {}, "skewed": []}
+    [line] = [line for line in summary_lines({"achieved_split": achieved}) if line.startswith("- achieved split")]
+    assert shown in line, line

@@ -170,3 +170,30 @@ def test_a_bad_line_in_notes_is_skipped_with_a_warning(cli, workspace, tmp_path)
     shown = cli("runs", "show", source.name, "--workdir", str(tmp_path), "--json")
     assert shown.code == 0, shown.stderr
     assert shown.json()["notes"] == [good]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--filter", "foo=bar"], "has a column or config key 'foo'; filter on a column (run_id, exp_name,"),
+    (["--filter", "optim.lrr=0.01"], "(did you mean optim.lr?)"),
+    (["--filter", "status=complete"], "--filter status=complete: status is one of running, completed, failed, interrupted"),
+    (["--sort", "nonsense.metric"], "has a column or metric 'nonsense.metric'; sort by a metric (test.accuracy, "),
+    (["--sort", "-test.acuracy"], "(did you mean test.accuracy?)"),
+])
+def test_an_unknown_filter_or_sort_key_is_exit_2_naming_the_valid_ones(workspace, capsys, args, words):
+    from veritrain.cli import main
+
+    workdir, _ = workspace
+    with pytest.raises(SystemExit) as exited:
+        main(["runs", "list", *args, "--workdir", str(workdir)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ") and words in err, err
+
+
+def test_filters_take_recorded_config_paths_and_columns(workspace):
+    from veritrain import registry
+
+    workdir, outcomes = workspace
+    state, runs = workdir / ".veritrain", workdir / "runs"
+    assert len(registry.query(state, runs, filters=("model.hidden=[16]",))) == 3  # a list value, compared as JSON
+    assert len(registry.query(state, runs, filters=("status=failed",), sort="-test.log_loss")) == 1
+    assert registry.query(state, runs, filters=("kind=eval",)) == []  # a known key that matches nothing is no error

@@ -244,7 +244,10 @@ def test_repeat_reports_the_test_spread_and_selects_nothing(tmp_path, monkeypatc
 
     accuracies = iter([(0.99, 0.80), (0.50, 0.90)])  # val would rank the seeds the other way
 
-    def fake_run(seeded, workspace, argv, repeat, nproc):
+    given = []
+
+    def fake_run(seeded, workspace, argv, repeat, nproc, **recorded):
+        given.append(recorded)
         val, test = next(accuracies)
         record = {"status": "completed", "seed": seeded.config.seed, "baselines": None,
                   "metrics": {"val": {"accuracy": val}, "test": {"accuracy": test}}}
@@ -252,10 +255,14 @@ def test_repeat_reports_the_test_spread_and_selects_nothing(tmp_path, monkeypatc
 
     monkeypatch.setattr(repeats.pipeline, "run", fake_run)
     monkeypatch.setattr(repeats.pipeline, "update_experiments", lambda workspace: None)
-    result = repeats.run(load_config(None, ["eval.split=val"]), Workspace.open(tmp_path), ["veritrain", "run"], 2)
+    smoke = {"key": "k", "status": "passed", "cached": True}
+    result = repeats.run(load_config(None, ["eval.split=val"]), Workspace.open(tmp_path), ["veritrain", "run"], 2,
+                         hypothesis="wider is better", parent="run-parent", smoke=smoke)
     assert result["split"] == "test" and result["selection"] is None and "no seed or run is selected" in result["report"]
     assert result["summary"]["accuracy"]["values"] == [0.80, 0.90]
     assert "best" not in result and [r["seed"] for r in result["runs"]] == [0, 1]
+    # every seed's run records what `run --repeat N --hypothesis TEXT --parent RUN` was given, as a single run does
+    assert given == [{"hypothesis": "wider is better", "parent": "run-parent", "smoke": smoke}] * 2
 
 
 # ---------------------------------------------------------------- the record and check

@@ -101,7 +101,7 @@ def test_summary_has_deltas_best_trial_and_is_on_disk(local_sweep):
     tested = found[best["run_ids"][0]]["metrics"]["test"]  # the chosen trial's final report, beside the selection
     assert summary["best"]["test"]["metrics"]["accuracy"] == tested["accuracy"] and summary["best"]["test"]["used_for_selection"] is False
     assert summary["failed"] == [] and summary["counts"]["completed"] == 4
-    assert "best: trial" in result.stderr and "Δ vs parent" in result.stderr  # the table goes to stderr
+    assert "best: trial" in result.stderr and "Δ vs parent" in result.stderr  # under --json the table goes to stderr, stdout holds the JSON
     assert "its test result, not used for selection: accuracy" in result.stderr
 
 

@@ -138,7 +138,7 @@ def test_removed_added_and_edited_record_are_detected(cli, copy_of):
     (run_dir / "record.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     result = cli("verify", str(run_dir), "--workdir", str(workdir))
     assert result.code == 1
-    assert "seal_mismatch: record.json" in result.stderr
+    assert "seal_mismatch: record.json" in result.stdout  # the verdict is the report, on stdout
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: verify {run_dir.name}: ")
 
 

@@ -17,8 +17,9 @@ with probability C(N−c, F) / C(N, F).
     veritrain audit RUN --segments 5 --seed 1234 --out audit.json --json
 
 Exit codes: 0 every segment and result identical; 1 one differs (or the run does not verify); 2 the audit
-cannot start (this machine cannot replay the run exactly: the difference is named, and it is never a
-forgery verdict).
+cannot start (this machine cannot replay the run exactly, or the run was trained by several processes, which
+a one-process replay cannot match: the reason and the check that works instead are named, and it is never
+a forgery verdict).
 """
 
 from __future__ import annotations
@@ -67,9 +68,6 @@ def replay_blockers(record: dict[str, Any], run_dir: Path) -> tuple[list[str], l
         blockers.append("train.deterministic is false: the run used non-deterministic kernels")
     if train_cfg.get("compile"):
         blockers.append("train.compile is true: torch.compile is outside the bit-exact promise")
-    distributed = record.get("distributed") or {}
-    if int(distributed.get("world_size", 1)) > 1:
-        blockers.append(f"the run was trained by {distributed['world_size']} processes; audit replays with one")
     device = str((training.get("settings") or {}).get("device") or env.get("device") or "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         blockers.append(f"the run trained on {device}; this machine has no CUDA device")
@@ -89,6 +87,33 @@ def replay_blockers(record: dict[str, Any], run_dir: Path) -> tuple[list[str], l
             text = f"{name} {recorded.get(name, 'absent')} recorded, {here.get(name, 'absent')} here"
             (blockers if name in DECISIVE_PACKAGES else notes).append(text)
     return blockers, notes
+
+
+def cannot_replay(run_id: str, record: dict[str, Any], blockers: list[str]) -> Optional[str]:
+    """Why the audit cannot start here, in one line that says what would work; None when it can.
+
+    A run trained by several processes cannot be audited anywhere, not only on another machine: audit replays
+    a segment in one process, and one process does not sum a step's gradients in the order the ranks' all-reduce
+    did, so it cannot give the recorded states bit for bit. `reproduce` trains the run again with as many
+    processes and compares the weights and metrics: on this kind of machine, that is the check there is."""
+    distributed = record.get("distributed") or {}
+    world_size, nodes = int(distributed.get("world_size", 1)), int(distributed.get("nodes", 1))
+    if world_size <= 1:
+        if not blockers:
+            return None
+        return (f"{run_id}: this machine cannot replay the run exactly: {'; '.join(blockers[:4])}; "
+                f"audit it on a machine like the recorded one (`veritrain runs show {run_id}`)")
+    where = f"on {nodes} machines " if nodes > 1 else ""
+    reason = (f"{run_id}: the run was trained by {world_size} processes {where}and audit replays a segment in one process, "
+              f"which cannot give a {world_size}-process step bit for bit")
+    if nodes > 1:
+        return (f"{reason}; check it with a reproduction instead: the same torchrun launch ({world_size} ranks) of "
+                f"`veritrain train runs/{run_id}/config.yaml`, then `veritrain runs compare {run_id} NEW_RUN`")
+    if blockers:
+        return (f"{reason}; check it with `veritrain reproduce {run_id}` on a machine like the recorded one (this one differs: "
+                f"{'; '.join(blockers[:4])}), which trains it again with {world_size} processes and compares the weights and metrics")
+    return (f"{reason}; check it with `veritrain reproduce {run_id}`, which trains it again with {world_size} processes on this machine "
+            "and compares the weights and metrics (identical on the same kind of machine)")
 
 
 def _versions(lines: str) -> dict[str, str]:
@@ -137,8 +162,9 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     if checked.get("interrupted_amend"):  # verify judged the run as it was; its files are half switched
         raise RunFailed(f"{run_dir.name}: {checked['interrupted_amend']}; audit it after that")
     blockers, notes = replay_blockers(record, run_dir)
-    if blockers:
-        raise UserError(f"{run_dir.name}: this machine cannot replay the run exactly: {'; '.join(blockers[:4])}; audit it on a machine like the recorded one (`veritrain runs show {run_dir.name}`)")
+    refusal = cannot_replay(run_dir.name, record, blockers)
+    if refusal is not None:
+        raise UserError(refusal)
     starts = trajectory_module.start_points(entries, trajectory_module.kept_checkpoints(run_dir, record))
     total = len(entries) - 1
     if seed is None:

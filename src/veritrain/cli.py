@@ -2,7 +2,8 @@
 
 Exit codes: 0 success; 1 the command ran and found a problem (failed run); 2 it could not start
 (bad usage, config or missing input); 130/143 interrupted by SIGINT/SIGTERM. Errors are one line on
-stderr (`error: ...`); `--json` prints exactly one JSON document on stdout.
+stderr (`error: ...`). Reports (tables, summaries, verdicts) go to stdout, progress and warnings to stderr;
+`--json` prints exactly one JSON document on stdout (the reports then go to stderr).
 """
 
 from __future__ import annotations
@@ -26,7 +27,13 @@ workdir_option = click.option(
     default=None,
     help="Workspace folder holding runs/ and .veritrain/ (default: the current directory).",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout; progress goes to stderr.")
+def _reports_where(ctx: click.Context, param: click.Parameter, as_json: bool) -> bool:
+    logs.reports_to_stderr(as_json)  # stdout holds the one JSON document; tables and verdicts go to stderr with the progress
+    return as_json
+
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=_reports_where,
+                           help="Print one JSON document on stdout; tables, progress and warnings go to stderr.")
 set_option = click.option(
     "--set",
     "overrides",
@@ -116,7 +123,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
             from veritrain.record import read_record
 
             record = read_record(workspace.runs_dir / reused)
-            logs.console.print(f"reusing completed run {reused} (same config hash, data version and code)", markup=False)
+            logs.report(f"reusing completed run {reused} (same config hash, data version and code)")
             if as_json:
                 emit_json({"run_id": reused, "run_dir": str(workspace.runs_dir / reused), "status": record["status"],
                            "data_version": record["data"]["version"], "final_state_sha256": record["final_state_sha256"],
@@ -135,7 +142,8 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
         return _finish_run(outcome, as_json)
     from veritrain import repeats
 
-    result = repeats.run(resolved, workspace, pipeline.python_argv(), repeat, nproc=nproc or 1)
+    result = repeats.run(resolved, workspace, pipeline.python_argv(), repeat, nproc=nproc or 1, hypothesis=hypothesis, parent=parent,
+                         smoke=smoke_result)
     if as_json:
         emit_json(result)
     _render_repeat_summary(result)
@@ -260,10 +268,10 @@ def _print_next_steps(outcome: Any) -> None:
     elif "train" in (record.get("stages") or ()):
         steps.append((f"veritrain eval {run_id}", "evaluate it on the fixed test split"))
     steps.append((f"veritrain runs compare {run_id} OTHER_RUN", "config, metrics and environment against another run (`veritrain runs list`)"))
-    logs.console.print("next steps:", markup=False)
+    logs.report("next steps:")
     for command, why in steps:
-        logs.console.print(f"  {command}", markup=False, soft_wrap=True)
-        logs.console.print(f"      {why}", markup=False, soft_wrap=True, style="dim")
+        logs.report(f"  {command}")
+        logs.report(f"      {why}", style="dim")
 
 
 def _render_repeat_summary(result: dict[str, Any]) -> None:
@@ -281,7 +289,7 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
         table.add_row("warning", result["warning"], "", "", style="yellow")
     logs.print_table(table)
     for run in result["runs"]:
-        logs.console.print(f"  {run['run_id']}  seed {run['seed']}  {run['status']}", markup=False)
+        logs.report(f"  {run['run_id']}  seed {run['seed']}  {run['status']}")
 
 
 @cli.command("sweep")
@@ -357,7 +365,7 @@ def _render_sweep_plan(plan: Any) -> None:
         table.add_row(str(trial.index), change_text(trial.change), trial.config_hashes[0][:12], trial.hypothesis)
     logs.print_table(table)
     for note in plan.skipped:
-        logs.console.print(f"left out {note}", markup=False, soft_wrap=True)
+        logs.report(f"left out {note}")
 
 
 def _render_sweep_summary(summary: dict[str, Any]) -> None:
@@ -401,19 +409,18 @@ def _render_sweep_summary(summary: dict[str, Any]) -> None:
     logs.print_table(table)
     for who, group in (("parent", parent), *((f"trial {t['index']}", t) for t in summary["trials"])):
         if group.get("note"):
-            logs.console.print(f"{who}: {group['note']}", markup=False, soft_wrap=True)
+            logs.report(f"{who}: {group['note']}")
     if summary.get("best"):
         b = summary["best"]
         delta = f" ({b['delta']:+.4f} vs parent)" if b.get("delta") is not None else ""
-        logs.console.print(f"best: trial {b['trial']} ({change_text(b['change'])}), chosen on {split} {b['metric']}: {b['value']:.4f}{delta}",
-                           markup=False, soft_wrap=True)
+        logs.report(f"best: trial {b['trial']} ({change_text(b['change'])}), chosen on {split} {b['metric']}: {b['value']:.4f}{delta}")
         report = b.get("test") or {}
         spread = report.get("spread") or {}
         shown = ", ".join(f"{name} {report['metrics'][name]:.4f}" + (f" ± {spread[name]['std']:.4f}" if name in spread and spread[name]["n"] > 1 else "")
                           for name in names if name in (report.get("metrics") or {}))
         if shown:
-            logs.console.print(f"  its test result, {report['label']}: {shown}", markup=False, soft_wrap=True)
-    logs.console.print(f"summary: {summary['folder']}/summary.json; the trials are in experiments.md", markup=False, soft_wrap=True)
+            logs.report(f"  its test result, {report['label']}: {shown}")
+    logs.report(f"summary: {summary['folder']}/summary.json; the trials are in experiments.md")
 
 
 # ---------------------------------------------------------------- stages on a finished run
@@ -461,13 +468,13 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
         done = pipeline.evaluate_run(workspace, ref, which, split, pipeline.python_argv(), allow_data_drift, trust_code, use_current_code)
         metrics = done.result
         if done.outside and use_current_code:
-            logs.console.print(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
-                               f"built with the current code, not the code recorded with {done.parent}); seal {done.seal}", markup=False)
+            logs.report(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
+                        f"built with the current code, not the code recorded with {done.parent}); seal {done.seal}")
         elif done.outside:
-            logs.console.print(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
-                               f"not from the audited training); seal {done.seal}", markup=False)
+            logs.report(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
+                        f"not from the audited training); seal {done.seal}")
         else:
-            logs.console.print(f"eval written to {done.run_dir / 'eval' / metrics['split']}; run re-sealed: {done.seal}", markup=False)
+            logs.report(f"eval written to {done.run_dir / 'eval' / metrics['split']}; run re-sealed: {done.seal}")
     if as_json:
         emit_json(metrics)
     else:
@@ -559,10 +566,10 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
     done = pipeline.export_run(workspace, ref, which, list(formats) or None, pipeline.python_argv(), trust_code, use_current_code)
     description = done.result
     if done.outside and use_current_code:
-        logs.console.print(f"exported into new run {done.run_dir.name} (kind export, built with the current code, not the code "
-                           f"recorded with {done.parent}); seal {done.seal}", markup=False)
+        logs.report(f"exported into new run {done.run_dir.name} (kind export, built with the current code, not the code "
+                    f"recorded with {done.parent}); seal {done.seal}")
     elif done.outside:
-        logs.console.print(f"exported into new run {done.run_dir.name} (kind export, not from the audited training); seal {done.seal}", markup=False)
+        logs.report(f"exported into new run {done.run_dir.name} (kind export, not from the audited training); seal {done.seal}")
     if as_json:
         emit_json(description)
     else:
@@ -663,13 +670,13 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
     if as_json:
         emit_json(result)
     for p in result["problems"]:
-        logs.console.print(f"{p['kind']}: {p['path']}" + (f" ({p['detail']})" if p.get("detail") else ""), style="red", markup=False, soft_wrap=True)
+        logs.report(f"{p['kind']}: {p['path']}" + (f" ({p['detail']})" if p.get("detail") else ""), style="red")
     for d in result["drift"]:
-        logs.console.print(f"drift: {d['what']}: recorded {d['recorded']}, now {d['now']}", style="yellow", markup=False, soft_wrap=True)
+        logs.report(f"drift: {d['what']}: recorded {d['recorded']}, now {d['now']}", style="yellow")
     if not result["ok"]:
         raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
                         + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
-    logs.console.print(f"run {run_dir.name} verified: seal {result['seal']}", markup=False, soft_wrap=True)
+    logs.report(f"run {run_dir.name} verified: seal {result['seal']}")
     return 0
 
 
@@ -873,8 +880,8 @@ def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[st
         emit_json(result)
     from rich.table import Table
 
-    logs.console.print(f"audit {result['run_id']}: {len(result['segments_drawn'])} segment(s) drawn of {result['segments_total']}, "
-                       f"{result['segments_audited']} checked on the way, seed {result['seed']}", markup=False, soft_wrap=True)
+    logs.report(f"audit {result['run_id']}: {len(result['segments_drawn'])} segment(s) drawn of {result['segments_total']}, "
+                f"{result['segments_audited']} checked on the way, seed {result['seed']}")
     table = Table(title=f"audit: {result['verdict']}", title_justify="left")
     for column in ("segment", "steps", "replayed from step", "verdict", "detail"):
         table.add_column(column, overflow="fold")
@@ -884,15 +891,15 @@ def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[st
         table.add_row(r["what"], f"entry {r['entry']} (step {r['step']})", "", r["verdict"], r.get("detail", ""))
     logs.print_table(table)
     cost = f" = {result['cost_fraction']:.1%} of the recorded training time" if result["cost_fraction"] is not None else ""
-    logs.console.print(f"replay {result['replay_seconds']:.1f}s in {len(result['replays'])} stretch(es){cost}", markup=False)
+    logs.report(f"replay {result['replay_seconds']:.1f}s in {len(result['replays'])} stretch(es){cost}")
     for forged, chance in result["escape_probability"].items():
-        logs.console.print(f"a trajectory with {forged} forged segment(s) among {result['segments_total']} escapes this audit "
-                           f"(which checked {result['segments_audited']}) with probability {chance:.3f}", markup=False, soft_wrap=True)
+        logs.report(f"a trajectory with {forged} forged segment(s) among {result['segments_total']} escapes this audit "
+                    f"(which checked {result['segments_audited']}) with probability {chance:.3f}")
     for item in result.get("not_checked") or []:
-        logs.console.print(f"not checked: {item['check']}: {item['reason']}", markup=False, style="dim", soft_wrap=True)
+        logs.report(f"not checked: {item['check']}: {item['reason']}", style="dim")
     for note in result["environment_notes"]:
-        logs.console.print(f"note: {note}", markup=False, style="dim")
-    logs.console.print(f"repeat: {result['command']}", markup=False, soft_wrap=True)
+        logs.report(f"note: {note}", style="dim")
+    logs.report(f"repeat: {result['command']}")
     if result["verdict"] != "identical":
         bad = [str(v["segment"]) for v in result["segments"] if v["verdict"] == "differs"]
         results = [r["what"] for r in result["results"] if r["verdict"] == "differs"]
@@ -1120,7 +1127,7 @@ def runs_note(ref: str, text: str, conclusion: bool, waive: Optional[str], workd
     pipeline.update_experiments(workspace)
     if as_json:
         emit_json({"run_id": run_dir.name, "note": note})
-    logs.console.print(f"noted on {run_dir.name}", markup=False)
+    logs.report(f"noted on {run_dir.name}")
     return 0
 
 
@@ -1413,6 +1420,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if argv is None:  # the `veritrain` process itself (not a caller's): a bug's traceback is shown redacted
         sys.excepthook = redacting_excepthook
     logs.setup_console_logging()
+    logs.reports_to_stderr(False)
     _JSON_WRITTEN["done"] = False
     wants_json = "--json" in (sys.argv[1:] if argv is None else argv)
     try:

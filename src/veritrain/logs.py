@@ -1,17 +1,20 @@
-"""Console and log file: people read stderr, `train.log` in the run keeps everything (debug included).
+"""Console, reports and log file: reports (tables, summaries, verdicts) go to stdout, so they can be piped and
+grepped; progress, logs and warnings go to stderr; `train.log` in the run keeps everything (debug included).
 
-stdout is reserved for the one JSON document of `--json`.
+Under `--json` stdout holds the one JSON document alone: the reports then go to stderr with the progress.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from rich.console import Console
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False)  # progress, logs and warnings
+reports = Console(highlight=False)  # tables, summaries and verdicts: stdout (rich looks up sys.stdout on every print)
+_REPORTS_TO_STDERR = {"on": False}  # set by `--json` (see `reports_to_stderr`)
 log = logging.getLogger("veritrain")
 FILE_ONLY = {"console": False}  # `log.x(..., extra=FILE_ONLY)`: keep a line out of the console
 
@@ -43,20 +46,38 @@ class ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
+def reports_to_stderr(on: bool) -> None:
+    """Send the reports of this command to stderr (`--json`: stdout holds its one JSON document) or, by
+    default, to stdout."""
+    _REPORTS_TO_STDERR["on"] = on
+
+
+def report_console() -> Console:
+    """Where a report is printed now: stdout, or stderr under `--json`."""
+    return console if _REPORTS_TO_STDERR["on"] else reports
+
+
+def report(text: str, style: Optional[str] = None) -> None:
+    """One line of a report (a verdict, a summary, a next step), printed as written: no markup, no emoji
+    codes, never wrapped, so ids and seals stay whole."""
+    report_console().print(text, style=style, markup=False, emoji=False, highlight=False, soft_wrap=True)
+
+
 def print_table(table: Any) -> None:
-    """A rich table on the console that never splits a run id, hash, seal or path: on a terminal each
+    """A rich table as a report that never splits a run id, hash, seal or path: on a terminal each
     column is at least as wide as the longest unbroken word in it; in a pipe or a file the table keeps
     its natural width (no wrapping at 80 columns), so every value can be copied whole from one line."""
     from veritrain.display import plain_table
 
     plain_table(table)  # cells from records are shown as written: control characters escaped, no markup
-    if not console.is_terminal:
-        Console(file=console.file, width=100_000, highlight=False, color_system=None).print(table)
+    out = report_console()
+    if not out.is_terminal:
+        Console(file=out.file, width=100_000, highlight=False, color_system=None).print(table)
         return
     for column in table.columns:
         longest = max((len(word) for cell in column.cells for word in str(cell).split()), default=0)
         column.min_width = max(column.min_width or 0, min(longest, 80))
-    console.print(table)
+    out.print(table)
 
 
 def setup_console_logging() -> None:

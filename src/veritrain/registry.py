@@ -168,6 +168,11 @@ def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: O
     from veritrain.errors import UserError
 
     db = sync(state_dir, runs_dir)
+    try:
+        _refuse_unknown_keys(db, runs_dir, filters, sort)
+    except Exception:
+        db.close()
+        raise
     where, params = [], []
     if status:
         where.append(f"status IN ({', '.join('?' * len(status))})")
@@ -205,6 +210,60 @@ def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: O
         rows.append(row)
     db.close()
     return rows
+
+
+STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+def _refuse_unknown_keys(db: sqlite3.Connection, runs_dir: Path, filters: tuple[str, ...], sort: Optional[str]) -> None:
+    """A filter or sort key that no indexed run has would match nothing, or sort nothing, without a word: refuse
+    it (exit 2) with the keys there are. The keys are those of the runs themselves (columns, recorded config
+    paths, metric paths), so a key of an older record still works. An empty workspace has nothing to check."""
+    from veritrain.errors import UserError
+
+    if not filters and not sort:
+        return
+    config_keys: set[str] = set()
+    metric_keys: set[str] = set()
+    count = 0
+    for config, metrics in db.execute("SELECT config, metrics FROM runs"):
+        count += 1
+        config_keys.update(_paths(json.loads(config) if config else None, leaves_only=False))
+        metric_keys.update(_paths(json.loads(metrics) if metrics else None, leaves_only=True))
+    if count == 0:
+        return
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            continue  # the caller's message: expected KEY=VALUE
+        if key == "status" and value not in STATUSES:
+            raise UserError(f"--filter {item}: status is one of {', '.join(STATUSES)}")
+        if key not in COLUMNS and key not in config_keys:
+            raise UserError(f"--filter {item}: no run in {runs_dir} has a column or config key {key!r}{_did_you_mean(key, [*COLUMNS, *config_keys])}; "
+                            f"filter on a column ({', '.join(COLUMNS)}) or a config key such as optim.lr (`veritrain config keys` lists them)")
+    if sort:
+        key = sort.lstrip("-")
+        if key not in COLUMNS and key not in metric_keys:
+            raise UserError(f"--sort {sort}: no run in {runs_dir} has a column or metric {key!r}{_did_you_mean(key, [*COLUMNS, *metric_keys])}; "
+                            f"sort by a metric ({', '.join(sorted(metric_keys)) or 'none recorded yet'}) or a column ({', '.join(COLUMNS)}); "
+                            "a leading - sorts smallest first")
+
+
+def _paths(value: Any, leaves_only: bool, prefix: str = "") -> list[str]:
+    """Dotted key paths of nested JSON objects (`optim.lr`); with leaves_only False, the objects' own paths too."""
+    if not isinstance(value, dict):
+        return [prefix] if prefix else []
+    found = [] if leaves_only or not prefix else [prefix]
+    for key, inner in value.items():
+        found.extend(_paths(inner, leaves_only, f"{prefix}.{key}" if prefix else str(key)))
+    return found
+
+
+def _did_you_mean(key: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _json_value(text: str) -> str:

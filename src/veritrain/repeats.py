@@ -12,7 +12,7 @@ import json
 import math
 import secrets
 import statistics
-from typing import Any
+from typing import Any, Optional
 
 from veritrain import pipeline
 from veritrain.config import ResolvedConfig
@@ -52,7 +52,10 @@ def spread(values: list[float], valid: tuple[float, float] = (-math.inf, math.in
     return {"mean": mean, "std": std, "ci95": [max(mean - half, low), min(mean + half, high)], "n": n, "values": values}
 
 
-def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: int, nproc: int = 1) -> dict[str, Any]:
+def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: int, nproc: int = 1,
+        hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """`count` runs of `resolved` with seeds seed, seed+1, …; each run's record keeps the hypothesis, the parent
+    and the smoke result given, as a single run's does."""
     group = secrets.token_hex(4)
     base_seed = resolved.config.seed
     outcomes = []
@@ -60,7 +63,8 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
         config = resolved.config.model_copy(update={"seed": base_seed + index})
         seeded = ResolvedConfig(config=config, path=resolved.path, overrides=[*resolved.overrides, f"seed={base_seed + index}"],
                                 data_paths=resolved.data_paths)
-        outcome = pipeline.run(seeded, workspace, argv, repeat={"group": group, "index": index, "of": count}, nproc=nproc)
+        outcome = pipeline.run(seeded, workspace, argv, repeat={"group": group, "index": index, "of": count}, nproc=nproc,
+                               hypothesis=hypothesis, parent=parent, smoke=smoke)
         outcomes.append(outcome)
     completed = [o for o in outcomes if o.record["status"] == "completed"]
     split = REPORT_SPLIT  # each seed's run evaluates test (pipeline.evaluation_splits), whatever eval.split says

@@ -220,7 +220,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines.append("- quarantined: " + (", ".join(f"{k} {n}" for k, n in quarantined.items()) if quarantined else "none"))
     if achieved.get("judged"):
         per_class = achieved.get("per_class") or {}
-        asked = " / ".join(f"{w:.2f}" for w in (achieved.get("wanted_for_free_samples") or {}).values())
+        asked = _asked_ratios(achieved)
         worst = max(per_class.items(), key=lambda item: item[1]["largest_gap"], default=None)
         skewed = achieved.get("skewed") or []
         sigmas = [(abs(v), name, split) for name, found in per_class.items() for split, v in (found.get("gap_sigma") or {}).items()]
@@ -247,6 +247,19 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines.append(f"- outliers: {(summary.get('outliers') or {}).get('found', 0)} found")
     lines.append(f"- near-duplicate groups: {summary.get('near_duplicate_groups', 0)}")
     return lines
+
+
+def _asked_ratios(achieved: dict[str, Any]) -> str:
+    """data.split_ratios as the config gives them; when the data fixes a split (a csv split column, an official
+    test set), the ratios the other samples follow instead, and why."""
+    wanted = achieved.get("wanted_for_free_samples") or {}
+    asked = achieved.get("asked") or wanted  # a report of an older version may hold only the derived ratios
+    shown = " / ".join(f"{r:g}" for r in asked.values()) + " (data.split_ratios)"
+    fixed = [split for split, r in asked.items() if r > 0 and wanted.get(split) == 0]
+    if fixed and wanted:
+        shown += (f", so the samples without a fixed split follow {' / '.join(f'{r:.2f}' for r in wanted.values())}"
+                  f" as the data fixes {' and '.join(fixed)}")
+    return shown
 
 
 def achieved_lines(achieved: dict[str, Any]) -> list[str]:

@@ -224,6 +224,7 @@ def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     samples: list[FileSample] = []
     seen: dict[str, int] = {}
     id_lines: dict[str, int] = {}  # id → the line that gave it
+    label_lines: dict[str, list[int]] = {}  # label → the lines that give it
     findings = []
     for line, row in enumerate(rows, start=2):
         rel = (row.get("path") or "").strip().replace("\\", "/")
@@ -239,6 +240,8 @@ def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
         if split is not None and split not in SPLITS:
             raise RunFailed(f"data.csv: {csv_path}: line {line}: split {split!r}; use train, val, test or leave it empty")
         label = (row.get("label") or "").strip() or None
+        if label is not None:
+            label_lines.setdefault(label, []).append(line)
         source_id = (row.get("id") or "").strip() or None
         if source_id is not None:
             if source_id in id_lines:
@@ -251,8 +254,33 @@ def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
         undated = [s.sample_id for s in samples if s.timestamp is None]
         if undated:
             raise RunFailed(f"data.csv: {len(undated)} row(s) without a timestamp (first: {undated[0]}); data.split_by: time needs one on every row")
+    if not cfg.classes:  # declared classes quarantine any other label (unknown_label); discovered ones would take a typo as a class
+        _refuse_label_typos(label_lines, csv_path)
     discovered = sorted({s.label for s in samples if s.label is not None})
     return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "csv"}, findings=findings)
+
+
+TYPO_MAX_ROWS = 2  # a label on this many rows or fewer, beside a look-alike label on
+TYPO_RATIO = 10  # at least this many times as many rows, is taken for a typo of it
+TYPO_SIMILARITY = 0.6  # difflib's ratio, case ignored: 'dgo' and 'dog' 0.67, 'Dog' and 'dog' 1.0
+
+
+def _refuse_label_typos(label_lines: dict[str, list[int]], csv_path: Path) -> None:
+    """Without data.classes every label in the csv becomes a class, so a mistyped label would be a class of one
+    sample, failing the split far from its cause (too_small) or silently training an extra class. Refuse it
+    where it is: the file and line (RunFailed, bad data). A rare class of its own is kept by listing data.classes."""
+    import difflib
+
+    counts = {label: len(lines) for label, lines in label_lines.items()}
+    for label, lines in sorted(label_lines.items(), key=lambda item: item[1][0]):
+        if len(lines) > TYPO_MAX_ROWS:
+            continue
+        common = {other.casefold(): other for other, n in counts.items() if n >= TYPO_RATIO * len(lines)}
+        close = difflib.get_close_matches(label.casefold(), list(common), n=1, cutoff=TYPO_SIMILARITY)
+        if close:
+            other = common[close[0]]
+            raise RunFailed(f"data.csv: {csv_path}: line {lines[0]}: label {label!r} is on {len(lines)} row(s), {other!r} on {counts[other]}; "
+                            f"a typo of {other!r}? fix it, or list every class in data.classes to keep {label!r} as a class of its own")
 
 
 def load_labelmap_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
