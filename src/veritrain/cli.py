@@ -660,6 +660,8 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
         logs.console.print(f"{p['kind']}: {p['path']}" + (f" ({p['detail']})" if p.get("detail") else ""), style="red", markup=False, soft_wrap=True)
     for d in result["drift"]:
         logs.console.print(f"drift: {d['what']}: recorded {d['recorded']}, now {d['now']}", style="yellow", markup=False, soft_wrap=True)
+    if result.get("raw_data"):  # which check the raw data had: its hashes, or preparing it again
+        logs.console.print(f"data: {result['raw_data']}", markup=False, soft_wrap=True)
     if not result["ok"]:
         raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
                         + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
