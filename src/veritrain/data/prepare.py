@@ -381,7 +381,8 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
         timings["decode"] = time.perf_counter() - t
         info = _write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin, units)
         info["achieved_split"] = achieved
-        info["listing_sha256"] = listing_sha256(table, source)
+        if FORMAT_VERSION >= BOUND_INFO_SINCE["listing_sha256"]:
+            info["listing_sha256"] = listing_sha256(table, source)
         info["ignored"] = {"count": len(table.ignored), "files": table.ignored[:IGNORED_SHOWN]}  # not bound: no sample
         version = version_id(preprocessing, DATA_HASH_ALGORITHM, samples, content_hash(info))
         info["data_version"] = version
@@ -490,7 +491,7 @@ def _default_workers() -> int:
 
 
 def _sample_table(cfg: Any, source: Any, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
-                  recipe: int = FORMAT_VERSION) -> _Table:
+                  recipe: Optional[int] = None) -> _Table:
     """Every sample of the source with its content hash (as `recipe` lists them), and the fixed test split of data.test_split_file."""
     table = _list_files(cfg, source, cache_dir, rehash, timings, recipe) if isinstance(source, FileListing) else _table_from_arrays(source)
     if cfg.split_by == "time" and table.ids and not any(table.timestamps):  # config refuses known sources; this catches registered ones
@@ -592,11 +593,13 @@ def is_image_name(name: str) -> bool:
 
 
 def _list_files(cfg: Any, source: FileListing, cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
-                recipe: int = FORMAT_VERSION) -> _Table:
+                recipe: Optional[int] = None) -> _Table:
     """The sample table of a file source with every file hashed (stat cache first; none when `cache_dir` is None:
-    every byte is read). Under `recipe` 5 on, files found by walking data.root that are not images are left out."""
+    every byte is read). Under `recipe` (default: this one) 5 on, files found by walking data.root that are not
+    images are left out."""
     from veritrain.hashing import StatCache, hash_files
 
+    recipe = FORMAT_VERSION if recipe is None else recipe
     ignored = sorted(s.sample_id for s in source.samples if recipe >= 5 and s.walked and not is_image_name(s.sample_id))
     skipped = set(ignored)
     samples = sorted((s for s in source.samples if s.sample_id not in skipped), key=lambda s: s.sample_id)
