@@ -291,8 +291,8 @@ def test_state_hashes_are_kept_by_the_checkpoint_file_hash_and_audit_reads_no_ca
 
     # an entry is found only under the file's own hash: a poisoned one is used (this is a cache, audit never reads
     # it), one under any other hash (a changed file) is not
-    (cache / f"{last}.json").write_text(json.dumps({"step": kept["step"], "state_sha256": "0" * 64}))
-    (cache / f"{'f' * 64}.json").write_text(json.dumps({"step": 1, "state_sha256": "0" * 64}))
+    (cache / f"{last}.json").write_text(json.dumps({**kept, "state_sha256": "0" * 64}))
+    (cache / f"{'f' * 64}.json").write_text(json.dumps({**kept, "step": 1, "state_sha256": "0" * 64}))
     poisoned = verify_run(run_dir, workdir / ".veritrain", check_data=False, state_cache=cache)
     assert not poisoned["ok"] and "checkpoints/last.pt" in {p["path"] for p in poisoned["problems"]}
     shutil.copytree(cache, workdir / ".veritrain" / "cache" / "states", dirs_exist_ok=True)

@@ -154,7 +154,10 @@ class _StateCache:
             found = json.loads((self.folder / f"{self.digests[rel]}.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return found if isinstance(found, dict) else None
+        from veritrain import __version__
+
+        # another veritrain may hash states another way: what it kept is computed again
+        return found if isinstance(found, dict) and found.get("veritrain") == __version__ else None
 
     def put(self, rel: str, value: dict[str, Any]) -> None:
         if self.folder is None or not re.fullmatch(r"[0-9a-f]{64}", self.digests.get(rel, "")):
@@ -165,7 +168,9 @@ class _StateCache:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
-            tmp.write_text(json.dumps(value), encoding="utf-8")
+            from veritrain import __version__
+
+            tmp.write_text(json.dumps({**value, "veritrain": __version__}), encoding="utf-8")
             os.replace(tmp, self.folder / f"{self.digests[rel]}.json")
         except OSError:
             pass
