@@ -5,7 +5,8 @@
 Writes an imagefolder of small PNGs once, trains one tiny run on it (mlp, 1 epoch, no smoke test), then
 times `python -m veritrain verify latest` as a whole process (the first call fills the state-hash cache,
 the later ones hit it), and the parts: the imports of that process (`python -X importtime`, and whether
-torch is among them), hashing every raw file's bytes, and the checkpoint state checks without the cache.
+torch is among them), hashing every raw file's bytes, the whole raw-data check against preparing the raw data
+again (what verify did before), and the checkpoint state checks without the cache.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def import_seconds(stderr: str) -> tuple[float, bool]:
     total, torch = 0, False
     for line in stderr.splitlines():
         match = re.match(r"import time:\s+\d+ \|\s+(\d+) \| (\s*)(\S+)", line)
-        if match and match.group(2) == " ":  # top level: one space of indent
+        if match and match.group(2) == "":  # a top-level import (nested ones are indented)
             total += int(match.group(1))
         if match and match.group(3).strip() == "torch":
             torch = True
@@ -94,6 +95,18 @@ def main() -> None:
         hash_files([Path(s.path) for s in listing.samples], None, rehash=True)
         hashing = time.perf_counter() - started
         run_dir = Workspace.open(workdir).resolve_run("latest")
+        import json
+
+        record = json.loads((run_dir / "record.json").read_text())
+        cfg = load_config(None, ["data.source=imagefolder", f"data.root={root}", "data.on_split_skew=warn"]).config.data
+        folder = workdir / ".veritrain" / "data" / record["data"]["version"]
+        started = time.perf_counter()
+        assert prepare.raw_data_check(cfg, {"root": root}, folder, workdir / ".veritrain" / "data").unchanged
+        raw_check = time.perf_counter() - started
+        with tempfile.TemporaryDirectory() as scratch:  # what verify did before: prepare the raw data again, decoding all
+            started = time.perf_counter()
+            assert prepare.version_now(cfg, {"root": root}, Path(scratch), versions=workdir / ".veritrain" / "data") == folder.name
+            again = time.perf_counter() - started
         started = time.perf_counter()
         verify_run(run_dir, workdir / ".veritrain", check_data=False, check_states=False)
         files_only = time.perf_counter() - started
@@ -102,7 +115,9 @@ def main() -> None:
         states = time.perf_counter() - started - files_only
     print(f"verify latest, whole process: first {first:.2f}s (fills the state cache), then median {statistics.median(times):.2f}s of {args.repeat}")
     print(f"  python + veritrain --version alone: {floor:.2f}s; imports of verify: {imports:.2f}s (torch imported: {torch})")
-    print(f"  hashing the {len(listing.samples)} raw files: {hashing:.2f}s; checkpoint states without the cache: {states:.2f}s")
+    print(f"  hashing the {len(listing.samples)} raw files: {hashing:.2f}s; the whole raw-data check (list, hash, compare): {raw_check:.2f}s, "
+          f"against {again:.2f}s to prepare it again ({again / raw_check:.0f}×)")
+    print(f"  checkpoint states without the cache (as audit checks them): {states:.2f}s")
     print("  " + "\n  ".join(said))
 
 
