@@ -178,7 +178,7 @@ def versions(tmp_path_factory):
 def test_data_diff_counts_no_move_outside_merged_groups_across_additions_and_removals(versions, cli):
     first, one_added, many_added, removed = versions["all"]
     assert [sum(v.counts.values()) for v in versions["all"]] == [200, 201, 501, 401]
-    assert all(v.info["format"] == 4 for v in versions["all"])
+    assert all(v.info["format"] == prepare.FORMAT_VERSION for v in versions["all"])
     step = report.diff(first.path, one_added.path)
     assert len(step["added"]) == 1 and not step["removed"] and not step["moved"]
     step = report.diff(one_added.path, many_added.path)

@@ -53,6 +53,9 @@ def test_untouched_run_verifies(cli, sealed):
     payload = result.json()
     assert payload["ok"] and payload["seal"] == seal and payload["problems"] == []
     assert set(payload) >= {"ok", "seal", "problems", "drift"}
+    # the raw digits are told unchanged from their hashes; nothing is prepared (or said to be written) again
+    assert payload["raw_data"] == "1,797 raw samples hash as recorded (decoders unchanged): not re-decoded"
+    assert "data: 1,797 raw samples hash as recorded" in result.stderr and "writing" not in result.stderr
     from veritrain import verdicts
 
     kept = verdicts.latest(run_dir, workdir / ".veritrain")  # verify keeps its verdict in the workspace, not in the run
@@ -251,3 +254,59 @@ def test_corrupt_record_is_reported_by_check_and_verify(cli, copy_of, text):
         assert ran.code == 1, ran.stderr
         assert "Traceback" not in ran.stderr
         assert ran.stderr.strip().splitlines()[-1].startswith(f"error: {command} {run_dir.name}: ")
+
+
+def test_verify_decodes_nothing_when_the_raw_data_hashes_as_recorded(sealed, monkeypatch):
+    from veritrain.data import prepare
+
+    workdir, run_dir, _ = sealed
+    monkeypatch.setattr(prepare, "version_now", lambda *a, **k: pytest.fail("the raw data was prepared again"))
+    result = verify_run(run_dir, workdir / ".veritrain")
+    assert result["ok"] and result["raw_data"].endswith("hash as recorded (decoders unchanged): not re-decoded")
+    monkeypatch.undo()  # other decoders: the raw data is prepared again to compare (this recipe can)
+    monkeypatch.setattr(prepare, "decoder_versions", lambda: {"pillow": "0.0", "numpy": "0.0"})
+    again = verify_run(run_dir, workdir / ".veritrain")
+    assert again["ok"] and again["raw_data"].startswith("raw data prepared again to compare (decoders changed: pillow")
+
+
+def test_state_hashes_are_kept_by_the_checkpoint_file_hash_and_audit_reads_no_cache(sealed, tmp_path, monkeypatch):
+    import torch
+
+    from veritrain import audit, verify
+    from veritrain.workspace import Workspace
+
+    workdir, run_dir, _ = sealed
+    cache = tmp_path / "states"
+    assert verify_run(run_dir, workdir / ".veritrain", check_data=False, state_cache=cache)["ok"]
+    record = json.loads((run_dir / "record.json").read_text())
+    last = record["artifacts"]["checkpoints/last.pt"]["sha256"]
+    kept = json.loads((cache / f"{last}.json").read_text())
+    assert kept["state_sha256"] == record["trajectory"][-1]["state_sha256"]
+    assert (cache / f"{record['artifacts']['export/model.safetensors']['sha256']}.json").exists()
+
+    loads = []
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a) or pytest.fail("a checkpoint was loaded"))
+    assert verify_run(run_dir, workdir / ".veritrain", check_data=False, state_cache=cache)["ok"]  # every state a hit
+    monkeypatch.undo()
+
+    # an entry is found only under the file's own hash: a poisoned one is used (this is a cache, audit never reads
+    # it), one under any other hash (a changed file) is not
+    (cache / f"{last}.json").write_text(json.dumps({**kept, "state_sha256": "0" * 64}))
+    (cache / f"{'f' * 64}.json").write_text(json.dumps({**kept, "step": 1, "state_sha256": "0" * 64}))
+    poisoned = verify_run(run_dir, workdir / ".veritrain", check_data=False, state_cache=cache)
+    assert not poisoned["ok"] and "checkpoints/last.pt" in {p["path"] for p in poisoned["problems"]}
+    shutil.copytree(cache, workdir / ".veritrain" / "cache" / "states", dirs_exist_ok=True)
+    try:
+        assert verify_run(run_dir, workdir / ".veritrain", check_data=False)["ok"]  # the default, as audit calls it
+        seen = []
+
+        def spy(*args, **kwargs):
+            seen.append(kwargs)
+            raise KeyboardInterrupt  # stop the audit right after its verify
+
+        monkeypatch.setattr(verify, "verify_run", spy)
+        with pytest.raises(KeyboardInterrupt):
+            audit.run(Workspace.open(workdir), run_dir.name)
+        assert seen and "state_cache" not in seen[0]
+    finally:
+        shutil.rmtree(workdir / ".veritrain" / "cache" / "states")

@@ -673,6 +673,8 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
         logs.report(f"{p['kind']}: {p['path']}" + (f" ({p['detail']})" if p.get("detail") else ""), style="red")
     for d in result["drift"]:
         logs.report(f"drift: {d['what']}: recorded {d['recorded']}, now {d['now']}", style="yellow")
+    if result.get("raw_data"):  # which check the raw data had: its hashes, or preparing it again
+        logs.report(f"data: {result['raw_data']}")
     if not result["ok"]:
         raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
                         + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))

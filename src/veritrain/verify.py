@@ -35,13 +35,15 @@ log = logging.getLogger("veritrain")
 
 def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
                rehash_data: bool = True, check_data: bool = True, check_states: bool = True,
-               progress: Optional[Progress] = None) -> dict[str, Any]:
-    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}]}.
+               progress: Optional[Progress] = None, state_cache: Optional[Path] = None) -> dict[str, Any]:
+    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}], "raw_data"}.
     `check_data` False leaves the data version out (for callers that open it next, which checks it);
     `check_states` False skips loading the checkpoints to match them with the trajectory (their bytes
     are checked either way). `progress` is told each stage as it goes (the run browser shows it). While an amend of
     the run is unfinished (veritrain.journal), the run is judged as it was before it, from the journal's copies of
-    the files already switched, and "interrupted_amend" says so (else None); nothing is written either way."""
+    the files already switched, and "interrupted_amend" says so (else None); nothing is written either way.
+    `state_cache`: a folder where the state hashes of checkpoints (and the weights hash of an export) are kept
+    by the SHA-256 of the file's bytes, read before loading a file and written after; None (audit) loads every file."""
     from veritrain.journal import interrupted
 
     report: Progress = progress or (lambda stage, done, total: None)
@@ -111,15 +113,18 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     report("files", len(artifacts), len(artifacts))
     intact = {rel: path for rel, path in present.items() if rel in artifacts and not any(p["path"] == rel for p in problems)}
     not_checked: list[dict[str, str]] = []  # checks whose fields the record does not carry (older runs), and why
-    problems.extend(_trajectory_problems(record, intact, check_states, report, set(present), omitted, not_checked))
+    digests = {rel: str(artifacts[rel].get("sha256")) for rel in intact}  # each intact file's bytes hash so, just checked
+    problems.extend(_trajectory_problems(record, intact, check_states, report, set(present), omitted, not_checked,
+                                         _StateCache(state_cache, digests)))
 
     data = record.get("data") or {}
+    checked: list[str] = []  # how the raw data was checked, in a line
     if data.get("version") and check_data:
-        problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report))
+        problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report, checked, not_checked))
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
-            "interrupted_amend": note}
+            "interrupted_amend": note, "raw_data": checked[0] if checked else None}
 
 
 def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
@@ -131,7 +136,7 @@ def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None
     from veritrain.record import now_iso
 
     covered = verdicts.fingerprint(run_dir, state_dir)  # before: a file changed while verify runs makes the verdict stale
-    result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress)
+    result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress, state_cache=state_dir / STATE_CACHE)
     result["verified_at"] = now_iso()
     if result.get("interrupted_amend"):
         return result  # it judged the run as it was, not the files there now: no verdict to keep for them
@@ -140,6 +145,45 @@ def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None
     except OSError:
         pass
     return result
+
+
+STATE_CACHE = Path("cache") / "states"  # under .veritrain/: <file sha256>.json, safe to delete (verify loads the files again)
+
+
+class _StateCache:
+    """What loading a checkpoint (or an export's weights) gave, kept by the SHA-256 of the file's bytes: a changed
+    file has another hash, so it misses. Best effort: an unreadable or unwritable cache only costs the load."""
+
+    def __init__(self, folder: Optional[Path], digests: dict[str, str]):
+        self.folder, self.digests = folder, digests
+
+    def get(self, rel: str) -> Optional[dict[str, Any]]:
+        if self.folder is None or not re.fullmatch(r"[0-9a-f]{64}", self.digests.get(rel, "")):
+            return None
+        try:
+            found = json.loads((self.folder / f"{self.digests[rel]}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        from veritrain import __version__
+
+        # another veritrain may hash states another way: what it kept is computed again
+        return found if isinstance(found, dict) and found.get("veritrain") == __version__ else None
+
+    def put(self, rel: str, value: dict[str, Any]) -> None:
+        if self.folder is None or not re.fullmatch(r"[0-9a-f]{64}", self.digests.get(rel, "")):
+            return
+        import os
+        import uuid
+
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
+            from veritrain import __version__
+
+            tmp.write_text(json.dumps({**value, "veritrain": __version__}), encoding="utf-8")
+            os.replace(tmp, self.folder / f"{self.digests[rel]}.json")
+        except OSError:
+            pass
 
 
 def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
@@ -159,7 +203,8 @@ def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
 
 
 def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool, report: Progress,
-                         present: set[str], omitted: set[str], not_checked: list[dict[str, str]]) -> list[dict[str, Any]]:
+                         present: set[str], omitted: set[str], not_checked: list[dict[str, str]],
+                         cache: _StateCache) -> list[dict[str, Any]]:
     """The trajectory's chain holds, its last entry is the final state, the checkpoints kept are those the keep rule
     keeps, every checkpoint in the run holds a state of the trajectory (a step file may hold a timing save of
     `other_saves`, a resume point), best.pt holds the best epoch's entry and last.pt the final one, and every result
@@ -193,19 +238,25 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     by_step = {(e["step"], e["state_sha256"]) for e in entries} | {(e["step"], e["state_sha256"]) for e in record.get("other_saves") or []}
     in_trajectory = {e["state_sha256"] for e in entries}
     best_index = trajectory_module.best_entry(entries, training.get("best_epoch"))
-    import torch
 
     states: dict[str, str] = {}  # checkpoint file → its state hash
     checkpoints = [(rel, path) for rel, path in sorted(files.items()) if rel.startswith("checkpoints/") and rel.endswith(".pt")]
     for done, (rel, path) in enumerate(checkpoints):
         report("states", done, len(checkpoints))
-        try:  # its bytes were just matched with the sealed record: no second hash (checkpoint.load's sidecar check)
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            step = int(state["loop"]["step"])
-            digest = trajectory_module.state_sha256(state)
-        except Exception as err:  # not a checkpoint veritrain could have written
-            problems.append({"path": rel, "kind": "not_in_trajectory", "detail": f"cannot be read as a checkpoint ({str(err)[:120]})"})
-            continue
+        kept = cache.get(rel)
+        if kept is not None and isinstance(kept.get("step"), int) and isinstance(kept.get("state_sha256"), str):
+            step, digest = kept["step"], kept["state_sha256"]
+        else:
+            import torch
+
+            try:  # its bytes were just matched with the sealed record: no second hash (checkpoint.load's sidecar check)
+                state = torch.load(path, map_location="cpu", weights_only=True)
+                step = int(state["loop"]["step"])
+                digest = trajectory_module.state_sha256(state)
+            except Exception as err:  # not a checkpoint veritrain could have written
+                problems.append({"path": rel, "kind": "not_in_trajectory", "detail": f"cannot be read as a checkpoint ({str(err)[:120]})"})
+                continue
+            cache.put(rel, {"step": step, "state_sha256": digest})
         states[rel] = digest
         name = path.name
         if outside:
@@ -223,12 +274,12 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
         if not fits:
             kind = "best_not_best_epoch" if name == "best.pt" and best_index is not None else "not_in_trajectory"
             problems.append({"path": rel, "kind": kind, "detail": f"its state (step {step}, state_sha256 {digest[:12]}) is not {wanted}"})
-    problems.extend(_result_problems(record, entries, states, files, not_checked))
+    problems.extend(_result_problems(record, entries, states, files, not_checked, cache))
     return problems
 
 
 def _result_problems(record: dict[str, Any], entries: list[dict[str, Any]], states: dict[str, str], files: dict[str, Path],
-                     not_checked: list[dict[str, str]]) -> list[dict[str, Any]]:
+                     not_checked: list[dict[str, str]], cache: _StateCache) -> list[dict[str, Any]]:
     """Every metric set and the export come from the trajectory entry the record names: the entry is the trajectory's,
     the checkpoint the result names holds its state, and export/model.safetensors holds its weights."""
     problems = []
@@ -273,15 +324,20 @@ def _result_problems(record: dict[str, Any], entries: list[dict[str, Any]], stat
             if safetensors is None:
                 not_checked.append({"check": "export weights", "reason": "the export has no model.safetensors to compare with the entry's weights"})
                 continue
-            from safetensors.torch import load_file
+            kept = cache.get("export/model.safetensors")
+            if kept is not None and isinstance(kept.get("weights_sha256"), str):
+                weights = kept["weights_sha256"]
+            else:
+                from safetensors.torch import load_file
 
-            from veritrain.hashing import state_dict_sha256
+                from veritrain.hashing import state_dict_sha256
 
-            try:
-                weights = state_dict_sha256(load_file(str(safetensors)))
-            except Exception as err:  # not a safetensors file
-                differs("export/model.safetensors", f"cannot be read ({str(err)[:120]})")
-                continue
+                try:
+                    weights = state_dict_sha256(load_file(str(safetensors)))
+                except Exception as err:  # not a safetensors file
+                    differs("export/model.safetensors", f"cannot be read ({str(err)[:120]})")
+                    continue
+                cache.put("export/model.safetensors", {"weights_sha256": weights})
             wanted = entries[ref["index"]]["model_sha256"]
             if weights != wanted:
                 differs("export/model.safetensors", f"its weights hash to {weights[:12]}, entry {ref['index']} has weights {wanted[:12]}")
@@ -289,9 +345,11 @@ def _result_problems(record: dict[str, Any], entries: list[dict[str, Any]], stat
 
 
 def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, drift: list[dict[str, Any]],
-                        report: Progress) -> list[dict[str, Any]]:
-    """The stored data version must still hash to its id; the raw data, when present, must still
-    prepare to it."""
+                        report: Progress, checked: list[str], not_checked: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The stored data version must still hash to its id; the raw data, when present, must still prepare to it:
+    told from the hashes of its bytes when they, the listing and the decoders are as the version records
+    (`prepare.raw_data_check`), else by preparing it again in a scratch folder. `checked` gets the line saying
+    which check was made."""
     report("data version", 0, 1)
     problems = []
     version = record["data"]["version"]
@@ -320,15 +378,27 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
 
     recipe = stored_recipe(folder)
     carried = carried_test_from(folder)  # data.test_from's version: re-preparing reads its test split
+    raw = None
     if "root" in paths and not paths["root"].exists():
         drift.append({"what": "raw data", "recorded": str(paths["root"]), "now": "not present"})
-    elif rehash and recipe is not None and recipe != FORMAT_VERSION:
-        drift.append({"what": "raw data", "recorded": f"prepared by data recipe {recipe}",
-                      "now": f"this veritrain prepares with recipe {FORMAT_VERSION}, so the raw data cannot be re-prepared to compare"})
     elif rehash and carried is not None and not (state_dir / "data" / carried / "version.json").is_file():
         drift.append({"what": "raw data", "recorded": f"test split carried over from data version {carried[:12]} (data.test_from)",
                       "now": "that version is not in this workspace, so the raw data cannot be re-prepared to compare"})
+    elif rehash and (raw := _raw_by_hashes(record, paths, folder, state_dir, carried, report)) is not None and raw.unchanged:
+        what = "raw files" if raw.files else "raw samples"
+        checked.append(f"{raw.samples:,} {what} hash as recorded (decoders unchanged): not re-decoded")
+        if raw.not_compared:
+            not_checked.append({"check": "raw data listing", "reason": raw.not_compared})
+    elif raw is not None and raw.changed:
+        problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
+                         "detail": f"the raw data is not what data version {version[:12]} was prepared from: {raw.changed}"})
+        checked.append(f"raw data hashed: {raw.changed}")
+    elif rehash and recipe is not None and recipe != FORMAT_VERSION:
+        why = f"{raw.undecided}, and " if raw is not None and raw.undecided else ""
+        drift.append({"what": "raw data", "recorded": f"prepared by data recipe {recipe}",
+                      "now": f"{why}this veritrain prepares with recipe {FORMAT_VERSION}, so the raw data cannot be re-prepared to compare"})
     elif rehash:
+        checked.append("raw data prepared again to compare" + (f" ({raw.undecided})" if raw is not None and raw.undecided else ""))
         from veritrain.config import RunConfig
         from veritrain.data import prepare
 
@@ -352,6 +422,31 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         finally:
             logging.getLogger("veritrain").removeFilter(quiet)
     return problems
+
+
+def _raw_by_hashes(record: dict[str, Any], paths: dict[str, Path], folder: Path, state_dir: Path, carried: Optional[str],
+                   report: Progress) -> Any:
+    """`prepare.raw_data_check` of the stored version, or None when there is none to compare with (not stored, or
+    its manifest cannot be read: its damage is a problem already) or the raw data cannot be listed (preparing it
+    again then says why)."""
+    from veritrain.config import RunConfig
+    from veritrain.data import prepare
+
+    if not (folder / "version.json").is_file() or not (folder / "manifest.csv").is_file():
+        return None
+    report("raw data", 0, 1)
+    quiet = _QuietThread()  # the listing's info lines (ignored files) belong to prepare, not to verify
+    logging.getLogger("veritrain").addFilter(quiet)
+    try:
+        data_cfg = RunConfig.model_validate(record["config"]).data
+        if carried is not None:
+            data_cfg = data_cfg.model_copy(update={"test_from": carried})
+        return prepare.raw_data_check(data_cfg, paths, folder, state_dir / "data")
+    except Exception:  # a damaged manifest, unlisted data: the full comparison below reports it
+        return None
+    finally:
+        logging.getLogger("veritrain").removeFilter(quiet)
+        report("raw data", 1, 1)
 
 
 class _QuietThread(logging.Filter):

@@ -41,13 +41,20 @@ log = logging.getLogger("veritrain")
 # The data recipe: how a data version is prepared and laid out; part of the version id. 3: near-duplicates
 # confirmed by pixels, achieved-split check, label issues and outliers, exact normalization, every file of the
 # version bound to its id. 4: stable splits (each unit placed by the hash of its key, see data/split.py), the
-# achieved-split check against 3σ of chance, data.test_from, the manifest's `key` and `unit` columns. Runs made
-# with an earlier recipe keep the version it prepared (see `run`'s `recorded`).
-FORMAT_VERSION = 4
+# achieved-split check against 3σ of chance, data.test_from, the manifest's `key` and `unit` columns. 5: a file
+# found by walking data.root (imagefolder; labelmap, unless the map labels it) is a sample only when its name ends
+# in one of IMAGE_EXTENSIONS, the rest are listed as ignored (README.txt, Thumbs.db); version.json binds
+# `listing_sha256`, so `verify` can tell unchanged raw data from its hashes alone. Runs made with an earlier recipe
+# keep the version it prepared (see `run`'s `recorded`).
+FORMAT_VERSION = 5
+IMAGE_EXTENSIONS = frozenset((".bmp", ".gif", ".jfif", ".jpe", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".pnm", ".ppm",
+                              ".tif", ".tiff", ".webp"))  # compared lower-cased; a fixed list, not Pillow's plugins of the day
 MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status", "key", "unit")
 NEAR_DUPLICATE_MIN_SIDE = 16  # px: below this a perceptual hash says little (digits are 8×8)
 BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "inputs.npy", "targets.npy")
 BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files", "achieved_split")
+BOUND_INFO_SINCE = {"listing_sha256": 5}  # parts of version.json bound from a recipe on (earlier versions keep their ids)
+IGNORED_SHOWN = 1000  # ignored file names kept in version.json and the report (the count is always whole)
 ARRAY_CHUNK = 4096  # rows copied or summed at a time (bounds memory)
 CARD_FILE = "card.json"  # the data card: beside the version, editable, outside every hash
 
@@ -123,6 +130,7 @@ class _Table:
     pictures: dict[int, np.ndarray] = field(default_factory=dict)  # near-duplicate search: dedup.comparison_image
     thumbs: dict[int, np.ndarray] = field(default_factory=dict)  # label issues and outliers: dedup.thumbnail
     units_of: dict[int, str] = field(default_factory=dict)  # sample index → why it is tied to others (for split_skew)
+    ignored: list[str] = field(default_factory=list)  # files under data.root that are not images (recipe 5 on), by relpath
 
     def add(self, kind: str, indices: list[int], reason: str, exclude: bool = False) -> Finding:
         finding = Finding(kind, [self.ids[i] for i in indices], reason)
@@ -154,8 +162,18 @@ def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any,
 
 
 def content_hash(info: dict[str, Any]) -> str:
-    """SHA-256 of the parts of version.json that the id binds (BOUND_INFO)."""
-    return sha256_json({key: info.get(key) for key in BOUND_INFO})
+    """SHA-256 of the parts of version.json that the id binds (BOUND_INFO, and BOUND_INFO_SINCE from its recipe on)."""
+    recipe = recipe_of(info) or 0
+    keys = BOUND_INFO + tuple(key for key, since in BOUND_INFO_SINCE.items() if recipe >= since)
+    return sha256_json({key: info.get(key) for key in keys})
+
+
+def listing_sha256(table: Any, source: Any) -> str:
+    """SHA-256 of what the listing gives each sample beyond the manifest's columns (group, fixed split, timestamp)
+    and of the listing's own findings: with the manifest and the source's preprocessing it binds every input of
+    preparing (recipe 5 on), so that unchanged raw data can be told from its hashes without decoding it again."""
+    return sha256_json({"samples": [[table.ids[i], table.groups[i], table.fixed[i], table.timestamps[i]] for i in range(len(table.ids))],
+                        "findings": [[kind, ids, reason] for kind, ids, reason in getattr(source, "findings", [])]})
 
 
 def recipe_of(info: Any) -> Optional[int]:
@@ -193,6 +211,78 @@ def version_now(data_cfg: Any, paths: dict[str, Path], scratch_state: Path, vers
     `scratch_state`, but no report, chart or version folder is written, since only the id is compared. `versions`
     is the workspace's folder of data versions, where data.test_from's version is read."""
     return run(data_cfg, paths, scratch_state, rehash=True, id_only=True, versions=versions)  # type: ignore[return-value]
+
+
+@dataclass
+class RawCheck:
+    """The raw data against a stored version's manifest, every byte hashed again (`raw_data_check`)."""
+
+    samples: int  # raw files (file sources) or samples (array sources) hashed
+    files: bool  # a file source: `samples` counts files
+    changed: Optional[str] = None  # the first difference, naming the sample or file; None: as recorded
+    undecided: Optional[str] = None  # why the hashes cannot decide (decoders or hash algorithm differ): decode again to compare
+    not_compared: Optional[str] = None  # what the version's recipe did not record, so was not compared
+
+    @property
+    def unchanged(self) -> bool:
+        return self.changed is None and self.undecided is None
+
+
+def decoder_versions() -> dict[str, str]:
+    """What turns raw bytes into the prepared arrays, as version.json records it (`decoders`)."""
+    import PIL
+
+    return {"pillow": PIL.__version__, "numpy": np.__version__}
+
+
+def raw_data_check(data_cfg: Any, paths: dict[str, Path], folder: Path, versions: Path) -> RawCheck:
+    """Whether the raw data is what the stored version in `folder` was prepared from, told from hashes alone: the
+    source is listed as the version's recipe lists it, every sample's bytes are hashed (never a stat cache) and
+    compared with the manifest's id, hash, label and key, the listing's groups, fixed splits, timestamps and findings
+    with `listing_sha256` (recipe 5 on), and the decoders with those recorded. When all hold, preparing again would
+    give the same version (preparing is a function of these), so nothing needs to be decoded. Nothing is written."""
+    info = json.loads((folder / "version.json").read_text(encoding="utf-8"))
+    recipe = recipe_of(info) or 0
+    former_dir = former_version(data_cfg, versions)
+    if former_dir is not None:
+        data_cfg = data_cfg.model_copy(update={"test_from": former_dir.name})
+    source = load_source(data_cfg, paths)
+    table = _sample_table(data_cfg, source, paths, None, True, {}, recipe)
+    found = RawCheck(len(table.ids), isinstance(source, FileListing))
+    algorithm = info.get("hash_algorithm")
+    if algorithm != DATA_HASH_ALGORITHM:
+        found.undecided = f"the manifest hashes samples with {algorithm!r}, this veritrain with {DATA_HASH_ALGORITHM}"
+        return found
+    with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
+        rows = {row["sample_id"]: row for row in csv.DictReader(f)}
+    now = {sid: i for i, sid in enumerate(table.ids)}
+    for sid in sorted(set(rows) | set(now)):  # the first difference in sample-id order
+        row, i = rows.get(sid), now.get(sid)
+        if i is None:
+            found.changed = f"{sid}: in the manifest, no longer in the raw data"
+        elif row is None:
+            found.changed = f"{sid}: new in the raw data, not in the manifest"
+        elif (row[algorithm] or None) != table.hashes[i]:
+            found.changed = (f"{sid}: its bytes hash to {str(table.hashes[i])[:12]}, the manifest records {row[algorithm][:12]}"
+                             if table.hashes[i] else f"{sid}: cannot be read now, the manifest records {row[algorithm][:12]}")
+        elif (row["label"] or None) != table.labels[i]:
+            found.changed = f"{sid}: labelled {table.labels[i]!r} now, {row['label']!r} in the manifest"
+        elif "key" in row and (row["key"] or None) != table.source_ids[i]:
+            found.changed = f"{sid}: its id is {table.source_ids[i]!r} now, {row['key']!r} in the manifest"
+        if found.changed:
+            return found
+    if (info.get("preprocessing") or {}).get("source") != source.preprocessing:
+        found.changed = "the source describes its preprocessing differently now"
+    elif recipe >= BOUND_INFO_SINCE["listing_sha256"]:
+        if info.get("listing_sha256") != listing_sha256(table, source):
+            found.changed = "the listing's groups, fixed splits, timestamps or findings differ from those recorded (listing_sha256)"
+    elif any(table.groups) or any(table.fixed) or any(table.timestamps) or getattr(source, "findings", None):
+        found.not_compared = f"groups, fixed splits, timestamps and listing findings (data recipe {recipe} did not record them)"
+    if found.changed is None and info.get("decoders") != decoder_versions():
+        recorded = info.get("decoders") or {}
+        found.undecided = "decoders changed: " + ", ".join(f"{name} {recorded.get(name)} → {version}" for name, version in decoder_versions().items()
+                                                           if recorded.get(name) != version)
+    return found
 
 
 def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
@@ -305,6 +395,9 @@ def _prepare(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehas
         timings["decode"] = time.perf_counter() - t
         info = _write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin, units)
         info["achieved_split"] = achieved
+        if FORMAT_VERSION >= BOUND_INFO_SINCE["listing_sha256"]:
+            info["listing_sha256"] = listing_sha256(table, source)
+        info["ignored"] = {"count": len(table.ignored), "files": table.ignored[:IGNORED_SHOWN]}  # not bound: no sample
         version = version_id(preprocessing, DATA_HASH_ALGORITHM, samples, content_hash(info))
         info["data_version"] = version
         if id_only:  # version_now: the id is all that is asked
@@ -411,9 +504,10 @@ def _default_workers() -> int:
 # ---------------------------------------------------------------- building the sample table
 
 
-def _sample_table(cfg: Any, source: Any, paths: dict[str, Path], cache_dir: Path, rehash: bool, timings: dict[str, float]) -> _Table:
-    """Every sample of the source with its content hash, and the fixed test split of data.test_split_file."""
-    table = _list_files(cfg, source, cache_dir, rehash, timings) if isinstance(source, FileListing) else _table_from_arrays(source)
+def _sample_table(cfg: Any, source: Any, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
+                  recipe: Optional[int] = None) -> _Table:
+    """Every sample of the source with its content hash (as `recipe` lists them), and the fixed test split of data.test_split_file."""
+    table = _list_files(cfg, source, cache_dir, rehash, timings, recipe) if isinstance(source, FileListing) else _table_from_arrays(source)
     if cfg.split_by == "time" and table.ids and not any(table.timestamps):  # config refuses known sources; this catches registered ones
         raise UserError(f"data.split_by: 'time' needs data.source: csv with a timestamp column; data.source {cfg.source!r} gave no timestamps, use split_by: random")
     if cfg.test_split_file is not None:
@@ -508,11 +602,21 @@ def _near_duplicates_on(cfg: Any, shape: list[int]) -> bool:
     return cfg.near_duplicates == "on"
 
 
-def _list_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, timings: dict[str, float]) -> _Table:
-    """The sample table of a file source with every file hashed (stat cache first)."""
+def is_image_name(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def _list_files(cfg: Any, source: FileListing, cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
+                recipe: Optional[int] = None) -> _Table:
+    """The sample table of a file source with every file hashed (stat cache first; none when `cache_dir` is None:
+    every byte is read). Under `recipe` (default: this one) 5 on, files found by walking data.root that are not
+    images are left out."""
     from veritrain.hashing import StatCache, hash_files
 
-    samples = sorted(source.samples, key=lambda s: s.sample_id)
+    recipe = FORMAT_VERSION if recipe is None else recipe
+    ignored = sorted(s.sample_id for s in source.samples if recipe >= 5 and s.walked and not is_image_name(s.sample_id))
+    skipped = set(ignored)
+    samples = sorted((s for s in source.samples if s.sample_id not in skipped), key=lambda s: s.sample_id)
     n = len(samples)
     table = _Table(
         ids=[s.sample_id for s in samples],
@@ -524,7 +628,11 @@ def _list_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, ti
         fixed=[s.fixed_split for s in samples],
         timestamps=[s.timestamp for s in samples],
         source_ids=[s.source_id for s in samples],
+        ignored=ignored,
     )
+    if ignored:
+        log.info("data: %d file(s) under data.root are not images and are ignored (%s%s); see the data report",
+                 len(ignored), ", ".join(ignored[:3]), ", …" if len(ignored) > 3 else "")
     index_of = {sid: i for i, sid in enumerate(table.ids)}
     for kind, ids, reason in source.findings:
         if kind == "unreadable":  # listed (e.g. in a label map) but not on disk: nothing to quarantine
@@ -533,11 +641,12 @@ def _list_files(cfg: Any, source: FileListing, cache_dir: Path, rehash: bool, ti
             table.add(kind, [index_of[i] for i in ids if i in index_of], reason)
 
     t = time.perf_counter()
-    stat_cache = StatCache(cache_dir / "files.sqlite")
+    stat_cache = StatCache(cache_dir / "files.sqlite") if cache_dir is not None else None
     try:
-        hashed = hash_files([s.path for s in samples], stat_cache, rehash=rehash)
+        hashed = hash_files([s.path for s in samples], stat_cache, rehash=rehash or stat_cache is None)
     finally:
-        stat_cache.close()
+        if stat_cache is not None:
+            stat_cache.close()
     timings["hash"] = time.perf_counter() - t
     timings["hash_cached_files"] = sum(1 for h in hashed.values() if h.cached)
     for i, s in enumerate(samples):
@@ -1073,7 +1182,6 @@ def _write_version(out: Path, cfg: Any, table: _Table, classes: Optional[list[st
     per_class = None
     if classes is not None:
         per_class = {s: {c: int(((row_splits == s) & (targets == k)).sum()) for k, c in enumerate(classes)} for s in SPLITS}
-    import PIL
 
     return {
         "data_version": None,
@@ -1089,7 +1197,7 @@ def _write_version(out: Path, cfg: Any, table: _Table, classes: Optional[list[st
         "target_dtype": str(targets.dtype),
         "normalization": normalization_stats(inputs, np.flatnonzero(row_splits == "train")),
         "origin": origin,
-        "decoders": {"pillow": PIL.__version__, "numpy": np.__version__},
+        "decoders": decoder_versions(),
         # every file training reads, bound to the version id through `content_hash`
         "files": {name: {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)} for name in BOUND_FILES},
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

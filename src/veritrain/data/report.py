@@ -50,6 +50,7 @@ def write(out: Path, info: dict[str, Any], findings: list[dict[str, Any]], quara
             "near_duplicate_groups": by_kind.get("near_duplicate", 0),
         },
         "quarantined": quarantined,
+        "ignored": info.get("ignored"),  # recipe 5 on: files under data.root that are not images, no samples
         "findings": findings,
         "findings_by_kind": dict(sorted(by_kind.items())),
         "label_issue_method": label_method,
@@ -180,6 +181,12 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [f"| {q['sample_id']} | {q['kind']} | {_cell(q['reason'])} |" for q in report["quarantined"][:500]]
     else:
         lines.append("Nothing quarantined.")
+    ignored = report.get("ignored") or {}
+    if ignored.get("count"):
+        lines += ["", "## Ignored files", "", f"{ignored['count']} file(s) under data.root are not images (by their extension), so no samples:", ""]
+        lines += [f"- {name}" for name in ignored["files"][:500]]
+        if ignored["count"] > min(len(ignored["files"]), 500):
+            lines.append(f"- … {ignored['count'] - min(len(ignored['files']), 500)} more")
     if report["images"]:
         lines += ["", "## Images", ""] + images_table(report["images"])
     lines += ["", "## Timings (seconds)", ""] + [f"- {k}: {v}" for k, v in report["timings_seconds"].items()]

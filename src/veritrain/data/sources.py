@@ -51,6 +51,7 @@ class FileSample:
     fixed_split: Optional[str] = None  # train | val | test when given by the data
     timestamp: Optional[str] = None  # for data.split_by: time (ISO 8601 or any sortable text)
     source_id: Optional[str] = None  # the source's own id (csv `id` column): the split key instead of the content hash
+    walked: bool = False  # found by walking data.root, not named by a listing: from data recipe 5 on taken only when an image
 
 
 @dataclass
@@ -197,7 +198,7 @@ def load_imagefolder_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     samples = []
     for rel, path in walk_files(root):
         label = rel.split("/", 1)[0] if "/" in rel else None  # a file directly in root has no class folder
-        samples.append(FileSample(rel, path, label))
+        samples.append(FileSample(rel, path, label, walked=True))
     discovered = sorted({s.label for s in samples if s.label is not None})
     return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "imagefolder"})
 
@@ -300,7 +301,7 @@ def load_labelmap_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     fixed = _split_lists(paths["split_dir"]) if "split_dir" in paths else {}
     files = walk_files(root)
     present = {rel for rel, _ in files}
-    samples = [FileSample(rel, path, mapping.get(rel), None, fixed.get(rel)) for rel, path in files]
+    samples = [FileSample(rel, path, mapping.get(rel), None, fixed.get(rel), walked=rel not in mapping) for rel, path in files]
     findings = []
     ghosts = sorted(set(mapping) - present)
     if ghosts:

@@ -32,6 +32,14 @@ def class_probabilities(outputs: torch.Tensor) -> np.ndarray:
     return torch.softmax(outputs.double(), dim=1).numpy()
 
 
+def mean_loss(outputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Mean cross-entropy of N×K logits, each sample's in float64 (row by row, whatever the thread count) and their
+    sum exactly rounded (`math.fsum`), so the figure does not depend on threads or the order of summation. Logits
+    more than float32's range apart (a diverging model) give a large number, not inf."""
+    per_sample = F.cross_entropy(outputs.double(), targets, reduction="none")
+    return math.fsum(per_sample.tolist()) / max(1, len(per_sample))
+
+
 class ClassificationTask:
     name = "classification"
     epoch_metrics = ("acc",)
@@ -156,10 +164,7 @@ class ClassificationTask:
 
         probabilities = class_probabilities(outputs)
         metrics = classification_eval.compute(probabilities, targets.cpu().numpy(), data.classes)
-        loss = float(F.cross_entropy(outputs.float(), targets))  # as every recorded run computed it
-        if not math.isfinite(loss):  # logits more than float32's range apart (a diverging model): a large number, not inf
-            loss = float(F.cross_entropy(outputs.double(), targets))
-        metrics["loss"] = loss
+        metrics["loss"] = mean_loss(outputs, targets)
         return metrics
 
     # ---- optional parts of the Task protocol, used by the evaluation stage

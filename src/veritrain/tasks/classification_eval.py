@@ -1,14 +1,18 @@
 """Classification evaluation: metrics from class probabilities, the predictions file, per-class table,
 confusion matrices, bad cases and the report.
 
-Every metric scikit-learn defines is computed by scikit-learn itself (so `eval --predictions` on the
-written file reproduces it exactly); expected calibration error uses 15 equal-width confidence bins:
+Every metric is computed from integer counts and exactly rounded float64 sums (`math.fsum`), each in a fixed
+order, so it is the same number whatever the thread count, the memory layout or the order of the samples, and
+`eval --predictions` on the written file reproduces it exactly. The definitions are scikit-learn's (precision,
+recall and F1 with zero_division=0, log loss with probabilities clipped to [eps, 1 − eps]; a test holds them
+equal to scikit-learn's within rounding). Expected calibration error uses 15 equal-width confidence bins:
 ECE = Σ_b (|b| / n) · |accuracy(b) − mean confidence(b)|, bins (0, 1/15], (1/15, 2/15], …
 """
 
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -18,46 +22,68 @@ ECE_BINS = 15
 
 
 def expected_calibration_error(probabilities: np.ndarray, labels: np.ndarray, bins: int = ECE_BINS) -> float:
+    probabilities = np.asarray(probabilities, dtype=np.float64)
     confidence = probabilities.max(axis=1)
     correct = probabilities.argmax(axis=1) == labels
     edges = np.linspace(0.0, 1.0, bins + 1)
     # a sample with confidence c falls in the bin (edges[k], edges[k + 1]]; c = 0 joins the first bin
     which = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)
-    total = 0.0
-    for k in range(bins):
+    n = len(labels)
+    gaps = []
+    for k in range(bins):  # bin by bin: counts are integers, the confidences' sum is exactly rounded
         members = which == k
-        if members.any():
-            total += members.mean() * abs(correct[members].mean() - confidence[members].mean())
-    return float(total)
+        count = int(members.sum())
+        if count:
+            right = int(correct[members].sum())
+            gaps.append(count / n * abs(right / count - math.fsum(confidence[members].tolist()) / count))
+    return math.fsum(gaps)
+
+
+def log_loss(probabilities: np.ndarray, labels: np.ndarray) -> float:
+    """Mean −log p(true class), p clipped to [eps, 1 − eps] (float64 eps, as scikit-learn clips), summed exactly."""
+    eps = float(np.finfo(np.float64).eps)
+    true = np.asarray(probabilities, dtype=np.float64)[np.arange(len(labels)), labels]
+    return math.fsum(-math.log(min(max(p, eps), 1 - eps)) for p in true.tolist()) / len(labels)
+
+
+def _ratio(numerator: int, denominator: int) -> float:
+    return numerator / denominator if denominator else 0.0  # scikit-learn's zero_division=0
 
 
 def compute(probabilities: np.ndarray, labels: np.ndarray, classes: Sequence[str]) -> dict[str, Any]:
-    """All metrics of one split from N×K probabilities and N true class indices."""
-    from sklearn.metrics import accuracy_score, log_loss, precision_recall_fscore_support, top_k_accuracy_score
-
+    """All metrics of one split from N×K probabilities and N true class indices (see the module's note on arithmetic)."""
     k = len(classes)
-    indices = list(range(k))
+    labels = np.asarray(labels, dtype=np.int64)
     predicted = probabilities.argmax(axis=1)
-    metrics: dict[str, Any] = {
-        "samples": int(len(labels)),
-        "accuracy": float(accuracy_score(labels, predicted)),
-    }
+    n = int(len(labels))
+    # confusion[t, p]: samples of true class t predicted as p, counted exactly
+    confusion = np.bincount(labels * k + predicted, minlength=k * k).reshape(k, k).tolist()
+    tp = [confusion[c][c] for c in range(k)]
+    support = [sum(confusion[c]) for c in range(k)]
+    predicted_as = [sum(row[c] for row in confusion) for c in range(k)]
+    precision = [_ratio(tp[c], predicted_as[c]) for c in range(k)]
+    recall = [_ratio(tp[c], support[c]) for c in range(k)]
+    f1 = [_ratio(2 * tp[c], support[c] + predicted_as[c]) for c in range(k)]  # 2·tp / (2·tp + fp + fn)
+    metrics: dict[str, Any] = {"samples": n, "accuracy": _ratio(sum(tp), n)}
     if k >= 5:
-        metrics["top5_accuracy"] = float(top_k_accuracy_score(labels, probabilities, k=5, labels=indices))
+        # the true class among the 5 largest probabilities; ties broken as scikit-learn does (a stable sort)
+        top = np.argsort(probabilities, axis=1, kind="stable")[:, ::-1][:, :5]
+        metrics["top5_accuracy"] = _ratio(int((top == labels[:, None]).any(axis=1).sum()), n)
     for average in ("macro", "weighted"):
-        precision, recall, f1, _ = precision_recall_fscore_support(labels, predicted, labels=indices, average=average, zero_division=0)
-        metrics[f"precision_{average}"] = float(precision)
-        metrics[f"recall_{average}"] = float(recall)
-        metrics[f"f1_{average}"] = float(f1)
+        for name, values in (("precision", precision), ("recall", recall), ("f1", f1)):
+            metrics[f"{name}_{average}"] = math.fsum(values) / k if average == "macro" else _weighted(values, support)
     metrics["macro_f1"] = metrics["f1_macro"]  # the name the run summary and records use
-    metrics["log_loss"] = float(log_loss(labels, probabilities, labels=indices))
+    metrics["log_loss"] = log_loss(probabilities, labels)
     metrics["ece"] = expected_calibration_error(probabilities, labels)
-    precision, recall, f1, support = precision_recall_fscore_support(labels, predicted, labels=indices, average=None, zero_division=0)
     metrics["per_class"] = {
-        name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
-        for name, p, r, f, s in zip(classes, precision, recall, f1, support)
+        name: {"precision": precision[c], "recall": recall[c], "f1": f1[c], "support": support[c]} for c, name in enumerate(classes)
     }
     return metrics
+
+
+def _weighted(values: list[float], support: list[int]) -> float:
+    total = sum(support)
+    return math.fsum(v * s for v, s in zip(values, support)) / total if total else 0.0
 
 
 # ---------------------------------------------------------------- files
