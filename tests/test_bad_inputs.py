@@ -239,6 +239,18 @@ def test_one_bad_record_leaves_experiments_md_and_the_list_to_the_others(legacy_
     text = out.read_text()
     assert f"## {good.name}" in text and bad_id not in text
     assert any(bad_id in r.getMessage() and "not listed: started_at" in r.getMessage() for r in caplog.records)
+    pytest.importorskip("starlette")
+    import warnings
+
+    from veritrain.web.server import create_app
+    from veritrain.workspace import Workspace
+
+    with warnings.catch_warnings():  # Starlette's TestClient on httpx warns that httpx2 is its successor
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    client = TestClient(create_app(Workspace.open(tmp_path)), base_url="http://127.0.0.1:8765")
+    page = client.get("/experiments")
+    assert page.status_code == 200 and good.name in page.text and bad_id not in page.text  # was a 500 for the whole workspace
 
 
 # ---------------------------------------------------------------- credentials in free text
