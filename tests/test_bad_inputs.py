@@ -329,6 +329,12 @@ def test_terminal_control_characters_from_records_are_escaped(legacy_records, tm
         assert code == 0 and "\x1b" not in shown and "\x07" not in shown, command
         assert "e\\x1b[2J\\x1b]0;title\\x07" in shown, command
     assert "h \\x1b[31mred [/] [bold]x" in shown  # markup is shown as written, never read (`[/]` used to end the command)
+    other = run.name[:-6] + "0e5c0e"
+    shutil.copytree(tmp_path / "runs" / run.name, tmp_path / "runs" / other)
+    record.update(run_id=other, config={**record["config"], "exp_name": "x\x1b[8m"})
+    (tmp_path / "runs" / other / "record.json").write_text(json.dumps(record))
+    code, out, err = run_cli(capsys, "runs", "compare", run.name, other, "--workdir", str(tmp_path))
+    assert code == 0 and "\x1b" not in out + err and "config exp_name: " in out and "→ x\\x1b[8m" in out
 
 
 # ---------------------------------------------------------------- publish and gc
