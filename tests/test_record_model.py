@@ -80,6 +80,15 @@ def test_docs_record_md_documents_exactly_the_fields_of_the_record_model():
             assert not missing, f"docs/record.md: the row of `{name}` does not name {missing}"
 
 
+def test_a_field_documented_without_or_null_refuses_null_and_the_others_take_it():
+    """docs/record.md's "or null" is the model's: a reader can use a field's value whenever the field is there."""
+    minimal = {"record_version": 1, "run_id": LEGACY_COMPLETED, "status": "completed", "started_at": "2026-01-01T00:00:00.000Z", "config": {}}
+    assert record_problem(minimal, LEGACY_COMPLETED) is None
+    for name, (kind, _) in documented_rows().items():
+        problem = record_problem({**minimal, name: None}, LEGACY_COMPLETED if name != "run_id" else None)
+        assert (problem is None) == ("or null" in kind), f"{name} ({kind}): {problem}"
+
+
 def legacy_records(tmp_path: Path) -> list[Path]:
     for archive in sorted(LEGACY.glob("*.tar.gz")):
         with tarfile.open(archive) as tar:

@@ -608,9 +608,11 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
     if as_json:
         emit_json({"results": results})
     else:
+        from veritrain.display import terminal_safe
+
         for r in results:
             shown = ", ".join(f"{t['label']} {t['prob']:.4f}" for t in r["top"]) if r["ok"] else f"error: {r['error']}"
-            click.echo(f"{r['file']}: {shown}")
+            click.echo(terminal_safe(f"{r['file']}: {shown}"))  # class names come from model.json, which may come from anywhere
     failed = [r["file"] for r in results if not r["ok"]]
     if failed:
         raise RunFailed(f"{len(failed)} of {len(results)} file(s) could not be predicted: {', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}")

@@ -29,7 +29,7 @@ def plain_table(table: Any) -> Any:
 
     if isinstance(table.title, str):
         table.title = Text(terminal_safe(table.title))
-    for column in table.columns:
+    for column in table.columns:  # rich keeps a column's cells in `_cells` and has no public way to replace them
         column._cells = [Text(terminal_safe(cell)) if isinstance(cell, str) else cell for cell in column._cells]
     return table
 

@@ -640,7 +640,8 @@ def python_argv() -> list[str]:
 
 
 def refuse_secrets(argv: list[str], hypothesis: Optional[str] = None) -> None:
-    """A record keeps its command line and hypothesis as given: one holding a secret by its shape is refused."""
+    """A record keeps its command line and hypothesis as given: one holding a secret by its shape is refused, and a
+    hypothesis also when it writes out a credential under its key name (`secrets.text_secret`)."""
     found = secret_in_command_line(argv)
     if found is None and hypothesis and (kind := text_secret(hypothesis)):
         found = f"--hypothesis ({kind})"

@@ -56,7 +56,7 @@ SECRET_HINT = re.compile(r"://|private key|authorization|bearer|hf_|gh[pousr]_|g
 # A literal under a credential-named key in free text, in any form a note or hypothesis may hold: `password=x`,
 # `api_key: x`, JSON `{"api_key": "x"}`, `secret:"two words"`. The key is checked with `is_credential_key`.
 CREDENTIAL_ASSIGNMENT = re.compile(
-    r"""(?<![A-Za-z0-9_])["']?(?P<key>[A-Za-z][A-Za-z0-9_-]*)["']?\s*[:=]\s*"""
+    r"""(?<![A-Za-z0-9_-])["']?(?P<key>[A-Za-z][A-Za-z0-9_-]*)["']?\s*[:=]\s*"""
     r"""(?P<value>\$\{env:[A-Za-z_][A-Za-z0-9_]*\}|"(?:[^"\\]|\\.)*"?|'[^']*'?|[^\s"',;)}\]]+)""")
 CREDENTIAL_HINT = re.compile(r"passw|secret|api_?key|api-key|access_key|access_token|auth_token")  # in text.lower()
 NO_LITERAL = frozenset({"", "null", "none", "~", "true", "false", REDACTED})  # values that hold no credential
