@@ -127,6 +127,8 @@ def test_four_concurrent_runs_of_one_config_all_complete_and_verify(tmp_path):
     assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outputs]
     ids = {json.loads(out)["run_id"] for out, _ in outputs}
     assert len(ids) == 4
+    for _, err in outputs:  # each run's own update of the index and experiments.md went through: no "database is locked"
+        assert "experiments.md not updated" not in err and "cannot be written" not in err, err[-2000:]
     assert sum("smoke: a tiny slice through every stage first" in err for _, err in outputs) == 1
     assert len({r["data"]["version"] for r in records(tmp_path).values()}) == 1
     assert len(list((tmp_path / ".veritrain" / "data").glob("[0-9a-f]*"))) == 1  # prepared once
@@ -183,3 +185,28 @@ def test_two_concurrent_sweep_resumes_run_each_slot_once(tmp_path):
     slots = [((r["sweep"] or {}).get("trial"), (r.get("repeat") or {}).get("index", 0)) for r in records(tmp_path).values() if r.get("sweep")]
     assert sorted(slots, key=str) == sorted([(None, 0), (0, 0), (1, 0), (2, 0)], key=str)  # each slot once
     assert all(r["status"] == "completed" for r in records(tmp_path).values() if r.get("sweep"))
+
+
+def test_a_trial_whose_slot_already_has_a_run_reports_that_run_and_starts_none(tmp_path):
+    """The slot's claim: a trial process that finds a run of its slot (made by a trial of a killed driver) reports
+    or continues that run; it never starts a second one. Its claim is let go as it returns."""
+    import tarfile
+
+    from veritrain.sweep_trial import run_trial
+
+    with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-completed.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/record.json")]
+    sweep_id = run_dir.name[:15] + "-abcdef"
+    record = json.loads((run_dir / "record.json").read_text())
+    record.update(sweep={"id": sweep_id, "trial": 1, "change": {"optim.lr": 0.1}}, repeat=None)
+    (run_dir / "record.json").write_text(json.dumps(record))
+    job = {"workspace": str(tmp_path), "cwd": str(tmp_path), "argv": ["veritrain", "sweep"], "driver_pid": os.getpid(), "sweep_id": sweep_id,
+           "code": None, "slot": "trial-001", "config_path": None, "overrides": [], "config_hash": record["config_hash"], "hypothesis": "h",
+           "parent": None, "smoke": {"status": "skipped"}, "repeat": None, "sweep": record["sweep"], "selection": None}
+    before = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    assert run_trial(job) == {"run_id": run_dir.name, "status": "completed", "error": None}
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == before  # no second run of the slot
+    assert not (tmp_path / ".veritrain" / "locks" / f"sweep-{sweep_id}-trial-001.lock").exists()
+    other = run_trial({**job, "slot": "trial-002", "sweep": {**record["sweep"], "trial": 2}, "config_path": str(tmp_path / "missing.yaml")})
+    assert other["status"] == "failed" and other["run_id"] is None  # another slot has no run: this one would start it
