@@ -115,8 +115,10 @@ def test_two_concurrent_runs_of_one_config_share_one_smoke_test_and_both_complet
     assert all(s["status"] == "completed" for s in summaries)
     assert sum("smoke: a tiny slice through every stage first" in err for _, err in outputs) == 1  # the other waited, then reused it
     assert sum("smoke: passed before" in err for _, err in outputs) == 1
-    listed = veritrain("runs", "list", "--workdir", str(tmp_path), "--json")
-    assert {r["run_id"] for r in listed.json()["runs"]} == {s["run_id"] for s in summaries}
+    from veritrain import registry
+
+    listed = registry.query(tmp_path / ".veritrain", tmp_path / "runs", status=("completed",))
+    assert {r["run_id"] for r in listed} == {s["run_id"] for s in summaries}
     assert not list((tmp_path / ".veritrain" / "locks").glob("*.lock"))  # every holder let go
 
 
