@@ -212,3 +212,36 @@ def test_a_trial_whose_slot_already_has_a_run_reports_that_run_and_starts_none(t
     assert not (tmp_path / ".veritrain" / "locks" / f"sweep-{sweep_id}-trial-001.lock").exists()
     other = run_trial({**job, "slot": "trial-002", "sweep": {**record["sweep"], "trial": 2}, "config_path": str(tmp_path / "missing.yaml")})
     assert other["status"] == "failed" and other["run_id"] is None  # another slot has no run: this one would start it
+
+
+def test_gc_leaves_a_run_whose_lock_is_held_alone_and_a_prepare_under_way(tmp_path):
+    import shutil
+    import tarfile
+
+    from veritrain.housekeeping import gc
+
+    with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-completed.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    workspace = Workspace.open(tmp_path)
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/record.json")]
+    steps = sorted(run_dir.glob("checkpoints/step-*.pt"))
+    seal = (run_dir / "record.sha256").read_text()
+    unfinished = tmp_path / ".veritrain" / "data" / ".tmp-0123"  # a prepare's temp folder, older than gc's minute
+    unfinished.mkdir()
+    os.utime(unfinished, (time.time() - 3600, time.time() - 3600))
+    holders = [subprocess.Popen([sys.executable, "-c", HOLD, str(workspace.lock_path(name))], stdout=subprocess.PIPE, text=True)
+               for name in (run_dir.name, "prepare-0123")]
+    try:
+        assert all(h.stdout is not None and h.stdout.readline() == "held\n" for h in holders)
+        result = gc(workspace, dry_run=False)
+        assert sorted(run_dir.glob("checkpoints/step-*.pt")) == steps and (run_dir / "record.sha256").read_text() == seal  # untouched
+        assert result["resealed"] == [] and unfinished.is_dir() and workspace.lock_path("prepare-0123").exists()
+        assert result["data_versions_kept_because"] == f"run {run_dir.name} is in progress"
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert workspace.lock_is_stale("prepare-0123")
+    shutil.rmtree(run_dir)  # out of the second pass, which would verify it in full
+    gc(workspace, dry_run=False)
+    assert not unfinished.exists() and not workspace.lock_path("prepare-0123").exists()  # its holder is gone: both go
