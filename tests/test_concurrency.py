@@ -245,3 +245,29 @@ def test_gc_leaves_a_run_whose_lock_is_held_alone_and_a_prepare_under_way(tmp_pa
     shutil.rmtree(run_dir)  # out of the second pass, which would verify it in full
     gc(workspace, dry_run=False)
     assert not unfinished.exists() and not workspace.lock_path("prepare-0123").exists()  # its holder is gone: both go
+
+
+def test_a_resume_that_finds_the_run_resumed_meanwhile_refuses_and_lets_go(tmp_path):
+    """Two resumes of one run started together: the second takes the lock once the first let go, finds a record that
+    is no longer the one it read, and stops (exit 2) rather than continue the run a second time."""
+    import tarfile
+
+    from veritrain.pipeline import _refuse_resumed_meanwhile
+    from veritrain.record import read_record
+
+    with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-interrupted.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    workspace = Workspace.open(tmp_path)
+    (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/record.json")]
+    read = read_record(run_dir)
+    read["resumes"] = [*read.get("resumes", []), {"at": "now", "argv": [], "previous_status": read["status"]}]
+    workspace.lock_run(run_dir.name)
+    _refuse_resumed_meanwhile(run_dir, read, workspace)  # unchanged since it was read: the resume goes on
+    assert not workspace.lock_is_stale(run_dir.name)
+    workspace.unlock_run(run_dir.name)
+    on_disk = json.loads((run_dir / "record.json").read_text())
+    (run_dir / "record.json").write_text(json.dumps({**on_disk, "status": "completed", "resumes": read["resumes"]}))
+    workspace.lock_run(run_dir.name)
+    with pytest.raises(UserError, match="another process resumed the run while this one started"):
+        _refuse_resumed_meanwhile(run_dir, read, workspace)
+    assert workspace.lock_is_stale(run_dir.name)  # let go before refusing
