@@ -23,7 +23,7 @@ from veritrain.workspace import Workspace, process_identity
 
 # the smallest digits run with every stage of `veritrain run`: 2 optimizer steps (1,437 train samples, batches of 1,024)
 TWO_STEPS = ["--set", "train.epochs=1", "--set", "train.batch_size=1024", "--set", "model.name=mlp", "--set", "model.hidden=[8]",
-             "--set", "eval.baselines=false", "--set", "export.formats=[safetensors]"]
+             "--set", "eval.baselines=false", "--set", "export.formats=[safetensors]", "--set", "train.threads=1"]  # processes side by side
 
 HOLD = "import sys, time; from pathlib import Path; from veritrain import locks; assert locks.try_acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
 
