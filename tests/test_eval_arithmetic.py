@@ -60,3 +60,31 @@ def test_metrics_follow_scikit_learns_definitions():
     which = np.clip(np.searchsorted(np.linspace(0, 1, 16), confidence, side="left") - 1, 0, 14)
     naive = sum((which == k).mean() * abs(correct[which == k].mean() - confidence[which == k].mean()) for k in range(15) if (which == k).any())
     assert abs(ours["ece"] - naive) < 1e-12
+
+
+def test_a_one_channel_batch_is_the_same_decoded_afresh_or_from_the_kept_copy():
+    """`veritrain eval` in a new process decodes each batch; training keeps a decoded copy. Both must give the model
+    the same tensor, strides included: a one-channel view with channel stride 1 makes the conv kernels round otherwise."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from veritrain import models
+    from veritrain.config import load_config
+    from veritrain.tasks.classification import ClassificationTask
+
+    cfg = load_config(None, []).config
+    rng = np.random.default_rng(0)
+    data = SimpleNamespace(version="v", info={"normalization": {"mean": [0.3], "std": [0.2]}, "input_shape": [8, 8, 1]},
+                           inputs=rng.integers(0, 256, (40, 8, 8, 1), dtype=np.uint8), targets=rng.integers(0, 10, 40), classes=CLASSES)
+    rows, device, generator = np.arange(40), torch.device("cpu"), torch.Generator()
+    afresh = ClassificationTask(cfg)
+    fresh_x, _ = afresh.batch(data, rows, device, False, generator)
+    kept = ClassificationTask(cfg)
+    kept.prepare(data)
+    kept_x, _ = kept.batch(data, rows, device, False, generator)
+    assert torch.equal(fresh_x, kept_x) and fresh_x.stride() == kept_x.stride() == (64, 64, 8, 1)
+    torch.manual_seed(0)
+    model = models.build("cnn", (1, 8, 8), 10, [8, 16], [32], 0.0).eval()
+    with torch.no_grad():
+        assert torch.equal(model(fresh_x), model(kept_x))

@@ -226,3 +226,18 @@ def test_escape_probability_formula():
     assert escape_probability(9, 1, 3) == pytest.approx(6 / 9)  # C(6, 1) / C(9, 1)
     assert escape_probability(9, 2, 3) == pytest.approx(math.comb(6, 2) / math.comb(9, 2))
     assert escape_probability(9, 2, 9) == 0.0 and escape_probability(9, 5, 5) == 0.0
+
+
+def test_metrics_evaluated_before_exact_sums_are_matched_within_tolerance_by_audit(copy):
+    from veritrain import audit
+    from veritrain.record import write_record
+
+    record = record_of(copy)
+    metrics = record["metrics"]["test"]
+    assert metrics.pop("sums") == "exact"
+    metrics["ece"] += 1e-9  # as a float32-summing veritrain may have recorded it: within tolerance
+    metrics["log_loss"] += 1e-3  # beyond it: still a difference
+    write_record(copy, record)
+    result = audit.run(workspace_of(copy), copy.name, segments=1, seed=1)
+    (evaluated,) = [r for r in result["results"] if r["what"] == "metrics.test"]
+    assert evaluated["verdict"] == "differs" and evaluated["detail"].startswith("1 value(s) differ, first log_loss"), evaluated

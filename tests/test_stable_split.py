@@ -204,7 +204,7 @@ def test_data_diff_counts_no_move_outside_merged_groups_across_additions_and_rem
     assert "the split rule changed 0" in text.stdout
 
 
-def test_data_diff_between_a_recipe_3_and_a_recipe_4_version_matches_by_content(versions, tmp_path):
+def test_data_diff_between_a_recipe_3_and_a_current_recipe_version_matches_by_content(versions, tmp_path):
     first, one_added = versions["all"][:2]
     old = tmp_path / "recipe3"  # what a recipe-3 version holds for diff: no key or unit column, format 3
     old.mkdir()
@@ -217,7 +217,7 @@ def test_data_diff_between_a_recipe_3_and_a_recipe_4_version_matches_by_content(
             writer.writerow(row[:6])
     result = report.diff(old, one_added.path)
     assert result["matched_by"] == "blake3" and len(result["added"]) == 1 and not result["removed"] and not result["moved"]
-    assert result["split_rule_changed"] == {"recipe": {"old": 3, "new": 4}}
+    assert result["split_rule_changed"] == {"recipe": {"old": 3, "new": prepare.FORMAT_VERSION}}
 
 
 def test_test_from_keeps_every_surviving_test_sample_in_test_and_training_samples_out(versions):

@@ -15,7 +15,7 @@ from veritrain.data import prepare
 
 def _config(root: Path):
     resolved = load_config(None, ["data.source=imagefolder", f"data.root={root}", "data.image_size=[32,32]", "data.channels=3",
-                                  "data.on_split_skew=warn"])
+                                  "data.on_split_skew=warn", "data.workers=1"])  # no worker processes to start for 26 files
     return resolved.config.data, resolved.data_paths
 
 

@@ -263,8 +263,9 @@ def raw_data_check(data_cfg: Any, paths: dict[str, Path], folder: Path, versions
         elif row is None:
             found.changed = f"{sid}: new in the raw data, not in the manifest"
         elif (row[algorithm] or None) != table.hashes[i]:
-            found.changed = (f"{sid}: its bytes hash to {str(table.hashes[i])[:12]}, the manifest records {row[algorithm][:12]}"
-                             if table.hashes[i] else f"{sid}: cannot be read now, the manifest records {row[algorithm][:12]}")
+            recorded = row[algorithm][:12] or "no hash (it could not be read then)"
+            found.changed = (f"{sid}: its bytes hash to {str(table.hashes[i])[:12]}, the manifest records {recorded}"
+                             if table.hashes[i] else f"{sid}: cannot be read now, the manifest records {recorded}")
         elif (row["label"] or None) != table.labels[i]:
             found.changed = f"{sid}: labelled {table.labels[i]!r} now, {row['label']!r} in the manifest"
         elif "key" in row and (row["key"] or None) != table.source_ids[i]:

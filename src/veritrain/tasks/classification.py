@@ -32,6 +32,14 @@ def class_probabilities(outputs: torch.Tensor) -> np.ndarray:
     return torch.softmax(outputs.double(), dim=1).numpy()
 
 
+def _standard_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 def mean_loss(outputs: torch.Tensor, targets: torch.Tensor) -> float:
     """Mean cross-entropy of N×K logits, each sample's in float64 (row by row, whatever the thread count) and their
     sum exactly rounded (`math.fsum`), so the figure does not depend on threads or the order of summation. Logits
@@ -88,6 +96,11 @@ class ClassificationTask:
         if not self._normalize_first:
             x = self._normalize(x)
         x = x.contiguous()
+        if x.stride() != _standard_strides(x.shape):
+            # one channel: the decoded N×1×H×W view counts as contiguous with a channel stride of 1, which the conv
+            # kernels take for channels-last and round differently; the kept decoded copy has standard strides, so a
+            # batch decoded afresh (`veritrain eval` in a new process) gets them too and gives the same outputs
+            x = x.clone(memory_format=torch.contiguous_format)
         if device.type == "cpu":  # already there: spare the two no-op calls every step
             return x, y
         return x.to(device), y.to(device)
