@@ -7,7 +7,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+# --no-compile: no bytecode for the thousands of modules never imported (half of the install's CPU time);
+# Python compiles what a command imports, once, on first use
+PIP    := $(BIN)/python -m pip --disable-pip-version-check -q --no-compile
 
 .PHONY: demo test test-slow install install-test clean
 
