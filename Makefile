@@ -3,11 +3,13 @@
 # never pulls a CUDA build of several GB). `make demo` installs only the runtime and the ui extra
 # (requirements.lock); `make test` adds the test tools (requirements-test.lock: pytest, Playwright,
 # Ray, the real-data fixtures).
-PYTHON ?= python3
-VENV   := .venv
-BIN    := $(VENV)/bin
-TORCH  := torch==2.13.0
-PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
+PYTHON  ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+TORCH   := torch==2.13.0
+# --no-compile: no bytecode for the thousands of modules never imported (half of the install's CPU time);
+# Python compiles what a command imports, once, on first use
+INSTALL := $(BIN)/python -m pip --disable-pip-version-check -q install --no-compile
 
 .PHONY: demo test test-slow install install-test clean
 
@@ -15,14 +17,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml requirements.lock
-	$(PIP) install $(TORCH)
-	$(PIP) install -r requirements.lock
-	$(PIP) install --no-deps -e '.[ui]'
+	$(INSTALL) $(TORCH)
+	$(INSTALL) -r requirements.lock
+	$(INSTALL) --no-deps -e '.[ui]'
 	touch $@
 
 # the runtime pins go along, so the test tools never move a runtime package off its pin
 $(VENV)/.installed-test: $(VENV)/.installed requirements.lock requirements-test.lock
-	$(PIP) install -r requirements.lock -r requirements-test.lock
+	$(INSTALL) -r requirements.lock -r requirements-test.lock
 	touch $@
 
 install: $(VENV)/.installed

@@ -33,8 +33,9 @@ def test_the_readme_tour_works_in_order_after_the_demo(tmp_path):
     assert "next steps:" in demo.stderr and f"veritrain check {demo.json()['run_id']}" in demo.stderr
     for step in first_steps():
         result = veritrain(*step[1:], cwd=tmp_path, timeout=900)
-        misleading = [line for line in result.stderr.splitlines() if "--checkpoint" in line or "Traceback" in line]
-        assert not misleading, (step, result.stderr)
+        shown = result.stdout + result.stderr  # the report (stdout) and the progress and warnings (stderr)
+        misleading = [line for line in shown.splitlines() if "--checkpoint" in line or "Traceback" in line]
+        assert not misleading, (step, shown)
         if step[1] != "check":
             assert result.code == 0, (step, result.stderr)
         if step[1] == "reproduce":  # evaluation sums exactly: the re-run's metrics are the same numbers, not close ones

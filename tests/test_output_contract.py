@@ -46,3 +46,22 @@ def test_without_json_a_failure_prints_nothing_on_stdout(tmp_path, capsys):
         cli.main(["verify", BAD, "--workdir", str(tmp_path)])
     out, err = capsys.readouterr()
     assert out == "" and err.strip().startswith("error: ")
+
+
+def test_reports_go_to_stdout_and_under_json_to_stderr(tmp_path, capsys):
+    from veritrain import logs
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["runs", "list", "--workdir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 0 and out.startswith(f"0 run(s) in {tmp_path / 'runs'}") and err == ""  # a table: stdout
+    with pytest.raises(SystemExit):
+        cli.main(["runs", "list", "--workdir", str(tmp_path), "--json"])
+    logs.report("run R verified")  # what a command reports after its --json document
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"runs": []} and err == "run R verified\n"
+    with pytest.raises(SystemExit):
+        cli.main(["runs", "list", "--workdir", str(tmp_path)])  # the next command without --json reports on stdout again
+    logs.report("run R verified")
+    out, err = capsys.readouterr()
+    assert out.endswith("run R verified\n") and err == ""

@@ -195,5 +195,6 @@ def test_filters_take_recorded_config_paths_and_columns(workspace):
     workdir, outcomes = workspace
     state, runs = workdir / ".veritrain", workdir / "runs"
     assert len(registry.query(state, runs, filters=("model.hidden=[16]",))) == 3  # a list value, compared as JSON
+    assert len(registry.query(state, runs, filters=("model.hidden[0]=16",))) == 3  # an item of it
     assert len(registry.query(state, runs, filters=("status=failed",), sort="-test.log_loss")) == 1
     assert registry.query(state, runs, filters=("kind=eval",)) == []  # a known key that matches nothing is no error

@@ -72,7 +72,11 @@ def print_table(table: Any) -> None:
     plain_table(table)  # cells from records are shown as written: control characters escaped, no markup
     out = report_console()
     if not out.is_terminal:
-        Console(file=out.file, width=100_000, highlight=False, color_system=None).print(table)
+        plain = Console(file=out.file, width=100_000, highlight=False, color_system=None)
+        title, table.title = table.title, None  # rich wraps a title at the table's width: a path in it would split
+        if title:
+            plain.print(title, markup=False, emoji=False, soft_wrap=True)
+        plain.print(table)
         return
     for column in table.columns:
         longest = max((len(word) for cell in column.cells for word in str(cell).split()), default=0)

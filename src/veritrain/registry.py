@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any, Optional
@@ -238,7 +239,7 @@ def _refuse_unknown_keys(db: sqlite3.Connection, runs_dir: Path, filters: tuple[
             continue  # the caller's message: expected KEY=VALUE
         if key == "status" and value not in STATUSES:
             raise UserError(f"--filter {item}: status is one of {', '.join(STATUSES)}")
-        if key not in COLUMNS and key not in config_keys:
+        if key not in COLUMNS and re.sub(r"\[\d+\]", "", key) not in config_keys:  # an item of a list: model.hidden[0]
             raise UserError(f"--filter {item}: no run in {runs_dir} has a column or config key {key!r}{_did_you_mean(key, [*COLUMNS, *config_keys])}; "
                             f"filter on a column ({', '.join(COLUMNS)}) or a config key such as optim.lr (`veritrain config keys` lists them)")
     if sort:
