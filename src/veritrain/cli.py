@@ -661,7 +661,8 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
     if not result["ok"]:
         raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
                         + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
-    logs.console.print(f"run {run_dir.name} verified: seal {result['seal']}", markup=False, soft_wrap=True)
+    judged = " as it was before the interrupted amend" if result.get("interrupted_amend") else ""
+    logs.console.print(f"run {run_dir.name} verified{judged}: seal {result['seal']}", markup=False, soft_wrap=True)
     return 0
 
 
