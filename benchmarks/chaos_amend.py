@@ -128,9 +128,10 @@ def kill_point(pid: int, mode: str, kind: str, ws: Path, run_id: str, duration: 
     return "killed" if code == -signal.SIGKILL else "finished before the kill"
 
 
-def problems(ws: Path, final: bool) -> list[str]:
-    """What is wrong in the workspace: a run that does not verify, a damaged data version, a registry row without its
-    run; with `final` also an amend still journaled. Reads only."""
+def problems(ws: Path, final: bool, version: str) -> list[str]:
+    """What is wrong in the workspace: a run that does not verify, a damaged data version or one other than `version`
+    (the one the config prepares to), a registry row without its run; with `final` also an amend still journaled, or
+    `version` missing after a prepare. Reads only (the registry, a cache of the run folders, is brought up to date)."""
     from veritrain import registry
     from veritrain.data.prepare import load_version
     from veritrain.verify import verify_run
@@ -143,12 +144,16 @@ def problems(ws: Path, final: bool) -> list[str]:
             found.append(f"{run_dir.name} does not verify: {result['problems'][:3]}")
         if final and result.get("interrupted_amend"):
             found.append(f"{run_dir.name}: {result['interrupted_amend']}")
-    for version in sorted((state / "data").glob("*")) if (state / "data").exists() else []:
-        if version.is_dir() and not version.name.startswith("."):
-            try:
-                load_version(version)
-            except Exception as err:
-                found.append(f"data version {version.name[:12]}: {err}")
+    stored = [p for p in sorted((state / "data").glob("*")) if p.is_dir() and not p.name.startswith(".")] if (state / "data").exists() else []
+    for folder in stored:
+        if folder.name != version:
+            found.append(f"a data version {folder.name[:12]} that is not the config's {version[:12]}")
+        try:
+            load_version(folder)
+        except Exception as err:
+            found.append(f"data version {folder.name[:12]}: {err}")
+    if final and not runs.exists() and version not in {p.name for p in stored}:
+        found.append(f"no data version {version[:12]} after the next prepare")
     if runs.exists():
         for row in registry.query(state, runs):
             if not (runs / row["run_id"] / "record.json").exists():
@@ -158,12 +163,12 @@ def problems(ws: Path, final: bool) -> list[str]:
     return found
 
 
-def checked(ws: Path, final: bool, log: Path) -> list[str]:
+def checked(ws: Path, final: bool, log: Path, version: str) -> list[str]:
     """`problems` in a forked child (verify loads checkpoints: torch runs there, never here)."""
     out = log.with_suffix(".problems.json")
 
     def work() -> int:
-        out.write_text(json.dumps(problems(ws, final)))
+        out.write_text(json.dumps(problems(ws, final, version)))
         return 0
 
     code = run_work(work, log)
@@ -205,7 +210,8 @@ def trial(root: Path, base: Path, kind: str, index: int, run_id: str, archive: P
     log = root / f"{kind}-{index}.log"
     argv = argv_of(kind, ws, run_id, archive)
     landed = kill_point(child(command(argv), log), mode, kind, ws, run_id, duration, rng)
-    found = [f"after the kill: {p}" for p in checked(ws, False, log)]
+    version = json.loads((base / "runs" / run_id / "record.json").read_text())["data"]["version"]
+    found = [f"after the kill: {p}" for p in checked(ws, False, log, version)]
     mark = log.stat().st_size if log.exists() else 0
     started_at = time.perf_counter()
     code = run(argv, log)
@@ -213,7 +219,7 @@ def trial(root: Path, base: Path, kind: str, index: int, run_id: str, archive: P
     said = log.read_text(errors="replace")[mark:]
     if code != 0 and not (kind == "import" and code == 2 and "already exists" in said):
         found.append(f"the next {kind} exited {code}")
-    found += [f"after the next {kind}: {p}" for p in checked(ws, True, log)]
+    found += [f"after the next {kind}: {p}" for p in checked(ws, True, log, version)]
     repaired = ("completed" if "was completed from its journal" in said else "rolled back" if "was rolled back" in said else "nothing to repair")
     if not found:
         shutil.rmtree(ws, ignore_errors=True)

@@ -954,7 +954,12 @@ def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
     from veritrain.registry import read_notes
     from veritrain.workspace import Workspace
 
-    run_dir = Workspace.open(workdir).resolve_run(ref)
+    from veritrain.journal import interrupted
+
+    workspace = Workspace.open(workdir)
+    run_dir = workspace.resolve_run(ref)
+    if (pending := interrupted(run_dir, workspace.state_dir)) is not None:  # the record shown may be the old or the new one
+        logs.log.warning("%s: %s", run_dir.name, pending.message)
     record = read_record(run_dir)
     record["notes"] = read_notes(run_dir)
     if as_json:
