@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 TRAIN = ["--set", "train.epochs=2", "--set", "model.name=mlp", "--set", "model.hidden=[32]", "--set", "checkpoint.every_steps=5",
-         "--set", "checkpoint.keep_last=3", "--set", "train.threads=1", "--no-smoke"]
+         "--set", "checkpoint.keep_last=3", "--set", "train.threads=1", "--set", "eval.baseline_max_samples=300",
+         "--set", "eval.baseline_max_iter=30", "--no-smoke"]  # a small baseline: `baseline RUN` refits it in every trial
 KINDS = ("eval", "export", "baseline", "gc", "prepare", "import")
 MODES = ("started", "committed", "random")  # when a trial kills: see kill_point
 TERMINAL = 1  # the fd the result lines go to (main keeps a copy of stdout: children point fd 1 at their logs)

@@ -145,7 +145,7 @@ def recover(workspace: Workspace, run_dir: Path) -> Optional[str]:
         return "rolled back"
     _apply(run_dir, folder, plan)
     _drop(folder)
-    log.warning("%s: the interrupted %s of this run was completed from its journal (%s)", run_id, plan["by"], shown)
+    log.warning("%s: an interrupted amend (%s) was completed from its journal (%s); the run is as that command would have left it", run_id, plan["by"], shown)
     return "completed"
 
 
