@@ -135,3 +135,14 @@ def test_an_amend_left_without_commit_is_rolled_back_and_a_live_one_is_left_alon
         journal.recover(workspace, run_dir)
     workspace.unlock_run(RUN_ID)
     assert journal.recover(workspace, run_dir) == "rolled back" and contents(run_dir) == before
+
+
+def test_the_journal_stays_in_the_records_layer():
+    """verify (trust), the pipeline (orchestration) and gc use it: it imports only base and records modules."""
+    import ast
+
+    import veritrain.journal
+
+    tree = ast.parse(Path(veritrain.journal.__file__).read_text(encoding="utf-8"))
+    ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("veritrain")}
+    assert ours == {"veritrain.errors", "veritrain.files", "veritrain.record", "veritrain.workspace"}, ours

@@ -680,7 +680,8 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
     if not result["ok"]:
         raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
                         + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
-    logs.report(f"run {run_dir.name} verified: seal {result['seal']}")
+    judged = " as it was before the interrupted amend" if result.get("interrupted_amend") else ""
+    logs.report(f"run {run_dir.name} verified{judged}: seal {result['seal']}")
     return 0
 
 
@@ -972,7 +973,12 @@ def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
     from veritrain.registry import read_notes
     from veritrain.workspace import Workspace
 
-    run_dir = Workspace.open(workdir).resolve_run(ref)
+    from veritrain.journal import interrupted
+
+    workspace = Workspace.open(workdir)
+    run_dir = workspace.resolve_run(ref)
+    if (pending := interrupted(run_dir, workspace.state_dir)) is not None:  # the record shown may be the old or the new one
+        logs.log.warning("%s: %s", run_dir.name, pending.message)
     record = read_record(run_dir)
     record["notes"] = read_notes(run_dir)
     if as_json:

@@ -145,7 +145,7 @@ def recover(workspace: Workspace, run_dir: Path) -> Optional[str]:
         return "rolled back"
     _apply(run_dir, folder, plan)
     _drop(folder)
-    log.warning("%s: the interrupted %s of this run was completed from its journal (%s)", run_id, plan["by"], shown)
+    log.warning("%s: an interrupted amend (%s) was completed from its journal (%s); the run is as that command would have left it", run_id, plan["by"], shown)
     return "completed"
 
 
@@ -188,7 +188,10 @@ def interrupted(run_dir: Path, state_dir: Path) -> Optional[Interrupted]:
                 files[rel] = backup
             elif rel not in existed:
                 files.pop(rel, None)  # a file this amend adds
-    return Interrupted(INTERRUPTED.format(journal=_shown(state_dir, run_dir.name)), files)
+    from veritrain.workspace import Workspace
+
+    live = not Workspace(state_dir.parent).lock_is_stale(run_dir.name)  # the amend may still finish: said so, judged the same
+    return Interrupted((UNDER_WAY if live else INTERRUPTED).format(journal=_shown(state_dir, run_dir.name)), files)
 
 
 # ---------------------------------------------------------------- the steps
