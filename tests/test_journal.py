@@ -28,7 +28,7 @@ def make_run(root: Path) -> tuple[Workspace, Path, str]:
                       "checkpoints/step-2.pt": "weights 2\n"}.items():
         (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / rel).write_text(text)
-    seal = write_record(run_dir, {"record_version": 1, "run_id": RUN_ID, "status": "completed", "config": {}, "events": []})
+    seal = write_record(run_dir, {"record_version": 1, "run_id": RUN_ID, "status": "completed", "started_at": "2026-01-01T00:00:00+00:00", "config": {}, "events": []})
     return workspace, run_dir, seal
 
 
