@@ -600,3 +600,23 @@ def test_runs_of_an_outside_checkpoint_are_marked(raw_run, tmp_path):
     assert kind.startswith("eval <span class=\"badge outside-checkpoint\">not from the audited training</span>")
     assert f'href="../runs/{parent}"' in kind
     assert "not from the audited training" not in client.get(f"/runs/{parent}").text
+
+
+def test_the_run_page_and_the_verify_button_say_an_amend_was_interrupted(site):
+    """While an amend of a run is unfinished, the page says what `veritrain verify` says, and the button's verdict
+    says it judged the run as it was before the amend, as the CLI's last line does."""
+    from veritrain.journal import folder_of
+    from veritrain.web.server import create_app
+
+    workspace, run_id = site["workspace"], site["good"]
+    journal = folder_of(workspace.state_dir, run_id)
+    (journal / "new").mkdir(parents=True)  # staged, not committed: verify judges the run as it is
+    try:
+        client = TestClient(create_app(workspace), base_url=BASE)
+        html = client.get(f"/runs/{run_id}").text
+        assert f"an amend of this run was interrupted (journal .veritrain/journal/{run_id}/)" in html
+        result = _verify_in_browser(client, run_id)
+        assert result["ok"] and result["interrupted_amend"].startswith("an amend of this run was interrupted")
+    finally:
+        shutil.rmtree(journal)
+    assert "interrupted-amend" not in TestClient(create_app(workspace), base_url=BASE).get(f"/runs/{run_id}").text

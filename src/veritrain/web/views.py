@@ -369,7 +369,16 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
         "env": env, "code": record.get("code") or {}, "artifacts": artifacts, "check": check,
         "trajectory": trajectory(run_dir, record, audited), "audits": audited, "verdict": verdict,
         "outside": record.get("kind") in OUTSIDE_KINDS, "parent": record.get("parent"),
+        "interrupted_amend": interrupted_amend(run_dir, workspace.state_dir),
     }
+
+
+def interrupted_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
+    """The line `veritrain verify` prints while an amend of the run is unfinished (veritrain.journal), or None."""
+    from veritrain.journal import interrupted
+
+    pending = interrupted(run_dir, state_dir)
+    return pending.message if pending is not None else None
 
 
 def compare_page(workspace: Any, run_ids: list[str]) -> dict[str, Any]:

@@ -198,8 +198,11 @@
   var POLL_MS = 300; // between two reads of the verify job's progress
 
   function describeVerify(result) {
+    if (result && result.ok && result.interrupted_amend) {
+      return "verified as it was before the interrupted amend: seal " + (result.seal || "") + "\n" + result.interrupted_amend;
+    }
     if (result && result.ok) return "verified: seal " + (result.seal || "");
-    var lines = [];
+    var lines = result && result.interrupted_amend ? [result.interrupted_amend] : [];
     var problems = (result && result.problems) || [];
     for (var i = 0; i < problems.length; i++) {
       var p = problems[i];
