@@ -376,3 +376,13 @@ def test_gc_removes_the_scratch_of_killed_commands_only(tmp_path):
     assert sorted(r.split(" ")[0] for r in dry["removed"]) == sorted(f".veritrain/tmp/{n}" for n in killed)
     housekeeping.gc(workspace, dry_run=False)
     assert sorted(p.name for p in scratch.iterdir()) == sorted(live)
+
+
+def test_a_report_line_escapes_control_characters_of_names_it_shows(capsys):
+    """verify's problem lines name files found in a run folder, which anyone may have named: a report line is
+    printed with its control characters escaped, and its own line breaks kept."""
+    from veritrain import logs
+
+    logs.report("unlisted_file: eval/\x1b[2Jx.png\nsecond line")
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "eval/\\x1b[2Jx.png\nsecond line" in out

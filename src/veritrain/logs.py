@@ -59,8 +59,12 @@ def report_console() -> Console:
 
 def report(text: str, style: Optional[str] = None) -> None:
     """One line of a report (a verdict, a summary, a next step), printed as written: no markup, no emoji
-    codes, never wrapped, so ids and seals stay whole."""
-    report_console().print(text, style=style, markup=False, emoji=False, highlight=False, soft_wrap=True)
+    codes, never wrapped, so ids and seals stay whole. Its text may hold names from a run folder or a record,
+    so each line has its terminal control characters escaped."""
+    from veritrain.display import terminal_safe
+
+    shown = "\n".join(terminal_safe(line) for line in text.split("\n"))
+    report_console().print(shown, style=style, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
 def print_table(table: Any) -> None:
