@@ -435,7 +435,7 @@ def test_record_not_first_is_refused(cli, archived, tmp_path):
     (lambda record: record.__setitem__("metrics", [1, 2]), "metrics: Input should be a valid dictionary (found a list)"),
     (lambda record: record.__setitem__("artifacts", [1]), "artifacts: Input should be a valid dictionary"),
     (lambda record: record["artifacts"].__setitem__("config.yaml", {"sha256": 5, "size": 1}), "artifacts.config.yaml.sha256: Input should be a valid string"),
-    (lambda record: record.__setitem__("artifacts", None), "has no artifact table"),
+    (lambda record: record.__setitem__("artifacts", None), "artifacts: null where the writer always puts a value"),
     (lambda record: record.__setitem__("seed", "1"), "seed: Input should be a valid integer"),
     (lambda record: record["artifacts"].__setitem__("../../outside", {"sha256": "0" * 64, "size": 1}), "must be a relative path inside the run folder"),
 ])

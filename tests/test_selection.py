@@ -232,7 +232,7 @@ def test_a_sweep_run_evaluates_val_and_test_and_a_repeat_seed_test_too(tmp_path)
     assert evaluation_splits({}, on_val, tmp_path) == ["val"]
     original = tmp_path / RUN.format(1)
     original.mkdir()
-    (original / "record.json").write_text(json.dumps({"record_version": 1, "run_id": RUN.format(1), "status": "completed", "config": {},
+    (original / "record.json").write_text(json.dumps({"record_version": 1, "run_id": RUN.format(1), "status": "completed", "started_at": "2026-01-01T00:00:00+00:00", "config": {},
                                                       "metrics": {"val": {}, "test": {}}}))
     plain = load_config(None, []).config
     assert evaluation_splits({"reproduced_from": RUN.format(1)}, plain, tmp_path) == ["test", "val"]  # what its original evaluated
@@ -291,7 +291,7 @@ def test_the_selection_row_passes_on_validation_only():
 def test_the_selection_field_validates_and_the_row_is_documented():
     from veritrain.record import RunRecord
 
-    record = {"record_version": 1, "run_id": RUN.format(1), "status": "completed", "config": {},
+    record = {"record_version": 1, "run_id": RUN.format(1), "status": "completed", "started_at": "2026-01-01T00:00:00+00:00", "config": {},
               "selection": {"best_checkpoint": {"split": "val", "metric": "val_acc", "mode": "max"},
                             "early_stopping": {"split": "val", "metric": "val_acc", "mode": "max", "patience": 3},
                             "sweep": {"id": "s1", "split": "val", "metric": "accuracy", "mode": "max"}}}

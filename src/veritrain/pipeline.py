@@ -378,7 +378,8 @@ def _refuse_resumed_meanwhile(run_dir: Path, record: dict[str, Any], workspace: 
         now = read_record(run_dir)
     except RunFailed:
         now = {}
-    if now.get("status") not in ("running", "interrupted") or len(now.get("resumes") or []) != len(record.get("resumes") or []) - 1:
+    previous = (record.get("resumes") or [{}])[-1].get("previous_status")  # the status this resume read: failed, interrupted, running
+    if now.get("status") != previous or len(now.get("resumes") or []) != len(record.get("resumes") or []) - 1:
         workspace.unlock_run(run_dir.name)
         raise UserError(f"--resume {run_dir.name}: another process resumed the run while this one started "
                         f"(it is {now.get('status', 'unreadable')} now); see `veritrain runs show {run_dir.name}`")
