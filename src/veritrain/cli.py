@@ -967,13 +967,10 @@ def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
     Example:
       veritrain runs show latest
     """
-    import json
-
+    from veritrain.journal import interrupted
     from veritrain.record import read_record
     from veritrain.registry import read_notes
     from veritrain.workspace import Workspace
-
-    from veritrain.journal import interrupted
 
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)

@@ -28,7 +28,6 @@ log = logging.getLogger("veritrain")
 def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_version: Optional[str]) -> Optional[dict[str, Any]]:
     """A completed `run` with the same config hash, data version, code version and user model code, if any."""
     from veritrain import registry
-
     from veritrain.usercode import current_listing
 
     code = capture_code(workspace.root)

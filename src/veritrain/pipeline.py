@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from veritrain import config as config_module
-from veritrain import journal, logs, usercode
-from veritrain import selection
+from veritrain import config as config_module, journal, logs, selection, usercode
 from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_from_record, config_hash, paths_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
@@ -278,7 +276,6 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
 
             from veritrain.data import prepare
             from veritrain.tasks import get_task
-
             from veritrain.train.loop import seed_everything
 
             # every entry point (run, train, resume, reproduce) sets the deterministic environment

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from veritrain import locks, logs
-from veritrain.usercode import current_listing, fresh, listing_sha256
 from veritrain.config import ResolvedConfig
 from veritrain.errors import RunFailed
 from veritrain.hashing import sha256_json
 from veritrain.record import RECORD_VERSION, capture_code, now_iso, write_record
+from veritrain.usercode import current_listing, fresh, listing_sha256
 from veritrain.workspace import Workspace
 
 log = logging.getLogger("veritrain")

@@ -17,8 +17,8 @@ import hashlib
 import io
 import json
 import logging
-import re
 import platform
+import re
 import threading
 from importlib import metadata
 from pathlib import Path
@@ -27,7 +27,6 @@ from typing import Any, Callable, Optional
 from veritrain.errors import UserError
 from veritrain.hashing import sha256_file
 from veritrain.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
-
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "files", "states", "data version", "raw data"
 log = logging.getLogger("veritrain")
@@ -399,10 +398,10 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
                       "now": f"{why}this veritrain prepares with recipe {FORMAT_VERSION}, so the raw data cannot be re-prepared to compare"})
     elif rehash:
         checked.append("raw data prepared again to compare" + (f" ({raw.undecided})" if raw is not None and raw.undecided else ""))
+        import tempfile
+
         from veritrain.config import RunConfig
         from veritrain.data import prepare
-
-        import tempfile
 
         report("raw data", 0, 1)
         quiet = _QuietThread()  # prepare's info lines ("writing a data version") would describe the scratch folder
@@ -569,7 +568,6 @@ def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = Fals
     from veritrain import pipeline
     from veritrain.config import ResolvedConfig, config_from_record, config_hash
     from veritrain.data import prepare
-    from veritrain.errors import UserError
     from veritrain.record import read_record
 
     original_dir = workspace.resolve_run(ref, "model")

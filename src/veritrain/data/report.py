@@ -135,7 +135,7 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"- data version: `{report['data_version']}`",
         f"- source: `{report['source']}`, content hash: {report['hash_algorithm']}",
-        f"- samples: " + ", ".join(f"{k} {v}" for k, v in report["counts"].items()) + f"; quarantined {len(report['quarantined'])}",
+        "- samples: " + ", ".join(f"{k} {v}" for k, v in report["counts"].items()) + f"; quarantined {len(report['quarantined'])}",
         f"- input shape: {report['input_shape']}",
         f"- leakage check: {report['leakage']['cross_split_duplicate_pairs']} cross-split duplicate pairs "
         f"({'ok' if report['leakage']['ok'] else 'FAILED'}; 0 required)",

@@ -17,7 +17,6 @@ from typing import Any
 from veritrain.errors import RunFailed, UserError
 from veritrain.web import STATIC_DIR, environment, page_context, views
 
-
 COMPARE_MAX = 6  # runs on the static compare page, as on the server's
 
 
