@@ -225,7 +225,9 @@ class DataConfig(Section):
         "their former split); a group mixing both is a `test_from_leak`, handled as data.on_split_skew says. Needs split_by: random"
     )
     workers: Optional[Annotated[int, Limit(4096)]] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
-    card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")
+    # pyright counts only `default=` as a field default, not Field's positional one, so it reads these sections as having
+    # required fields; every field of every section has a default
+    card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")  # pyright: ignore[reportArgumentType]
 
     @field_validator("near_duplicates", mode="before")
     @classmethod
@@ -451,21 +453,23 @@ class ExportConfig(Section):
 
 
 class RunConfig(Section):
+    # `default=` by keyword: pyright then knows `RunConfig()` needs no argument
     exp_name: Optional[str] = Field(
-        None, description="experiment family this run belongs to; null: the config file's name (`digits` for the built-in default)"
+        default=None, description="experiment family this run belongs to; null: the config file's name (`digits` for the built-in default)"
     )
-    seed: Annotated[int, INT64] = Field(0, description="seed of model init, data order and augmentation")
-    task: str = Field("classification", description="what is learned: `classification`")
-    data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")
-    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer")
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")
-    train: TrainConfig = Field(default_factory=TrainConfig, description="training loop")
-    augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batch augmentation (images)")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="when and what to save")
-    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="step logs")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")
-    export: ExportConfig = Field(default_factory=ExportConfig, description="exported model formats and their parity check")
+    seed: Annotated[int, INT64] = Field(default=0, description="seed of model init, data order and augmentation")
+    task: str = Field(default="classification", description="what is learned: `classification`")
+    # default_factory: pyright reads Field's positional defaults as required fields (see DataConfig.card)
+    data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")  # pyright: ignore[reportArgumentType]
+    model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")  # pyright: ignore[reportArgumentType]
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer")  # pyright: ignore[reportArgumentType]
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")  # pyright: ignore[reportArgumentType]
+    train: TrainConfig = Field(default_factory=TrainConfig, description="training loop")  # pyright: ignore[reportArgumentType]
+    augment: AugmentConfig = Field(default_factory=AugmentConfig, description="batch augmentation (images)")  # pyright: ignore[reportArgumentType]
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="when and what to save")  # pyright: ignore[reportArgumentType]
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="step logs")  # pyright: ignore[reportArgumentType]
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="evaluation")  # pyright: ignore[reportArgumentType]
+    export: ExportConfig = Field(default_factory=ExportConfig, description="exported model formats and their parity check")  # pyright: ignore[reportArgumentType]
 
     @field_validator("task")
     @classmethod
@@ -739,7 +743,7 @@ class _ConfigLoader(yaml.SafeLoader):
     def refuse(self, path: list[str], problem: str) -> ConfigError:
         return ConfigError(self.config_source, _key_text(self.key_prefix + path) or None, problem)
 
-    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> yaml.Node:
+    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> Optional[yaml.Node]:
         if parent is None:
             return super().compose_node(parent, index)
         self.composed_nodes += 1
@@ -749,7 +753,8 @@ class _ConfigLoader(yaml.SafeLoader):
                 raise self.refuse(self.key_path, f"nested deeper than {MAX_NESTING} levels; a config needs a few (section, key, value)")
             if self.composed_nodes > MAX_VALUES:
                 raise self.refuse(self.key_path, f"more than {MAX_VALUES:,} keys and values; a config is a few hundred, keep data out of it")
-            return super().compose_node(parent, index)
+            # the stubs type `index` as int; PyYAML passes the key node of a mapping value, an int in a sequence, None at the root
+            return super().compose_node(parent, index)  # pyright: ignore[reportArgumentType]
         finally:
             self.key_path.pop()
 
@@ -908,8 +913,9 @@ def _constraints(metadata: list[Any], limits: bool = False) -> str:
             bound = getattr(item, attr, None)
             if bound is not None:
                 words.append(f"{symbol} {bound:g}" if isinstance(bound, float) else f"{symbol} {bound}")
-        if (getattr(item, "min_length", None) or 0) > 1:
-            words.append(f"with at least {item.min_length} items")
+        min_length = getattr(item, "min_length", None) or 0
+        if min_length > 1:
+            words.append(f"with at least {min_length} items")
     return (" " + " and ".join(words)) if words else ""
 
 
