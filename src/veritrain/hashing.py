@@ -14,7 +14,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 CHUNK_BYTES = 1 << 20  # 1 MiB reads: big files never sit whole in memory
 
@@ -150,16 +150,16 @@ class FileHash:
     cached: bool = False
 
 
-def hash_files(paths: list[Path], cache: Optional[StatCache] = None, rehash: bool = False) -> dict[Path, FileHash]:
-    """BLAKE3 of many files, reusing the stat cache.
+def hash_files(paths: Sequence[str | Path], cache: Optional[StatCache] = None, rehash: bool = False) -> dict[str | Path, FileHash]:
+    """BLAKE3 of many files, reusing the stat cache; keyed by the paths as given (text or Path).
 
     Small files are hashed in this thread (a thread pool's hand-offs cost more than the hashing);
     large ones in parallel threads, since reading and BLAKE3 release the GIL.
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    results: dict[Path, FileHash] = {}
-    stats: dict[Path, os.stat_result] = {}
+    results: dict[str | Path, FileHash] = {}
+    stats: dict[str | Path, os.stat_result] = {}
     for path in paths:
         try:
             stats[path] = os.stat(path)
@@ -176,18 +176,18 @@ def hash_files(paths: list[Path], cache: Optional[StatCache] = None, rehash: boo
         else:
             large.append(path)
 
-    def hashed(path: Path, digest_of: Any) -> FileHash:
+    def hashed(path: str | Path, digest_of: Any) -> FileHash:
         try:
             return FileHash(stats[path].st_size, digest_of(path))
         except OSError as err:
             return FileHash(stats[path].st_size, None, f"{err.strerror or err.__class__.__name__}")
 
-    fresh: dict[Path, FileHash] = {path: hashed(path, lambda p: _blake3_small(str(p))) for path in small}
+    fresh: dict[str | Path, FileHash] = {path: hashed(path, lambda p: _blake3_small(str(p))) for path in small}
     workers = min(4, os.cpu_count() or 1)
     if len(large) > 1 and workers > 1:
         local = threading.local()
 
-        def hash_large(path: Path) -> str:
+        def hash_large(path: str | Path) -> str:
             if not hasattr(local, "buffer"):
                 local.buffer = bytearray(CHUNK_BYTES)
             return blake3_file(path, local.buffer)

@@ -16,7 +16,7 @@ import pickletools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, cast
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from veritrain.errors import RunFailed, UserError
 try:
     from numpy._core.multiarray import _reconstruct
 except ImportError:  # numpy < 2
-    from numpy.core.multiarray import _reconstruct
+    from numpy.core.multiarray import _reconstruct  # pyright: ignore[reportGeneralTypeIssues]  # the same function, older path
 
 BATCH_FILES: tuple[str, ...] = ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch")
 META_FILE = "batches.meta"
@@ -63,7 +63,7 @@ def _reconstruct_empty_array(cls: Any, shape: Any, typecode: Any) -> np.ndarray:
     # checks the data length against the shape); any other arguments would allocate or build other types.
     if cls is not _ndarray_marker or shape != (0,) or typecode not in (b"b", "b"):
         raise _Refused("refused numpy _reconstruct arguments other than (numpy.ndarray, (0,), 'b')")
-    return _reconstruct(np.ndarray, (0,), b"b")
+    return cast(np.ndarray, _reconstruct(np.ndarray, (0,), b"b"))  # typed as returning object; given ndarray, it makes one
 
 
 def _numeric_dtype(spec: Any, align: Any = False, copy: Any = True) -> np.dtype:
@@ -149,6 +149,14 @@ def _too_deep() -> _Refused:
     return _Refused(f"refused a pickle nested more than {MAX_NESTING} levels deep; a real CIFAR-10 file nests 5")
 
 
+def _opcodes(raw: bytes) -> Iterator[tuple[pickletools.OpcodeInfo, Any, int]]:
+    """pickletools.genops over bytes, typed as it behaves here: the argument's type depends on the opcode (None for
+    opcodes without one), and every opcode has a position, as genops reads bytes through an io.BytesIO."""
+    for opcode, arg, pos in pickletools.genops(raw):
+        assert pos is not None
+        yield opcode, arg, pos
+
+
 def _check_opcodes(raw: bytes) -> None:
     """Refuse (`_Refused`) a pickle over the limits above; ValueError for one the unpickler could not load either."""
     stack: list[_Node] = []
@@ -189,7 +197,7 @@ def _check_opcodes(raw: bytes) -> None:
             raise _too_deep()
         return holder
 
-    for count, (opcode, arg, pos) in enumerate(pickletools.genops(raw), start=1):
+    for count, (opcode, arg, pos) in enumerate(_opcodes(raw), start=1):
         if count > MAX_OPCODES:
             raise _Refused(f"refused a pickle of more than {MAX_OPCODES:,} opcodes; a real CIFAR-10 batch has about 30,000")
         name = opcode.name
@@ -365,7 +373,10 @@ class _Python2StylePickler(pickle._Pickler):
     """Protocol 2 as Python 2's cPickle wrote the official files: strings as BINSTRING (they load as bytes with
     encoding="bytes") and numpy's `numpy.core.multiarray._reconstruct` spelling, so no `_codecs.encode` calls."""
 
-    dispatch = pickle._Pickler.dispatch.copy()
+    # the stubs type the dispatch table as Unpickler's and leave out the pickler's own write and memoize
+    dispatch: dict[type, Callable[..., None]] = pickle._Pickler.dispatch.copy()
+    write: Callable[[bytes], Any]
+    memoize: Callable[[Any], None]
 
     def _save_binstring(self, obj: Any) -> None:
         data = obj if isinstance(obj, bytes) else obj.encode("ascii")  # a Python 2 str is bytes
@@ -383,7 +394,7 @@ class _Python2StylePickler(pickle._Pickler):
             self.write(pickle.GLOBAL + b"numpy.core.multiarray\n_reconstruct\n")
             self.memoize(obj)
         else:
-            super().save_global(obj, name)
+            super().save_global(obj, name)  # pyright: ignore[reportAttributeAccessIssue]  # missing from the stubs
 
 
 def _write_python2_pickle(path: Path, obj: Any) -> None:

@@ -115,7 +115,7 @@ class _Table:
     """Every sample of the source, in sample-id order, as the stage works on it."""
 
     ids: list[str]
-    paths: list[Optional[Path]]
+    paths: list[Optional[str]]  # absolute, as text (see FileSample.path); None for array sources
     sizes: list[int]
     hashes: list[Optional[str]]
     labels: list[Optional[str]]
@@ -148,6 +148,19 @@ class _Table:
     def key(self, i: int) -> str:
         """What places sample `i` in a split: the source's own id, else its content hash ("" when unreadable)."""
         return self.source_ids[i] or self.hashes[i] or ""
+
+    def content_hash(self, i: int) -> str:
+        """The content hash of sample `i`, one still included: a sample without one (unreadable) is excluded."""
+        digest = self.hashes[i]
+        assert digest is not None, f"{self.ids[i]}: included without a content hash"
+        return digest
+
+    def label(self, i: int) -> str:
+        """The label of sample `i`, one still included: with data.classes, _check_labels excludes the unlabelled;
+        array sources label every sample."""
+        label = self.labels[i]
+        assert label is not None, f"{self.ids[i]}: included without a label"
+        return label
 
 
 def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any, content: Optional[str] = None) -> str:
@@ -524,7 +537,7 @@ def _table_from_arrays(source: SourceData) -> _Table:
         paths=[None] * n,
         sizes=list(source.sizes),
         hashes=list(source.content_hashes),
-        labels=source.label_names(),
+        labels=list(source.label_names()),
         groups=[None] * n,
         fixed=list(source.fixed_split) if source.fixed_split else [None] * n,
         timestamps=[None] * n,
@@ -576,6 +589,7 @@ def _array_features(inputs: np.ndarray, table: _Table, near_duplicates: bool, ca
         known = cache.checks(sorted(set(h for h in table.hashes if h)), params)
         fresh: dict[str, Check] = {}
         for i, h in enumerate(table.hashes):
+            assert h is not None  # an array source hashes every sample (SourceData.content_hashes)
             check = known.get(h) or fresh.get(h)
             if check is None:
                 image = np.asarray(inputs[i])
@@ -670,7 +684,7 @@ def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timi
     t = time.perf_counter()
     files: dict[str, str] = {}
     for i in table.included():
-        files.setdefault(table.hashes[i], str(table.paths[i]))
+        files.setdefault(table.content_hash(i), str(table.paths[i]))
     check_cache = validate.CheckCache(cache_dir / "images.sqlite")
     try:
         headers = validate.headers_for(files, check_cache, workers)
@@ -692,7 +706,7 @@ def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timi
         check_cache.close()
     timings["validate"] = time.perf_counter() - t
     for i in table.included():
-        check = checks[table.hashes[i]]
+        check = checks[table.content_hash(i)]
         for kind, reason in check.findings:
             table.add(kind, [i], reason, exclude=kind in UNUSABLE)
         if check.usable:
@@ -753,7 +767,7 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]])
     included = table.included()
     # exact duplicates: same content, same label → kept together; different labels → all quarantined
     links: list[list[int]] = []
-    for group in exact_duplicate_groups([table.hashes[i] for i in included]):
+    for group in exact_duplicate_groups([table.content_hash(i) for i in included]):
         members = [included[k] for k in group]
         labels = {table.labels[i] for i in members}
         if len(labels) > 1:
@@ -797,10 +811,10 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]])
     components: dict[int, list[int]] = defaultdict(list)
     for i in table.included():
         components[int(component_of[i])].append(i)
-    class_index = {c: k for k, c in enumerate(classes)} if classes else {}
+    class_index: dict[Optional[str], int] = {c: k for k, c in enumerate(classes)} if classes else {}  # get(None): None
     units = []
     for members in components.values():
-        fixed = {table.fixed[i] for i in members if table.fixed[i]}
+        fixed = {split for split in (table.fixed[i] for i in members) if split}
         winner = min(fixed, key=SPLIT_PRIORITY.__getitem__) if fixed else None
         if len(fixed) > 1:
             keepers = [i for i in members if table.fixed[i] in (winner, None)]
@@ -810,7 +824,7 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]])
                               f"a copy (or group member) of {table.ids[keepers[0]]} in the fixed {winner} split, fixed to {table.fixed[i]}; quarantined so nothing leaks",
                               exclude=True)
             members = keepers
-        timestamps = [table.timestamps[i] for i in members if table.timestamps[i]]
+        timestamps = [stamp for stamp in (table.timestamps[i] for i in members) if stamp]
         units.append(splitting.Unit(
             members=sorted(members),
             labels=[class_index.get(table.labels[i]) if classes else None for i in members],
@@ -833,7 +847,7 @@ def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndar
     copies: dict[str, list[int]] = defaultdict(list)
     for i in table.included():
         if i in table.pictures:
-            copies[table.hashes[i]].append(i)
+            copies[table.content_hash(i)].append(i)
     candidates = [members[0] for members in copies.values()]
     if len(candidates) < 2:
         return np.zeros((0, 2), dtype=np.int64)
@@ -843,7 +857,7 @@ def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndar
     pairs = index[found.pairs] if len(found.pairs) else np.zeros((0, 2), dtype=np.int64)
     difference_of = {(int(a), int(b)): float(d) for (a, b), d in zip(pairs, found.differences)}
     for component in found.components:
-        members = sorted(i for k in component for i in copies[table.hashes[candidates[k]]])
+        members = sorted(i for k in component for i in copies[table.content_hash(candidates[k])])
         inside = [(int(a), int(b)) for a, b in pairs[np.isin(pairs[:, 0], members)][:2]]  # a pair never leaves its group (of representatives)
         examples = "; ".join(f"{table.ids[a]} ~ {table.ids[b]} (difference {difference_of[(a, b)]:.3f})" for a, b in inside[:2])
         labels = {table.labels[i] for i in members}
@@ -955,7 +969,7 @@ def _leakage_pairs(table: _Table, assigned: dict[int, str], near_pairs: np.ndarr
     """Pairs of identical samples, or confirmed near-duplicate pairs, that sit in different splits."""
     by_hash: dict[str, Counter] = defaultdict(Counter)
     for i, s in assigned.items():
-        by_hash[table.hashes[i]][s] += 1
+        by_hash[table.content_hash(i)][s] += 1
     pairs = 0
     for counts in by_hash.values():
         values = list(counts.values())
@@ -1085,7 +1099,7 @@ def _label_issues_and_outliers(cfg: Any, table: _Table, assigned: dict[int, str]
 
     def find(rows: list[int]) -> Any:
         return label_issues.find_label_issues_and_outliers(
-            np.stack([table.thumbs[i] for i in rows]), np.array([class_index[table.labels[i]] for i in rows], dtype=np.int64),
+            np.stack([table.thumbs[i] for i in rows]), np.array([class_index[table.label(i)] for i in rows], dtype=np.int64),
             len(classes), cfg.split_seed)
 
     found = find(placed)
@@ -1146,9 +1160,9 @@ def _write_arrays(out: Path, rows: list[int], table: _Table, source: Any, cfg: A
     del inputs
     if classes is not None:
         class_index = {c: k for k, c in enumerate(classes)}
-        targets = np.array([class_index[table.labels[i]] for i in rows], dtype=np.int64)
+        targets = np.array([class_index[table.label(i)] for i in rows], dtype=np.int64)
     else:
-        targets = np.array([float(table.labels[i]) for i in rows], dtype=np.float32)
+        targets = np.array([float(table.label(i)) for i in rows], dtype=np.float32)
     np.save(out / "targets.npy", targets)
 
 

@@ -107,7 +107,7 @@ def bundled_digits() -> tuple[np.ndarray, np.ndarray, str]:
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
-    return bunch.images, bunch.target, sklearn.__version__
+    return bunch.images, bunch.target, sklearn.__version__  # pyright: ignore[reportAttributeAccessIssue]  # load_digits() is typed as Bunch or (X, y); without return_X_y it is a Bunch
 
 
 def load_digits_source(cfg: Any, paths: dict[str, Path]) -> SourceData:

@@ -180,7 +180,7 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool,
             return check
         image = image.convert(target_mode) if image.mode != target_mode else image
         if not size_ok:
-            image = image.resize((params.width, params.height), Image.BILINEAR)
+            image = image.resize((params.width, params.height), Image.Resampling.BILINEAR)
     array = np.asarray(image, dtype=np.uint8)
     if array.ndim == 2:
         array = array[:, :, np.newaxis]
