@@ -240,7 +240,8 @@ def _unpack_checked(archive: Path, staging: Path) -> tuple[str, dict[str, tuple[
     with raw:
         stream = _MeteredGzip(raw, archive)
         try:
-            with tarfile.open(fileobj=stream, mode="r|") as tar:  # a stream: read once, never seeked back
+            # the stubs ask any fileobj for write/seek/tell/close; a "r|" stream only reads
+            with tarfile.open(fileobj=stream, mode="r|") as tar:  # pyright: ignore[reportCallIssue, reportArgumentType]
                 unpacked = _unpack_members(tar, stream, archive, staging)
                 _check_end(tar, archive)
         except (tarfile.TarError, EOFError, zlib.error) as err:  # truncated or corrupt: tarfile's view of it
@@ -413,7 +414,7 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
                 raise KeyError(name)
             return (staging / data_prefix / name).read_bytes()
 
-        if data_files:
+        if data_files and version:  # data_files is empty without a version: the version only narrows the type
             damaged = data_version_problems(version, read_data_file, lambda name: digests[data_prefix + name][0], sorted(data_files))
             if damaged:
                 raise RunFailed(f"import: the archived data version {version[:12]}: {damaged[0]['path']}: {damaged[0]['detail']}")

@@ -69,7 +69,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     kind = record.get("kind") or "run"
     status = record.get("status")
     new_run = _new_run_fix(run_dir, record)
-    rows: dict[str, tuple[str, str, Optional[str]]] = {}  # id → (status, detail, fix)
+    rows: dict[str, tuple[str, Optional[str], str]] = {}  # id → (status, fix, detail); fix None: nothing to run
 
     version_dir = state_dir / "data" / str(data.get("version"))
     try:
@@ -247,7 +247,7 @@ def _auditable_row(run_dir: Path, record: dict[str, Any], state_dir: Path, new_r
     return "pass", fix, detail
 
 
-def _results_row(run: str, record: dict[str, Any]) -> tuple[str, str, str]:
+def _results_row(run: str, record: dict[str, Any]) -> tuple[str, Optional[str], str]:
     """Whether every metric set and export names the trajectory entry it came from (verify checks that it holds). A run of
     an outside checkpoint (kind eval or export) fails: its results are not from the audited training."""
     outside = record.get("input_checkpoint")

@@ -21,7 +21,7 @@ import stat
 import struct
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 import numpy as np
 
@@ -161,7 +161,7 @@ def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, 
     formats (format → file) and the removed files. With `staged` another folder than `out`, nothing in `out` is
     deleted (the amend that stages the new export/ there removes what it does not hold) and the kept files are
     put in `staged`."""
-    listed = previous.get("files") if isinstance(previous.get("files"), dict) else {}
+    listed: dict[str, Any] = previous["files"] if isinstance(previous.get("files"), dict) else {}
     other_origin = [key for key in ORIGIN_FIELDS if previous.get(key) != description[key]]
     kept: dict[str, str] = {}
     removed: list[dict[str, str]] = []
@@ -417,7 +417,8 @@ def onnx_logits(path: Path, inputs: np.ndarray) -> np.ndarray:
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     run_options = onnxruntime.RunOptions()
     run_options.log_severity_level = 4
-    return session.run(None, {session.get_inputs()[0].name: inputs.astype(np.float32)}, run_options)[0]
+    # typed as any output kind (sparse, sequence, map); the model's one output is a dense tensor, an ndarray
+    return cast(np.ndarray, session.run(None, {session.get_inputs()[0].name: inputs.astype(np.float32)}, run_options)[0])
 
 
 # ---------------------------------------------------------------- predict
@@ -460,7 +461,7 @@ def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
         img.load()
         image = img.convert("L" if c == 1 else "RGB")
     if (image.height, image.width) != (h, w):
-        image = image.resize((w, h), Image.BILINEAR)
+        image = image.resize((w, h), Image.Resampling.BILINEAR)
     array = np.asarray(image, dtype=np.float32).reshape(h, w, c) / 255.0
     array = (array - np.asarray(prep["mean"], dtype=np.float32)) / np.asarray(prep["std"], dtype=np.float32)
     return array.transpose(2, 0, 1).astype(np.float32)

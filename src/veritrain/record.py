@@ -410,7 +410,7 @@ def read_record(run_dir: Path) -> dict[str, Any]:
 def package_list() -> str:
     """The installed Python packages, one sorted `name==version` line each."""
     packages = sorted(
-        {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata.get("Name")},
+        {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata.get("Name")},  # pyright: ignore[reportAttributeAccessIssue]  # an email Message, which has get()
         key=str.lower,
     )
     return "".join(p + "\n" for p in packages)

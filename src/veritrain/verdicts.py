@@ -33,11 +33,11 @@ def fingerprint(run_dir: Path, state_dir: Path) -> dict[str, Any]:
     run but its notes, which verify does not read), "data_version" and "raw_data": {"count", "sha256"} over the
     same entries of `.veritrain/data/<version>/` and of every recorded data path (absent: count 0)}."""
     record = _record(run_dir)
-    data = record.get("data") if isinstance(record.get("data"), dict) else {}
+    data: dict[str, Any] = record["data"] if isinstance(record.get("data"), dict) else {}
     version = data.get("version")
     version_entries = _entries(state_dir / "data" / version) if isinstance(version, str) and "/" not in version and version not in ("", ".", "..") else []
-    source = record.get("config_source") if isinstance(record.get("config_source"), dict) else {}
-    recorded = source.get("data_paths_resolved") if isinstance(source.get("data_paths_resolved"), dict) else {}
+    source: dict[str, Any] = record["config_source"] if isinstance(record.get("config_source"), dict) else {}
+    recorded: dict[str, Any] = source["data_paths_resolved"] if isinstance(source.get("data_paths_resolved"), dict) else {}
     raw: list[Entry] = []
     for name, value in sorted(recorded.items()):
         raw += [(f"{name}:{rel}", size, mtime) for rel, size, mtime in _entries(_data_path(value), skip=state_dir)]

@@ -445,22 +445,22 @@ def data_page(workspace: Any, version: str) -> dict[str, Any]:
         report_md = None
     findings = [f for f in report.get("findings") or [] if isinstance(f, dict)] if isinstance(report.get("findings"), list) else []
     quarantined = [q for q in report.get("quarantined") or [] if isinstance(q, dict)] if isinstance(report.get("quarantined"), list) else []
-    summary = report.get("summary") if isinstance(report.get("summary"), dict) else {}
+    summary = report["summary"] if isinstance(report.get("summary"), dict) else {}
 
-    gallery_name = report.get("gallery") if isinstance(report.get("gallery"), str) else "flagged.png"
+    gallery_name = report["gallery"] if isinstance(report.get("gallery"), str) else "flagged.png"
     gallery_path = folder / gallery_name
     gallery = (f".veritrain/data/{version}/{gallery_name}"
                if "/" not in gallery_name and gallery_path.is_file() and not gallery_path.is_symlink() else None)
     images = [f".veritrain/data/{version}/{p.name}" for p in sorted(folder.glob("*.png"))
               if p.is_file() and not p.is_symlink() and p.name != gallery_name]
 
-    achieved = summary.get("achieved_split") if isinstance(summary.get("achieved_split"), dict) else {}
-    per_class = achieved.get("per_class") if isinstance(achieved.get("per_class"), dict) else {}
+    achieved = summary["achieved_split"] if isinstance(summary.get("achieved_split"), dict) else {}
+    per_class = achieved["per_class"] if isinstance(achieved.get("per_class"), dict) else {}
     split_rows = [{"class": str(name), "samples": (s or {}).get("samples"), **{k: _finite((s or {}).get(k)) for k in SPLITS},
                    "largest_gap": _finite((s or {}).get("largest_gap")), "allowed": _finite((s or {}).get("allowed"))}
                   for name, s in per_class.items() if isinstance(s, dict) or s is None]
-    asked = achieved.get("asked") if isinstance(achieved.get("asked"), dict) else {}
-    wanted = achieved.get("wanted_for_free_samples") if isinstance(achieved.get("wanted_for_free_samples"), dict) else {}
+    asked = achieved["asked"] if isinstance(achieved.get("asked"), dict) else {}
+    wanted = achieved["wanted_for_free_samples"] if isinstance(achieved.get("wanted_for_free_samples"), dict) else {}
     split = {"judged": bool(achieved.get("judged")), "asked": {k: _finite(v) for k, v in asked.items()},
              "wanted": {k: _finite(v) for k, v in wanted.items()}, "rows": split_rows,
              "skewed": [_text(r) for r in achieved.get("skewed") or []] if isinstance(achieved.get("skewed"), list) else [],
@@ -478,10 +478,10 @@ def data_page(workspace: Any, version: str) -> dict[str, Any]:
         else:
             others.append({"kind": _text(f.get("kind")), "severity": _text(f.get("severity")), "samples": samples[:3],
                            "more_samples": max(0, len(samples) - 3), "reason": _text(f.get("reason"))})
-    by_kind = report.get("findings_by_kind") if isinstance(report.get("findings_by_kind"), dict) else {}
-    q_by_kind = summary.get("quarantined_by_kind") if isinstance(summary.get("quarantined_by_kind"), dict) else {}
-    card = report.get("card") if isinstance(report.get("card"), dict) else {}
-    warnings = report.get("card_warnings") if isinstance(report.get("card_warnings"), list) else []
+    by_kind = report["findings_by_kind"] if isinstance(report.get("findings_by_kind"), dict) else {}
+    q_by_kind = summary["quarantined_by_kind"] if isinstance(summary.get("quarantined_by_kind"), dict) else {}
+    card = report["card"] if isinstance(report.get("card"), dict) else {}
+    warnings = report["card_warnings"] if isinstance(report.get("card_warnings"), list) else []
     return {"version": version, "report": report, "report_md": report_md, "source": report.get("source"),
             "counts": report.get("counts") if isinstance(report.get("counts"), dict) else {},
             "classes": [_text(c) for c in report.get("classes") or []] if isinstance(report.get("classes"), list) else [],
