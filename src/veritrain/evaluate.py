@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 
@@ -82,7 +82,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
         split: Optional[str] = None, baselines: Optional[dict[str, Any]] = None, out_root: Optional[Path] = None) -> dict[str, Any]:
     """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics. The files go to
     `eval/<split>/` below `out_root` (default `run_dir`; an amend of a finished run stages them beside it)."""
-    split = split or cfg.eval.split
+    split = cast(str, split or cfg.eval.split)  # cfg is untyped here; eval.split is "test" or "val"
     if len(data.splits[split]) == 0:
         raise UserError(f"eval.split: the {split} split of the data version is empty; evaluate another split (--split) or give it samples (data.split_ratios)")
     path = checkpoint_path(cfg, run_dir, which)

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol, cast
 
 from veritrain.config import ResolvedConfig, load_config, without_added_defaults
 from veritrain.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
@@ -206,7 +206,7 @@ def plan(config: Optional[str], overrides: tuple[str, ...] | list[str], varies: 
         for text in texts:
             value = _value_at(_load_varied(config, [*base_overrides, f"{key}={text}"]).as_dict(), key)
             varied.setdefault(key, []).append(None if value is _MISSING else value)
-    if parent_record is not None:
+    if parent and parent_record is not None:  # parent_record is None without a parent
         _check_parent_config(parent, parent_record, base)
 
     base_dict = base.as_dict()
@@ -433,7 +433,7 @@ def _driving(workspace: Workspace, sweep_id: str, prefix: str) -> Iterator[None]
 def _resume_driving(workspace: Workspace, spec: dict[str, Any], folder: Path, ref: str, argv: list[str], parallel: Optional[int],
                     backend: Optional[str], ray_address: Optional[str], trust_code: bool) -> SweepOutcome:
     sweep_id = spec["id"]
-    backend = backend or spec["backend"]
+    backend = cast(str, backend or spec["backend"])  # the sweep's own backend, recorded in its spec
     if backend == "ray":
         require_ray()
     parallel = parallel or spec["parallel"]

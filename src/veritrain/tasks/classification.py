@@ -146,8 +146,9 @@ class ClassificationTask:
             choice = mixers[int(torch.randint(0, len(mixers), (1,), generator=generator))]
             alpha = aug.mixup_alpha if choice == "mixup" else aug.cutmix_alpha
             # Beta(α, α) from two Gamma draws, so the generator (not numpy's global RNG) decides
-            g1 = torch._standard_gamma(torch.full((1,), alpha), generator=generator)
-            g2 = torch._standard_gamma(torch.full((1,), alpha), generator=generator)
+            # (torch._standard_gamma is the one Gamma sampler that takes a generator; torch does not export it)
+            g1 = torch._standard_gamma(torch.full((1,), alpha), generator=generator)  # pyright: ignore[reportPrivateImportUsage]
+            g2 = torch._standard_gamma(torch.full((1,), alpha), generator=generator)  # pyright: ignore[reportPrivateImportUsage]
             lam = float(g1 / (g1 + g2))
             partner = torch.randperm(n, generator=generator)
             soft = F.one_hot(y, n_classes).float()

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from veritrain.errors import Interrupted, RunFailed, UserError
 
@@ -84,7 +84,7 @@ TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"  # torchrun (and torch.distributed.run) 
 NPROC_MARKER = "VERITRAIN_NPROC_LAUNCH"  # set by `launch` (--nproc N) for the ranks it starts through torchrun
 
 
-def stray_rank_variables(environ: Optional[dict[str, str]] = None) -> list[str]:
+def stray_rank_variables(environ: Optional[Mapping[str, str]] = None) -> list[str]:
     """The torchrun variables set in an environment that no torchrun launch made, in `RANK_VARIABLES` order."""
     environ = os.environ if environ is None else environ
     if TORCHRUN_MARKER in environ or NPROC_MARKER in environ:

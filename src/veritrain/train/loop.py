@@ -27,7 +27,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import numpy as np
 import torch
@@ -166,7 +166,8 @@ def batch_starts(n: int, batch_size: int, world_size: int = 1) -> list[int]:
 
 def rng_state() -> dict[str, Any]:
     """Global RNG states in types `torch.load(weights_only=True)` accepts (dropout draws from torch's)."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # the legacy form, a tuple (typed as that or the dict form)
+    name, keys, pos, has_gauss, cached = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         # as one tensor, not a tuple of 625 ints: torch.save visits every pickled object (slow)
@@ -323,7 +324,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         for problem in problems:
             log.warning("checkpoint: %s; falling back to an older one", problem)
         if ranks is not None:  # every rank resumes from the file rank 0 chose
-            chosen = distributed.broadcast(path.name if saved is not None else None)
+            chosen = distributed.broadcast(path.name if path is not None and saved is not None else None)
             if not main and chosen is not None:
                 path = ckpt_dir / chosen
                 saved = checkpoint.load(path)
