@@ -260,3 +260,14 @@ def test_a_multi_process_run_is_refused_with_the_check_that_works_on_this_machin
     assert "trained by 4 processes on 2 machines" in nodes and "the same torchrun launch (4 ranks)" in nodes
     assert cannot_replay("R", {"distributed": None}, []) is None
     assert cannot_replay("R", {}, ["CPU 'a' recorded, 'b' here"]).endswith("audit it on a machine like the recorded one (`veritrain runs show R`)")
+
+
+def test_a_timing_save_without_a_step_is_a_keep_rule_problem_not_a_crash():
+    """A damaged record's other_saves entry without a step names no checkpoint; the keep rule still judges the rest
+    (sorting it among the steps used to raise TypeError)."""
+    from veritrain.train.trajectory import keep_rule_problems
+
+    damaged = {"trajectory": [{"step": 0, "epoch": 0}, {"step": 5, "epoch": 1, "kept": True}], "training": {"epochs": 1},
+               "config": {"checkpoint": {"keep_last": 2}}, "other_saves": [{"reason": "signal", "state_sha256": "0" * 64}]}
+    problems = keep_rule_problems(damaged, {"checkpoints/step-5.pt"}, set())
+    assert [p["path"] for p in problems] == ["checkpoints/last.pt"]

@@ -194,7 +194,8 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
         if bool(item.get("kept_for_audit")) != expected:
             problem("record.json", f"trajectory entry {index} (step {item.get('step')}) says kept_for_audit {bool(item.get('kept_for_audit'))}, "
                                    f"but checkpoint.audit_every {every} {'keeps' if expected else 'does not keep'} it")
-    written = sorted({e["step"] for e in entries[1:]} | {o["step"] for o in record.get("other_saves") or [] if isinstance(o, dict)}, reverse=True)
+    # a timing save without a step (a damaged record) names no checkpoint, and cannot be sorted among the steps
+    written = sorted({e["step"] for e in entries[1:]} | {o["step"] for o in record.get("other_saves") or [] if isinstance(o, dict) and o.get("step") is not None}, reverse=True)
     collected = any(isinstance(h, dict) and h.get("by") == "gc" for h in record.get("seal_history") or [])
     required = audit_steps(entries, every) | (set() if collected else set(written[:keep_last]))
     for step in sorted(required):
