@@ -14,21 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import in_process_run
 from veritrain import archive as archive_module
-
-FAST = ["train.epochs=1", "model.name=mlp", "model.hidden=[16]", "export.formats=[onnx]"]
 
 
 @pytest.fixture(scope="module")
-def archived(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("src")
-    outcome = in_process_run(workdir, FAST)
+def archived(small_run, tmp_path_factory):
+    """The shared small run, archived with its data version."""
     out = tmp_path_factory.mktemp("out") / "run.tar.gz"
     from veritrain import archive
 
-    archive.create(Path(outcome.summary["run_dir"]), workdir / ".veritrain", out, with_data=True)
-    return workdir, Path(outcome.summary["run_dir"]), out
+    archive.create(small_run.run_dir, small_run.workdir / ".veritrain", out, with_data=True)
+    return small_run.workdir, small_run.run_dir, out
 
 
 def test_round_trip_verifies(cli, archived, tmp_path):

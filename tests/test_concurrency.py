@@ -107,6 +107,7 @@ def test_the_smoke_slice_takes_every_class_in_turn():
     assert list(stratified(rows[:4], targets[:4], 64, ["a", "b", "c"])) == [0, 1, 2, 3]
 
 
+@pytest.mark.slow  # concurrent processes: checked in `make test-slow`
 def test_two_concurrent_runs_of_one_config_share_one_smoke_test_and_both_complete(tmp_path):
     procs = [start("run", *TWO_STEPS, "--workdir", str(tmp_path), "--json") for _ in range(2)]
     outputs = [p.communicate(timeout=300) for p in procs]

@@ -62,6 +62,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return Path(result.json()["run_dir"])
 
 
+@pytest.mark.slow  # two-rank runs end to end: checked in `make test-slow`
 def test_two_process_run_completes_verifies_reproduces_and_records_world_size(tmp_path):
     result = veritrain("run", "--nproc", "2", "--no-smoke", "--set", "train.epochs=2", "--workdir", str(tmp_path), "--json")
     assert result.code == 0, result.stderr
@@ -89,6 +90,7 @@ def test_two_process_run_completes_verifies_reproduces_and_records_world_size(tm
     assert record(copy)["final_state_sha256"] == record(run_dir)["final_state_sha256"]
 
 
+@pytest.mark.slow  # two-rank runs end to end: checked in `make test-slow`
 def test_killing_a_rank_interrupts_the_run_and_resume_ends_bit_identical(uninterrupted, tmp_path):
     process = start_training(tmp_path)
     wait_for("runs/*/checkpoints/step-20.pt", tmp_path)

@@ -4,21 +4,15 @@ its meaning (`--expect` with a seal history), verify is read-only, and a run's s
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from test_verify import sealed  # noqa: F401  (the module's run: the same small digits run verify's tests use)
-
 
 @pytest.fixture
-def workspace_copy(sealed, tmp_path):
-    """A copy of the whole workspace (run and data version), free to damage."""
-    workdir, run_dir, seal = sealed
-    target = tmp_path / "ws"
-    shutil.copytree(workdir, target)
-    return target, target / "runs" / run_dir.name, seal
+def workspace_copy(small_run_copy):
+    """A copy of the whole workspace of the small run (run and data version), free to damage."""
+    return small_run_copy.workdir, small_run_copy.run_dir, small_run_copy.seal
 
 
 def one_error_line(result) -> str:
@@ -56,8 +50,8 @@ def test_an_older_seal_is_refused_with_what_replaced_it(cli, workspace_copy):
 
 
 @pytest.mark.parametrize("expect", ["", "   ", "abc", "g" * 64, "0" * 63])
-def test_an_empty_or_malformed_expected_seal_is_a_usage_error(cli, sealed, expect):
-    workdir, run_dir, _ = sealed
+def test_an_empty_or_malformed_expected_seal_is_a_usage_error(cli, small_run, expect):
+    workdir, run_dir = small_run.workdir, small_run.run_dir
     result = cli("verify", run_dir.name, "--expect", expect, "--workdir", str(workdir))
     assert result.code == 2
     assert "--expect" in one_error_line(result)
@@ -108,7 +102,9 @@ def build(input_shape, num_outputs):
 '''
 
 
-def test_code_named_by_a_run_this_workspace_did_not_start_never_runs_without_trust(tmp_path):
+def test_code_named_by_a_run_this_workspace_did_not_start_never_runs_without_trust(cli, tmp_path, monkeypatch):
+    """The commands that import the run's code run in their own process; the refusals and predict (which import
+    none of it) run in this one, where the code is not even on sys.path."""
     import os
     import subprocess
     import sys
@@ -131,18 +127,20 @@ def test_code_named_by_a_run_this_workspace_did_not_start_never_runs_without_tru
     imported = veritrain("import", str(tmp_path / "r.tar.gz"), "--json", workdir=tmp_path / "b")
     assert imported.returncode == 0 and json.loads(imported.stdout)["code"] == ["canary_model:build", "code/canary_model.py (canary_model)"]
     canary.unlink()
+    monkeypatch.setenv("VT_CANARY_FILE", str(canary))
     for command in (["eval", run_id], ["export", run_id], ["baseline", run_id], ["reproduce", run_id]):
-        refused = veritrain(*command, workdir=tmp_path / "b")
-        assert refused.returncode == 2, (command, refused.stderr)
-        line = one_error_line(type("R", (), {"stderr": refused.stderr})())
+        refused = cli(*command, "--workdir", str(tmp_path / "b"))
+        assert refused.code == 2, (command, refused.stderr)
+        line = one_error_line(refused)
         assert "names code" in line and "--trust-code" in line
         assert not canary.exists(), command  # the code never ran
+        assert "canary_model" not in sys.modules, command
     from PIL import Image
 
     Image.new("L", (8, 8), 40).save(tmp_path / "digit.png")
-    predicted = veritrain("predict", run_id, str(tmp_path / "digit.png"), workdir=tmp_path / "b")
-    assert predicted.returncode == 0, predicted.stderr  # predict runs the ONNX export: no code of the run is imported
-    assert not canary.exists()
+    predicted = cli("predict", run_id, str(tmp_path / "digit.png"), "--workdir", str(tmp_path / "b"))
+    assert predicted.code == 0, predicted.stderr  # predict runs the ONNX export: no code of the run is imported
+    assert not canary.exists() and "canary_model" not in sys.modules
     trusted = veritrain("eval", run_id, "--trust-code", workdir=tmp_path / "b")
     assert trusted.returncode == 0, trusted.stderr
     assert canary.exists()

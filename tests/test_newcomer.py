@@ -33,18 +33,17 @@ def rows(result) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def trained_then_baseline(tmp_path_factory):
-    """A workspace where a run with a model comes first and a baseline-only run (no model) after it."""
+def trained_then_baseline(small_run):
+    """A workspace where a run with a model (the shared small run) comes first and a baseline-only run (no
+    model) after it."""
     from conftest import veritrain
 
-    workdir = tmp_path_factory.mktemp("ws")
-    trained = veritrain("run", *SMALL, "--set", "export.formats=[onnx]", "--no-smoke", "--workdir", str(workdir), "--json")
-    assert trained.code == 0, trained.stderr
+    workdir = small_run.workdir
     config = workdir / "digits.yaml"
     config.write_text("model:\n  name: mlp\n  hidden: [16]\n")
     baseline = veritrain("baseline", str(config), "--workdir", str(workdir), "--json")
     assert baseline.code == 0, baseline.stderr
-    return workdir, trained.json()["run_id"], baseline.json()["run_id"]
+    return workdir, small_run.run_dir.name, baseline.json()["run_id"]
 
 
 def test_latest_is_the_newest_run_that_fits_the_command(cli, trained_then_baseline, tmp_path):

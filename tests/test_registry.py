@@ -105,6 +105,7 @@ def test_hypothesis_and_parent_are_recorded(tmp_path, workspace):
     assert f"changes vs {outcomes[0].summary['run_id']}: `seed` 0 → 7" in section
 
 
+@pytest.mark.slow  # concurrent processes: checked in `make test-slow`
 def test_four_runs_started_at_once_all_complete(tmp_path):
     """Parallel starts in one workspace: distinct ids, shared data version and caches, all indexed."""
     procs = [subprocess.Popen([sys.executable, "-m", "veritrain", "train", "--set", "train.epochs=1", "--set", "model.name=mlp",

@@ -86,6 +86,7 @@ def kill_and_resume(workdir: Path, seed: int, kills: int) -> Path:
     return run_dir
 
 
+@pytest.mark.slow  # processes killed at random moments: checked in `make test-slow`
 @pytest.mark.parametrize("seed", [11, 29])
 def test_kill_9_at_random_moments_then_resume_is_bit_identical(reference, tmp_path, seed):
     run_dir = kill_and_resume(tmp_path, seed, kills=2)
@@ -148,6 +149,7 @@ main(sys.argv[2:])
 """
 
 
+@pytest.mark.slow  # processes killed at random moments: checked in `make test-slow`
 @pytest.mark.parametrize("moment", ["before_rename", "before_sidecar"])
 def test_crash_inside_a_save_never_loads_a_broken_checkpoint(reference, tmp_path, moment):
     # renames alternate step-N.pt, step-N.pt.sha256: in the 4th save, die with the temp file written
@@ -311,6 +313,7 @@ def test_checkpoint_holds_the_full_state(tmp_path):
     assert (folder / "best.pt.sha256").exists()
 
 
+@pytest.mark.slow  # processes killed at random moments: checked in `make test-slow`
 def test_killed_before_the_first_checkpoint_resumes_from_the_beginning(reference, tmp_path):
     crashed = subprocess.run([sys.executable, "-c", CRASHING_SAVE, "1", "train", *CHAOS, "--workdir", str(tmp_path)],
                              capture_output=True, text=True, timeout=300)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import FAST, FAST_OVERRIDES, ROOT, in_process_run
 
-from conftest import FAST, FAST_OVERRIDES, in_process_run
 from veritrain.config import load_config
 from veritrain.hashing import sha256_file, state_dict_sha256
 from veritrain.train import checkpoint
@@ -31,8 +31,12 @@ def without_timing(rows: list[dict]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def fast_run(tmp_path_factory):
-    return in_process_run(tmp_path_factory.mktemp("ws"), FAST_OVERRIDES)
+def fast_run(small_run):
+    """The shared small run, as the pipeline's outcome gives it (record, summary, seal, error)."""
+    from types import SimpleNamespace
+
+    summary = {"run_dir": str(small_run.run_dir), "run_id": small_run.run_dir.name, "data_version": small_run.record["data"]["version"]}
+    return SimpleNamespace(record=small_run.record, summary=summary, seal=small_run.seal, error=small_run.record["error"])
 
 
 def test_record_holds_the_contract_fields(fast_run):
@@ -54,6 +58,20 @@ def test_record_holds_the_contract_fields(fast_run):
     assert set(record["metrics"]["test"]) >= {"accuracy", "macro_f1"}
     assert record["config_hash"] == load_config(None, FAST_OVERRIDES).hash
     assert record["error"] is None
+
+
+# Computed by the code as it was before the modules moved into their layers: the same inputs must keep
+# giving the same config hash and data version id, or every earlier run would stop reusing and comparing.
+PINNED_DEFAULT_CONFIG_HASH = "57a87ab75d2a4e3991b425ccc551b3832587d1d44c44191293ea037d929636b7"
+PINNED_SMALL_RUN_CONFIG_HASH = "111d0325f8583bbdb1e95f7d1d6595f743f07eac05a8efb51dbb92e68051e631"
+PINNED_DIGITS_DATA_VERSION = "5ea5f8aa54f7d70af49aeb683c9cc0a208de20f1c8e77137274f4c796908d901"  # data recipe 5
+
+
+def test_config_hash_and_data_version_id_are_unchanged_for_the_same_inputs(fast_run):
+    assert load_config(None, []).hash == PINNED_DEFAULT_CONFIG_HASH
+    assert load_config(ROOT / "configs" / "digits.yaml", []).hash == PINNED_DEFAULT_CONFIG_HASH
+    assert load_config(None, FAST_OVERRIDES).hash == fast_run.record["config_hash"] == PINNED_SMALL_RUN_CONFIG_HASH
+    assert fast_run.record["data"]["version"] == PINNED_DIGITS_DATA_VERSION
 
 
 def test_run_directory_layout(fast_run):
@@ -117,10 +135,10 @@ def test_same_seed_same_weights_and_metrics_other_seed_differs(fast_run, tmp_pat
     assert other.record["data"]["version"] == fast_run.record["data"]["version"]  # the split has its own seed
 
 
-def test_default_config_reaches_095_on_digits(tmp_path):
-    outcome = in_process_run(tmp_path, [])
-    assert outcome.record["status"] == "completed"
-    assert outcome.record["metrics"]["test"]["accuracy"] >= 0.95
+def test_default_config_reaches_095_on_digits(default_run_copy):
+    record = default_run_copy.record
+    assert record["status"] == "completed" and record["config_hash"] == PINNED_DEFAULT_CONFIG_HASH
+    assert record["metrics"]["test"]["accuracy"] >= 0.95
 
 
 def test_a_crash_mid_run_is_recorded_as_failed(tmp_path, monkeypatch):
@@ -195,23 +213,28 @@ def test_signal_marks_run_interrupted(tmp_path, signum, code):
     assert "Traceback" not in stderr
 
 
-def test_git_state_and_diff_patch(tmp_path):
+def test_git_state_and_diff_patch(small_run_copy):
+    from veritrain.record import capture_code
+
+    workdir = small_run_copy.workdir  # a workspace that has runs/, .veritrain/ and experiments.md
+
     def git(*args):
-        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+        subprocess.run(["git", "-C", str(workdir), *args], check=True, capture_output=True)
 
     git("init", "-q")
     git("config", "user.email", "t@example.org")
     git("config", "user.name", "t")
-    (tmp_path / "train_notes.txt").write_text("v1\n")
+    (workdir / "train_notes.txt").write_text("v1\n")
     git("add", "train_notes.txt")
     git("commit", "-qm", "first")
-    clean = in_process_run(tmp_path, FAST_OVERRIDES)
-    assert clean.record["code"]["git_dirty"] is False  # its own runs/, .veritrain/ and experiments.md do not count
-    assert len(clean.record["code"]["git_commit"]) == 40
-    (tmp_path / "train_notes.txt").write_text("v2\n")
-    dirty = in_process_run(tmp_path, FAST_OVERRIDES)
+    assert (workdir / "experiments.md").is_file()
+    clean = capture_code(workdir)
+    assert clean["git_dirty"] is False  # its own runs/, .veritrain/ and experiments.md do not count
+    assert len(clean["git_commit"]) == 40
+    (workdir / "train_notes.txt").write_text("v2\n")
+    dirty = in_process_run(workdir, FAST_OVERRIDES)
     code = dirty.record["code"]
-    assert code["git_dirty"] is True
+    assert code["git_dirty"] is True and code["git_commit"] == clean["git_commit"]
     patch = (Path(dirty.summary["run_dir"]) / "code" / "diff.patch").read_text()
     assert "-v1" in patch and "+v2" in patch
     assert code["diff_patch"]["sha256"] == hashlib.sha256(patch.encode()).hexdigest()

@@ -43,9 +43,8 @@ def test_failing_smoke_stops_before_the_run(cli, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_check_passes_on_a_plain_run_and_names_the_fix_when_something_is_missing(cli, tmp_path):
-    passed = cli("run", "--workdir", str(tmp_path), "--json")  # the plain default config
-    run_id = passed.json()["run_id"]
+def test_check_passes_on_a_plain_run_and_names_the_fix_when_something_is_missing(cli, default_run_copy):
+    tmp_path, run_id = default_run_copy.workdir, default_run_copy.run_dir.name  # `veritrain run` of the plain default config
     result = cli("check", run_id, "--workdir", str(tmp_path), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()

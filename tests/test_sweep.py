@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import need_extra, veritrain, veritrain_process
 
-from conftest import veritrain
 from veritrain.experiments import config_diff
 from veritrain.sweep import parse_vary, plan, split_values
 from veritrain.workspace import Workspace
@@ -186,14 +186,17 @@ def test_missing_ray_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == "error: --backend ray: the ray package is not installed; pip install 'veritrain[ray]'\n"
 
 
+@pytest.mark.slow  # a Ray cluster in its own process: checked in `make test-slow`
 def test_ray_backend_gives_the_same_runs_as_local(local_sweep, tiny):
     """A local Ray with 2 CPUs: the trial gets the same config hash, weights and metrics as the local one."""
-    pytest.importorskip("ray")
+    import importlib.util
+
+    need_extra(importlib.util.find_spec("ray") is not None, "the Ray backend test needs ray (pip install -r requirements-slow.lock)")
     workdir, local = local_sweep
     assert local.code == 0, local.stderr
     local_summary = local.json()
     parent_id = local_summary["parent"]["run_ids"][0]
-    result = veritrain("sweep", str(tiny), "--vary", "optim.lr=0.1", "--parallel", "2", "--backend", "ray", "--parent", parent_id,
+    result = veritrain_process("sweep", str(tiny), "--vary", "optim.lr=0.1", "--parallel", "2", "--backend", "ray", "--parent", parent_id,
                        "--workdir", str(workdir), "--json")
     assert result.code == 0, result.stderr
     summary = result.json()  # Ray's own output stays out of stdout
@@ -215,7 +218,7 @@ def test_a_failed_trial_exits_1_after_the_summary(local_sweep, tiny):
     parent_id = local.json()["parent"]["run_ids"][0]
     # a module that imports (found beside the config) and whose factory fails when the run builds the model
     (tiny.parent / "sweep_failing_model.py").write_text("def build(**given):\n    raise RuntimeError('the factory cannot build this model')\n")
-    result = veritrain("sweep", str(tiny), "--vary", "model.target=sweep_failing_model:build", "--parent", parent_id,
+    result = veritrain_process("sweep", str(tiny), "--vary", "model.target=sweep_failing_model:build", "--parent", parent_id,
                        "--parallel", "2", "--workdir", str(workdir), "--json")
     assert result.code == 1
     summary = result.json()
@@ -230,11 +233,12 @@ def test_a_failed_trial_exits_1_after_the_summary(local_sweep, tiny):
     text = (workdir / "experiments.md").read_text()
     assert f"| 0 | `model.target`=sweep_failing_model:build | {run_id} | failed: " in text
     # a module that is nowhere is a config problem: exit 2 before the sweep starts a run
-    missing = veritrain("sweep", str(tiny), "--vary", "model.target=veritrain_no_such_module:build", "--parent", parent_id,
+    missing = veritrain_process("sweep", str(tiny), "--vary", "model.target=veritrain_no_such_module:build", "--parent", parent_id,
                         "--workdir", str(workdir))
     assert missing.code == 2 and missing.stderr.strip().splitlines()[-1].startswith("error: model.target: no module 'veritrain_no_such_module'")
 
 
+@pytest.mark.slow  # a driver stopped by SIGTERM mid-trial: checked in `make test-slow`
 def test_resume_keeps_finished_trials_resumes_the_interrupted_and_runs_the_rest(local_sweep, tiny):
     """SIGTERM while the second trial trains: the first stays as it is, the second resumes in its own folder,
     the third (never started) runs."""

@@ -2,8 +2,8 @@
 Chromium (Debian's /usr/bin/chromium through Playwright), then the `veritrain publish` site opened
 from file:// with every network request blocked.
 
-Skips, with one reason, when /usr/bin/chromium or the playwright package is missing
-(`apt-get install chromium`; `pip install -r requirements-test.lock`). Screenshots of the runs
+Run by `make test-slow`, which fails them when /usr/bin/chromium or the playwright package is missing; elsewhere
+they skip with one reason (`apt-get install chromium`; `pip install -r requirements-slow.lock`). Screenshots of the runs
 table, a run page and the compare page go to $VERITRAIN_SCREENSHOTS (default: a temporary folder),
 and also to test-artifacts/screenshots/ when $CI is set.
 """
@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-
-from conftest import ROOT, in_process_run, veritrain
+from conftest import ROOT, in_process_run, need_extra, veritrain
 
 CHROMIUM = Path("/usr/bin/chromium")
 STATIC = ROOT / "src" / "veritrain" / "web" / "static"
@@ -50,12 +49,13 @@ def test_static_assets_are_vendored_and_small():
 
 @pytest.fixture(scope="module")
 def playwright_api() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        pytest.skip("browser tests need /usr/bin/chromium (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("browser tests need the playwright package (pip install -r requirements-test.lock)")
+    import importlib.util
+
+    need_extra(CHROMIUM.exists(), "browser tests need /usr/bin/chromium (apt-get install chromium)")
+    need_extra(importlib.util.find_spec("playwright") is not None,
+               "browser tests need the playwright package (pip install -r requirements-slow.lock)")
+    from playwright.sync_api import sync_playwright
+
     with sync_playwright() as p:
         yield p
 
@@ -211,6 +211,7 @@ def _assert_run_page(page: Any, run: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------------- server
 
 
+@pytest.mark.slow  # a browser: checked in `make test-slow`
 def test_runs_table_sorts_and_filters(server: str, workspace: dict[str, Any], watched: Watched, screenshots: Path):
     page = watched.page
     page.goto(server + "/")
@@ -239,6 +240,7 @@ def test_runs_table_sorts_and_filters(server: str, workspace: dict[str, Any], wa
     assert "q=" in page.url
 
 
+@pytest.mark.slow  # a browser: checked in `make test-slow`
 def test_run_page_draws_curves_and_verifies(server: str, workspace: dict[str, Any], watched: Watched, screenshots: Path):
     page = watched.page
     run = workspace["runs"][0]
@@ -271,6 +273,7 @@ def test_run_page_draws_curves_and_verifies(server: str, workspace: dict[str, An
     assert page.locator('#check tr[data-row="run_verifies"]').get_attribute("class") == "check-pass"
 
 
+@pytest.mark.slow  # a browser: checked in `make test-slow`
 def test_compare_page_overlays_the_runs(server: str, workspace: dict[str, Any], watched: Watched, screenshots: Path):
     page = watched.page
     a, b = (run["id"] for run in workspace["runs"])
@@ -285,6 +288,7 @@ def test_compare_page_overlays_the_runs(server: str, workspace: dict[str, Any], 
     _shot(page, screenshots, "compare-page")
 
 
+@pytest.mark.slow  # a browser: checked in `make test-slow`
 def test_data_and_experiments_pages_answer(server: str, workspace: dict[str, Any], watched: Watched):
     page = watched.page
     version = workspace["runs"][0]["data_version"]
@@ -297,6 +301,7 @@ def test_data_and_experiments_pages_answer(server: str, workspace: dict[str, Any
 # ---------------------------------------------------------------------------------------------- published site
 
 
+@pytest.mark.slow  # a browser: checked in `make test-slow`
 def test_published_site_works_offline(site: Path, workspace: dict[str, Any], browser: Any, screenshots: Path):
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     blocked: list[str] = []

@@ -13,8 +13,7 @@ import logging
 from pathlib import Path
 
 import pytest
-
-from conftest import in_process_run, veritrain
+from conftest import in_process_run, veritrain_process
 
 from veritrain import pipeline, usercode
 from veritrain.errors import RunFailed, UserError
@@ -193,7 +192,7 @@ def test_a_user_module_named_json_is_refused(tmp_path, monkeypatch):
 
 def test_a_missing_module_is_exit_2_in_one_line(tmp_path):
     config = write_project(tmp_path / "proj")
-    result = veritrain("run", str(config), "--set", "model.target=nets.nothing:make", "--no-smoke", "--workdir", str(tmp_path / "ws"))
+    result = veritrain_process("run", str(config), "--set", "model.target=nets.nothing:make", "--no-smoke", "--workdir", str(tmp_path / "ws"))
     assert result.code == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("error: model.target: no module 'nets.nothing' in ")

@@ -4,22 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
-from conftest import in_process_run
 from veritrain.verify import verify_run
 
-FAST = ["train.epochs=2", "model.name=mlp", "model.hidden=[32]"]
 
 
 @pytest.fixture(scope="module")
-def sealed(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("ws")
-    outcome = in_process_run(workdir, FAST)
-    assert outcome.error is None
-    return workdir, Path(outcome.summary["run_dir"]), outcome.seal
+def sealed(small_run):
+    return small_run.workdir, small_run.run_dir, small_run.seal
 
 
 @pytest.fixture
