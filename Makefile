@@ -12,6 +12,10 @@ TORCH   := torch==2.13.0
 # --no-compile: no bytecode for the thousands of modules never imported (half of the install's CPU time);
 # Python compiles what a command imports, once, on first use
 INSTALL := $(BIN)/python -m pip --disable-pip-version-check -q install --no-compile
+# ...which needs Python to be allowed to write that bytecode: with PYTHONDONTWRITEBYTECODE set (some machines set
+# it for every shell) each of the suite's processes would compile scipy, scikit-learn and matplotlib from source
+# again, about 7 s each. The bytecode goes into .venv only.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test test-slow lint install install-test install-slow install-lint clean
 

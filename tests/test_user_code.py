@@ -8,6 +8,7 @@ reproduce, resume and audit keep building the recorded copies, say in one line w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -160,6 +161,26 @@ def test_a_link_in_the_recorded_code_is_refused(tmp_path):
     record = {"code": {"user_files": [{"module": "m", "path": "m.py", "sha256": "0" * 64}]}}
     with pytest.raises(RunFailed, match="a link in the recorded code"):
         usercode.recorded(run_dir, record, tmp_path / "scratch", "eval")
+
+
+def test_a_stale_bytecode_file_never_stands_in_for_the_source(tmp_path, monkeypatch):
+    """An edit within the same second that keeps the file's size leaves a __pycache__ file Python would trust:
+    the session runs the source it hashes and copies, not that bytecode."""
+    import os
+    import py_compile
+
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
+    module = tmp_path / "stale_model.py"
+    module.write_text("VALUE = 1\n")
+    py_compile.compile(str(module), doraise=True)  # what an earlier import leaves in __pycache__
+    stamp = module.stat().st_mtime_ns
+    module.write_text("VALUE = 2\n")  # the same size
+    os.utime(module, ns=(stamp, stamp))  # and the same mtime, as within one second
+    (tmp_path / "cfg.yaml").write_text("")
+    with usercode.fresh(tmp_path / "cfg.yaml") as code:
+        assert code.import_target("stale_model:VALUE") == 2
+        assert [entry["sha256"] for entry in code.listing()] == [hashlib.sha256(module.read_bytes()).hexdigest()]
+    assert "stale_model" not in __import__("sys").modules
 
 
 def test_namespace_packages_are_imported_afresh_by_each_session(tmp_path):

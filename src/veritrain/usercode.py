@@ -189,6 +189,40 @@ def first_difference(recorded: bytes, current: bytes) -> str:
 # ---------------------------------------------------------------- a session: where user modules come from, for a while
 
 
+class _SourceOnlyLoader(importlib.machinery.SourceFileLoader):
+    """Loads a user module from its source file, never from bytecode. Python trusts a `__pycache__` file whose
+    recorded mtime (in whole seconds) and size match the source, so an edit within the same second that keeps the
+    size would run the old code while veritrain hashes and copies the new file."""
+
+    def get_code(self, fullname: str) -> Any:
+        return self.source_to_code(self.get_data(self.path), self.path)
+
+
+class _UserSourceFinder:
+    """The path finder, except that a user module gets the source-only loader; placed just before
+    `importlib.machinery.PathFinder` on sys.meta_path for the length of a session, so precedence is unchanged."""
+
+    @classmethod
+    def find_spec(cls, fullname: str, path: Any = None, target: Any = None) -> Any:
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader and spec.origin \
+                and _is_user_path(spec.origin):
+            spec.loader = _SourceOnlyLoader(fullname, spec.origin)
+        return spec
+
+    @classmethod
+    def invalidate_caches(cls) -> None:
+        importlib.machinery.PathFinder.invalidate_caches()
+
+
+def _install_source_finder() -> bool:
+    if _UserSourceFinder in sys.meta_path:  # a session inside a session: the outer one placed it
+        return False
+    where = next((i for i, finder in enumerate(sys.meta_path) if finder is importlib.machinery.PathFinder), len(sys.meta_path))
+    sys.meta_path.insert(where, _UserSourceFinder)
+    return True
+
+
 class CodeSession:
     """A stretch of a command during which user modules are imported from `roots` (placed first on sys.path).
 
@@ -206,6 +240,7 @@ class CodeSession:
         self._set_aside: dict[str, ModuleType] = {}
         self._before: dict[str, ModuleType] = {}
         self._path_entries: list[str] = []
+        self._placed_finder = False
 
     def __enter__(self) -> "CodeSession":
         provided = set().union(*(_top_level_names(root) for root in self.roots)) if self.roots else set()
@@ -217,6 +252,7 @@ class CodeSession:
             _forget(name)
         self._path_entries = [str(root) for root in self.roots]
         sys.path[0:0] = self._path_entries
+        self._placed_finder = _install_source_finder()
         importlib.invalidate_caches()
         self._before = dict(sys.modules)
         return self
@@ -227,6 +263,8 @@ class CodeSession:
                 sys.path.remove(entry)
             except ValueError:
                 pass
+        if self._placed_finder and _UserSourceFinder in sys.meta_path:
+            sys.meta_path.remove(_UserSourceFinder)
         for name, module in list(sys.modules.items()):
             if self._before.get(name) is not module and module is not None:
                 file = _module_file(module)
