@@ -119,15 +119,17 @@ def test_code_named_by_a_run_this_workspace_did_not_start_never_runs_without_tru
         return subprocess.run([sys.executable, "-m", "veritrain", *args, "--workdir", str(workdir)], capture_output=True, text=True,
                               env=env, timeout=300)
 
-    made = veritrain("run", "--set", "model.target=canary_model:build", "--set", "train.epochs=1", "--no-smoke", "--json", workdir=tmp_path / "a")
+    made = veritrain("run", "--set", "model.target=canary_model:build", "--set", "train.epochs=1", "--set", "eval.baselines=false",
+                     "--no-smoke", "--json", workdir=tmp_path / "a")
     assert made.returncode == 0, made.stderr
     run_id = json.loads(made.stdout)["run_id"]
     assert veritrain("eval", run_id, workdir=tmp_path / "a").returncode == 0  # its own workspace trusts what it started
-    assert veritrain("archive", run_id, "-o", str(tmp_path / "r.tar.gz"), "--with-data", workdir=tmp_path / "a").returncode == 0
-    imported = veritrain("import", str(tmp_path / "r.tar.gz"), "--json", workdir=tmp_path / "b")
-    assert imported.returncode == 0 and json.loads(imported.stdout)["code"] == ["canary_model:build", "code/canary_model.py (canary_model)"]
     canary.unlink()
     monkeypatch.setenv("VT_CANARY_FILE", str(canary))
+    assert cli("archive", run_id, "-o", str(tmp_path / "r.tar.gz"), "--with-data", "--workdir", str(tmp_path / "a")).code == 0
+    imported = cli("import", str(tmp_path / "r.tar.gz"), "--json", "--workdir", str(tmp_path / "b"))
+    assert imported.code == 0 and imported.json()["code"] == ["canary_model:build", "code/canary_model.py (canary_model)"]
+    assert not canary.exists()  # archive and import copy the code, never run it
     for command in (["eval", run_id], ["export", run_id], ["baseline", run_id], ["reproduce", run_id]):
         refused = cli(*command, "--workdir", str(tmp_path / "b"))
         assert refused.code == 2, (command, refused.stderr)

@@ -209,27 +209,24 @@ def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
     assert [(e["step"], e["model_sha256"]) for e in trajectory] == [(e["step"], e["model_sha256"]) for e in reference[3]]
 
 
-def test_no_valid_checkpoint_exits_1(tmp_path):
-    proc = start(tmp_path, "train", *CHAOS)
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("runs/*/checkpoints/step-*.pt")):
-        assert time.monotonic() < deadline and proc.poll() is None
-        time.sleep(0.02)
-    proc.kill()
-    proc.wait()
-    (run_dir,) = (tmp_path / "runs").iterdir()
+def test_no_valid_checkpoint_exits_1(cli, small_run_copy):
+    """An interrupted run (the small run, marked interrupted as a kill leaves it) whose every checkpoint is damaged."""
+    from veritrain.record import write_record
+
+    workdir, run_dir = small_run_copy.workdir, small_run_copy.run_dir
+    record = json.loads((run_dir / "record.json").read_text())
+    record.update(status="interrupted", error={"type": "Interrupted", "message": "interrupted by SIGKILL"})
+    write_record(run_dir, record)
     for path in (run_dir / "checkpoints").glob("*.pt"):
         path.write_bytes(b"garbage")
-    resumed = start(tmp_path, "train", "--resume", "latest")
-    _, err = resumed.communicate(timeout=120)
-    assert resumed.returncode == 1
-    assert err.strip().splitlines()[-1] == f"error: run {run_dir.name} failed: resume: no valid checkpoint in {run_dir / 'checkpoints'}; start a new run instead"
+    resumed = cli("train", "--resume", "latest", "--workdir", str(workdir))
+    assert resumed.code == 1
+    assert resumed.stderr.strip().splitlines()[-1] == f"error: run {run_dir.name} failed: resume: no valid checkpoint in {run_dir / 'checkpoints'}; start a new run instead"
 
 
-def test_resume_refuses_a_completed_run(cli, tmp_path):
-    result = cli("train", "--set", "train.epochs=1", "--set", "model.name=mlp", "--workdir", str(tmp_path), "--json")
-    run_id = result.json()["run_id"]
-    again = cli("train", "--resume", run_id, "--workdir", str(tmp_path))
+def test_resume_refuses_a_completed_run(cli, small_run_copy):
+    run_id, workdir = small_run_copy.run_dir.name, small_run_copy.workdir
+    again = cli("train", "--resume", run_id, "--workdir", str(workdir))
     assert again.code == 2
     assert again.stderr == f"error: --resume {run_id}: run {run_id} already completed; start a new run instead\n"
 

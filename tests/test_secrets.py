@@ -119,7 +119,7 @@ def test_every_token_prefix_and_header_word_takes_the_slow_path():
         assert find_secret(text) is not None, text
 
 
-def test_canaries_appear_nowhere(tmp_path):
+def test_canaries_appear_nowhere(tmp_path, monkeypatch):
     data_dir = tmp_path.parent / f"{tmp_path.name}-{CANARIES[5]}"  # outside the workspace, which is searched whole
     write_fake_cifar10(data_dir, per_batch=20)
     env = {**os.environ, "VT_CANARY_TOKEN": CANARIES[0], "VT_CONTACT": CANARIES[1], "VT_PASSWORD": CANARIES[2],
@@ -137,11 +137,14 @@ def test_canaries_appear_nowhere(tmp_path):
         ("--set: model.kwargs.api_key:", ["--set", f"model.kwargs={{hidden: 4, api_key: {CANARIES[4]}}}"]),
         ("--hypothesis (a URL password", ["--hypothesis", f"{CANARIES[3]} makes no difference; {EVERY_SHAPE}"]),
     ]:
-        proc = subprocess.run(start + given, capture_output=True, text=True, env=env)
-        assert proc.returncode == 2, proc.stderr
-        (line,) = proc.stderr.splitlines()
+        with monkeypatch.context() as patched:  # refused before anything runs: in this process, with the same environment
+            for name, value in env.items():
+                patched.setenv(name, value)
+            refused = cli_run(*start[3:], *given)
+        assert refused.code == 2, refused.stderr
+        (line,) = refused.stderr.splitlines()
         assert line.startswith(f"error: {where}") and "${env:NAME}" in line, line
-        outputs.extend([proc.stdout, proc.stderr])
+        outputs.extend([refused.stdout, refused.stderr])
     assert not (tmp_path / "runs").exists()
 
     # given through the environment, the same secrets are used and recorded as their references
@@ -167,9 +170,12 @@ def test_canaries_appear_nowhere(tmp_path):
     assert record["hypothesis"] == "token=plain makes no difference"  # as given: no key-name rule
     assert record["argv"] == ["veritrain", *args[3:]]
 
-    def veritrain(*command: str, code: int = 0) -> None:
-        done = subprocess.run([sys.executable, "-m", "veritrain", *command, "--workdir", str(tmp_path)], capture_output=True, text=True, env=env)
-        assert done.returncode == code, done.stderr
+    def veritrain(*command: str, code: int = 0) -> None:  # commands that import no code of the run: in this process
+        with monkeypatch.context() as patched:
+            for name, value in env.items():
+                patched.setenv(name, value)
+            done = cli_run(*command, "--workdir", str(tmp_path))
+        assert done.code == code, done.stderr
         outputs.extend([done.stdout, done.stderr])
 
     veritrain("runs", "note", "latest", f"conclusion: no leak; {EVERY_SHAPE}", "--conclusion", code=2)  # refused, not rewritten
