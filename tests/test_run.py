@@ -74,6 +74,17 @@ def test_config_hash_and_data_version_id_are_unchanged_for_the_same_inputs(fast_
     assert fast_run.record["data"]["version"] == PINNED_DIGITS_DATA_VERSION
 
 
+def test_the_resolved_config_of_a_recorded_run_is_the_one_it_ran(fast_run):
+    """`resolved_from_record` is the one rebuild of a run's config (resume, reproduce, eval, export, audit, ranks):
+    the same hash, and the data paths as recorded."""
+    from veritrain.config import resolved_from_record
+
+    resolved = resolved_from_record(fast_run.record)
+    assert resolved.hash == fast_run.record["config_hash"]
+    assert resolved.recorded_data_paths() == fast_run.record["config_source"]["data_paths_resolved"]
+    assert resolved.path is None and resolved.overrides == []
+
+
 def test_run_directory_layout(fast_run):
     run_dir = Path(fast_run.summary["run_dir"])
     for name in ("record.json", "record.sha256", "config.yaml", "train.log", "metrics.jsonl",

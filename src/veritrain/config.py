@@ -548,6 +548,15 @@ def config_from_record(record: dict[str, Any]) -> RunConfig:
     return RunConfig.model_validate(config)
 
 
+def resolved_from_record(record: dict[str, Any]) -> ResolvedConfig:
+    """The resolved config of a recorded run: its config (`config_from_record`, which refuses values an earlier
+    veritrain did not keep) and its data paths as recorded, with `${env:NAME}` read now. Every command that
+    rebuilds a run from its record starts here: resume, reproduce, eval, export, audit and the ranks of a run."""
+    config = config_from_record(record)
+    recorded = (record.get("config_source") or {}).get("data_paths_resolved") or {}
+    return ResolvedConfig(config=config, path=None, overrides=[], data_paths=paths_from_record(recorded))
+
+
 def _values_not_recorded(value: Any, path: list[str]) -> list[str]:
     """Key paths of the strings in a recorded config that are or hold "***"."""
     if isinstance(value, dict):

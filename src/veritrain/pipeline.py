@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain import config as config_module, journal, logs, selection, usercode
-from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_from_record, config_hash, paths_from_record
+from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_hash, resolved_from_record
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
 from veritrain.hashing import sha256_file
@@ -160,7 +160,8 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
     journal.recover(workspace, run_dir)  # an amend (eval, export) a kill interrupted: completed or rolled back first
     record = read_record(run_dir)
-    cfg = config_from_record(record)
+    resolved = resolved_from_record(record)
+    cfg = resolved.config
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
     status = record.get("status")
     if status == "completed":
@@ -180,8 +181,6 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
                         f"(--nproc {world_size}, or leave --nproc out): each rank's random state and share of the data are in its checkpoints")
     if config_hash(cfg) != record["config_hash"]:
         raise RunFailed(f"--resume {ref}: the recorded config of {run_dir.name} no longer hashes to its config_hash; this veritrain cannot resume it")
-    paths = paths_from_record(record["config_source"].get("data_paths_resolved", {}))
-    resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
     if use_current_code:
         return _resume_in_new_run(workspace, run_dir, record, resolved, argv)
     with code_session(workspace, run_dir, record, "resume") as code:
@@ -402,7 +401,7 @@ def follow() -> int:
         run_dir = Path(announced["run_dir"])
         file_log = logs.attach_file(run_dir / f"train.rank{ranks.rank}.log")
         record = read_record(run_dir)
-        cfg = config_from_record(record)
+        cfg = resolved_from_record(record).config
         data = prepare.load_version(Path(announced["data_path"]))
         with interruptible() as stop, usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
             loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=announced["resume"], events=[], ranks=ranks)
@@ -677,14 +676,15 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     record = read_record(run_dir)
     if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
-    cfg = config_from_record(record)
+    resolved = resolved_from_record(record)
+    cfg = resolved.config
     if not verified:  # the caller (audit) has just verified the run itself
         # raw data that now prepares to another version is judged just below: refused, or recorded with --allow-data-drift
         refuse_unverified(run_dir, workspace, "it is not changed or re-sealed", decided_next=("data_changed",))
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
     recorded = (record.get("data") or {}).get("version")
     stored = workspace.state_dir / "data" / str(recorded)
-    paths = paths_from_record(record["config_source"].get("data_paths_resolved", {}))
+    paths = resolved.data_paths
     raw_present = "root" not in paths or paths["root"].exists()
     drift = None
     if raw_present:

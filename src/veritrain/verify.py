@@ -566,26 +566,23 @@ def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = Fals
     """Run the recorded pipeline of RUN again (same config, seed, data version, and the user code recorded with it,
     or today's with `use_current_code`) into a new run and compare the final weights and every epoch's metrics."""
     from veritrain import pipeline
-    from veritrain.config import ResolvedConfig, config_from_record, config_hash
+    from veritrain.config import config_hash, resolved_from_record
     from veritrain.data import prepare
     from veritrain.record import read_record
 
     original_dir = workspace.resolve_run(ref, "model")
     original = read_record(original_dir)
-    cfg = config_from_record(original)  # before the code is trusted: a run whose values were not recorded is refused either way
+    resolved = resolved_from_record(original)  # before the code is trusted: a run whose values were not recorded is refused either way
+    cfg = resolved.config
     pipeline.refuse_untrusted_code(workspace, original_dir, original, trust_code)
     if original.get("status") != "completed":
         raise UserError(f"{ref}: run {original_dir.name} is {original.get('status')}; only a completed run can be reproduced")
     if config_hash(cfg) != original["config_hash"]:
         raise UserError(f"{ref}: the recorded config no longer hashes to its config_hash with this veritrain; it cannot be re-run as recorded")
-    from veritrain.config import paths_from_record
-
-    paths = paths_from_record(original["config_source"].get("data_paths_resolved") or {})
-    data = prepare.run(cfg.data, paths, workspace.state_dir, recorded=original["data"]["version"])
+    data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir, recorded=original["data"]["version"])
     if data.version != original["data"]["version"]:
         raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "
                         "restore the data to reproduce" + prepare.earlier_recipe_hint(original.get("data")))
-    resolved = ResolvedConfig(config=cfg, path=None, overrides=[], data_paths=paths)
     distributed = original.get("distributed") or {}
     if int(distributed.get("nodes", 1)) > 1:
         raise UserError(f"{original['run_id']}: it was trained on {distributed['nodes']} machines; reproduce it there: start the same torchrun "

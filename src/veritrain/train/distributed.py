@@ -401,7 +401,7 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     """One rank started by `launch`: train the run's recorded config on its recorded data version. Writes
     `rank<k>.json` (its status) into the hand-off folder, and rank 0 also `result.json`; returns the exit code."""
     from veritrain import logs, usercode
-    from veritrain.config import config_from_record
+    from veritrain.config import resolved_from_record
     from veritrain.data import prepare
     from veritrain.record import read_record
     from veritrain.signals import interruptible
@@ -419,7 +419,7 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     try:
         with interruptible() as stop:
             record = read_record(run_dir)
-            cfg = config_from_record(record)
+            cfg = resolved_from_record(record).config
             data = prepare.load_version(Path((handoff / "data_path").read_text(encoding="utf-8").strip()))
             if data.version != record["data"]["version"]:
                 raise RunFailed(f"data version {data.version[:12]} is not the run's {record['data']['version'][:12]}")
