@@ -5,6 +5,7 @@ while the other runs keep listing."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tarfile
 import typing
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from veritrain.errors import RunFailed
 from veritrain.record import RunRecord, record_problem, write_record
+from veritrain.verify import compare_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY = ROOT / "tests" / "fixtures" / "legacy"
@@ -166,6 +169,13 @@ def test_every_reader_refuses_each_forged_field_in_one_line(cli, forged_workspac
             shown = cli(*command, "--workdir", str(workdir))
             errors = [e for e in shown.stderr.splitlines() if e.startswith("error:")]
             assert shown.code == 1 and len(errors) == 1 and words in errors[0] and "Traceback" not in shown.stderr, (label, command, shown.stderr)
+        # the comparison reproduce makes reads both records through their validation too
+        with pytest.raises(RunFailed, match=re.escape(words)):
+            compare_runs(workdir / "runs" / good, workdir / "runs" / run_id)
+        archived = cli("archive", run_id, "-o", str(workdir / f"{run_id}.tar.gz"), "--workdir", str(workdir))
+        errors = [e for e in archived.stderr.splitlines() if e.startswith("error:")]
+        assert archived.code == 1 and len(errors) == 1 and "Traceback" not in archived.stderr, (label, archived.stderr)
+        assert not (workdir / f"{run_id}.tar.gz").exists()
     reindexed = cli("runs", "reindex", "--workdir", str(workdir))
     assert reindexed.code == 0 and "Traceback" not in reindexed.stderr
     experiments = (workdir / "experiments.md").read_text() if (workdir / "experiments.md").exists() else ""

@@ -193,7 +193,7 @@ def test_compare_names_the_first_divergence(sealed, tmp_path):
     from veritrain.verify import compare_runs
 
     workdir, run_dir, _ = sealed
-    other = tmp_path / "other"
+    other = tmp_path / run_dir.name  # a folder named by its record's run id, as every record reader requires
     shutil.copytree(run_dir, other)
     rows = [json.loads(l) for l in (other / "metrics.jsonl").read_text().splitlines()]
     rows[1]["val_loss"] += 0.5

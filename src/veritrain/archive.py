@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from veritrain.errors import RunFailed, UserError
 from veritrain.hashing import sha256_file
-from veritrain.record import NOTES_FILE, OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
+from veritrain.record import NOTES_FILE, OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
 from veritrain.verify import data_version_problems, verify_run
 
 # what an archive's archive_omitted.json says about the files it lists
@@ -87,7 +87,7 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool, with_audi
                         + f"; the run does not verify, see `veritrain verify {run_id}`")
     if verified.get("interrupted_amend"):  # verify judged the run as it was; its files are half switched
         raise RunFailed(f"archive {run_id}: {verified['interrupted_amend']}; archive it after that")
-    record = json.loads((run_dir / RECORD_FILE).read_text(encoding="utf-8"))
+    record = read_record(run_dir)  # verified just above; read through its validation like every record
     artifacts = record.get("artifacts") or {}
     audit_only = [name for name in audit_only_checkpoints(record) if name in artifacts]
     absent = [rel for rel in sorted(artifacts) if not (run_dir / rel).is_file()]  # only what verify excused: audit-only checkpoints
@@ -442,7 +442,7 @@ def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
                 workspace.state_dir.rmdir()  # made only for the staging folder: a refusal leaves the workspace as it was
             except OSError:
                 pass
-    imported = json.loads((target / RECORD_FILE).read_text(encoding="utf-8"))
+    imported = read_record(target)
     config = imported.get("config")
     code = [str(config["model"]["target"])] if isinstance(config, dict) and isinstance(config.get("model"), dict) and config["model"].get("target") else []
     files = (imported.get("code") or {}).get("user_files") or []

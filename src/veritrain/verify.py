@@ -603,8 +603,11 @@ def _rows(run_dir: Path, name: str) -> list[dict[str, Any]]:
 
 
 def compare_runs(a: Path, b: Path) -> dict[str, Any]:
-    """identical / within tolerance / differs, with the first divergence."""
-    ra, rb = json.loads((a / RECORD_FILE).read_text()), json.loads((b / RECORD_FILE).read_text())
+    """identical / within tolerance / differs, with the first divergence. Both records are read through their
+    validation (`read_record`): a forged one is a one-line RunFailed, never a comparison of whatever it holds."""
+    from veritrain.record import read_record
+
+    ra, rb = read_record(a), read_record(b)
     checks = []
     checks.append(_compare("final_state_sha256", ra.get("final_state_sha256"), rb.get("final_state_sha256")))
     epochs_a, epochs_b = _rows(a, "metrics.jsonl"), _rows(b, "metrics.jsonl")
