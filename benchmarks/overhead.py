@@ -50,8 +50,10 @@ WORKLOADS = {
 
 def timed(cmd: list[str]) -> tuple[float, str]:
     started = time.perf_counter()
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return time.perf_counter() - started, out
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:  # say why, not only that it failed
+        sys.exit(f"{' '.join(cmd[:2])} exited with {done.returncode}:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - started, done.stdout
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ the augmentation only flips) and takes each batch from there.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import sys
@@ -37,7 +38,8 @@ def main() -> None:
     info = json.loads((data_dir / "version.json").read_text())
     inputs = np.load(data_dir / "inputs.npy", mmap_mode="r")
     targets = np.load(data_dir / "targets.npy", mmap_mode="r")
-    ids = [line.split(",")[0] for line in (data_dir / "manifest.csv").read_text().splitlines()[1:] if line.endswith(",ok")]
+    with open(data_dir / "manifest.csv", newline="", encoding="utf-8") as f:  # the rows of the arrays: the samples whose status is ok
+        ids = [entry["sample_id"] for entry in csv.DictReader(f) if entry["status"] == "ok"]
     row = {sid: i for i, sid in enumerate(ids)}
     split = {s: np.array([row[i] for i in (data_dir / "splits" / f"{s}.txt").read_text().split()]) for s in ("train", "val")}
     mean = torch.tensor(info["normalization"]["mean"]).view(1, -1, 1, 1)
