@@ -32,7 +32,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable
 
 TRAIN = ["--set", "train.epochs=2", "--set", "model.name=mlp", "--set", "model.hidden=[32]", "--set", "checkpoint.every_steps=5",
          "--set", "checkpoint.keep_last=3", "--set", "train.threads=1", "--set", "eval.baseline_max_samples=300",

@@ -10,10 +10,10 @@ import statistics
 import time
 from pathlib import Path
 
+from data_reprepare import make_images
+
 from veritrain.data import validate
 from veritrain.hashing import hash_files
-
-from data_reprepare import make_images
 
 
 def main() -> None:

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
-    from veritrain import evaluate, pipeline
+    from veritrain import evaluate, opening, pipeline
     from veritrain.config import load_config
     from veritrain.tasks import classification_eval
     from veritrain.train.loop import resolve_device
@@ -66,7 +66,7 @@ def main() -> None:
         resolved = load_config(None, ["train.epochs=2", "model.name=mlp", "model.hidden=[32]"])
         outcome = pipeline.run(resolved, Workspace.open(workdir), ["veritrain", "run"], kind="run")
         run_dir = Path(outcome.summary["run_dir"])
-        opened = pipeline.open_run(Workspace.open(workdir), run_dir.name, need="model")
+        opened = opening.open_run(Workspace.open(workdir), run_dir.name, need="model")
         device = resolve_device(opened.config.train.device)
         times: dict[str, list[float]] = {"one axes": [], "axes per case": []}
         for i in range(2 * args.repeat + 2):  # the first pair warms the caches and is not counted

@@ -255,13 +255,13 @@ def test_a_resume_that_finds_the_run_resumed_meanwhile_refuses_and_lets_go(tmp_p
 
     from veritrain.pipeline import _refuse_resumed_meanwhile
     from veritrain.record import read_record
+    from veritrain.recorder import Recorder
 
     with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-interrupted.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
     workspace = Workspace.open(tmp_path)
     (run_dir,) = [p.parent for p in (tmp_path / "runs").glob("*/record.json")]
-    read = read_record(run_dir)
-    read["resumes"] = [*read.get("resumes", []), {"at": "now", "argv": [], "previous_status": read["status"]}]
+    read = Recorder.resume(read_record(run_dir), [])  # the record as this resume holds it
     workspace.lock_run(run_dir.name)
     _refuse_resumed_meanwhile(run_dir, read, workspace)  # unchanged since it was read: the resume goes on
     assert not workspace.lock_is_stale(run_dir.name)

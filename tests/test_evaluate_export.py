@@ -237,11 +237,11 @@ def test_onnx_and_safetensors_carry_the_metadata_deterministically(full_run, tmp
 
 @pytest.fixture(scope="module")
 def opened(full_run):
-    from veritrain import pipeline
+    from veritrain import opening
     from veritrain.workspace import Workspace
 
     workdir, run_dir, _ = full_run
-    return pipeline.open_run(Workspace.open(workdir), run_dir.name)
+    return opening.open_run(Workspace.open(workdir), run_dir.name)
 
 
 class Lines(logging.Handler):
@@ -410,11 +410,11 @@ def test_parity_fails_on_an_altered_export(full_run, tmp_path):
     import onnx
     from onnx import numpy_helper
 
-    from veritrain import export, pipeline
+    from veritrain import export, opening
     from veritrain.workspace import Workspace
 
     workdir, run_dir, _ = full_run
-    opened = pipeline.open_run(Workspace.open(workdir), run_dir.name)
+    opened = opening.open_run(Workspace.open(workdir), run_dir.name)
     model_path = run_dir / "export" / "model.onnx"
     original = model_path.read_bytes()
     parity_file = run_dir / "export" / "parity.json"

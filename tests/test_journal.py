@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from veritrain import journal
-from veritrain.record import read_record, write_record
+from veritrain.record import read_record, thawed, write_record
 from veritrain.verify import verify_run
 from veritrain.workspace import Workspace
 
@@ -73,7 +73,7 @@ def test_a_kill_at_any_rename_leaves_the_old_run_verifying_and_the_next_amend_co
     for renames in range(20):
         workspace, run_dir, old_seal = make_run(tmp_path / str(renames))
         before = contents(run_dir)
-        record = read_record(run_dir)
+        record = thawed(read_record(run_dir))  # a changeable copy: what recorder.Amendment holds
         record["events"].append({"kind": "eval", "step": None, "detail": "again", "at": "x"})
         finished = commit_killed_after(monkeypatch, stage_amend(workspace, run_dir), record, renames)
         if finished:
@@ -106,7 +106,7 @@ def test_a_kill_at_any_rename_leaves_the_old_run_verifying_and_the_next_amend_co
 
 def test_verify_only_reads_while_an_amend_is_interrupted(tmp_path, monkeypatch):
     workspace, run_dir, old_seal = make_run(tmp_path)
-    record = read_record(run_dir)
+    record = thawed(read_record(run_dir))
     assert not commit_killed_after(monkeypatch, stage_amend(workspace, run_dir), record, 3)  # half switched
 
     def snapshot() -> dict[str, tuple[bytes, int]]:

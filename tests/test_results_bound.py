@@ -157,7 +157,7 @@ def test_a_checkpoint_replaced_by_something_else_fails_verify_audit_and_every_am
     (copy / "checkpoints" / "step-60.pt.sha256").write_text(hashlib.sha256(target.read_bytes()).hexdigest() + "\n")
     write_record(copy, record_of(copy))  # sidecar and seal fixed
     assert "not_in_trajectory" in kinds(copy)
-    from veritrain import housekeeping, pipeline
+    from veritrain import housekeeping, opening, pipeline
     from veritrain.errors import RunFailed
 
     result = veritrain("audit", copy.name, "--segments", "1", "--workdir", str(copy.parent.parent))  # one line, exit 1
@@ -166,7 +166,7 @@ def test_a_checkpoint_replaced_by_something_else_fails_verify_audit_and_every_am
     workspace = workspace_of(copy)
     amends = (lambda: pipeline.evaluate_run(workspace, copy.name, None, None, ["veritrain", "eval"]),
               lambda: pipeline.export_run(workspace, copy.name, None, None, ["veritrain", "export"]),
-              lambda: pipeline.open_run(workspace, copy.name))  # baseline RUN opens the run this way
+              lambda: opening.open_run(workspace, copy.name))  # baseline RUN opens the run this way
     for amend in amends:
         with pytest.raises(RunFailed, match="not_in_trajectory.*does not verify"):
             amend()

@@ -253,13 +253,13 @@ def test_git_state_and_diff_patch(small_run_copy):
 
 
 def test_a_note_stays_outside_the_seal_when_the_run_is_sealed_again(tmp_path):
-    from veritrain.record import read_record, write_record
+    from veritrain.record import read_record, thawed, write_record
     from veritrain.verify import verify_run
 
     outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]"])
     run_dir = Path(outcome.summary["run_dir"])
     (run_dir / "notes.jsonl").write_text(json.dumps({"text": "looks fine"}) + "\n")
-    write_record(run_dir, read_record(run_dir))  # what eval, export, baseline and gc do after a note
+    write_record(run_dir, thawed(read_record(run_dir)))  # what eval, export, baseline and gc do after a note
     assert "notes.jsonl" not in read_record(run_dir)["artifacts"]
     (run_dir / "notes.jsonl").write_text(json.dumps({"text": "second thoughts"}) + "\n")  # notes change freely
     assert verify_run(run_dir, tmp_path / ".veritrain")["ok"]

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from conftest import in_process_run, veritrain_process
 
-from veritrain import pipeline, usercode
+from veritrain import opening, pipeline, usercode
 from veritrain.errors import RunFailed, UserError
-from veritrain.verify import reproduce, verify_run
+from veritrain.reproduce import reproduce
+from veritrain.verify import verify_run
 from veritrain.workspace import Workspace
 
 TINY = ["train.epochs=2", "eval.baselines=false", "export.formats=[safetensors]"]
@@ -149,8 +150,8 @@ def test_a_record_that_carries_code_needs_trust_code_even_without_a_target(tmp_p
     record = {"config": {"model": {"target": None}}, "config_hash": "0" * 64,
               "code": {"user_files": [{"module": "helpers", "path": "helpers.py", "sha256": "0" * 64}]}}
     with pytest.raises(UserError, match=r"its record names code \(1 recorded module\(s\), e.g. helpers\).*pass --trust-code"):
-        pipeline.refuse_untrusted_code(workspace, run_dir, record, trust_code=False)
-    pipeline.refuse_untrusted_code(workspace, run_dir, record, trust_code=True)
+        opening.refuse_untrusted_code(workspace, run_dir, record, trust_code=False)
+    opening.refuse_untrusted_code(workspace, run_dir, record, trust_code=True)
 
 
 def test_a_link_in_the_recorded_code_is_refused(tmp_path):

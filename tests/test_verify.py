@@ -226,10 +226,11 @@ def test_damaged_data_version_is_a_problem_not_a_crash(cli, damageable_data_vers
 def test_data_version_check_is_shared_by_verify_and_import():
     """One check of a data version: the same problems whether its files are in a folder or an archive."""
     from veritrain import archive, verify
+    from veritrain.data import integrity
 
-    assert archive.data_version_problems is verify.data_version_problems
+    assert archive.data_version_problems is verify.data_version_problems is integrity.data_version_problems
     files = {"version.json": b"{}"}
-    problems = verify.data_version_problems("0" * 64, files.__getitem__, lambda name: "")
+    problems = integrity.data_version_problems("0" * 64, files.__getitem__, lambda name: "")
     assert [(p["path"], p["kind"]) for p in problems] == [("manifest.csv", "data_version_changed"), ("version.json", "data_version_changed")]
 
 

@@ -30,10 +30,11 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
+from veritrain.data.integrity import data_version_problems
 from veritrain.errors import RunFailed, UserError
 from veritrain.hashing import sha256_file
 from veritrain.record import NOTES_FILE, OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
-from veritrain.verify import data_version_problems, verify_run
+from veritrain.verify import verify_run
 
 # what an archive's archive_omitted.json says about the files it lists
 OMITTED_REASON = "checkpoints kept only for audit (checkpoint.audit_every), left out by `veritrain archive` without --with-audit"

@@ -140,7 +140,7 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
         trust_code: bool = False) -> dict[str, Any]:
     """Audit a run; returns the result (also written to `out` and to .veritrain/audits/<run>/). Raises
     UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify."""
-    from veritrain import pipeline
+    from veritrain import opening
     from veritrain.train import trajectory as trajectory_module
     from veritrain.verify import verify_run
 
@@ -177,12 +177,12 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     if unreachable:
         raise UserError(f"{run_dir.name}: segment(s) {', '.join(map(str, unreachable))} have no earlier state to replay from (the "
                         "trajectory does not start at the initial state and no earlier checkpoint is kept)")
-    opened = pipeline.open_run(workspace, run_dir.name, trust_code=trust_code, need="model", verified=True)
+    opened = opening.open_run(workspace, run_dir.name, trust_code=trust_code, need="model", verified=True)
     threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
     verdicts: list[dict[str, Any]] = []
     replays = []
     started = time.perf_counter()
-    with pipeline.code_session(workspace, run_dir, record, "audit") as code:  # replayed with the code the run recorded
+    with opening.code_session(workspace, run_dir, record, "audit") as code:  # replayed with the code the run recorded
         if opened.config.model.target:
             code.import_target(opened.config.model.target)
         for start, end in plan:

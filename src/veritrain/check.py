@@ -196,7 +196,7 @@ def _training_fix(run: str, record: dict[str, Any], new_run: str) -> str:
 def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:
     """Passed when the run relied on a passing smoke test, or one has passed since for the same config
     hash, data version and code (`veritrain smoke runs/<run>/config.yaml` files it under that key)."""
-    from veritrain.smoke import passed_before, smoke_key
+    from veritrain.smoke_results import passed_before, smoke_key
 
     smoke = record.get("smoke") or {}
     fix = f"veritrain smoke {config}"

@@ -48,6 +48,23 @@ nproc_option = click.option(
 config_argument = click.argument("config", required=False, type=click.Path(dir_okay=True))
 
 
+# options that several commands take, spelled once
+TRUST_CODE_HELP = "Build the model even when the run names code (model.target) and this workspace did not start it (read that code first)."
+USE_CURRENT_CODE_HELP = "Build the model from the current user code instead of the copies recorded with the run, in a new run (the run itself is left as it is)."
+
+
+def trust_code_option(help: str = TRUST_CODE_HELP):
+    return click.option("--trust-code", is_flag=True, help=help)
+
+
+def use_current_code_option(help: str = USE_CURRENT_CODE_HELP):
+    return click.option("--use-current-code", is_flag=True, help=help)
+
+
+hypothesis_option = click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
+parent_option = click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
+
+
 _JSON_WRITTEN = {"done": False}  # whether this command printed its JSON document (a failure after it adds none)
 
 
@@ -79,8 +96,8 @@ def cli() -> None:
 @set_option
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Train N seeds (seed, seed+1, …) as linked runs and report mean ± std and a 95% interval.")
-@click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
-@click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
+@hypothesis_option
+@parent_option
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test that runs first (recorded in the run).")
 @click.option("--dry-run", is_flag=True, help="Print each stage with run/reuse and the reason; run nothing.")
 @click.option("--reuse-completed", is_flag=True, help="Return an identical completed run (same config hash, data version, code version) instead of running.")
@@ -157,10 +174,10 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
 @set_option
 @click.option("--resume", "resume_ref", metavar="RUN|auto", help="Continue RUN (id, prefix, folder, or `latest`: the newest interrupted run) from its newest valid checkpoint; "
               "`auto`: the newest interrupted run (of CONFIG and its data version when given).")
-@click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
-@click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
-@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
-@click.option("--use-current-code", is_flag=True, help="With --resume: continue in a new run built from the current user code (the interrupted run is left as it is).")
+@hypothesis_option
+@parent_option
+@trust_code_option()
+@use_current_code_option(help="With --resume: continue in a new run built from the current user code (the interrupted run is left as it is).")
 @nproc_option
 @workdir_option
 @json_option
@@ -308,7 +325,7 @@ def _render_repeat_summary(result: dict[str, Any]) -> None:
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test of the base config that runs first.")
 @click.option("--dry-run", is_flag=True, help="Print the planned trials; run nothing.")
 @click.option("--resume", "resume_id", default=None, metavar="SWEEP_ID", help="Continue an interrupted sweep (id, unique prefix or `latest`).")
-@click.option("--trust-code", is_flag=True, help="With --resume: start runs whose planned config names code (model.target) (read spec.json and that code first).")
+@trust_code_option(help="With --resume: start runs whose planned config names code (model.target) (read spec.json and that code first).")
 @workdir_option
 @json_option
 def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tuple[str, ...], grid: bool, parallel: Optional[int],
@@ -432,8 +449,8 @@ def _render_sweep_summary(summary: dict[str, Any]) -> None:
 @click.option("--split", type=click.Choice(["test", "val"]), default=None, help="Split to evaluate on (default: the run's eval.split).")
 @click.option("--predictions", type=click.Path(dir_okay=False), default=None, help="Recompute every metric from a predictions.csv alone (no RUN).")
 @click.option("--allow-data-drift", is_flag=True, help="Evaluate even when the data no longer matches the run's data version (recorded).")
-@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
-@click.option("--use-current-code", is_flag=True, help="Build the model from the current user code instead of the copies recorded with the run, in a new run (the run itself is left as it is).")
+@trust_code_option()
+@use_current_code_option()
 @workdir_option
 @json_option
 def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str], predictions: Optional[str], allow_data_drift: bool,
@@ -499,7 +516,7 @@ def _render_metrics(metrics: dict[str, Any]) -> None:
 @cli.command("baseline")
 @click.argument("ref", metavar="RUN|CONFIG")
 @set_option
-@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
+@trust_code_option()
 @workdir_option
 @json_option
 def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
@@ -510,28 +527,10 @@ def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, wor
       veritrain baseline latest
       veritrain baseline configs/digits.yaml --json
     """
-    from pathlib import Path
-
     from veritrain import pipeline
     from veritrain.workspace import Workspace
 
-    workspace = Workspace.open(workdir)
-    if Path(ref).is_file():
-        from veritrain.config import load_config
-
-        outcome = pipeline.run(load_config(ref, overrides), workspace, pipeline.python_argv(), kind="baseline")
-        if outcome.error is not None:
-            raise outcome.error
-        result = outcome.record["baselines"]
-        result["run_id"] = outcome.summary["run_id"]
-    else:
-        if overrides:
-            raise UserError("--set: a run's baselines use its recorded config; drop --set")
-        opened = pipeline.open_run(workspace, ref, trust_code=trust_code)
-        if not hasattr(opened.task, "baselines"):
-            raise UserError(f"{ref}: the task {opened.config.task!r} has no baselines")
-        result = pipeline.baselines_run(opened, workspace)
-        result["run_id"] = opened.run_dir.name
+    result = pipeline.baselines(Workspace.open(workdir), ref, overrides, trust_code)
     if as_json:
         emit_json(result)
     else:
@@ -545,8 +544,8 @@ def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, wor
 @click.option("--format", "formats", multiple=True, type=click.Choice(["onnx", "torchscript", "safetensors"]),
               help="Format to write (repeatable; default: the run's export.formats, all three).")
 @click.option("--checkpoint", "which", default=None, metavar="best|last|PATH", help="Checkpoint to export (default: best, or last when the run kept no best.pt).")
-@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
-@click.option("--use-current-code", is_flag=True, help="Build the model from the current user code instead of the copies recorded with the run, in a new run (the run itself is left as it is).")
+@trust_code_option()
+@use_current_code_option()
 @workdir_option
 @json_option
 def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], trust_code: bool, use_current_code: bool,
@@ -817,8 +816,8 @@ def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> 
 
 @cli.command("reproduce")
 @click.argument("ref", metavar="RUN")
-@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
-@click.option("--use-current-code", is_flag=True, help="Train the reproduction with the current user code instead of the copies recorded with the run.")
+@trust_code_option()
+@use_current_code_option(help="Train the reproduction with the current user code instead of the copies recorded with the run.")
 @workdir_option
 @json_option
 def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdir: Optional[str], as_json: bool) -> int:
@@ -832,7 +831,7 @@ def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdi
       veritrain reproduce latest
     """
     from veritrain import pipeline
-    from veritrain.verify import reproduce
+    from veritrain.reproduce import reproduce
     from veritrain.workspace import Workspace
 
     result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code, use_current_code=use_current_code)
@@ -861,7 +860,7 @@ def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdi
 @click.option("--segments", type=click.IntRange(min=1), default=2, show_default=True, help="How many segments of the trajectory to replay, drawn at random.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=None, help="Repeat an earlier audit's draw (default: a fresh random seed, printed).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result (JSON) to this file, outside the run.")
-@click.option("--trust-code", is_flag=True, help="Build the model even when the run names code (model.target) and this workspace did not start it (read that code first).")
+@trust_code_option()
 @workdir_option
 @json_option
 def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
@@ -976,12 +975,11 @@ def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
     run_dir = workspace.resolve_run(ref)
     if (pending := interrupted(run_dir, workspace.state_dir)) is not None:  # the record shown may be the old or the new one
         logs.log.warning("%s: %s", run_dir.name, pending.message)
-    record = read_record(run_dir)
-    record["notes"] = read_notes(run_dir)
+    shown = {**read_record(run_dir), "notes": read_notes(run_dir)}  # the notes, kept outside the seal, shown with the record
     if as_json:
-        emit_json(record)
+        emit_json(shown)
         return 0
-    _render_record(run_dir, record)
+    _render_record(run_dir, shown)
     return 0
 
 
@@ -1053,44 +1051,38 @@ def runs_compare(refs: tuple[str, ...], workdir: Optional[str], as_json: bool) -
     Example:
       veritrain runs compare 20261129-1552 latest
     """
-    from veritrain.experiments import config_diff, flatten
+    from veritrain.experiments import compare, comparison_by_run
     from veritrain.record import read_record
     from veritrain.workspace import Workspace
 
     if len(refs) < 2:
         raise UserError("runs compare: give at least two runs")
     workspace = Workspace.open(workdir)
-    records = [read_record(workspace.resolve_run(r)) for r in refs]
-    base = records[0]
-    result: dict[str, Any] = {"runs": [r["run_id"] for r in records], "config": {}, "metrics": {}, "data_version": {}, "env": {}}
-    for other in records[1:]:
-        result["config"][other["run_id"]] = {k: {"base": a, "this": b} for k, (a, b) in config_diff(base["config"], other["config"]).items()}
-        result["env"][other["run_id"]] = {k: {"base": a, "this": b} for k, (a, b) in config_diff(base.get("env"), other.get("env")).items()}
-    for r in records:
-        result["data_version"][r["run_id"]] = (r.get("data") or {}).get("version")
-        flat = {k: v for k, v in flatten(r.get("metrics")).items() if isinstance(v, float)}
-        base_flat = {k: v for k, v in flatten(base.get("metrics")).items() if isinstance(v, float)}
-        result["metrics"][r["run_id"]] = {k: {"value": v, "delta": (v - base_flat[k]) if k in base_flat else None} for k, v in flat.items()
-                                          if k.split(".")[-1] in ("accuracy", "macro_f1", "log_loss", "ece", "loss", "top5_accuracy")}
+    comparison = compare([read_record(workspace.resolve_run(r)) for r in refs])
     if as_json:
-        emit_json(result)
+        emit_json(comparison_by_run(comparison))
         return 0
     from veritrain.display import terminal_safe
 
     def echo(line: str) -> None:  # configs and environments come from the records: shown as written
         click.echo(terminal_safe(line))
 
-    for other in records[1:]:
-        echo(f"{other['run_id']} vs {base['run_id']}:")
-        for key, d in result["config"][other["run_id"]].items():
-            echo(f"  config {key}: {d['base']} → {d['this']}")
-        for key, m in result["metrics"][other["run_id"]].items():
-            delta = f" ({m['delta']:+.4f})" if m["delta"] is not None else ""
-            echo(f"  metric {key}: {m['value']:.4f}{delta}")
-        same = result["data_version"][other["run_id"]] == result["data_version"][base["run_id"]]
+    run_ids = comparison["run_ids"]
+    for index, run_id in enumerate(run_ids[1:], start=1):
+        echo(f"{run_id} vs {run_ids[0]}:")
+        for row in comparison["config"]:
+            if row["values"][index] != row["values"][0]:
+                echo(f"  config {row['key']}: {row['values'][0]} → {row['values'][index]}")
+        for row in comparison["metrics"]:
+            m = row["values"][index]
+            if row["headline"] and isinstance(m["value"], float):
+                delta = f" ({m['delta']:+.4f})" if m["delta"] is not None else ""
+                echo(f"  metric {row['key']}: {m['value']:.4f}{delta}")
+        same = comparison["data_versions"][index] == comparison["data_versions"][0]
         echo(f"  data version: {'same' if same else 'DIFFERENT'}")
-        for key, d in result["env"][other["run_id"]].items():
-            echo(f"  env {key}: {d['base']} → {d['this']}")
+        for row in comparison["env"]:
+            if row["run_id"] == run_id:
+                echo(f"  env {row['key']}: {row['base']} → {row['this']}")
     return 0
 
 
@@ -1109,29 +1101,10 @@ def runs_note(ref: str, text: str, conclusion: bool, waive: Optional[str], workd
       veritrain runs note latest "lr 3e-3 converges twice as fast" --conclusion
       veritrain runs note latest --waive beats_baseline "8x8 digits: the linear baseline is the ceiling"
     """
-    import json
-
-    from veritrain import pipeline
-    from veritrain.check import ROWS
-    from veritrain.record import NOTES_FILE, now_iso
-    from veritrain.secrets import text_secret
+    from veritrain import notes
     from veritrain.workspace import Workspace
 
-    if waive is not None and waive not in ROWS:
-        raise UserError(f"--waive {waive}: not a check row; give one of {', '.join(ROWS)}")
-    if waive is not None and not text.strip():
-        raise UserError(f"--waive {waive}: give the reason the row cannot pass as TEXT")
-    kind = text_secret(text)
-    if kind is not None:
-        raise UserError(f"TEXT holds {kind}; a note is kept as written (and shown in experiments.md): leave the secret out")
-    workspace = Workspace.open(workdir)
-    run_dir = workspace.resolve_run(ref)
-    note = {"at": now_iso(), "text": text, "conclusion": conclusion}
-    if waive is not None:
-        note["waive"] = waive
-    with open(run_dir / NOTES_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(note) + "\n")
-    pipeline.update_experiments(workspace)
+    run_dir, note = notes.add(Workspace.open(workdir), ref, text, conclusion, waive)
     if as_json:
         emit_json({"run_id": run_dir.name, "note": note})
     logs.report(f"noted on {run_dir.name}")

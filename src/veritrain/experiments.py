@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +32,47 @@ def flatten(config: Optional[dict[str, Any]], prefix: str = "") -> dict[str, Any
 def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
     a, b = flatten(reference), flatten(config)
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+HEADLINE_METRICS = ("accuracy", "macro_f1", "log_loss", "ece", "loss", "top5_accuracy")  # what `runs compare` prints
+
+
+def compare(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Runs side by side against the first: the config keys that differ (every run's value), every numeric metric
+    with its delta from the first run (`headline` for the ones `runs compare` prints), the data versions, and the
+    environment keys that differ from the first run's. The one comparison behind `veritrain runs compare` and the
+    web compare page."""
+    base = records[0]
+    flat_configs = [flatten(r.get("config")) for r in records]
+    config_rows = [{"key": k, "values": [c.get(k) for c in flat_configs]} for k in sorted(set().union(*flat_configs))
+                   if any(c.get(k) != flat_configs[0].get(k) for c in flat_configs)]
+    flat_metrics = [{k: v for k, v in flatten(r.get("metrics")).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                    for r in records]
+    metric_rows = []
+    for k in sorted(set().union(*flat_metrics)):
+        first = flat_metrics[0].get(k)
+        metric_rows.append({"key": k, "headline": k.split(".")[-1] in HEADLINE_METRICS,
+                            "values": [{"value": m.get(k), "delta": (m[k] - first) if k in m and first is not None else None}
+                                       for m in flat_metrics]})
+    env_rows = [{"run_id": other["run_id"], "key": k, "base": a, "this": b}
+                for other in records[1:] for k, (a, b) in config_diff(base.get("env"), other.get("env")).items()]
+    return {"run_ids": [r["run_id"] for r in records], "config": config_rows, "metrics": metric_rows, "env": env_rows,
+            "data_versions": [(r.get("data") or {}).get("version") for r in records]}
+
+
+def comparison_by_run(comparison: dict[str, Any]) -> dict[str, Any]:
+    """`compare`'s result keyed by run (what `runs compare --json` prints): for each run after the first its config and
+    environment differences ({key: {base, this}}), for each run its metrics ({key: {value, delta}}) and data version."""
+    run_ids = comparison["run_ids"]
+    by_run: dict[str, Any] = {"runs": run_ids, "config": {}, "metrics": {}, "data_version": {}, "env": {}}
+    for index, run_id in enumerate(run_ids):
+        by_run["data_version"][run_id] = comparison["data_versions"][index]
+        by_run["metrics"][run_id] = {row["key"]: row["values"][index] for row in comparison["metrics"] if row["values"][index]["value"] is not None}
+        if index:
+            by_run["config"][run_id] = {row["key"]: {"base": row["values"][0], "this": row["values"][index]}
+                                        for row in comparison["config"] if row["values"][index] != row["values"][0]}
+            by_run["env"][run_id] = {row["key"]: {"base": row["base"], "this": row["this"]} for row in comparison["env"] if row["run_id"] == run_id}
+    return by_run
 
 
 def reference_of(row: dict[str, Any], by_id: dict[str, dict[str, Any]], ordered: list[dict[str, Any]]) -> Optional[dict[str, Any]]:

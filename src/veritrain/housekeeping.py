@@ -19,7 +19,8 @@ from typing import Any, Optional
 from veritrain import journal, locks
 from veritrain.config import ResolvedConfig
 from veritrain.errors import RunFailed, UserError
-from veritrain.record import capture_code, now_iso, read_record
+from veritrain.record import Record, capture_code, read_record
+from veritrain.recorder import amending
 from veritrain.workspace import Workspace
 
 log = logging.getLogger("veritrain")
@@ -60,7 +61,7 @@ class StagePlan:
 def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_completed: bool) -> list[StagePlan]:
     """Each stage of `veritrain run` with run/reuse/skip and the reason."""
     from veritrain.data import prepare
-    from veritrain.smoke import passed_before, smoke_key
+    from veritrain.smoke_results import passed_before, smoke_key
 
     action, reason, version = prepare.plan(resolved.config.data, resolved.data_paths, workspace.state_dir)
     if not smoke:
@@ -173,18 +174,16 @@ def _test_splits_carried_over(store: Path, versions: set[str]) -> set[str]:
     return found
 
 
-def _remove_and_reseal(workspace: Workspace, run_dir: Path, record: dict[str, Any], steps: list[Path]) -> None:
-    """Remove `steps` from the run and re-seal it, as one amend (veritrain.journal)."""
-    with journal.amending(workspace, run_dir, record) as change:
+def _remove_and_reseal(workspace: Workspace, run_dir: Path, record: Record, steps: list[Path]) -> None:
+    """Remove `steps` from the run and re-seal it, as one amend (veritrain.recorder.amending)."""
+    with amending(workspace, record) as change:
         for path in steps:
             change.remove(path.relative_to(run_dir).as_posix())
         gone = {_step_file_of(p) for p in steps}
-        for entry in record.get("trajectory") or []:  # `kept`: the entry's step file is in the run
-            if entry.get("kept") and f"step-{entry['step']}.pt" in gone:
-                entry["kept"] = False
-        record["events"].append({"kind": "gc", "step": None, "at": now_iso(),
-                                 "detail": f"removed {len(steps)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept"})
-        change.commit(record, by="gc")
+        # `kept`: the entry's step file is in the run
+        change.unkeep_steps({e["step"] for e in record.get("trajectory") or [] if f"step-{e['step']}.pt" in gone})
+        change.add_event("gc", f"removed {len(steps)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept")
+        change.commit(by="gc")
 
 
 def _held_locks(workspace: Workspace) -> list[Path]:
@@ -199,7 +198,7 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     their trajectory's `kept` flags cleared for the step files removed, each as one journaled amend. Amends a kill
     interrupted are completed or rolled back first (veritrain.journal), and a data version is renamed to a temp
     folder before it is deleted, so a killed gc never leaves half a version that later commands would trust."""
-    from veritrain.pipeline import refuse_unverified
+    from veritrain.opening import refuse_unverified
 
     if not dry_run:
         journal.recover_all(workspace)

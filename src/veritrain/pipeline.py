@@ -18,6 +18,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
@@ -27,7 +28,9 @@ from veritrain.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_
 from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.files import remove_unfinished
 from veritrain.hashing import sha256_file
-from veritrain.record import RECORD_VERSION, capture_code, capture_env, now_iso, read_record, save_code, write_record
+from veritrain.opening import OpenRun, code_session, open_run, refuse_untrusted_code, require_checkpoint
+from veritrain.record import Record, capture_code, capture_env, now_iso, read_record, save_code, thawed
+from veritrain.recorder import Amendment, Recorder, amending
 from veritrain.secrets import allowed_environment, secret_in_command_line, text_secret
 from veritrain.signals import StopFlag, interruptible
 from veritrain.train import distributed
@@ -50,7 +53,7 @@ STAGES = {
 @dataclass
 class RunOutcome:
     summary: dict[str, Any]  # what `--json` prints
-    record: dict[str, Any]
+    record: Record  # as sealed at the end
     seal: str
     seconds: float
     error: Optional[VeritrainError | Interrupted] = None  # set when the run did not complete
@@ -98,54 +101,43 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
     run_id, run_dir = workspace.new_run_dir()
     workspace.mark_created(run_id, resolved.hash)
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
-    record: dict[str, Any] = {
-        "record_version": RECORD_VERSION,
-        "run_id": run_id,
-        "kind": kind,
-        "stages": list(STAGES[kind]),
-        "status": "running",
-        "started_at": now_iso(),
-        "ended_at": None,
-        "argv": argv,
-        "exp_name": cfg.exp_name,
-        "task": cfg.task,
-        "seed": cfg.seed,
-        "config": resolved.as_dict(),
-        "config_recorded": CONFIG_AS_GIVEN,  # every value as given: resume and reproduce rebuild from it
-        "config_hash": resolved.hash,
-        "config_source": {
+    record = Recorder.start(
+        run_dir,
+        run_id=run_id,
+        kind=kind,
+        stages=list(STAGES[kind]),
+        argv=argv,
+        exp_name=cfg.exp_name,
+        task=cfg.task,
+        seed=cfg.seed,
+        config=resolved.as_dict(),
+        config_recorded=CONFIG_AS_GIVEN,  # every value as given: resume and reproduce rebuild from it
+        config_hash=resolved.hash,
+        config_source={
             "path": str(resolved.path) if resolved.path else None,
             "overrides": list(resolved.overrides),
             "data_root": cfg.data.root,
             "data_root_resolved": resolved.recorded_data_paths().get("root"),
             "data_paths_resolved": resolved.recorded_data_paths(),
         },
-        "code": capture_code(workspace.root),
-        "env": None,
-        "data": {"version": data_version} if data_version else None,
-        "training": None,
-        "metrics": {},
-        "final_state_sha256": None,
-        "timings": {},
-        "events": [],
-        "resumes": [],
-        "repeat": repeat,
-        "sweep": sweep,
+        code=capture_code(workspace.root),
+        data={"version": data_version} if data_version else None,
+        repeat=repeat,
+        sweep=sweep,
         # what selects what (veritrain.selection): completed once the task is known; the sweep's part is planned
-        "selection": {"sweep": {"id": sweep["id"], "split": selection.SELECTION_SPLIT, **(sweep_selection or {})}} if sweep else None,
-        "distributed": None,  # several processes: world size, nodes, backend, devices, launch command
-        "reproduced_from": reproduced_from,
-        "hypothesis": hypothesis or None,  # stated before the run, sealed with it
-        "parent": parent,  # the reference run experiments.md compares the config with
-        "smoke": smoke,  # the smoke test this run relied on, or {"status": "skipped"} with --no-smoke
-        "error": None,
-    }
+        selection={"sweep": {"id": sweep["id"], "split": selection.SELECTION_SPLIT, **(sweep_selection or {})}} if sweep else None,
+        distributed=None,  # several processes: world size, nodes, backend, devices, launch command
+        reproduced_from=reproduced_from,
+        hypothesis=hypothesis or None,  # stated before the run, sealed with it
+        parent=parent,  # the reference run experiments.md compares the config with
+        smoke=smoke,  # the smoke test this run relied on, or {"status": "skipped"} with --no-smoke
+    )
     if nproc > 1:  # completed by the launch with the backend and each rank's device
-        record["distributed"] = {"world_size": nproc, "nodes": 1, "backend": cfg.train.backend, "devices": [], "launch": []}
+        record.set(distributed={"world_size": nproc, "nodes": 1, "backend": cfg.train.backend, "devices": [], "launch": []})
     elif ranks is not None:
-        record["distributed"] = distributed.describe(ranks, [], distributed.torchrun_command(ranks, argv))
-    save_code(record["code"], workspace.root, run_dir)
-    code.save(run_dir, record["code"], cfg.model.target)  # what the target imported; training adds any it imports later
+        record.set(distributed=distributed.describe(ranks, [], distributed.torchrun_command(ranks, argv)))
+    save_code(record.code, workspace.root, run_dir)
+    code.save(run_dir, record.code, cfg.model.target)  # what the target imported; training adds any it imports later
     return _execute(record, run_dir, resolved, workspace, resume=False, code=code)
 
 
@@ -186,15 +178,12 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     with code_session(workspace, run_dir, record, "resume") as code:
         if cfg.model.target:
             code.import_target(cfg.model.target)
-        record.update(status="running", ended_at=None, error=None)
-        record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": status})
-        return _execute(record, run_dir, resolved, workspace, resume=True, code=code)
+        return _execute(Recorder.resume(record, argv), run_dir, resolved, workspace, resume=True, code=code)
 
 
-def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: dict[str, Any], resolved: ResolvedConfig, argv: list[str]) -> RunOutcome:
+def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: Record, resolved: ResolvedConfig, argv: list[str]) -> RunOutcome:
     """`--resume RUN --use-current-code`: a new run (parent RUN) that starts from a copy of RUN's checkpoints and
     logs and trains on with the current user code, recorded as its own; RUN is left byte for byte as it was."""
-    import copy
     import shutil
 
     cfg = resolved.config
@@ -209,16 +198,12 @@ def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: dict[str
                 continue
             (run_dir / relative).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, run_dir / relative)
-        record = copy.deepcopy(old_record)
-        for key in ("seal_history", "artifacts"):
-            record.pop(key, None)
-        record.update(run_id=run_id, status="running", ended_at=None, error=None, parent=old_dir.name, code=capture_code(workspace.root))
-        record["events"] = [*record.get("events", []), {"kind": "current_code", "step": None, "at": now_iso(),
-                            "detail": f"continues run {old_dir.name} from its newest checkpoint, built with the current code"}]
-        record.setdefault("resumes", []).append({"at": now_iso(), "argv": argv, "previous_status": old_record.get("status")})
-        save_code(record["code"], workspace.root, run_dir)
-        record["code"]["user_files"] = []
-        code.save(run_dir, record["code"], cfg.model.target)
+        event = {"kind": "current_code", "step": None, "at": now_iso(),
+                 "detail": f"continues run {old_dir.name} from its newest checkpoint, built with the current code"}
+        record = Recorder.continue_in(run_dir, old_record, argv, {**capture_code(workspace.root), "user_files": []}, event,
+                                      dropped=("seal_history", "artifacts"))
+        save_code(record.code, workspace.root, run_dir)
+        code.save(run_dir, record.code, cfg.model.target)
         log.warning("resume: run %s continues in a new run %s with the current code; %s is left as it was", old_dir.name, run_id, old_dir.name)
         return _execute(record, run_dir, resolved, workspace, resume=True, code=code)
 
@@ -253,11 +238,11 @@ def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -
     return candidates[0]
 
 
-def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, workspace: Workspace, resume: bool,
+def _execute(record: Recorder, run_dir: Path, resolved: ResolvedConfig, workspace: Workspace, resume: bool,
              code: Optional[usercode.CodeSession] = None) -> RunOutcome:
     started = time.perf_counter()
     cfg = resolved.config
-    run_id = record["run_id"]
+    run_id = record.run_id
     workspace.lock_run(run_id)  # UserError when another live process holds it: then nothing here has changed
     if resume:
         _refuse_resumed_meanwhile(run_dir, record, workspace)
@@ -286,12 +271,12 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
                 if drift:
                     log.warning("resume: environment differs from the run's start (%s)", ", ".join(f"{k} {a} → {b}" for k, (a, b) in drift.items()))
             env["variables"] = allowed_environment()  # only the allowlist: never the whole environment
-            record["env"] = env
+            record.set(env=env)
             (run_dir / "env").mkdir(exist_ok=True)
             (run_dir / "env" / "requirements.lock").write_text(package_list, encoding="utf-8")
-            record["selection"] = selection.for_run(cfg, get_task(cfg).best_metric, record["stages"], (record.get("selection") or {}).get("sweep"))
+            record.set(selection=selection.for_run(cfg, get_task(cfg).best_metric, record["stages"], (record.get("selection") or {}).get("sweep")))
             _log_header(record, resolved, run_dir, resume)
-            write_record(run_dir, record)
+            record.write()
 
             t = time.perf_counter()
             recorded_version = (record.get("data") or {}).get("version")
@@ -300,26 +285,24 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
                 raise RunFailed(f"{'resume' if resume else 'reproduce'}: the data now prepares to version {data.version[:12]}, the run used "
                                 f"{(record.get('data') or {}).get('version', '?')[:12]}; restore the data or start a new run"
                                 + (prepare.earlier_recipe_hint(record.get("data")) if resume else ""))
-            record["timings"]["prepare"] = round(time.perf_counter() - t, 3)
-            record["data"] = data_summary(data)
+            record.time("prepare", time.perf_counter() - t)
+            record.set(data=data_summary(data))
             log.info("data: version %s  %s", data.version[:12], "  ".join(f"{k} {v}" for k, v in data.counts.items()))
-            write_record(run_dir, record)
+            record.write()
 
             task = get_task(cfg)
             selection.require_validation(record["selection"], data.counts.get("val", 0))  # before training, which would select on it
             if "train" in record["stages"]:
                 _train_stage(record, run_dir, cfg, data, task, stop, resume, workspace.state_dir, ranks, announced)
             _evaluation_stages(record, run_dir, cfg, data, task)
-            record["status"] = "completed"
+            record.completed()
     except Interrupted as err:
         error = err
-        record["status"] = "interrupted"
-        record["error"] = {"type": "Interrupted", "message": str(err)}
+        record.interrupted("Interrupted", str(err))
         log.warning("run %s interrupted (%s)", run_id, err, extra=logs.FILE_ONLY)
     except RankLost as err:  # resumable like a signal: the newest scheduled checkpoint is the resume point
         error = err
-        record["status"] = "interrupted"
-        record["error"] = {"type": "RankLost", "message": str(err)}
+        record.interrupted("RankLost", str(err))
         log.warning("run %s interrupted: %s", run_id, err, extra=logs.FILE_ONLY)
     except VeritrainError as err:
         error = err if isinstance(err, UserError) else RunFailed(f"run {run_id} failed: {err}")
@@ -334,38 +317,35 @@ def _execute(record: dict[str, Any], run_dir: Path, resolved: ResolvedConfig, wo
             except distributed.PeerLost:
                 pass
         seconds = time.perf_counter() - started
-        record["ended_at"] = now_iso()
-        record["timings"]["total"] = round(record["timings"].get("total", 0) + seconds, 3)
-        if record["env"] is None:
-            record["env"], _ = capture_env()
-        if code is not None and record["code"].get("user_files") is not None:  # modules imported while it ran, however it ended
+        record.finish(seconds, env=capture_env()[0] if record.get("env") is None else None)
+        if code is not None and record.code.get("user_files") is not None:  # modules imported while it ran, however it ended
             try:
-                code.save(run_dir, record["code"], cfg.model.target)
+                code.save(run_dir, record.code, cfg.model.target)
             except VeritrainError as err:
                 if error is None:
                     error = err
                     _record_failure(record, err)
-        if record["status"] == "completed":
+        if record.status == "completed":
             log.info("run %s completed in %.1fs", run_id, seconds)
         logs.detach(file_log)  # the log is complete before it is hashed into the record
-        seal = write_record(run_dir, record)
+        seal = record.write()
         workspace.unlock_run(run_id)
         update_experiments(workspace)
 
     summary = {
         "run_id": run_id,
         "run_dir": str(run_dir),
-        "status": record["status"],
+        "status": record.status,
         "data_version": (record["data"] or {}).get("version"),
         "final_state_sha256": record["final_state_sha256"],
-        "metrics": record["metrics"],
+        "metrics": thawed(record["metrics"]),
     }
     if error is not None:
         summary["error"] = str(error)
-    return RunOutcome(summary=summary, record=record, seal=seal, seconds=seconds, error=error)
+    return RunOutcome(summary=summary, record=record.snapshot(), seal=seal, seconds=seconds, error=error)
 
 
-def _refuse_resumed_meanwhile(run_dir: Path, record: dict[str, Any], workspace: Workspace) -> None:
+def _refuse_resumed_meanwhile(run_dir: Path, record: Recorder, workspace: Workspace) -> None:
     """With the run's lock held: the record on disk must still be the one this resume read (its resumes, less the
     one just added). Another resume may have taken the lock, continued the run and let go in between."""
     if not (run_dir / "record.json").exists():
@@ -425,7 +405,7 @@ def follow() -> int:
             distributed.stop_group()
 
 
-def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool,
+def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool,
                  state_dir: Path, ranks: Optional[distributed.Ranks] = None, announced: Optional[dict[str, bool]] = None) -> None:
     from veritrain.train import loop
 
@@ -436,39 +416,38 @@ def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Da
         if announced is not None:
             announced["done"] = True
         try:
-            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"], ranks=ranks)
+            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, ranks=ranks)
         except Exception as err:
             lost = distributed.lost_peer(err)
             if lost is None:
                 raise
             raise RankLost(f"another rank was lost ({lost}); the ranks stopped without it. The run is interrupted at its newest "
                            f"scheduled checkpoint; resume with the same torchrun command and `veritrain train --resume {run_dir.name}`") from None
-        record["distributed"] = {**record["distributed"], "backend": result.backend, "devices": result.devices}
+        record.update_section("distributed", backend=result.backend, devices=result.devices)
     elif world_size > 1:  # `--nproc N`: torchrun starts the ranks; this process keeps the record
         try:
             payload = distributed.launch(run_dir, state_dir, data.path, world_size, resume, stop, cfg.train.threads)
         except BaseException as err:
             # what rank 0 recorded before it stopped; no train timing, as for one process: a stage without one is
             # the stage the run stopped in (require_checkpoint)
-            record["events"].extend(getattr(err, "train_events", []))
+            record.add_events(getattr(err, "train_events", []))
             raise
-        record["events"].extend(payload.pop("events"))
+        record.add_events(payload.pop("events"))
         launch_command = [str(Path(part).relative_to(state_dir.parent)) if part.startswith(str(state_dir.parent) + "/") else part
                           for part in payload.pop("launch")]  # workspace paths relative to the workspace
         result = loop.TrainResult(**payload)
-        record["distributed"] = {"world_size": world_size, "nodes": 1, "backend": result.backend or "gloo",
-                                 "devices": result.devices or [], "launch": launch_command}
+        record.set(distributed={"world_size": world_size, "nodes": 1, "backend": result.backend or "gloo",
+                                "devices": result.devices or [], "launch": launch_command})
     else:
-        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record["events"])
-    record["timings"]["train"] = round(record["timings"].get("train", 0) + time.perf_counter() - t, 3)
-    record["env"]["device"] = result.device
-    record["env"]["torch_threads"] = result.threads
-    record["final_state_sha256"] = result.final_state_sha256
+        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events)
+    record.time("train", time.perf_counter() - t, add=True)
+    record.update_section("env", device=result.device, torch_threads=result.threads)
     from veritrain.train import trajectory
 
-    record["trajectory"] = trajectory.for_record(result.trajectory or [], run_dir / "checkpoints", cfg.checkpoint.audit_every)
-    record["other_saves"] = result.other_saves or []
-    record["training"] = {
+    record.set(final_state_sha256=result.final_state_sha256,
+               trajectory=trajectory.for_record(result.trajectory or [], run_dir / "checkpoints", cfg.checkpoint.audit_every),
+               other_saves=result.other_saves or [])
+    record.set(training={
         "epochs": len(result.epochs),
         "steps": result.steps,
         "best_epoch": result.best_epoch,
@@ -477,11 +456,11 @@ def _train_stage(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: Da
         "peak_memory_mb": result.peak_memory_mb,
         "loop_seconds": result.loop_seconds,
         "settings": {"device": result.device, "threads": result.threads, "num_workers": cfg.train.num_workers},
-    }
-    write_record(run_dir, record)
+    })
+    record.write()
 
 
-def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> None:
+def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> None:
     """Baselines, evaluation and export, as far as the run's kind has them."""
     from veritrain import evaluate
     from veritrain.train.loop import resolve_device
@@ -491,19 +470,20 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
     if "baselines" in stages and (cfg.eval.baselines or "train" not in stages) and hasattr(task, "baselines"):
         t = time.perf_counter()
         baselines = fit_baselines(run_dir, cfg, data, task)
-        record["baselines"] = baselines
-        record["timings"]["baselines"] = round(time.perf_counter() - t, 3)
+        record.set(baselines=baselines)
+        record.time("baselines", time.perf_counter() - t)
         log.info("baselines: %s", "  ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in baselines["results"].items()))
     if "eval" in stages:
         t = time.perf_counter()
         for split in evaluation_splits(record, cfg, run_dir.parent):  # each from the same checkpoint: the one export ships
             metrics = evaluate.run(cfg, data, task, run_dir, resolve_device(cfg.train.device), split=split, baselines=baselines)
             metrics["trajectory_entry"] = result_entry(record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
-            record["metrics"][split] = metrics
-        record["timings"]["eval"] = round(time.perf_counter() - t, 3)
+            record.set_metrics(split, metrics)
+        record.time("eval", time.perf_counter() - t)
         verdict = baseline_verdict(record["metrics"].get(cfg.eval.split, metrics), baselines)
         if verdict and baselines is not None:
             baselines["warning"] = verdict
+            record.set(baselines=baselines)
             log.warning("eval: %s", verdict)
     if "export" in stages:
         from veritrain import export
@@ -512,13 +492,13 @@ def _evaluation_stages(record: dict[str, Any], run_dir: Path, cfg: RunConfig, da
         try:
             description = export.run(cfg, data, task, run_dir)
         except export.ParityFailed as err:
-            record["export"] = {"parity": err.parity}
+            record.set(export={"parity": err.parity})
             raise
-        record["export"] = export_record(record, description)
-        record["timings"]["export"] = round(time.perf_counter() - t, 3)
+        record.set(export=export_record(record, description))
+        record.time("export", time.perf_counter() - t)
 
 
-def evaluation_splits(record: dict[str, Any], cfg: RunConfig, runs_dir: Path) -> list[str]:
+def evaluation_splits(record: Mapping[str, Any] | Recorder, cfg: RunConfig, runs_dir: Path) -> list[str]:
     """The splits a run evaluates, all from the same checkpoint: `eval.split`; for a run of a sweep both val (the
     sweep selects its best trial on it) and test (the selected trial's final report); for a seed of a `--repeat`
     group test too (the group's final report); for a reproduction also those its original evaluated, so that
@@ -576,7 +556,7 @@ def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]
     return None
 
 
-def _log_header(record: dict[str, Any], resolved: ResolvedConfig, run_dir: Path, resume: bool) -> None:
+def _log_header(record: Recorder, resolved: ResolvedConfig, run_dir: Path, resume: bool) -> None:
     import torch
 
     cfg, code, env = resolved.config, record["code"], record["env"]
@@ -624,10 +604,9 @@ def data_summary(data: DataVersion) -> dict[str, Any]:
     }
 
 
-def _record_failure(record: dict[str, Any], err: BaseException) -> None:
-    record["status"] = "failed"
-    record["error"] = {"type": err.__class__.__name__, "message": str(err)}
-    log.error("run %s failed: %s", record["run_id"], err, extra=logs.FILE_ONLY)  # the CLI shows the one-line error
+def _record_failure(record: Recorder, err: BaseException) -> None:
+    record.failed(err)
+    log.error("run %s failed: %s", record.run_id, err, extra=logs.FILE_ONLY)  # the CLI shows the one-line error
     log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
 
 
@@ -647,149 +626,46 @@ def refuse_secrets(argv: list[str], hypothesis: Optional[str] = None) -> None:
                         "${env:NAME}, read when it is used)")
 
 
-# ---------------------------------------------------------------- stages on an existing run
-
-
-@dataclass
-class OpenRun:
-    run_dir: Path
-    record: dict[str, Any]
-    config: RunConfig
-    data: DataVersion
-    task: Task
-    drift: Optional[str] = None  # why the data differs from the recorded version, when allowed
-
-
-def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, trust_code: bool = False, need: str = "any",
-             verified: bool = False) -> OpenRun:
-    """A finished run with its config, task and recorded data version, for eval/export/baseline.
-
-    The data is prepared again from the raw files when they are present (fast when unchanged) and must
-    give the recorded version; without raw files the stored version is used as it is.
-    """
-    from veritrain.data import prepare
-    from veritrain.tasks import get_task
-
-    run_dir = workspace.resolve_run(ref, need)  # `need`: what `latest` must have (workspace.LATEST)
-    if not verified:  # an amend a kill interrupted is completed or rolled back before anything reads the run
-        journal.recover(workspace, run_dir)
-    record = read_record(run_dir)
-    if record.get("status") == "running" and not workspace.lock_is_stale(run_dir.name):
-        raise UserError(f"{ref}: run {run_dir.name} is still running; wait for it to finish")
-    resolved = resolved_from_record(record)
-    cfg = resolved.config
-    if not verified:  # the caller (audit) has just verified the run itself
-        # raw data that now prepares to another version is judged just below: refused, or recorded with --allow-data-drift
-        refuse_unverified(run_dir, workspace, "it is not changed or re-sealed", decided_next=("data_changed",))
-    refuse_untrusted_code(workspace, run_dir, record, trust_code)
-    recorded = (record.get("data") or {}).get("version")
-    stored = workspace.state_dir / "data" / str(recorded)
-    paths = resolved.data_paths
-    raw_present = "root" not in paths or paths["root"].exists()
-    drift = None
-    if raw_present:
-        data = prepare.run(cfg.data, paths, workspace.state_dir, recorded=recorded)
-        if data.version != recorded:
-            drift = f"the data now prepares to version {data.version[:12]}, the run used {str(recorded)[:12]}"
-            if not allow_data_drift:
-                raise UserError(f"{ref}: {drift}; restore the data, or pass --allow-data-drift to evaluate on the new version (recorded)"
-                                + prepare.earlier_recipe_hint(record.get("data")))
-    elif (stored / "version.json").exists():
-        log.warning("data: raw data not found at %s; using the stored data version %s", paths.get("root"), str(recorded)[:12])
-        data = prepare.load_version(stored)
-    else:
-        raise UserError(f"{ref}: neither the raw data ({paths.get('root')}) nor the stored data version {str(recorded)[:12]} is here")
-    return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
-
-
-def require_checkpoint(opened: OpenRun, which: Optional[str]) -> None:
-    """Before eval or export without --checkpoint: a run whose default checkpoint does not exist gets the
-    real cause (a baseline run, a run that failed or was interrupted before its first checkpoint), not a
-    complaint about a --checkpoint the user never gave. A given --checkpoint is checked where it is loaded."""
-    from veritrain.evaluate import checkpoint_path
-
-    if which is not None or checkpoint_path(opened.config, opened.run_dir, None).exists():
-        return
-    run, record = opened.run_dir.name, opened.record
-    status, error = record.get("status"), record.get("error") or {}
-    if record.get("kind") == "baseline":
-        raise RunFailed(f"{run}: a baseline run trains no model, so it has no checkpoint; "
-                        "give a trained run (`latest` names the newest one with a checkpoint)")
-    stage = next((s for s in record.get("stages") or () if s not in (record.get("timings") or {})), "train")
-    steps = (record.get("training") or {}).get("steps", 0)
-    if status == "failed":
-        raise RunFailed(f"{run}: the run failed in its {stage} stage before writing a checkpoint ({error.get('type')}: "
-                        f"{str(error.get('message'))[:200]}); fix that and start a new run: veritrain {record.get('kind') or 'run'} runs/{run}/config.yaml")
-    if status == "interrupted":
-        raise RunFailed(f"{run}: the run was interrupted in its {stage} stage before its first checkpoint; "
-                        f"resume it: veritrain train --resume {run}")
-    kept = "checkpoints/best.pt" if opened.config.checkpoint.best else "checkpoints/last.pt"
-    raise RunFailed(f"{run}: {kept} is missing although the run {status} after {steps} steps; "
-                    f"`veritrain verify {run}` says what else changed, or give --checkpoint with a step file of the run")
-
-
-def code_session(workspace: Workspace, run_dir: Path, record: dict[str, Any], command: str, use_current: bool = False) -> usercode.CodeSession:
-    """Where a command on an existing run imports user modules from: the copies recorded with the run (saying in
-    one line which of the user's files now differ), or with `use_current` the current code, as a new run would."""
-    config_path = (record.get("config_source") or {}).get("path")
-    config_path = Path(config_path) if config_path and Path(config_path).is_file() else None
-    if use_current:
-        return usercode.fresh(config_path)
-    return usercode.recorded(run_dir, record, workspace.root / usercode.STATE_SCRATCH, command, usercode.fresh(config_path).roots)
-
-
-def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: dict[str, Any], trust_code: bool) -> None:
-    """A run's config that names code (`model.target`) is code: building its model imports and runs it. Configs
-    you write are trusted; a run this workspace did not start (imported, copied, or a folder given as RUN) is
-    data, and is refused (UserError, one line) unless the user passes --trust-code after reading that code."""
-    target = ((record.get("config") or {}).get("model") or {}).get("target")
-    files = ((record.get("code") or {}).get("user_files") or [])
-    if (target or files) and not trust_code and not workspace.created_here(run_dir, record.get("config_hash")):
-        named = (f"its config names code (model.target {str(target)[:80]!r})" if target
-                 else f"its record names code ({len(files)} recorded module(s), e.g. {str(files[0].get('module'))[:80]})")
-        raise UserError(f"{run_dir.name}: {named} and this workspace did not start the run "
-                        "(imported, copied or given as a folder): building its model would run that code; read it, then pass --trust-code")
-
-
-def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str, decided_next: tuple[str, ...] = ()) -> None:
-    """RunFailed (exit 1) naming the first problem when the run does not verify: re-sealing it would launder the
-    change. This is the full `veritrain verify` (its defaults: checkpoint states, the data version and the raw data
-    included), so no command re-seals a run that `verify` fails. Problems of the kinds in `decided_next` are left to
-    the caller, which checks them itself right after (open_run: raw data that prepares to another version)."""
-    from veritrain.verify import verify_run
-
-    found = [p for p in verify_run(run_dir, workspace.state_dir)["problems"] if p["kind"] not in decided_next]
-    if found:
-        first = found[0]
-        raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
-                        + f"; the run does not verify, so {consequence}: see `veritrain verify {run_dir.name}`")
-
-
-def amend(opened: OpenRun, workspace: Workspace, change: journal.Amend, kind: str, detail: str) -> str:
-    """Record an event on a finished run and seal it again with the files `change` staged (veritrain.journal);
+def amend(opened: OpenRun, workspace: Workspace, change: Amendment, kind: str, detail: str) -> str:
+    """Record an event on a finished run and seal it again with the files `change` staged (veritrain.recorder.amending);
     returns the new seal."""
-    event = {"kind": kind, "step": None, "detail": detail, "at": now_iso()}
     if opened.drift:
-        opened.record["events"].append({"kind": "data_drift", "step": None, "detail": opened.drift + " (--allow-data-drift)", "at": now_iso()})
-    opened.record["events"].append(event)
-    seal = change.commit(opened.record, by=kind)
+        change.add_event("data_drift", opened.drift + " (--allow-data-drift)")
+    change.add_event(kind, detail)
+    seal = change.commit(by=kind)
     update_experiments(workspace)  # new metrics or export results show there too
     return seal
 
 
 def baselines_run(opened: OpenRun, workspace: Workspace) -> dict[str, Any]:
     """`veritrain baseline RUN`: fit the task's baselines on the run's splits and amend the run with them."""
-    with journal.amending(workspace, opened.run_dir, opened.record) as change:
+    with amending(workspace, opened.record) as change:
         result = fit_baselines(change.new, opened.config, opened.data, opened.task)
-        opened.record["baselines"] = result
+        change.set_baselines(result)
         amend(opened, workspace, change, "baselines", ", ".join(f"{k} {v['accuracy']:.4f}" for k, v in result["results"].items()))
     return result
+
+
+def baselines(workspace: Workspace, ref: str, overrides: tuple[str, ...] = (), trust_code: bool = False) -> dict[str, Any]:
+    """`veritrain baseline RUN|CONFIG`: the baselines of a config in a new run of kind `baseline`, or of a run's
+    splits, amending the run; the result names the run (`run_id`)."""
+    if Path(ref).is_file():
+        outcome = run(config_module.load_config(ref, overrides), workspace, python_argv(), kind="baseline")
+        if outcome.error is not None:
+            raise outcome.error
+        return {**thawed(outcome.record["baselines"]), "run_id": outcome.summary["run_id"]}
+    if overrides:
+        raise UserError("--set: a run's baselines use its recorded config; drop --set")
+    opened = open_run(workspace, ref, trust_code=trust_code)
+    if not hasattr(opened.task, "baselines"):
+        raise UserError(f"{ref}: the task {opened.config.task!r} has no baselines")
+    return {**baselines_run(opened, workspace), "run_id": opened.run_dir.name}
 
 
 # ---------------------------------------------------------------- results of an existing run, and outside checkpoints
 
 
-def result_entry(record: dict[str, Any], checkpoint_shown: str, state_hash: str) -> Optional[dict[str, Any]]:
+def result_entry(record: Mapping[str, Any], checkpoint_shown: str, state_hash: str) -> Optional[dict[str, Any]]:
     """The trajectory entry a result's checkpoint holds ({index, step, state_sha256}); None for a run without a
     trajectory (made before it, or interrupted: its record has none yet). RunFailed when the run has a trajectory
     and the state is not in it: a timing save (signal, every_minutes) is a resume point, never a result."""
@@ -806,7 +682,7 @@ def result_entry(record: dict[str, Any], checkpoint_shown: str, state_hash: str)
     return {"index": index, "step": entries[index]["step"], "state_sha256": state_hash}
 
 
-def export_record(record: dict[str, Any], description: dict[str, Any]) -> dict[str, Any]:
+def export_record(record: Mapping[str, Any], description: dict[str, Any]) -> dict[str, Any]:
     """What the record keeps of an export: its files, parity, the checkpoint and the trajectory entry it holds."""
     return {"files": description["files"], "parity": description["parity"], "checkpoint": description["checkpoint"],
             "trajectory_entry": result_entry(record, description["checkpoint"], description["checkpoint_state_sha256"])}
@@ -874,18 +750,18 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
         if opened.config.model.target:
             code.import_target(opened.config.model.target)
         if outside is not None or use_current_code:
-            def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+            def stage(run_dir: Path, record: Recorder) -> dict[str, Any]:
                 metrics = evaluate.run(opened.config, opened.data, opened.task, run_dir, device, INPUT_CHECKPOINT, split)
-                record["metrics"][metrics["split"]] = metrics
+                record.set_metrics(metrics["split"], metrics)
                 return metrics
 
             return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "eval", argv, stage, code,
                                 current_code=use_current_code)
-        with journal.amending(workspace, opened.run_dir, opened.record) as change:  # eval/<split>/ is written beside the run
+        with amending(workspace, opened.record) as change:  # eval/<split>/ is written beside the run
             metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, device, inside, split,
-                                   baselines=opened.record.get("baselines"), out_root=change.new)
+                                   baselines=thawed(opened.record.get("baselines")), out_root=change.new)
             metrics["trajectory_entry"] = result_entry(opened.record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
-            opened.record.setdefault("metrics", {})[metrics["split"]] = metrics
+            change.set_metrics(metrics["split"], metrics)
             seal = amend(opened, workspace, change, "eval",
                          f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
     return Amended(opened.run_dir, seal, metrics)
@@ -905,26 +781,26 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
         if opened.config.model.target:
             code.import_target(opened.config.model.target)
         if outside is not None or use_current_code:
-            def stage(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
+            def stage(run_dir: Path, record: Recorder) -> dict[str, Any]:
                 try:
                     description = export.run(opened.config, opened.data, opened.task, run_dir, INPUT_CHECKPOINT, formats)
                 except export.ParityFailed as err:
-                    record["export"] = {"parity": err.parity}
+                    record.set(export={"parity": err.parity})
                     raise
-                record["export"] = {"files": description["files"], "parity": description["parity"], "checkpoint": description["checkpoint"]}
+                record.set(export={"files": description["files"], "parity": description["parity"], "checkpoint": description["checkpoint"]})
                 return description
 
             return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "export", argv, stage, code,
                                 current_code=use_current_code)
-        with journal.amending(workspace, opened.run_dir, opened.record) as change:  # the new export/ is written beside the run
+        with amending(workspace, opened.record) as change:  # the new export/ is written beside the run
             try:
                 description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats,
                                          out_dir=change.replace_folder("export"))
             except export.ParityFailed as err:
-                opened.record["export"] = {"parity": err.parity}
+                change.set_export({"parity": err.parity})
                 amend(opened, workspace, change, "export", f"parity FAILED: {err.parity['reason']}")
                 raise
-            opened.record["export"] = export_record(opened.record, description)
+            change.set_export(export_record(opened.record, description))
             seal = amend(opened, workspace, change, "export", f"{', '.join(description['files'])}; parity passed")
     return Amended(opened.run_dir, seal, description)
 
@@ -957,45 +833,36 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     env, package_list = capture_env()
     (run_dir / "env").mkdir()
     (run_dir / "env" / "requirements.lock").write_text(package_list, encoding="utf-8")
-    record: dict[str, Any] = {
-        "record_version": RECORD_VERSION,
-        "run_id": run_id,
-        "kind": kind,
-        "stages": [kind],
-        "status": "running",
-        "started_at": now_iso(),
-        "ended_at": None,
-        "argv": argv,
-        "exp_name": opened.record.get("exp_name"),
-        "task": opened.record.get("task"),
-        "seed": opened.record.get("seed"),
-        "config": opened.record["config"],
-        "config_hash": opened.record["config_hash"],
-        "config_source": opened.record.get("config_source"),
-        "code": capture_code(workspace.root),
-        "env": env,
-        "data": data_summary(opened.data),
-        "training": None,
-        "metrics": {},
-        "final_state_sha256": None,
-        "timings": {},
-        "events": [{"kind": "current_code", "step": None, "at": now_iso(),
-                    "detail": f"{source} (state {state_hash[:12]}) of run {parent}, built with the current code rather than the code recorded with it"}]
-        if current_code else
-        [{"kind": "outside_checkpoint", "step": None, "at": now_iso(),
-          "detail": f"{source} (state {state_hash[:12]}) is not a state of the trajectory of run {parent}: not from the audited training"}],
-        "resumes": [],
-        "parent": parent,
-        "input_checkpoint": {"file": INPUT_CHECKPOINT, "sha256": sha256_file(run_dir / INPUT_CHECKPOINT), "source": str(source),
-                             "state_sha256": state_hash},
-        "error": None,
-    }
-    for key in ("config_recorded",):  # fields of the parent's record that describe its config
-        if key in opened.record:
-            record[key] = opened.record[key]
-    save_code(record["code"], workspace.root, run_dir)
-    record["code"]["user_files"] = []
-    code.save(run_dir, record["code"], cfg.model.target)
+    if current_code:
+        event = {"kind": "current_code", "step": None, "at": now_iso(),
+                 "detail": f"{source} (state {state_hash[:12]}) of run {parent}, built with the current code rather than the code recorded with it"}
+    else:
+        event = {"kind": "outside_checkpoint", "step": None, "at": now_iso(),
+                 "detail": f"{source} (state {state_hash[:12]}) is not a state of the trajectory of run {parent}: not from the audited training"}
+    described = {key: opened.record[key] for key in ("config_recorded",) if key in opened.record}  # fields of the parent's that describe its config
+    record = Recorder.start(
+        run_dir,
+        run_id=run_id,
+        kind=kind,
+        stages=[kind],
+        argv=argv,
+        exp_name=opened.record.get("exp_name"),
+        task=opened.record.get("task"),
+        seed=opened.record.get("seed"),
+        config=opened.record["config"],
+        config_hash=opened.record["config_hash"],
+        config_source=opened.record.get("config_source"),
+        code={**capture_code(workspace.root), "user_files": []},
+        env=env,
+        data=data_summary(opened.data),
+        events=[event],
+        parent=parent,
+        input_checkpoint={"file": INPUT_CHECKPOINT, "sha256": sha256_file(run_dir / INPUT_CHECKPOINT), "source": str(source),
+                          "state_sha256": state_hash},
+        **described,
+    )
+    save_code(record.code, workspace.root, run_dir)
+    code.save(run_dir, record.code, cfg.model.target)
     if current_code:
         log.warning("%s: run %s is built with the current code in a new run %s (kind %s), and %s is left as it was",
                     kind, parent, run_id, kind, parent)
@@ -1007,15 +874,15 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     result: dict[str, Any] = {}
     try:
         result = stage(run_dir, record)
-        code.save(run_dir, record["code"], cfg.model.target)  # modules the stage imported
-        record["status"] = "completed"
+        code.save(run_dir, record.code, cfg.model.target)  # modules the stage imported
+        record.completed()
     except VeritrainError as err:
         error = err
         _record_failure(record, err)
     finally:
-        record["timings"][kind] = round(time.perf_counter() - started, 3)
-        record["ended_at"] = now_iso()
-        seal = write_record(run_dir, record)
+        record.time(kind, time.perf_counter() - started)
+        record.end()
+        seal = record.write()
         workspace.unlock_run(run_id)
         update_experiments(workspace)
     if error is not None:

@@ -368,20 +368,24 @@ def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:
     """Why a record read from `runs/<folder_name>/` cannot be trusted to describe a run (one line), or None.
     Records arrive from archives and copies, so every reader validates them against `RunRecord` first.
     With `folder_name` None only the record itself is checked (verify, which also answers for copied run folders)."""
+    return _validated(record, folder_name)[1]
+
+
+def _validated(record: Any, folder_name: Optional[str]) -> tuple[Optional[RunRecord], Optional[str]]:
+    """(the typed record, None), or (None, why it cannot be trusted)."""
     if not isinstance(record, dict):
-        return "not a JSON object"
+        return None, "not a JSON object"
     if folder_name is not None and not RUN_ID.fullmatch(folder_name):
-        return f"the folder name {folder_name[:40]!r} is not a run id"
+        return None, f"the folder name {folder_name[:40]!r} is not a run id"
     if folder_name is not None and record.get("run_id") != folder_name:
-        return f"its run_id {str(record.get('run_id'))[:40]!r} is not its folder's name"
+        return None, f"its run_id {str(record.get('run_id'))[:40]!r} is not its folder's name"
     try:
-        RunRecord.model_validate(record)
+        return RunRecord.model_validate(record), None
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(part) for part in first["loc"] if part != "[key]") or "record"
         message = first["msg"].removeprefix("Value error, ")
-        return f"{where[:80]}: {message} (found {_short(first.get('input'))})"
-    return None
+        return None, f"{where[:80]}: {message} (found {_short(first.get('input'))})"
 
 
 def _short(value: Any) -> str:
@@ -389,19 +393,110 @@ def _short(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def read_record(run_dir: Path) -> dict[str, Any]:
-    """The run's record.json; a missing or damaged one is a RunFailed that says how to look closer."""
+# ---------------------------------------------------------------- a record as read: validated, typed, read-only
+
+READ_ONLY = ("a run record as read is read-only: change a run through veritrain.recorder "
+             "(Recorder while it runs, amending() once it is sealed), or take a copy with thawed()")
+
+
+class FrozenDict(dict):
+    """A JSON object of a record as read: it reads like a dict (json.dumps, `**`, `dict(...)` work) and refuses changes."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(READ_ONLY)
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> dict[str, Any]:
+        return dict(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return thawed(self)
+
+    def __reduce__(self) -> Any:
+        return (frozen, (thawed(self),))
+
+
+class FrozenList(list):
+    """A JSON array of a record as read: it reads like a list and refuses changes."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(READ_ONLY)
+
+    __setitem__ = __delitem__ = append = extend = insert = pop = remove = clear = sort = reverse = __iadd__ = __imul__ = _refuse  # type: ignore[assignment]
+
+    def __copy__(self) -> list[Any]:
+        return list(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return thawed(self)
+
+    def __reduce__(self) -> Any:
+        return (frozen, (thawed(self),))
+
+
+def frozen(value: Any) -> Any:
+    """A read-only copy of a JSON value (FrozenDict, FrozenList; numbers and strings as they are)."""
+    if isinstance(value, dict):
+        return FrozenDict((key, frozen(item)) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return FrozenList(frozen(item) for item in value)
+    return value
+
+
+def thawed(value: Any) -> Any:
+    """A plain, changeable deep copy of a JSON value (of a frozen one too)."""
+    if isinstance(value, dict):
+        return {key: thawed(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thawed(item) for item in value]
+    return value
+
+
+class Record(FrozenDict):
+    """A run's record.json as read and validated: read-only, like every mapping and list in it, and typed (`typed`,
+    the validated RunRecord). Only veritrain.recorder writes records."""
+
+    run_dir: Path
+    typed: RunRecord
+
+    def __new__(cls, fields: dict[str, Any], run_dir: Path, typed: RunRecord) -> Record:
+        return super().__new__(cls)
+
+    def __init__(self, fields: dict[str, Any], run_dir: Path, typed: RunRecord) -> None:
+        dict.__init__(self, ((key, frozen(item)) for key, item in fields.items()))
+        self.run_dir = run_dir
+        self.typed = typed
+
+    def __reduce__(self) -> Any:
+        return (Record, (thawed(self), self.run_dir, self.typed))
+
+    @property
+    def run_id(self) -> str:
+        return self.typed.run_id
+
+    @property
+    def status(self) -> str:
+        return self.typed.status
+
+    @property
+    def data_version(self) -> Optional[str]:
+        return self.typed.data.version if self.typed.data is not None else None
+
+
+def read_record(run_dir: Path) -> Record:
+    """The run's record.json, validated and read-only; a missing or damaged one is a RunFailed that says how to look closer."""
     path = run_dir / RECORD_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        fields = json.loads(path.read_text(encoding="utf-8"))
     except OSError as err:
         raise RunFailed(f"{path}: cannot read it ({err.strerror}); `veritrain verify {run_dir.name}` checks the whole run") from None
     except (ValueError, RecursionError) as err:  # JSON or UTF-8, or nested past Python's limit
         raise RunFailed(f"{path}: not a valid record ({err}); `veritrain verify {run_dir.name}` checks the whole run") from None
-    problem = record_problem(record, run_dir.name)
-    if problem is not None:
+    typed, problem = _validated(fields, run_dir.name)
+    if typed is None:
         raise RunFailed(f"{path}: not a valid record ({problem}); `veritrain verify {run_dir.name}` checks the whole run")
-    return record
+    return Record(fields, run_dir, typed)
 
 
 # ---------------------------------------------------------------- environment and code

@@ -15,48 +15,24 @@ The folder keeps its own `train.log` (debug lines included, and the traceback of
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import time
 import traceback
-from pathlib import Path
 from typing import Any, Optional
 
 from veritrain import locks, logs
 from veritrain.config import ResolvedConfig
 from veritrain.errors import RunFailed
-from veritrain.hashing import sha256_json
-from veritrain.record import RECORD_VERSION, capture_code, now_iso, write_record
-from veritrain.usercode import current_listing, fresh, listing_sha256
+from veritrain.record import RECORD_VERSION, capture_code, now_iso
+from veritrain.recorder import write_smoke_record
+from veritrain.smoke_results import passed_before, smoke_key
+from veritrain.usercode import current_listing, fresh
 from veritrain.workspace import Workspace
 
 log = logging.getLogger("veritrain")
 
 TRAIN_SAMPLES, EVAL_SAMPLES, STEPS = 64, 64, 2
-SLICE = "stratified"  # how the slice is taken (`stratified`): in the key, so a result from the first rows is not reused
-
-
-def smoke_key(config_hash: str, data_version: str, code: dict[str, Any]) -> str:
-    """Where a smoke result is filed: config hash, data version, veritrain and git version, and the user's model
-    code when there is any (`user_files`, as usercode.current_listing gives it)."""
-    keyed: dict[str, Any] = {"config_hash": config_hash, "data_version": data_version, "slice": SLICE,
-                             "code": {k: code.get(k) for k in ("veritrain", "git_commit", "git_dirty")}}
-    if code.get("user_files"):
-        keyed["user_code"] = listing_sha256(code["user_files"])
-    return sha256_json(keyed)[:32]
-
-
-def passed_before(state_dir: Path, key: str) -> bool:
-    """Whether the smoke test filed under `key` in `.veritrain/smoke/` passed; a missing or damaged result
-    counts as not passed (the smoke test then runs again)."""
-    try:
-        record = json.loads((state_dir / "smoke" / key / "record.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(record, dict) and record.get("status") == "completed"
-
-
 def stratified(rows: Any, targets: Any, count: int, classes: Optional[list[str]]) -> Any:
     """`count` of a split's rows, taken class by class in turn (class index order; within a class, the split's
     order), so a slice of a folder sorted by class still holds every class; a class that runs out drops out of
@@ -116,11 +92,12 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: Any, code: dict[s
         "val": stratified(data.splits["val"], data.targets, EVAL_SAMPLES, data.classes),
         "test": stratified(data.splits["test"], data.targets, EVAL_SAMPLES, data.classes),
     })
-    record: dict[str, Any] = {
+    # the smoke folder's own record: the checks, how it ended; written by veritrain.recorder at the end
+    outcome: dict[str, Any] = {
         "record_version": RECORD_VERSION, "run_id": key, "kind": "smoke", "status": "running", "started_at": now_iso(),
         "ended_at": None, "config_hash": resolved.hash, "data_version": data.version, "code": code, "checks": {}, "error": None,
     }
-    checks = record["checks"]
+    checks = outcome["checks"]
     try:
         task = get_task(tiny)
         with interruptible() as stop, fresh(resolved.path):  # the user's model code, as a new run imports it
@@ -143,21 +120,21 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: Any, code: dict[s
         failed = [name for name, c in checks.items() if not c["passed"]]
         if failed:
             raise RunFailed(f"smoke: {', '.join(failed)} failed")
-        record["status"] = "completed"
+        outcome["status"] = "completed"
     except RunFailed as err:
         message = str(err) if str(err).startswith("smoke: ") else f"smoke: {err}"
-        _log_failure(record, err, message)
+        _log_failure(outcome, err, message)
         raise RunFailed(f"{message}; log in {log_path}") from None
     except Exception as err:  # a bug or an environment problem: the traceback goes to the smoke's train.log
-        _log_failure(record, err, " ".join(str(err).split()))  # one line, however the exception wrote it
-        raise RunFailed(f"smoke: {err.__class__.__name__}: {record['error']['message']}; traceback in {log_path}") from None
+        _log_failure(outcome, err, " ".join(str(err).split()))  # one line, however the exception wrote it
+        raise RunFailed(f"smoke: {err.__class__.__name__}: {outcome['error']['message']}; traceback in {log_path}") from None
     finally:
-        record["ended_at"] = now_iso()
-        record["seconds"] = round(time.perf_counter() - started, 3)
+        outcome["ended_at"] = now_iso()
+        outcome["seconds"] = round(time.perf_counter() - started, 3)
         logs.detach(file_log)  # the log is complete before the record lists it with its hash
-        write_record(folder, record, run=False)  # the smoke folder's own record, not a run's
-    log.info("smoke: passed in %.1fs (%s)", record["seconds"], ", ".join(checks))
-    return {"key": key, "folder": str(folder), "status": record["status"], "checks": checks, "seconds": record["seconds"]}
+        write_smoke_record(folder, outcome)
+    log.info("smoke: passed in %.1fs (%s)", outcome["seconds"], ", ".join(checks))
+    return {"key": key, "folder": str(folder), "status": outcome["status"], "checks": checks, "seconds": outcome["seconds"]}
 
 
 def _code_now(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
@@ -167,8 +144,8 @@ def _code_now(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
     return code
 
 
-def _log_failure(record: dict[str, Any], err: Exception, message: str) -> None:
-    record.update(status="failed", error={"type": err.__class__.__name__, "message": message})
+def _log_failure(outcome: dict[str, Any], err: Exception, message: str) -> None:
+    outcome.update(status="failed", error={"type": err.__class__.__name__, "message": message})
     log.error("smoke failed: %s", message, extra=logs.FILE_ONLY)  # the CLI shows the one-line error
     log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
 

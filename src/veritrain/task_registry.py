@@ -6,13 +6,20 @@ share one registry without importing each other. Add a task with `veritrain.task
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 
-def _classification(cfg: Any) -> Any:
-    from veritrain.tasks.classification import ClassificationTask  # torch only when a run builds the task
+def _builtin(target: str) -> Callable[[Any], Any]:
+    """A factory that imports the task's module when a run builds the task (so torch loads only then), by the
+    module path in `target` ("module:Class"); this registry imports nothing, as config validation needs only names."""
 
-    return ClassificationTask(cfg)
+    def factory(cfg: Any) -> Any:
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)(cfg)
+
+    factory.__qualname__ = f"task {target}"
+    return factory
 
 
-TASKS: dict[str, Callable[[Any], Any]] = {"classification": _classification}
+TASKS: dict[str, Callable[[Any], Any]] = {"classification": _builtin("veritrain.tasks.classification:ClassificationTask")}

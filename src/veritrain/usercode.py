@@ -29,6 +29,7 @@ import site
 import sys
 import sysconfig
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
@@ -404,7 +405,7 @@ def fresh(config_path: Optional[Path], cwd: Optional[Path] = None) -> CodeSessio
     return CodeSession(roots)
 
 
-def recorded_listing(record: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+def recorded_listing(record: Mapping[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     """(the user files a record lists, whether that is only the target's file of a record from before the full
     listing). Entries are {module, path, sha256}; path is relative to the run's code/ folder."""
     code = record.get("code") or {}
@@ -448,7 +449,7 @@ def _optional_name(module: str) -> Optional[str]:
     return f"{top}, a package veritrain or its dependencies import when it is installed" if top in OPTIONAL_IMPORTS else None
 
 
-def recorded(run_dir: Path, record: dict[str, Any], scratch_parent: Path, command: str,
+def recorded(run_dir: Path, record: Mapping[str, Any], scratch_parent: Path, command: str,
              current_roots: Optional[list[Path]] = None) -> CodeSession:
     """For a command on an existing run: a session that imports the run's recorded copies. Each copy is checked
     against its recorded hash (RunFailed when it does not match: `veritrain verify` says more); a user module that

@@ -12,9 +12,7 @@ against it.
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import logging
 import platform
@@ -24,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from veritrain.errors import UserError
+from veritrain.data.integrity import data_version_problems
 from veritrain.hashing import sha256_file
 from veritrain.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
 
@@ -459,83 +457,6 @@ class _QuietThread(logging.Filter):
         return record.levelno > logging.INFO or record.thread != self.thread
 
 
-REPORT_NAME = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")  # a relative path of plain names (no NUL; `.` and `..` parts refused too)
-
-
-def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of: Callable[[str], str],
-                          names: Optional[list[str]] = None) -> list[dict[str, str]]:
-    """Whether a prepared data version is intact, wherever its files are (a workspace folder for
-    verify and every command that opens it, an archive's members for import): version.json and
-    manifest.csv readable, the manifest and (recipe 3 on) every bound file hashing to `version`, the report
-    files matching version.json, and, when `names` lists the files present, nothing else there.
-
-    `read` and `sha256_of` take a file name inside the version and raise OSError or KeyError when
-    it is missing. Returns [{"path" (inside the version), "kind", "detail"}], empty when intact.
-    Versions of recipe 2 and before bind only the manifest; their arrays are checked against version.json.
-    """
-    from veritrain.data.prepare import BOUND_FILES, CARD_FILE, recipe_of, version_id_of_manifest
-
-    def changed(name: str, detail: str) -> dict[str, str]:
-        return {"path": name, "kind": "data_version_changed", "detail": detail}
-
-    try:
-        info = json.loads(read("version.json"))
-        if not isinstance(info, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, KeyError):
-        return [changed("version.json", "version.json is missing")]
-    except ValueError as err:  # JSON or UTF-8
-        return [changed("version.json", f"version.json is not readable ({err})")]
-    problems = []
-    try:
-        rows = list(csv.DictReader(io.StringIO(read("manifest.csv").decode("utf-8"), newline="")))
-    except (OSError, KeyError):
-        problems.append(changed("manifest.csv", "manifest.csv is missing"))
-    except (ValueError, csv.Error) as err:  # UTF-8 or CSV
-        problems.append(changed("manifest.csv", f"manifest.csv is not readable ({err})"))
-    else:
-        try:
-            recomputed = version_id_of_manifest(info, rows)
-        except (KeyError, TypeError, AttributeError, ValueError) as err:
-            problems.append(changed("manifest.csv", f"version.json or manifest.csv lacks a field or has one of the wrong type ({err})"))
-        else:
-            if recomputed != version:
-                problems.append(changed("manifest.csv", f"the manifest and version.json hash to {recomputed[:12]}, not to the version id"))
-            elif info.get("data_version") != version:
-                problems.append(changed("version.json", f"version.json names version {str(info.get('data_version'))[:12]}"))
-    recipe = recipe_of(info)
-    if recipe is None:
-        return problems + [changed("version.json", f"format {info.get('format')!r} is not a data recipe (a whole number)")]
-    recipe3 = recipe >= 3
-    if recipe3:
-        files, reports = info.get("files"), info.get("reports")
-        if not isinstance(files, dict) or not isinstance(reports, dict) or set(files) != set(BOUND_FILES) \
-                or not all(isinstance(e, dict) for e in files.values()):
-            return problems + [changed("version.json", "its tables of files are missing or malformed")]
-        # a report is any other plain file of the folder: never one the id binds, never a path that leaves it
-        odd = [name for name in reports if not isinstance(name, str) or name in set(BOUND_FILES) | {"version.json", CARD_FILE}
-               or not REPORT_NAME.fullmatch(name) or {".", ".."} & set(name.split("/")) or not isinstance(reports[name], str)]
-        if odd:
-            return problems + [changed("version.json", f"its table of reports names {str(odd[0])[:60]!r}, which is not a report file")]
-        expected = {name: entry.get("sha256") for name, entry in files.items()} | reports
-    else:
-        expected = info.get("arrays_sha256") or {}
-        if not isinstance(expected, dict):
-            return problems + [changed("version.json", "arrays_sha256 is not a table of file → sha256")]
-    for name, digest in sorted(expected.items()):
-        try:
-            intact = sha256_of(name) == digest
-        except (OSError, KeyError):
-            problems.append(changed(name, f"{name} is missing"))
-            continue
-        if not intact:
-            problems.append(changed(name, f"{name} does not match its sha256 in version.json"))
-    if recipe3 and names is not None:
-        for name in sorted(set(names) - set(expected) - {"version.json", CARD_FILE}):
-            problems.append(changed(name, f"{name} is not part of the data version"))
-    return problems
-
-
 def _environment_drift(record: dict[str, Any]) -> list[dict[str, Any]]:
     env = record.get("env") or {}
     now: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine()}
@@ -560,41 +481,6 @@ def _environment_drift(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 TIMING_KEYS = {"seconds", "samples_per_s"}  # wall-clock fields: never compared
 TOLERANCE = 1e-6  # relative, for "within tolerance"
-
-
-def reproduce(workspace: Any, ref: str, argv: list[str], trust_code: bool = False, use_current_code: bool = False) -> dict[str, Any]:
-    """Run the recorded pipeline of RUN again (same config, seed, data version, and the user code recorded with it,
-    or today's with `use_current_code`) into a new run and compare the final weights and every epoch's metrics."""
-    from veritrain import pipeline
-    from veritrain.config import config_hash, resolved_from_record
-    from veritrain.data import prepare
-    from veritrain.record import read_record
-
-    original_dir = workspace.resolve_run(ref, "model")
-    original = read_record(original_dir)
-    resolved = resolved_from_record(original)  # before the code is trusted: a run whose values were not recorded is refused either way
-    cfg = resolved.config
-    pipeline.refuse_untrusted_code(workspace, original_dir, original, trust_code)
-    if original.get("status") != "completed":
-        raise UserError(f"{ref}: run {original_dir.name} is {original.get('status')}; only a completed run can be reproduced")
-    if config_hash(cfg) != original["config_hash"]:
-        raise UserError(f"{ref}: the recorded config no longer hashes to its config_hash with this veritrain; it cannot be re-run as recorded")
-    data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir, recorded=original["data"]["version"])
-    if data.version != original["data"]["version"]:
-        raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "
-                        "restore the data to reproduce" + prepare.earlier_recipe_hint(original.get("data")))
-    distributed = original.get("distributed") or {}
-    if int(distributed.get("nodes", 1)) > 1:
-        raise UserError(f"{original['run_id']}: it was trained on {distributed['nodes']} machines; reproduce it there: start the same torchrun "
-                        f"command ({distributed['world_size']} ranks) with `veritrain train runs/{original['run_id']}/config.yaml` and compare with `veritrain runs compare`")
-    code = pipeline.code_session(workspace, original_dir, original, "reproduce", use_current_code)
-    outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"], data_version=data.version,
-                           nproc=int(distributed.get("world_size", 1)), code=code)  # the same world size: the result depends on it
-    comparison = compare_runs(original_dir, Path(outcome.summary["run_dir"]))
-    comparison["reproduction_status"] = outcome.record["status"]
-    comparison["reproduction_seal"] = outcome.seal
-    comparison["error"] = str(outcome.error) if outcome.error else None
-    return comparison
 
 
 def _rows(run_dir: Path, name: str) -> list[dict[str, Any]]:

@@ -7,7 +7,6 @@ kernel releases it when that process ends, so a `running` run whose lock is free
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -207,8 +206,12 @@ class Workspace:
             run_dir = self.resolve_run(ref)
         except UserError:
             raise UserError(f"{ref}: neither a data version in {store} nor a run; give a version id (or prefix), a run id, `latest` or a run folder") from None
-        record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
-        version = (record.get("data") or {}).get("version")
+        from veritrain.record import read_record
+
+        try:
+            version = read_record(run_dir).data_version
+        except RunFailed as err:
+            raise UserError(f"{ref}: {err}") from None
         if not version or not (store / version / "version.json").exists():
             raise UserError(f"{ref}: run {run_dir.name} used data version {version}, which is not in {store}; prepare it with `veritrain data prepare`")
         return store / version

@@ -1286,7 +1286,7 @@ _checked: dict[str, tuple] = {}  # version folder → file identities when last 
 def check_version(path: Path) -> None:
     """Refuse a stored data version whose files do not match what its id binds (RunFailed, one line naming
     the file and the fix). Checked once per process while the files stay the same (inode, size, mtime)."""
-    from veritrain.verify import data_version_problems
+    from veritrain.data.integrity import data_version_problems
 
     names = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != CARD_FILE)
     identity = tuple((name, *_identity(path / name)) for name in names)

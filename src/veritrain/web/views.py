@@ -384,31 +384,16 @@ def interrupted_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
 def compare_page(workspace: Any, run_ids: list[str]) -> dict[str, Any]:
     """2–6 runs side by side: config and environment differences against the first, metrics with deltas,
     data versions and every run's curves."""
-    from veritrain.experiments import config_diff, flatten
+    from veritrain.experiments import compare
     from veritrain.record import read_record
 
     run_ids = [r for r in dict.fromkeys(run_ids) if r]
     if not 2 <= len(run_ids) <= 6:
         raise UserError("compare: give 2 to 6 runs, e.g. ?runs=RUN1,RUN2")
     records = [read_record(run_dir_of(workspace, r)) for r in run_ids]
-    base = records[0]
-    keys = sorted(set().union(*(flatten(r.get("config")).keys() for r in records)))
-    flat_configs = [flatten(r.get("config")) for r in records]
-    config_rows = [{"key": k, "values": [c.get(k) for c in flat_configs]} for k in keys
-                   if any(c.get(k) != flat_configs[0].get(k) for c in flat_configs)]
-    flat_metrics = [{k: v for k, v in flatten(r.get("metrics")).items() if isinstance(v, (int, float)) and not isinstance(v, bool)} for r in records]
-    metric_rows = []
-    for k in sorted(set().union(*flat_metrics)):
-        first = flat_metrics[0].get(k)
-        metric_rows.append({"key": k, "values": [{"value": m.get(k), "delta": (m[k] - first) if k in m and first is not None else None}
-                                                  for m in flat_metrics]})
-    env_rows = []
-    for other in records[1:]:
-        for k, (a, b) in config_diff(base.get("env"), other.get("env")).items():
-            env_rows.append({"run_id": other["run_id"], "key": k, "base": a, "this": b})
-    return {"run_ids": [r["run_id"] for r in records], "config": config_rows, "metrics": metric_rows, "env": env_rows,
-            "data_versions": [(r.get("data") or {}).get("version") for r in records],
-            "curves": {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}}}
+    comparison = compare(records)
+    comparison["curves"] = {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}}
+    return comparison
 
 
 def data_dir_of(workspace: Any, version: str) -> Path:
