@@ -252,14 +252,14 @@ def test_corrupt_record_is_reported_by_check_and_verify(cli, copy_of, text):
 
 
 def test_verify_decodes_nothing_when_the_raw_data_hashes_as_recorded(sealed, monkeypatch):
-    from veritrain.data import prepare
+    from veritrain.data import identity, prepare
 
     workdir, run_dir, _ = sealed
     monkeypatch.setattr(prepare, "version_now", lambda *a, **k: pytest.fail("the raw data was prepared again"))
     result = verify_run(run_dir, workdir / ".veritrain")
     assert result["ok"] and result["raw_data"].endswith("hash as recorded (decoders unchanged): not re-decoded")
     monkeypatch.undo()  # other decoders: the raw data is prepared again to compare (this recipe can)
-    monkeypatch.setattr(prepare, "decoder_versions", lambda: {"pillow": "0.0", "numpy": "0.0"})
+    monkeypatch.setattr(identity, "decoder_versions", lambda: {"pillow": "0.0", "numpy": "0.0"})
     again = verify_run(run_dir, workdir / ".veritrain")
     assert again["ok"] and again["raw_data"].startswith("raw data prepared again to compare (decoders changed: pillow")
 

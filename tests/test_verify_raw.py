@@ -10,7 +10,7 @@ import pytest
 
 from datafixtures import good_imagefolder
 from veritrain.config import load_config
-from veritrain.data import prepare
+from veritrain.data import identity, prepare
 
 
 def _config(root: Path):
@@ -30,7 +30,7 @@ def folder(tmp_path_factory):
     state = base / "ws" / ".veritrain"
     current = prepare.run(cfg, paths, state)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(prepare, "FORMAT_VERSION", 4)
+        patch.setattr(identity, "FORMAT_VERSION", 4)  # every reader looks the recipe up there
         earlier = prepare.run(cfg, paths, state)
     return {"root": root, "cfg": cfg, "paths": paths, "state": state, "current": current, "earlier": earlier}
 
@@ -61,7 +61,7 @@ def test_unchanged_raw_data_is_told_from_its_hashes_without_decoding_under_eithe
     for version, samples in ((folder["current"], 24), (folder["earlier"], 26)):
         raw = prepare.raw_data_check(folder["cfg"], folder["paths"], version.path, folder["state"] / "data")
         assert raw.unchanged and raw.files and raw.samples == samples and raw.changed is None, raw
-    monkeypatch.setattr(prepare, "decoder_versions", lambda: {"pillow": "0.0", "numpy": "0.0"})
+    monkeypatch.setattr(identity, "decoder_versions", lambda: {"pillow": "0.0", "numpy": "0.0"})
     raw = prepare.raw_data_check(folder["cfg"], folder["paths"], folder["current"].path, folder["state"] / "data")
     assert not raw.unchanged and raw.undecided.startswith("decoders changed: pillow") and raw.changed is None
 

@@ -1,0 +1,219 @@
+"""What a data version is and how a stored one is opened: the data recipe (FORMAT_VERSION), the version id
+(sample ids, content hashes, labels and splits, the preprocessing config and the hash of every file written), its
+recomputation from a stored manifest, and `load_version`, which checks a stored version against its id before
+anything reads it.
+
+Readers elsewhere look up `identity.FORMAT_VERSION` and `identity.decoder_versions` on this module, so that one
+replacement (a test standing in for an earlier recipe or other decoders) is seen by all of them."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from veritrain.data.split import SPLITS
+from veritrain.errors import RunFailed
+from veritrain.hashing import sha256_file, sha256_json
+
+# The data recipe: how a data version is prepared and laid out; part of the version id. 3: near-duplicates
+# confirmed by pixels, achieved-split check, label issues and outliers, exact normalization, every file of the
+# version bound to its id. 4: stable splits (each unit placed by the hash of its key, see data/split.py), the
+# achieved-split check against 3σ of chance, data.test_from, the manifest's `key` and `unit` columns. 5: a file
+# found by walking data.root (imagefolder; labelmap, unless the map labels it) is a sample only when its name ends
+# in one of IMAGE_EXTENSIONS, the rest are listed as ignored (README.txt, Thumbs.db); version.json binds
+# `listing_sha256`, so `verify` can tell unchanged raw data from its hashes alone. Runs made with an earlier recipe
+# keep the version it prepared (see `run`'s `recorded`).
+FORMAT_VERSION = 5
+
+
+BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "inputs.npy", "targets.npy")
+
+
+BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files", "achieved_split")
+
+
+BOUND_INFO_SINCE = {"listing_sha256": 5}  # parts of version.json bound from a recipe on (earlier versions keep their ids)
+
+
+CARD_FILE = "card.json"  # the data card: beside the version, editable, outside every hash
+
+
+@dataclass
+class DataVersion:
+    """A prepared data version as training reads it (arrays are memory-mapped, read-only)."""
+
+    version: str
+    path: Path
+    info: dict[str, Any]  # the content of version.json
+    inputs: np.ndarray
+    targets: np.ndarray
+    splits: dict[str, np.ndarray]  # split name → row indices into inputs/targets
+    sample_ids: list[str]  # per row (quarantined samples have no row)
+    reused: bool = False
+
+    @property
+    def classes(self) -> Optional[list[str]]:
+        return self.info.get("classes")
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {name: int(len(rows)) for name, rows in self.splits.items()}
+
+    def report(self) -> dict[str, Any]:
+        """The data report, with the data card as it is now (the card may be edited after preparing)."""
+        from veritrain.data.report import card_warnings
+
+        report = json.loads((self.path / "data_report.json").read_text(encoding="utf-8"))
+        if "achieved_split" in self.info and isinstance(report.get("summary"), dict):
+            report["summary"]["achieved_split"] = self.info["achieved_split"]  # the bound copy, not the report's
+        card_file = self.path / CARD_FILE
+        if card_file.exists():
+            report["card"] = json.loads(card_file.read_text(encoding="utf-8"))
+            report["card_warnings"] = card_warnings(report["card"])
+        return report
+
+
+def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any, content: Optional[str] = None) -> str:
+    """The data version id: SHA-256 over the preprocessing config, the hash algorithm and every
+    (sample id, content hash or None, label, split or "quarantined"), sorted by sample id; from recipe 3 on
+    also over `content`, the hash of what was written (`content_hash`: every file's SHA-256, the classes,
+    counts and normalization), so nothing training reads can change without changing the id."""
+    bound = {"preprocessing": preprocessing, "hash_algorithm": hash_algorithm, "samples": sorted(tuple(s) for s in samples)}
+    if content is not None:
+        bound["content"] = content
+    return sha256_json(bound)
+
+
+def content_hash(info: dict[str, Any]) -> str:
+    """SHA-256 of the parts of version.json that the id binds (BOUND_INFO, and BOUND_INFO_SINCE from its recipe on)."""
+    recipe = recipe_of(info) or 0
+    keys = BOUND_INFO + tuple(key for key, since in BOUND_INFO_SINCE.items() if recipe >= since)
+    return sha256_json({key: info.get(key) for key in keys})
+
+
+def listing_sha256(table: Any, source: Any) -> str:
+    """SHA-256 of what the listing gives each sample beyond the manifest's columns (group, fixed split, timestamp)
+    and of the listing's own findings: with the manifest and the source's preprocessing it binds every input of
+    preparing (recipe 5 on), so that unchanged raw data can be told from its hashes without decoding it again."""
+    return sha256_json({"samples": [[table.ids[i], table.groups[i], table.fixed[i], table.timestamps[i]] for i in range(len(table.ids))],
+                        "findings": [[kind, ids, reason] for kind, ids, reason in getattr(source, "findings", [])]})
+
+
+def recipe_of(info: Any) -> Optional[int]:
+    """The data recipe (version.json `format`) of a stored version: a whole number, else None. The one reader of
+    it, so that no check can read "3" as recipe 3 while another reads it as an earlier one."""
+    recipe = info.get("format") if isinstance(info, dict) else None
+    return recipe if isinstance(recipe, int) and not isinstance(recipe, bool) else None
+
+
+def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> str:
+    """`version_id` recomputed from a stored version.json and its manifest.csv rows (verify, import)."""
+    key = info["hash_algorithm"]
+    recipe = recipe_of(info)
+    if recipe is None:
+        raise ValueError(f"format {info.get('format')!r} is not a data recipe")
+    content = content_hash(info) if recipe >= 3 else None
+    return version_id(info["preprocessing"], key, (
+        (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows), content)
+
+
+def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], target: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Everything besides the samples that decides the prepared arrays and the split: the data config
+    without file locations, the data card or worker count, plus what the source and decoder did."""
+    from veritrain.config import without_added_defaults
+
+    cfg = without_added_defaults({"data": data_cfg.model_dump(mode="json")})["data"]
+    # locations, the card and workers do not shape the data; on_split_skew only decides whether to stop on it
+    for key in ("root", "csv", "labels", "split_dir", "test_split_file", "card", "workers", "on_split_skew"):
+        cfg.pop(key, None)
+    return {"format": FORMAT_VERSION, "data": cfg, "source": source_preprocessing, "target": target}
+
+
+def decoder_versions() -> dict[str, str]:
+    """What turns raw bytes into the prepared arrays, as version.json records it (`decoders`)."""
+    import PIL
+
+    return {"pillow": PIL.__version__, "numpy": np.__version__}
+
+
+def earlier_recipe_hint(recorded_data: Optional[dict[str, Any]]) -> str:
+    """What to add when a run's data version no longer prepares: runs recorded before this recipe (no
+    `recipe`, or another one) need the version they stored, since this recipe gives the same data another id."""
+    recipe = (recorded_data or {}).get("recipe")
+    if recipe == FORMAT_VERSION:
+        return ""
+    return (f"; the run's data was prepared by {'an earlier data recipe' if recipe is None else f'data recipe {recipe}'}, which this "
+            f"veritrain (recipe {FORMAT_VERSION}) does not repeat: bring its stored version along (`veritrain archive RUN --with-data` "
+            "where it was made, then `veritrain import`)")
+
+
+def stored_recipe(folder: Path) -> Optional[int]:
+    """The recipe (format) of a stored data version, None when it is not there or not readable."""
+    try:
+        return recipe_of(json.loads((folder / "version.json").read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return None
+
+
+def carried_test_from(folder: Path) -> Optional[str]:
+    """The data version a stored version took its test split from (data.test_from, recipe 4 on), if any;
+    None when it names none or cannot be read."""
+    try:
+        carried = json.loads((folder / "version.json").read_text(encoding="utf-8"))["preprocessing"]["data"].get("test_from")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return carried if isinstance(carried, str) else None
+
+
+_checked: dict[str, tuple] = {}  # version folder → file identities when last checked in this process
+
+
+def check_version(path: Path) -> None:
+    """Refuse a stored data version whose files do not match what its id binds (RunFailed, one line naming
+    the file and the fix). Checked once per process while the files stay the same (inode, size, mtime)."""
+    from veritrain.data.integrity import data_version_problems
+
+    names = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != CARD_FILE)
+    identity = tuple((name, *_identity(path / name)) for name in names)
+    if _checked.get(str(path)) == identity:
+        return
+    problems = data_version_problems(path.name, lambda name: (path / name).read_bytes(), lambda name: sha256_file(path / name), names)
+    if problems:
+        first = problems[0]
+        raise RunFailed(f"{path / first['path']}: data version {path.name[:12]} is damaged ({first['detail']}); nothing was trained on it: "
+                        f"remove {path} and prepare it again (`veritrain data prepare CONFIG`), or import its run again with --with-data")
+    _checked[str(path)] = identity
+
+
+def _identity(file: Path) -> tuple[int, int, int, int]:
+    stat = file.stat()
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns  # ctime: a restored mtime cannot hide an edit
+
+
+def load_version(path: Path) -> DataVersion:
+    """A stored data version, after `check_version`. The splits come from the manifest's split column, which
+    every recipe binds to the id (recipe 2 and before did not bind the split lists)."""
+    check_version(path)
+    info = json.loads((path / "version.json").read_text(encoding="utf-8"))
+    with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
+        placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
+    inputs = np.load(path / "inputs.npy", mmap_mode="r")
+    targets = np.load(path / "targets.npy", mmap_mode="r")
+    if len(inputs) != len(placed) or len(targets) != len(placed) or any(split not in SPLITS for _, split in placed):
+        raise RunFailed(f"{path / 'manifest.csv'}: data version {path.name[:12]} does not match its arrays ({len(placed)} placed samples, "
+                        f"{len(inputs)} rows); remove {path} and prepare it again, or import its run again")
+    splits = {name: np.array([row for row, (_, split) in enumerate(placed) if split == name], dtype=np.int64) for name in SPLITS}
+    return DataVersion(
+        version=info["data_version"],
+        path=path,
+        info=info,
+        inputs=inputs,
+        targets=targets,
+        splits=splits,
+        sample_ids=[sid for sid, _ in placed],
+    )

@@ -1,0 +1,220 @@
+"""The content-addressed store `.veritrain/data/<version>/`: the arrays, manifest, quarantine list and split
+files of a version written into a temporary folder and sealed with version.json, the data card beside it, and the
+memo that maps a prepare's inputs to the version it made (so unchanged data is never prepared twice)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from veritrain.data import identity, split as splitting
+from veritrain.data.identity import BOUND_FILES, CARD_FILE, DataVersion, preprocessing_config
+from veritrain.data.sources import FileListing
+from veritrain.data.split import SPLITS
+from veritrain.data.table import _Table
+from veritrain.errors import RunFailed
+from veritrain.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
+
+MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status", "key", "unit")
+
+
+ARRAY_CHUNK = 4096  # rows copied or summed at a time (bounds memory)
+
+
+def _fingerprint(cfg: Any, source: Any, table: _Table) -> str:
+    """Hash of every input of the stage: data config (minus locations and card), the source's
+    preprocessing, each sample's id, content hash, label, group, fixed split and timestamp, the
+    listing's findings, and the versions of veritrain and the decoders."""
+    import PIL
+
+    from veritrain import __version__
+
+    return sha256_json({
+        "config": preprocessing_config(cfg, source.preprocessing),
+        "samples": list(zip(table.ids, table.hashes, table.labels, table.groups, table.fixed, table.timestamps, table.source_ids)),
+        "findings": [f.as_dict() for f in table.findings],
+        "versions": {"veritrain": __version__, "pillow": PIL.__version__, "numpy": np.__version__},
+    })
+
+
+def _remember(memo: Path, version: str) -> None:
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_name(f".{memo.name}.{uuid.uuid4().hex}")
+    tmp.write_text(version + "\n")
+    os.replace(tmp, memo)
+
+
+def _made_from(data: DataVersion, data_cfg: Any, source: Any, table: _Table) -> bool:
+    """Whether a stored version was prepared from this config and these samples (the cache that maps inputs to
+    a version is a file in the workspace, so what it names is checked against the version's bound manifest)."""
+    stored = data.info["preprocessing"]
+    wanted = preprocessing_config(data_cfg, source.preprocessing)
+    if stored.get("data") != wanted["data"] or stored.get("source") != wanted["source"] or stored.get("format") != wanted["format"]:
+        return False
+    with open(data.path / "manifest.csv", newline="", encoding="utf-8") as f:
+        rows = [(row["sample_id"], row[DATA_HASH_ALGORITHM] or None, row["label"] or None, row.get("key") or None) for row in csv.DictReader(f)]
+    return rows == list(zip(table.ids, table.hashes, table.labels, table.source_ids))
+
+
+def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Any:
+    """sample id → its picture for the report's gallery: the decoded row, or the thumbnail of a quarantined one."""
+    inputs = np.load(folder / "inputs.npy", mmap_mode="r")
+    row_of = {table.ids[i]: k for k, i in enumerate(rows)}
+    index_of = {sid: i for i, sid in enumerate(table.ids)}
+
+    def picture(sample_id: str) -> Optional[np.ndarray]:
+        if sample_id in row_of and inputs.dtype == np.uint8 and inputs.ndim == 4:
+            return np.asarray(inputs[row_of[sample_id]])
+        return table.thumbs.get(index_of.get(sample_id, -1))
+    return picture
+
+
+def _write_arrays(out: Path, rows: list[int], table: _Table, source: Any, cfg: Any, target: dict[str, Any],
+                  classes: Optional[list[str]], workers: int) -> None:
+    """inputs.npy and targets.npy of the placed rows, written through a memory map: file samples are decoded
+    straight into it by worker processes, array samples copied in chunks, so memory holds no second copy."""
+    from numpy.lib.format import open_memmap
+
+    if isinstance(source, FileListing):
+        from veritrain.data import validate
+
+        h, w, c = target["shape"]
+        inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=np.uint8, shape=(len(rows), h, w, c))
+        params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, near_duplicates=False)
+        failed = validate.decode_into(inputs, [(str(table.paths[i]), str(table.hashes[i])) for i in rows], params, workers)
+        if failed:
+            raise RunFailed(f"data: {table.ids[rows[failed[0]]]} changed while preparing (its bytes or its decoding); prepare again, with --rehash if the file kept its size and time (`veritrain data prepare CONFIG --rehash`)")
+    else:
+        inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=source.inputs.dtype, shape=(len(rows), *source.inputs.shape[1:]))
+        for start in range(0, len(rows), ARRAY_CHUNK):
+            inputs[start : start + ARRAY_CHUNK] = source.inputs[rows[start : start + ARRAY_CHUNK]]
+    inputs.flush()
+    del inputs
+    if classes is not None:
+        class_index = {c: k for k, c in enumerate(classes)}
+        targets = np.array([class_index[table.label(i)] for i in rows], dtype=np.int64)
+    else:
+        targets = np.array([float(table.label(i)) for i in rows], dtype=np.float32)
+    np.save(out / "targets.npy", targets)
+
+
+def _write_version(out: Path, cfg: Any, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
+                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit]) -> dict[str, Any]:
+    """manifest.csv, quarantine.csv and the split lists beside the arrays; returns version.json's content
+    (without the id, which hashes it)."""
+    unit_of = {i: unit.key for unit in units for i in unit.members}
+    with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(MANIFEST_COLUMNS)
+        for i, sid in enumerate(table.ids):
+            status = "ok" if i in assigned else "quarantined"
+            # key: the source's own id, empty when the content hash is the key; unit: the key that placed the sample
+            # when that is another member's (its group's smallest), empty when its own or when quarantined
+            unit = unit_of.get(i, "") if i in assigned else ""
+            writer.writerow([sid, table.sizes[i], table.hashes[i] or "", table.labels[i] or "", assigned.get(i, ""), status,
+                             table.source_ids[i] or "", "" if unit == table.key(i) else unit])
+    with open(out / "quarantine.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["sample_id", "kind", "reason"])
+        for i, finding in sorted(table.excluded.items()):
+            writer.writerow([table.ids[i], finding.kind, finding.reason])
+    for name in SPLITS:
+        ids = [table.ids[i] for i in rows if assigned[i] == name]
+        (out / "splits" / f"{name}.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
+
+    inputs = np.load(out / "inputs.npy", mmap_mode="r")
+    targets = np.load(out / "targets.npy")
+    row_splits = np.array([assigned[i] for i in rows])
+    counts = {s: int((row_splits == s).sum()) for s in SPLITS}
+    per_class = None
+    if classes is not None:
+        per_class = {s: {c: int(((row_splits == s) & (targets == k)).sum()) for k, c in enumerate(classes)} for s in SPLITS}
+
+    return {
+        "data_version": None,
+        "format": identity.FORMAT_VERSION,
+        "hash_algorithm": DATA_HASH_ALGORITHM,
+        "preprocessing": preprocessing,
+        "classes": classes,
+        "counts": counts,
+        "counts_per_class": per_class,
+        "quarantined": len(table.excluded),
+        "input_shape": list(inputs.shape[1:]),
+        "input_dtype": str(inputs.dtype),
+        "target_dtype": str(targets.dtype),
+        "normalization": normalization_stats(inputs, np.flatnonzero(row_splits == "train")),
+        "origin": origin,
+        "decoders": identity.decoder_versions(),
+        # every file training reads, bound to the version id through `content_hash`
+        "files": {name: {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)} for name in BOUND_FILES},
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _seal_version(out: Path, info: dict[str, Any]) -> None:
+    """version.json, with the table of the report files written beside the bound ones (checked on every open,
+    though outside the id: reports hold timings and drawings that differ between machines)."""
+    bound = set(BOUND_FILES) | {"version.json", CARD_FILE}
+    info["reports"] = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*"))
+                       if p.is_file() and p.relative_to(out).as_posix() not in bound}
+    (out / "version.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:
+    """data.card, with what the source knows of itself (digits, CIFAR-10) filling the keys left empty;
+    URL credentials and the like are redacted by their shape (the config's card holds none: load_config refuses them)."""
+    from veritrain.secrets import redact_text
+
+    merged = {key: value if value else source_card.get(key) for key, value in config_card.items()}
+    return {key: redact_text(value) if isinstance(value, str) else value for key, value in merged.items()}
+
+
+def _write_card(version_dir: Path, card: dict[str, Any]) -> None:
+    """The data card sits beside the version (not inside its hash): editing it keeps the version."""
+    if not version_dir.exists():
+        return
+    text = json.dumps(card, indent=2) + "\n"
+    path = version_dir / CARD_FILE
+    try:
+        if path.read_text(encoding="utf-8") == text:
+            return  # runs starting at once (a sweep's trials) each get here: none rewrites what others may be reading
+    except (OSError, UnicodeDecodeError):
+        pass
+    # a temp file beside the version folder, not in it (where a check would count it), renamed over the card:
+    # a parallel run reading the card sees the old one or the new one, never a half-written file
+    tmp = version_dir.parent / f".tmp-card-{uuid.uuid4().hex}"
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def normalization_stats(inputs: np.ndarray, train_rows: np.ndarray) -> dict[str, Any]:
+    """Per-channel (last axis) mean and std over the train rows only; uint8 inputs are scaled to [0, 1].
+
+    For uint8 the sums are exact integers (summed in chunks) and each statistic is one correctly rounded
+    division and square root of them, so the figures, which the version id binds, are equal on every machine.
+    """
+    channels = inputs.shape[-1] if inputs.ndim > 1 else 1
+    if inputs.dtype != np.uint8:
+        values = np.asarray(inputs[train_rows], dtype=np.float64).reshape(-1, channels)
+        return {"scale": "x", "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "computed_on": "train"}
+    histogram = np.zeros((channels, 256), dtype=np.int64)  # how often each value occurs: the sums follow exactly
+    rows_at_once = max(1, (1 << 20) // max(1, int(np.prod(inputs.shape[1:]))))  # 1 MiB of pixels (bincount copies them as int64)
+    for start in range(0, len(train_rows), rows_at_once):
+        chunk = np.asarray(inputs[train_rows[start : start + rows_at_once]]).reshape(-1, channels)
+        for c in range(channels):
+            histogram[c] += np.bincount(chunk[:, c], minlength=256)
+    values = np.arange(256, dtype=np.int64)
+    total = [int(h @ values) for h in histogram]
+    squares = [int(h @ (values * values)) for h in histogram]
+    count = len(train_rows) * (int(np.prod(inputs.shape[1:])) // channels)
+    mean = [t / (255 * count) if count else 0.0 for t in total]
+    std = [math.sqrt(count * q - t * t) / (255 * count) if count else 0.0 for t, q in zip(total, squares)]
+    return {"scale": "x / 255", "mean": mean, "std": std, "computed_on": "train"}

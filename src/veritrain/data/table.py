@@ -1,0 +1,307 @@
+"""The sample table: every sample of a source in sample-id order with its content hash, label, group, fixed
+split and timestamp, and the findings that exclude some of them. File sources are hashed (stat cache first) and
+decoded once per distinct content to check them; array sources give their features directly."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from veritrain.data import identity
+from veritrain.data.sources import FileListing, SourceData
+from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE
+from veritrain.errors import UserError
+from veritrain.secrets import expand_env
+
+IMAGE_EXTENSIONS = frozenset((".bmp", ".gif", ".jfif", ".jpe", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".pnm", ".ppm",
+                              ".tif", ".tiff", ".webp"))  # compared lower-cased; a fixed list, not Pillow's plugins of the day
+
+
+NEAR_DUPLICATE_MIN_SIDE = 16  # px: below this a perceptual hash says little (digits are 8×8)
+
+log = logging.getLogger("veritrain")
+
+
+@dataclass
+class Finding:
+    kind: str  # one of validate.FINDING_SEVERITY (the names are the contract)
+    samples: list[str]  # sample ids concerned (paths relative to data.root for files)
+    reason: str
+    severity: str = ""
+    details: dict[str, Any] = field(default_factory=dict)  # label_issue, outlier: suggested label, score, rank, split
+
+    def __post_init__(self) -> None:
+        self.severity = self.severity or FINDING_SEVERITY.get(self.kind, "warning")
+
+    def as_dict(self) -> dict[str, Any]:
+        found = {"kind": self.kind, "severity": self.severity, "samples": self.samples, "reason": self.reason}
+        return {**found, **self.details}
+
+
+@dataclass
+class _Table:
+    """Every sample of the source, in sample-id order, as the stage works on it."""
+
+    ids: list[str]
+    paths: list[Optional[str]]  # absolute, as text (see FileSample.path); None for array sources
+    sizes: list[int]
+    hashes: list[Optional[str]]
+    labels: list[Optional[str]]
+    groups: list[Optional[str]]
+    fixed: list[Optional[str]]
+    timestamps: list[Optional[str]]
+    source_ids: list[Optional[str]]  # the source's own id per sample (csv `id` column); None: placed by content hash
+    keep_usable: bool = False  # data.on_bad_file: warn — only samples that cannot be used are excluded
+    findings: list[Finding] = field(default_factory=list)
+    excluded: dict[int, Finding] = field(default_factory=dict)  # sample index → the finding that removed it
+    phash: dict[int, int] = field(default_factory=dict)  # near-duplicate search: perceptual hash per sample
+    pictures: dict[int, np.ndarray] = field(default_factory=dict)  # near-duplicate search: dedup.comparison_image
+    thumbs: dict[int, np.ndarray] = field(default_factory=dict)  # label issues and outliers: dedup.thumbnail
+    units_of: dict[int, str] = field(default_factory=dict)  # sample index → why it is tied to others (for split_skew)
+    ignored: list[str] = field(default_factory=list)  # files under data.root that are not images (recipe 5 on), by relpath
+
+    def add(self, kind: str, indices: list[int], reason: str, exclude: bool = False) -> Finding:
+        finding = Finding(kind, [self.ids[i] for i in indices], reason)
+        if exclude and self.keep_usable and kind not in UNUSABLE | {"leak_duplicate"}:
+            exclude, finding.severity = False, "warning"
+        self.findings.append(finding)
+        if exclude:
+            for i in indices:
+                self.excluded.setdefault(i, finding)
+        return finding
+
+    def included(self) -> list[int]:
+        return [i for i in range(len(self.ids)) if i not in self.excluded]
+
+    def key(self, i: int) -> str:
+        """What places sample `i` in a split: the source's own id, else its content hash ("" when unreadable)."""
+        return self.source_ids[i] or self.hashes[i] or ""
+
+    def content_hash(self, i: int) -> str:
+        """The content hash of sample `i`, one still included: a sample without one (unreadable) is excluded."""
+        digest = self.hashes[i]
+        assert digest is not None, f"{self.ids[i]}: included without a content hash"
+        return digest
+
+    def label(self, i: int) -> str:
+        """The label of sample `i`, one still included: with data.classes, _check_labels excludes the unlabelled;
+        array sources label every sample."""
+        label = self.labels[i]
+        assert label is not None, f"{self.ids[i]}: included without a label"
+        return label
+
+
+def _sample_table(cfg: Any, source: Any, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
+                  recipe: Optional[int] = None) -> _Table:
+    """Every sample of the source with its content hash (as `recipe` lists them), and the fixed test split of data.test_split_file."""
+    table = _list_files(cfg, source, cache_dir, rehash, timings, recipe) if isinstance(source, FileListing) else _table_from_arrays(source)
+    if cfg.split_by == "time" and table.ids and not any(table.timestamps):  # config refuses known sources; this catches registered ones
+        raise UserError(f"data.split_by: 'time' needs data.source: csv with a timestamp column; data.source {cfg.source!r} gave no timestamps, use split_by: random")
+    if cfg.test_split_file is not None:
+        # paths holds it resolved by the config (config folder, ${env:}); a config built in code has only the text
+        _apply_test_split_file(paths.get("test_split_file") or Path(expand_env(cfg.test_split_file)).expanduser().resolve(), table)
+    return table
+
+
+def _table_from_arrays(source: SourceData) -> _Table:
+    n = len(source.sample_ids)
+    table = _Table(
+        ids=list(source.sample_ids),
+        paths=[None] * n,
+        sizes=list(source.sizes),
+        hashes=list(source.content_hashes),
+        labels=list(source.label_names()),
+        groups=[None] * n,
+        fixed=list(source.fixed_split) if source.fixed_split else [None] * n,
+        timestamps=[None] * n,
+        source_ids=[None] * n,
+    )
+    return table
+
+
+def _array_target(cfg: Any, source: SourceData, table: _Table, cache_dir: Path, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    shape = list(source.inputs.shape[1:])
+    if source.inputs.dtype == np.uint8 and source.inputs.ndim == 4:
+        t = time.perf_counter()
+        _array_features(source.inputs, table, _near_duplicates_on(cfg, shape), cache_dir)
+        timings["features"] = time.perf_counter() - t
+    return {"shape": shape, "dtype": str(source.inputs.dtype)}, {"shape": {"×".join(map(str, shape)): len(table.ids)}}
+
+
+def _array_features(inputs: np.ndarray, table: _Table, near_duplicates: bool, cache_dir: Path) -> None:
+    """Perceptual hash, comparison picture and thumbnail of each array sample, cached by content hash."""
+    from veritrain.data import dedup
+    from veritrain.data.validate import Check, CheckCache, CheckParams
+
+    params = CheckParams(0, 0, 0, False, 0, near_duplicates)  # arrays: nothing but the features is checked
+    cache = CheckCache(cache_dir / "images.sqlite")
+    try:
+        known = cache.checks(sorted(set(h for h in table.hashes if h)), params)
+        fresh: dict[str, Check] = {}
+        for i, h in enumerate(table.hashes):
+            assert h is not None  # an array source hashes every sample (SourceData.content_hashes)
+            check = known.get(h) or fresh.get(h)
+            if check is None:
+                image = np.asarray(inputs[i])
+                check = fresh[h] = Check(thumb=dedup.thumbnail(image))
+                if near_duplicates:
+                    check.phash, check.picture = dedup.perceptual_hash(image), dedup.comparison_image(image)
+            _take_features(table, i, check)
+        cache.store_checks(fresh, params)
+    finally:
+        cache.close()
+
+
+def _take_features(table: _Table, i: int, check: Any) -> None:
+    if check.phash is not None:
+        table.phash[i] = check.phash
+    if check.picture is not None:
+        table.pictures[i] = check.picture
+    if check.thumb is not None:
+        table.thumbs[i] = check.thumb
+
+
+def _near_duplicates_on(cfg: Any, shape: list[int]) -> bool:
+    if cfg.near_duplicates == "auto":  # note: YAML true/false arrive as "on"/"off"
+        return len(shape) >= 2 and min(shape[0], shape[1]) >= NEAR_DUPLICATE_MIN_SIDE
+    return cfg.near_duplicates == "on"
+
+
+def is_image_name(name: str) -> bool:
+    return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+def _list_files(cfg: Any, source: FileListing, cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
+                recipe: Optional[int] = None) -> _Table:
+    """The sample table of a file source with every file hashed (stat cache first; none when `cache_dir` is None:
+    every byte is read). Under `recipe` (default: this one) 5 on, files found by walking data.root that are not
+    images are left out."""
+    from veritrain.hashing import StatCache, hash_files
+
+    recipe = identity.FORMAT_VERSION if recipe is None else recipe
+    ignored = sorted(s.sample_id for s in source.samples if recipe >= 5 and s.walked and not is_image_name(s.sample_id))
+    skipped = set(ignored)
+    samples = sorted((s for s in source.samples if s.sample_id not in skipped), key=lambda s: s.sample_id)
+    n = len(samples)
+    table = _Table(
+        ids=[s.sample_id for s in samples],
+        paths=[s.path for s in samples],
+        sizes=[0] * n,
+        hashes=[None] * n,
+        labels=[s.label for s in samples],
+        groups=[s.group for s in samples],
+        fixed=[s.fixed_split for s in samples],
+        timestamps=[s.timestamp for s in samples],
+        source_ids=[s.source_id for s in samples],
+        ignored=ignored,
+    )
+    if ignored:
+        log.info("data: %d file(s) under data.root are not images and are ignored (%s%s); see the data report",
+                 len(ignored), ", ".join(ignored[:3]), ", …" if len(ignored) > 3 else "")
+    index_of = {sid: i for i, sid in enumerate(table.ids)}
+    for kind, ids, reason in source.findings:
+        if kind == "unreadable":  # listed (e.g. in a label map) but not on disk: nothing to quarantine
+            table.findings.append(Finding(kind, ids, reason))
+        else:
+            table.add(kind, [index_of[i] for i in ids if i in index_of], reason)
+
+    t = time.perf_counter()
+    stat_cache = StatCache(cache_dir / "files.sqlite") if cache_dir is not None else None
+    try:
+        hashed = hash_files([s.path for s in samples], stat_cache, rehash=rehash or stat_cache is None)
+    finally:
+        if stat_cache is not None:
+            stat_cache.close()
+    timings["hash"] = time.perf_counter() - t
+    timings["hash_cached_files"] = sum(1 for h in hashed.values() if h.cached)
+    for i, s in enumerate(samples):
+        result = hashed[s.path]
+        table.sizes[i] = result.size
+        if result.digest is None:
+            table.add("unreadable", [i], f"cannot be read ({result.error})", exclude=True)
+        else:
+            table.hashes[i] = result.digest
+            if result.size == 0:
+                table.add("empty", [i], "zero-byte file", exclude=True)
+    return table
+
+
+def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Decode and check every distinct content once (cached by content hash); returns the target
+    shape and a summary of sizes, modes and formats."""
+    from veritrain.data import validate
+
+    t = time.perf_counter()
+    files: dict[str, str] = {}
+    for i in table.included():
+        files.setdefault(table.content_hash(i), str(table.paths[i]))
+    check_cache = validate.CheckCache(cache_dir / "images.sqlite")
+    try:
+        headers = validate.headers_for(files, check_cache, workers)
+        sizes = Counter((h.height, h.width) for h in headers.values() if h.error is None)
+        modes = Counter(1 if h.mode in ("L", "1", "I", "I;16", "F") else 3 for h in headers.values() if h.error is None)
+        if cfg.image_size is not None:
+            height, width = cfg.image_size
+        elif sizes:
+            (height, width), _ = sizes.most_common(1)[0]
+        else:
+            height, width = 0, 0
+        channels = cfg.channels or (modes.most_common(1)[0][0] if modes else 3)
+        target = {"shape": [height, width, channels], "dtype": "uint8", "convert": cfg.convert,
+                  "resize": "bilinear" if cfg.convert else None, "image_size_from": "config" if cfg.image_size else "most common in data",
+                  "exif_orientation": "not applied"}
+        params = validate.CheckParams(height, width, channels, cfg.convert, cfg.max_pixels, _near_duplicates_on(cfg, [height, width]))
+        checks = validate.checks_for(files, headers, params, check_cache, workers)
+    finally:
+        check_cache.close()
+    timings["validate"] = time.perf_counter() - t
+    for i in table.included():
+        check = checks[table.content_hash(i)]
+        for kind, reason in check.findings:
+            table.add(kind, [i], reason, exclude=kind in UNUSABLE)
+        if check.usable:
+            _take_features(table, i, check)
+    summary = {
+        "sizes": {f"{w}×{h}": n for (h, w), n in sizes.most_common(10)},
+        "modes": dict(Counter(h.mode for h in headers.values() if h.error is None).most_common()),
+        "formats": dict(Counter(h.format for h in headers.values() if h.error is None).most_common()),
+    }
+    return target, summary
+
+
+def _apply_test_split_file(path: Path, table: _Table) -> None:
+    """Fix the samples listed in `path` (the resolved data.test_split_file) to the test split."""
+    try:
+        listed = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except FileNotFoundError:
+        raise UserError(f"data.test_split_file: {path}: file not found; give a file with one sample id per line (relative paths start at the config file's folder)") from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"data.test_split_file: {path}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8 with one sample id per line") from None
+    except OSError as err:
+        raise UserError(f"data.test_split_file: {path}: cannot read it ({err.strerror or err}); give a readable file with one sample id per line") from None
+    index_of = {sid: i for i, sid in enumerate(table.ids)}
+    unknown = [sid for sid in listed if sid not in index_of]
+    if unknown:
+        log.warning("data: %d sample id(s) in %s are not in the data (first: %s)", len(unknown), path.name, unknown[0])
+    for sid in listed:
+        if sid in index_of:
+            table.fixed[index_of[sid]] = "test"
+
+
+def _check_labels(table: _Table, classes: Optional[list[str]]) -> None:
+    if classes is None:
+        return
+    known = set(classes)
+    for i in table.included():
+        label = table.labels[i]
+        if label is None:
+            table.add("missing_label", [i], "no label (outside any class folder, or not in the label file)", exclude=True)
+        elif label not in known:
+            table.add("unknown_label", [i], f"label {label!r} is not one of data.classes", exclude=True)
