@@ -21,11 +21,71 @@ def all_commands(group: click.Group = root_group, prefix: str = "veritrain") -> 
 
 def test_every_command_is_in_the_readme_with_an_example():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    commands_page = (ROOT / "docs" / "commands.md").read_text(encoding="utf-8")
+    examples = commands_page.split("## Examples", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
     commands = all_commands()
     assert {path for path, _ in commands} >= {"veritrain run", "veritrain config show", "veritrain config keys"}
     for path, _ in commands:
-        assert f"`{path}" in readme, f"README's command table lacks {path}"
-        assert any(line.startswith(path) for line in readme.splitlines()), f"README has no example of {path}"
+        assert f"| `{path}" in readme, f"README's command list lacks {path}"
+        assert f"| `{path}" in commands_page, f"docs/commands.md's table of what each command does lacks {path}"
+        assert any(line == path or line.startswith(path + " ") for line in examples), f"docs/commands.md has no example of {path}"
+
+
+def test_docs_cli_is_generated_from_the_commands():
+    from veritrain.cli_reference import REGENERATE, reference_markdown
+
+    written = (ROOT / "docs" / "cli.md").read_bytes()
+    assert written == reference_markdown(root_group).encode("utf-8"), f"docs/cli.md is stale: run `{REGENERATE}`"
+    text = written.decode("utf-8")
+    for path, command in all_commands():
+        section = text.split(f"\n## `{path}`\n", 1)[1].split("\n## ", 1)[0]
+        for param in command.params:
+            if isinstance(param, click.Option):
+                assert f"`{param.opts[0]}" in section, (path, param.opts)
+    assert "| 130 |" in text and "| 143 |" in text and "| 2 |" in text
+
+
+def test_the_cli_reference_walks_any_click_group():
+    @click.group()
+    def tool() -> None:
+        """A tool."""
+
+    @tool.group("things")
+    def things() -> None:
+        """Things to do."""
+
+    @things.command("make")
+    @click.argument("name", metavar="NAME")
+    @click.option("--size", type=click.IntRange(min=1, max=9), default=3, help="How big | how wide.")
+    @click.option("--kind", type=click.Choice(["a", "b"]), default=None, help="Which kind.")
+    @click.option("--tag", "tags", multiple=True, metavar="TAG", help="A tag (repeatable).")
+    @click.option("--dry-run", is_flag=True, help="Make nothing.")
+    @click.option("--secret-knob", hidden=True, help="Not shown.")
+    def make(name, size, kind, tags, dry_run, secret_knob) -> None:
+        """Make a thing.
+
+        \b
+        Example:
+          tool things make cup --size 2
+        """
+
+    @tool.command("internal", hidden=True)
+    def internal() -> None:
+        """Not shown."""
+
+    from veritrain.cli_reference import reference_markdown
+
+    text = reference_markdown(tool, "tool")
+    assert text == reference_markdown(tool, "tool")  # deterministic
+    assert "## `tool things make`" in text and "[`tool things`](#tool-things)" in text
+    assert "tool things make [OPTIONS] NAME" in text
+    assert "| `--size` | integer ≥ 1, ≤ 9 | `3` | How big \\| how wide. |" in text
+    assert "| `--kind` | one of `a`, `b` | — | Which kind. |" in text
+    assert "| `--tag TAG` | text, repeatable | — | A tag (repeatable). |" in text
+    assert "| `--dry-run` | flag | off | Make nothing. |" in text
+    assert "| `NAME` | text, required | — | — |" in text
+    assert "```sh\ntool things make cup --size 2\n```" in text
+    assert "internal" not in text and "secret" not in text and "Not shown" not in text
 
 
 def test_every_command_has_help_with_an_example(cli):
