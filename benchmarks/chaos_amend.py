@@ -133,9 +133,9 @@ def problems(ws: Path, final: bool, version: str) -> list[str]:
     """What is wrong in the workspace: a run that does not verify, a damaged data version or one other than `version`
     (the one the config prepares to), a registry row without its run; with `final` also an amend still journaled, or
     `version` missing after a prepare. Reads only (the registry, a cache of the run folders, is brought up to date)."""
-    from veritrain import registry
+    from veritrain.records import registry
     from veritrain.data.prepare import load_version
-    from veritrain.verify import verify_run
+    from veritrain.trust.verify import verify_run
 
     found = []
     runs, state = ws / "runs", ws / ".veritrain"
@@ -257,8 +257,8 @@ def main() -> int:
     import torch  # noqa: F401  imported once here, used only in the children
 
     import veritrain.cli  # noqa: F401
-    import veritrain.evaluate  # noqa: F401
-    import veritrain.export  # noqa: F401
+    import veritrain.results.evaluate  # noqa: F401
+    import veritrain.results.export  # noqa: F401
 
     root = Path(args.keep or tempfile.mkdtemp(prefix="chaos-amend-")).resolve()
     root.mkdir(parents=True, exist_ok=True)

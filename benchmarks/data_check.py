@@ -33,7 +33,7 @@ def main() -> None:
     import torch
 
     from veritrain import models
-    from veritrain.config import load_config
+    from veritrain.core.config import load_config
     from veritrain.data import identity, prepare
     from veritrain.data.cifar10 import write_fake_cifar10
 

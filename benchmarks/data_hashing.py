@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from veritrain.hashing import hash_files
+from veritrain.core.hashing import hash_files
 
 
 def make_tree(root: Path) -> tuple[list[Path], list[Path]]:

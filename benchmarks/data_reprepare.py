@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from veritrain.config import load_config
+from veritrain.core.config import load_config
 from veritrain.data import prepare
 
 

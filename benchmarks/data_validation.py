@@ -13,7 +13,7 @@ from pathlib import Path
 from data_reprepare import make_images
 
 from veritrain.data import validate
-from veritrain.hashing import hash_files
+from veritrain.core.hashing import hash_files
 
 
 def main() -> None:

@@ -67,7 +67,7 @@ def worker(steps: int, batch: int, threads: int, out: Path) -> None:
     import torch.nn.functional as F
 
     from veritrain import models
-    from veritrain.config import OptimConfig
+    from veritrain.core.config import OptimConfig
     from veritrain.train import distributed
     from veritrain.train.loop import build_optimizer, seed_everything
 
@@ -112,7 +112,7 @@ def measure_ranks(model: Any, batches: list[tuple[Any, Any]], steps: int, ranks:
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from veritrain.config import OptimConfig
+    from veritrain.core.config import OptimConfig
     from veritrain.train import distributed
     from veritrain.train.loop import build_optimizer
 

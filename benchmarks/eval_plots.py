@@ -4,7 +4,7 @@ per case (as before): interleaved A/B, in this process.
     .venv/bin/python benchmarks/eval_plots.py [--repeat 5]
 
 Trains one small run (mlp [32], 2 epochs, no smoke test) in a temporary workspace, then times
-`veritrain.evaluate.run` on it (val and test, every file it writes) with each renderer in turn, A B A B...,
+`veritrain.results.evaluate.run` on it (val and test, every file it writes) with each renderer in turn, A B A B...,
 and prints the median of each and their ratio. The "before" renderer is kept here only as the reference.
 """
 
@@ -54,11 +54,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
-    from veritrain import evaluate, opening, pipeline
-    from veritrain.config import load_config
+    from veritrain.orchestration import pipeline
+    from veritrain.results import evaluate
+    from veritrain.trust import opening
+    from veritrain.core.config import load_config
     from veritrain.tasks import classification_eval
     from veritrain.train.loop import resolve_device
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     current = classification_eval.plot_bad_cases
     with tempfile.TemporaryDirectory() as tmp:

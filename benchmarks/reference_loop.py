@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from veritrain import models
-from veritrain.config import load_config
+from veritrain.core.config import load_config
 
 
 def main() -> None:

@@ -83,11 +83,11 @@ def main() -> None:
         _, traced = veritrain(workdir, "verify", "latest", importtime=True)
         imports, torch = import_seconds(traced.stderr)
 
-        from veritrain.config import load_config
+        from veritrain.core.config import load_config
         from veritrain.data import prepare
-        from veritrain.hashing import hash_files
-        from veritrain.verify import verify_run
-        from veritrain.workspace import Workspace
+        from veritrain.core.hashing import hash_files
+        from veritrain.trust.verify import verify_run
+        from veritrain.records.workspace import Workspace
 
         listing = prepare.load_source(load_config(None, ["data.source=imagefolder", f"data.root={root}"]).config.data,
                                       {"root": root})

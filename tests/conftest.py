@@ -56,9 +56,9 @@ def veritrain(*args: str, cwd: Path | None = None, timeout: float = 300) -> Resu
 
     import torch
 
-    from veritrain import logs
+    from veritrain.core import logs
     from veritrain.cli import main
-    from veritrain.secrets import redacting_excepthook
+    from veritrain.core.secrets import redacting_excepthook
 
     saved_env, saved_cwd, saved_argv, saved_threads = dict(os.environ), os.getcwd(), sys.argv, torch.get_num_threads()
     saved_handlers, saved_stdin = list(logs.log.handlers), sys.stdin
@@ -129,9 +129,9 @@ def in_process_run(workdir: Path, overrides: list[str], config: str | Path | Non
     """Run the pipeline in this process (no torch import per test), as `veritrain run` does."""
     import torch
 
-    from veritrain import pipeline
-    from veritrain.config import load_config
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.core.config import load_config
+    from veritrain.records.workspace import Workspace
 
     threads = torch.get_num_threads()
     resolved = load_config(config, overrides)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from veritrain import archive as archive_module
+from veritrain.trust import archive as archive_module
 
 
 @pytest.fixture(scope="module")
 def archived(small_run, tmp_path_factory):
     """The shared small run, archived with its data version."""
     out = tmp_path_factory.mktemp("out") / "run.tar.gz"
-    from veritrain import archive
+    from veritrain.trust import archive
 
     archive.create(small_run.run_dir, small_run.workdir / ".veritrain", out, with_data=True)
     return small_run.workdir, small_run.run_dir, out
@@ -189,7 +189,7 @@ def test_archive_of_a_run_missing_a_file_is_refused(cli, archived, tmp_path):
 
 def test_archive_is_hashed_as_a_stream(archived, tmp_path, monkeypatch):
     """The archive can be far larger than memory: its sha256 is computed in chunks."""
-    from veritrain import archive
+    from veritrain.trust import archive
 
     workdir, run_dir, _ = archived
     out = tmp_path / "run.tar.gz"
@@ -374,8 +374,8 @@ def test_bomb_is_stopped_before_it_is_written(archived, tmp_path, monkeypatch, l
     """What the staging folder held when import gave up, measured as it is removed: none of the
     bomb when its header claims more than was declared, never more than 2 × the declared size,
     and in all never more than MAX_RATIO × the archive's compressed size + RATIO_SLACK."""
-    from veritrain.errors import RunFailed
-    from veritrain.workspace import Workspace
+    from veritrain.core.errors import RunFailed
+    from veritrain.records.workspace import Workspace
 
     _, run_dir, out = archived
     bad = ATTACKS[label][0](tmp_path, archived, run_dir.name)

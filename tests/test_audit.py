@@ -31,7 +31,7 @@ def honest(tmp_path_factory) -> Path:
 
 def copy_run(run_dir: Path, new_id: str) -> Path:
     """A copy of a run under another id in the same workspace, its record rewritten and sealed again."""
-    from veritrain.record import write_record
+    from veritrain.records.record import write_record
 
     copy = run_dir.parent / new_id
     shutil.copytree(run_dir, copy)
@@ -68,8 +68,8 @@ def test_a_forged_segment_passes_verify_and_is_caught_by_the_audit(honest, tmp_p
     """The forger replaces the checkpoint at step 46 with a state trained on other data (another split),
     enters it in the trajectory, and lets veritrain resume honestly from it: record, chain and seal are
     all consistent. Only replaying segment 23 → 46 on the recorded data shows the lie."""
-    from veritrain.hashing import state_dict_sha256
-    from veritrain.record import write_record
+    from veritrain.core.hashing import state_dict_sha256
+    from veritrain.records.record import write_record
     from veritrain.train import checkpoint, trajectory
 
     workdir = honest.parent.parent
@@ -116,7 +116,7 @@ def test_a_forged_segment_passes_verify_and_is_caught_by_the_audit(honest, tmp_p
 
 @pytest.mark.parametrize("lie", ["dropped_last_entry", "endpoint_weights_swapped"])
 def test_a_trajectory_that_lies_about_its_endpoint_fails_verify(honest, lie):
-    from veritrain.record import write_record
+    from veritrain.records.record import write_record
     from veritrain.train import trajectory
 
     workdir = honest.parent.parent
@@ -143,7 +143,7 @@ def test_a_trajectory_that_lies_about_its_endpoint_fails_verify(honest, lie):
 
 
 def test_a_broken_chain_fails_verify(honest):
-    from veritrain.record import write_record
+    from veritrain.records.record import write_record
 
     run_id = "20261130-000000-003-f0f0f3"
     broken = copy_run(honest, run_id)
@@ -155,9 +155,9 @@ def test_a_broken_chain_fails_verify(honest):
 
 
 def test_an_audit_that_cannot_be_exact_here_exits_2_naming_the_difference(honest, monkeypatch):
-    from veritrain import audit
-    from veritrain.errors import UserError
-    from veritrain.workspace import Workspace
+    from veritrain.trust import audit
+    from veritrain.core.errors import UserError
+    from veritrain.records.workspace import Workspace
 
     monkeypatch.setattr(audit.platform, "python_version", lambda: "3.99.0")
     with pytest.raises(UserError, match=r"python \S+ recorded, 3\.99\.0 here"):
@@ -172,7 +172,7 @@ def test_a_run_without_trajectory_has_nothing_to_audit(tmp_path):
 
 
 def test_escape_probability():
-    from veritrain.audit import escape_probability
+    from veritrain.trust.audit import escape_probability
 
     assert escape_probability(20, 1, 2) == pytest.approx(0.9)  # C(19, 2) / C(20, 2)
     assert escape_probability(20, 2, 2) == pytest.approx(153 / 190)
@@ -197,8 +197,8 @@ def test_a_forged_segment_without_a_start_checkpoint_is_replayed_from_an_earlier
     """With the default audit_every 0 only the newest checkpoints stay. The forger puts a state trained on other data
     at step 40 and lets the real loop resume from it: verify passes, the segment 30 → 40 has no checkpoint to start
     from, and the audit replays it from the initial state and names it."""
-    from veritrain.hashing import state_dict_sha256
-    from veritrain.record import write_record
+    from veritrain.core.hashing import state_dict_sha256
+    from veritrain.records.record import write_record
     from veritrain.train import checkpoint, trajectory
 
     plain = ["--set", "train.epochs=3", "--set", "model.name=mlp", "--set", "model.hidden=[16]", "--set", "checkpoint.every_steps=10"]
@@ -244,7 +244,7 @@ def test_a_forged_segment_without_a_start_checkpoint_is_replayed_from_an_earlier
 
 
 def test_a_multi_process_run_is_refused_with_the_check_that_works_on_this_machine(tmp_path):
-    from veritrain.audit import cannot_replay, replay_blockers
+    from veritrain.trust.audit import cannot_replay, replay_blockers
 
     two = {"config": {"train": {"deterministic": True}}, "distributed": {"world_size": 2, "nodes": 1}}
     blockers, _ = replay_blockers(two, tmp_path)  # made here: no machine difference

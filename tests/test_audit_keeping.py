@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import in_process_run, veritrain
-from veritrain import archive
-from veritrain.workspace import Workspace
+from veritrain.trust import archive
+from veritrain.records.workspace import Workspace
 
 # 2 epochs of 23 steps, a checkpoint every 10 steps and at each epoch's end: entries at steps
 # 0, 10, 20, 23, 30, 40, 46 (6 segments). audit_every=2 keeps entries 2, 4, 6 (steps 20, 30, 46) for
@@ -52,8 +52,8 @@ def names_in(path: Path) -> set[str]:
 
 
 def test_archive_leaves_out_audit_only_checkpoints_and_the_import_verifies(audited, tmp_path):
-    from veritrain.check import check_run
-    from veritrain.verify import _omitted_for_audit, verify_run
+    from veritrain.trust.check import check_run
+    from veritrain.trust.verify import _omitted_for_audit, verify_run
 
     run_dir, run = audited["run_dir"], audited["run_dir"].name
     assert audited["made"]["left_out"] == AUDIT_ONLY_FILES and audited["made"]["with_audit"] is False
@@ -137,7 +137,7 @@ def test_a_listing_that_excuses_any_other_file_is_refused(audited, tmp_path, lis
 
 
 def test_a_hostile_listing_fails_in_one_line_through_the_cli_and_verify_never_excuses_best(audited, tmp_path):
-    from veritrain.verify import verify_run
+    from veritrain.trust.verify import verify_run
 
     bad = relisted(audited, tmp_path, [*AUDIT_ONLY, "checkpoints/best.pt"], ["checkpoints/best.pt", "checkpoints/best.pt.sha256"])
     result = veritrain("import", str(bad), "--workdir", str(tmp_path / "t"))
@@ -156,8 +156,8 @@ def test_a_hostile_listing_fails_in_one_line_through_the_cli_and_verify_never_ex
 
 
 def test_gc_keeps_audit_checkpoints_and_the_kept_flags(audited, tmp_path):
-    from veritrain import housekeeping
-    from veritrain.verify import verify_run
+    from veritrain.orchestration import housekeeping
+    from veritrain.trust.verify import verify_run
 
     shutil.copytree(audited["workdir"], tmp_path / "ws")
     workspace = Workspace.open(tmp_path / "ws")
@@ -183,7 +183,7 @@ def test_gc_keeps_audit_checkpoints_and_the_kept_flags(audited, tmp_path):
 
 
 def test_check_counts_auditable_segments(audited):
-    from veritrain.check import _auditable_row, check_run
+    from veritrain.trust.check import _auditable_row, check_run
 
     run_dir = audited["run_dir"]
     row = next(i for i in check_run(run_dir, audited["workdir"] / ".veritrain")["items"] if i["id"] == "auditable")
@@ -204,7 +204,7 @@ def test_run_page_shows_the_trajectory_and_the_audits(audited, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient
-    from veritrain import audit
+    from veritrain.trust import audit
     from veritrain.web.publish import publish
     from veritrain.web.server import create_app
 

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import veritrain as cli_run
 from veritrain import cli
-from veritrain.errors import RunFailed, UserError
+from veritrain.core.errors import RunFailed, UserError
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "VERITRAIN_NPROC_LAUNCH")
@@ -83,7 +83,7 @@ class LinearTask:
 def test_a_foreign_checkpoint_is_one_line_exit_1(tmp_path, state, expected):
     import torch
 
-    from veritrain import evaluate
+    from veritrain.results import evaluate
     from veritrain.train import checkpoint
 
     checkpoint.write(tmp_path, checkpoint.encode(state), ["best.pt"], keep_last=1)  # with a matching sidecar
@@ -155,7 +155,7 @@ def test_predict_json_writes_nan_as_null_with_its_path(exports, capsys):
 
 
 def test_json_documents_never_hold_nan_or_infinity(capsys):
-    from veritrain.display import finite_json
+    from veritrain.core.display import finite_json
 
     payload, paths = finite_json({"a": [1.0, float("nan"), {"b": float("-inf")}], "c": np.float64("inf"), "d": "NaN", "e": 2})
     assert payload == {"a": [1.0, None, {"b": None}], "c": None, "d": "NaN", "e": 2} and paths == ["a[1]", "a[2].b", "c"]
@@ -204,8 +204,8 @@ def legacy_records(tmp_path_factory) -> list[Path]:
     ("argv", None, "argv: null where the writer always puts a value"),
 ])
 def test_a_record_holding_null_where_a_value_is_needed_is_refused_and_not_imported(legacy_records, field, value, expected):
-    from veritrain import archive
-    from veritrain.record import record_problem
+    from veritrain.trust import archive
+    from veritrain.records.record import record_problem
 
     path = legacy_records[0]
     record = {**json.loads(path.read_text()), field: value}
@@ -218,7 +218,7 @@ def test_a_record_holding_null_where_a_value_is_needed_is_refused_and_not_import
 
 
 def test_one_bad_record_leaves_experiments_md_and_the_list_to_the_others(legacy_records, tmp_path, caplog, capsys):
-    from veritrain import experiments
+    from veritrain.records import experiments
 
     good = legacy_records[0].parent
     bad_id = good.name[:-6] + "0badba"
@@ -235,7 +235,7 @@ def test_one_bad_record_leaves_experiments_md_and_the_list_to_the_others(legacy_
     import warnings
 
     from veritrain.web.server import create_app
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     with warnings.catch_warnings():  # Starlette's TestClient on httpx warns that httpx2 is its successor
         warnings.simplefilter("ignore")
@@ -253,7 +253,7 @@ def test_one_bad_record_leaves_experiments_md_and_the_list_to_the_others(legacy_
     "{'Access_Token': 'x y'}", "API-KEY = abc", "use Bearer hunter22 for the api",
 ])
 def test_free_text_holding_a_credential_is_refused_by_the_config_rule(text):
-    from veritrain.secrets import text_secret
+    from veritrain.core.secrets import text_secret
 
     assert text_secret(text) is not None
 
@@ -263,7 +263,7 @@ def test_free_text_holding_a_credential_is_refused_by_the_config_rule(text):
     '{"password": null, "secret": ""}', "the bearer of this letter, bearer tokens.", "lr 3e-3 converges twice as fast",
 ])
 def test_honest_free_text_is_kept(text):
-    from veritrain.secrets import text_secret
+    from veritrain.core.secrets import text_secret
 
     assert text_secret(text) is None
 
@@ -290,7 +290,7 @@ def test_an_error_line_masks_a_bearer_token_it_quotes(tmp_path, capsys):
 
 
 def test_a_logged_exception_and_an_unexpected_traceback_are_redacted(capsys):
-    from veritrain.secrets import RedactingFilter, redacting_excepthook
+    from veritrain.core.secrets import RedactingFilter, redacting_excepthook
 
     lines: list[str] = []
     handler = logging.Handler()
@@ -314,7 +314,7 @@ def test_a_logged_exception_and_an_unexpected_traceback_are_redacted(capsys):
 
 
 def test_terminal_control_characters_from_records_are_escaped(legacy_records, tmp_path, capsys):
-    from veritrain.display import terminal_safe
+    from veritrain.core.display import terminal_safe
 
     assert terminal_safe("a\x1b[2Jb\u202ec\x07\x9b\n") == "a\\x1b[2Jb\\u202ec\\x07\\x9b\\n"
     assert terminal_safe("accuracy 0.93 — ünïcode") == "accuracy 0.93 — ünïcode"
@@ -342,7 +342,7 @@ def test_terminal_control_characters_from_records_are_escaped(legacy_records, tm
 
 def test_publish_refuses_an_out_inside_the_workspace(tmp_path):
     from veritrain.web.publish import refuse_out_in_workspace
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(tmp_path / "ws")
     run_dir = workspace.runs_dir / "20260101-000000-000-aaaaaa"
@@ -357,8 +357,8 @@ def test_publish_refuses_an_out_inside_the_workspace(tmp_path):
 
 
 def test_gc_removes_the_scratch_of_killed_commands_only(tmp_path):
-    from veritrain import housekeeping
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import housekeeping
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(tmp_path)
     scratch = workspace.state_dir / "tmp"
@@ -381,7 +381,7 @@ def test_gc_removes_the_scratch_of_killed_commands_only(tmp_path):
 def test_a_report_line_escapes_control_characters_of_names_it_shows(capsys):
     """verify's problem lines name files found in a run folder, which anyone may have named: a report line is
     printed with its control characters escaped, and its own line breaks kept."""
-    from veritrain import logs
+    from veritrain.core import logs
 
     logs.report("unlisted_file: eval/\x1b[2Jx.png\nsecond line")
     out = capsys.readouterr().out

@@ -24,7 +24,7 @@ from veritrain.data.cifar10 import (
     load_cifar10,
     write_fake_cifar10,
 )
-from veritrain.errors import RunFailed, UserError
+from veritrain.core.errors import RunFailed, UserError
 
 DOWNLOAD_HINT = (
     "download cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html and extract its "
@@ -308,7 +308,7 @@ def test_a_folder_in_place_of_a_file_is_refused(fake):
 
 def test_the_fixed_test_batch_prepares_without_split_skew(tmp_path):
     # the official test batch is fixed: only the training batches are split (train/val at 8:1), and judged
-    from veritrain.config import load_config
+    from veritrain.core.config import load_config
     from veritrain.data import prepare
 
     write_fake_cifar10(tmp_path / "cifar", per_batch=100, seed=3)
@@ -384,7 +384,7 @@ LOAD_EACH = """
 import json, shutil, sys
 from pathlib import Path
 from veritrain.data.cifar10 import load_cifar10
-from veritrain.errors import VeritrainError
+from veritrain.core.errors import VeritrainError
 
 base = Path(sys.argv[1])
 for payload in sorted(base.glob("*.pickle")):

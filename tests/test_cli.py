@@ -106,7 +106,7 @@ def test_top_level_help_lists_commands(cli):
 
 
 def test_version(cli):
-    from veritrain import __version__
+    from veritrain.core.version import __version__
 
     result = cli("--version")
     assert result.code == 0 and result.stdout.strip() == f"veritrain {__version__}"

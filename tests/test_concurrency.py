@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from conftest import veritrain
-from veritrain import locks
-from veritrain.errors import UserError
-from veritrain.smoke import stratified
-from veritrain.workspace import Workspace, process_identity
+from veritrain.core import locks
+from veritrain.core.errors import UserError
+from veritrain.orchestration.smoke import stratified
+from veritrain.records.workspace import Workspace, process_identity
 
 # the smallest digits run with every stage of `veritrain run`: 2 optimizer steps (1,437 train samples, batches of 1,024)
 TWO_STEPS = ["--set", "train.epochs=1", "--set", "train.batch_size=1024", "--set", "model.name=mlp", "--set", "model.hidden=[8]",
@@ -39,7 +39,7 @@ def records(workdir: Path) -> dict[str, dict]:
 
 
 def test_a_lock_is_held_while_its_process_lives_and_free_once_it_is_killed(tmp_path, monkeypatch):
-    monkeypatch.setattr("veritrain.workspace.LOCK_GRACE_S", 0.1)  # how long lock_run waits for a holder to let go
+    monkeypatch.setattr("veritrain.records.workspace.LOCK_GRACE_S", 0.1)  # how long lock_run waits for a holder to let go
     workspace = Workspace.open(tmp_path)
     path = workspace.lock_path("20260101-000000-000-abcdef")
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
@@ -116,7 +116,7 @@ def test_two_concurrent_runs_of_one_config_share_one_smoke_test_and_both_complet
     assert all(s["status"] == "completed" for s in summaries)
     assert sum("smoke: a tiny slice through every stage first" in err for _, err in outputs) == 1  # the other waited, then reused it
     assert sum("smoke: passed before" in err for _, err in outputs) == 1
-    from veritrain import registry
+    from veritrain.records import registry
 
     listed = registry.query(tmp_path / ".veritrain", tmp_path / "runs", status=("completed",))
     assert {r["run_id"] for r in listed} == {s["run_id"] for s in summaries}
@@ -195,7 +195,7 @@ def test_a_trial_whose_slot_already_has_a_run_reports_that_run_and_starts_none(t
     or continues that run; it never starts a second one. Its claim is let go as it returns."""
     import tarfile
 
-    from veritrain.sweep_trial import run_trial
+    from veritrain.orchestration.sweep_trial import run_trial
 
     with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-completed.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
@@ -219,7 +219,7 @@ def test_gc_leaves_a_run_whose_lock_is_held_alone_and_a_prepare_under_way(tmp_pa
     import shutil
     import tarfile
 
-    from veritrain.housekeeping import gc
+    from veritrain.orchestration.housekeeping import gc
 
     with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-completed.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
@@ -253,9 +253,9 @@ def test_a_resume_that_finds_the_run_resumed_meanwhile_refuses_and_lets_go(tmp_p
     is no longer the one it read, and stops (exit 2) rather than continue the run a second time."""
     import tarfile
 
-    from veritrain.pipeline import _refuse_resumed_meanwhile
-    from veritrain.record import read_record
-    from veritrain.recorder import Recorder
+    from veritrain.orchestration.pipeline import _refuse_resumed_meanwhile
+    from veritrain.records.record import read_record
+    from veritrain.records.recorder import Recorder
 
     with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-interrupted.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from veritrain.config import RunConfig, TrainConfig, config_hash, load_config, reference_rows
-from veritrain.errors import ConfigError
+from veritrain.core.config import RunConfig, TrainConfig, config_hash, load_config, reference_rows
+from veritrain.core.errors import ConfigError
 
 
 def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
@@ -159,8 +159,8 @@ def test_near_duplicates_takes_yaml_booleans(tmp_path, written, read):
 
 
 def test_keys_added_later_at_their_default_leave_the_config_hash_unchanged():
-    from veritrain.config import KEYS_ADDED_LATER, RunConfig, config_dict, config_hash
-    from veritrain.hashing import sha256_json
+    from veritrain.core.config import KEYS_ADDED_LATER, RunConfig, config_dict, config_hash
+    from veritrain.core.hashing import sha256_json
 
     config = RunConfig()
     before = config_dict(config)

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import veritrain
-from veritrain.config import (
+from veritrain.core.config import (
     MAX_CONFIG_BYTES,
     MAX_NESTING,
     MAX_VALUES,
@@ -29,7 +29,7 @@ from veritrain.config import (
     load_config,
     to_yaml,
 )
-from veritrain.errors import ConfigError
+from veritrain.core.errors import ConfigError
 
 # A hang detector, not a benchmark: each refusal takes well under a second; a hang or a memory blow-up takes
 # minutes (and the subprocess timeout below stops it).

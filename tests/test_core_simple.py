@@ -80,17 +80,17 @@ def _imported_modules(path: Path, package: str) -> set[str]:
 
 
 def test_config_and_tasks_do_not_import_each_other():
-    config_imports = set().union(*(_imported_modules(path, "veritrain.config") for path in (SRC / "veritrain" / "config").glob("*.py")))
+    config_imports = set().union(*(_imported_modules(path, "veritrain.core.config") for path in (SRC / "veritrain" / "core" / "config").glob("*.py")))
     tasks_imports = _imported_modules(SRC / "veritrain" / "tasks" / "__init__.py", "veritrain.tasks")
     assert not [m for m in config_imports if m == "veritrain.tasks" or m.startswith("veritrain.tasks.")]
-    assert "veritrain.config" not in tasks_imports and not [m for m in tasks_imports if m.startswith("veritrain.config.")]
+    assert "veritrain.core.config" not in tasks_imports and not [m for m in tasks_imports if m.startswith("veritrain.core.config.")]
     # the check itself sees imports in every form it looks for
-    assert {"veritrain.task_registry", "veritrain.errors"} <= config_imports
-    assert "veritrain.task_registry" in tasks_imports and "veritrain.data.prepare" in tasks_imports  # the latter under TYPE_CHECKING
+    assert {"veritrain.core.task_registry", "veritrain.core.errors"} <= config_imports
+    assert "veritrain.core.task_registry" in tasks_imports and "veritrain.data.prepare" in tasks_imports  # the latter under TYPE_CHECKING
 
 
 def test_config_validation_and_the_tasks_package_share_one_registry(monkeypatch):
-    from veritrain.config import load_config
+    from veritrain.core.config import load_config
     from veritrain.tasks import TASKS, register_task
 
     monkeypatch.setitem(TASKS, "other", lambda cfg: None)  # restored afterwards
@@ -98,18 +98,18 @@ def test_config_validation_and_the_tasks_package_share_one_registry(monkeypatch)
     assert load_config(None, ["task=other"]).config.task == "other"
 
 
-# the base and records layers (ARCHITECTURE.md): what the kept verdicts may import from veritrain
-BASE_AND_RECORDS = {"veritrain", "veritrain.config", "veritrain.hashing", "veritrain.files", "veritrain.secrets", "veritrain.errors",
-                    "veritrain.logs", "veritrain.record", "veritrain.workspace", "veritrain.registry", "veritrain.experiments"}
+# the base and records layers (docs/architecture.md): what the kept verdicts may import from veritrain
+BASE_AND_RECORDS = {"veritrain", "veritrain.core.config", "veritrain.core.hashing", "veritrain.core.files", "veritrain.core.secrets", "veritrain.core.errors",
+                    "veritrain.core.logs", "veritrain.records.record", "veritrain.records.workspace", "veritrain.records.registry", "veritrain.records.experiments"}
 
 
 def test_kept_verdicts_stay_in_the_records_layer():
     """verdicts.py is read by the trust layer (verify, check) and the front ends: it imports from neither."""
-    imported = _imported_modules(SRC / "veritrain" / "verdicts.py", "veritrain")
+    imported = _imported_modules(SRC / "veritrain" / "records" / "verdicts.py", "veritrain")
     ours = {m for m in imported if m == "veritrain" or m.startswith("veritrain.")}
-    # `from veritrain.record import now_iso` also names veritrain.record.now_iso, a name in an allowed module;
-    # `from veritrain import verify` names veritrain.verify, a module of its own
+    # `from veritrain.records.record import now_iso` also names veritrain.records.record.now_iso, a name in an allowed module;
+    # `from veritrain import verify` names veritrain.trust.verify, a module of its own
     modules = BASE_AND_RECORDS - {"veritrain"}
     upward = sorted(m for m in ours if m not in BASE_AND_RECORDS and m.rsplit(".", 1)[0] not in modules)
     assert not upward, upward
-    assert {"veritrain.record", "veritrain.files"} <= ours  # the check sees its imports
+    assert {"veritrain.records.record", "veritrain.core.files"} <= ours  # the check sees its imports

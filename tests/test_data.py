@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from veritrain.config import DataConfig
+from veritrain.core.config import DataConfig
 from veritrain.data import prepare
 from veritrain.data.split import Unit, assign, split_of_keys
-from veritrain.errors import RunFailed
+from veritrain.core.errors import RunFailed
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 
 from realdata import FAULT_COUNTS, write_faulty_mnist, write_mnist_imagefolder
 from conftest import Result
-from veritrain.config import load_config
-from veritrain.hashing import sha256_file
+from veritrain.core.config import load_config
+from veritrain.core.hashing import sha256_file
 from veritrain.data import prepare
 
 
@@ -134,7 +134,7 @@ def test_a_group_that_forces_a_split_skew_fails_with_its_cause_or_warns(tmp_path
     # most of class 0 is one patient: it must stay in one split, so that class cannot follow 80/10/10
     for path in sorted((root / "0").iterdir())[:50]:
         path.rename(path.with_name(f"patient7_{path.name}"))
-    from veritrain.errors import RunFailed
+    from veritrain.core.errors import RunFailed
 
     with pytest.raises(RunFailed, match=r"split_skew: class '0'.*a unit of 50 samples that must stay together \(group 'patient7'") as info:
         prepare_folder(root, tmp_path / "fail", "data.group_regex=(patient\\d+)_")
@@ -308,7 +308,7 @@ def test_edits_of_a_stored_version_json_are_refused_in_one_line(cli, tmp_path, c
 
 def test_a_file_changed_between_hashing_and_decoding_is_never_stored(tmp_path, monkeypatch):
     from realdata import mnist_arrays, png_bytes
-    from veritrain.errors import RunFailed
+    from veritrain.core.errors import RunFailed
 
     root = write_mnist_imagefolder(tmp_path / "raw", per_class=20, classes=range(2))
     victim = sorted((root / "0").iterdir())[3]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from datafixtures import FAULTY_CONFIG, faulty_imagefolder, good_imagefolder, save, structured_image
-from veritrain.config import load_config
+from veritrain.core.config import load_config
 from veritrain.data import prepare
-from veritrain.errors import RunFailed, UserError
-from veritrain.hashing import blake3_file
+from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.hashing import blake3_file
 
 
 def prepare_config(config_text: str, tmp_path: Path, overrides=(), name="data.yaml", rehash=False):
@@ -310,7 +310,7 @@ def test_labelmap_source(tmp_path):
 
 
 def test_stat_cache_skips_unchanged_files_and_notices_changes(tmp_path):
-    from veritrain.hashing import StatCache, hash_files
+    from veritrain.core.hashing import StatCache, hash_files
 
     files = [tmp_path / f"f{i}.bin" for i in range(3)]
     for i, f in enumerate(files):
@@ -387,7 +387,7 @@ def test_data_config_mistakes_through_the_cli(cli, tmp_path, config_text, expect
 
 @pytest.mark.parametrize("source", ["digits", "imagefolder", "labelmap", "cifar10"])
 def test_time_split_needs_timestamps(tmp_path, source):
-    from veritrain.errors import ConfigError
+    from veritrain.core.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         load_config(None, [f"data.source={source}", "data.split_by=time"])
@@ -396,12 +396,13 @@ def test_time_split_needs_timestamps(tmp_path, source):
 
 
 def test_time_split_on_a_registered_source_without_timestamps(tmp_path, monkeypatch):
-    from veritrain.config import DataConfig
+    from veritrain.core import source_registry
+    from veritrain.core.config import DataConfig
     from veritrain.data import sources
 
     root = good_imagefolder(tmp_path / "raw")
     monkeypatch.setitem(sources.SOURCES, "stamped", sources.load_imagefolder_source)
-    monkeypatch.setattr(sources, "TIMESTAMPED_SOURCES", {*sources.TIMESTAMPED_SOURCES, "stamped"})
+    monkeypatch.setattr(source_registry, "TIMESTAMPED_SOURCES", {*source_registry.TIMESTAMPED_SOURCES, "stamped"})
     cfg = DataConfig(source="stamped", split_by="time")  # declared to have timestamps, gives none
     with pytest.raises(UserError, match=r"^data.split_by: 'time' needs data.source: csv with a timestamp column; .*'stamped'"):
         prepare.run(cfg, {"root": root}, tmp_path / "ws")
@@ -473,7 +474,7 @@ def test_huge_image_is_a_bomb_even_in_a_fresh_process(tmp_path, monkeypatch):
 
 
 def test_cache_lookups_of_more_keys_than_sqlite_binds_at_once(tmp_path):
-    from veritrain.hashing import SQLITE_MAX_PARAMS, StatCache
+    from veritrain.core.hashing import SQLITE_MAX_PARAMS, StatCache
 
     cache = StatCache(tmp_path / "files.sqlite")
     rows = [(f"/data/{i}.png", i, i * 10, i, "blake3", f"{i:064x}") for i in range(2 * SQLITE_MAX_PARAMS + 7)]

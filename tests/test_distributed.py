@@ -196,7 +196,7 @@ def test_batches_split_into_contiguous_shares_and_tiny_last_batches_are_dropped(
     ({0: {"status": "interrupted", "signum": 2}, 1: {"status": "interrupted", "signum": 2}}, "", "interrupted by SIGINT", 130),
 ])
 def test_rank_exits_map_onto_the_exit_code_contract(tmp_path, statuses, torchrun_report, expected, code):
-    from veritrain.errors import Interrupted, VeritrainError
+    from veritrain.core.errors import Interrupted, VeritrainError
     from veritrain.train import distributed
 
     for rank, status in statuses.items():

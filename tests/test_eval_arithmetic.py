@@ -70,7 +70,7 @@ def test_a_one_channel_batch_is_the_same_decoded_afresh_or_from_the_kept_copy():
     import numpy as np
 
     from veritrain import models
-    from veritrain.config import load_config
+    from veritrain.core.config import load_config
     from veritrain.tasks.classification import ClassificationTask
 
     cfg = load_config(None, []).config

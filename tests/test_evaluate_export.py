@@ -126,7 +126,7 @@ def test_eval_files_and_plots(full_run):
     assert "logistic_regression" in report and "confusion_matrix.png" in report and "bad_cases.png" in report
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["checkpoint"] == "checkpoints/best.pt"
-    from veritrain.hashing import sha256_file
+    from veritrain.core.hashing import sha256_file
 
     assert metrics["checkpoint_sha256"] == sha256_file(run_dir / "checkpoints" / "best.pt")
     assert record["artifacts"]["eval/test/predictions.csv"]["sha256"] == sha256_file(out / "predictions.csv")
@@ -203,7 +203,7 @@ def test_model_json_describes_architecture_and_source_mapping(full_run):
 def test_source_mapping_of_each_kind_of_source(source, target, shape, expected):
     from types import SimpleNamespace
 
-    from veritrain.export import source_mapping
+    from veritrain.results.export import source_mapping
 
     data = SimpleNamespace(info={"preprocessing": {"source": source, "target": target}, "input_shape": shape, "decoders": {"pillow": "11.0.0"}})
     mapping = source_mapping(data)
@@ -216,7 +216,7 @@ def test_onnx_and_safetensors_carry_the_metadata_deterministically(full_run, tmp
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from veritrain import export
+    from veritrain.results import export
 
     _, run_dir, record = full_run
     out = run_dir / "export"
@@ -237,8 +237,8 @@ def test_onnx_and_safetensors_carry_the_metadata_deterministically(full_run, tmp
 
 @pytest.fixture(scope="module")
 def opened(full_run):
-    from veritrain import opening
-    from veritrain.workspace import Workspace
+    from veritrain.trust import opening
+    from veritrain.records.workspace import Workspace
 
     workdir, run_dir, _ = full_run
     return opening.open_run(Workspace.open(workdir), run_dir.name)
@@ -263,8 +263,8 @@ class Lines(logging.Handler):
 
 
 def test_export_of_one_format_keeps_the_others_only_from_the_same_checkpoint(full_run, opened, tmp_path):
-    from veritrain import export
-    from veritrain.hashing import sha256_file
+    from veritrain.results import export
+    from veritrain.core.hashing import sha256_file
 
     _, run_dir, _ = full_run
     copy = tmp_path / run_dir.name
@@ -306,9 +306,9 @@ def test_export_of_one_format_keeps_the_others_only_from_the_same_checkpoint(ful
 
 
 def test_export_refuses_a_model_with_non_finite_outputs(full_run, opened, tmp_path):
-    from veritrain import export
-    from veritrain.errors import RunFailed
-    from veritrain.hashing import sha256_file
+    from veritrain.results import export
+    from veritrain.core.errors import RunFailed
+    from veritrain.core.hashing import sha256_file
     from veritrain.train import checkpoint
 
     _, run_dir, _ = full_run
@@ -367,7 +367,7 @@ def test_a_script_without_veritrain_rebuilds_resnet18(opened, tmp_path):
     """ResNet-18 with random weights and batch statistics, exported by the export stage (training it takes too long here)."""
     import torch
 
-    from veritrain import export
+    from veritrain.results import export
     from veritrain.train import checkpoint
 
     cfg = opened.config.model_copy(deep=True, update={"model": opened.config.model.model_copy(update={"name": "resnet18"}),
@@ -399,7 +399,7 @@ def record_mean(run_dir: Path) -> float:
 
 
 def test_onnx_has_a_dynamic_batch(full_run):
-    from veritrain.export import onnx_logits
+    from veritrain.results.export import onnx_logits
 
     _, run_dir, _ = full_run
     for n in (1, 7):
@@ -410,8 +410,9 @@ def test_parity_fails_on_an_altered_export(full_run, tmp_path):
     import onnx
     from onnx import numpy_helper
 
-    from veritrain import export, opening
-    from veritrain.workspace import Workspace
+    from veritrain.results import export
+    from veritrain.trust import opening
+    from veritrain.records.workspace import Workspace
 
     workdir, run_dir, _ = full_run
     opened = opening.open_run(Workspace.open(workdir), run_dir.name)
@@ -428,7 +429,7 @@ def test_parity_fails_on_an_altered_export(full_run, tmp_path):
         onnx.save(graph, str(model_path))
         import torch
 
-        from veritrain.evaluate import load_model
+        from veritrain.results.evaluate import load_model
 
         model, _ = load_model(opened.config, opened.data, opened.task, run_dir / "checkpoints" / "best.pt", torch.device("cpu"))
         parity = export.check_parity(opened.config, opened.data, opened.task, model, run_dir / "export", {"onnx": "model.onnx"})
@@ -481,7 +482,7 @@ def test_predict_matches_eval_on_digit_pngs(cli, full_run, tmp_path):
 def test_predict_resizes_any_size_and_mode(full_run, tmp_path):
     from PIL import Image
 
-    from veritrain import export
+    from veritrain.results import export
 
     _, run_dir, _ = full_run
     path = tmp_path / "big.jpg"
@@ -506,7 +507,7 @@ def _external_data_model(folder: Path) -> None:
     ("a huge input", lambda d, folder: d["input"].__setitem__("shape", [None, 1, 10**9, 8]), "input.shape"),
     ("a zero std", lambda d, folder: d["preprocessing"].__setitem__("std", [0.0]), "preprocessing.std"),
     ("weights in another file", lambda d, folder: (_external_data_model(folder), d["files"]["onnx"].__setitem__(
-        "sha256", __import__("veritrain.hashing", fromlist=["x"]).sha256_file(folder / "model.onnx"))), "self-contained"),
+        "sha256", __import__("veritrain.core.hashing", fromlist=["x"]).sha256_file(folder / "model.onnx"))), "self-contained"),
 ])
 def test_predict_refuses_a_hostile_export_in_one_line(cli, full_run, tmp_path, label, edit, message):
     import shutil

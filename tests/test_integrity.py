@@ -84,7 +84,7 @@ def test_the_run_seal_covers_its_data_versions_own_record(cli, workspace_copy):
     report = folder / "data_report.md"
     report.write_text(report.read_text() + "\nall clear\n")
     info = json.loads((folder / "version.json").read_text())
-    from veritrain.hashing import sha256_file
+    from veritrain.core.hashing import sha256_file
 
     info["reports"]["data_report.md"] = sha256_file(report)
     (folder / "version.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -1,4 +1,4 @@
-"""Amends as transactions (veritrain.journal), on a small hand-made run: a kill at every step of a commit leaves
+"""Amends as transactions (veritrain.records.journal), on a small hand-made run: a kill at every step of a commit leaves
 a run that verifies as it was, and that the next amending command completes or rolls back; verify only reads."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from veritrain import journal
-from veritrain.record import read_record, thawed, write_record
-from veritrain.verify import verify_run
-from veritrain.workspace import Workspace
+from veritrain.records import journal
+from veritrain.records.record import read_record, thawed, write_record
+from veritrain.trust.verify import verify_run
+from veritrain.records.workspace import Workspace
 
 RUN_ID = "20260101-000000-000-abcdef"
 
@@ -141,8 +141,8 @@ def test_the_journal_stays_in_the_records_layer():
     """verify (trust), the pipeline (orchestration) and gc use it: it imports only base and records modules."""
     import ast
 
-    import veritrain.journal
+    import veritrain.records.journal
 
-    tree = ast.parse(Path(veritrain.journal.__file__).read_text(encoding="utf-8"))
+    tree = ast.parse(Path(veritrain.records.journal.__file__).read_text(encoding="utf-8"))
     ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("veritrain")}
-    assert ours == {"veritrain.errors", "veritrain.files", "veritrain.record", "veritrain.workspace"}, ours
+    assert ours == {"veritrain.core.errors", "veritrain.core.files", "veritrain.records.record", "veritrain.records.workspace"}, ours

@@ -87,7 +87,7 @@ def test_a_failed_run_says_why_it_has_no_checkpoint_and_check_suggests_a_new_run
 
 
 def test_every_fix_check_suggests_clears_its_row(cli, tmp_path):
-    from veritrain.check import fix_commands
+    from veritrain.trust.check import fix_commands
 
     at = ["--workdir", str(tmp_path)]
     failed = cli("train", *DIVERGES, *at, "--json")
@@ -141,7 +141,7 @@ def test_resume_auto_without_a_config_picks_the_newest_interrupted_run(cli, tmp_
     run_dir = tmp_path / "runs" / run_id
     record = json.loads((run_dir / "record.json").read_text())
     record.update(status="interrupted", error={"type": "Interrupted", "message": "interrupted by SIGTERM"})
-    from veritrain.record import write_record
+    from veritrain.records.record import write_record
 
     for path in (run_dir / "checkpoints").glob("*"):
         if path.name not in ("step-23.pt", "step-23.pt.sha256"):

@@ -49,7 +49,7 @@ def test_without_json_a_failure_prints_nothing_on_stdout(tmp_path, capsys):
 
 
 def test_reports_go_to_stdout_and_under_json_to_stderr(tmp_path, capsys):
-    from veritrain import logs
+    from veritrain.core import logs
 
     with pytest.raises(SystemExit) as exited:
         cli.main(["runs", "list", "--workdir", str(tmp_path)])

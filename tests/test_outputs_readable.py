@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from veritrain.config import load_config
+from veritrain.core.config import load_config
 from veritrain.data import prepare
-from veritrain.errors import RunFailed
+from veritrain.core.errors import RunFailed
 
 TINY = ["model.name=mlp", "model.hidden=[16]"]
 
@@ -38,7 +38,7 @@ def _write_checkpoint(path, model: torch.nn.Module) -> None:
 
 
 def test_require_finite_counts_the_samples_with_nan_or_inf():
-    from veritrain.evaluate import require_finite
+    from veritrain.results.evaluate import require_finite
 
     outputs = torch.zeros(5, 3)
     outputs[1, 2] = float("nan")
@@ -53,7 +53,7 @@ def test_require_finite_counts_the_samples_with_nan_or_inf():
 
 
 def test_eval_refuses_a_checkpoint_whose_outputs_are_nan(digits, tmp_path):
-    from veritrain import evaluate
+    from veritrain.results import evaluate
     from veritrain.tasks import get_task
 
     cfg, data = digits
@@ -112,8 +112,9 @@ def test_diverged_run_fails_in_one_line_naming_the_non_finite_outputs(cli, tmp_p
 
 
 def test_smoke_keeps_the_traceback_of_an_unexpected_error_in_its_train_log(digits, tmp_path, monkeypatch):
-    from veritrain import evaluate, smoke
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import smoke
+    from veritrain.results import evaluate
+    from veritrain.records.workspace import Workspace
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug\nover two lines")
@@ -158,7 +159,7 @@ def test_curves_have_whole_epoch_ticks():
 
 
 def test_repeat_intervals_stay_inside_each_metrics_range():
-    from veritrain.repeats import RANGES, SUMMARIZED, spread
+    from veritrain.orchestration.repeats import RANGES, SUMMARIZED, spread
 
     assert set(SUMMARIZED) <= set(RANGES)
     near_zero = [0.002, 0.03]  # two seeds: t(0.975, 1) = 12.7, the raw interval reaches far below 0

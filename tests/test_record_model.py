@@ -1,4 +1,4 @@
-"""The typed run record (`veritrain.record.RunRecord`): docs/record.md documents exactly its fields, the
+"""The typed run record (`veritrain.records.record.RunRecord`): docs/record.md documents exactly its fields, the
 writer never writes a record its readers would refuse, and every reader refuses a forged field in one line
 while the other runs keep listing."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from veritrain.errors import RunFailed
-from veritrain.record import RunRecord, record_problem, write_record
-from veritrain.verify import compare_runs
+from veritrain.core.errors import RunFailed
+from veritrain.records.record import RunRecord, record_problem, write_record
+from veritrain.trust.verify import compare_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 LEGACY = ROOT / "tests" / "fixtures" / "legacy"

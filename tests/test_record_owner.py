@@ -1,4 +1,4 @@
-"""One owner for the run record: only veritrain.record, veritrain.recorder and veritrain.journal write record.json
+"""One owner for the run record: only veritrain.records.record, veritrain.records.recorder and veritrain.records.journal write record.json
 or record.sha256 or change a record; every other module reads records through read_record, which gives them
 validated and read-only. The rule is checked on the source (an AST walk) and on the objects themselves."""
 
@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from veritrain.record import FrozenList, Record, frozen, read_record, thawed
+from veritrain.records.record import FrozenList, Record, frozen, read_record, thawed
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "veritrain"
 OWNERS = {"record.py", "recorder.py", "journal.py"}  # relative to src/veritrain
 RECORD_NAME = re.compile(r"^(\w+_)?record$")  # record, old_record, opened.record …
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove", "sort", "reverse"}
 RECORD_FILES = {"record.json", "record.sha256", "RECORD_FILE", "SEAL_FILE"}
-WRITERS = {"write_record", "sealed_bytes"}  # veritrain.record's writers, for the owner's use
+WRITERS = {"write_record", "sealed_bytes"}  # veritrain.records.record's writers, for the owner's use
 
 
 def _names_in(node: ast.AST) -> list[str]:

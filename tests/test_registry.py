@@ -91,9 +91,9 @@ def test_experiments_md_has_every_run_with_changes_and_reasons(cli, workspace):
 
 def test_hypothesis_and_parent_are_recorded(tmp_path, workspace):
     workdir, outcomes = workspace
-    from veritrain import pipeline
-    from veritrain.config import load_config
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.core.config import load_config
+    from veritrain.records.workspace import Workspace
 
     outcome = pipeline.run(load_config(None, FAST + ["seed=7"]), Workspace.open(workdir), ["veritrain", "run"],
                            hypothesis="a new seed changes accuracy by < 1%", parent=outcomes[0].summary["run_id"])
@@ -191,7 +191,7 @@ def test_an_unknown_filter_or_sort_key_is_exit_2_naming_the_valid_ones(workspace
 
 
 def test_filters_take_recorded_config_paths_and_columns(workspace):
-    from veritrain import registry
+    from veritrain.records import registry
 
     workdir, outcomes = workspace
     state, runs = workdir / ".veritrain", workdir / "runs"

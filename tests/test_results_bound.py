@@ -41,13 +41,13 @@ def copy(honest, tmp_path) -> Path:
 
 
 def workspace_of(run_dir: Path):
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     return Workspace.open(run_dir.parent.parent)
 
 
 def verified(run_dir: Path) -> dict:
-    from veritrain.verify import verify_run
+    from veritrain.trust.verify import verify_run
 
     return verify_run(run_dir, run_dir.parent.parent / ".veritrain")
 
@@ -74,8 +74,8 @@ def test_an_honest_run_names_its_entries_and_verifies(honest):
 def test_an_outside_checkpoint_makes_a_child_run_and_never_changes_the_run(honest, copy, tmp_path):
     import torch
 
-    from veritrain import pipeline
-    from veritrain.check import check_run
+    from veritrain.orchestration import pipeline
+    from veritrain.trust.check import check_run
     from veritrain.train import checkpoint
 
     before = (copy / "record.json").read_bytes(), (copy / "record.sha256").read_bytes()
@@ -112,9 +112,9 @@ def test_an_outside_checkpoint_makes_a_child_run_and_never_changes_the_run(hones
 
 
 def test_best_pt_replaced_by_a_state_listed_as_a_timing_save_fails_verify(copy):
-    from veritrain import pipeline
-    from veritrain.errors import RunFailed
-    from veritrain.record import write_record
+    from veritrain.orchestration import pipeline
+    from veritrain.core.errors import RunFailed
+    from veritrain.records.record import write_record
     from veritrain.train import checkpoint, trajectory
 
     metrics = record_of(copy)["metrics"]["test"]
@@ -130,7 +130,7 @@ def test_best_pt_replaced_by_a_state_listed_as_a_timing_save_fails_verify(copy):
 
 
 def test_a_deleted_start_checkpoint_with_its_flags_rewritten_breaks_the_keep_rule(copy):
-    from veritrain.record import write_record
+    from veritrain.records.record import write_record
 
     for name in ("step-60.pt", "step-60.pt.sha256"):
         (copy / "checkpoints" / name).unlink()
@@ -147,7 +147,7 @@ def test_a_deleted_start_checkpoint_with_its_flags_rewritten_breaks_the_keep_rul
 def test_a_checkpoint_replaced_by_something_else_fails_verify_audit_and_every_amend(copy):
     import torch
 
-    from veritrain.record import write_record
+    from veritrain.records.record import write_record
 
     metrics = record_of(copy)["metrics"]["test"]
     target = copy / "checkpoints" / "step-60.pt"
@@ -157,8 +157,9 @@ def test_a_checkpoint_replaced_by_something_else_fails_verify_audit_and_every_am
     (copy / "checkpoints" / "step-60.pt.sha256").write_text(hashlib.sha256(target.read_bytes()).hexdigest() + "\n")
     write_record(copy, record_of(copy))  # sidecar and seal fixed
     assert "not_in_trajectory" in kinds(copy)
-    from veritrain import housekeeping, opening, pipeline
-    from veritrain.errors import RunFailed
+    from veritrain.orchestration import housekeeping, pipeline
+    from veritrain.trust import opening
+    from veritrain.core.errors import RunFailed
 
     result = veritrain("audit", copy.name, "--segments", "1", "--workdir", str(copy.parent.parent))  # one line, exit 1
     assert result.code == 1 and result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1
@@ -175,8 +176,8 @@ def test_a_checkpoint_replaced_by_something_else_fails_verify_audit_and_every_am
 
 
 def test_a_rewritten_metric_or_entry_is_named(copy):
-    from veritrain import audit
-    from veritrain.record import write_record
+    from veritrain.trust import audit
+    from veritrain.records.record import write_record
 
     record = record_of(copy)
     honest_accuracy = record["metrics"]["test"]["accuracy"]
@@ -195,8 +196,8 @@ def test_a_rewritten_metric_or_entry_is_named(copy):
 
 
 def test_exported_weights_of_another_state_are_named(copy):
-    from veritrain.export import write_safetensors
-    from veritrain.record import write_record
+    from veritrain.results.export import write_safetensors
+    from veritrain.records.record import write_record
     from veritrain.train import checkpoint
 
     other = checkpoint.load(copy / "checkpoints" / "step-60.pt")["model"]
@@ -221,7 +222,7 @@ def test_the_printed_escape_probability_is_the_exact_figure(honest):
 
 
 def test_escape_probability_formula():
-    from veritrain.audit import escape_probability
+    from veritrain.trust.audit import escape_probability
 
     assert escape_probability(9, 1, 3) == pytest.approx(6 / 9)  # C(6, 1) / C(9, 1)
     assert escape_probability(9, 2, 3) == pytest.approx(math.comb(6, 2) / math.comb(9, 2))
@@ -229,8 +230,8 @@ def test_escape_probability_formula():
 
 
 def test_metrics_evaluated_before_exact_sums_are_matched_within_tolerance_by_audit(copy):
-    from veritrain import audit
-    from veritrain.record import write_record
+    from veritrain.trust import audit
+    from veritrain.records.record import write_record
 
     record = record_of(copy)
     metrics = record["metrics"]["test"]

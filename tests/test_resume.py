@@ -125,7 +125,7 @@ def test_sigterm_saves_and_resume_is_identical(reference, tmp_path):
 
 
 def verified_here(run_dir: Path) -> bool:
-    from veritrain.verify import verify_run
+    from veritrain.trust.verify import verify_run
 
     result = verify_run(run_dir, run_dir.parent.parent / ".veritrain")
     assert not result["problems"], result["problems"]
@@ -211,7 +211,7 @@ def test_truncated_and_bitflipped_checkpoints_fall_back(reference, tmp_path):
 
 def test_no_valid_checkpoint_exits_1(cli, small_run_copy):
     """An interrupted run (the small run, marked interrupted as a kill leaves it) whose every checkpoint is damaged."""
-    from veritrain.record import write_record
+    from veritrain.records.record import write_record
 
     workdir, run_dir = small_run_copy.workdir, small_run_copy.run_dir
     record = json.loads((run_dir / "record.json").read_text())

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from conftest import FAST, FAST_OVERRIDES, ROOT, in_process_run
 
-from veritrain.config import load_config
-from veritrain.hashing import sha256_file, state_dict_sha256
+from veritrain.core.config import load_config
+from veritrain.core.hashing import sha256_file, state_dict_sha256
 from veritrain.train import checkpoint
 
 TIMING_FIELDS = {"seconds"}  # wall-clock fields; everything else in metrics.jsonl must reproduce exactly
@@ -77,7 +77,7 @@ def test_config_hash_and_data_version_id_are_unchanged_for_the_same_inputs(fast_
 def test_the_resolved_config_of_a_recorded_run_is_the_one_it_ran(fast_run):
     """`resolved_from_record` is the one rebuild of a run's config (resume, reproduce, eval, export, audit, ranks):
     the same hash, and the data paths as recorded."""
-    from veritrain.config import resolved_from_record
+    from veritrain.core.config import resolved_from_record
 
     resolved = resolved_from_record(fast_run.record)
     assert resolved.hash == fast_run.record["config_hash"]
@@ -225,7 +225,7 @@ def test_signal_marks_run_interrupted(tmp_path, signum, code):
 
 
 def test_git_state_and_diff_patch(small_run_copy):
-    from veritrain.record import capture_code
+    from veritrain.records.record import capture_code
 
     workdir = small_run_copy.workdir  # a workspace that has runs/, .veritrain/ and experiments.md
 
@@ -253,8 +253,8 @@ def test_git_state_and_diff_patch(small_run_copy):
 
 
 def test_a_note_stays_outside_the_seal_when_the_run_is_sealed_again(tmp_path):
-    from veritrain.record import read_record, thawed, write_record
-    from veritrain.verify import verify_run
+    from veritrain.records.record import read_record, thawed, write_record
+    from veritrain.trust.verify import verify_run
 
     outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]"])
     run_dir = Path(outcome.summary["run_dir"])
@@ -266,8 +266,8 @@ def test_a_note_stays_outside_the_seal_when_the_run_is_sealed_again(tmp_path):
 
 
 def test_gc_keeps_every_data_version_while_a_record_cannot_be_read(tmp_path):
-    from veritrain import housekeeping
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import housekeeping
+    from veritrain.records.workspace import Workspace
 
     outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]", "eval.baselines=false"])
     workspace = Workspace.open(tmp_path)

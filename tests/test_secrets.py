@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_OVERRIDES, in_process_run, veritrain as cli_run
-from veritrain import secrets
-from veritrain.config import config_dict, config_from_record, load_config
+from veritrain.core import secrets
+from veritrain.core.config import config_dict, config_from_record, load_config
 from veritrain.data.cifar10 import write_fake_cifar10
-from veritrain.errors import ConfigError, UserError
-from veritrain.secrets import find_secret, redact_text
+from veritrain.core.errors import ConfigError, UserError
+from veritrain.core.secrets import find_secret, redact_text
 
 # canary-dir is a folder named only through ${env:VT_DATA_DIR}: the record keeps the reference
 CANARIES = ("canary-env-4411", "canary-ref-5522", "canary-pass-6633", "canary-hyp-7744", "canary-key-8855", "canary-dir-9966")

@@ -12,11 +12,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from veritrain import selection
-from veritrain.check import ROWS, _selection_row
-from veritrain.config import load_config
-from veritrain.errors import ConfigError, RunFailed
-from veritrain.sweep import Slot, SlotState, select_best, summary_from_records
+from veritrain.core import selection
+from veritrain.trust.check import ROWS, _selection_row
+from veritrain.core.config import load_config
+from veritrain.core.errors import ConfigError, RunFailed
+from veritrain.orchestration.sweep import Slot, SlotState, select_best, summary_from_records
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "20261201-0000{:02d}-000-aaaaaa"
@@ -109,7 +109,7 @@ def test_a_given_parent_without_val_metrics_says_how_to_add_them():
 
 
 def test_the_experiments_section_and_the_browser_label_the_test_result(tmp_path):
-    from veritrain.experiments import sweep_sections
+    from veritrain.records.experiments import sweep_sections
     from veritrain.web.views import sweeps_of
 
     spec, states, records = sweep_of([[(0.90, 0.97)], [(0.95, 0.85)]], parent=[(0.80, 0.80)])
@@ -134,7 +134,7 @@ def test_the_experiments_page_shows_the_sweep_and_its_test_result_label(tmp_path
         warnings.simplefilter("ignore")
         from starlette.testclient import TestClient
     from veritrain.web.server import create_app
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(tmp_path / "ws")
     spec, states, records = sweep_of([[(0.90, 0.97)], [(0.95, 0.85)]], parent=[(0.80, 0.80)])
@@ -224,7 +224,7 @@ def test_an_empty_val_split_found_by_preparing_fails_the_run_before_training():
 
 
 def test_a_sweep_run_evaluates_val_and_test_and_a_repeat_seed_test_too(tmp_path):
-    from veritrain.pipeline import evaluation_splits
+    from veritrain.orchestration.pipeline import evaluation_splits
 
     on_val = load_config(None, ["eval.split=val"]).config
     assert evaluation_splits({"sweep": {"id": "s"}}, on_val, tmp_path) == ["val", "test"]
@@ -239,8 +239,8 @@ def test_a_sweep_run_evaluates_val_and_test_and_a_repeat_seed_test_too(tmp_path)
 
 
 def test_repeat_reports_the_test_spread_and_selects_nothing(tmp_path, monkeypatch):
-    from veritrain import repeats
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import repeats
+    from veritrain.records.workspace import Workspace
 
     accuracies = iter([(0.99, 0.80), (0.50, 0.90)])  # val would rank the seeds the other way
 
@@ -289,7 +289,7 @@ def test_the_selection_row_passes_on_validation_only():
 
 
 def test_the_selection_field_validates_and_the_row_is_documented():
-    from veritrain.record import RunRecord
+    from veritrain.records.record import RunRecord
 
     record = {"record_version": 1, "run_id": RUN.format(1), "status": "completed", "started_at": "2026-01-01T00:00:00+00:00", "config": {},
               "selection": {"best_checkpoint": {"split": "val", "metric": "val_acc", "mode": "max"},

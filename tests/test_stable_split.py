@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from realdata import mnist_arrays, png_bytes, write_mnist_imagefolder
-from veritrain.config import load_config
+from veritrain.core.config import load_config
 from veritrain.data import prepare, report
 from veritrain.data.split import SPLITS, Unit, assign, place, placement_value, unit_key
-from veritrain.errors import RunFailed, UserError
+from veritrain.core.errors import RunFailed, UserError
 
 RATIOS = (0.8, 0.1, 0.1)
 
@@ -304,7 +304,7 @@ def test_the_csv_id_column_places_a_sample_whatever_its_content(tmp_path):
 
 
 def test_test_from_is_checked_where_it_is_written(tmp_path):
-    from veritrain.errors import ConfigError
+    from veritrain.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"data.test_from: expected a data version id or a prefix of it"):
         load_config(None, ["data.test_from=V1"])

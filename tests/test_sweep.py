@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import need_extra, veritrain, veritrain_process
 
-from veritrain.experiments import config_diff
-from veritrain.sweep import parse_vary, plan, split_values
-from veritrain.workspace import Workspace
+from veritrain.records.experiments import config_diff
+from veritrain.orchestration.sweep import parse_vary, plan, split_values
+from veritrain.records.workspace import Workspace
 
 # The smallest digits config that still trains and goes through every stage of `veritrain run`.
 TINY = """\

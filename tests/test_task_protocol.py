@@ -91,8 +91,8 @@ def test_regression_runs_through_the_whole_pipeline(regression_registered, tmp_p
 
 
 def test_unregistered_task_is_a_config_error():
-    from veritrain.config import load_config
-    from veritrain.errors import ConfigError
+    from veritrain.core.config import load_config
+    from veritrain.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="task: expected one of 'classification', got 'regression'"):
         load_config(None, ["task=regression"])

@@ -13,7 +13,7 @@ import torch
 
 from conftest import in_process_run
 from veritrain import models
-from veritrain.config import AugmentConfig, load_config
+from veritrain.core.config import AugmentConfig, load_config
 from veritrain.tasks.classification import ClassificationTask
 from veritrain.train.loop import schedule_factor
 
@@ -111,7 +111,7 @@ def test_user_model_target(tmp_path):
 
 
 def test_bad_user_model_target_fails_cleanly(tmp_path):
-    from veritrain.errors import UserError
+    from veritrain.core.errors import UserError
 
     with pytest.raises(UserError, match="model.target: no module 'no_such_module' in "):  # before a run exists
         in_process_run(tmp_path, ["train.epochs=1", "model.target=no_such_module:factory"])
@@ -210,7 +210,7 @@ def test_compile_trains_through_the_compiled_forward_and_audit_refuses_to_replay
     """torch.compile itself takes minutes on this CPU and is outside the bit-exact promise: a stand-in that
     counts its calls shows that `train.compile` trains through what torch.compile returns, and the run says
     why an audit cannot replay it."""
-    from veritrain.audit import replay_blockers
+    from veritrain.trust.audit import replay_blockers
 
     compiled: list[torch.nn.Module] = []
     calls = []

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 from conftest import in_process_run, veritrain_process
 
-from veritrain import opening, pipeline, usercode
-from veritrain.errors import RunFailed, UserError
-from veritrain.reproduce import reproduce
-from veritrain.verify import verify_run
-from veritrain.workspace import Workspace
+from veritrain.orchestration import pipeline
+from veritrain.records import usercode
+from veritrain.trust import opening
+from veritrain.core.errors import RunFailed, UserError
+from veritrain.orchestration.reproduce import reproduce
+from veritrain.trust.verify import verify_run
+from veritrain.records.workspace import Workspace
 
 TINY = ["train.epochs=2", "eval.baselines=false", "export.formats=[safetensors]"]
 
@@ -234,8 +236,8 @@ def test_edited_code_leaves_eval_export_and_reproduce_on_the_recorded_copies(tmp
     assert listed == {"helpers": "helpers.py", "nets": "nets/__init__.py", "nets.act": "nets/act.py", "nets.blocks": "nets/blocks.py"}
     assert (run_dir / "code" / "nets" / "act.py").read_text() == ACT_RELU
     recorded_accuracy = outcome.record["metrics"]["test"]["accuracy"]
-    from veritrain.config import load_config
-    from veritrain.housekeeping import identical_completed
+    from veritrain.core.config import load_config
+    from veritrain.orchestration.housekeeping import identical_completed
 
     workspace = Workspace.open(tmp_path / "ws")
     version = outcome.record["data"]["version"]
@@ -294,7 +296,7 @@ def test_resume_runs_the_recorded_code_and_use_current_code_continues_in_a_new_r
 
 
 def test_an_imported_run_evaluates_from_its_archived_code_with_trust_code(tmp_path, monkeypatch):
-    from veritrain import archive
+    from veritrain.trust import archive
 
     project = tmp_path / "proj"
     config = write_project(project)
@@ -312,7 +314,7 @@ def test_an_imported_run_evaluates_from_its_archived_code_with_trust_code(tmp_pa
 
 
 def test_sweep_trials_import_the_copies_made_at_the_sweeps_start(tmp_path, monkeypatch):
-    from veritrain.sweep_trial import _sweep_code
+    from veritrain.orchestration.sweep_trial import _sweep_code
 
     project = tmp_path / "proj"
     config = write_project(project)

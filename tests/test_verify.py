@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from veritrain.verify import verify_run
+from veritrain.trust.verify import verify_run
 
 
 
@@ -50,7 +50,7 @@ def test_untouched_run_verifies(cli, sealed):
     # the raw digits are told unchanged from their hashes; nothing is prepared (or said to be written) again
     assert payload["raw_data"] == "1,797 raw samples hash as recorded (decoders unchanged): not re-decoded"
     assert "data: 1,797 raw samples hash as recorded" in result.stderr and "writing" not in result.stderr
-    from veritrain import verdicts
+    from veritrain.records import verdicts
 
     kept = verdicts.latest(run_dir, workdir / ".veritrain")  # verify keeps its verdict in the workspace, not in the run
     assert kept["ok"] is True and kept["seal"] == seal and kept["expect"] == seal and kept["stale"] is False
@@ -61,8 +61,8 @@ def test_untouched_run_verifies(cli, sealed):
 def test_a_kept_verdict_is_stale_once_the_seal_or_a_file_it_covered_changes(damageable_data_version):
     """Notes are outside what verify reads: adding one leaves the verdict fresh. A changed file of the run, of its
     data version or an edited record (a new seal) makes it stale, saying why."""
-    from veritrain import verdicts
-    from veritrain.verify import verify_and_keep
+    from veritrain.records import verdicts
+    from veritrain.trust.verify import verify_and_keep
 
     workdir, run_dir, version, version_dir = damageable_data_version
     state = workdir / ".veritrain"
@@ -92,8 +92,8 @@ def test_a_kept_verdict_is_stale_once_the_seal_or_a_file_it_covered_changes(dama
 
 
 def test_verify_answers_when_its_verdict_cannot_be_kept(copy_of, monkeypatch):
-    from veritrain import verdicts
-    from veritrain.verify import verify_and_keep
+    from veritrain.records import verdicts
+    from veritrain.trust.verify import verify_and_keep
 
     workdir, run_dir, seal = copy_of
 
@@ -190,7 +190,7 @@ def test_reproduce_is_identical(cli, sealed):
 
 
 def test_compare_names_the_first_divergence(sealed, tmp_path):
-    from veritrain.verify import compare_runs
+    from veritrain.trust.verify import compare_runs
 
     workdir, run_dir, _ = sealed
     other = tmp_path / run_dir.name  # a folder named by its record's run id, as every record reader requires
@@ -225,12 +225,12 @@ def test_damaged_data_version_is_a_problem_not_a_crash(cli, damageable_data_vers
 
 def test_data_version_check_is_shared_by_verify_and_import():
     """One check of a data version: the same problems whether its files are in a folder or an archive."""
-    from veritrain import archive, verify
-    from veritrain.data import integrity
+    from veritrain.trust import archive, verify
+    from veritrain.data import identity
 
-    assert archive.data_version_problems is verify.data_version_problems is integrity.data_version_problems
+    assert archive.data_version_problems is verify.data_version_problems is identity.data_version_problems
     files = {"version.json": b"{}"}
-    problems = integrity.data_version_problems("0" * 64, files.__getitem__, lambda name: "")
+    problems = identity.data_version_problems("0" * 64, files.__getitem__, lambda name: "")
     assert [(p["path"], p["kind"]) for p in problems] == [("manifest.csv", "data_version_changed"), ("version.json", "data_version_changed")]
 
 
@@ -240,7 +240,7 @@ def test_corrupt_record_is_reported_by_check_and_verify(cli, copy_of, text):
     (run_dir / "record.json").write_text(text)
     result = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
     assert not result["ok"] and ("record.json", "unreadable") in {(p["path"], p["kind"]) for p in result["problems"]}
-    from veritrain.check import check_run
+    from veritrain.trust.check import check_run
 
     checked = check_run(run_dir, workdir / ".veritrain")
     assert not checked["ok"] and checked["items"][0]["status"] == "fail" and checked["items"][0]["fix"] == f"veritrain verify {run_dir.name}"
@@ -267,8 +267,8 @@ def test_verify_decodes_nothing_when_the_raw_data_hashes_as_recorded(sealed, mon
 def test_state_hashes_are_kept_by_the_checkpoint_file_hash_and_audit_reads_no_cache(sealed, tmp_path, monkeypatch):
     import torch
 
-    from veritrain import audit, verify
-    from veritrain.workspace import Workspace
+    from veritrain.trust import audit, verify
+    from veritrain.records.workspace import Workspace
 
     workdir, run_dir, _ = sealed
     cache = tmp_path / "states"

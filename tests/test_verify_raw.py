@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from datafixtures import good_imagefolder
-from veritrain.config import load_config
+from veritrain.core.config import load_config
 from veritrain.data import identity, prepare
 
 

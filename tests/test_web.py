@@ -39,9 +39,9 @@ def site(tmp_path_factory):
     (hostile class names, an edited per-class table so it no longer verifies, a link to a file outside)."""
     import torch
 
-    from veritrain import pipeline
-    from veritrain.config import load_config
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.core.config import load_config
+    from veritrain.records.workspace import Workspace
 
     root = tmp_path_factory.mktemp("web")
     workspace = Workspace.open(root / "ws")
@@ -280,7 +280,7 @@ def test_data_page_tables_gallery_and_limits(tmp_path):
 
     from veritrain.web import views
     from veritrain.web.server import create_app
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(tmp_path / "ws")
     version = "0123456789abcdef" * 4
@@ -349,9 +349,9 @@ def test_publish_writes_a_compare_page_for_several_runs(site, tmp_path):
     """Two published runs: compare.html (the server's template, data inlined, relative links), linked from index.html."""
     import torch
 
-    from veritrain import pipeline
-    from veritrain.config import load_config
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.core.config import load_config
+    from veritrain.records.workspace import Workspace
 
     copied = tmp_path / "ws"
     shutil.copytree(site["workspace"].root, copied, symlinks=True)
@@ -412,7 +412,7 @@ def _check_row(html: str, row: str) -> str:
 def raw_run(tmp_path_factory):
     """One short run on a folder of PNGs, so that verify has raw data to prepare again, in a workspace of its own."""
     from datafixtures import good_imagefolder
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     root = tmp_path_factory.mktemp("raw")
     images = good_imagefolder(root / "images", per_class=15)  # 24 / 2 / 4 by the split's hash: fewer leave val empty
@@ -426,7 +426,7 @@ def raw_run(tmp_path_factory):
 def test_verify_is_a_post_from_this_page_only(raw_run):
     """A GET of the verify URL is 405 and starts nothing; a POST without the button's header, or from another
     origin or site, is 403 and starts nothing (no job, no verdict kept)."""
-    from veritrain import verdicts
+    from veritrain.records import verdicts
     from veritrain.web.server import create_app
 
     workspace, run = raw_run["workspace"], raw_run["run"]
@@ -451,7 +451,7 @@ def test_verify_is_a_post_from_this_page_only(raw_run):
 def test_a_second_post_joins_the_running_verify_off_the_event_loop(site, monkeypatch):
     """While one verify runs (held here in its worker thread), pages still answer, a second POST for the run joins
     its job (one verify), and the job's latest progress is served."""
-    from veritrain import verify
+    from veritrain.trust import verify
     from veritrain.web.server import create_app
 
     release, calls = threading.Event(), []
@@ -486,7 +486,7 @@ def test_every_view_says_a_run_with_one_changed_pixel_does_not_verify(raw_run):
     `publish` all say the run does not verify, with data_changed; the run page shows that verdict."""
     from PIL import Image
 
-    from veritrain import verdicts
+    from veritrain.records import verdicts
     from veritrain.web.server import create_app
 
     workspace, run = raw_run["workspace"], raw_run["run"]
@@ -532,8 +532,8 @@ def test_the_run_page_shows_only_a_kept_verdict_and_marks_it_stale(raw_run):
     """No verdict kept: the page says "not verified yet" and its checklist does not pass run_verifies. After the
     Verify button, it shows that verdict with its time and seal; once a file of the run (or of its raw data)
     changes, the verdict is stale and the checklist no longer passes on it."""
-    from veritrain import verdicts
-    from veritrain.check import PASSING
+    from veritrain.records import verdicts
+    from veritrain.trust.check import PASSING
     from veritrain.web.server import create_app
 
     workspace, run = raw_run["workspace"], raw_run["run"]
@@ -581,7 +581,7 @@ def test_runs_of_an_outside_checkpoint_are_marked(raw_run, tmp_path):
     """An eval or export run of a checkpoint from outside is shown as not from the audited training, in the runs
     table and on its page; a training run is not."""
     from veritrain.web.server import create_app
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(tmp_path / "ws")
     parent = raw_run["run"]
@@ -605,7 +605,7 @@ def test_runs_of_an_outside_checkpoint_are_marked(raw_run, tmp_path):
 def test_the_run_page_and_the_verify_button_say_an_amend_was_interrupted(site):
     """While an amend of a run is unfinished, the page says what `veritrain verify` says, and the button's verdict
     says it judged the run as it was before the amend, as the CLI's last line does."""
-    from veritrain.journal import folder_of
+    from veritrain.records.journal import folder_of
     from veritrain.web.server import create_app
 
     workspace, run_id = site["workspace"], site["good"]

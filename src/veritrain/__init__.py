@@ -4,4 +4,6 @@ Every run is recorded (config, data version, environment, logs, metrics, checkpo
 so that it can later be verified or reproduced. Start with `veritrain run` or read the README.
 """
 
-__version__ = "0.1.0"
+from veritrain.core.version import __version__
+
+__all__ = ["__version__"]

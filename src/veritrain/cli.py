@@ -18,8 +18,9 @@ from typing import Any, Optional
 
 import click
 
-from veritrain import __version__, logs
-from veritrain.errors import Interrupted, RunFailed, UserError, VeritrainError
+from veritrain.core import logs
+from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
+from veritrain.core.version import __version__
 
 workdir_option = click.option(
     "--workdir",
@@ -71,7 +72,7 @@ _JSON_WRITTEN = {"done": False}  # whether this command printed its JSON documen
 def emit_json(payload: Any) -> None:
     """The command's one JSON document on stdout. NaN and ±Infinity, which JSON has no words for, are null, and the
     document's `nonfinite` lists their paths (e.g. `results[0].top[0].prob`)."""
-    from veritrain.display import finite_json
+    from veritrain.core.display import finite_json
 
     payload, nonfinite = finite_json(payload)
     if nonfinite and isinstance(payload, dict):
@@ -115,9 +116,9 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
     Example:
       veritrain run configs/digits.yaml --set train.epochs=5
     """
-    from veritrain import pipeline
-    from veritrain.config import load_config
-    from veritrain.workspace import Workspace
+    from veritrain.core.config import load_config
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
 
     if _torchrun_follower():  # rank 1… of `torchrun … -m veritrain run`: rank 0 runs the command, this one trains along
         return pipeline.follow()
@@ -125,7 +126,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
     pipeline.refuse_secrets(pipeline.python_argv(), hypothesis)  # before the smoke test: the record keeps them as given
     workspace = Workspace.open(workdir)
     if dry_run or reuse_completed:
-        from veritrain import housekeeping
+        from veritrain.orchestration import housekeeping
 
         stages = housekeeping.dry_run(resolved, workspace, not no_smoke, reuse_completed)
         reused = next((s.run_id for s in stages if s.stage == "train" and s.action == "reuse"), None)
@@ -137,7 +138,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
                     click.echo(f"{s.stage:<9} {s.action:<6} {s.reason}")
             return 0
         if reused:
-            from veritrain.record import read_record
+            from veritrain.records.record import read_record
 
             record = read_record(workspace.runs_dir / reused)
             logs.report(f"reusing completed run {reused} (same config hash, data version and code)")
@@ -149,7 +150,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
     if no_smoke:
         smoke_result: dict[str, Any] = {"status": "skipped"}
     else:
-        from veritrain import smoke
+        from veritrain.orchestration import smoke
 
         passed = smoke.ensure(resolved, workspace)  # fails fast (exit 1) before the long run starts
         smoke_result = {"key": passed["key"], "status": passed["status"], "cached": passed["cached"]}
@@ -157,7 +158,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
         outcome = pipeline.run(resolved, workspace, pipeline.python_argv(), hypothesis=hypothesis, parent=parent, smoke=smoke_result,
                                nproc=nproc or 1)
         return _finish_run(outcome, as_json)
-    from veritrain import repeats
+    from veritrain.orchestration import repeats
 
     result = repeats.run(resolved, workspace, pipeline.python_argv(), repeat, nproc=nproc or 1, hypothesis=hypothesis, parent=parent,
                          smoke=smoke_result)
@@ -192,9 +193,9 @@ def train_command(config: Optional[str], overrides: tuple[str, ...], resume_ref:
       veritrain train configs/digits.yaml --set checkpoint.every_steps=50
       veritrain train --resume latest
     """
-    from veritrain import pipeline
-    from veritrain.config import load_config
-    from veritrain.workspace import Workspace
+    from veritrain.core.config import load_config
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
 
     if _torchrun_follower():  # rank 1… of `torchrun … -m veritrain train`: rank 0 runs the command, this one trains along
         return pipeline.follow()
@@ -343,8 +344,8 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
       veritrain sweep configs/digits.yaml --vary optim.lr=0.01,0.001 --vary train.batch_size=32,128 --parallel 2
       veritrain sweep --resume latest
     """
-    from veritrain import pipeline, sweep
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline, sweep
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     if resume_id:
@@ -373,7 +374,7 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
 def _render_sweep_plan(plan: Any) -> None:
     from rich.table import Table
 
-    from veritrain.sweep import change_text
+    from veritrain.orchestration.sweep import change_text
 
     table = Table(title=f"sweep plan: {len(plan.trials)} trial(s), {plan.mode}, threads {plan.threads}, {plan.repeat} seed(s) each", title_justify="left")
     for column in ("trial", "change", "config hash", "hypothesis"):
@@ -388,7 +389,7 @@ def _render_sweep_plan(plan: Any) -> None:
 def _render_sweep_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from veritrain.sweep import change_text
+    from veritrain.orchestration.sweep import change_text
 
     headline = (summary.get("headline") or {}).get("metric")
     split = summary["split"]  # the trials' metrics: the split the best trial is chosen on
@@ -464,7 +465,7 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
     """
     from pathlib import Path
 
-    from veritrain import evaluate
+    from veritrain.results import evaluate
 
     if predictions:
         if ref:
@@ -478,8 +479,8 @@ def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str],
     else:
         if not ref:
             raise UserError("veritrain eval: give a RUN (id, prefix, latest or folder) or --predictions FILE")
-        from veritrain import pipeline
-        from veritrain.workspace import Workspace
+        from veritrain.orchestration import pipeline
+        from veritrain.records.workspace import Workspace
 
         workspace = Workspace.open(workdir)
         done = pipeline.evaluate_run(workspace, ref, which, split, pipeline.python_argv(), allow_data_drift, trust_code, use_current_code)
@@ -527,8 +528,8 @@ def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, wor
       veritrain baseline latest
       veritrain baseline configs/digits.yaml --json
     """
-    from veritrain import pipeline
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
 
     result = pipeline.baselines(Workspace.open(workdir), ref, overrides, trust_code)
     if as_json:
@@ -558,8 +559,8 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
     Example:
       veritrain export latest --format onnx
     """
-    from veritrain import pipeline
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     done = pipeline.export_run(workspace, ref, which, list(formats) or None, pipeline.python_argv(), trust_code, use_current_code)
@@ -598,8 +599,8 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
     """
     from pathlib import Path
 
-    from veritrain import export
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
+    from veritrain.results import export
 
     candidate = Path(ref)
     base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref, "export")
@@ -607,7 +608,7 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
     if as_json:
         emit_json({"results": results})
     else:
-        from veritrain.display import terminal_safe
+        from veritrain.core.display import terminal_safe
 
         for r in results:
             shown = ", ".join(f"{t['label']} {t['prob']:.4f}" for t in r["top"]) if r["ok"] else f"error: {r['error']}"
@@ -631,9 +632,9 @@ def smoke_command(config: Optional[str], overrides: tuple[str, ...], workdir: Op
     Example:
       veritrain smoke configs/digits.yaml
     """
-    from veritrain import smoke
-    from veritrain.config import load_config
-    from veritrain.workspace import Workspace
+    from veritrain.core.config import load_config
+    from veritrain.orchestration import smoke
+    from veritrain.records.workspace import Workspace
 
     result = smoke.run(load_config(config, overrides), Workspace.open(workdir))
     if as_json:
@@ -660,8 +661,8 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
     Example:
       veritrain verify latest --expect 63a6a0c8...
     """
-    from veritrain.verify import verify_and_keep
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust.verify import verify_and_keep
 
     if expect is not None and not re.fullmatch(r"[0-9a-f]{64}", expect.strip().lower()):
         raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")
@@ -699,8 +700,8 @@ def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
     Example:
       veritrain check latest
     """
-    from veritrain.check import PASSING, check_run
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust.check import PASSING, check_run
 
     workspace = Workspace.open(workdir)
     result = check_run(workspace.resolve_run(ref), workspace.state_dir)
@@ -733,8 +734,8 @@ def gc_command(dry_run: bool, workdir: Optional[str], as_json: bool) -> int:
     Example:
       veritrain gc --dry-run
     """
-    from veritrain import housekeeping
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import housekeeping
+    from veritrain.records.workspace import Workspace
 
     result = housekeeping.gc(Workspace.open(workdir), dry_run)
     if as_json:
@@ -768,8 +769,8 @@ def archive_command(ref: str, output: str, with_data: bool, with_audit: bool, wo
     """
     from pathlib import Path
 
-    from veritrain import archive
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust import archive
 
     workspace = Workspace.open(workdir)
     result = archive.create(workspace.resolve_run(ref), workspace.state_dir, Path(output), with_data, with_audit=with_audit)
@@ -796,8 +797,9 @@ def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> 
     """
     from pathlib import Path
 
-    from veritrain import archive, pipeline
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust import archive
 
     workspace = Workspace.open(workdir)
     result = archive.import_archive(Path(archive_file), workspace)
@@ -830,9 +832,9 @@ def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdi
     Example:
       veritrain reproduce latest
     """
-    from veritrain import pipeline
-    from veritrain.reproduce import reproduce
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.orchestration.reproduce import reproduce
+    from veritrain.records.workspace import Workspace
 
     result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code, use_current_code=use_current_code)
     if as_json:
@@ -876,8 +878,8 @@ def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[st
     """
     from pathlib import Path
 
-    from veritrain import audit
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust import audit
 
     result = audit.run(Workspace.open(workdir), ref, segments, seed, Path(out) if out else None, trust_code=trust_code)
     if as_json:
@@ -932,8 +934,8 @@ def runs_list(status: tuple[str, ...], sort: Optional[str], filters: tuple[str, 
     Example:
       veritrain runs list --status completed --sort test.accuracy
     """
-    from veritrain import registry
-    from veritrain.workspace import Workspace
+    from veritrain.records import registry
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     rows = registry.query(workspace.state_dir, workspace.runs_dir, status, sort, filters, limit)
@@ -966,10 +968,10 @@ def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
     Example:
       veritrain runs show latest
     """
-    from veritrain.journal import interrupted
-    from veritrain.record import read_record
-    from veritrain.registry import read_notes
-    from veritrain.workspace import Workspace
+    from veritrain.records.journal import interrupted
+    from veritrain.records.record import read_record
+    from veritrain.records.registry import read_notes
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
@@ -987,9 +989,9 @@ def _render_record(run_dir: Any, record: dict[str, Any]) -> None:
     """`runs show` for people: what the run was, what it asked, what it gave, and how to check it."""
     from rich.table import Table
 
-    from veritrain.config import RunConfig
-    from veritrain.experiments import config_diff
-    from veritrain.record import SEAL_FILE
+    from veritrain.core.config import RunConfig
+    from veritrain.records.experiments import config_diff
+    from veritrain.records.record import SEAL_FILE
 
     table = Table(title=f"run {record['run_id']} ({record.get('kind')}, {record['status']})", show_header=False, title_justify="left")
     table.add_column(style="bold", no_wrap=True)
@@ -1051,9 +1053,9 @@ def runs_compare(refs: tuple[str, ...], workdir: Optional[str], as_json: bool) -
     Example:
       veritrain runs compare 20261129-1552 latest
     """
-    from veritrain.experiments import compare, comparison_by_run
-    from veritrain.record import read_record
-    from veritrain.workspace import Workspace
+    from veritrain.records.experiments import compare, comparison_by_run
+    from veritrain.records.record import read_record
+    from veritrain.records.workspace import Workspace
 
     if len(refs) < 2:
         raise UserError("runs compare: give at least two runs")
@@ -1062,7 +1064,7 @@ def runs_compare(refs: tuple[str, ...], workdir: Optional[str], as_json: bool) -
     if as_json:
         emit_json(comparison_by_run(comparison))
         return 0
-    from veritrain.display import terminal_safe
+    from veritrain.core.display import terminal_safe
 
     def echo(line: str) -> None:  # configs and environments come from the records: shown as written
         click.echo(terminal_safe(line))
@@ -1101,8 +1103,8 @@ def runs_note(ref: str, text: str, conclusion: bool, waive: Optional[str], workd
       veritrain runs note latest "lr 3e-3 converges twice as fast" --conclusion
       veritrain runs note latest --waive beats_baseline "8x8 digits: the linear baseline is the ceiling"
     """
-    from veritrain import notes
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import notes
+    from veritrain.records.workspace import Workspace
 
     run_dir, note = notes.add(Workspace.open(workdir), ref, text, conclusion, waive)
     if as_json:
@@ -1121,8 +1123,9 @@ def runs_reindex(workdir: Optional[str], as_json: bool) -> int:
     Example:
       veritrain runs reindex
     """
-    from veritrain import pipeline, registry
-    from veritrain.workspace import Workspace
+    from veritrain.orchestration import pipeline
+    from veritrain.records import registry
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     db = registry.sync(workspace.state_dir, workspace.runs_dir, rebuild=True)
@@ -1157,9 +1160,9 @@ def data_prepare(config: Optional[str], overrides: tuple[str, ...], rehash: bool
     Example:
       veritrain data prepare configs/digits.yaml --json
     """
-    from veritrain.config import load_config
+    from veritrain.core.config import load_config
     from veritrain.data import prepare
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     resolved = load_config(config, overrides)
     workspace = Workspace.open(workdir)
@@ -1216,7 +1219,7 @@ def data_report(ref: str, workdir: Optional[str], as_json: bool) -> int:
     Example:
       veritrain data report latest
     """
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     path = Workspace.open(workdir).resolve_data_version(ref)
     if as_json:
@@ -1242,7 +1245,7 @@ def data_diff(old: str, new: str, workdir: Optional[str], as_json: bool) -> int:
       veritrain data diff 6ee98039 3fa1c2d4
     """
     from veritrain.data.report import diff
-    from veritrain.workspace import Workspace
+    from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     result = diff(workspace.resolve_data_version(old), workspace.resolve_data_version(new))
@@ -1284,7 +1287,7 @@ def config_show(config: Optional[str], overrides: tuple[str, ...], workdir: Opti
     Example:
       veritrain config show configs/digits.yaml --set optim.lr=0.01
     """
-    from veritrain.config import load_config, to_yaml
+    from veritrain.core.config import load_config, to_yaml
 
     resolved = load_config(config, overrides)
     if as_json:
@@ -1305,7 +1308,7 @@ def config_keys(workdir: Optional[str], as_json: bool) -> int:
     Example:
       veritrain config keys
     """
-    from veritrain.config import reference_markdown, reference_rows
+    from veritrain.core.config import reference_markdown, reference_rows
 
     if as_json:
         emit_json({"keys": [dict(zip(("key", "type", "default", "meaning"), row)) for row in reference_rows()]})
@@ -1333,8 +1336,8 @@ def ui_command(workdir: Optional[str], host: str, port: int, open_browser: bool)
         import uvicorn  # noqa: F401
     except ImportError:
         raise UserError("install the ui extra: pip install 'veritrain[ui]'") from None
+    from veritrain.records.workspace import Workspace
     from veritrain.web.server import serve
-    from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
@@ -1370,9 +1373,9 @@ def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdi
         import jinja2  # noqa: F401
     except ImportError:
         raise UserError("install the ui extra: pip install 'veritrain[ui]'") from None
-    from veritrain import registry
+    from veritrain.records import registry
+    from veritrain.records.workspace import Workspace
     from veritrain.web.publish import publish
-    from veritrain.workspace import Workspace
 
     workspace = Workspace.open(workdir)
     if refs:
@@ -1395,7 +1398,7 @@ def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdi
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    from veritrain.secrets import redacting_excepthook
+    from veritrain.core.secrets import redacting_excepthook
 
     if argv is None:  # the `veritrain` process itself (not a caller's): a bug's traceback is shown redacted
         sys.excepthook = redacting_excepthook
@@ -1434,7 +1437,7 @@ FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)  # errors of the machine, 
 def _error(message: str, code: int, as_json: bool = False) -> None:
     """The one error line on stderr; with --json, also `{"error": {"message", "exit_code"}}` on stdout, unless the
     command already printed its JSON document (a failed check prints its result, then fails)."""
-    from veritrain.secrets import redact_text
+    from veritrain.core.secrets import redact_text
 
     shown = redact_text(message)  # a message may quote a value given on the command line
     if as_json and not _JSON_WRITTEN["done"]:

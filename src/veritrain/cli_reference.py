@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from veritrain.errors import RunFailed, UserError
+from veritrain.core.errors import RunFailed, UserError
 
 REGENERATE = "python -m veritrain.cli_reference > docs/cli.md"
 

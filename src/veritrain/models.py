@@ -4,7 +4,7 @@
 a linear head. `mlp`: flatten → (Linear → ReLU)* → Linear. `resnet18`: ResNet-18 in its CIFAR form
 (3×3 stem with stride 1, no max-pool; four stages of two basic blocks, widths 64–512).
 A user model is `model.target: "package.module:factory"`, called with the input shape, the number of
-outputs and `model.kwargs`; which file that module comes from is the command's code session (veritrain.usercode).
+outputs and `model.kwargs`; which file that module comes from is the command's code session (veritrain.records.usercode).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from veritrain.errors import UserError
+from veritrain.core.errors import UserError
 
 
 class ConvNet(nn.Module):
@@ -99,12 +99,12 @@ def from_target(target: str, input_shape: Sequence[int], num_outputs: int, kwarg
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise UserError(f"model.target: expected 'package.module:factory', got {target!r}")
-    try:  # the command's code session (veritrain.usercode) decides where user modules come from
+    try:  # the command's code session (veritrain.records.usercode) decides where user modules come from
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as err:
         raise UserError(f"model.target: cannot import {target!r} ({err}); put the module beside the config, in the working "
                         "directory, or on PYTHONPATH") from None
-    from veritrain.secrets import expand_env_values
+    from veritrain.core.secrets import expand_env_values
 
     # `${env:NAME}` in kwargs is read now: the record keeps the reference, never the value
     model = factory(input_shape=list(input_shape), num_outputs=num_outputs, **expand_env_values(kwargs))

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional, cast
 
 import numpy as np
 
-from veritrain.errors import RunFailed, UserError
+from veritrain.core.errors import RunFailed, UserError
 
 try:
     from numpy._core.multiarray import _reconstruct

@@ -15,12 +15,12 @@ from typing import Any, Optional
 
 import numpy as np
 
+from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.hashing import DATA_HASH_ALGORITHM
 from veritrain.data import split as splitting
 from veritrain.data.identity import check_version
 from veritrain.data.split import SPLITS
 from veritrain.data.table import _Table
-from veritrain.errors import RunFailed, UserError
-from veritrain.hashing import DATA_HASH_ALGORITHM
 
 SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # where copies disagree, the most protected split wins
 

@@ -9,16 +9,18 @@ replacement (a test standing in for an earlier recipe or other decoders) is seen
 from __future__ import annotations
 
 import csv
+import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
+from veritrain.core.errors import RunFailed
+from veritrain.core.hashing import sha256_file, sha256_json
 from veritrain.data.split import SPLITS
-from veritrain.errors import RunFailed
-from veritrain.hashing import sha256_file, sha256_json
 
 # The data recipe: how a data version is prepared and laid out; part of the version id. 3: near-duplicates
 # confirmed by pixels, achieved-split check, label issues and outliers, exact normalization, every file of the
@@ -125,7 +127,7 @@ def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> 
 def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], target: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything besides the samples that decides the prepared arrays and the split: the data config
     without file locations, the data card or worker count, plus what the source and decoder did."""
-    from veritrain.config import without_added_defaults
+    from veritrain.core.config import without_added_defaults
 
     cfg = without_added_defaults({"data": data_cfg.model_dump(mode="json")})["data"]
     # locations, the card and workers do not shape the data; on_split_skew only decides whether to stop on it
@@ -176,8 +178,6 @@ _checked: dict[str, tuple] = {}  # version folder → file identities when last 
 def check_version(path: Path) -> None:
     """Refuse a stored data version whose files do not match what its id binds (RunFailed, one line naming
     the file and the fix). Checked once per process while the files stay the same (inode, size, mtime)."""
-    from veritrain.data.integrity import data_version_problems
-
     names = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != CARD_FILE)
     identity = tuple((name, *_identity(path / name)) for name in names)
     if _checked.get(str(path)) == identity:
@@ -217,3 +217,80 @@ def load_version(path: Path) -> DataVersion:
         splits=splits,
         sample_ids=[sid for sid, _ in placed],
     )
+
+
+# ---------------------------------------------------------------- whether a stored version is intact
+
+REPORT_NAME = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")  # a relative path of plain names (no NUL; `.` and `..` parts refused too)
+
+
+def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of: Callable[[str], str],
+                          names: Optional[list[str]] = None) -> list[dict[str, str]]:
+    """Whether a prepared data version is intact, wherever its files are (a workspace folder for
+    verify and every command that opens it, an archive's members for import): version.json and
+    manifest.csv readable, the manifest and (recipe 3 on) every bound file hashing to `version`, the report
+    files matching version.json, and, when `names` lists the files present, nothing else there.
+
+    `read` and `sha256_of` take a file name inside the version and raise OSError or KeyError when
+    it is missing. Returns [{"path" (inside the version), "kind", "detail"}], empty when intact.
+    Versions of recipe 2 and before bind only the manifest; their arrays are checked against version.json.
+    """
+    def changed(name: str, detail: str) -> dict[str, str]:
+        return {"path": name, "kind": "data_version_changed", "detail": detail}
+
+    try:
+        info = json.loads(read("version.json"))
+        if not isinstance(info, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, KeyError):
+        return [changed("version.json", "version.json is missing")]
+    except ValueError as err:  # JSON or UTF-8
+        return [changed("version.json", f"version.json is not readable ({err})")]
+    problems = []
+    try:
+        rows = list(csv.DictReader(io.StringIO(read("manifest.csv").decode("utf-8"), newline="")))
+    except (OSError, KeyError):
+        problems.append(changed("manifest.csv", "manifest.csv is missing"))
+    except (ValueError, csv.Error) as err:  # UTF-8 or CSV
+        problems.append(changed("manifest.csv", f"manifest.csv is not readable ({err})"))
+    else:
+        try:
+            recomputed = version_id_of_manifest(info, rows)
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            problems.append(changed("manifest.csv", f"version.json or manifest.csv lacks a field or has one of the wrong type ({err})"))
+        else:
+            if recomputed != version:
+                problems.append(changed("manifest.csv", f"the manifest and version.json hash to {recomputed[:12]}, not to the version id"))
+            elif info.get("data_version") != version:
+                problems.append(changed("version.json", f"version.json names version {str(info.get('data_version'))[:12]}"))
+    recipe = recipe_of(info)
+    if recipe is None:
+        return problems + [changed("version.json", f"format {info.get('format')!r} is not a data recipe (a whole number)")]
+    recipe3 = recipe >= 3
+    if recipe3:
+        files, reports = info.get("files"), info.get("reports")
+        if not isinstance(files, dict) or not isinstance(reports, dict) or set(files) != set(BOUND_FILES) \
+                or not all(isinstance(e, dict) for e in files.values()):
+            return problems + [changed("version.json", "its tables of files are missing or malformed")]
+        # a report is any other plain file of the folder: never one the id binds, never a path that leaves it
+        odd = [name for name in reports if not isinstance(name, str) or name in set(BOUND_FILES) | {"version.json", CARD_FILE}
+               or not REPORT_NAME.fullmatch(name) or {".", ".."} & set(name.split("/")) or not isinstance(reports[name], str)]
+        if odd:
+            return problems + [changed("version.json", f"its table of reports names {str(odd[0])[:60]!r}, which is not a report file")]
+        expected = {name: entry.get("sha256") for name, entry in files.items()} | reports
+    else:
+        expected = info.get("arrays_sha256") or {}
+        if not isinstance(expected, dict):
+            return problems + [changed("version.json", "arrays_sha256 is not a table of file → sha256")]
+    for name, digest in sorted(expected.items()):
+        try:
+            intact = sha256_of(name) == digest
+        except (OSError, KeyError):
+            problems.append(changed(name, f"{name} is missing"))
+            continue
+        if not intact:
+            problems.append(changed(name, f"{name} does not match its sha256 in version.json"))
+    if recipe3 and names is not None:
+        for name in sorted(set(names) - set(expected) - {"version.json", CARD_FILE}):
+            problems.append(changed(name, f"{name} is not part of the data version"))
+    return problems

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain import locks
+from veritrain.core import locks
+from veritrain.core.errors import RunFailed
+from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_json
 from veritrain.data import identity
 from veritrain.data.grouping import (
     SPLIT_PRIORITY,
@@ -82,8 +84,6 @@ from veritrain.data.table import (
     _validate_files,
     is_image_name,
 )
-from veritrain.errors import RunFailed
-from veritrain.hashing import DATA_HASH_ALGORITHM, sha256_json
 
 # The stage's entry points are `run`, `plan`, `version_now` and `raw_data_check`; the names of its parts (identity,
 # table, grouping, store) that callers use are importable from here too

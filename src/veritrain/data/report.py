@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from veritrain.errors import RunFailed
+from veritrain.core.errors import RunFailed
 
 CARD_REQUIRED = ("origin", "license")  # the seed of open training: say where data comes from and on what terms
 

@@ -19,8 +19,9 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from veritrain.core import source_registry
+from veritrain.core.errors import RunFailed, UserError
 from veritrain.data.split import SPLITS
-from veritrain.errors import RunFailed, UserError
 
 
 @dataclass
@@ -336,28 +337,16 @@ def _split_lists(split_dir: Path) -> dict[str, str]:
 
 
 SourceLoader = Callable[[Any, dict[str, Path]], Source]
-
-SOURCES: dict[str, SourceLoader] = {
-    "digits": load_digits_source,
-    "cifar10": load_cifar10_source,
-    "imagefolder": load_imagefolder_source,
-    "csv": load_csv_source,
-    "labelmap": load_labelmap_source,
-}
-
-
-# sources whose samples carry a timestamp: the only ones `data.split_by: time` accepts
-TIMESTAMPED_SOURCES = {"csv"}
-
+SOURCES = source_registry.SOURCES  # one registry with config validation (veritrain.core.source_registry)
 
 def register_source(name: str, loader: SourceLoader, timestamps: bool = False) -> None:
     """Make `data.source: <name>` available (used by tasks and tests that bring their own data);
     `timestamps`: its FileSamples carry a timestamp, so `data.split_by: time` may be used with it."""
     SOURCES[name] = loader
     if timestamps:
-        TIMESTAMPED_SOURCES.add(name)
+        source_registry.TIMESTAMPED_SOURCES.add(name)
     else:
-        TIMESTAMPED_SOURCES.discard(name)
+        source_registry.TIMESTAMPED_SOURCES.discard(name)
 
 
 def load_source(cfg: Any, paths: dict[str, Path]) -> Source:

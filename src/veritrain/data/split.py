@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
-from veritrain.errors import RunFailed
+from veritrain.core.errors import RunFailed
 
 SPLITS = ("train", "val", "test")
 PLACEMENT_SCALE = 2**64  # u = placement value / 2⁶⁴, in [0, 1)

@@ -15,13 +15,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from veritrain.core.errors import RunFailed
+from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
 from veritrain.data import identity, split as splitting
 from veritrain.data.identity import BOUND_FILES, CARD_FILE, DataVersion, preprocessing_config
 from veritrain.data.sources import FileListing
 from veritrain.data.split import SPLITS
 from veritrain.data.table import _Table
-from veritrain.errors import RunFailed
-from veritrain.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
 
 MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status", "key", "unit")
 
@@ -35,7 +35,7 @@ def _fingerprint(cfg: Any, source: Any, table: _Table) -> str:
     listing's findings, and the versions of veritrain and the decoders."""
     import PIL
 
-    from veritrain import __version__
+    from veritrain.core.version import __version__
 
     return sha256_json({
         "config": preprocessing_config(cfg, source.preprocessing),
@@ -171,7 +171,7 @@ def _seal_version(out: Path, info: dict[str, Any]) -> None:
 def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:
     """data.card, with what the source knows of itself (digits, CIFAR-10) filling the keys left empty;
     URL credentials and the like are redacted by their shape (the config's card holds none: load_config refuses them)."""
-    from veritrain.secrets import redact_text
+    from veritrain.core.secrets import redact_text
 
     merged = {key: value if value else source_card.get(key) for key, value in config_card.items()}
     return {key: redact_text(value) if isinstance(value, str) else value for key, value in merged.items()}

@@ -14,11 +14,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from veritrain.core.errors import UserError
+from veritrain.core.secrets import expand_env
 from veritrain.data import identity
 from veritrain.data.sources import FileListing, SourceData
 from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE
-from veritrain.errors import UserError
-from veritrain.secrets import expand_env
 
 IMAGE_EXTENSIONS = frozenset((".bmp", ".gif", ".jfif", ".jpe", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".pnm", ".ppm",
                               ".tif", ".tiff", ".webp"))  # compared lower-cased; a fixed list, not Pillow's plugins of the day
@@ -183,7 +183,7 @@ def _list_files(cfg: Any, source: FileListing, cache_dir: Optional[Path], rehash
     """The sample table of a file source with every file hashed (stat cache first; none when `cache_dir` is None:
     every byte is read). Under `recipe` (default: this one) 5 on, files found by walking data.root that are not
     images are left out."""
-    from veritrain.hashing import StatCache, hash_files
+    from veritrain.core.hashing import StatCache, hash_files
 
     recipe = identity.FORMAT_VERSION if recipe is None else recipe
     ignored = sorted(s.sample_id for s in source.samples if recipe >= 5 and s.walked and not is_image_name(s.sample_id))

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional
 
 import numpy as np
 
-from veritrain.hashing import open_cache_db, rows_where_in
+from veritrain.core.hashing import open_cache_db, rows_where_in
 
 FINDING_SEVERITY = {
     # kind → what happens to the sample (the names are part of the public contract)

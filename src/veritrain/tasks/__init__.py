@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from veritrain.task_registry import TASKS  # the one registry, shared with config validation
+from veritrain.core.task_registry import TASKS  # the one registry, shared with config validation
 
 if TYPE_CHECKING:
     import numpy as np

@@ -1,4 +1,4 @@
-"""Checkpoint files, written atomically with `veritrain.files.write_atomic`: a new temp file in the same
+"""Checkpoint files, written atomically with `veritrain.core.files.write_atomic`: a new temp file in the same
 folder, its data synced (fdatasync where the system has it) and renamed over the final name; then a
 `<name>.sha256` sidecar, written last; then the folder is fsynced. A file once in place is never
 written to again: a newer checkpoint is always a new file, and old step files are only ever deleted.
@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 import torch
 
-from veritrain.errors import RunFailed
-from veritrain.files import write_atomic
+from veritrain.core.errors import RunFailed
+from veritrain.core.files import write_atomic
 
 FORMAT_VERSION = 1
 STEP_FILE = re.compile(r"^step-(\d+)\.pt$")

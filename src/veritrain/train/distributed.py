@@ -34,7 +34,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from veritrain.errors import Interrupted, RunFailed, UserError
+from veritrain.core.errors import Interrupted, RunFailed, UserError
 
 log = logging.getLogger("veritrain")
 
@@ -400,11 +400,12 @@ def _tail(path: Path, limit: int = 200_000) -> str:
 def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     """One rank started by `launch`: train the run's recorded config on its recorded data version. Writes
     `rank<k>.json` (its status) into the hand-off folder, and rank 0 also `result.json`; returns the exit code."""
-    from veritrain import logs, usercode
-    from veritrain.config import resolved_from_record
+    from veritrain.core import logs
+    from veritrain.core.config import resolved_from_record
+    from veritrain.core.signals import interruptible
     from veritrain.data import prepare
-    from veritrain.record import read_record
-    from veritrain.signals import interruptible
+    from veritrain.records import usercode
+    from veritrain.records.record import read_record
     from veritrain.tasks import get_task
     from veritrain.train import loop
 

@@ -34,11 +34,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from veritrain.errors import Interrupted, RunFailed, UserError
-from veritrain.evaluate import forward_split
-from veritrain.files import write_atomic
-from veritrain.hashing import state_dict_sha256
-from veritrain.signals import StopFlag
+from veritrain.core.errors import Interrupted, RunFailed, UserError
+from veritrain.core.files import write_atomic
+from veritrain.core.hashing import state_dict_sha256
+from veritrain.core.signals import StopFlag
+from veritrain.results.evaluate import forward_split
 from veritrain.train import checkpoint, distributed, trajectory
 
 log = logging.getLogger("veritrain")
@@ -207,7 +207,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
 
     With `ranks` (one of several processes started by torchrun, see veritrain.train.distributed) each
     rank trains on its share of every global batch of `train.batch_size` samples; only rank 0 writes.
-    With `stop_at_step` (an audit replay, `veritrain.audit`) it raises ReplayDone at the scheduled
+    With `stop_at_step` (an audit replay, `veritrain.trust.audit`) it raises ReplayDone at the scheduled
     checkpoint of that step instead of writing it."""
     started = time.perf_counter()
     tcfg, ccfg = cfg.train, cfg.checkpoint
@@ -229,7 +229,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
         raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision)
 
-    from veritrain.config import config_hash
+    from veritrain.core.config import config_hash
 
     model = task.build_model(cfg.model, data).to(device)
     if hasattr(task, "prepare"):

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from veritrain.errors import RunFailed, UserError
+from veritrain.core.errors import RunFailed, UserError
 from veritrain.web import STATIC_DIR, environment, page_context, views
 
 COMPARE_MAX = 6  # runs on the static compare page, as on the server's
@@ -35,7 +35,7 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
     """Write index.html, runs/<id>.html, data/<version>.html, experiments.html, compare.html (2 or more
     runs: the first COMPARE_MAX of them), static/ and the images the pages show into `out_dir`; a run that
     does not verify is refused before anything is written."""
-    from veritrain.verify import verify_and_keep
+    from veritrain.trust.verify import verify_and_keep
 
     refuse_out_in_workspace(workspace, out_dir)
     verified_runs = {}
@@ -77,7 +77,7 @@ def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: 
         run = views.run_page(workspace, run_id, verified=verified_runs[run_id])
         archive_name = None
         if with_archives:
-            from veritrain import archive
+            from veritrain.trust import archive
 
             archive_name = f"{run_id}.tar.gz"
             # with the checkpoints kept for audit: whoever downloads a published run can audit it, not only verify it

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlencode
 
-from veritrain.errors import VeritrainError
+from veritrain.core.errors import VeritrainError
 from veritrain.web import STATIC_DIR, environment, page_context, views
 
 SECURITY_HEADERS = [
@@ -79,7 +79,7 @@ class VerifyJobs:
 
     def start(self, run_dir: Path) -> tuple[dict[str, Any], bool]:
         """(the run's job, True when this call started it; False when it joined one queued or running)."""
-        from veritrain.record import now_iso
+        from veritrain.records.record import now_iso
 
         with self.lock:
             job = self.jobs.get(run_dir.name)
@@ -97,7 +97,7 @@ class VerifyJobs:
             return dict(job) if job is not None else None
 
     def _run(self, run_dir: Path, job: dict[str, Any]) -> None:
-        from veritrain.verify import verify_and_keep
+        from veritrain.trust.verify import verify_and_keep
 
         def progress(stage: str, done: int, total: int) -> None:
             with self.lock:
@@ -241,7 +241,7 @@ def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any
         return JSONResponse({"run_id": run_dir.name, "started": started, "job": job}, status_code=202)
 
     def verdict(request: Request) -> Response:  # read-only; in Starlette's thread pool: it stats the files the verdict covered
-        from veritrain import verdicts
+        from veritrain.records import verdicts
 
         try:
             run_dir = views.run_dir_of(workspace, request.path_params["run_id"])

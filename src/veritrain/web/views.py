@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from veritrain import registry
-from veritrain.errors import UserError
-from veritrain.record import RUN_ID  # the id shape every reader of a record enforces
+from veritrain.core.errors import UserError
+from veritrain.records import registry
+from veritrain.records.record import RUN_ID  # the id shape every reader of a record enforces
 
 PAGE_SIZE = 100
 TABLE_METRICS = ("test.accuracy", "test.macro_f1", "test.log_loss")
@@ -232,7 +232,7 @@ def _reference_config(workspace: Any, record: dict[str, Any]) -> tuple[str, Opti
         if isinstance(parent_record, dict) and isinstance(parent_record.get("config"), dict):
             return f"parent run {parent}", parent_record["config"]
     try:
-        from veritrain.config import RunConfig
+        from veritrain.core.config import RunConfig
 
         return "defaults", RunConfig().model_dump(mode="json")
     except Exception:  # a default that cannot be built here (a plugin missing): no diff rather than no page
@@ -306,7 +306,7 @@ def verdict_shown(run_dir: Path, state_dir: Path, verified: Optional[dict[str, A
     """The verify verdict a page shows: `verified` when the caller has just computed it (publish), else the one
     kept in `.veritrain/verdicts/` (stale when the seal or a file it covered has changed since); never one
     computed for the page. {"state": "none" | "ok" | "failed" | "stale", "verdict": the verdict or None}."""
-    from veritrain import verdicts
+    from veritrain.records import verdicts
 
     verdict = {**verified, "stale": False, "stale_reasons": []} if verified is not None else verdicts.latest(run_dir, state_dir)
     if verdict is None:
@@ -318,8 +318,8 @@ def verdict_shown(run_dir: Path, state_dir: Path, verified: Optional[dict[str, A
 def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything the run page shows, from the run folder alone. `verified`: the verify result the caller
     computed for this page (publish); without it the page shows the verdict kept in the workspace, if any."""
-    from veritrain.experiments import config_diff, flatten
-    from veritrain.record import read_record
+    from veritrain.records.experiments import config_diff, flatten
+    from veritrain.records.record import read_record
 
     run_dir = run_dir_of(workspace, run_id)
     record = read_record(run_dir)
@@ -346,7 +346,7 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
     verdict = verdict_shown(run_dir, workspace.state_dir, verified)
     check = None
     if with_check:
-        from veritrain.check import check_run
+        from veritrain.trust.check import check_run
 
         if verdict["state"] in ("ok", "failed"):  # a fresh verdict: the checklist shows it, computes none
             check = check_run(run_dir, workspace.state_dir, verdict["verdict"])
@@ -374,8 +374,8 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
 
 
 def interrupted_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
-    """The line `veritrain verify` prints while an amend of the run is unfinished (veritrain.journal), or None."""
-    from veritrain.journal import interrupted
+    """The line `veritrain verify` prints while an amend of the run is unfinished (veritrain.records.journal), or None."""
+    from veritrain.records.journal import interrupted
 
     pending = interrupted(run_dir, state_dir)
     return pending.message if pending is not None else None
@@ -384,8 +384,8 @@ def interrupted_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
 def compare_page(workspace: Any, run_ids: list[str]) -> dict[str, Any]:
     """2–6 runs side by side: config and environment differences against the first, metrics with deltas,
     data versions and every run's curves."""
-    from veritrain.experiments import compare
-    from veritrain.record import read_record
+    from veritrain.records.experiments import compare
+    from veritrain.records.record import read_record
 
     run_ids = [r for r in dict.fromkeys(run_ids) if r]
     if not 2 <= len(run_ids) <= 6:
@@ -480,7 +480,7 @@ def data_page(workspace: Any, version: str) -> dict[str, Any]:
 def experiments_page(workspace: Any, only: Optional[list[str]] = None) -> dict[str, Any]:
     """The experiment log (what experiments.md shows), built from the index: newest first, each entry with
     its hypothesis, config changes against its reference run, headline metrics and notes."""
-    from veritrain.experiments import HEADLINE, config_diff, reference_of
+    from veritrain.records.experiments import HEADLINE, config_diff, reference_of
 
     rows = registry.query(workspace.state_dir, workspace.runs_dir)
     if only is not None:
@@ -503,7 +503,7 @@ def sweeps_of(state_dir: Path, only: Optional[list[str]] = None) -> list[dict[st
     """Each sweep's summary.json as the experiments page shows it, newest first: the trials with their val metric and
     delta, the best trial (chosen on val) and its test result, labelled as not used for selection. With `only` (what
     `publish` includes), a sweep only when all its runs are among them; a summary of another shape is left out."""
-    from veritrain.experiments import _sweep_summaries
+    from veritrain.records.experiments import _sweep_summaries
 
     shown = []
     for summary in _sweep_summaries(state_dir):

@@ -1,0 +1,53 @@
+"""The key reference: (key path, type, default, meaning) for every leaf key of `RunConfig`, the source of
+docs/config.md and `veritrain config keys`."""
+
+from __future__ import annotations
+
+import json
+import typing
+from typing import Annotated, Any
+
+from pydantic import BaseModel
+
+from veritrain.core.config.messages import describe_field
+from veritrain.core.config.schema import Limit, RunConfig, _section_type
+
+
+def reference_rows(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key path, type, default, meaning) for every leaf key: the source of docs/config.md."""
+    rows = []
+    for name, info in model.model_fields.items():
+        path = prefix + name
+        sub = _section_type(info.annotation)
+        if sub is not None:
+            rows.extend(reference_rows(sub, path + "."))
+            continue
+        default = info.get_default(call_default_factory=True)
+        shown = json.dumps(list(default) if isinstance(default, tuple) else default)
+        limits = _limits(info.annotation) + [item for item in info.metadata if isinstance(item, Limit)]
+        meaning = "; ".join([info.description or ""] + [("each " if _is_list(info.annotation) else "") + limit.describe() for limit in limits])
+        rows.append((path, describe_field(info), shown, meaning))
+    return rows
+
+
+def _limits(annotation: Any) -> list[Limit]:
+    """The Limits inside a type: Optional[Annotated[int, Limit(n)]], list[Width], ..."""
+    args = typing.get_args(annotation)
+    own = [a for a in args[1:] if isinstance(a, Limit)] if typing.get_origin(annotation) is Annotated else []
+    inner = args[:1] if typing.get_origin(annotation) is Annotated else args
+    found = own + [limit for arg in inner for limit in _limits(arg)]
+    return list(dict.fromkeys(found))  # tuple[Side, Side]: once
+
+
+def _is_list(annotation: Any) -> bool:
+    return any(typing.get_origin(a) in (list, tuple) for a in (annotation, *typing.get_args(annotation)))
+
+
+def reference_markdown() -> str:
+    lines = [
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for key, kind, default, meaning in reference_rows():
+        lines.append(f"| `{key}` | {kind} | `{default}` | {meaning} |")
+    return "\n".join(lines) + "\n"

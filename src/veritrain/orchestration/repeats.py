@@ -1,0 +1,101 @@
+"""`veritrain run --repeat N`: the same config with seeds seed, seed+1, …, as linked runs, and the
+spread of their test metrics (mean, standard deviation, 95% interval from Student's t): a final report,
+which selects nothing (no seed or run is picked; every run evaluates the test split).
+
+The group summary is written to `.veritrain/repeats/<group>.json`; each run's record names its
+group, index and count under `repeat`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import statistics
+from typing import Any, Optional
+
+from veritrain.core.config import ResolvedConfig
+from veritrain.core.selection import REPORT_SPLIT
+from veritrain.orchestration import pipeline
+from veritrain.records.workspace import Workspace
+
+SUMMARIZED = ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "log_loss", "ece", "mae", "rmse")
+
+# The values each metric can take: shares of samples (and ECE, a weighted mean of |accuracy − confidence|)
+# lie in [0, 1]; losses and errors in [0, ∞). A metric not listed is left unclipped.
+UNIT = (0.0, 1.0)
+NON_NEGATIVE = (0.0, math.inf)
+RANGES: dict[str, tuple[float, float]] = {
+    **{name: UNIT for name in ("accuracy", "top5_accuracy", "macro_f1", "f1_macro", "f1_weighted", "precision_macro",
+                               "recall_macro", "precision_weighted", "recall_weighted", "ece")},
+    **{name: NON_NEGATIVE for name in ("log_loss", "loss", "mae", "rmse")},
+}
+
+
+def spread(values: list[float], valid: tuple[float, float] = (-math.inf, math.inf)) -> dict[str, Any]:
+    """Mean, sample standard deviation and the 95% interval mean ± t(0.975, n − 1) · std / √n, clipped to
+    `valid`, the range the metric can take.
+
+    Why clip: Student's t interval is symmetric because it assumes the metric is normally distributed
+    across seeds. A metric bounded by 0 or 1 is not, least of all near its bound: with few seeds and a
+    mean close to 0 (log loss, ECE of a good model) or 1 (accuracy), mean ± half reaches values no run can
+    ever give, such as a negative log loss. Clipping keeps the interval to the possible values; it stays
+    the same t interval wherever it already lay inside the range.
+    """
+    from scipy.stats import t
+
+    n = len(values)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = t.ppf(0.975, n - 1) * std / math.sqrt(n) if n > 1 else 0.0
+    low, high = valid
+    return {"mean": mean, "std": std, "ci95": [max(mean - half, low), min(mean + half, high)], "n": n, "values": values}
+
+
+def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: int, nproc: int = 1,
+        hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """`count` runs of `resolved` with seeds seed, seed+1, …; each run's record keeps the hypothesis, the parent
+    and the smoke result given, as a single run's does."""
+    group = secrets.token_hex(4)
+    base_seed = resolved.config.seed
+    outcomes = []
+    for index in range(count):
+        config = resolved.config.model_copy(update={"seed": base_seed + index})
+        seeded = ResolvedConfig(config=config, path=resolved.path, overrides=[*resolved.overrides, f"seed={base_seed + index}"],
+                                data_paths=resolved.data_paths)
+        outcome = pipeline.run(seeded, workspace, argv, repeat={"group": group, "index": index, "of": count}, nproc=nproc,
+                               hypothesis=hypothesis, parent=parent, smoke=smoke)
+        outcomes.append(outcome)
+    completed = [o for o in outcomes if o.record["status"] == "completed"]
+    split = REPORT_SPLIT  # each seed's run evaluates test (pipeline.evaluation_splits), whatever eval.split says
+    summary = {}
+    for name in SUMMARIZED:
+        values = [o.record["metrics"][split][name] for o in completed if isinstance(o.record["metrics"].get(split, {}).get(name), float)]
+        if values:
+            summary[name] = spread(values, RANGES.get(name, (-math.inf, math.inf)))
+    baselines = {}
+    first = completed[0].record.get("baselines") if completed else None
+    if first:
+        baselines = {name: {"accuracy": r["accuracy"]} for name, r in first["results"].items()}
+    warning = None
+    if first and "accuracy" in summary:
+        linear = first["results"]["logistic_regression"]["accuracy"]
+        if summary["accuracy"]["ci95"][0] < linear + first["margin"]:
+            warning = (f"the 95% interval of accuracy starts at {summary['accuracy']['ci95'][0]:.4f}, not above the "
+                       f"logistic-regression baseline {linear:.4f} + margin {first['margin']:g}")
+    result = {
+        "group": group,
+        "split": split,
+        "selection": None,  # the spread is reported; no seed is chosen
+        "report": "final: the spread over seeds on the test split; no seed or run is selected",
+        "runs": [{**o.summary, "seed": o.record["seed"]} for o in outcomes],
+        "summary": summary,
+        "baselines": baselines,
+        "warning": warning,
+        "failed": [o.summary["run_id"] for o in outcomes if o.record["status"] != "completed"],
+    }
+    folder = workspace.state_dir / "repeats"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{group}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    pipeline.update_experiments(workspace)  # the group's seed spread exists only now
+    return result

@@ -1,0 +1,274 @@
+"""The run registry: an SQLite index (`.veritrain/registry.sqlite`, WAL) of the run folders.
+
+The folders are the truth; the index is a cache, refreshed from any run whose record or notes
+changed (by mtime) each time it is read, and rebuilt from scratch by `veritrain runs reindex`.
+This module must not import torch: `veritrain runs list` stays fast.
+
+    veritrain runs list --status completed --sort test.accuracy
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sqlite3
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain.records.record import NOTES_FILE, RECORD_FILE
+
+COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "config_hash", "data_version",
+           "final_state_sha256", "hypothesis", "parent", "reproduced_from", "repeat_group", "error", "seal")
+JSON_COLUMNS = ("metrics", "config", "notes")
+SCHEMA_VERSION = 1
+
+log = logging.getLogger("veritrain")
+
+
+def connect(state_dir: Optional[Path]) -> sqlite3.Connection:
+    """The index in `state_dir`/registry.sqlite; with None, a fresh one in memory."""
+    if state_dir is None:
+        db = sqlite3.connect(":memory:")
+    else:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(state_dir / "registry.sqlite", timeout=60)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA busy_timeout=60000")
+    columns = ", ".join(f"{c} TEXT" for c in COLUMNS[1:]) + ", " + ", ".join(f"{c} TEXT" for c in JSON_COLUMNS)
+    db.execute(f"CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {columns}, stamp TEXT)")
+    db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    if version is None or int(version[0]) != SCHEMA_VERSION:
+        with db:
+            db.execute("DELETE FROM runs")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+    return db
+
+
+def _stamp(run_dir: Path) -> Optional[str]:
+    """What changes when a run's indexed content changes: record and notes mtimes and sizes."""
+    parts = []
+    for name in (RECORD_FILE, NOTES_FILE):
+        try:
+            st = os.stat(run_dir / name)
+            parts.append(f"{st.st_mtime_ns}:{st.st_size}")
+        except FileNotFoundError:
+            if name == "record.json":
+                return None
+            parts.append("-")
+    return "|".join(parts)
+
+
+def read_notes(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's notes, one JSON object with a `text` a line. People edit notes.jsonl by hand (it is
+    outside the seal), so a line that is not a note is skipped with a warning, not fatal to the listing."""
+    path = run_dir / NOTES_FILE
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        log.warning("%s: cannot read it (%s); the run is shown without notes", path, err.strerror)
+        return []
+    notes = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            note = json.loads(line)
+        except json.JSONDecodeError as err:
+            log.warning("%s: line %d: not valid JSON (%s); fix or delete the line", path, number, err.msg)
+            continue
+        if not isinstance(note, dict) or not isinstance(note.get("text"), str):
+            log.warning("%s: line %d: not a note (a JSON object with a \"text\" string); fix or delete the line", path, number)
+            continue
+        notes.append(note)
+    return notes
+
+
+def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
+    from veritrain.records.record import record_problem
+
+    try:
+        record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+        seal = (run_dir / "record.sha256").read_text().strip() if (run_dir / "record.sha256").exists() else None
+    except (OSError, ValueError, RecursionError):
+        return None  # a run being written right now, or damaged: `veritrain verify` is the place to say so
+    problem = record_problem(record, run_dir.name)
+    if problem is not None:  # a forged or damaged record: one line, and the other runs still list
+        log.warning("%s: not listed: %s; `veritrain verify %s` says more", run_dir / "record.json", problem, run_dir.name)
+        return None
+    values = {
+        "run_id": run_dir.name,
+        "exp_name": record.get("exp_name"),
+        "kind": record.get("kind"),
+        "status": record.get("status"),
+        "started_at": record.get("started_at"),
+        "ended_at": record.get("ended_at"),
+        "seed": record.get("seed"),
+        "config_hash": record.get("config_hash"),
+        "data_version": (record.get("data") or {}).get("version"),
+        "final_state_sha256": record.get("final_state_sha256"),
+        "hypothesis": record.get("hypothesis"),
+        "parent": record.get("parent"),
+        "reproduced_from": record.get("reproduced_from"),
+        "repeat_group": (record.get("repeat") or {}).get("group"),
+        "error": (record.get("error") or {}).get("message"),
+        "seal": seal,
+    }
+    metrics = {split: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+               for split, m in (record.get("metrics") or {}).items()}
+    return (*(values[c] for c in COLUMNS), json.dumps(metrics), json.dumps(record.get("config")), json.dumps(read_notes(run_dir)), stamp)
+
+
+def sync(state_dir: Path, runs_dir: Path, rebuild: bool = False) -> sqlite3.Connection:
+    """Bring the index up to date with the run folders (only changed runs are read). When the index cannot
+    be opened or written (a full disk, a read-only workspace), the runs are read from their folders into an
+    index in memory, with one warning line: the folders are the truth, the index only a cache."""
+    try:
+        return _sync(connect(state_dir), runs_dir, rebuild)
+    except (sqlite3.OperationalError, sqlite3.DatabaseError, OSError) as err:
+        log.warning("runs: the index %s cannot be written (%s); reading the run folders instead", state_dir / "registry.sqlite", err)
+        return _sync(connect(None), runs_dir, rebuild=True)
+
+
+def _sync(db: sqlite3.Connection, runs_dir: Path, rebuild: bool) -> sqlite3.Connection:
+    known = {} if rebuild else dict(db.execute("SELECT run_id, stamp FROM runs"))
+    upserts, seen = [], set()
+    if runs_dir.exists():
+        for entry in os.scandir(runs_dir):
+            if not entry.is_dir():
+                continue
+            stamp = _stamp(Path(entry.path))
+            if stamp is None:
+                continue
+            seen.add(entry.name)
+            if known.get(entry.name) != stamp:
+                row = _row(Path(entry.path), stamp)
+                if row is not None:
+                    upserts.append(row)
+    with db:
+        if rebuild:
+            db.execute("DELETE FROM runs")
+        marks = ", ".join("?" * (len(COLUMNS) + len(JSON_COLUMNS) + 1))
+        db.executemany(f"INSERT OR REPLACE INTO runs VALUES ({marks})", upserts)
+        gone = set(known) - seen
+        db.executemany("DELETE FROM runs WHERE run_id = ?", [(g,) for g in gone])
+    return db
+
+
+def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: Optional[str] = None,
+          filters: tuple[str, ...] = (), limit: Optional[int] = None) -> list[dict[str, Any]]:
+    """Runs as dicts (newest first, or by `sort`: a metric path such as `test.accuracy`, or a column).
+
+    `filters` are `key=value`: a column (status, exp_name, kind, seed, data_version, …) or a config
+    path (`optim.lr=0.01`, compared as JSON values).
+    """
+    from veritrain.core.errors import UserError
+
+    db = sync(state_dir, runs_dir)
+    try:
+        _refuse_unknown_keys(db, runs_dir, filters, sort)
+    except Exception:
+        db.close()
+        raise
+    where, params = [], []
+    if status:
+        where.append(f"status IN ({', '.join('?' * len(status))})")
+        params.extend(status)
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--filter {item}: expected KEY=VALUE, e.g. --filter status=completed or --filter optim.lr=0.01")
+        if key in COLUMNS:
+            where.append(f"{key} = ?")
+            params.append(value)
+        else:
+            where.append("json_extract(config, ?) = json_extract(?, '$')")
+            params.extend([f"$.{key}", _json_value(value)])
+    order = "started_at DESC"
+    if sort:
+        descending = not sort.startswith("-")
+        key = sort.lstrip("-")
+        if key in COLUMNS:
+            order = f"{key} {'DESC' if descending else 'ASC'}"
+        else:
+            order = f"json_extract(metrics, ?) IS NULL, json_extract(metrics, ?) {'DESC' if descending else 'ASC'}, started_at DESC"
+            params.extend([f"$.{key}", f"$.{key}"])
+    sql = f"SELECT * FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY {order}"
+    if limit:
+        sql += f" LIMIT {int(limit)}"
+    cursor = db.execute(sql, params)
+    names = [d[0] for d in cursor.description]
+    rows = []
+    for values in cursor:
+        row = dict(zip(names, values))
+        for c in JSON_COLUMNS:
+            row[c] = json.loads(row[c]) if row[c] else None
+        row.pop("stamp", None)
+        rows.append(row)
+    db.close()
+    return rows
+
+
+STATUSES = ("running", "completed", "failed", "interrupted")
+
+
+def _refuse_unknown_keys(db: sqlite3.Connection, runs_dir: Path, filters: tuple[str, ...], sort: Optional[str]) -> None:
+    """A filter or sort key that no indexed run has would match nothing, or sort nothing, without a word: refuse
+    it (exit 2) with the keys there are. The keys are those of the runs themselves (columns, recorded config
+    paths, metric paths), so a key of an older record still works. An empty workspace has nothing to check."""
+    from veritrain.core.errors import UserError
+
+    if not filters and not sort:
+        return
+    config_keys: set[str] = set()
+    metric_keys: set[str] = set()
+    count = 0
+    for config, metrics in db.execute("SELECT config, metrics FROM runs"):
+        count += 1
+        config_keys.update(_paths(json.loads(config) if config else None, leaves_only=False))
+        metric_keys.update(_paths(json.loads(metrics) if metrics else None, leaves_only=True))
+    if count == 0:
+        return
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            continue  # the caller's message: expected KEY=VALUE
+        if key == "status" and value not in STATUSES:
+            raise UserError(f"--filter {item}: status is one of {', '.join(STATUSES)}")
+        if key not in COLUMNS and re.sub(r"\[\d+\]", "", key) not in config_keys:  # an item of a list: model.hidden[0]
+            raise UserError(f"--filter {item}: no run in {runs_dir} has a column or config key {key!r}{_did_you_mean(key, [*COLUMNS, *config_keys])}; "
+                            f"filter on a column ({', '.join(COLUMNS)}) or a config key such as optim.lr (`veritrain config keys` lists them)")
+    if sort:
+        key = sort.lstrip("-")
+        if key not in COLUMNS and key not in metric_keys:
+            raise UserError(f"--sort {sort}: no run in {runs_dir} has a column or metric {key!r}{_did_you_mean(key, [*COLUMNS, *metric_keys])}; "
+                            f"sort by a metric ({', '.join(sorted(metric_keys)) or 'none recorded yet'}) or a column ({', '.join(COLUMNS)}); "
+                            "a leading - sorts smallest first")
+
+
+def _paths(value: Any, leaves_only: bool, prefix: str = "") -> list[str]:
+    """Dotted key paths of nested JSON objects (`optim.lr`); with leaves_only False, the objects' own paths too."""
+    if not isinstance(value, dict):
+        return [prefix] if prefix else []
+    found = [] if leaves_only or not prefix else [prefix]
+    for key, inner in value.items():
+        found.extend(_paths(inner, leaves_only, f"{prefix}.{key}" if prefix else str(key)))
+    return found
+
+
+def _did_you_mean(key: str, known: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _json_value(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text))
+    except json.JSONDecodeError:
+        return json.dumps(text)

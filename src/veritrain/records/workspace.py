@@ -1,0 +1,227 @@
+"""The workspace: a folder holding `runs/<run_id>/`, and veritrain's own state in `.veritrain/`.
+
+`.veritrain/data/<version>/` stores prepared data versions (content-addressed, immutable);
+`.veritrain/locks/<run_id>.lock` is the OS lock (veritrain.core.locks) of a run that a live process is writing: the
+kernel releases it when that process ends, so a `running` run whose lock is free is dead and resumable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional
+
+from veritrain.core import locks
+from veritrain.core.errors import RunFailed, UserError
+
+log = logging.getLogger("veritrain")
+
+LOCK_GRACE_S = 2.0  # seconds lock_run waits: another process may be looking at the lock (is_held takes it for a moment)
+
+
+def process_identity(pid: int) -> Optional[str]:
+    """`<boot id>:<start time in clock ticks>` of a live process on Linux, None elsewhere: a pid is
+    reused, this pair is not."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start_ticks = stat[stat.rindex(")") + 2 :].split()[19]  # field 22; the name in (…) may hold spaces
+    except (OSError, ValueError, IndexError):
+        return None
+    return f"{boot_id}:{start_ticks}"
+
+
+# runs of an outside checkpoint (`eval`/`export --checkpoint FILE` with a state outside the run's trajectory):
+# their results are not from the audited training, so `latest` never names one; name it by its id
+OUTSIDE_KINDS = ("eval", "export")
+
+
+def _has_model(workspace: "Workspace", record: dict) -> bool:
+    return record.get("kind") not in OUTSIDE_KINDS and any(p.startswith("checkpoints/") and p.endswith(".pt") for p in record.get("artifacts") or {})
+
+
+def _has_export(workspace: "Workspace", record: dict) -> bool:
+    return record.get("kind") not in OUTSIDE_KINDS and "export/model.json" in (record.get("artifacts") or {})
+
+
+def _resumable(workspace: "Workspace", record: dict) -> bool:
+    return record.get("status") == "interrupted" or (record.get("status") == "running" and workspace.lock_is_stale(record["run_id"]))
+
+
+# what `latest` means for each kind of command: (what it names, the test a run's record must pass)
+LATEST = {
+    "any": ("run", None),
+    "model": ("run with a trained model", _has_model),
+    "export": ("run with an exported model", _has_export),
+    "resumable": ("interrupted run", _resumable),
+}
+LATEST_FIX = {
+    "any": "start one with `veritrain run`",
+    "model": "train one with `veritrain run` or `veritrain train`",
+    "export": "export one with `veritrain export RUN`",
+    "resumable": "every run finished; start a new one with `veritrain train`",
+}
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @classmethod
+    def open(cls, workdir: str | Path | None) -> "Workspace":
+        root = Path(workdir or ".").expanduser()
+        if root.exists() and not root.is_dir():
+            raise UserError(f"--workdir {root}: not a folder; give a folder for runs and .veritrain/")
+        root.mkdir(parents=True, exist_ok=True)
+        return cls(root.resolve())
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.root / "runs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / ".veritrain"
+
+    def mark_created(self, run_id: str, config_hash: str) -> None:
+        """Remember that this workspace started `run_id` with this config (`.veritrain/created/<run_id>`, outside
+        `runs/`, so an imported or copied run folder never brings the mark with it)."""
+        folder = self.state_dir / "created"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / run_id).write_text(config_hash + "\n", encoding="utf-8")
+
+    def created_here(self, run_dir: Path, config_hash: Optional[str]) -> bool:
+        """Whether this workspace started the run in `run_dir`, with the config its record names."""
+        mark = self.state_dir / "created" / run_dir.name
+        try:
+            return run_dir.resolve().parent == self.runs_dir.resolve() and mark.read_text(encoding="utf-8").strip() == config_hash
+        except OSError:
+            return False
+
+    def new_run_dir(self) -> tuple[str, Path]:
+        """Create `runs/<run_id>/`; the id sorts by start time (UTC, milliseconds) and a random
+        suffix keeps parallel starts apart (the folder is created exclusively, so never shared)."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            now = datetime.now(timezone.utc)
+            run_id = now.strftime("%Y%m%d-%H%M%S-") + f"{now.microsecond // 1000:03d}-" + secrets.token_hex(3)
+            path = self.runs_dir / run_id
+            try:
+                path.mkdir()
+            except FileExistsError:
+                continue
+            return run_id, path
+
+    def lock_path(self, name: str) -> Path:
+        """`.veritrain/locks/<name>.lock`: a run's lock (its id), or another of veritrain.core.locks'."""
+        return self.state_dir / "locks" / f"{name}.lock"
+
+    def lock_run(self, run_id: str) -> Path:
+        """Hold the run's OS lock (veritrain.core.locks) until `unlock_run` or the end of this process, however it ends:
+        a process that holds it is writing the run. Only the process that keeps the record holds it (rank 0 under
+        torchrun, the launcher with --nproc). Taken again by its holder, it is counted (an amend inside a command
+        that holds the run). UserError when another live process holds it."""
+        lock = self.lock_path(run_id)
+        if self._legacy_holder_alive(lock) or not locks.acquire(lock, wait_s=LOCK_GRACE_S):
+            raise UserError(f"run {run_id}: another process ({locks.holder_text(lock)}) holds {lock}; wait for it to finish")
+        return lock
+
+    def lock_is_stale(self, run_id: str) -> bool:
+        """True when no live process holds the run's lock: the kernel releases it when its process ends, kill -9
+        included. A lock file that no process holds is free; one written by an older veritrain (a pid file, no
+        OS lock) still counts as held while its process runs on this host with the start time it recorded."""
+        lock = self.lock_path(run_id)
+        return not locks.is_held(lock) and not self._legacy_holder_alive(lock)
+
+    @staticmethod
+    def _legacy_holder_alive(lock: Path) -> bool:
+        holder = locks.holder(lock)
+        if not holder or holder.get("lock") == locks.FLOCK or holder.get("host") != socket.gethostname():
+            return False
+        try:
+            pid = int(holder["pid"])  # type: ignore[arg-type]
+            os.kill(pid, 0)
+        except (ProcessLookupError, KeyError, ValueError, TypeError):
+            return False
+        except PermissionError:
+            pass  # alive, another user's
+        recorded, now = holder.get("process"), process_identity(pid)
+        return not (recorded and now and recorded != now)  # alive, unless the pid now belongs to another process
+
+    def unlock_run(self, run_id: str) -> None:
+        """Let go of the run's lock taken by `lock_run`; a lock file that no process holds is removed too."""
+        lock = self.lock_path(run_id)
+        locks.release(lock)
+        if not self._legacy_holder_alive(lock):
+            locks.remove_if_free(lock)
+
+    def resolve_run(self, ref: str, need: str = "any") -> Path:
+        """A run by full id, unique id prefix, `latest`, or a run directory path. `latest` is the newest
+        run that fits the command (`need`, a key of LATEST): the newest with a trained model for eval,
+        export and reproduce, with an export for predict, the newest interrupted one for resume, and the
+        newest of any kind otherwise. A line says so when that is not the newest run."""
+        candidate = Path(ref).expanduser()
+        if candidate.is_dir() and (candidate / "record.json").exists():
+            return candidate.resolve()
+        runs = sorted(p for p in self.runs_dir.glob("*") if (p / "record.json").exists()) if self.runs_dir.exists() else []
+        if ref == "latest":
+            return self._latest(runs, need)
+        return by_prefix(runs, ref, f"{ref}: no such run in {self.runs_dir}; give a run id, a unique prefix, `latest` or a run folder",
+                         f"{ref}: matches {{count}} runs ({{names}}, ...); give a longer prefix")
+
+    def _latest(self, runs: list[Path], need: str) -> Path:
+        from veritrain.records.record import read_record
+
+        what, fits = LATEST[need]
+        if not runs:
+            raise UserError(f"latest: no runs in {self.runs_dir}; start one with `veritrain run`")
+        if fits is None:
+            return runs[-1]
+        for run_dir in reversed(runs):
+            try:
+                record = read_record(run_dir)
+            except RunFailed:
+                continue  # damaged or being written: `veritrain verify` is the place to say so
+            if fits(self, record):
+                if run_dir != runs[-1]:
+                    log.info("latest: %s, the newest %s; the newest run of all, %s, is not one", run_dir.name, what, runs[-1].name)
+                return run_dir
+        raise UserError(f"latest: no {what} in {self.runs_dir}; {LATEST_FIX[need]}")
+
+    def resolve_data_version(self, ref: str) -> Path:
+        """A data version folder by full id or unique prefix, or the version a run used (any RUN form)."""
+        store = self.state_dir / "data"
+        versions = sorted(p for p in store.glob("*") if (p / "version.json").exists()) if store.exists() else []
+        matches = [p for p in versions if p.name.startswith(ref)] if len(ref) >= 4 else []
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise UserError(f"{ref}: matches {len(matches)} data versions; give a longer prefix")
+        try:
+            run_dir = self.resolve_run(ref)
+        except UserError:
+            raise UserError(f"{ref}: neither a data version in {store} nor a run; give a version id (or prefix), a run id, `latest` or a run folder") from None
+        from veritrain.records.record import read_record
+
+        try:
+            version = read_record(run_dir).data_version
+        except RunFailed as err:
+            raise UserError(f"{ref}: {err}") from None
+        if not version or not (store / version / "version.json").exists():
+            raise UserError(f"{ref}: run {run_dir.name} used data version {version}, which is not in {store}; prepare it with `veritrain data prepare`")
+        return store / version
+
+
+def by_prefix(folders: list[Path], ref: str, none: str, several: str) -> Path:
+    """The one folder whose name starts with `ref`; UserError `none`, or `several` (with {count} and {names}) otherwise."""
+    matches = [p for p in folders if p.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise UserError(none)
+    raise UserError(several.format(count=len(matches), names=", ".join(p.name for p in matches[:3])))

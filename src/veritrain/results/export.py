@@ -1,0 +1,593 @@
+"""The export stage: the trained model as ONNX, TorchScript (or torch.export `.pt2` where a model
+cannot be scripted) and safetensors in `export/`, with `model.json` describing inputs, preprocessing,
+classes, the architecture, how the source's raw values became images, and provenance — and a parity
+certificate: every exported form must give the same answers as the trained model on real test samples
+(`export/parity.json`), or the export fails. The ONNX and safetensors files carry the essentials of
+model.json in their own metadata, so each is usable on its own.
+
+    veritrain export latest
+    veritrain export latest --format onnx      # refresh ONNX; the other formats stay when from the same checkpoint
+    veritrain predict latest some/image.png --top 3
+    python examples/rebuild_from_export.py runs/<id>/export   # the model rebuilt with torch alone
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import struct
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence, cast
+
+import numpy as np
+
+from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.hashing import sha256_file
+
+log = logging.getLogger("veritrain")
+
+
+class ParityFailed(RunFailed):
+    """An export that does not give the trained model's answers; `parity` is what parity.json holds."""
+
+    def __init__(self, message: str, parity: dict[str, Any]):
+        super().__init__(message)
+        self.parity = parity
+
+MODEL_JSON_VERSION = 1  # only fields were added since 1: readers of version 1 read every later file
+FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "torch_export": "model.pt2", "safetensors": "model.safetensors"}
+# the format a file answers to in `--format`: a model TorchScript cannot script is written as torch.export instead
+REQUESTED_AS = {"onnx": "onnx", "torchscript": "torchscript", "torch_export": "torchscript", "safetensors": "safetensors"}
+# what ties an exported file to its origin: a file made with any of these different is removed, never kept
+ORIGIN_FIELDS = ("checkpoint_sha256", "data_version", "source_run")
+
+
+def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = None, formats: Optional[Sequence[str]] = None,
+        out_dir: Optional[Path] = None) -> dict[str, Any]:
+    """Stage entry: export the checkpoint `which` (see `evaluate.checkpoint_path`) in `formats` (default `export.formats`)
+    and check parity of every format in export/. Formats not asked for stay when model.json shows they were made from
+    the same checkpoint, data version and run, and their files still match its hashes; any other model file there is
+    removed and named in one log line. Returns model.json's content plus `kept` (the formats kept as they were) and
+    `removed` (format, file and reason per removed file). Raises RunFailed when the model's outputs are not finite
+    (before export/ is touched) and when parity fails (files are kept). With `out_dir` (an amend of a finished run
+    stages its new export/ beside the run) the files are written there, the kept ones linked or copied in, and the
+    run's export/ is only read."""
+    import torch
+
+    from veritrain.core.config import config_hash
+    from veritrain.results.evaluate import checkpoint_path, load_model
+    from veritrain.train import trajectory
+
+    # TorchScript and the TorchScript-based ONNX exporter warn that they are deprecated on every call;
+    # they are what works with onnxruntime without extra packages, so keep the console clean
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.(onnx|jit)")
+    warnings.filterwarnings("ignore", message=r".*(TorchScript|torch\.jit).*", category=DeprecationWarning)
+    formats = list(formats or cfg.export.formats)
+    path = checkpoint_path(cfg, run_dir, which)
+    model, state = load_model(cfg, data, task, path, torch.device("cpu"))
+    model = model.float().eval()
+    reference = reference_outputs(cfg, data, task, model)  # refuses NaN/inf outputs before export/ is touched
+    existing = run_dir / "export"
+    out = out_dir or existing
+    out.mkdir(exist_ok=True)
+    example, _ = task.batch(data, data.splits["test"][:2] if len(data.splits["test"]) else data.splits["train"][:2],
+                            torch.device("cpu"), False, torch.Generator())
+    with torch.no_grad():
+        example_logits = model(example)
+    description: dict[str, Any] = {
+        "format_version": MODEL_JSON_VERSION,
+        "source_run": run_dir.name,
+        "data_version": data.version,
+        "config_hash": config_hash(cfg),
+        "task": cfg.task,
+        "model": cfg.model.target or cfg.model.name,
+        "architecture": architecture(cfg.model, model, list(example.shape[1:]), int(example_logits.shape[1])),
+        "checkpoint": path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path),
+        "checkpoint_sha256": sha256_file(path),
+        "checkpoint_epoch": state["loop"]["epochs_done"],
+        "checkpoint_state_sha256": trajectory.state_sha256(state),  # which trajectory entry it is (record.json names it)
+        "classes": data.classes,
+        "input": {"name": "input", "shape": [None, *example.shape[1:]], "dtype": "float32", "batch": "dynamic"},
+        "output": {"name": "logits", "shape": [None, *example_logits.shape[1:]], "dtype": "float32"},
+        # how the source's raw values became the uint8 images `preprocessing` starts from
+        "source_mapping": source_mapping(data),
+        # how raw inputs become the model's input; only the task knows (images: decode, resize, normalize)
+        "preprocessing": task.export_preprocessing(data) if hasattr(task, "export_preprocessing") else {"normalization": data.info["normalization"]},
+    }
+    metadata = file_metadata(description, data)
+    previous = previous_description(existing)
+    kept, removed = _keep_or_remove(existing, previous, description, {REQUESTED_AS[name] for name in formats}, out)
+    for stale in ("model.json", "parity.json"):  # rewritten below; until then no description of files that may change
+        (out / stale).unlink(missing_ok=True)
+    written: dict[str, str] = {}
+    if "onnx" in formats:
+        torch.onnx.export(
+            model, (example,), str(out / FILES["onnx"]), input_names=["input"], output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=cfg.export.opset, dynamo=False,
+        )
+        set_onnx_metadata(out / FILES["onnx"], metadata)
+        written["onnx"] = FILES["onnx"]
+    if "torchscript" in formats:
+        try:
+            torch.jit.script(model).save(str(out / FILES["torchscript"]))
+            written["torchscript"] = FILES["torchscript"]
+        except Exception as err:  # models using Python features TorchScript lacks
+            log.warning("export: TorchScript cannot script this model (%s); writing torch.export %s instead",
+                        str(err).splitlines()[0], FILES["torch_export"])
+            batch = torch.export.Dim("batch", min=1)
+            program = torch.export.export(model, (example,), dynamic_shapes=({0: batch},))
+            torch.export.save(program, str(out / FILES["torch_export"]))
+            written["torch_export"] = FILES["torch_export"]
+    if "safetensors" in formats:
+        write_safetensors(out / FILES["safetensors"], model.state_dict(), metadata)
+        written["safetensors"] = FILES["safetensors"]
+
+    files = {name: file for name, file in FILES.items() if name in written or name in kept}  # FILES order: stable model.json
+    kept_formats = [name for name in files if name not in written]
+    description["files"] = {name: {"file": file, "sha256": sha256_file(out / file)} for name, file in files.items()}
+    description["onnx_opset"] = cfg.export.opset if "onnx" in written else previous.get("onnx_opset") if "onnx" in kept else None
+    description["torch"] = torch.__version__
+    description["parity"] = check_parity(cfg, data, task, model, out, files, reference=reference)
+    (out / "model.json").write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    parity = description["parity"]
+    log.info("export: %s in %s%s; parity %s (max |Δlogit| %s, argmax agreement %s)", ", ".join(written), existing,
+             f" (kept from the same checkpoint: {', '.join(kept_formats)})" if kept_formats else "",
+             "passed" if parity["passed"] else "FAILED",
+             ", ".join(f"{k} {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items()) or "-",
+             ", ".join(f"{k} {v['agreement']:.4f}" for k, v in parity["formats"].items()) or "-")
+    if not parity["passed"]:
+        raise ParityFailed(f"export: parity check failed ({parity['reason']}); see {existing / 'parity.json'}", parity)
+    return {**description, "kept": kept_formats, "removed": removed}
+
+
+def previous_description(out: Path) -> dict[str, Any]:
+    """The model.json already in `out`, or {} when there is none (or it does not read as a JSON object)."""
+    try:
+        previous = json.loads((out / "model.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return previous if isinstance(previous, dict) else {}
+
+
+def _keep_or_remove(out: Path, previous: dict[str, Any], description: dict[str, Any], requested: set[str],
+                    staged: Optional[Path] = None) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """Decide for each model file already in `out`: the requested formats are deleted (written again next); a
+    format not asked for is kept when the previous model.json lists it with the same origin (ORIGIN_FIELDS) and
+    the file still has the hash listed there, else removed with the reason, logged in one line. Returns the kept
+    formats (format → file) and the removed files. With `staged` another folder than `out`, nothing in `out` is
+    deleted (the amend that stages the new export/ there removes what it does not hold) and the kept files are
+    put in `staged`."""
+    listed: dict[str, Any] = previous["files"] if isinstance(previous.get("files"), dict) else {}
+    other_origin = [key for key in ORIGIN_FIELDS if previous.get(key) != description[key]]
+    kept: dict[str, str] = {}
+    removed: list[dict[str, str]] = []
+    for name, file in FILES.items():
+        path = out / file
+        if not path.exists():
+            continue
+        if REQUESTED_AS[name] in requested:
+            if staged in (None, out):
+                path.unlink()  # replaced by this export
+            continue
+        entry = listed.get(name)
+        if not isinstance(entry, dict) or entry.get("file") != file:
+            reason = "not listed in the previous model.json, so its origin is unknown"
+        elif other_origin == ["source_run"]:
+            reason = f"made in run {previous.get('source_run')}, not {description['source_run']}"
+        elif "checkpoint_sha256" in other_origin:
+            reason = (f"made from another checkpoint ({previous.get('checkpoint')}, sha256 {str(previous.get('checkpoint_sha256'))[:12]}), "
+                      f"not {description['checkpoint']} (sha256 {description['checkpoint_sha256'][:12]})")
+        elif other_origin:
+            reason = f"made with data version {str(previous.get('data_version'))[:12]}, not {description['data_version'][:12]}"
+        elif sha256_file(path) != entry.get("sha256"):
+            reason = "changed since it was exported (its SHA-256 is not the one in model.json)"
+        else:
+            kept[name] = file
+            if staged not in (None, out):
+                _link_or_copy(path, staged / file)
+            continue
+        if staged in (None, out):
+            path.unlink()
+        removed.append({"format": name, "file": file, "reason": reason})
+    if removed:
+        reasons: dict[str, list[str]] = {}
+        for item in removed:
+            reasons.setdefault(item["reason"], []).append(item["file"])
+        log.warning("export: removed %s; export them again with %s", "; ".join(f"{', '.join(files)}: {reason}" for reason, files in reasons.items()),
+                    " ".join(f"--format {REQUESTED_AS[item['format']]}" for item in removed))
+    return kept, removed
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A second name for a kept file (its bytes are only read from here on), or a copy where links are refused."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
+def architecture(model_cfg: Any, model: Any, input_shape: list[int], num_outputs: int) -> dict[str, Any]:
+    """What builds the model again: for a built-in one every argument of `models.build` and its layers as plain
+    operations with their state_dict keys; for a user model the factory, its kwargs (as recorded: as given,
+    `${env:NAME}` references stay references) and its arguments."""
+    from veritrain import models
+
+    built = {"module": f"{type(model).__module__}.{type(model).__qualname__}", "input_shape": input_shape, "num_outputs": num_outputs,
+             "parameters": int(sum(p.numel() for p in model.parameters()))}
+    if model_cfg.target:
+        # as recorded: `${env:NAME}` references kept (the model's reader resolves them)
+        return {"name": None, "target": model_cfg.target, "kwargs": json.loads(json.dumps(model_cfg.kwargs)), **built,
+                "rebuild": "call target(input_shape=input_shape, num_outputs=num_outputs, **kwargs) and load model.safetensors into it",
+                "layers": None}
+    layers = models.describe(model)
+    return {"name": model_cfg.name, "widths": list(model_cfg.widths), "hidden": list(model_cfg.hidden), "dropout": model_cfg.dropout, **built,
+            "rebuild": "veritrain.models.build(name, input_shape, num_outputs, widths, hidden, dropout), then load model.safetensors; "
+            "without veritrain: the operations in `layers`, in order (examples/rebuild_from_export.py)",
+            **(layers or {"layers": None})}
+
+
+def source_mapping(data: Any) -> dict[str, Any]:
+    """How the data source's raw values became the uint8 H×W×C images of the data version (what `preprocessing`
+    starts from), read from what the version recorded of its source and decoder."""
+    recorded = data.info.get("preprocessing") or {}
+    source = recorded.get("source") or {}
+    target = recorded.get("target") or {}
+    if len(data.info["input_shape"]) != 3:  # not images: the task's own arrays, as the version stores them
+        return {"source": source.get("source"), "result": f"array of shape {list(data.info['input_shape'])} per sample, as the data version stores it",
+                "recorded": source}
+    h, w, c = data.info["input_shape"]
+    result = {"source": source.get("source"), "result": f"uint8 array H×W×C = {h}×{w}×{c} ({'grey' if c == 1 else 'RGB'}), 0..255"}
+    if source.get("source") == "digits" and source.get("pixel_scale") == "round(v * 255 / 16)":
+        levels = np.arange(17, dtype=np.float64)
+        return {**result, "raw": "scikit-learn load_digits pixel values: counts of set pixels in 4×4 cells, integers 0..16 (8×8 images)",
+                "mapping": "numpy.rint(v * 255 / 16) as uint8 (round half to even: 8 → 128); one grey channel",
+                # the same expression as the source: entry v is the uint8 value of raw value v
+                "table": np.rint(levels * (255.0 / 16.0)).astype(np.uint8).tolist(), "recorded": source}
+    if source.get("source") == "cifar10":
+        return {**result, "raw": "CIFAR-10 python batches: each row of `data` is 3072 uint8 values, the 1024 red, then 1024 green, "
+                "then 1024 blue values of a 32×32 image in row-major order",
+                "mapping": "the bytes as they are (no scaling); each row reshaped to 3×32×32 and transposed to 32×32×3 (HWC, RGB)",
+                "recorded": source}
+    if "convert" in target:  # image files (imagefolder, csv, labelmap): decoded and checked by the data stage
+        mode = "L" if c == 1 else "RGB"
+        pillow = " ".join(filter(None, ["Pillow", (data.info.get("decoders") or {}).get("pillow")]))
+        size = f"{w}×{h} (W×H)"
+        shape = (f"a file not in mode {mode} is converted with Image.convert('{mode}') and one not {size} resized with "
+                 "Image.BILINEAR (data.convert: true)" if target.get("convert") else
+                 f"a file is used as it is when in mode {mode} and {size}, else quarantined as bad_shape (data.convert: false)")
+        return {**result, "raw": "image files (any format Pillow decodes)",
+                "mapping": f"decoded with {pillow} (Image.open, then load); {shape}; "
+                f"EXIF orientation {target.get('exif_orientation', 'not applied')}; numpy.asarray as uint8 H×W×C",
+                "recorded": {**source, **target}}
+    return {**result, "raw": "as the data source recorded it", "mapping": "see `recorded`", "recorded": {**source, **target}}
+
+
+def file_metadata(description: dict[str, Any], data: Any) -> dict[str, str]:
+    """What the ONNX `metadata_props` and the safetensors `__metadata__` carry (text → text; lists as JSON)."""
+    prep = description["preprocessing"]
+    normalization = data.info["normalization"]
+    shape = description["input"]["shape"]
+    entries = {
+        "classes": json.dumps(description["classes"], ensure_ascii=False),
+        "mean": json.dumps(prep.get("mean", normalization.get("mean"))),
+        "std": json.dumps(prep.get("std", normalization.get("std"))),
+        "input_layout": prep.get("layout") or ("NCHW" if len(shape) == 4 else None),
+        "input_shape": json.dumps(shape),  # null: any batch size
+        "source_run": description["source_run"],
+        "data_version": description["data_version"],
+        "config_hash": description["config_hash"],
+        "checkpoint_sha256": description["checkpoint_sha256"],
+        "model_json_format_version": str(description["format_version"]),
+    }
+    return {key: value for key, value in sorted(entries.items()) if value is not None}
+
+
+def set_onnx_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """Replace the ONNX model's metadata_props with `metadata`, in key order (the same model gives the same bytes)."""
+    import onnx
+
+    proto = onnx.load(str(path))
+    del proto.metadata_props[:]
+    for key, value in sorted(metadata.items()):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, str(path))
+
+
+SAFETENSORS_DTYPES = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def write_safetensors(path: Path, tensors: dict[str, Any], metadata: dict[str, str]) -> None:
+    """A safetensors file whose bytes depend only on `tensors` and `metadata`: its header is written here, keys
+    sorted, because the library orders `__metadata__` by a hash seeded per process, so the same model would get
+    another file hash on every export. The layout is the format's own: 8-byte little-endian header length, the
+    JSON header (padded with spaces to 8 bytes), the tensors' bytes back to back (little-endian, as torch stores
+    them on every platform it runs on)."""
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    chunks: list[bytes] = []
+    offset = 0
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        raw = tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[str(tensor.dtype).removeprefix("torch.")], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in chunks:
+            f.write(raw)
+
+
+def reference_outputs(cfg: Any, data: Any, task: Any, model: Any) -> tuple[str, Any, Any]:
+    """(split, inputs, outputs) of the trained model on the parity samples: up to `export.parity_samples` of the
+    test split (val when test is empty). RunFailed when any output is NaN or infinite: comparing NaNs certifies nothing."""
+    import torch
+
+    split = "test" if len(data.splits["test"]) else "val"
+    inputs, _ = task.batch(data, data.splits[split][: cfg.export.parity_samples], torch.device("cpu"), False, torch.Generator())
+    model.eval()
+    with torch.no_grad():
+        outputs = model(inputs).float()
+    bad = int((~torch.isfinite(outputs.reshape(len(outputs), -1))).any(dim=1).sum())
+    if bad:
+        raise RunFailed(f"export: the model gives non-finite outputs (NaN or inf) for {bad} of {len(outputs)} {split} samples; "
+                        "its weights or statistics hold NaN/inf (training diverged): export an earlier checkpoint with "
+                        "--checkpoint, or train again with a lower optim.lr")
+    return split, inputs, outputs
+
+
+def check_parity(cfg: Any, data: Any, task: Any, model: Any, out: Path, files: dict[str, str],
+                 reference: Optional[tuple[str, Any, Any]] = None, write: bool = True) -> dict[str, Any]:
+    """Trained model vs each export in `files` (format → file name in `out`) on real test samples; writes
+    export/parity.json (unless `write` is False: `veritrain audit` checks a sealed export again). safetensors is
+    checked by loading it into a copy of the model. `reference`: what `reference_outputs` returned, when the caller has it."""
+    import copy
+
+    import torch
+
+    split, inputs, reference_logits = reference or reference_outputs(cfg, data, task, model)
+    outputs: dict[str, np.ndarray] = {}
+    if "onnx" in files:
+        outputs["onnx"] = onnx_logits(out / files["onnx"], inputs.numpy())
+    if "torchscript" in files:
+        with warnings.catch_warnings():  # torch marks TorchScript deprecated; checking an export the config asked for is still right
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.load` is deprecated", category=DeprecationWarning)
+            scripted = torch.jit.load(str(out / files["torchscript"]))
+        with torch.no_grad():
+            outputs["torchscript"] = scripted(inputs).float().numpy()
+    if "torch_export" in files:
+        program = torch.export.load(str(out / files["torch_export"]))
+        with torch.no_grad():
+            outputs["torch_export"] = program.module()(inputs).float().numpy()
+    if "safetensors" in files:
+        from safetensors.torch import load_file
+
+        loaded = copy.deepcopy(model)
+        loaded.load_state_dict(load_file(str(out / files["safetensors"])), strict=True)
+        with torch.no_grad():
+            outputs["safetensors"] = loaded.eval()(inputs).float().numpy()
+    ref = reference_logits.numpy()
+    results = {}
+    for name, logits in outputs.items():
+        if logits.shape != ref.shape:
+            results[name] = {"max_abs_diff": float("inf"), "agreement": 0.0, "shape": list(logits.shape)}
+            continue
+        results[name] = {
+            "max_abs_diff": float(np.abs(logits.astype(np.float64) - ref.astype(np.float64)).max()),
+            "agreement": float((logits.argmax(1) == ref.argmax(1)).mean()),
+        }
+    # float32 rounding grows with the values: a model whose logits reach 1e5 cannot agree to 1e-4 in any other runtime
+    scale = float(np.abs(ref).max()) if ref.size else 0.0
+    tolerance = cfg.export.parity_atol + cfg.export.parity_rtol * scale
+    failures = [f"{n}: max |Δlogit| {r['max_abs_diff']:.3g} > {tolerance:.3g}" for n, r in results.items() if not r["max_abs_diff"] <= tolerance]
+    failures += [f"{n}: argmax agreement {r['agreement']:.4f} < {cfg.export.parity_min_agreement:g}" for n, r in results.items() if r["agreement"] < cfg.export.parity_min_agreement]
+    parity = {
+        "samples": int(len(ref)),
+        "split": split,
+        "atol": cfg.export.parity_atol,
+        "rtol": cfg.export.parity_rtol,
+        "tolerance": tolerance,  # atol + rtol × the largest |logit| of the trained model
+        "min_agreement": cfg.export.parity_min_agreement,
+        "formats": results,
+        "passed": not failures,
+        "reason": "; ".join(failures) or None,
+        "files_sha256": {name: sha256_file(out / file) for name, file in files.items()},
+    }
+    if write:
+        (out / "parity.json").write_text(json.dumps(parity, indent=2) + "\n", encoding="utf-8")
+    return parity
+
+
+def onnx_logits(path: Path, inputs: np.ndarray) -> np.ndarray:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4  # fatal only: an error is raised with its message, and is not also logged on stderr
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    run_options = onnxruntime.RunOptions()
+    run_options.log_severity_level = 4
+    # typed as any output kind (sparse, sequence, map); the model's one output is a dense tensor, an ndarray
+    return cast(np.ndarray, session.run(None, {session.get_inputs()[0].name: inputs.astype(np.float32)}, run_options)[0])
+
+
+# ---------------------------------------------------------------- predict
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a device, a socket or a folder where a file is read: opening a FIFO would wait for
+    a writer forever, a device may never end."""
+
+
+def refuse_non_regular(path: Path) -> None:
+    """Raise NotRegularFile unless `path` is a regular file (links followed), checked with stat, before any open;
+    a missing path raises FileNotFoundError."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file")
+        raise NotRegularFile(f"not a regular file ({kind})")
+
+
+def find_export(ref_dir: Path) -> Path:
+    """An export folder: the folder itself when it holds model.json, else `<run>/export`."""
+    for candidate in (ref_dir, ref_dir / "export"):
+        if (candidate / "model.json").exists():
+            return candidate
+    raise UserError(f"{ref_dir}: no exported model (model.json) here or in its export/; run `veritrain export` first")
+
+
+def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
+    """Decode one image file and apply the recorded preprocessing; returns C×H×W float32."""
+    from PIL import Image, ImageFile
+
+    ImageFile.LOAD_TRUNCATED_IMAGES = False
+    _, c, h, w = description["input"]["shape"]
+    prep = description["preprocessing"]
+    if "mean" not in prep:
+        raise UserError("predict: this export is not of an image model; predict reads image files")
+    refuse_non_regular(path)
+    with Image.open(path) as img:
+        img.load()
+        image = img.convert("L" if c == 1 else "RGB")
+    if (image.height, image.width) != (h, w):
+        image = image.resize((w, h), Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.float32).reshape(h, w, c) / 255.0
+    array = (array - np.asarray(prep["mean"], dtype=np.float32)) / np.asarray(prep["std"], dtype=np.float32)
+    return array.transpose(2, 0, 1).astype(np.float32)
+
+
+def read_description(export_dir: Path) -> dict[str, Any]:
+    """model.json of an export predict can use, checked first: an export folder may come from anywhere,
+    so a malformed one is one line (exit 1), and its ONNX file must be a file of this folder."""
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    class _Loose(BaseModel):
+        model_config = ConfigDict(extra="allow", strict=True)
+
+    class OnnxFile(_Loose):
+        file: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")  # a name in this folder, never a path
+        sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    class Files(_Loose):
+        onnx: Optional[OnnxFile] = None
+
+    class Input(_Loose):
+        shape: list[Optional[int]] = Field(min_length=4, max_length=4)  # [batch (null: dynamic), C, H, W]
+
+    class Description(_Loose):
+        classes: list[str] = Field(min_length=1)
+        input: Input
+        preprocessing: dict[str, Any]
+        files: Files
+
+    path = export_dir / "model.json"
+    try:
+        refuse_non_regular(path)
+        description = json.loads(path.read_text(encoding="utf-8"))
+        Description.model_validate(description)
+    except NotRegularFile as err:
+        raise RunFailed(f"{path}: {err}; an export's model.json is a plain file, re-export the run") from None
+    except OSError as err:
+        raise RunFailed(f"{path}: cannot read it ({err.strerror})") from None
+    except (ValueError, RecursionError) as err:  # JSON, UTF-8 or the shape (ValidationError is a ValueError)
+        detail = err.errors(include_url=False)[0] if isinstance(err, ValidationError) else None
+        where = f"{'.'.join(map(str, detail['loc']))}: {detail['msg']}" if detail else str(err).splitlines()[0]
+        raise RunFailed(f"{path}: not an export's description ({where}); re-export the run") from None
+    _, c, h, w = description["input"]["shape"]
+    if c not in (1, 3) or h is None or w is None or not (0 < h <= 4096 and 0 < w <= 4096):
+        raise RunFailed(f"{path}: input.shape: {[c, h, w]} is not an image model's input (1 or 3 channels, at most 4096 px a side)")
+    prep = description["preprocessing"]
+    for key in ("mean", "std") if "mean" in prep else ():
+        values = prep.get(key)
+        if not (isinstance(values, list) and len(values) == c and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in values)
+                and (key == "mean" or all(v > 0 for v in values))):
+            raise RunFailed(f"{path}: preprocessing.{key}: must be {c} finite number(s){' above 0' if key == 'std' else ''}; re-export the run")
+    return description
+
+
+def refuse_external_data(onnx_path: Path) -> None:
+    """An exported model is one self-contained file: tensors stored elsewhere would make onnxruntime
+    open files the seal does not cover, so such a model is refused."""
+    import onnx
+
+    try:
+        model = onnx.load(str(onnx_path), load_external_data=False)
+    except Exception as err:  # protobuf's decode errors have no common public base class
+        raise RunFailed(f"{onnx_path}: not a readable ONNX model ({err.__class__.__name__}); re-export the run") from None
+    def tensors(graph):  # initializers and tensor attributes, subgraphs (If, Loop, Scan) included
+        yield from graph.initializer
+        for node in graph.node:
+            for attribute in node.attribute:
+                yield from ([attribute.t] if attribute.HasField("t") else [])
+                yield from attribute.tensors
+                for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from tensors(subgraph)
+
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors(model.graph)):
+        raise RunFailed(f"{onnx_path}: refers to tensors in other files; predict runs only self-contained ONNX files, re-export the run")
+
+
+def predict(export_dir: Path, files: Sequence[str], top: int = 1) -> list[dict[str, Any]]:
+    """Class names and probabilities for each file with the exported ONNX model; a file that cannot
+    be read or decoded gets an error and the others are still predicted. No code of the run is
+    imported: the ONNX file runs in onnxruntime, so predict needs no --trust-code."""
+    description = read_description(export_dir)
+    onnx_file = description["files"].get("onnx")
+    if onnx_file is None:
+        raise UserError(f"{export_dir}: no ONNX model in this export; export with --format onnx")
+    if not (export_dir / onnx_file["file"]).is_file() or sha256_file(export_dir / onnx_file["file"]) != onnx_file["sha256"]:
+        raise RunFailed(f"{export_dir / onnx_file['file']}: missing or does not match the hash in model.json; re-export the run")
+    refuse_external_data(export_dir / onnx_file["file"])
+    classes = description["classes"]
+    results: list[dict[str, Any]] = []
+    batch, positions = [], []
+    for i, name in enumerate(files):
+        try:
+            batch.append(preprocess(Path(name), description))
+            positions.append(i)
+            results.append({"file": name, "ok": True, "top": [], "error": None})
+        except FileNotFoundError:
+            results.append({"file": name, "ok": False, "top": [], "error": "no such file"})
+        except NotRegularFile as err:  # refused before opening: a FIFO would block predict
+            results.append({"file": name, "ok": False, "top": [], "error": f"{err}; give image files"})
+        except Exception as err:  # unreadable or not an image: report and go on
+            results.append({"file": name, "ok": False, "top": [], "error": f"cannot decode as an image ({err.__class__.__name__}: {err})"})
+    if batch:
+        logits = _predicted_logits(export_dir / onnx_file["file"], np.stack(batch), len(classes))
+        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probabilities /= probabilities.sum(axis=1, keepdims=True)
+        for i, row in zip(positions, probabilities):
+            order = np.argsort(-row, kind="stable")[: max(1, top)]
+            results[i]["top"] = [{"label": classes[k], "prob": float(row[k])} for k in order]
+    return results
+
+
+def _predicted_logits(onnx_path: Path, inputs: np.ndarray, num_classes: int) -> np.ndarray:
+    """The model's outputs for `inputs` as float64 (N, classes); an ONNX file that onnxruntime cannot load or run (an
+    operator it does not know, an allocation it cannot make) or whose output is not one row of class scores per
+    input is one line (exit 1): an export folder may come from anywhere."""
+    try:
+        logits = onnx_logits(onnx_path, inputs)
+    except MemoryError:
+        raise RunFailed(f"{onnx_path}: onnxruntime ran out of memory running it; predict fewer files at once, or re-export the run") from None
+    except Exception as err:  # onnxruntime's errors (Fail, InvalidGraph, NotImplemented, RuntimeException) share no public base
+        detail = " ".join(str(err).split()) or err.__class__.__name__
+        if len(detail) > 240:  # the start names the node or the load, the end the reason
+            detail = f"{detail[:120]} … {detail[-120:]}"
+        raise RunFailed(f"{onnx_path}: onnxruntime cannot run it ({detail}); re-export the run") from None
+    shape = getattr(logits, "shape", None)
+    if not isinstance(logits, np.ndarray) or shape != (len(inputs), num_classes):
+        raise RunFailed(f"{onnx_path}: its output has shape {list(shape) if shape is not None else type(logits).__name__}, not "
+                        f"[{len(inputs)}, {num_classes}] (one score per class of model.json for each file); re-export the run")
+    return logits.astype(np.float64)

@@ -1,0 +1,322 @@
+"""`veritrain check RUN`: the completion checklist of a run (data, environment, training, evaluation,
+export, archive), one row each with its status and the fix that clears it.
+
+A row is `pass`, `fail`, `missing`, `n/a` (it does not apply to this kind of run, e.g. training rows
+of a baseline run), `waived` (a note gave the reason it cannot pass: `veritrain runs note RUN --waive
+ROW "reason"`) or `unknown` (the run page's `run_verifies` row when no fresh verdict is kept: it shows
+no verdict it did not compute). A waived or unknown row is never shown as passed. Each fix is what clears the row: a command on
+this run when one exists (eval, export, baseline, smoke, resume), else a new run that addresses the
+recorded cause (a failed run is never resumed: it would fail the same way).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain.core.errors import RunFailed
+from veritrain.records.record import read_record
+
+# row id → what it checks; ids are what `runs note --waive` takes
+ROWS = {
+    "data_versioned": "data: validated and versioned",
+    "no_leakage": "data: no leakage between splits",
+    "achieved_split": "data: achieved split follows the ratios (no split_skew)",
+    "normalization_from_train": "data: normalization statistics from the train split only",
+    "packages_locked": "environment: package list locked with the run",
+    "smoke_passed": "environment: smoke test passed for this config",
+    "baseline_present": "environment: baseline on the same splits",
+    "hyperparameters_recorded": "training: hyperparameters recorded",
+    "log_complete": "training: log complete",
+    "checkpoint_with_optimizer": "training: checkpoint with optimizer state",
+    "test_metrics": "evaluation: metrics on the fixed test split",
+    "selection_on_validation": "evaluation: best.pt, early stopping and sweep choices on validation only (test: final report)",
+    "bad_cases": "evaluation: bad cases recorded",
+    "beats_baseline": "evaluation: beats the baseline",
+    "export_parity": "export: parity verified",
+    "code_version": "archive: code version recorded",
+    "run_verifies": "archive: data, config, logs and model present and verified",
+    "auditable": "audit: auditable segments",
+    "results_from_trajectory": "audit: metrics and export from the audited training",
+}
+TRAINING_ROWS = ("smoke_passed", "log_complete", "checkpoint_with_optimizer", "test_metrics", "selection_on_validation", "bad_cases",
+                 "beats_baseline", "export_parity")
+PASSING = ("pass", "waived", "n/a")
+AUDIT_EVERY_FIX = 1  # `auditable`'s fix keeps every scheduled checkpoint for audit
+
+
+def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None,
+              unverified: Optional[str] = None) -> dict[str, Any]:
+    """{"ok", "run", "items": [{"id", "item", "status", "detail", "fix"}]}; `ok` when every row passes,
+    is waived or does not apply. `verified`: the run's verify result as `veritrain verify` computes it (the
+    defaults of `verify_run`), when the caller has it (each file of the run is then hashed once); else it is
+    computed here and kept like the CLI's. `unverified`: why the caller has no fresh verdict and wants none
+    computed (the run page): the `run_verifies` row is then `unknown`, saying so."""
+    from veritrain.records.registry import read_notes
+    from veritrain.trust.verify import verify_and_keep
+
+    run = run_dir.name
+    try:
+        record = read_record(run_dir)
+    except RunFailed as err:  # nothing else can be checked without the record
+        return {"ok": False, "run": run, "items": [{"id": "run_verifies", "item": "archive: record.json readable", "status": "fail",
+                                                    "detail": str(err), "fix": f"veritrain verify {run}"}]}
+    artifacts = record.get("artifacts") or {}
+    data = record.get("data") or {}
+    kind = record.get("kind") or "run"
+    status = record.get("status")
+    new_run = _new_run_fix(run_dir, record)
+    rows: dict[str, tuple[str, Optional[str], str]] = {}  # id → (status, fix, detail); fix None: nothing to run
+
+    version_dir = state_dir / "data" / str(data.get("version"))
+    try:
+        info = json.loads((version_dir / "version.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # missing or damaged: reported by the rows below and by verify
+        info = None
+    info = info if isinstance(info, dict) else None
+    config = _config_path(run_dir)
+    prepare = f"veritrain data prepare {config}" if data.get("version") else new_run
+    rows["data_versioned"] = ("pass" if data.get("version") and info else "missing", prepare,
+                              f"version {str(data.get('version'))[:12]}, {data.get('quarantined', 0)} quarantined")
+    leakage = data.get("leakage_pairs")
+    rows["no_leakage"] = ("missing" if leakage is None else ("pass" if leakage == 0 else "fail"), new_run,
+                          f"{leakage} cross-split duplicate pairs")
+    achieved = (data.get("summary") or {}).get("achieved_split")
+    # recipe 4 on: a group mixing data.test_from's former test and train/val samples fails the row like a skew
+    skewed = ((achieved or {}).get("skewed") or []) + (((achieved or {}).get("test_from") or {}).get("leaks") or [])
+    rows["achieved_split"] = (
+        "missing" if achieved is None else ("fail" if skewed else "pass"),
+        new_run if achieved is None else f"fix the data or its groups (see `veritrain data report {run}`), then start a new run: {new_run}",
+        "not checked: prepared by an earlier data recipe" if achieved is None
+        else (skewed[0] if skewed else "every class within data.split_tolerance" if achieved.get("judged") else "fixed or time-ordered split"))
+    on_train = (info or {}).get("normalization", {}).get("computed_on") == "train"
+    rows["normalization_from_train"] = ("pass" if on_train else "missing", prepare, "")
+
+    rows["packages_locked"] = ("pass" if "env/requirements.lock" in artifacts else "missing", new_run, "")
+    rows["smoke_passed"] = _smoke_row(run, record, state_dir, config)
+    baselines = record.get("baselines")
+    rows["baseline_present"] = ("pass" if baselines else "missing", f"veritrain baseline {run}", "")
+    rows["hyperparameters_recorded"] = ("pass" if record.get("config") and "config.yaml" in artifacts else "missing", new_run, "")
+
+    training = record.get("training") or {}
+    has_checkpoint = any(p.startswith("checkpoints/") and p.endswith(".pt") for p in artifacts)
+    train_fix = _training_fix(run, record, new_run)
+    detail = f"status {status}, {training.get('epochs', 0)} epochs" + (f": {record['error'].get('message')}" if record.get("error") else "")
+    rows["log_complete"] = ("pass" if "train.log" in artifacts and status == "completed" else ("fail" if status in ("failed", "interrupted") else "missing"),
+                            train_fix, detail)
+    rows["checkpoint_with_optimizer"] = ("pass" if has_checkpoint and _has_optimizer(run_dir, artifacts) else "missing",
+                                         train_fix if status != "completed" else new_run, "")
+    failed = status == "failed"  # its fix is a new run: evaluating or exporting it would not complete it
+    eval_fix = f"veritrain eval {run} --split test" if has_checkpoint and not failed else train_fix
+    metrics = (record.get("metrics") or {}).get("test")
+    rows["test_metrics"] = ("pass" if metrics and metrics.get("data_version") in (None, data.get("version")) else "missing", eval_fix, "")
+    rows["selection_on_validation"] = _selection_row(record, new_run)
+    rows["bad_cases"] = ("pass" if "eval/test/bad_cases.csv" in artifacts else "missing", eval_fix, "")
+    if metrics and baselines:
+        linear = baselines["results"].get("logistic_regression", {}).get("accuracy")
+        beats = linear is None or metrics.get("accuracy", 0.0) >= linear + baselines.get("margin", 0.0)
+        rows["beats_baseline"] = ("pass" if beats else "fail",
+                                  f"improve the model in a new run, or say why it need not: veritrain runs note {run} --waive beats_baseline \"...\"",
+                                  f"accuracy {metrics.get('accuracy', 0):.4f} vs logistic regression {linear if linear is None else round(linear, 4)}")
+    else:
+        rows["beats_baseline"] = ("missing", f"veritrain baseline {run}" if metrics and not failed else eval_fix, "")
+    parity = (record.get("export") or {}).get("parity")
+    rows["export_parity"] = (
+        "missing" if not parity else ("pass" if parity.get("passed") else "fail"),
+        (f"veritrain export {run}" if has_checkpoint and not failed else train_fix) if not parity
+        else f"see runs/{run}/export/parity.json; fix the model in a new run, or say why: veritrain runs note {run} --waive export_parity \"...\"",
+        "" if not parity else f"{parity.get('samples')} samples, {', '.join(parity.get('formats', {}))}")
+
+    code = record.get("code") or {}
+    rows["code_version"] = ("pass" if code.get("veritrain") else "missing", new_run,
+                            f"veritrain {code.get('veritrain')}, git {str(code.get('git_commit') or 'not in git')[:12]}")
+    if verified is None and unverified is not None:
+        rows["run_verifies"] = ("unknown", f"veritrain verify {run}", unverified)
+    else:
+        verified = verified if verified is not None else verify_and_keep(run_dir, state_dir)
+        rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
+                                f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
+                                "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
+        if verified.get("interrupted_amend"):  # judged as it was before the amend; the files now are half switched
+            rows["run_verifies"] = ("fail", f"run an amending command on it (veritrain eval, export, baseline {run}, or veritrain gc)",
+                                    verified["interrupted_amend"])
+    rows["auditable"] = _auditable_row(run_dir, record, state_dir, new_run)
+    rows["results_from_trajectory"] = _results_row(run, record)
+
+    if failed:  # a new run that addresses the cause is the fix for every row the failure left open
+        for row in ("smoke_passed", "baseline_present"):
+            state, _, detail = rows[row]
+            rows[row] = (state, train_fix, detail)
+    if kind == "baseline":  # a baseline run trains nothing: its training rows do not apply
+        for row in TRAINING_ROWS:
+            rows[row] = ("n/a", None, "baseline run: no model is trained")
+    waived = {n.get("waive"): n.get("text") for n in read_notes(run_dir) if isinstance(n.get("waive"), str)}
+    items = []
+    for row, (state, fix, detail) in rows.items():
+        if state in ("fail", "missing") and row in waived:
+            state, detail = "waived", f"waived: {waived[row]}" + (f" ({detail})" if detail else "")
+        items.append({"id": row, "item": ROWS[row], "status": state, "detail": detail, "fix": None if state in PASSING else fix})
+    return {"ok": all(i["status"] in PASSING for i in items), "run": run, "items": items}
+
+
+def _config_path(run_dir: Path) -> str:
+    """The run's config.yaml as a command typed here can name it: relative to the current directory when
+    the run is below it, else absolute (with --workdir the workspace is elsewhere)."""
+    path = run_dir / "config.yaml"
+    try:
+        return shlex.quote(path.resolve().relative_to(Path.cwd().resolve()).as_posix())
+    except ValueError:
+        return shlex.quote(str(path.resolve()))
+
+
+def _new_run_fix(run_dir: Path, record: dict[str, Any]) -> str:
+    """The command that starts a new run of this run's config, of the same kind."""
+    command = {"train": "train", "baseline": "baseline"}.get(record.get("kind") or "run", "run")
+    return f"veritrain {command} {_config_path(run_dir)}"
+
+
+def _training_fix(run: str, record: dict[str, Any], new_run: str) -> str:
+    """How to get a complete training: resume an interrupted run; for a failed one, a new run that addresses
+    the recorded cause (a lower learning rate after non-finite values), since a resume fails the same way."""
+    status = record.get("status")
+    if status in ("interrupted", "running"):
+        return f"veritrain train --resume {run}"
+    if status != "failed":
+        return new_run
+    nonfinite = any(e.get("kind") == "nonfinite_stop" for e in record.get("events") or ()) or "non-finite" in str((record.get("error") or {}).get("message"))
+    lr = ((record.get("config") or {}).get("optim") or {}).get("lr")
+    if nonfinite and isinstance(lr, (int, float)):
+        return f"{new_run} --set optim.lr={lr / 10:g}"
+    return f"fix the cause ({str((record.get('error') or {}).get('message'))[:120]}), then start a new run: {new_run}"
+
+
+def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:
+    """Passed when the run relied on a passing smoke test, or one has passed since for the same config
+    hash, data version and code (`veritrain smoke runs/<run>/config.yaml` files it under that key)."""
+    from veritrain.records.smoke_results import passed_before, smoke_key
+
+    smoke = record.get("smoke") or {}
+    fix = f"veritrain smoke {config}"
+    if smoke.get("status") == "completed":
+        return "pass", fix, "passed before the run"
+    version, config_hash = (record.get("data") or {}).get("version"), record.get("config_hash")
+    if version and config_hash:
+        key = smoke_key(config_hash, version, record.get("code") or {})
+        if passed_before(state_dir, key):
+            return "pass", fix, f"passed after the run (.veritrain/smoke/{key[:12]})"
+    return "missing", fix, f"smoke {smoke.get('status', 'not run')}"
+
+
+def _auditable_row(run_dir: Path, record: dict[str, Any], state_dir: Path, new_run: str) -> tuple[str, str, str]:
+    """Whether `veritrain audit` can replay every segment of the trajectory: each from the nearest earlier state the run
+    keeps (the initial state always counts), with the checkpoints kept as the keep rule says (the training config,
+    each gc, an archive left without its audit checkpoints), the data version and the recorded code here. The detail
+    gives the longest replay a segment needs. n/a for runs without a trajectory (baseline runs, runs of an outside
+    checkpoint, runs made before trajectories)."""
+    from veritrain.train import trajectory
+    from veritrain.trust.verify import _omitted_for_audit
+
+    entries = record.get("trajectory") or []
+    fix = f"{new_run} --set checkpoint.audit_every={AUDIT_EVERY_FIX}"
+    if len(entries) < 2:
+        return "n/a", fix, "no trajectory: a baseline run, a run of an outside checkpoint, one made before trajectories, or one stopped before its first checkpoint"
+    present = {p.relative_to(run_dir).as_posix() for p in (run_dir / "checkpoints").glob("*") if p.is_file()} if (run_dir / "checkpoints").is_dir() else set()
+    broken = trajectory.keep_rule_problems(record, present, _omitted_for_audit(run_dir, record))
+    if broken:
+        return "fail", f"restore the run's checkpoints (import its archive again); `veritrain verify {run_dir.name}` lists them", \
+            f"the kept checkpoints do not follow the keep rule: {broken[0]['path']}: {broken[0]['detail']}"
+    version = (record.get("data") or {}).get("version")
+    if not version or not (state_dir / "data" / str(version) / "version.json").is_file():
+        return "missing", f"veritrain data prepare {_config_path(run_dir)} (or import the run's archive made --with-data)", \
+            f"the data version {str(version)[:12]} is not here: a replay needs it"
+    from veritrain.records.usercode import CODE_DIR, recorded_listing
+
+    absent = [entry["path"] for entry in recorded_listing(record)[0] if not (run_dir / CODE_DIR / str(entry["path"])).is_file()]
+    if absent:
+        return "missing", f"import the run's archive again; `veritrain verify {run_dir.name}` lists what is missing", f"the recorded code {CODE_DIR}/{absent[0]} is not here"
+    longest = trajectory.longest_stretch(entries, set(trajectory.start_points(entries, trajectory.kept_checkpoints(run_dir, record))))
+    if longest is None:
+        return "missing", fix, "a segment has no earlier state to replay from (the trajectory does not start at the initial state)"
+    segments, steps = longest
+    detail = f"all {len(entries) - 1} segments auditable; the longest replay a segment needs: {segments} segment(s), {steps} steps"
+    if segments > 1 and not any(e.get("kept_for_audit") for e in entries):
+        detail += " (checkpoint.audit_every keeps more start points)"
+    return "pass", fix, detail
+
+
+def _results_row(run: str, record: dict[str, Any]) -> tuple[str, Optional[str], str]:
+    """Whether every metric set and export names the trajectory entry it came from (verify checks that it holds). A run of
+    an outside checkpoint (kind eval or export) fails: its results are not from the audited training."""
+    outside = record.get("input_checkpoint")
+    if outside or record.get("kind") in ("eval", "export"):
+        parent = record.get("parent") or "the parent run"
+        if any(event.get("kind") == "current_code" for event in record.get("events") or []):
+            return "fail", f"veritrain {record.get('kind') or 'eval'} {parent}", \
+                f"not from the recorded code: {parent}'s checkpoint was built with the code current when this run was made"
+        return "fail", f"veritrain {record.get('kind') or 'eval'} {parent}", \
+            f"not from the audited training: {(outside or {}).get('file', 'its checkpoint')} came from {(outside or {}).get('source', 'outside')}, not from the trajectory of {parent}"
+    if record.get("kind") == "baseline":
+        return "n/a", None, "baseline run: no model is trained"
+    results = [(f"metrics.{split}", m) for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)]
+    if (record.get("export") or {}).get("files"):
+        results.append(("export", record["export"]))
+    if not results:
+        return "n/a", None, "no metrics or export yet"
+    if not record.get("trajectory"):
+        return "n/a", None, "not checked: the run has no trajectory (made before veritrain kept one)"
+    unbound = [what for what, r in results if not r.get("trajectory_entry")]
+    if unbound:
+        return "n/a", None, f"not checked: {', '.join(unbound)} name no trajectory entry (made by an earlier veritrain)"
+    return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results)
+
+
+def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[str], str]:
+    """Whether everything that selected (best.pt, early stopping, the sweep's choice of its best trial) read the val
+    split only, as the record's `selection` says, and training picked best.pt by the metric it names. n/a for a run
+    that trains nothing and for one made before records said it."""
+    from veritrain.core.selection import SELECTION_SPLIT, selected_on
+
+    if "train" not in (record.get("stages") or ()):
+        return "n/a", None, "trains nothing: nothing is selected"
+    if "selection" not in record:
+        return "n/a", None, "not checked: the record does not say what selected what (made by an earlier veritrain)"
+    picked = record.get("selection") or {}
+    chosen = selected_on(picked)
+    if not chosen:
+        return "pass", None, "nothing selected: the last checkpoint is evaluated"
+    fix = f"{new_run} --set checkpoint.best_metric=null --set checkpoint.best_mode=null"  # null: the task's val metric
+    elsewhere = [f"{what} on {metric} ({split or 'no'} split)" for what, split, metric in chosen if split != SELECTION_SPLIT]
+    if elsewhere:
+        return "fail", fix, f"not on validation: {'; '.join(elsewhere)}"
+    trained_on = ((record.get("training") or {}).get("best_metric") or {}).get("name")
+    recorded = (picked.get("best_checkpoint") or {}).get("metric")
+    if recorded and trained_on and trained_on != recorded:
+        return "fail", fix, f"training picked best.pt on {trained_on}, the record's selection says {recorded}"
+    return "pass", None, "; ".join(f"{what} on {split} {metric}" for what, split, metric in chosen) + "; test: final report only"
+
+
+def _has_optimizer(run_dir: Path, artifacts: dict[str, Any]) -> bool:
+    """Whether a checkpoint holds optimizer state (read from its zip index, without unpickling)."""
+    for name in ("checkpoints/last.pt", "checkpoints/best.pt"):
+        if name in artifacts:
+            try:
+                with zipfile.ZipFile(run_dir / name) as archive:
+                    pickled = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+                    return b"optimizer" in archive.read(pickled)
+            except (OSError, zipfile.BadZipFile, StopIteration):
+                return False
+    return False
+
+
+def fix_commands(result: dict[str, Any]) -> list[list[str]]:
+    """The fixes of a check that are commands (argv lists), in row order, without repeats."""
+    seen, commands = set(), []
+    for item in result["items"]:
+        fix = item.get("fix") or ""
+        if fix.startswith("veritrain ") and fix not in seen:
+            seen.add(fix)
+            commands.append(shlex.split(fix))
+    return commands

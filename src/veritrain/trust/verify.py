@@ -1,0 +1,532 @@
+"""Verify a run: re-hash every file against its sealed record, check the seal, and check that the
+recorded data version still resolves and matches.
+
+Threat model: the seal (`record.sha256`, the SHA-256 of `record.json`'s exact bytes) catches
+accidents and naive edits — a changed byte, a missing or added file, an edited record. Someone who
+rewrites the files, the record *and* the seal can only be caught against a seal kept elsewhere: the
+seal is printed at the end of every run so it can be published, and `verify --expect SEAL` checks
+against it.
+
+    veritrain verify latest --expect 63a6a0c8…
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import re
+import threading
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from veritrain.core.hashing import sha256_file
+from veritrain.data.identity import data_version_problems
+from veritrain.records.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total): "files", "states", "data version", "raw data"
+log = logging.getLogger("veritrain")
+
+
+def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
+               rehash_data: bool = True, check_data: bool = True, check_states: bool = True,
+               progress: Optional[Progress] = None, state_cache: Optional[Path] = None) -> dict[str, Any]:
+    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}], "raw_data"}.
+    `check_data` False leaves the data version out (for callers that open it next, which checks it);
+    `check_states` False skips loading the checkpoints to match them with the trajectory (their bytes
+    are checked either way). `progress` is told each stage as it goes (the run browser shows it). While an amend of
+    the run is unfinished (veritrain.records.journal), the run is judged as it was before it, from the journal's copies of
+    the files already switched, and "interrupted_amend" says so (else None); nothing is written either way.
+    `state_cache`: a folder where the state hashes of checkpoints (and the weights hash of an export) are kept
+    by the SHA-256 of the file's bytes, read before loading a file and written after; None (audit) loads every file."""
+    from veritrain.records.journal import interrupted
+
+    report: Progress = progress or (lambda stage, done, total: None)
+    problems: list[dict[str, Any]] = []
+    drift: list[dict[str, Any]] = []
+
+    def problem(path: str, kind: str, detail: str = "") -> None:
+        problems.append({"path": path, "kind": kind, "detail": detail})
+
+    pending = interrupted(run_dir, state_dir)
+    if pending is not None:
+        log.warning("%s: %s", run_dir.name, pending.message)
+    listing = pending.files if pending else {path.relative_to(run_dir).as_posix(): path for path in sorted(run_dir.rglob("*"))}
+    note = pending.message if pending else None
+    try:
+        record_bytes = listing[RECORD_FILE].read_bytes() if RECORD_FILE in listing else (run_dir / RECORD_FILE).read_bytes()
+    except OSError:
+        problem(RECORD_FILE, "missing", "no record.json: not a run, or it was deleted")
+        return {"ok": False, "seal": None, "problems": problems, "drift": drift, "interrupted_amend": note}
+    seal = hashlib.sha256(record_bytes).hexdigest()
+    try:
+        stored_seal = listing.get(SEAL_FILE, run_dir / SEAL_FILE).read_text().strip()
+        if stored_seal != seal:
+            problem(RECORD_FILE, "seal_mismatch", f"record.json hashes to {seal[:16]}…, record.sha256 says {stored_seal[:16]}…")
+    except OSError:
+        problem(SEAL_FILE, "missing", "the seal is missing")
+    try:
+        record = json.loads(record_bytes)
+        if not isinstance(record, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as err:  # JSON or UTF-8
+        record = None
+        problem(RECORD_FILE, "unreadable", str(err))
+    if expect is not None and expect.strip().lower() != seal:
+        history = [h for h in (record or {}).get("seal_history") or [] if isinstance(h, dict) and h.get("seal") == expect.strip().lower()]
+        hint = f"; that seal was replaced when {history[-1].get('by')} re-sealed the run at {history[-1].get('replaced_at')}" if history else ""
+        problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}{hint}")
+    if record is None:
+        return {"ok": False, "seal": seal, "problems": problems, "drift": drift, "interrupted_amend": note}
+    from veritrain.records.record import record_problem
+
+    malformed = record_problem(record, None)
+    if malformed is not None:  # nothing below may trust its fields (a data version that is a path, say)
+        problem(RECORD_FILE, "unreadable", malformed)
+        return {"ok": False, "seal": seal, "problems": problems, "drift": drift, "interrupted_amend": note}
+
+    artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
+    present = {}
+    for rel, path in sorted(listing.items()):
+        if path.is_symlink():
+            problem(rel, "link", "a run directory holds only regular files")
+        elif path.is_file() and rel not in UNSEALED:
+            present[rel] = path
+    omitted = _omitted_for_audit(run_dir, record)
+    for done, (rel, entry) in enumerate(artifacts.items()):
+        report("files", done, len(artifacts))
+        path = present.get(rel)
+        if path is None and rel in omitted:
+            continue  # left out of an archive on purpose (made without --with-audit); `veritrain audit` cannot start there
+        if path is None:
+            problem(rel, "missing")
+        elif path.stat().st_size != entry.get("size") or (digest := sha256_file(path)) != entry.get("sha256"):
+            shown = "size differs" if path.stat().st_size != entry.get("size") else f"sha256 {digest[:16]}…"
+            problem(rel, "changed", f"{shown}, recorded {str(entry.get('sha256'))[:16]}…")
+    for rel in sorted(set(present) - set(artifacts)):
+        problem(rel, "added", "not listed in record.json")
+    report("files", len(artifacts), len(artifacts))
+    intact = {rel: path for rel, path in present.items() if rel in artifacts and not any(p["path"] == rel for p in problems)}
+    not_checked: list[dict[str, str]] = []  # checks whose fields the record does not carry (older runs), and why
+    digests = {rel: str(artifacts[rel].get("sha256")) for rel in intact}  # each intact file's bytes hash so, just checked
+    problems.extend(_trajectory_problems(record, intact, check_states, report, set(present), omitted, not_checked,
+                                         _StateCache(state_cache, digests)))
+
+    data = record.get("data") or {}
+    checked: list[str] = []  # how the raw data was checked, in a line
+    if data.get("version") and check_data:
+        problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report, checked, not_checked))
+    drift.extend(_environment_drift(record))
+    fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
+    return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
+            "interrupted_amend": note, "raw_data": checked[0] if checked else None}
+
+
+def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
+                    progress: Optional[Progress] = None) -> dict[str, Any]:
+    """`verify_run` as the CLI runs it, its verdict then kept in `.veritrain/verdicts/<run_id>.json` (never in
+    the run) for the views that show it; the answer gains "verified_at". Keeping is best effort: a read-only
+    or full workspace still gets its answer."""
+    from veritrain.records import verdicts
+    from veritrain.records.record import now_iso
+
+    covered = verdicts.fingerprint(run_dir, state_dir)  # before: a file changed while verify runs makes the verdict stale
+    result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress, state_cache=state_dir / STATE_CACHE)
+    result["verified_at"] = now_iso()
+    if result.get("interrupted_amend"):
+        return result  # it judged the run as it was, not the files there now: no verdict to keep for them
+    try:
+        verdicts.store(run_dir, state_dir, result, covered, result["verified_at"], expect=expect, strict=strict)
+    except OSError:
+        pass
+    return result
+
+
+STATE_CACHE = Path("cache") / "states"  # under .veritrain/: <file sha256>.json, safe to delete (verify loads the files again)
+
+
+class _StateCache:
+    """What loading a checkpoint (or an export's weights) gave, kept by the SHA-256 of the file's bytes: a changed
+    file has another hash, so it misses. Best effort: an unreadable or unwritable cache only costs the load."""
+
+    def __init__(self, folder: Optional[Path], digests: dict[str, str]):
+        self.folder, self.digests = folder, digests
+
+    def get(self, rel: str) -> Optional[dict[str, Any]]:
+        if self.folder is None or not re.fullmatch(r"[0-9a-f]{64}", self.digests.get(rel, "")):
+            return None
+        try:
+            found = json.loads((self.folder / f"{self.digests[rel]}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        from veritrain.core.version import __version__
+
+        # another veritrain may hash states another way: what it kept is computed again
+        return found if isinstance(found, dict) and found.get("veritrain") == __version__ else None
+
+    def put(self, rel: str, value: dict[str, Any]) -> None:
+        if self.folder is None or not re.fullmatch(r"[0-9a-f]{64}", self.digests.get(rel, "")):
+            return
+        import os
+        import uuid
+
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
+            from veritrain.core.version import __version__
+
+            tmp.write_text(json.dumps({**value, "veritrain": __version__}), encoding="utf-8")
+            os.replace(tmp, self.folder / f"{self.digests[rel]}.json")
+        except OSError:
+            pass
+
+
+def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
+    """The checkpoint files that may be absent: listed by import as left out of the archive, and kept only
+    for audit according to the record itself (never a checkpoint that keep_last, best or last keeps)."""
+    from veritrain.train.trajectory import audit_only_checkpoints
+
+    try:
+        listed = json.loads((run_dir / OMITTED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    names = listed.get("files") if isinstance(listed, dict) else None
+    if not isinstance(names, list):
+        return set()
+    allowed = {name for name in names if isinstance(name, str)} & set(audit_only_checkpoints(record))
+    return allowed | {name + ".sha256" for name in allowed}
+
+
+def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool, report: Progress,
+                         present: set[str], omitted: set[str], not_checked: list[dict[str, str]],
+                         cache: _StateCache) -> list[dict[str, Any]]:
+    """The trajectory's chain holds, its last entry is the final state, the checkpoints kept are those the keep rule
+    keeps, every checkpoint in the run holds a state of the trajectory (a step file may hold a timing save of
+    `other_saves`, a resume point), best.pt holds the best epoch's entry and last.pt the final one, and every result
+    (metrics, export) comes from the entry its record names. Runs made before the trajectory have none; checks whose
+    fields a record does not carry are listed in `not_checked`."""
+    from veritrain.train import trajectory as trajectory_module
+
+    entries = record.get("trajectory")
+    outside = record.get("input_checkpoint")
+    if not entries and not outside:
+        if record.get("training"):
+            not_checked.append({"check": "trajectory", "reason": "the record has no trajectory (made before veritrain kept one)"})
+        return []
+    problems = []
+    entries = entries or []
+    training = record.get("training") or {}
+    if entries:
+        broken = trajectory_module.chain_problem(entries, str(record.get("config_hash")), str((record.get("data") or {}).get("version")))
+        if broken:
+            problems.append({"path": RECORD_FILE, "kind": "trajectory_broken", "detail": broken})
+        last = entries[-1]
+        if record.get("status") == "completed" and training:
+            if last.get("model_sha256") != record.get("final_state_sha256") or last.get("step") != training.get("steps"):
+                problems.append({"path": RECORD_FILE, "kind": "trajectory_endpoint",
+                                 "detail": f"the last entry (step {last.get('step')}, weights {str(last.get('model_sha256'))[:12]}) is not the final state "
+                                           f"(step {training.get('steps')}, final_state_sha256 {str(record.get('final_state_sha256'))[:12]})"})
+        problems.extend(trajectory_module.keep_rule_problems(record, present, omitted))
+    if not check_states:
+        not_checked.append({"check": "checkpoint states", "reason": "not asked for (check_states off)"})
+        return problems
+    by_step = {(e["step"], e["state_sha256"]) for e in entries} | {(e["step"], e["state_sha256"]) for e in record.get("other_saves") or []}
+    in_trajectory = {e["state_sha256"] for e in entries}
+    best_index = trajectory_module.best_entry(entries, training.get("best_epoch"))
+
+    states: dict[str, str] = {}  # checkpoint file → its state hash
+    checkpoints = [(rel, path) for rel, path in sorted(files.items()) if rel.startswith("checkpoints/") and rel.endswith(".pt")]
+    for done, (rel, path) in enumerate(checkpoints):
+        report("states", done, len(checkpoints))
+        kept = cache.get(rel)
+        if kept is not None and isinstance(kept.get("step"), int) and isinstance(kept.get("state_sha256"), str):
+            step, digest = kept["step"], kept["state_sha256"]
+        else:
+            import torch
+
+            try:  # its bytes were just matched with the sealed record: no second hash (checkpoint.load's sidecar check)
+                state = torch.load(path, map_location="cpu", weights_only=True)
+                step = int(state["loop"]["step"])
+                digest = trajectory_module.state_sha256(state)
+            except Exception as err:  # not a checkpoint veritrain could have written
+                problems.append({"path": rel, "kind": "not_in_trajectory", "detail": f"cannot be read as a checkpoint ({str(err)[:120]})"})
+                continue
+            cache.put(rel, {"step": step, "state_sha256": digest})
+        states[rel] = digest
+        name = path.name
+        if outside:
+            fits, wanted = name == "input.pt" and digest == outside.get("state_sha256"), "the input_checkpoint the record names"
+        elif name == "last.pt" and record.get("status") == "completed":
+            fits, wanted = digest == entries[-1]["state_sha256"], "the last entry"
+        elif name == "best.pt" and best_index is not None:
+            fits, wanted = digest == entries[best_index]["state_sha256"], f"the entry of the best epoch ({training.get('best_epoch')}, entry {best_index})"
+        elif name.startswith("step-"):
+            fits, wanted = (step, digest) in by_step, "in the trajectory or a timing save at its step"
+        elif name == "last.pt":  # an interrupted run: its last save may be a timing save
+            fits, wanted = (step, digest) in by_step, "in the trajectory or a timing save at its step"
+        else:
+            fits, wanted = digest in in_trajectory, "in the trajectory"
+        if not fits:
+            kind = "best_not_best_epoch" if name == "best.pt" and best_index is not None else "not_in_trajectory"
+            problems.append({"path": rel, "kind": kind, "detail": f"its state (step {step}, state_sha256 {digest[:12]}) is not {wanted}"})
+    problems.extend(_result_problems(record, entries, states, files, not_checked, cache))
+    return problems
+
+
+def _result_problems(record: dict[str, Any], entries: list[dict[str, Any]], states: dict[str, str], files: dict[str, Path],
+                     not_checked: list[dict[str, str]], cache: _StateCache) -> list[dict[str, Any]]:
+    """Every metric set and the export come from the trajectory entry the record names: the entry is the trajectory's,
+    the checkpoint the result names holds its state, and export/model.safetensors holds its weights."""
+    problems = []
+
+    def differs(path: str, detail: str) -> None:
+        problems.append({"path": path, "kind": "result_not_from_trajectory", "detail": detail})
+
+    def entry_problem(what: str, ref: Any) -> Optional[str]:
+        if not isinstance(ref, dict) or not isinstance(ref.get("index"), int) or not 0 <= ref["index"] < len(entries):
+            return f"{what} names no entry of the trajectory ({str(ref)[:60]})"
+        entry = entries[ref["index"]]
+        if (ref.get("step"), ref.get("state_sha256")) != (entry["step"], entry["state_sha256"]):
+            return f"{what} names entry {ref['index']} as step {ref.get('step')}, state {str(ref.get('state_sha256'))[:12]}; the trajectory says step {entry['step']}, state {entry['state_sha256'][:12]}"
+        return None
+
+    outside = record.get("input_checkpoint")
+    results = [(f"metrics.{split}", m, m.get("checkpoint")) for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)]
+    export = record.get("export") or {}
+    if export.get("files"):
+        results.append(("export", export, export.get("checkpoint")))
+    for what, result, checkpoint_name in results:
+        if outside:  # an eval or export run: its results come from the outside checkpoint it holds, and say so
+            if checkpoint_name not in (None, outside.get("file")):
+                differs(RECORD_FILE, f"{what} comes from {checkpoint_name}, not the run's input_checkpoint {outside.get('file')}")
+            continue
+        ref = result.get("trajectory_entry")
+        if ref is None:
+            not_checked.append({"check": f"{what} from the trajectory", "reason": "the record does not name the trajectory entry it came from (made by an earlier veritrain)"})
+            continue
+        wrong = entry_problem(what, ref)
+        if wrong:
+            differs(RECORD_FILE, wrong)
+            continue
+        if checkpoint_name is not None:
+            held = states.get(str(checkpoint_name))
+            if held is None:
+                differs(str(checkpoint_name), f"{what} comes from {checkpoint_name}, which is not in the run")
+            elif held != ref["state_sha256"]:
+                differs(str(checkpoint_name), f"{what} names entry {ref['index']} (state {ref['state_sha256'][:12]}), but {checkpoint_name} holds state {held[:12]}")
+        if what == "export":
+            safetensors = files.get("export/model.safetensors")
+            if safetensors is None:
+                not_checked.append({"check": "export weights", "reason": "the export has no model.safetensors to compare with the entry's weights"})
+                continue
+            kept = cache.get("export/model.safetensors")
+            if kept is not None and isinstance(kept.get("weights_sha256"), str):
+                weights = kept["weights_sha256"]
+            else:
+                from safetensors.torch import load_file
+
+                from veritrain.core.hashing import state_dict_sha256
+
+                try:
+                    weights = state_dict_sha256(load_file(str(safetensors)))
+                except Exception as err:  # not a safetensors file
+                    differs("export/model.safetensors", f"cannot be read ({str(err)[:120]})")
+                    continue
+                cache.put("export/model.safetensors", {"weights_sha256": weights})
+            wanted = entries[ref["index"]]["model_sha256"]
+            if weights != wanted:
+                differs("export/model.safetensors", f"its weights hash to {weights[:12]}, entry {ref['index']} has weights {wanted[:12]}")
+    return problems
+
+
+def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, drift: list[dict[str, Any]],
+                        report: Progress, checked: list[str], not_checked: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The stored data version must still hash to its id; the raw data, when present, must still prepare to it:
+    told from the hashes of its bytes when they, the listing and the decoders are as the version records
+    (`prepare.raw_data_check`), else by preparing it again in a scratch folder. `checked` gets the line saying
+    which check was made."""
+    report("data version", 0, 1)
+    problems = []
+    version = record["data"]["version"]
+    folder = state_dir / "data" / version
+    if not (folder / "version.json").exists():
+        # an imported run without its data: what is here is verified; the absence is drift (--strict fails on it)
+        drift.append({"what": f"data version {version[:12]}", "recorded": "used by the run", "now": "not_present in this workspace"})
+    else:
+        names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+        for p in data_version_problems(version, lambda name: (folder / name).read_bytes(), lambda name: sha256_file(folder / name), names):
+            problems.append({"path": f".veritrain/data/{version}/{p['path']}", "kind": p["kind"],
+                             "detail": f"{p['detail']}; remove .veritrain/data/{version} and run `veritrain data prepare` on the run's config"})
+        bound = record["data"].get("version_json_sha256")  # runs since the data version had a record of its own
+        if bound is not None and (folder / "version.json").is_file() and sha256_file(folder / "version.json") != bound:
+            problems.append({"path": f".veritrain/data/{version}/version.json", "kind": "data_version_changed",
+                             "detail": "version.json is not the one the run recorded (its sha256 is in the run's record)"})
+    source = record.get("config_source") or {}
+    from veritrain.core.config import paths_from_record
+
+    try:
+        paths = paths_from_record(source.get("data_paths_resolved") or {})
+    except Exception:  # an ${env:...} path whose variable is not set here
+        paths = {}
+        drift.append({"what": "raw data", "recorded": str(source.get("data_paths_resolved")), "now": "its environment variable is not set"})
+    from veritrain.data.prepare import FORMAT_VERSION, carried_test_from, stored_recipe
+
+    recipe = stored_recipe(folder)
+    carried = carried_test_from(folder)  # data.test_from's version: re-preparing reads its test split
+    raw = None
+    if "root" in paths and not paths["root"].exists():
+        drift.append({"what": "raw data", "recorded": str(paths["root"]), "now": "not present"})
+    elif rehash and carried is not None and not (state_dir / "data" / carried / "version.json").is_file():
+        drift.append({"what": "raw data", "recorded": f"test split carried over from data version {carried[:12]} (data.test_from)",
+                      "now": "that version is not in this workspace, so the raw data cannot be re-prepared to compare"})
+    elif rehash and (raw := _raw_by_hashes(record, paths, folder, state_dir, carried, report)) is not None and raw.unchanged:
+        what = "raw files" if raw.files else "raw samples"
+        checked.append(f"{raw.samples:,} {what} hash as recorded (decoders unchanged): not re-decoded")
+        if raw.not_compared:
+            not_checked.append({"check": "raw data listing", "reason": raw.not_compared})
+    elif raw is not None and raw.changed:
+        problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
+                         "detail": f"the raw data is not what data version {version[:12]} was prepared from: {raw.changed}"})
+        checked.append(f"raw data hashed: {raw.changed}")
+    elif rehash and recipe is not None and recipe != FORMAT_VERSION:
+        why = f"{raw.undecided}, and " if raw is not None and raw.undecided else ""
+        drift.append({"what": "raw data", "recorded": f"prepared by data recipe {recipe}",
+                      "now": f"{why}this veritrain prepares with recipe {FORMAT_VERSION}, so the raw data cannot be re-prepared to compare"})
+    elif rehash:
+        checked.append("raw data prepared again to compare" + (f" ({raw.undecided})" if raw is not None and raw.undecided else ""))
+        import tempfile
+
+        from veritrain.core.config import RunConfig
+        from veritrain.data import prepare
+
+        report("raw data", 0, 1)
+        quiet = _QuietThread()  # prepare's info lines ("writing a data version") would describe the scratch folder
+        logging.getLogger("veritrain").addFilter(quiet)
+        try:  # in a folder of its own, removed afterwards: verify never writes into the workspace's data
+            with tempfile.TemporaryDirectory(prefix="veritrain-verify-") as scratch:
+                data_cfg = RunConfig.model_validate(record["config"]).data
+                if carried is not None:  # the full id the version recorded, whatever prefix the config gave
+                    data_cfg = data_cfg.model_copy(update={"test_from": carried})
+                again = prepare.version_now(data_cfg, paths, Path(scratch), versions=state_dir / "data")
+        except Exception as err:  # bad data now is a finding of verify, not a crash
+            problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed", "detail": f"the data no longer prepares ({err})"})
+        else:
+            if again != version:
+                problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
+                                 "detail": f"the raw data now prepares to version {again[:12]}, not {version[:12]}"})
+        finally:
+            logging.getLogger("veritrain").removeFilter(quiet)
+    return problems
+
+
+def _raw_by_hashes(record: dict[str, Any], paths: dict[str, Path], folder: Path, state_dir: Path, carried: Optional[str],
+                   report: Progress) -> Any:
+    """`prepare.raw_data_check` of the stored version, or None when there is none to compare with (not stored, or
+    its manifest cannot be read: its damage is a problem already) or the raw data cannot be listed (preparing it
+    again then says why)."""
+    from veritrain.core.config import RunConfig
+    from veritrain.data import prepare
+
+    if not (folder / "version.json").is_file() or not (folder / "manifest.csv").is_file():
+        return None
+    report("raw data", 0, 1)
+    quiet = _QuietThread()  # the listing's info lines (ignored files) belong to prepare, not to verify
+    logging.getLogger("veritrain").addFilter(quiet)
+    try:
+        data_cfg = RunConfig.model_validate(record["config"]).data
+        if carried is not None:
+            data_cfg = data_cfg.model_copy(update={"test_from": carried})
+        return prepare.raw_data_check(data_cfg, paths, folder, state_dir / "data")
+    except Exception:  # a damaged manifest, unlisted data: the full comparison below reports it
+        return None
+    finally:
+        logging.getLogger("veritrain").removeFilter(quiet)
+        report("raw data", 1, 1)
+
+
+class _QuietThread(logging.Filter):
+    """Drops the info lines one thread logs (the run browser verifies in a worker: other threads keep theirs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or record.thread != self.thread
+
+
+def _environment_drift(record: dict[str, Any]) -> list[dict[str, Any]]:
+    env = record.get("env") or {}
+    now: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine()}
+    try:
+        now["torch"] = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        now["torch"] = None
+    from veritrain.records.record import package_list
+
+    now["packages_sha256"] = hashlib.sha256(package_list().encode()).hexdigest()
+    drift = []
+    for key, value in now.items():
+        recorded = env.get(key)
+        if key == "torch" and recorded and value and recorded.split("+")[0] == value.split("+")[0]:
+            continue
+        if recorded is not None and recorded != value:
+            drift.append({"what": f"env.{key}", "recorded": recorded, "now": value})
+    return drift
+
+
+# ---------------------------------------------------------------- reproduce
+
+TIMING_KEYS = {"seconds", "samples_per_s"}  # wall-clock fields: never compared
+TOLERANCE = 1e-6  # relative, for "within tolerance"
+
+
+def _rows(run_dir: Path, name: str) -> list[dict[str, Any]]:
+    path = run_dir / name
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.exists() else []
+
+
+def compare_runs(a: Path, b: Path) -> dict[str, Any]:
+    """identical / within tolerance / differs, with the first divergence. Both records are read through their
+    validation (`read_record`): a forged one is a one-line RunFailed, never a comparison of whatever it holds."""
+    from veritrain.records.record import read_record
+
+    ra, rb = read_record(a), read_record(b)
+    checks = []
+    checks.append(_compare("final_state_sha256", ra.get("final_state_sha256"), rb.get("final_state_sha256")))
+    epochs_a, epochs_b = _rows(a, "metrics.jsonl"), _rows(b, "metrics.jsonl")
+    first = None
+    worst = "identical"
+    if len(epochs_a) != len(epochs_b):
+        worst = "differs"
+        first = {"where": "metrics.jsonl", "detail": f"{len(epochs_a)} epochs vs {len(epochs_b)}"}
+    for row_a, row_b in zip(epochs_a, epochs_b):
+        for key in sorted((set(row_a) | set(row_b)) - TIMING_KEYS):
+            verdict = _compare(key, row_a.get(key), row_b.get(key))["verdict"]
+            if verdict != "identical":
+                if first is None:
+                    first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
+                worst = "differs" if "differs" in (verdict, worst) else "within tolerance"
+    checks.append({"what": f"metrics.jsonl ({len(epochs_a)} epochs)", "verdict": worst, "first_divergence": first})
+    for split, metrics in (ra.get("metrics") or {}).items():
+        other = (rb.get("metrics") or {}).get(split, {})
+        keys = sorted(k for k, v in metrics.items() if isinstance(v, float))
+        verdicts = [_compare(k, metrics.get(k), other.get(k)) for k in keys]
+        bad = [v for v in verdicts if v["verdict"] != "identical"]
+        checks.append({"what": f"metrics.{split}", "verdict": bad[0]["verdict"] if bad else "identical",
+                       "first_divergence": bad[0] if bad else None})
+    order = {"identical": 0, "within tolerance": 1, "differs": 2}
+    overall = max((c["verdict"] for c in checks), key=order.__getitem__)
+    return {"original": a.name, "reproduction": b.name, "verdict": overall, "checks": checks}
+
+
+def _compare(what: str, x: Any, y: Any) -> dict[str, Any]:
+    if x == y:
+        verdict = "identical"
+    elif isinstance(x, float) and isinstance(y, float) and abs(x - y) <= TOLERANCE * max(1.0, abs(x), abs(y)):
+        verdict = "within tolerance"
+    else:
+        verdict = "differs"
+    return {"what": what, "verdict": verdict, "original": x, "reproduction": y}
