@@ -60,13 +60,15 @@ class PeerLost(RuntimeError):
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place among the ranks, from torchrun's environment variables."""
+    """This process's place among the ranks, from torchrun's environment variables, or `ONE_PROCESS`. The loop
+    calls the collectives through it; with one process they are no-ops (a reduce returns its input, a broadcast
+    its value, a gather `[value]`), so the loop reads the same with one process as with several."""
 
     rank: int
     world_size: int
     local_rank: int
     local_world_size: int
-    backend: str = "gloo"
+    backend: Optional[str] = "gloo"  # None: one process, no collectives
 
     @property
     def nodes(self) -> int:
@@ -75,6 +77,36 @@ class Ranks:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def reduce(self, values: list[float]) -> list[float]:
+        """`values` summed over the ranks (`reduce_batch`)."""
+        return values if self.world_size == 1 else reduce_batch(values)
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value` on every rank."""
+        return value if self.world_size == 1 else broadcast(value)
+
+    def gather(self, value: Any) -> Optional[list[Any]]:
+        """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
+        return [value] if self.world_size == 1 else gather(value, self)
+
+    def barrier(self) -> None:
+        """Wait until every rank is here."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            collective("barrier")(dist.barrier)
+
+    def shard(self, rows: Any) -> Any:
+        """This rank's share of a global batch (`shard`)."""
+        return rows if self.world_size == 1 else shard(rows, self)
+
+    def any_signal(self, signum: Optional[int]) -> Optional[int]:
+        """SIGINT or SIGTERM when any rank got one (every rank gets the same answer), else None."""
+        return signum if self.world_size == 1 else agreed_signal(reduce_batch(signal_slots(signum)))
+
+
+ONE_PROCESS = Ranks(rank=0, world_size=1, local_rank=0, local_world_size=1, backend=None)
 
 
 # What torchrun sets in each rank; set in a shell without torchrun (left over from an earlier job), they would make
@@ -150,6 +182,21 @@ def start(ranks: Ranks, backend_name: str, device_type: str) -> Ranks:
         raise RunFailed(f"train.backend: the ranks joined with {dist.get_backend()} before the config was read (torchrun starts "
                         f"them with `auto`); set train.backend to auto or {dist.get_backend()}")
     return Ranks(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, backend)
+
+
+def join_for_training(ranks: Ranks, train_cfg: Any, device: Any) -> tuple[Ranks, Any]:
+    """(the ranks with the process group joined, this rank's torch device: cuda:<local rank> on GPUs); raises RunFailed
+    when the train config cannot run on them. One process is returned as it is."""
+    if ranks.world_size == 1:
+        return ranks, device
+    import torch
+
+    if device.type == "cuda":
+        device = torch.device("cuda", ranks.local_rank)
+    problem = config_problem(train_cfg, ranks.world_size, device.type)  # `--nproc` checks it before the run starts
+    if problem:
+        raise RunFailed(problem)
+    return start(ranks, train_cfg.backend, device.type), device
 
 
 def join_from_environment() -> Optional[Ranks]:
@@ -254,6 +301,25 @@ def agreed_signal(slots: list[float]) -> Optional[int]:
     if slots[1] > 0:
         return int(signal.SIGTERM)
     return None
+
+
+@dataclass
+class BatchSums:
+    """One batch's numbers summed over the ranks, the same on every rank (so are all decisions made from them)."""
+
+    loss: float  # the mean loss over the global batch
+    loss_total: float  # loss × samples
+    stats: dict[str, float]  # the task's statistics (`batch_stats`), summed
+    signum: Optional[int]  # SIGINT or SIGTERM when any rank got one
+    minutes_due: bool  # rank 0's clock says an every_minutes checkpoint is due
+
+
+def sum_batch(loss: float, rows: int, stats: dict[str, float], signum: Optional[int], minutes_due: bool) -> BatchSums:
+    """A batch's loss, sample count and statistics summed over the ranks, with their signals and rank 0's clock: one all-reduce."""
+    names = sorted(stats)
+    sums = reduce_batch([loss * rows, float(rows), *(float(stats[k]) for k in names), *signal_slots(signum), float(minutes_due)])
+    return BatchSums(loss=sums[0] / sums[1], loss_total=sums[0], stats=dict(zip(names, sums[2 : 2 + len(names)])),
+                     signum=agreed_signal(sums[2 + len(names) : 4 + len(names)]), minutes_due=sums[-1] > 0)
 
 
 def describe(ranks: Ranks, devices: list[str], launch_command: list[str]) -> dict[str, Any]:
@@ -397,16 +463,58 @@ def _tail(path: Path, limit: int = 200_000) -> str:
 # ---------------------------------------------------------------- one rank
 
 
-def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
-    """One rank started by `launch`: train the run's recorded config on its recorded data version. Writes
-    `rank<k>.json` (its status) into the hand-off folder, and rank 0 also `result.json`; returns the exit code."""
-    from veritrain import logs, usercode
+def train_rank(ranks: Ranks, run_dir: Path, data_path: Path, resume: bool, events: list[dict[str, Any]],
+               result_file: Optional[Path] = None) -> tuple[dict[str, Any], int]:
+    """Train one rank's share of the run in `run_dir`, the rank of a torchrun launch: by `launch` (`worker`) or by hand
+    (`veritrain.pipeline.follow`). Trains the run's recorded config on the data version at `data_path`, building the
+    model from the run's recorded copies of the user's code; rank 0 writes its TrainResult and `events` to
+    `result_file` when given. Returns this rank's status (as `rank<k>.json` holds it) and exit code; a failure is
+    logged here in one line (a bug's traceback at DEBUG, in the rank's log)."""
+    from veritrain import usercode
     from veritrain.config import resolved_from_record
     from veritrain.data import prepare
     from veritrain.record import read_record
     from veritrain.signals import interruptible
     from veritrain.tasks import get_task
     from veritrain.train import loop
+
+    try:
+        with interruptible() as stop:
+            record = read_record(run_dir)
+            cfg = resolved_from_record(record).config
+            data = prepare.load_version(data_path)
+            if data.version != record["data"]["version"]:
+                raise RunFailed(f"data version {data.version[:12]} is not the run's {record['data']['version'][:12]}")
+            with usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
+                result = loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events, ranks=ranks)
+            if ranks.is_main and result_file is not None:
+                result_file.write_text(json.dumps({**result.__dict__, "events": events}), encoding="utf-8")
+            return {"status": "completed"}, 0
+    except Interrupted as err:
+        log.warning("rank %d: %s", ranks.rank, err)
+        return {"status": "interrupted", "signum": err.signum, "message": str(err)}, err.exit_code
+    except Exception as err:
+        import traceback
+
+        lost = lost_peer(err)
+        if lost is not None:
+            # DEBUG: the launcher's one line names the lost rank; this detail stays in the log
+            log.debug("rank %d: another rank is gone (%s); stopping without a checkpoint", ranks.rank, lost)
+            return {"status": "peer_lost", "message": str(lost)}, 1
+        if isinstance(err, (UserError, RunFailed)):
+            log.error("rank %d: %s", ranks.rank, err)
+            return ({"status": "user_error", "message": str(err)}, 2) if isinstance(err, UserError) else ({"status": "failed", "message": str(err)}, 1)
+        # a bug or the machine: the traceback stays in this rank's log
+        message = f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        log.error("rank %d failed: %s", ranks.rank, message)
+        log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
+        return {"status": "error", "message": message}, 1
+
+
+def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
+    """One rank started by `launch` (`train_rank`). Writes `rank<k>.json` (its status) into the hand-off folder,
+    and rank 0 also `result.json`; returns the exit code."""
+    from veritrain import logs
 
     ranks = from_environment()
     if ranks is None:
@@ -417,40 +525,8 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     status: dict[str, Any] = {"status": "error", "message": "did not start"}
     code = 1
     try:
-        with interruptible() as stop:
-            record = read_record(run_dir)
-            cfg = resolved_from_record(record).config
-            data = prepare.load_version(Path((handoff / "data_path").read_text(encoding="utf-8").strip()))
-            if data.version != record["data"]["version"]:
-                raise RunFailed(f"data version {data.version[:12]} is not the run's {record['data']['version'][:12]}")
-            # every rank builds the model from the run's recorded copies of the user's code
-            with usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
-                result = loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events, ranks=ranks)
-            if ranks.is_main:
-                payload = {**result.__dict__, "events": events}
-                (handoff / RESULT_FILE).write_text(json.dumps(payload), encoding="utf-8")
-            status, code = {"status": "completed"}, 0
-    except Interrupted as err:
-        status, code = {"status": "interrupted", "signum": err.signum, "message": str(err)}, err.exit_code
-        log.warning("rank %d: %s", ranks.rank, err)
-    except Exception as err:
-        import traceback
-
-        lost = lost_peer(err)
-        if lost is not None:
-            status, code = {"status": "peer_lost", "message": str(lost)}, 1
-            # DEBUG: the launcher's one line names the lost rank; this detail stays in the log
-            log.debug("rank %d: another rank is gone (%s); stopping without a checkpoint", ranks.rank, lost)
-        elif isinstance(err, UserError):
-            status, code = {"status": "user_error", "message": str(err)}, 2
-            log.error("rank %d: %s", ranks.rank, err)
-        elif isinstance(err, RunFailed):
-            status, code = {"status": "failed", "message": str(err)}, 1
-            log.error("rank %d: %s", ranks.rank, err)
-        else:  # a bug or the machine: the traceback stays in this rank's log
-            status, code = {"status": "error", "message": f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"}, 1
-            log.error("rank %d failed: %s", ranks.rank, status["message"])
-            log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
+        data_path = Path((handoff / "data_path").read_text(encoding="utf-8").strip())  # the data version the launcher prepared
+        status, code = train_rank(ranks, run_dir, data_path, resume, events, handoff / RESULT_FILE)
     finally:
         if ranks.is_main:
             status["events"] = events
