@@ -249,7 +249,7 @@ def _data_parallel(model: torch.nn.Module, ranks: distributed.Ranks, cfg: Any, d
 def _best_metric(cfg: Any, task: Any, data: Any) -> tuple[str, str]:
     key = cfg.checkpoint.best_metric or task.best_metric[0]
     mode = cfg.checkpoint.best_mode or task.best_metric[1]
-    if not len(data.splits["val"]) > 0 and key.startswith("val_"):
+    if len(data.splits["val"]) == 0 and key.startswith("val_"):
         key = "train_" + key.removeprefix("val_")
         log.warning("train: the val split is empty; best.pt follows %s on the train split", key)
     return key, mode
