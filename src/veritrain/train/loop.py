@@ -10,6 +10,12 @@ Checkpoints are saved on an explicit schedule (`checkpoint.every_epochs`, `every
 `every_minutes`) and when SIGINT/SIGTERM arrives (after the current step). A NaN/inf loss is caught
 the step it happens and handled by `train.on_nonfinite`.
 
+`run` reads top to bottom: setup, resume, then for each epoch `_train_epoch` (its optimizer steps and the
+saves inside it) and `_end_epoch` (validation, metrics, best, early stopping, the epoch's save). The parts
+it calls on its schedule sit beside it: `checkpointer` (what a checkpoint holds, saving, resuming),
+`guard` (train.on_nonfinite), `steplog` (progress bar, steps.jsonl, metrics.jsonl, TensorBoard) and
+`distributed.Ranks` (the collectives; no-ops with one process).
+
     veritrain train configs/digits.yaml                 # train only (prepares the data version if needed)
     veritrain train --resume latest                     # continue an interrupted run
 """
