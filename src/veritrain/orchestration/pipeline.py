@@ -364,46 +364,30 @@ def _refuse_resumed_meanwhile(run_dir: Path, record: Recorder, workspace: Worksp
 
 def follow() -> int:
     """A rank other than 0 of `torchrun … -m veritrain run|train`: wait for rank 0 to say where the run is,
-    train this rank's share of every batch, and return the exit code. Rank 0 keeps the record and the
-    console; this rank logs to `train.rank<k>.log` in the run."""
-    from veritrain.data import prepare
-    from veritrain.tasks import get_task
-    from veritrain.train import loop
-
+    train this rank's share of every batch (`distributed.train_rank`), and return the exit code. Rank 0 keeps
+    the record and the console; this rank logs to `train.rank<k>.log` in the run."""
     logs.silence_console()
     ranks = distributed.join_from_environment()
     assert ranks is not None and not ranks.is_main
-    file_log = None
-    finished = False
     try:
         announced = distributed.broadcast(None)
-        if announced is None:  # rank 0 stopped before training and reports why
-            return 0
-        run_dir = Path(announced["run_dir"])
-        file_log = logs.attach_file(run_dir / f"train.rank{ranks.rank}.log")
-        record = read_record(run_dir)
-        cfg = resolved_from_record(record).config
-        data = prepare.load_version(Path(announced["data_path"]))
-        with interruptible() as stop, usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
-            loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=announced["resume"], events=[], ranks=ranks)
-        finished = True
-        return 0
-    except Interrupted as err:
-        return err.exit_code
     except Exception as err:
         lost = distributed.lost_peer(err)
-        if lost is not None:
-            log.debug("rank %d: another rank is gone (%s)", ranks.rank, lost)
-            return 1
-        if not isinstance(err, VeritrainError):
+        if lost is None:
             raise
-        log.error("rank %d: %s", ranks.rank, err)
-        return err.exit_code
+        log.debug("rank %d: another rank is gone (%s)", ranks.rank, lost)
+        return 1
+    if announced is None:  # rank 0 stopped before training and reports why
+        return 0
+    run_dir = Path(announced["run_dir"])
+    file_log = logs.attach_file(run_dir / f"train.rank{ranks.rank}.log")
+    try:
+        _, code = distributed.train_rank(ranks, run_dir, Path(announced["data_path"]), announced["resume"], [])
     finally:
-        if file_log is not None:
-            logs.detach(file_log)
-        if finished:  # never under a traceback that may hold the DDP wrapper (see distributed.worker)
-            distributed.stop_group()
+        logs.detach(file_log)
+    if code == 0:  # never under a traceback that may hold the DDP wrapper (see distributed.worker)
+        distributed.stop_group()
+    return code
 
 
 def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool,

@@ -29,239 +29,45 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 from veritrain.core.errors import Interrupted, RunFailed, UserError
+from veritrain.train.ranks import (  # noqa: F401  (the ranks' names, used through this module by the launch side and its callers)
+    COLLECTIVE_TIMEOUT,
+    LOST_PEER_SIGNS,
+    NPROC_MARKER,
+    ONE_PROCESS,
+    RANK_VARIABLES,
+    RESULT_FILE,
+    TORCHRUN_MARKER,
+    BatchSums,
+    PeerLost,
+    RankLost,
+    Ranks,
+    agreed_signal,
+    broadcast,
+    collective,
+    config_problem,
+    describe,
+    from_environment,
+    gather,
+    join_for_training,
+    join_from_environment,
+    lost_peer,
+    reduce_batch,
+    refuse_stray_rank_variables,
+    resolve_backend,
+    shard,
+    signal_slots,
+    start,
+    stop_group,
+    stray_rank_variables,
+    sum_batch,
+    torchrun_command,
+)
 
 log = logging.getLogger("veritrain")
-
-# How long a rank waits in a collective for the others. Long enough for rank 0 to prepare a large
-# data version while the others wait for `announce`; a dead peer is noticed at once (its socket closes).
-COLLECTIVE_TIMEOUT = timedelta(minutes=30)
-RESULT_FILE = "result.json"  # rank 0's TrainResult, in the hand-off folder
-
-
-class RankLost(RunFailed):
-    """A rank died (killed, out of memory, node lost): the run stops as `interrupted` (resumable from its
-    newest scheduled checkpoint), with the exit code of the signal that killed the rank when it was
-    SIGINT/SIGTERM (130/143), else 1."""
-
-    def __init__(self, message: str, exit_code: int = 1):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class PeerLost(RuntimeError):
-    """Raised in a rank whose collective failed because another rank is gone."""
-
-
-@dataclass(frozen=True)
-class Ranks:
-    """This process's place among the ranks, from torchrun's environment variables."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    backend: str = "gloo"
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-# What torchrun sets in each rank; set in a shell without torchrun (left over from an earlier job), they would make
-# a process wait for ranks that never start
-RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"  # torchrun (and torch.distributed.run) sets it in every rank it starts
-NPROC_MARKER = "VERITRAIN_NPROC_LAUNCH"  # set by `launch` (--nproc N) for the ranks it starts through torchrun
-
-
-def stray_rank_variables(environ: Optional[Mapping[str, str]] = None) -> list[str]:
-    """The torchrun variables set in an environment that no torchrun launch made, in `RANK_VARIABLES` order."""
-    environ = os.environ if environ is None else environ
-    if TORCHRUN_MARKER in environ or NPROC_MARKER in environ:
-        return []
-    return [name for name in RANK_VARIABLES if name in environ]
-
-
-def refuse_stray_rank_variables() -> None:
-    """Exit 2 when torchrun variables are set without a torchrun launch: a lone `RANK=1 WORLD_SIZE=2` would wait
-    for rank 0 forever, and a lone `WORLD_SIZE=2` would fail inside torch.distributed."""
-    stray = stray_rank_variables()
-    if stray:
-        raise UserError(f"environment: {', '.join(stray)} {'is' if len(stray) == 1 else 'are'} set but no torchrun launch was found; "
-                        "unset them or start with torchrun")
-
-
-def from_environment() -> Optional[Ranks]:
-    """The ranks torchrun describes in the environment, or None for a single process."""
-    refuse_stray_rank_variables()
-    try:
-        world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_size)))
-    except ValueError:
-        raise UserError("WORLD_SIZE, RANK, LOCAL_RANK: not integers; start the ranks with torchrun") from None
-    if world_size <= 1:
-        return None
-    return Ranks(rank, world_size, local_rank, local_world_size)
-
-
-def resolve_backend(name: str, device_type: str) -> str:
-    if name == "auto":
-        return "nccl" if device_type == "cuda" else "gloo"
-    if name == "nccl" and device_type != "cuda":
-        raise RunFailed("train.backend: 'nccl' needs CUDA devices; use gloo (or auto) on the CPU")
-    return name
-
-
-def config_problem(train_cfg: Any, world_size: int, device_type: str) -> Optional[str]:
-    """Why a train config cannot run with `world_size` ranks (one line naming the key and the fix), or None."""
-    if train_cfg.batchnorm == "sync" and device_type != "cuda":
-        return "train.batchnorm: 'sync' (SyncBatchNorm) needs CUDA devices; use per_rank on the CPU"
-    if train_cfg.batch_size < 2 * world_size:
-        return (f"train.batch_size: {train_cfg.batch_size} gives fewer than 2 samples to each of {world_size} ranks; "
-                f"use at least {2 * world_size} (it is the global batch, split over the ranks)")
-    if train_cfg.backend == "nccl" and device_type != "cuda":
-        return "train.backend: 'nccl' needs CUDA devices; use gloo (or auto) on the CPU"
-    return None
-
-
-def start(ranks: Ranks, backend_name: str, device_type: str) -> Ranks:
-    """Join the process group (once per process); returns `ranks` with the backend in use."""
-    import torch
-    import torch.distributed as dist
-
-    backend = resolve_backend(backend_name, device_type)
-    if device_type == "cuda":
-        torch.cuda.set_device(ranks.local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
-    elif dist.get_backend() != backend:
-        raise RunFailed(f"train.backend: the ranks joined with {dist.get_backend()} before the config was read (torchrun starts "
-                        f"them with `auto`); set train.backend to auto or {dist.get_backend()}")
-    return Ranks(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, backend)
-
-
-def join_from_environment() -> Optional[Ranks]:
-    """Under `torchrun … -m veritrain run|train`: join the ranks at once (before the config is read, which
-    rank 0 alone does for `--resume`) with the `auto` backend; None for a single process."""
-    ranks = from_environment()
-    if ranks is None:
-        return None
-    import torch
-
-    return start(ranks, "auto", "cuda" if torch.cuda.is_available() else "cpu")
-
-
-def torchrun_command(ranks: Ranks, argv: list[str]) -> list[str]:
-    """The command that started the ranks, as the record shows it (torchrun's rendezvous options are not
-    visible to the ranks: the node count and ranks per node are)."""
-    return ["torchrun", f"--nnodes={ranks.nodes}", f"--nproc-per-node={ranks.local_world_size}", "-m", "veritrain", *argv[1:]]
-
-
-def stop_group() -> None:
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # a group whose peer is gone may refuse a clean shutdown; the process ends anyway
-            pass
-
-
-def collective(what: str):
-    """Run a collective, turning a failure caused by a lost peer into PeerLost."""
-
-    def wrap(call):
-        try:
-            return call()
-        except RuntimeError as err:  # gloo: "Connection closed by peer", NCCL: DistBackendError (a RuntimeError)
-            raise PeerLost(f"{what}: {str(err).splitlines()[0][:200]}") from None
-
-    return wrap
-
-
-LOST_PEER_SIGNS = ("gloo", "nccl", "connection reset", "connection closed", "broken pipe")
-
-
-def lost_peer(err: BaseException) -> Optional[PeerLost]:
-    """PeerLost for an error of a collective that veritrain does not call itself (DDP's gradient all-reduce in
-    backward, its buffer broadcast in forward) when a rank is gone; None for any other error."""
-    if isinstance(err, PeerLost):
-        return err
-    import torch.distributed as dist
-
-    text = str(err)
-    if isinstance(err, getattr(dist, "DistBackendError", ())) or (
-            isinstance(err, RuntimeError) and any(sign in text.lower() for sign in LOST_PEER_SIGNS)):
-        return PeerLost(text.splitlines()[0][:200] if text else err.__class__.__name__)
-    return None
-
-
-def shard(rows: Any, ranks: Ranks) -> Any:
-    """This rank's share of a global batch: the rank-th of world-size contiguous, near-equal parts."""
-    import numpy as np
-
-    return np.array_split(rows, ranks.world_size)[ranks.rank]
-
-
-def reduce_batch(values: list[float]) -> list[float]:
-    """Sum per-rank numbers over the ranks (float64, one all-reduce); every rank gets the same sums."""
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor(values, dtype=torch.float64)
-    collective("all_reduce")(lambda: dist.all_reduce(tensor))
-    return tensor.tolist()
-
-
-def broadcast(value: Any) -> Any:
-    """Rank 0's `value` on every rank (pickled; small objects only)."""
-    import torch.distributed as dist
-
-    box = [value]
-    collective("broadcast")(lambda: dist.broadcast_object_list(box, src=0))
-    return box[0]
-
-
-def gather(value: Any, ranks: Ranks) -> Optional[list[Any]]:
-    """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
-    import torch.distributed as dist
-
-    out: Optional[list[Any]] = [None] * ranks.world_size if ranks.is_main else None
-    collective("gather")(lambda: dist.gather_object(value, out, dst=0))
-    return out
-
-
-def signal_slots(signum: Optional[int]) -> list[float]:
-    """Two numbers for `reduce_batch` that tell every rank whether any rank got SIGINT or SIGTERM."""
-    return [1.0 if signum == signal.SIGINT else 0.0, 1.0 if signum == signal.SIGTERM else 0.0]
-
-
-def agreed_signal(slots: list[float]) -> Optional[int]:
-    if slots[0] > 0:
-        return int(signal.SIGINT)
-    if slots[1] > 0:
-        return int(signal.SIGTERM)
-    return None
-
-
-def describe(ranks: Ranks, devices: list[str], launch_command: list[str]) -> dict[str, Any]:
-    """The record's `distributed` field."""
-    return {"world_size": ranks.world_size, "nodes": ranks.nodes, "backend": ranks.backend, "devices": devices, "launch": launch_command}
-
-
-# ---------------------------------------------------------------- `--nproc N`: this process launches torchrun
 
 
 def launch(run_dir: Path, state_dir: Path, data_path: Path, nproc: int, resume: bool, stop: Any, threads: Optional[int]) -> dict[str, Any]:
@@ -397,10 +203,13 @@ def _tail(path: Path, limit: int = 200_000) -> str:
 # ---------------------------------------------------------------- one rank
 
 
-def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
-    """One rank started by `launch`: train the run's recorded config on its recorded data version. Writes
-    `rank<k>.json` (its status) into the hand-off folder, and rank 0 also `result.json`; returns the exit code."""
-    from veritrain.core import logs
+def train_rank(ranks: Ranks, run_dir: Path, data_path: Path, resume: bool, events: list[dict[str, Any]],
+               result_file: Optional[Path] = None) -> tuple[dict[str, Any], int]:
+    """Train one rank's share of the run in `run_dir`, the rank of a torchrun launch: by `launch` (`worker`) or by hand
+    (`veritrain.orchestration.pipeline.follow`). Trains the run's recorded config on the data version at `data_path`, building the
+    model from the run's recorded copies of the user's code; rank 0 writes its TrainResult and `events` to
+    `result_file` when given. Returns this rank's status (as `rank<k>.json` holds it) and exit code; a failure is
+    logged here in one line (a bug's traceback at DEBUG, in the rank's log)."""
     from veritrain.core.config import resolved_from_record
     from veritrain.core.signals import interruptible
     from veritrain.data import prepare
@@ -408,6 +217,44 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     from veritrain.records.record import read_record
     from veritrain.tasks import get_task
     from veritrain.train import loop
+
+    try:
+        with interruptible() as stop:
+            record = read_record(run_dir)
+            cfg = resolved_from_record(record).config
+            data = prepare.load_version(data_path)
+            if data.version != record["data"]["version"]:
+                raise RunFailed(f"data version {data.version[:12]} is not the run's {record['data']['version'][:12]}")
+            with usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
+                result = loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events, ranks=ranks)
+            if ranks.is_main and result_file is not None:
+                result_file.write_text(json.dumps({**result.__dict__, "events": events}), encoding="utf-8")
+            return {"status": "completed"}, 0
+    except Interrupted as err:
+        log.warning("rank %d: %s", ranks.rank, err)
+        return {"status": "interrupted", "signum": err.signum, "message": str(err)}, err.exit_code
+    except Exception as err:
+        import traceback
+
+        lost = lost_peer(err)
+        if lost is not None:
+            # DEBUG: the launcher's one line names the lost rank; this detail stays in the log
+            log.debug("rank %d: another rank is gone (%s); stopping without a checkpoint", ranks.rank, lost)
+            return {"status": "peer_lost", "message": str(lost)}, 1
+        if isinstance(err, (UserError, RunFailed)):
+            log.error("rank %d: %s", ranks.rank, err)
+            return ({"status": "user_error", "message": str(err)}, 2) if isinstance(err, UserError) else ({"status": "failed", "message": str(err)}, 1)
+        # a bug or the machine: the traceback stays in this rank's log
+        message = f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        log.error("rank %d failed: %s", ranks.rank, message)
+        log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
+        return {"status": "error", "message": message}, 1
+
+
+def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
+    """One rank started by `launch` (`train_rank`). Writes `rank<k>.json` (its status) into the hand-off folder,
+    and rank 0 also `result.json`; returns the exit code."""
+    from veritrain.core import logs
 
     ranks = from_environment()
     if ranks is None:
@@ -418,40 +265,8 @@ def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     status: dict[str, Any] = {"status": "error", "message": "did not start"}
     code = 1
     try:
-        with interruptible() as stop:
-            record = read_record(run_dir)
-            cfg = resolved_from_record(record).config
-            data = prepare.load_version(Path((handoff / "data_path").read_text(encoding="utf-8").strip()))
-            if data.version != record["data"]["version"]:
-                raise RunFailed(f"data version {data.version[:12]} is not the run's {record['data']['version'][:12]}")
-            # every rank builds the model from the run's recorded copies of the user's code
-            with usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
-                result = loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events, ranks=ranks)
-            if ranks.is_main:
-                payload = {**result.__dict__, "events": events}
-                (handoff / RESULT_FILE).write_text(json.dumps(payload), encoding="utf-8")
-            status, code = {"status": "completed"}, 0
-    except Interrupted as err:
-        status, code = {"status": "interrupted", "signum": err.signum, "message": str(err)}, err.exit_code
-        log.warning("rank %d: %s", ranks.rank, err)
-    except Exception as err:
-        import traceback
-
-        lost = lost_peer(err)
-        if lost is not None:
-            status, code = {"status": "peer_lost", "message": str(lost)}, 1
-            # DEBUG: the launcher's one line names the lost rank; this detail stays in the log
-            log.debug("rank %d: another rank is gone (%s); stopping without a checkpoint", ranks.rank, lost)
-        elif isinstance(err, UserError):
-            status, code = {"status": "user_error", "message": str(err)}, 2
-            log.error("rank %d: %s", ranks.rank, err)
-        elif isinstance(err, RunFailed):
-            status, code = {"status": "failed", "message": str(err)}, 1
-            log.error("rank %d: %s", ranks.rank, err)
-        else:  # a bug or the machine: the traceback stays in this rank's log
-            status, code = {"status": "error", "message": f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"}, 1
-            log.error("rank %d failed: %s", ranks.rank, status["message"])
-            log.debug("traceback:\n%s", "".join(traceback.format_exception(err)))
+        data_path = Path((handoff / "data_path").read_text(encoding="utf-8").strip())  # the data version the launcher prepared
+        status, code = train_rank(ranks, run_dir, data_path, resume, events, handoff / RESULT_FILE)
     finally:
         if ranks.is_main:
             status["events"] = events

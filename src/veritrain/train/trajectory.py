@@ -145,7 +145,7 @@ def for_record(entries: list[dict[str, Any]], checkpoints: Any, audit_every: int
     """The record's trajectory: each entry with `kept` (its checkpoints/step-<N>.pt is in the run) and
     `kept_for_audit` (kept by checkpoint.audit_every beyond keep_last; an archive may leave those out)."""
     return [{**item, "kept": index > 0 and (checkpoints / f"step-{item['step']}.pt").exists(),
-             "kept_for_audit": bool(audit_every) and index > 0 and index % audit_every == 0}
+             "kept_for_audit": kept_for_audit(index, audit_every)}
             for index, item in enumerate(entries)]
 
 
@@ -165,9 +165,16 @@ def best_entry(trajectory: list[dict[str, Any]], best_epoch: Any) -> Optional[in
     return found[-1] if found else None
 
 
+def kept_for_audit(index: int, audit_every: int) -> bool:
+    """The keep rule of `checkpoint.audit_every` K: every K-th entry of the trajectory after the initial state keeps
+    its checkpoint for `veritrain audit` (beyond keep_last). Training applies it when it deletes old step files, the
+    record marks the entries with it, and verify checks the run against it."""
+    return bool(audit_every) and index > 0 and index % audit_every == 0
+
+
 def audit_steps(trajectory: list[dict[str, Any]], audit_every: int) -> set[int]:
-    """The steps whose checkpoint `checkpoint.audit_every` K keeps: every K-th entry after the initial state."""
-    return {item["step"] for index, item in enumerate(trajectory) if audit_every and index and index % audit_every == 0}
+    """The steps whose checkpoint `checkpoint.audit_every` K keeps (`kept_for_audit`)."""
+    return {item["step"] for index, item in enumerate(trajectory) if kept_for_audit(index, audit_every)}
 
 
 def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[str]) -> list[dict[str, str]]:
@@ -190,7 +197,7 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
         problems.append({"path": path, "kind": "keep_rule", "detail": detail})
 
     for index, item in enumerate(entries):
-        expected = bool(every) and index > 0 and index % every == 0
+        expected = kept_for_audit(index, every)
         if bool(item.get("kept_for_audit")) != expected:
             problem("record.json", f"trajectory entry {index} (step {item.get('step')}) says kept_for_audit {bool(item.get('kept_for_audit'))}, "
                                    f"but checkpoint.audit_every {every} {'keeps' if expected else 'does not keep'} it")

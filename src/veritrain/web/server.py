@@ -133,6 +133,25 @@ def allowed_hosts(host: str, port: int) -> set[str]:
     return {f"{name}:{port}".lower() for name in names}
 
 
+async def static(request: Any) -> Any:
+    """A file of the packaged static folder (scripts, styles, the chart library), never a path that leaves it."""
+    from starlette.responses import FileResponse, PlainTextResponse
+
+    rel = request.path_params["path"]
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts) or "\\" in rel:
+        return PlainTextResponse("not found\n", status_code=404)
+    path = STATIC_DIR / rel
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return PlainTextResponse("not found\n", status_code=404)
+    if not real.is_relative_to(STATIC_DIR) or not real.is_file():
+        return PlainTextResponse("not found\n", status_code=404)
+    media = STATIC_TYPES.get(real.suffix.lower()) or mimetypes.guess_type(real.name)[0] or "application/octet-stream"
+    return FileResponse(real, media_type=media)
+
+
 def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any:
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -213,21 +232,6 @@ def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any
         if suffix in TEXT_TYPES and path.stat().st_size <= MAX_TEXT_BYTES:
             return FileResponse(path, media_type="text/plain; charset=utf-8")
         return PlainTextResponse("not served: only images and small text files\n", status_code=404)
-
-    async def static(request: Request) -> Response:
-        rel = request.path_params["path"]
-        parts = rel.split("/")
-        if any(p in ("", ".", "..") for p in parts) or "\\" in rel:
-            return PlainTextResponse("not found\n", status_code=404)
-        path = STATIC_DIR / rel
-        try:
-            real = path.resolve(strict=True)
-        except (OSError, RuntimeError):
-            return PlainTextResponse("not found\n", status_code=404)
-        if not real.is_relative_to(STATIC_DIR) or not real.is_file():
-            return PlainTextResponse("not found\n", status_code=404)
-        media = STATIC_TYPES.get(real.suffix.lower()) or mimetypes.guess_type(real.name)[0] or "application/octet-stream"
-        return FileResponse(real, media_type=media)
 
     async def verify(request: Request) -> Response:  # POST only: a GET is 405 and starts nothing
         refusal = cross_site_refusal(request.headers, f"{request.url.scheme}://{request.headers.get('host', '')}")

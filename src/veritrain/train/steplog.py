@@ -1,0 +1,136 @@
+"""What the training loop shows and logs as it goes: the progress bar (on a terminal), `steps.jsonl` (every
+`logging.every_steps` optimizer steps), `metrics.jsonl` (one row per epoch) and TensorBoard
+(`logging.tensorboard`). Only rank 0 writes files; every rank draws its own (hidden) bar.
+
+Rows after a checkpoint are trained again on resume or rollback, so the files are cut back to it (`rewind`)
+and written again, and a resumed run's files equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from veritrain.core.errors import RunFailed
+from veritrain.core.files import write_atomic
+
+METRICS, STEPS = "metrics.jsonl", "steps.jsonl"
+
+
+class StepLog:
+    """The progress bar, steps.jsonl, metrics.jsonl and TensorBoard of one training run; a context manager
+    around the epochs (the bar is shown inside it)."""
+
+    def __init__(self, cfg: Any, run_dir: Path, console: Optional[Console], is_main: bool, batches: int):
+        self.every = cfg.logging.every_steps  # optimizer steps between rows of steps.jsonl (0: none)
+        self.epochs = cfg.train.epochs
+        self.batches = batches  # per epoch
+        self.is_main = is_main
+        self.steps_path, self.metrics_path = run_dir / STEPS, run_dir / METRICS
+        self.board = _tensorboard(run_dir) if cfg.logging.tensorboard and is_main else None
+        self.progress = Progress(
+            TextColumn("[bold]epoch {task.fields[epoch]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[rate]} samples/s"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=console is None or not console.is_terminal,  # nobody sees a bar in a pipe or file
+        )
+        self.bar = self.progress.add_task("train", total=batches, epoch="", loss="-", lr="-", rate="-")
+        self.next_show = 0.0  # perf_counter time of the next bar update: ≤ 10 updates/s
+        self.epoch_started = 0.0
+        self.seen_at_start = 0  # samples of the epoch trained before this process started it (resume)
+
+    def __enter__(self) -> StepLog:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def start_epoch(self, epoch: int, batch_index: int, seen: int) -> None:
+        self.epoch_started = time.perf_counter()
+        self.seen_at_start = seen
+        self.progress.reset(self.bar, total=self.batches, completed=batch_index, epoch=f"{epoch}/{self.epochs}", loss="-", lr="-", rate="-")
+
+    def epoch_seconds(self) -> float:
+        return round(time.perf_counter() - self.epoch_started, 4)
+
+    def logs_step(self, step: int) -> bool:
+        """Whether optimizer step `step` gets a row in steps.jsonl (with its gradient norm)."""
+        return bool(self.every) and step % self.every == 0
+
+    def step(self, state: Any, loss: float, lr: float, grad_norm: Optional[float], stepped: bool) -> None:
+        """After an optimizer step (`stepped` False: skipped by train.on_nonfinite): the bar, and its row."""
+        now = time.perf_counter()
+        logging_step = stepped and self.logs_step(state.step)
+        show = now >= self.next_show or state.batch_index == self.batches
+        if not (logging_step or show):
+            return
+        rate = (state.seen - self.seen_at_start) / max(now - self.epoch_started, 1e-9)
+        if show:
+            self.next_show = now + 0.1
+            self.progress.update(self.bar, completed=state.batch_index, loss=f"{loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
+        if logging_step and self.is_main:
+            with open(self.steps_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": state.step, "epoch": state.epoch, "loss": loss, "lr": lr,
+                                    "grad_norm": grad_norm, "samples_per_s": round(rate, 1)}) + "\n")
+            if self.board is not None:
+                self.board.add_scalar("step/loss", loss, state.step)
+                self.board.add_scalar("step/lr", lr, state.step)
+
+    def epoch(self, row: dict[str, Any]) -> None:
+        """The epoch's row of metrics.jsonl."""
+        if self.is_main:
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+        if self.board is not None:
+            for key, value in row.items():
+                if key not in ("epoch", "step"):
+                    self.board.add_scalar(f"epoch/{key}", value, row["epoch"])
+            self.board.flush()
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of metrics.jsonl so far."""
+    path = run_dir / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def rewind(run_dir: Path, epochs_done: int, step: int) -> None:
+    """Cut metrics.jsonl and steps.jsonl back to a checkpoint's epochs and steps."""
+    _truncate_jsonl(run_dir / METRICS, lambda row: row["epoch"] <= epochs_done)
+    _truncate_jsonl(run_dir / STEPS, lambda row: row["step"] <= step)
+
+
+def clear(run_dir: Path) -> None:
+    """Empty metrics.jsonl and steps.jsonl: a run resumed before its first checkpoint starts over."""
+    _truncate_jsonl(run_dir / METRICS, lambda row: False)
+    _truncate_jsonl(run_dir / STEPS, lambda row: False)
+
+
+def _truncate_jsonl(path: Path, keep: Callable[[dict[str, Any]], bool]) -> None:
+    """Rewrite a .jsonl file with only the rows `keep(row)` accepts."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip() and keep(json.loads(line))]
+    write_atomic(path, "".join(r + "\n" for r in rows).encode())
+
+
+def _tensorboard(run_dir: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise RunFailed("logging.tensorboard: the tensorboard package is not installed; `pip install tensorboard` or set logging.tensorboard=false") from None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
