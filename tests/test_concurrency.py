@@ -25,7 +25,7 @@ from veritrain.records.workspace import Workspace, process_identity
 TWO_STEPS = ["--set", "train.epochs=1", "--set", "train.batch_size=1024", "--set", "model.name=mlp", "--set", "model.hidden=[8]",
              "--set", "eval.baselines=false", "--set", "export.formats=[safetensors]", "--set", "train.threads=1"]  # processes side by side
 
-HOLD = "import sys, time; from pathlib import Path; from veritrain import locks; assert locks.try_acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+HOLD = "import sys, time; from pathlib import Path; from veritrain.core import locks; assert locks.try_acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
 
 
 def start(*args: str, cwd: Path | None = None) -> subprocess.Popen:
@@ -65,7 +65,7 @@ def test_a_lock_taken_again_by_its_holder_is_counted_and_removed_at_the_last_rel
     workspace.lock_run(run_id)
     workspace.lock_run(run_id)  # an amend inside a command that holds the run: no wait on itself
     workspace.unlock_run(run_id)
-    probe = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from veritrain import locks; "
+    probe = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from veritrain.core import locks; "
                             "print(locks.is_held(Path(sys.argv[1])))", str(workspace.lock_path(run_id))], capture_output=True, text=True)
     assert probe.stdout.strip() == "True", probe.stderr  # still held, as another process sees it
     workspace.unlock_run(run_id)

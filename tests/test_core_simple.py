@@ -108,7 +108,7 @@ def test_kept_verdicts_stay_in_the_records_layer():
     imported = _imported_modules(SRC / "veritrain" / "records" / "verdicts.py", "veritrain")
     ours = {m for m in imported if m == "veritrain" or m.startswith("veritrain.")}
     # `from veritrain.records.record import now_iso` also names veritrain.records.record.now_iso, a name in an allowed module;
-    # `from veritrain import verify` names veritrain.trust.verify, a module of its own
+    # `from veritrain.trust import verify` names veritrain.trust.verify, a module of its own
     modules = BASE_AND_RECORDS - {"veritrain"}
     upward = sorted(m for m in ours if m not in BASE_AND_RECORDS and m.rsplit(".", 1)[0] not in modules)
     assert not upward, upward

@@ -16,7 +16,7 @@ import pytest
 from veritrain.records.record import FrozenList, Record, frozen, read_record, thawed
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "veritrain"
-OWNERS = {"record.py", "recorder.py", "journal.py"}  # relative to src/veritrain
+OWNERS = {"records/record.py", "records/recorder.py", "records/journal.py"}  # relative to src/veritrain
 RECORD_NAME = re.compile(r"^(\w+_)?record$")  # record, old_record, opened.record …
 MUTATORS = {"append", "extend", "insert", "update", "setdefault", "pop", "popitem", "clear", "remove", "sort", "reverse"}
 RECORD_FILES = {"record.json", "record.sha256", "RECORD_FILE", "SEAL_FILE"}
@@ -133,6 +133,7 @@ def test_a_record_as_read_is_read_only_and_typed(small_run_pristine):
     record = read_record(small_run_pristine.run_dir)
     assert isinstance(record, Record) and record.typed.run_id == record["run_id"] == record.run_id
     assert record.status == "completed" and record.data_version == record["data"]["version"]
+    assert record["code"]["user_files"] == []  # a run of the built-in model imports no user module; veritrain's own are never listed
     for change in (lambda: record.__setitem__("status", "failed"), lambda: record["events"].append({}),
                    lambda: record["metrics"]["test"].update(accuracy=1.0), lambda: record.setdefault("x", 1),
                    lambda: record["trajectory"][0].__setitem__("kept", False), lambda: record.pop("error")):
