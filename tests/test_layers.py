@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("veritrain.core",)),
     ("records", ("veritrain.records",)),
     # veritrain.models stays where exported model.json files name it (architecture.rebuild: veritrain.models.build)
-    ("stages", ("veritrain.data", "veritrain.tasks", "veritrain.train", "veritrain.results", "veritrain.models")),
+    ("stages", ("veritrain.data", "veritrain.tasks", "veritrain.train", "veritrain.results", "veritrain.models", "veritrain.userloop")),
     ("trust", ("veritrain.trust",)),
     ("orchestration", ("veritrain.orchestration",)),
     ("front ends", ("veritrain.cli", "veritrain.cli_reference", "veritrain.web", "veritrain.__main__", "veritrain")),

@@ -1,9 +1,32 @@
 """veritrain: verifiable training for PyTorch.
 
 Every run is recorded (config, data version, environment, logs, metrics, checkpoints) and hashed,
-so that it can later be verified or reproduced. Start with `veritrain run` or read the README.
+so that it can later be verified or reproduced. Start with `veritrain run` or read the README; for your own
+training script, `veritrain.start` (docs/api.md).
+
+The names below are the public Python API; `import veritrain` stays light (no torch) until one is used.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from veritrain.core.version import __version__
 
-__all__ = ["__version__"]
+if TYPE_CHECKING:
+    from veritrain.userloop.run import Run, UsageError, start
+
+__all__ = ["__version__", "start", "Run", "UsageError"]
+
+_LAZY = {"start": "veritrain.userloop.run", "Run": "veritrain.userloop.run", "UsageError": "veritrain.userloop.run"}
+
+
+def __getattr__(name: str) -> Any:
+    """The API's names, imported on first use (PEP 562), so the CLI's `--help` does not pay for torch."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'veritrain' has no attribute {name!r}")

@@ -37,6 +37,7 @@ from veritrain.records.workspace import Workspace
 from veritrain.train import distributed
 from veritrain.train.distributed import RankLost
 from veritrain.trust.opening import OpenRun, code_session, open_run, refuse_untrusted_code, require_checkpoint
+from veritrain.userloop import replay
 
 if TYPE_CHECKING:  # imported for types only: the data and task modules load torch and numpy
     from veritrain.data.prepare import DataVersion
@@ -153,6 +154,8 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
     journal.recover(workspace, run_dir)  # an amend (eval, export) a kill interrupted: completed or rolled back first
     record = read_record(run_dir)
+    if replay.is_script_run(record):
+        return _resume_script(workspace, record, trust_code, use_current_code, nproc)
     resolved = resolved_from_record(record)
     cfg = resolved.config
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
@@ -180,6 +183,31 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
         if cfg.model.target:
             code.import_target(cfg.model.target)
         return _execute(Recorder.resume(record, argv), run_dir, resolved, workspace, resume=True, code=code)
+
+
+def _resume_script(workspace: Workspace, record: Record, trust_code: bool, use_current_code: bool, nproc: Optional[int]) -> RunOutcome:
+    """`--resume RUN` of a script's run (veritrain.userloop): its recorded command, with its recorded code, continues it."""
+    run_dir = record.run_dir
+    if use_current_code:
+        raise UserError(f"--use-current-code: run {run_dir.name} is a script's run, which resumes only with its recorded code; "
+                        "for a run with the current code, run the script again (resume=\"auto\" continues with it when the code is unchanged)")
+    if nproc not in (None, 1):
+        raise UserError(f"--nproc {nproc}: run {run_dir.name} is a script's run; its script starts its own processes")
+    refuse_untrusted_code(workspace, run_dir, record, trust_code)
+    if record.status == "running" and not workspace.lock_is_stale(run_dir.name):
+        raise UserError(f"--resume {run_dir.name}: the run is still running (its lock is held by a live process)")
+    started = time.perf_counter()
+    code = replay.resume(workspace, run_dir)
+    after = read_record(run_dir)
+    error: Optional[VeritrainError] = None
+    if after.status != "completed":
+        error = RunFailed(f"run {run_dir.name} {after.status} (the script exited {code}); `veritrain runs show {run_dir.name}` says more")
+    seal = (run_dir / "record.sha256").read_text().strip()
+    summary = {"run_id": run_dir.name, "run_dir": str(run_dir), "status": after.status, "data_version": None,
+               "final_state_sha256": after.get("final_state_sha256"), "metrics": thawed(after.get("metrics") or {})}
+    if error is not None:
+        summary["error"] = str(error)
+    return RunOutcome(summary=summary, record=after, seal=seal, seconds=time.perf_counter() - started, error=error)
 
 
 def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: Record, resolved: ResolvedConfig, argv: list[str]) -> RunOutcome:

@@ -11,10 +11,11 @@ from typing import Any
 from veritrain.core.config import config_hash, resolved_from_record
 from veritrain.core.errors import UserError
 from veritrain.orchestration import pipeline
-from veritrain.records.record import read_record
+from veritrain.records.record import Record, read_record
 from veritrain.records.workspace import Workspace
 from veritrain.trust.opening import code_session, refuse_untrusted_code
 from veritrain.trust.verify import compare_runs
+from veritrain.userloop import replay
 
 
 def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool = False, use_current_code: bool = False) -> dict[str, Any]:
@@ -24,6 +25,8 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
 
     original_dir = workspace.resolve_run(ref, "model")
     original = read_record(original_dir)
+    if replay.is_script_run(original):
+        return _reproduce_script(workspace, original, trust_code, use_current_code)
     resolved = resolved_from_record(original)  # before the code is trusted: a run whose values were not recorded is refused either way
     cfg = resolved.config
     refuse_untrusted_code(workspace, original_dir, original, trust_code)
@@ -46,4 +49,23 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
     comparison["reproduction_status"] = outcome.record["status"]
     comparison["reproduction_seal"] = outcome.seal
     comparison["error"] = str(outcome.error) if outcome.error else None
+    return comparison
+
+
+def _reproduce_script(workspace: Workspace, original: Record, trust_code: bool, use_current_code: bool) -> dict[str, Any]:
+    """A script's run (veritrain.userloop): its recorded command, with the recorded code, makes a new run; compare the two."""
+    if use_current_code:
+        raise UserError(f"--use-current-code: run {original.run_id} is a script's run, reproduced only with its recorded code; "
+                        "run the script again for a run with the current code, then `veritrain runs compare`")
+    if (why := replay.refusal(original, "reproduce")) is not None:
+        raise UserError(why)
+    refuse_untrusted_code(workspace, original.run_dir, original, trust_code)
+    if original.status != "completed":
+        raise UserError(f"{original.run_id}: the run is {original.status}; only a completed run can be reproduced")
+    new_dir = replay.reproduce(workspace, original.run_dir)
+    comparison = compare_runs(original.run_dir, new_dir)
+    new = read_record(new_dir)
+    comparison["reproduction_status"] = new.status
+    comparison["reproduction_seal"] = (new_dir / "record.sha256").read_text().strip()
+    comparison["error"] = None if new.status == "completed" else f"the reproduction {new.status}"
     return comparison

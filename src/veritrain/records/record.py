@@ -317,6 +317,39 @@ class InputCheckpoint(FileRef):
     state_sha256: Sha256
 
 
+class ScriptInfo(_Part):
+    """A script's run (kind `script`, veritrain.userloop): the script and how it was started, and the checkpoint rule."""
+
+    file: Optional[RunPath] = None  # null: no script file could be recorded (stdin, -c, a notebook)
+    sha256: Optional[Sha256] = None
+    path: Optional[str] = None
+    argv: Optional[list[str]] = None
+    orig_argv: Optional[list[str]] = None
+    executable: Optional[str] = None
+    cwd: Optional[str] = None
+    reads_file: Optional[bool] = None
+    deterministic: bool
+    checkpoints: dict[str, int]
+    api: Optional[dict[str, Any]] = None  # what the script used: batches, checkpoints (count), state_registered
+
+
+class InputsInfo(_Part):
+    """A script's inputs, bound by content: the manifest `inputs.json` in the run."""
+
+    file: RunPath
+    manifest_sha256: Sha256
+    paths: list[str]
+    files: Annotated[int, Field(ge=0)]
+    bytes: Annotated[int, Field(ge=0)]
+
+
+class Guarantee(_Part):
+    """What a script's run can prove (veritrain.userloop.levels) and why it is not more."""
+
+    level: Literal["replayable", "bound", "logged"]
+    reasons: list[str]
+
+
 class RunRecord(_Part):
     """record.json, field by field (docs/record.md documents each; a test keeps the two in step). The
     writer validates every record before writing it and every reader validates what it reads, so a record
@@ -362,6 +395,9 @@ class RunRecord(_Part):
     artifacts: Annotated[Optional[dict[RunPath, Artifact]], NOT_NULL] = None
     error: Optional[RunError] = None
     input_checkpoint: Annotated[Optional[InputCheckpoint], NOT_NULL] = None  # kinds eval and export: the outside checkpoint, not from the audited training
+    script: Annotated[Optional[ScriptInfo], NOT_NULL] = None  # kind script: the user's own training script
+    inputs: Optional[InputsInfo] = None  # kind script: null when no inputs were bound
+    guarantee: Annotated[Optional[Guarantee], NOT_NULL] = None  # kind script: replayable, bound or logged
 
 
 def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:

@@ -33,7 +33,7 @@ _EMPTY_RUN_FIELDS: dict[str, Any] = {
 
 # what the stages of a run produce (Recorder.set): everything else has its own method or is set when the run starts
 STAGE_FIELDS = frozenset({"env", "selection", "data", "distributed", "training", "trajectory", "other_saves",
-                          "final_state_sha256", "baselines", "export"})
+                          "final_state_sha256", "baselines", "export", "guarantee"})
 
 
 class Recorder(Mapping[str, Any]):

@@ -457,7 +457,8 @@ def recorded(run_dir: Path, record: Mapping[str, Any], scratch_parent: Path, com
     A record that listed only the target's file says, in one line, that its other modules come from the current tree."""
     entries, only_target = recorded_listing(record)
     if not entries:
-        target = ((record.get("config") or {}).get("model") or {}).get("target")
+        model = (record.get("config") or {}).get("model") if record.get("kind") != "script" else None  # a script's config is its own
+        target = model.get("target") if isinstance(model, dict) else None
         if target and (record.get("code") or {}).get("user_files") is None:  # [] : the target is an installed package
             log.warning("%s: run %s recorded no copy of its model code (%s); it is imported from the current tree",
                         command, run_dir.name, target)

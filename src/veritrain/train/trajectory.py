@@ -123,6 +123,16 @@ def entry(trajectory: list[dict[str, Any]], config_hash: str, data_version: str,
             "chain": chain_next(previous, step, state_hash)}
 
 
+def chain_binding(record: dict[str, Any]) -> str:
+    """What a recorded run's chain binds besides its config: its data version id, or for a script's run
+    (veritrain.userloop) the digest of its inputs manifest; "None" for a run that bound neither."""
+    version = (record.get("data") or {}).get("version")
+    if version:
+        return str(version)
+    manifest = (record.get("inputs") or {}).get("manifest_sha256")
+    return str(manifest) if manifest else "None"
+
+
 def chain_problem(trajectory: list[dict[str, Any]], config_hash: str, data_version: str) -> Optional[str]:
     """Why a recorded trajectory's chain does not hold (one line), or None."""
     previous = chain_start(config_hash, data_version)
@@ -177,6 +187,18 @@ def audit_steps(trajectory: list[dict[str, Any]], audit_every: int) -> set[int]:
     return {item["step"] for index, item in enumerate(trajectory) if kept_for_audit(index, audit_every)}
 
 
+def checkpoint_rules(record: dict[str, Any]) -> dict[str, Any]:
+    """The keep rule a run's checkpoints followed: its config's `checkpoint` section, or for a script's run
+    (veritrain.userloop, whose config is the user's own) what `veritrain.start` was given: keep_last, audit_every,
+    no best.pt, and last.pt once it completed."""
+    if record.get("kind") == "script":
+        rules = (record.get("script") or {}).get("checkpoints") or {}
+        return {"keep_last": rules.get("keep_last", 2), "audit_every": rules.get("audit_every", 0), "best": False,
+                "last": record.get("status") == "completed"}
+    section = (record.get("config") or {}).get("checkpoint")
+    return section if isinstance(section, dict) else {}
+
+
 def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[str]) -> list[dict[str, str]]:
     """Where the checkpoints a run holds differ from the rule that kept them, as the commands that ran on the run
     applied it: training keeps best.pt, last.pt, the newest `checkpoint.keep_last` step files (of every save: the
@@ -189,7 +211,7 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
     training = record.get("training") or {}
     if not entries or not training:
         return []
-    checkpoint_cfg = (record.get("config") or {}).get("checkpoint") or {}
+    checkpoint_cfg = checkpoint_rules(record)
     keep_last, every = int(checkpoint_cfg.get("keep_last", 2)), int(checkpoint_cfg.get("audit_every", 0) or 0)
     problems: list[dict[str, str]] = []
 
@@ -292,7 +314,7 @@ def audit_only_checkpoints(record: dict[str, Any]) -> list[str]:
     verify excuses exactly these when import listed them; best.pt and last.pt are never among them."""
     entries = [e for e in record.get("trajectory") or [] if isinstance(e, dict)]
     try:
-        keep_last = int(((record.get("config") or {}).get("checkpoint") or {}).get("keep_last", 2))
+        keep_last = int(checkpoint_rules(record).get("keep_last", 2))
     except (TypeError, ValueError, AttributeError):  # no usable keep_last: nothing counts as audit-only
         return []
     if keep_last < 1:

@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
-from veritrain.records.record import now_iso, read_record
+from veritrain.records.record import Record, now_iso, read_record
 from veritrain.records.workspace import Workspace
+from veritrain.userloop import replay
 
 log = logging.getLogger("veritrain")
 
@@ -63,7 +64,8 @@ def replay_blockers(record: dict[str, Any], run_dir: Path) -> tuple[list[str], l
 
     env, training, cfg = record.get("env") or {}, record.get("training") or {}, record.get("config") or {}
     blockers, notes = [], []
-    train_cfg = cfg.get("train") or {}
+    train_cfg = cfg.get("train") if record.get("kind") != "script" else None  # a script's config is the user's own: its level says
+    train_cfg = train_cfg if isinstance(train_cfg, dict) else {}
     if not train_cfg.get("deterministic", True):
         blockers.append("train.deterministic is false: the run used non-deterministic kernels")
     if train_cfg.get("compile"):
@@ -141,7 +143,6 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     """Audit a run; returns the result (also written to `out` and to .veritrain/audits/<run>/). Raises
     UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify."""
     from veritrain.train import trajectory as trajectory_module
-    from veritrain.trust import opening
     from veritrain.trust.verify import verify_run
 
     run_dir = workspace.resolve_run(ref, "model")
@@ -149,6 +150,9 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     if out is not None and (out.resolve().is_relative_to(run_dir.resolve())):
         raise UserError(f"--out {out}: inside the run folder; the audit never writes into the run (it would no longer verify)")
     entries = record.get("trajectory") or []
+    script_run = replay.is_script_run(record)
+    if script_run and (why := replay.refusal(record, "audit")):
+        raise UserError(why)
     if not entries:
         raise UserError(f"{run_dir.name}: the record has no trajectory (a baseline run, a run of an outside checkpoint, or a run made "
                         "before trajectories); nothing to audit")
@@ -177,20 +181,11 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     if unreachable:
         raise UserError(f"{run_dir.name}: segment(s) {', '.join(map(str, unreachable))} have no earlier state to replay from (the "
                         "trajectory does not start at the initial state and no earlier checkpoint is kept)")
-    opened = opening.open_run(workspace, run_dir.name, trust_code=trust_code, need="model", verified=True)
-    threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
-    verdicts: list[dict[str, Any]] = []
-    replays = []
     started = time.perf_counter()
-    with opening.code_session(workspace, run_dir, record, "audit") as code:  # replayed with the code the run recorded
-        if opened.config.model.target:
-            code.import_target(opened.config.model.target)
-        for start, end in plan:
-            t = time.perf_counter()
-            verdicts.extend(_replay_stretch(opened, entries, start, end, starts[start], threads, workspace))
-            replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
-                            "seconds": round(time.perf_counter() - t, 3)})
-        results = _check_results(opened, entries, workspace)
+    if script_run:
+        verdicts, replays, results = _replay_script(workspace, record, plan, starts, trust_code)
+    else:
+        verdicts, replays, results = _replay_loop(workspace, record, plan, starts, trust_code)
     seconds = time.perf_counter() - started
     training_seconds = float((record.get("timings") or {}).get("train") or 0.0)
     checked_segments = [v for v in verdicts if v["verdict"] in ("identical", "differs")]
@@ -225,6 +220,46 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     kept.mkdir(parents=True, exist_ok=True)
     (kept / f"{result['audited_at'].replace(':', '').replace('-', '')[:15]}-{seed % 10**6:06d}.json").write_text(text, encoding="utf-8")
     return result
+
+
+def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int]], starts: dict[int, Any],
+                 trust_code: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(segment verdicts, replays, results) of a run of veritrain's loop, each stretch replayed here."""
+    from veritrain.trust import opening
+
+    run_dir, entries = record.run_dir, record.get("trajectory") or []
+    opened = opening.open_run(workspace, run_dir.name, trust_code=trust_code, need="model", verified=True)
+    threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
+    verdicts: list[dict[str, Any]] = []
+    replays = []
+    with opening.code_session(workspace, run_dir, record, "audit") as code:  # replayed with the code the run recorded
+        if opened.config.model.target:
+            code.import_target(opened.config.model.target)
+        for start, end in plan:
+            t = time.perf_counter()
+            verdicts.extend(_replay_stretch(opened, entries, start, end, starts[start], threads, workspace))
+            replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
+                            "seconds": round(time.perf_counter() - t, 3)})
+        results = _check_results(opened, entries, workspace)
+    return verdicts, replays, results
+
+
+def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, int]], starts: dict[int, Any],
+                   trust_code: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(segment verdicts, replays, results) of a script's run (veritrain.userloop): each stretch replayed by the recorded
+    script. Its results are the script's own (run.finish metrics): the audit checks the states they came from."""
+    from veritrain.trust import opening
+
+    opening.refuse_untrusted_code(workspace, record.run_dir, record, trust_code)
+    entries = record.get("trajectory") or []
+    verdicts: list[dict[str, Any]] = []
+    replays = []
+    for start, end in plan:
+        t = time.perf_counter()
+        verdicts.extend(replay.audit_stretch(workspace, record, start, end, starts[start]))
+        replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
+                        "seconds": round(time.perf_counter() - t, 3)})
+    return verdicts, replays, []
 
 
 def _replay_stretch(opened: Any, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,

@@ -118,10 +118,13 @@ def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: Mapping[s
     """A run's config that names code (`model.target`) is code: building its model imports and runs it. Configs
     you write are trusted; a run this workspace did not start (imported, copied, or a folder given as RUN) is
     data, and is refused (UserError, one line) unless the user passes --trust-code after reading that code."""
-    target = ((record.get("config") or {}).get("model") or {}).get("target")
+    script = (record.get("script") or {}).get("file") if record.get("kind") == "script" else None
+    # a script's config is the user's own (veritrain.userloop): its code is the script
+    target = None if record.get("kind") == "script" else ((record.get("config") or {}).get("model") or {}).get("target")
     files = ((record.get("code") or {}).get("user_files") or [])
-    if (target or files) and not trust_code and not workspace.created_here(run_dir, record.get("config_hash")):
+    if (target or files or script) and not trust_code and not workspace.created_here(run_dir, record.get("config_hash")):
         named = (f"its config names code (model.target {str(target)[:80]!r})" if target
+                 else f"it is a script's run (its recorded script {str(script)[:80]} is code)" if script
                  else f"its record names code ({len(files)} recorded module(s), e.g. {str(files[0].get('module'))[:80]})")
         raise UserError(f"{run_dir.name}: {named} and this workspace did not start the run "
                         "(imported, copied or given as a folder): building its model would run that code; read it, then pass --trust-code")

@@ -118,6 +118,8 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     checked: list[str] = []  # how the raw data was checked, in a line
     if data.get("version") and check_data:
         problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report, checked, not_checked))
+    if record.get("inputs") and check_data:
+        problems.extend(_check_inputs(run_dir, record, intact, report, checked))
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
@@ -183,6 +185,29 @@ class _StateCache:
             pass
 
 
+def _check_inputs(run_dir: Path, record: dict[str, Any], intact: dict[str, Path], report: Progress, checked: list[str]) -> list[dict[str, Any]]:
+    """A script's run (veritrain.userloop): every input file hashed again, against the manifest the run sealed."""
+    from veritrain.core.errors import RunFailed
+    from veritrain.userloop import inputs
+
+    section = record["inputs"]
+    if section.get("file") not in intact:
+        return [{"path": str(section.get("file")), "kind": "missing", "detail": "the inputs manifest the record names is not intact"}]
+    try:
+        manifest = inputs.read_manifest(run_dir)
+    except RunFailed as err:
+        return [{"path": inputs.FILE, "kind": "unreadable", "detail": str(err)}]
+    if inputs.manifest_sha256(manifest) != section.get("manifest_sha256"):
+        return [{"path": inputs.FILE, "kind": "changed", "detail": "its digest is not the manifest_sha256 the record binds"}]
+    root = Path(str((record.get("script") or {}).get("cwd") or manifest.get("root")))
+    report("inputs", 0, len(manifest["files"]))
+    found = inputs.problems(manifest, root)
+    report("inputs", len(manifest["files"]), len(manifest["files"]))
+    if not found:
+        checked.append(f"{len(manifest['files'])} input file(s), {manifest.get('bytes', 0)} bytes, hashed again under {root}")
+    return found
+
+
 def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
     """The checkpoint files that may be absent: listed by import as left out of the archive, and kept only
     for audit according to the record itself (never a checkpoint that keep_last, best or last keeps)."""
@@ -219,7 +244,7 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     entries = entries or []
     training = record.get("training") or {}
     if entries:
-        broken = trajectory_module.chain_problem(entries, str(record.get("config_hash")), str((record.get("data") or {}).get("version")))
+        broken = trajectory_module.chain_problem(entries, str(record.get("config_hash")), trajectory_module.chain_binding(record))
         if broken:
             problems.append({"path": RECORD_FILE, "kind": "trajectory_broken", "detail": broken})
         last = entries[-1]

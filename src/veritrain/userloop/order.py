@@ -1,0 +1,72 @@
+"""The data order of `run.batches`: a pure function of (seed, epoch, batch), so that a run resumed in the middle of
+an epoch, or a replay that starts at a checkpoint, draws exactly the rows the uninterrupted run drew, with no
+loader state to save.
+
+Epoch e (1-based) permutes the n row indices with a generator seeded from (seed, e) alone
+(`veritrain.train.loop.epoch_generator`, stream 0, as the built-in loop orders its batches); batch b of it is rows
+[b·batch_size, (b+1)·batch_size) of that permutation. `drop_last` drops an epoch's last, shorter batch.
+A *position* is the number of batches trained so far (the global step count): batch `step` of the run is
+batch `step mod per_epoch` of epoch `step div per_epoch + 1`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from veritrain.core.errors import UserError
+
+
+@dataclass(frozen=True)
+class Order:
+    """What `run.batches(n, batch_size, epochs, drop_last)` was asked for, and the seed it draws with."""
+
+    n: int
+    batch_size: int
+    epochs: int
+    drop_last: bool
+    seed: int
+
+    def __post_init__(self) -> None:
+        for name in ("n", "batch_size", "epochs"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise UserError(f"run.batches: {name}={value!r}; give a positive whole number")
+        if self.drop_last and self.n < self.batch_size:
+            raise UserError(f"run.batches: n={self.n} rows make no full batch of {self.batch_size} with drop_last=True")
+
+    @property
+    def per_epoch(self) -> int:
+        return self.n // self.batch_size if self.drop_last else -(-self.n // self.batch_size)
+
+    @property
+    def total(self) -> int:
+        return self.per_epoch * self.epochs
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def difference(self, other: dict[str, Any]) -> str:
+        """How `other` (a saved order) differs, as `name saved → now` items; "" when it is the same."""
+        mine = self.as_dict()
+        return ", ".join(f"{k} {other.get(k)!r} → {v!r}" for k, v in mine.items() if other.get(k) != v)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        import torch
+
+        from veritrain.train.loop import epoch_generator
+
+        return torch.randperm(self.n, generator=epoch_generator(self.seed, epoch, 0)).numpy().astype(np.int64)
+
+    def rows(self, step: int, permutation: np.ndarray | None = None) -> np.ndarray:
+        """The row indices of batch `step` (0-based, counted over the whole run)."""
+        epoch, batch = divmod(step, self.per_epoch)
+        order = permutation if permutation is not None else self.permutation(epoch + 1)
+        return order[batch * self.batch_size:(batch + 1) * self.batch_size]
+
+    def epoch_of(self, position: int) -> tuple[int, int]:
+        """(epoch in progress, 1-based; batches of it done) at `position` batches trained."""
+        epoch, batch = divmod(position, self.per_epoch)
+        return epoch + 1, batch

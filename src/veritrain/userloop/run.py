@@ -1,0 +1,764 @@
+"""`veritrain.start`: a run of the user's own training script, recorded and sealed like a run of veritrain's loop.
+
+    with vt.start(config=cfg, name="my-exp", inputs=["data/train.csv"], workdir=".", resume=None) as run:
+        model, opt = build(run.config)
+        run.resume(model=model, optimizer=opt, scheduler=sched)
+        for step, rows in run.batches(n=len(ds), batch_size=64, epochs=run.config["epochs"]):
+            loss = train_step(model, opt, ds[rows])
+            run.log(step, loss=loss)
+            run.checkpoint(step, every=100)
+        run.finish(metrics={"test_accuracy": evaluate(model)})
+
+A step is the 0-based index of a batch over the whole run; `run.checkpoint(step)` saves the state after training
+on batch `step`, as entry `step + 1` (batches trained) of the trajectory. Leaving the block normally seals the run
+(`finish` with no metrics, if the script did not call it); an exception ends it failed, its traceback in
+`train.log`; Ctrl-C or SIGTERM ends it interrupted (exit 130 or 143). Under a replay (`VERITRAIN_REPLAY`, set by
+`veritrain reproduce`, `audit` and `train --resume`) the same calls reproduce, check or continue the recorded run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
+
+import numpy as np
+import torch
+
+from veritrain.core import logs
+from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
+from veritrain.core.hashing import sha256_json, state_dict_sha256
+from veritrain.core.secrets import allowed_environment, config_secret, secret_in_command_line
+from veritrain.records.record import capture_code, capture_env, frozen, read_record, save_code, thawed
+from veritrain.records.recorder import Recorder
+from veritrain.records.workspace import Workspace
+from veritrain.train import checkpoint as checkpoint_files, trajectory
+from veritrain.train.checkpointer import rng_state, set_rng_state
+from veritrain.userloop import inputs as inputs_module, script as script_module
+from veritrain.userloop.canonical import canonical_config
+from veritrain.userloop.levels import Facts, level_of
+from veritrain.userloop.order import Order
+from veritrain.userloop.replay_spec import ReplaySpec, ReplayStop
+
+log = logging.getLogger("veritrain")
+
+KIND = "script"
+METRICS = "metrics.jsonl"
+FORMAT_VERSION = 1
+Every = Union[int, str, None]  # run.checkpoint(every=): a number of steps, "epoch", or None (every call)
+
+_active: dict[str, Run] = {}  # the run this process has started and not yet ended (one at a time)
+_lock = threading.Lock()
+
+
+class UsageError(UserError):
+    """A call of the API that cannot work as made (one line: what and how to fix it); exit 2 when a script leaves it uncaught."""
+
+
+def start(config: object, name: Optional[str] = None, inputs: Optional[list[str]] = None, workdir: Union[str, Path] = ".",
+          resume: Optional[str] = None, deterministic: bool = True, tensorboard: bool = False, keep_last: int = 2,
+          audit_every: int = 0) -> Run:
+    """Start (or, with `resume`, continue) a recorded run of this script. `resume`: None (a new run), "auto" (the newest
+    interrupted or killed run of this script and config, else a new one) or a run id. `keep_last`: the newest step
+    checkpoints kept; `audit_every` K: every K-th trajectory entry also keeps its checkpoint, for `veritrain audit`."""
+    _install_excepthook()
+    with _lock:
+        if _active:
+            other = next(iter(_active.values()))
+            raise UsageError(f"vt.start: run {other.id or '(a replay)'} is still active in this process; "
+                             "end it (leave its `with` block or call run.finish()) before starting another")
+        run = Run(config, name, inputs, Path(workdir), resume, deterministic, tensorboard, keep_last, audit_every)
+        _active["run"] = run
+    try:
+        run._begin()
+    except BaseException:
+        _active.clear()
+        raise
+    return run
+
+
+class Run:
+    """One run of a script (see the module's docstring). `id` and `dir` name it (None in an audit replay, which
+    writes nothing); `level` is the guarantee it can prove, final once it is sealed; `config` the canonical config."""
+
+    def __init__(self, config: object, name: Optional[str], inputs: Optional[list[str]], workdir: Path, resume: Optional[str],
+                 deterministic: bool, tensorboard: bool, keep_last: int, audit_every: int) -> None:
+        self._config = canonical_config(config)
+        found = config_secret(self._config)
+        if found is not None:
+            keys, kind = found
+            raise UsageError(f"config: {'.'.join(keys)}: holds a secret ({kind}); a run records its config as given, "
+                             "so pass the secret through the environment instead")
+        if name is not None and not isinstance(name, str):
+            raise UsageError(f"vt.start: name={name!r}; give a string")
+        if resume is not None and not isinstance(resume, str):
+            raise UsageError(f"vt.start: resume={resume!r}; give None, \"auto\" or a run id")
+        for label, value, least in (("keep_last", keep_last, 1), ("audit_every", audit_every, 0)):
+            if type(value) is not int or value < least:
+                raise UsageError(f"vt.start: {label}={value!r}; give a whole number ≥ {least}")
+        self.config_hash = sha256_json(self._config)
+        self.name, self.deterministic, self.tensorboard = name, deterministic, tensorboard
+        self.keep_last, self.audit_every = keep_last, audit_every
+        self.workspace = Workspace.open(workdir)
+        self.cwd = Path.cwd()
+        self._requested_resume = resume
+        self._input_paths = list(inputs) if inputs else []
+        self.replay = ReplaySpec.from_environment()
+        seed = self._config.get("seed", 0)
+        if type(seed) is not int:
+            raise UsageError(f"config: seed: {seed!r}; give a whole number (vt.start seeds Python, NumPy and torch from it)")
+        self.seed = seed
+        self.id: Optional[str] = None
+        self.dir: Optional[Path] = None
+        self._record: Optional[Recorder] = None
+        self._facts = Facts(deterministic=deterministic)
+        self._state: Optional[dict[str, Any]] = None  # what run.resume registered
+        self._order: Optional[Order] = None
+        self._saved_order: Optional[dict[str, Any]] = None
+        self._position = 0  # batches trained
+        self._current: Optional[int] = None  # the step run.batches last gave
+        self._entries: list[dict[str, Any]] = []  # the trajectory so far
+        self._resumed_from: Optional[dict[str, Any]] = None  # the checkpoint run.resume restores (a resumed run)
+        self._binding = "None"  # what the trajectory's chain binds besides the config: the inputs manifest
+        self._started = time.perf_counter()
+        self._log_file: Optional[logging.Handler] = None
+        self._board: Any = None
+        self._finished = False
+        self._previous_signal: Any = None
+        self._audit: Optional[dict[str, Any]] = None  # an audit replay's verdicts so far
+
+    # ------------------------------------------------------------ reading
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The canonical config, read-only."""
+        return frozen(self._config)
+
+    @property
+    def level(self) -> str:
+        return level_of(self._facts)[0]
+
+    @property
+    def level_reasons(self) -> list[str]:
+        return level_of(self._facts)[1]
+
+    # ------------------------------------------------------------ start
+
+    def _begin(self) -> None:
+        logs.setup_console_logging()
+        argv = list(sys.argv)
+        found = secret_in_command_line(argv)
+        if found is not None:
+            raise UsageError(f"{found}: a run records its command line as given; leave the secret out")
+        script, not_recorded = script_module.main_script()
+        self._script = script
+        self._facts.code_not_recorded = not_recorded
+        manifest = inputs_module.hash_inputs(self._input_paths, self.cwd) if self._input_paths else None
+        self._manifest = manifest
+        if manifest is not None:
+            self._facts.inputs_bound = True
+            self._binding = inputs_module.manifest_sha256(manifest)
+        if self.replay is not None and self.replay.mode == "audit":
+            self._begin_audit()
+        elif self.replay is not None and self.replay.mode == "resume":
+            self._continue(self.replay.run_dir)
+        elif self.replay is None and self._requested_resume is not None:
+            target = self._resume_target()
+            if target is not None:
+                self._continue(target)
+            else:
+                self._new(argv)
+        else:
+            if self.replay is None:
+                self._say_if_interrupted_exists()
+            self._new(argv)
+        _seed(self.seed, self.deterministic)
+
+    def _new(self, argv: list[str]) -> None:
+        workspace = self.workspace
+        run_id, run_dir = workspace.new_run_dir()
+        self.id, self.dir = run_id, run_dir
+        workspace.mark_created(run_id, self.config_hash)
+        workspace.lock_run(run_id)
+        # a reproduction runs a copy of the script: it records where the original was
+        origin = Path(str((read_record(self.replay.run_dir).get("script") or {}).get("path"))) if self.replay is not None else self._script
+        where = origin.parent if origin is not None and origin.parent.is_dir() else self.cwd
+        code = capture_code(where)
+        section: dict[str, Any] = {"checkpoints": {"keep_last": self.keep_last, "audit_every": self.audit_every},
+                                   "deterministic": self.deterministic}
+        if self._script is not None:
+            section.update(script_module.record_script(run_dir, self._script, argv, self.cwd, recorded_path=origin))
+            self._facts.reads_file_variable = section["reads_file"]
+            save_code(code, where, run_dir)
+            script_module.save_modules(run_dir, code)
+        inputs_section = self._write_inputs(run_dir)
+        self._record = Recorder.start(
+            run_dir, run_id=run_id, kind=KIND, stages=["train"], argv=argv, exp_name=self.name, seed=self.seed,
+            config=self._config, config_recorded="as_given", config_hash=self.config_hash, code=code,
+            reproduced_from=self.replay.original if self.replay is not None else None,
+            script=section, inputs=inputs_section, guarantee=self._guarantee())
+        self._open_files(run_dir)
+        log.info("run %s: started (%s)", run_id, f"script {self._script.name}" if self._script else "no script file")
+        self._write_env()
+        self._record.write()
+
+    def _write_inputs(self, run_dir: Path) -> Optional[dict[str, Any]]:
+        if self._manifest is None:
+            return None
+        data = json.dumps(self._manifest, indent=2, sort_keys=True).encode() + b"\n"
+        (run_dir / inputs_module.FILE).write_bytes(data)
+        return {"file": inputs_module.FILE, "manifest_sha256": self._binding, "paths": list(self._manifest["paths"]),
+                "files": len(self._manifest["files"]), "bytes": self._manifest["bytes"]}
+
+    def _write_env(self) -> None:
+        assert self._record is not None and self.dir is not None
+        env, packages = capture_env()
+        env["variables"] = allowed_environment()
+        self._record.set(env=env)
+        (self.dir / "env").mkdir(exist_ok=True)
+        (self.dir / "env" / "requirements.lock").write_text(packages, encoding="utf-8")
+
+    def _open_files(self, run_dir: Path) -> None:
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        self._log_file = logs.attach_file(run_dir / "train.log")
+        if self.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise UsageError("vt.start: tensorboard=True, but the tensorboard package is not installed; "
+                                 "`pip install tensorboard` or leave it off") from None
+            self._board = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        if threading.current_thread() is threading.main_thread():
+            self._previous_signal = signal.signal(signal.SIGTERM, _raise_interrupted)
+
+    def _guarantee(self) -> dict[str, Any]:
+        level, reasons = level_of(self._facts)
+        return {"level": level, "reasons": reasons}
+
+    # ------------------------------------------------------------ continuing a run
+
+    def _resume_target(self) -> Optional[Path]:
+        """The run `resume=` names: a run id (or prefix, or folder), or with "auto" the newest interrupted or killed run
+        of this script and config (None: there is none, and a new run starts)."""
+        ref = self._requested_resume
+        assert ref is not None
+        if ref != "auto":
+            return self.workspace.resolve_run(ref)
+        found = self._interrupted_runs()
+        if not found:
+            log.info("resume=\"auto\": no interrupted run of this script and config; starting a new run")
+            return None
+        return found[0]
+
+    def _interrupted_runs(self) -> list[Path]:
+        """Runs of this script and config that ended interrupted or whose process died (free lock), newest first."""
+        runs_dir = self.workspace.runs_dir
+        if not runs_dir.is_dir() or self._script is None:
+            return []
+        found = []
+        for run_dir in sorted(runs_dir.iterdir(), reverse=True):
+            if not (run_dir / "record.json").is_file():
+                continue
+            try:
+                record = read_record(run_dir)
+            except RunFailed:
+                continue
+            section = record.get("script") or {}
+            if record.get("kind") != KIND or record.get("config_hash") != self.config_hash or section.get("path") != str(self._script):
+                continue
+            if record.status == "interrupted" or (record.status == "running" and self.workspace.lock_is_stale(run_dir.name)):
+                found.append(run_dir)
+        return found
+
+    def _say_if_interrupted_exists(self) -> None:
+        found = self._interrupted_runs()
+        if found:
+            log.info("run %s of this script and config was interrupted; resume=\"auto\" (or resume=%r) continues it",
+                     found[0].name, found[0].name)
+
+    def _continue(self, run_dir: Path) -> None:
+        """Continue the run in `run_dir`: the same config and code, from its newest valid checkpoint (run.resume)."""
+        record = read_record(run_dir)
+        if record.get("kind") != KIND:
+            raise UsageError(f"vt.start: resume={run_dir.name!r}: run {run_dir.name} is a {record.get('kind')} run, not a script's; "
+                             f"continue it with `veritrain train --resume {run_dir.name}`")
+        if record.status == "completed":
+            raise UsageError(f"vt.start: resume={run_dir.name!r}: run {run_dir.name} is completed; start a new run (resume=None)")
+        if record.get("config_hash") != self.config_hash:
+            raise UsageError(f"vt.start: resume={run_dir.name!r}: the config differs from the run's ({_config_difference(record['config'], self._config)}); "
+                             "resume with the run's own config, or start a new run")
+        if self.replay is None and self._script is not None:
+            changed = script_module.code_difference(thawed(record), run_dir, self._script)
+            if changed:
+                raise UsageError(f"vt.start: resume={run_dir.name!r}: the code differs from the run's ({changed}); resume with the "
+                                 f"recorded code (`veritrain train --resume {run_dir.name}`), or start a new run")
+        recorded_inputs = (record.get("inputs") or {}).get("manifest_sha256")
+        if recorded_inputs != (self._binding if self._manifest is not None else None):
+            raise UsageError(f"vt.start: resume={run_dir.name!r}: the inputs differ from those the run bound; "
+                             f"`veritrain verify {run_dir.name}` names the files")
+        if not self.workspace.lock_is_stale(run_dir.name):
+            raise UsageError(f"vt.start: resume={run_dir.name!r}: another process is writing run {run_dir.name}; wait for it to end")
+        self.workspace.lock_run(run_dir.name)
+        self.id, self.dir = run_dir.name, run_dir
+        from veritrain.core.files import remove_unfinished
+
+        remove_unfinished(run_dir)
+        self._record = Recorder.resume(record, list(sys.argv))
+        self._facts.reads_file_variable = bool((record.get("script") or {}).get("reads_file"))
+        section = record.get("script") or {}
+        self.keep_last = int((section.get("checkpoints") or {}).get("keep_last", self.keep_last))
+        self.audit_every = int((section.get("checkpoints") or {}).get("audit_every", self.audit_every))
+        self._open_files(run_dir)
+        path, saved, problems = checkpoint_files.newest_valid(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else (None, None, [])
+        for problem in problems:
+            log.warning("checkpoint: %s; falling back to an older one", problem)
+        if saved is not None and path is not None:
+            if saved.get("config_hash") != self.config_hash or saved.get("data_version") != self._binding:
+                raise RunFailed(f"resume: {path.name} was saved with another config or other inputs; start a new run")
+            self._resumed_from = {"path": path, "state": saved}
+            log.info("run %s: resuming from checkpoints/%s (step %d)", run_dir.name, path.name, int(saved["loop"]["step"]))
+        else:
+            log.info("run %s: no checkpoint was saved yet; training from the beginning", run_dir.name)
+        self._record.add_events([{"kind": "resume", "step": int(saved["loop"]["step"]) if saved else 0,
+                                  "detail": f"from checkpoints/{path.name}" if saved and path else "no checkpoint yet: from the beginning"}])
+        self._write_env()
+        self._record.write()
+
+    def _begin_audit(self) -> None:
+        assert self.replay is not None
+        record = read_record(self.replay.run_dir)
+        if record.get("config_hash") != self.config_hash:
+            raise RunFailed(f"audit: the replayed script's config hashes to {self.config_hash[:12]}, the run's to "
+                            f"{str(record.get('config_hash'))[:12]} ({_config_difference(record['config'], self._config)})")
+        recorded_inputs = (record.get("inputs") or {}).get("manifest_sha256")
+        if recorded_inputs != (self._binding if self._manifest is not None else None):
+            raise RunFailed("audit: the inputs hash differently from those the run bound; `veritrain verify` names the files")
+        self._audit = {"entries": thawed(record.get("trajectory") or []), "checked": [], "record": record}
+
+    # ------------------------------------------------------------ the calls in the loop
+
+    def resume(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
+               scaler: Any = None, extra: Optional[dict[str, Any]] = None) -> bool:
+        """Register every piece of training state `run.checkpoint` saves, and restore it when the run continues (a
+        resume, or a replay from a checkpoint). Returns whether state was restored. On a new run the initial state
+        is hashed as trajectory entry 0."""
+        if self._state is not None:
+            raise UsageError("run.resume: called twice; register all state (model, optimizer, scheduler, scaler, extra) in one call")
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"run.resume: model is a {type(model).__name__}; give the torch.nn.Module being trained")
+        parts: dict[str, Any] = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
+        for name, value in {**{k: v for k, v in parts.items() if k != "model"}, **(extra or {})}.items():
+            if value is not None and not (callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))):
+                raise UsageError(f"run.resume: {name} is a {type(value).__name__} without state_dict()/load_state_dict(); "
+                                 "give an object that has both")
+        self._state = {**parts, "extra": dict(extra or {})}
+        self._facts.state_registered = True
+        start = self._start_state()
+        if start is not None:
+            self._restore(start)
+            return True
+        initial = self._gather("initial")
+        self._commit(initial)
+        return False
+
+    def _start_state(self) -> Optional[dict[str, Any]]:
+        """The state to restore: the resumed run's checkpoint, or an audit replay's start (None: from the beginning)."""
+        if self._resumed_from is not None:
+            return self._resumed_from["state"]
+        if self._audit is not None and self.replay is not None and self.replay.start_file is not None:
+            saved = checkpoint_files.load(Path(self.replay.start_file))
+            expected = self._audit["entries"][self.replay.start]["state_sha256"]
+            if trajectory.state_sha256(saved) != expected:
+                raise RunFailed(f"audit: {Path(self.replay.start_file).name} does not hold entry {self.replay.start}'s state")
+            return saved
+        return None
+
+    def _restore(self, saved: dict[str, Any]) -> None:
+        assert self._state is not None
+        state = self._state
+        state["model"].load_state_dict(saved["model"])
+        for name in ("optimizer", "scheduler", "scaler"):
+            if state[name] is not None:
+                if saved.get(name) is None:
+                    raise RunFailed(f"resume: the checkpoint holds no {name} state, and run.resume was given one; register the same state as the run did")
+                state[name].load_state_dict(saved[name])
+        for name, value in state["extra"].items():
+            if name not in (saved.get("extra") or {}):
+                raise RunFailed(f"resume: the checkpoint holds no extra[{name!r}]; register the same state as the run did")
+            value.load_state_dict(saved["extra"][name])
+        set_rng_state(saved["rng"])
+        loop = saved["loop"]
+        self._position = int(loop["step"])
+        self._saved_order = loop.get("order")
+        self._entries = list(loop.get("trajectory") or [])
+        if self.dir is not None:
+            checkpoint_files.discard_after(self.dir / "checkpoints", self._position)
+            _truncate_metrics(self.dir / METRICS, self._position)
+
+    def batches(self, n: int, batch_size: int, epochs: int, drop_last: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+        """(step, row indices) for every batch of the run from the resumed position: the order is a pure function of
+        (seed, epoch, batch) (veritrain.userloop.order), so a run resumed mid-epoch draws what it would have drawn."""
+        order = Order(n, batch_size, epochs, bool(drop_last), self.seed)
+        if self._saved_order is not None and order.difference(self._saved_order):
+            raise UsageError(f"run.batches: the run was saved with other batches ({order.difference(self._saved_order)}); "
+                             "give the same n, batch_size, epochs and drop_last")
+        if self._resumed_from is not None and self._state is None:
+            raise UsageError("run.batches: the run continues from a checkpoint; call run.resume(model=..., ...) before run.batches")
+        self._order = order
+        self._facts.batches_used = True
+        return self._iterate(order)
+
+    def _iterate(self, order: Order) -> Iterator[tuple[int, np.ndarray]]:
+        permutation, permuted_epoch = None, None
+        for step in range(self._position, order.total):
+            epoch = step // order.per_epoch
+            if permuted_epoch != epoch:
+                permutation, permuted_epoch = order.permutation(epoch + 1), epoch
+            self._current = step
+            yield step, order.rows(step, permutation)
+            self._position = step + 1
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Append {"step", **metrics} to metrics.jsonl (and TensorBoard when asked). Values: numbers, bools, strings,
+        or one-element tensors and NumPy scalars (read with .item()); a non-finite number is written as null and named
+        in the row's "non_finite"."""
+        if self.dir is None:
+            return  # an audit replay writes nothing
+        row: dict[str, Any] = {"step": _whole(step, "run.log: step")}
+        bad = []
+        for key, value in metrics.items():
+            value = _plain(value, f"run.log: {key}")
+            if isinstance(value, float) and not np.isfinite(value):
+                bad.append(key)
+                value = None
+            row[key] = value
+        if bad:
+            row["non_finite"] = bad
+        with open(self.dir / METRICS, "a", encoding="utf-8") as out:
+            out.write(json.dumps(row, sort_keys=True, allow_nan=False) + "\n")
+        if self._board is not None:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._board.add_scalar(key, value, row["step"])
+
+    def checkpoint(self, step: int, every: Every = None) -> bool:
+        """Save the training state after batch `step` when it is due (`every` steps, every "epoch" of run.batches, or
+        always): atomic, hashed, entered in the trajectory. Returns whether it saved."""
+        step = _whole(step, "run.checkpoint: step")
+        if self._state is None:
+            raise UsageError("run.checkpoint: no training state is registered; call run.resume(model=..., optimizer=...) first")
+        if self._current is not None and step != self._current:
+            raise UsageError(f"run.checkpoint: step {step}, but run.batches last gave step {self._current}; pass the step it gave")
+        position = step + 1
+        if not self._due(position, every):
+            return False
+        if self._entries and self._entries[-1]["step"] == position:
+            return False  # saved at this step already
+        self._position = position
+        self._facts.checkpoints += 1
+        self._save(self._gather("step"))
+        return True
+
+    def _due(self, position: int, every: Every) -> bool:
+        if every is None:
+            return True
+        if every == "epoch":
+            if self._order is None:
+                raise UsageError("run.checkpoint: every=\"epoch\" needs run.batches (it knows where an epoch ends); give every=<steps>")
+            return position % self._order.per_epoch == 0
+        if type(every) is not int or every < 1:
+            raise UsageError(f"run.checkpoint: every={every!r}; give a number of steps, \"epoch\" or None")
+        return position % every == 0
+
+    # ------------------------------------------------------------ the state
+
+    def _gather(self, reason: str) -> dict[str, Any]:
+        assert self._state is not None
+        state = self._state
+        order = self._order.as_dict() if self._order is not None else self._saved_order
+        per_epoch = self._order.per_epoch if self._order is not None else None
+        epochs_done = self._position // per_epoch if per_epoch else 0
+        gathered = {
+            "format_version": FORMAT_VERSION,
+            "reason": reason,
+            "model": state["model"].state_dict(),
+            "optimizer": state["optimizer"].state_dict() if state["optimizer"] is not None else None,
+            "scheduler": state["scheduler"].state_dict() if state["scheduler"] is not None else None,
+            "scaler": state["scaler"].state_dict() if state["scaler"] is not None else None,
+            "extra": {name: value.state_dict() for name, value in state["extra"].items()},
+            "rng": rng_state(),
+            "loop": {"step": self._position, "epochs_done": epochs_done, "order": order,
+                     "trajectory": list(self._entries), "other_saves": []},
+            "settings": {"device": _device_of(state["model"]), "threads": torch.get_num_threads()},
+            "config_hash": self.config_hash,
+            "data_version": self._binding,
+        }
+        try:
+            gathered["state_sha256"] = trajectory.state_sha256(gathered)
+        except TypeError as err:
+            raise UsageError(f"run.checkpoint: {err}; give state_dict()s of tensors, numbers and strings") from None
+        return gathered
+
+    def _epoch_of_position(self) -> int:
+        if self._order is None:
+            return 0
+        done, within = divmod(self._position, self._order.per_epoch)
+        return done if within == 0 else done + 1
+
+    def _commit(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Enter `state` in the trajectory (or, in an audit replay, check it against the recorded entry)."""
+        digest = state.pop("state_sha256")
+        entry = trajectory.entry(self._entries, self.config_hash, self._binding, self._position, self._epoch_of_position(),
+                                 digest, state_dict_sha256(state["model"]))
+        if self._audit is not None:
+            self._check_entry(entry)
+        self._entries.append(entry)
+        state["loop"] = {**state["loop"], "trajectory": list(self._entries)}
+        return entry
+
+    def _check_entry(self, entry: dict[str, Any]) -> None:
+        """An audit replay: the entry this replay reached against the recorded one at the same index."""
+        assert self._audit is not None and self.replay is not None
+        index = len(self._entries)
+        recorded = self._audit["entries"]
+        if index >= len(recorded):
+            self._audit["checked"].append({"entry": index, "verdict": "differs", "detail": "the replay saved past the recorded trajectory"})
+            raise ReplayStop()
+        expected = recorded[index]
+        same = (expected["step"], expected["state_sha256"]) == (entry["step"], entry["state_sha256"])
+        if index > self.replay.start or not same:  # the start itself is checked too when it is the initial state
+            self._audit["checked"].append({"entry": index, "step": entry["step"], "verdict": "identical" if same else "differs",
+                                           "state_sha256": entry["state_sha256"], "recorded_sha256": expected["state_sha256"]})
+        if not same or index >= self.replay.end:
+            raise ReplayStop()
+
+    def _save(self, state: dict[str, Any], final: bool = False) -> None:
+        self._commit(state)
+        if self.dir is None:
+            return
+        data = checkpoint_files.encode(state)
+        names = [f"step-{self._position}.pt"] + (["last.pt"] if final else [])
+        try:
+            checkpoint_files.write(self.dir / "checkpoints", data, names, self.keep_last,
+                                   keep=trajectory.audit_steps(self._entries, self.audit_every))
+        except OSError as err:
+            raise RunFailed(f"checkpoint: saving at step {self._position} failed ({err.strerror or err}); the previous checkpoint is intact") from None
+
+    # ------------------------------------------------------------ the end
+
+    def finish(self, metrics: Optional[dict[str, Any]] = None) -> None:
+        """End the run: save the final state (checkpoints/last.pt, the trajectory's last entry), record `metrics` as
+        coming from it, and seal. Called by leaving the `with` block when the script did not."""
+        if self._finished:
+            raise UsageError("run.finish: the run is already finished")
+        values = {key: _plain(value, f"run.finish: metrics[{key!r}]") for key, value in (metrics or {}).items()}
+        if self._current is not None:
+            self._position = max(self._position, self._current + 1)
+        if self._state is not None:
+            self._final_save()
+        if self._audit is not None:
+            self._audit["checked"].append({"entry": len(self._entries), "verdict": "ended",
+                                           "detail": "the replay finished before the segment's end"})
+            raise ReplayStop()
+        self._end("completed", values)
+
+    def _final_save(self) -> None:
+        state = self._gather("final")
+        if self._entries and self._entries[-1]["step"] == self._position and self._entries[-1]["state_sha256"] == state["state_sha256"] \
+                and len(self._entries) > 1:
+            state.pop("state_sha256")
+            state["loop"] = {**state["loop"], "trajectory": list(self._entries)}
+            if self.dir is not None:
+                checkpoint_files.write(self.dir / "checkpoints", checkpoint_files.encode(state), ["last.pt"], self.keep_last,
+                                       keep=trajectory.audit_steps(self._entries, self.audit_every) | {self._position})
+            return
+        self._save(state, final=True)
+
+    def _end(self, status: str, metrics: Optional[dict[str, Any]] = None, error: Optional[BaseException] = None) -> None:
+        """Record how the run ended and seal it."""
+        self._finished = True
+        _active.clear()
+        record = self._record
+        if record is None or self.dir is None:
+            return
+        try:
+            self._facts.deterministic = self.deterministic and torch.are_deterministic_algorithms_enabled()
+            self._facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+            if self._script is not None:
+                script_module.save_modules(self.dir, record.code)  # modules imported while it ran
+            if self._entries:
+                record.set(trajectory=trajectory.for_record(self._entries, self.dir / "checkpoints", self.audit_every), other_saves=[],
+                           training={"epochs": self._epoch_of_position(), "steps": self._position,
+                                     "loop_seconds": round(time.perf_counter() - self._started, 3)},
+                           final_state_sha256=self._entries[-1]["model_sha256"])
+            if status == "completed":
+                if metrics is not None:
+                    last = len(self._entries) - 1
+                    ref = {"index": last, "step": self._entries[last]["step"], "state_sha256": self._entries[last]["state_sha256"]} if self._entries else None
+                    record.set_metrics("final", {**metrics, **({"trajectory_entry": ref, "checkpoint": "checkpoints/last.pt"} if ref else {})})
+                record.completed()
+            elif status == "interrupted":
+                record.interrupted(type(error).__name__, str(error) or "interrupted")
+            else:
+                assert error is not None
+                log.error("run %s failed: %s: %s", self.id, type(error).__name__, error, extra=logs.FILE_ONLY)
+                log.debug("traceback:\n%s", "".join(traceback.format_exception(error)))
+                record.failed(error)
+            record.update_section("script", api={"batches": self._facts.batches_used, "checkpoints": self._facts.checkpoints,
+                                                 "state_registered": self._facts.state_registered})
+            record.set(guarantee=self._guarantee())
+            record.finish(time.perf_counter() - self._started)
+        finally:
+            self._close_files()
+            seal = record.write()
+            self.workspace.unlock_run(record.run_id)
+            _update_experiments(self.workspace)
+        log.info("run %s: %s, level %s; seal %s", self.id, record.status, self.level, seal)
+
+    def _close_files(self) -> None:
+        if self._board is not None:
+            self._board.close()
+            self._board = None
+        if self._log_file is not None:
+            logs.detach(self._log_file)
+            self._log_file = None
+        if self._previous_signal is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._previous_signal)
+            self._previous_signal = None
+
+    # ------------------------------------------------------------ the `with` block
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException], tb: Any) -> bool:
+        if isinstance(error, ReplayStop):
+            self._write_audit()
+            _active.clear()
+            raise SystemExit(0)
+        if self._audit is not None:
+            if error is None:
+                self._audit["checked"].append({"entry": len(self._entries), "verdict": "ended",
+                                               "detail": "the script ended before the segment's end"})
+                self._write_audit()
+            _active.clear()
+            return False
+        if self._finished:
+            return False
+        if error is None:
+            self.finish()
+            return False
+        if isinstance(error, (KeyboardInterrupt, Interrupted)):
+            self._end("interrupted", error=error)
+            if isinstance(error, Interrupted):
+                raise SystemExit(error.exit_code)
+            return False
+        self._end("failed", error=error)
+        return False
+
+    def _write_audit(self) -> None:
+        assert self._audit is not None and self.replay is not None and self.replay.out is not None
+        Path(self.replay.out).write_text(json.dumps({"checked": self._audit["checked"]}, indent=2) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _seed(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it before its first use
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _whole(value: Any, what: str) -> int:
+    if isinstance(value, (np.integer, torch.Tensor)) and getattr(value, "ndim", 0) == 0:
+        value = int(value)
+    if type(value) is not int or value < 0:
+        raise UsageError(f"{what}={value!r}; give the step run.batches gave (a whole number ≥ 0)")
+    return value
+
+
+def _plain(value: Any, what: str) -> Any:
+    """A metric as JSON holds it: a number, bool, string or None; a one-element tensor or NumPy value by its value."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if isinstance(value, (np.ndarray, np.generic)) and value.size == 1:
+        item = value.item()
+        if isinstance(item, (bool, int, float)):
+            return item
+    raise UsageError(f"{what}: a {type(value).__name__} is not a metric; give a number (float(x)), a bool or a string")
+
+
+def _device_of(model: torch.nn.Module) -> str:
+    for parameter in model.parameters():
+        return str(parameter.device)
+    return "cpu"
+
+
+def _truncate_metrics(path: Path, position: int) -> None:
+    """Keep the metrics.jsonl rows of the batches before `position` (those after it are logged again)."""
+    if not path.exists():
+        return
+    from veritrain.core.files import write_atomic
+
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not (isinstance(step := json.loads(line).get("step"), int) and step >= position)]
+    write_atomic(path, "".join(line + "\n" for line in kept).encode())
+
+
+def _config_difference(recorded: Any, now: dict[str, Any]) -> str:
+    from veritrain.records.experiments import config_diff
+
+    changed = config_diff(thawed(recorded), now)
+    items = [f"{key}: {a!r} → {b!r}" for key, (a, b) in list(changed.items())[:3]]
+    return ", ".join(items) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "") if items else "it hashes differently"
+
+
+def _update_experiments(workspace: Workspace) -> None:
+    from veritrain.records import experiments
+
+    if os.environ.get("VERITRAIN_DEFER_INDEX") == "1":
+        return
+    try:
+        experiments.write(workspace.state_dir, workspace.runs_dir, workspace.root / "experiments.md")
+    except Exception as err:  # the run is sealed; the log can be rebuilt any time
+        log.warning("experiments.md not updated (%s: %s); `veritrain runs reindex` rebuilds it", err.__class__.__name__, err)
+
+
+_hook_installed = {"done": False}
+
+
+def _install_excepthook() -> None:
+    """A veritrain error a script leaves uncaught is one line on stderr with its exit code (2: could not start, 1:
+    ran and failed), as the CLI reports it, not a traceback. Other exceptions keep Python's report."""
+    if _hook_installed["done"]:
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        if isinstance(error, VeritrainError):
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(error.exit_code)
+        previous(kind, error, tb)
+
+    sys.excepthook = hook
+    _hook_installed["done"] = True
+
