@@ -1,0 +1,157 @@
+"""The commands over what runs start from: the `data` group (prepare, report, diff) and the `config` group (show,
+keys)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from veritrain.cli import render
+from veritrain.cli.options import config_argument, json_option, set_option, workdir_option
+from veritrain.cli.render import emit_json
+
+
+@click.group("data")
+def data_group() -> None:
+    """Prepare, inspect and compare data versions."""
+
+
+@data_group.command("prepare")
+@config_argument
+@set_option
+@click.option("--rehash", is_flag=True, help="Hash every file again instead of trusting the stat cache.")
+@workdir_option
+@json_option
+def data_prepare(config: Optional[str], overrides: tuple[str, ...], rehash: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Validate, split and store the data of a config as a data version (reused when unchanged).
+
+    Bad files are quarantined (data.on_bad_file), duplicates kept in one split, and a report written
+    beside the version in .veritrain/data/<version>/.
+
+    \b
+    Example:
+      veritrain data prepare configs/digits.yaml --json
+    """
+    from veritrain.core.config import load_config
+    from veritrain.data import prepare
+    from veritrain.records.workspace import Workspace
+
+    resolved = load_config(config, overrides)
+    workspace = Workspace.open(workdir)
+    data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir, rehash=rehash)
+    report = data.report()
+    root = resolved.data_paths.get("root") if resolved.config.data.source in ("imagefolder", "csv", "labelmap") else None
+    payload = {
+        "data_version": data.version,
+        "counts": data.counts,
+        # stored files name samples relative to data.root; what is printed also gives where they are now
+        "quarantined": [{**q, "path": str(root / q["sample_id"]) if root else None} for q in report["quarantined"]],
+        "findings": report["findings"],
+        "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
+        "split_files": {name: str(data.path / "splits" / f"{name}.txt") for name in data.splits},
+        "report": {
+            "json": str(data.path / "data_report.json"),
+            "markdown": str(data.path / "data_report.md"),
+            "charts": [str(data.path / c) for c in report["charts"]],
+        },
+        "reused": data.reused,
+    }
+    if as_json:
+        emit_json(payload)
+    render.data_summary(data, report)
+    return 0
+
+
+@data_group.command("report")
+@click.argument("ref", metavar="VERSION|RUN")
+@workdir_option
+@json_option
+def data_report(ref: str, workdir: Optional[str], as_json: bool) -> int:
+    """Show the data report of a data version (id or prefix) or of the version a run used.
+
+    \b
+    Example:
+      veritrain data report latest
+    """
+    from veritrain.records.workspace import Workspace
+
+    path = Workspace.open(workdir).resolve_data_version(ref)
+    if as_json:
+        click.echo((path / "data_report.json").read_text(encoding="utf-8"), nl=False)
+    else:
+        click.echo((path / "data_report.md").read_text(encoding="utf-8"), nl=False)
+    return 0
+
+
+@data_group.command("diff")
+@click.argument("old", metavar="V1")
+@click.argument("new", metavar="V2")
+@workdir_option
+@json_option
+def data_diff(old: str, new: str, workdir: Optional[str], as_json: bool) -> int:
+    """Samples added, removed, relabelled or moved between splits from V1 to V2 (versions or runs).
+
+    Samples are matched by key (content hash or the source's id), and each move is counted by its cause:
+    under one split rule only samples whose key changed, whose group merged or split, or that were quarantined move.
+
+    \b
+    Example:
+      veritrain data diff 6ee98039 3fa1c2d4
+    """
+    from veritrain.data.report import diff
+    from veritrain.records.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    result = diff(workspace.resolve_data_version(old), workspace.resolve_data_version(new))
+    if as_json:
+        emit_json(result)
+        return 0
+    render.data_diff(result)
+    return 0
+
+
+@click.group("config")
+def config_group() -> None:
+    """Inspect run configs."""
+
+
+@config_group.command("show")
+@config_argument
+@set_option
+@workdir_option
+@json_option
+def config_show(config: Optional[str], overrides: tuple[str, ...], workdir: Optional[str], as_json: bool) -> int:
+    """Print the resolved config (defaults filled in, overrides applied, validated).
+
+    \b
+    Example:
+      veritrain config show configs/digits.yaml --set optim.lr=0.01
+    """
+    from veritrain.core.config import load_config
+
+    resolved = load_config(config, overrides)
+    if as_json:
+        emit_json({"config": resolved.as_dict(), "config_hash": resolved.hash, "source": resolved.source_label})
+    else:
+        render.config_yaml(resolved)
+    return 0
+
+
+@config_group.command("keys")
+@workdir_option
+@json_option
+def config_keys(workdir: Optional[str], as_json: bool) -> int:
+    """List every config key with its type, default and meaning (the table in docs/config.md).
+
+    \b
+    Example:
+      veritrain config keys
+    """
+    from veritrain.core.config import reference_markdown, reference_rows
+
+    if as_json:
+        emit_json({"keys": [dict(zip(("key", "type", "default", "meaning"), row)) for row in reference_rows()]})
+    else:
+        click.echo(reference_markdown(), nl=False)
+    return 0

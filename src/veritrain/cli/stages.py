@@ -1,0 +1,177 @@
+"""The stages on a finished run (`eval`, `baseline`, `export`, `predict`) and the `smoke` test of a config."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import click
+
+from veritrain.cli import render
+from veritrain.cli.options import config_argument, json_option, set_option, trust_code_option, use_current_code_option, workdir_option
+from veritrain.cli.render import emit_json
+from veritrain.core.errors import RunFailed, UserError
+
+
+@click.command("eval")
+@click.argument("ref", metavar="RUN", required=False)
+@click.option("--checkpoint", "which", default=None, metavar="best|last|PATH", help="Checkpoint to evaluate (default: best, or last when the run kept no best.pt).")
+@click.option("--split", type=click.Choice(["test", "val"]), default=None, help="Split to evaluate on (default: the run's eval.split).")
+@click.option("--predictions", type=click.Path(dir_okay=False), default=None, help="Recompute every metric from a predictions.csv alone (no RUN).")
+@click.option("--allow-data-drift", is_flag=True, help="Evaluate even when the data no longer matches the run's data version (recorded).")
+@trust_code_option()
+@use_current_code_option()
+@workdir_option
+@json_option
+def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str], predictions: Optional[str], allow_data_drift: bool,
+                 trust_code: bool, use_current_code: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Evaluate a run's checkpoint on its fixed split; writes eval/<split>/ and re-seals the run.
+
+    \b
+    Examples:
+      veritrain eval latest --checkpoint best --split test
+      veritrain eval --predictions runs/<id>/eval/test/predictions.csv --json
+    """
+    from pathlib import Path
+
+    from veritrain.results import evaluate
+
+    if predictions:
+        if ref:
+            raise UserError("--predictions: give either RUN or --predictions FILE, not both")
+        try:
+            metrics = evaluate.from_predictions(Path(predictions))
+        except FileNotFoundError:
+            raise UserError(f"--predictions {predictions}: no such file") from None
+        except ValueError as err:
+            raise UserError(f"--predictions {predictions}: {err}") from None
+    else:
+        if not ref:
+            raise UserError("veritrain eval: give a RUN (id, prefix, latest or folder) or --predictions FILE")
+        from veritrain.orchestration import pipeline
+        from veritrain.records.workspace import Workspace
+
+        workspace = Workspace.open(workdir)
+        done = pipeline.evaluate_run(workspace, ref, which, split, pipeline.python_argv(), allow_data_drift, trust_code, use_current_code)
+        metrics = done.result
+        render.eval_written(done, use_current_code)
+    if as_json:
+        emit_json(metrics)
+    else:
+        render.metrics_table(metrics)
+    return 0
+
+
+@click.command("baseline")
+@click.argument("ref", metavar="RUN|CONFIG")
+@set_option
+@trust_code_option()
+@workdir_option
+@json_option
+def baseline_command(ref: str, overrides: tuple[str, ...], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Majority-class and logistic-regression baselines on the same splits as a run (or a config).
+
+    \b
+    Examples:
+      veritrain baseline latest
+      veritrain baseline configs/digits.yaml --json
+    """
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
+
+    result = pipeline.baselines(Workspace.open(workdir), ref, overrides, trust_code)
+    if as_json:
+        emit_json(result)
+    else:
+        render.baselines(result)
+    return 0
+
+
+@click.command("export")
+@click.argument("ref", metavar="RUN")
+@click.option("--format", "formats", multiple=True, type=click.Choice(["onnx", "torchscript", "safetensors"]),
+              help="Format to write (repeatable; default: the run's export.formats, all three).")
+@click.option("--checkpoint", "which", default=None, metavar="best|last|PATH", help="Checkpoint to export (default: best, or last when the run kept no best.pt).")
+@trust_code_option()
+@use_current_code_option()
+@workdir_option
+@json_option
+def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], trust_code: bool, use_current_code: bool,
+                   workdir: Optional[str], as_json: bool) -> int:
+    """Export a run's model (ONNX, TorchScript, safetensors) with model.json and a parity check.
+
+    Exits 1 when an exported model does not give the trained model's answers on real test samples.
+
+    \b
+    Example:
+      veritrain export latest --format onnx
+    """
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    done = pipeline.export_run(workspace, ref, which, list(formats) or None, pipeline.python_argv(), trust_code, use_current_code)
+    render.export_written(done, use_current_code)
+    if as_json:
+        emit_json(done.result)
+    else:
+        render.exported(done.result, done.run_dir / "export")
+    return 0
+
+
+@click.command("predict")
+@click.argument("ref", metavar="RUN|EXPORT_DIR")
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.option("--top", type=click.IntRange(min=1), default=1, show_default=True, help="How many classes to show per file.")
+@workdir_option
+@json_option
+def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optional[str], as_json: bool) -> int:
+    """Classify image files with an exported model (ONNX) and its recorded preprocessing.
+
+    A file that cannot be read or decoded gets its own error; the others are still predicted (exit 1
+    if any failed).
+
+    \b
+    Example:
+      veritrain predict latest cat.png dog.jpg --top 3
+    """
+    from pathlib import Path
+
+    from veritrain.records.workspace import Workspace
+    from veritrain.results import export
+
+    candidate = Path(ref)
+    base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref, "export")
+    results = export.predict(export.find_export(base), files, top)
+    if as_json:
+        emit_json({"results": results})
+    else:
+        render.predictions(results)
+    failed = [r["file"] for r in results if not r["ok"]]
+    if failed:
+        raise RunFailed(f"{len(failed)} of {len(results)} file(s) could not be predicted: {', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}")
+    return 0
+
+
+@click.command("smoke")
+@config_argument
+@set_option
+@workdir_option
+@json_option
+def smoke_command(config: Optional[str], overrides: tuple[str, ...], workdir: Optional[str], as_json: bool) -> int:
+    """A tiny slice of a config through every stage (prepare, 2 training steps, checkpoint save +
+    load + resume, eval, export + parity) in seconds; recorded in .veritrain/smoke/.
+
+    \b
+    Example:
+      veritrain smoke configs/digits.yaml
+    """
+    from veritrain.core.config import load_config
+    from veritrain.orchestration import smoke
+    from veritrain.records.workspace import Workspace
+
+    result = smoke.run(load_config(config, overrides), Workspace.open(workdir))
+    if as_json:
+        emit_json(result)
+    else:
+        render.smoke(result)
+    return 0

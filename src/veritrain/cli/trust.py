@@ -1,0 +1,204 @@
+"""The commands that check a run and carry it elsewhere: `verify`, `check`, `reproduce`, `audit`, `archive` and
+`import`."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import click
+
+from veritrain.cli import render
+from veritrain.cli.options import json_option, trust_code_option, use_current_code_option, workdir_option
+from veritrain.cli.render import emit_json
+from veritrain.core.errors import RunFailed, UserError
+
+
+@click.command("verify")
+@click.argument("ref", metavar="RUN")
+@click.option("--expect", metavar="SEAL", help="The seal published for this run; verify fails when record.json does not hash to it.")
+@click.option("--strict", is_flag=True, help="Also fail on environment drift and on raw data that is not present.")
+@workdir_option
+@json_option
+def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Re-hash every file of a run against its sealed record, check the seal and the data version.
+
+    Exit 0 only when everything holds; 1 names every mismatching file.
+
+    \b
+    Example:
+      veritrain verify latest --expect 63a6a0c8...
+    """
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust.verify import verify_and_keep
+
+    if expect is not None and not re.fullmatch(r"[0-9a-f]{64}", expect.strip().lower()):
+        raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")
+    workspace = Workspace.open(workdir)
+    run_dir = workspace.resolve_run(ref)
+    result = {"run_id": run_dir.name, **verify_and_keep(run_dir, workspace.state_dir, expect=expect, strict=strict)}  # kept for `ui` and `check`
+    if as_json:
+        emit_json(result)
+    render.verify_findings(result)
+    if not result["ok"]:
+        raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
+                        + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
+    render.verified(run_dir.name, result)
+    return 0
+
+
+@click.command("check")
+@click.argument("ref", metavar="RUN")
+@workdir_option
+@json_option
+def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
+    """The completion checklist of a run: data, environment, training, evaluation, export, archive.
+
+    One row per item with pass / fail / missing / n/a / waived and the fix that clears it; exit 1 if
+    any item fails or is missing. A row that cannot pass for a stated reason is waived with a note:
+    `veritrain runs note RUN --waive ROW "reason"`.
+
+    \b
+    Example:
+      veritrain check latest
+    """
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust.check import PASSING, check_run
+
+    workspace = Workspace.open(workdir)
+    result = check_run(workspace.resolve_run(ref), workspace.state_dir)
+    if as_json:
+        emit_json(result)
+    render.checklist(result)
+    bad = [i["item"] for i in result["items"] if i["status"] not in PASSING]
+    if bad:
+        raise RunFailed(f"check {result['run']}: {len(bad)} item(s) not passed: {'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''}")
+    return 0
+
+
+@click.command("archive")
+@click.argument("ref", metavar="RUN")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False), help="The .tar.gz file to write.")
+@click.option("--with-data", is_flag=True, help="Include the prepared data version (manifest, splits, arrays).")
+@click.option("--with-audit", is_flag=True, help="Include the checkpoints kept only for audit (checkpoint.audit_every); without it they are left out, and listed.")
+@workdir_option
+@json_option
+def archive_command(ref: str, output: str, with_data: bool, with_audit: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Pack a sealed run (and optionally its data version) into one .tar.gz.
+
+    Checkpoints kept only for audit travel with --with-audit; without it the archive lists them as
+    left out, the import still verifies, and `veritrain audit` there replays from what remains.
+
+    \b
+    Example:
+      veritrain archive latest -o run.tar.gz --with-data
+    """
+    from pathlib import Path
+
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust import archive
+
+    workspace = Workspace.open(workdir)
+    result = archive.create(workspace.resolve_run(ref), workspace.state_dir, Path(output), with_data, with_audit=with_audit)
+    if as_json:
+        emit_json(result)
+    else:
+        render.archived(result)
+    return 0
+
+
+@click.command("import")
+@click.argument("archive_file", metavar="FILE")
+@workdir_option
+@json_option
+def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> int:
+    """Import an archived run: every hash is checked before anything is accepted; paths outside the
+    workspace, links, devices and files the record does not list are refused.
+
+    \b
+    Example:
+      veritrain import run.tar.gz --workdir elsewhere/
+    """
+    from pathlib import Path
+
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust import archive
+
+    workspace = Workspace.open(workdir)
+    result = archive.import_archive(Path(archive_file), workspace)
+    pipeline.update_experiments(workspace)
+    if as_json:
+        emit_json(result)
+    else:
+        render.imported(result)
+    render.imported_code(result)
+    return 0
+
+
+@click.command("reproduce")
+@click.argument("ref", metavar="RUN")
+@trust_code_option()
+@use_current_code_option(help="Train the reproduction with the current user code instead of the copies recorded with the run.")
+@workdir_option
+@json_option
+def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Re-run a completed run's recorded pipeline into a new run and compare weights and metrics.
+
+    Same config, seed and data version (refused when the data changed); only the data version is
+    reused. On the same kind of machine the verdict is `identical`.
+
+    \b
+    Example:
+      veritrain reproduce latest
+    """
+    from veritrain.orchestration import pipeline
+    from veritrain.orchestration.reproduce import reproduce
+    from veritrain.records.workspace import Workspace
+
+    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code, use_current_code=use_current_code)
+    if as_json:
+        emit_json(result)
+    render.reproduction(result)
+    if result["error"]:
+        raise RunFailed(f"reproduce: the new run did not complete: {result['error']}")
+    if result["verdict"] == "differs":
+        raise RunFailed(f"reproduce: run {result['reproduction']} differs from {result['original']}")
+    return 0
+
+
+@click.command("audit")
+@click.argument("ref", metavar="RUN")
+@click.option("--segments", type=click.IntRange(min=1), default=2, show_default=True, help="How many segments of the trajectory to replay, drawn at random.")
+@click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=None, help="Repeat an earlier audit's draw (default: a fresh random seed, printed).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result (JSON) to this file, outside the run.")
+@trust_code_option()
+@workdir_option
+@json_option
+def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+    """Replay random segments of a run's trajectory and demand the recorded state hashes, bit for bit.
+
+    Proves that the weights came from the recorded training at a fraction of `reproduce`'s cost.
+    Needs a machine like the recorded one (exit 2 with the difference otherwise); exit 1 when a
+    segment differs. Keep checkpoints for audit with checkpoint.audit_every.
+
+    \b
+    Example:
+      veritrain audit latest --segments 2
+    """
+    from pathlib import Path
+
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust import audit
+
+    result = audit.run(Workspace.open(workdir), ref, segments, seed, Path(out) if out else None, trust_code=trust_code)
+    if as_json:
+        emit_json(result)
+    render.audit(result)
+    if result["verdict"] != "identical":
+        bad = [str(v["segment"]) for v in result["segments"] if v["verdict"] == "differs"]
+        results = [r["what"] for r in result["results"] if r["verdict"] == "differs"]
+        raise RunFailed(f"audit {result['run_id']}: " + (f"segment(s) {', '.join(bad)} differ from the recorded trajectory: "
+                        "the weights did not come from the recorded training on this data" if bad else
+                        f"{', '.join(results)} differ from what the trajectory entry gives: the results did not come from the audited training"))
+    return 0
