@@ -96,9 +96,11 @@ def run_summary(outcome: RunOutcome) -> None:
         table.add_row("export parity", ("passed" if parity["passed"] else "FAILED: " + str(parity["reason"]))
                       + f" ({', '.join(parity['formats'])} on {parity['samples']} samples)")
     training = record.get("training") or {}
-    if training:
+    if training.get("best_metric"):
         best = training["best_metric"]
         table.add_row("best epoch", f"{training['best_epoch']} ({best['name']} {best['value']:.4f})")
+    if record.get("guarantee"):
+        table.add_row("guarantee", guarantee_text(record))
     table.add_row("data version", summary["data_version"] or "-")
     table.add_row("final state", summary["final_state_sha256"] or "-")
     table.add_row("duration", f"{outcome.seconds:.1f}s")
@@ -412,24 +414,28 @@ def run_record(run_dir: Path, record: dict[str, Any]) -> None:
     table.add_row("hypothesis", record.get("hypothesis") or "-")
     if record.get("error"):
         table.add_row("error", f"{record['error'].get('type')}: {record['error'].get('message')}", style="yellow")
-    try:
-        defaults = RunConfig().model_dump(mode="json")
-    except Exception:  # a default that cannot be built here (a plugin missing): show the config hash alone
-        defaults = None
-    changed = config_diff(defaults, record.get("config")) if defaults is not None else {}
-    table.add_row("config", f"{record.get('config_hash')} ({run_dir / 'config.yaml'})")
-    for key, (default, value) in changed.items():
-        table.add_row(f"  {key}", f"{json.dumps(value)} (default {json.dumps(default)})")
-    data = record.get("data") or {}
-    table.add_row("data version", f"{data.get('version') or '-'} ({data.get('source')}; "
-                  + ", ".join(f"{k} {v}" for k, v in (data.get("counts") or {}).items()) + ")")
+    if record.get("kind") == "script":
+        script_rows(table, record)
+    else:
+        try:
+            defaults = RunConfig().model_dump(mode="json")
+        except Exception:  # a default that cannot be built here (a plugin missing): show the config hash alone
+            defaults = None
+        changed = config_diff(defaults, record.get("config")) if defaults is not None else {}
+        table.add_row("config", f"{record.get('config_hash')} ({run_dir / 'config.yaml'})")
+        for key, (default, value) in changed.items():
+            table.add_row(f"  {key}", f"{json.dumps(value)} (default {json.dumps(default)})")
+        data = record.get("data") or {}
+        table.add_row("data version", f"{data.get('version') or '-'} ({data.get('source')}; "
+                      + ", ".join(f"{k} {v}" for k, v in (data.get("counts") or {}).items()) + ")")
     training = record.get("training") or {}
     if training:
         best = training.get("best_metric") or {}
         table.add_row("training", f"{training.get('epochs')} epochs, {training.get('steps')} steps; best epoch {training.get('best_epoch')}"
                       + (f" ({best.get('name')} {best['value']:.4f})" if isinstance(best.get("value"), float) else ""))
     for split, metrics in (record.get("metrics") or {}).items():
-        shown = ", ".join(f"{name} {metrics[name]:.4f}" for name in HEADLINE_METRICS if isinstance(metrics.get(name), float))
+        names = HEADLINE_METRICS if record.get("kind") != "script" else [k for k, v in metrics.items() if isinstance(v, float)]
+        shown = ", ".join(f"{name} {metrics[name]:.4f}" for name in names if isinstance(metrics.get(name), float))
         table.add_row(f"{split} metrics", shown or "-")
     for name, result in ((record.get("baselines") or {}).get("results") or {}).items():
         table.add_row(f"baseline {name}", f"accuracy {result.get('accuracy', float('nan')):.4f}")
@@ -451,6 +457,24 @@ def run_record(run_dir: Path, record: dict[str, Any]) -> None:
         table.add_row(label, f"{note['text']} ({str(note.get('at', ''))[:19]})")
     table.add_row("files", f"{len(record.get('artifacts') or {})} in {run_dir}; check them: veritrain verify {record['run_id']} --expect {seal}")
     logs.print_table(table)
+
+
+def guarantee_text(record: dict[str, Any]) -> str:
+    """A script's run's guarantee level and why it is not higher, in a line."""
+    guarantee = record.get("guarantee") or {}
+    reasons = guarantee.get("reasons") or []
+    return str(guarantee.get("level")) + (f": {'; '.join(reasons)}" if reasons else ": reproduce and audit replay it")
+
+
+def script_rows(table: Any, record: dict[str, Any]) -> None:
+    """The rows of `runs show` that only a script's run (veritrain.start) has."""
+    script, inputs = record.get("script") or {}, record.get("inputs") or {}
+    table.add_row("guarantee", guarantee_text(record))
+    table.add_row("script", f"{script.get('path') or '-'} (recorded as {script.get('file') or 'nothing'})")
+    table.add_row("command", " ".join(script.get("orig_argv") or record.get("argv") or []) + f"  (in {script.get('cwd')})")
+    table.add_row("config", f"{record.get('config_hash')}: " + json.dumps(record.get("config"), sort_keys=True)[:400])
+    table.add_row("inputs", f"{inputs.get('files')} file(s), {inputs.get('bytes')} bytes of {', '.join(inputs.get('paths') or [])}; "
+                  f"manifest {inputs.get('manifest_sha256')}" if inputs else "- (none bound)")
 
 
 def run_comparison(comparison: dict[str, Any]) -> None:

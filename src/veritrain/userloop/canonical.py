@@ -64,5 +64,6 @@ def _value(value: Any, key: str) -> Any:
     nested = _as_mapping(value)
     if nested is not None:
         return {name: _value(item, f"{key}.{name}") for name, item in _items(nested, key)}
-    raise UserError(f"config: {key}: a {type(value).__module__}.{type(value).__qualname__} cannot be recorded exactly; "
+    kind = type(value).__qualname__ if type(value).__module__ == "builtins" else f"{type(value).__module__}.{type(value).__qualname__}"
+    raise UserError(f"config: {key}: a {kind} cannot be recorded exactly; "
                     "give it as a number, string, bool, list or dict (for example float(x) or x.tolist())")

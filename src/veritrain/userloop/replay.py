@@ -70,8 +70,9 @@ def launch(record: Record, workspace: Workspace, spec: ReplaySpec, quiet: bool =
     env = {**os.environ, REPLAY_VARIABLE: spec.to_environment(), "VERITRAIN_WORKSPACE": str(workspace.root)}
     src = str(Path(__file__).resolve().parents[2])  # veritrain itself, importable in the child as here
     env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    # the script's own output is progress here: stderr, so that a command's report (and --json) alone is on stdout
     return subprocess.run([executable, "-m", "veritrain.userloop.launch"], cwd=cwd, env=env, text=True,
-                          capture_output=quiet)
+                          stdout=subprocess.PIPE if quiet else sys.stderr, stderr=subprocess.PIPE if quiet else None)
 
 
 def reproduce(workspace: Workspace, run_dir: Path) -> Path:
@@ -92,11 +93,11 @@ def reproduce(workspace: Workspace, run_dir: Path) -> Path:
 def resume(workspace: Workspace, run_dir: Path) -> int:
     """Continue the run with its recorded command and code; returns the command's exit code."""
     record = read_record(run_dir)
+    if record.status == "completed":
+        raise UserError(f"--resume {run_dir.name}: the run is completed; nothing to resume")
     why = refusal(record, "train --resume")
     if why:
         raise UserError(why)
-    if record.status == "completed":
-        raise UserError(f"--resume {run_dir.name}: the run is completed; nothing to resume")
     return launch(record, workspace, ReplaySpec("resume", run_dir)).returncode
 
 

@@ -290,8 +290,6 @@ class Run:
         if record.get("kind") != KIND:
             raise UsageError(f"vt.start: resume={run_dir.name!r}: run {run_dir.name} is a {record.get('kind')} run, not a script's; "
                              f"continue it with `veritrain train --resume {run_dir.name}`")
-        if record.status == "completed":
-            raise UsageError(f"vt.start: resume={run_dir.name!r}: run {run_dir.name} is completed; start a new run (resume=None)")
         if record.get("config_hash") != self.config_hash:
             raise UsageError(f"vt.start: resume={run_dir.name!r}: the config differs from the run's ({_config_difference(record['config'], self._config)}); "
                              "resume with the run's own config, or start a new run")
@@ -304,6 +302,8 @@ class Run:
         if recorded_inputs != (self._binding if self._manifest is not None else None):
             raise UsageError(f"vt.start: resume={run_dir.name!r}: the inputs differ from those the run bound; "
                              f"`veritrain verify {run_dir.name}` names the files")
+        if record.status == "completed":
+            raise UsageError(f"vt.start: resume={run_dir.name!r}: run {run_dir.name} is completed; start a new run (resume=None)")
         if not self.workspace.lock_is_stale(run_dir.name):
             raise UsageError(f"vt.start: resume={run_dir.name!r}: another process is writing run {run_dir.name}; wait for it to end")
         self.workspace.lock_run(run_dir.name)

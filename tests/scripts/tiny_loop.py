@@ -1,0 +1,68 @@
+"""A tiny training script with veritrain's API, for the tests (tests/test_api.py): 96 rows of data/train.csv,
+a two-layer MLP, 6 batches an epoch, a checkpoint every 3 steps.
+
+Options pick what the script does: --own-order (its own shuffling: a `bound` run), --no-inputs (a `logged` run),
+--bad-config, --nested. Environment variables (never recorded, so a replay does not see them) plant faults:
+TINY_KILL_AT=STEP kills the process (SIGKILL) after that step, TINY_FAIL_AT=STEP raises, TINY_NOISE=1 changes the
+training (an audit or reproduction must then differ)."""
+
+import argparse
+import os
+import signal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import veritrain as vt
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--lr", type=float, default=0.1)
+parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--resume", default=None)
+parser.add_argument("--own-order", action="store_true")
+parser.add_argument("--no-inputs", action="store_true")
+parser.add_argument("--bad-config", action="store_true")
+parser.add_argument("--nested", action="store_true")
+args = parser.parse_args()
+config = {"epochs": args.epochs, "lr": args.lr, "seed": args.seed, "own_order": args.own_order}
+if args.bad_config:
+    config["layers"] = {16, 32}  # a set: not recordable
+kill_at = int(os.environ.get("TINY_KILL_AT", -1))
+fail_at = int(os.environ.get("TINY_FAIL_AT", -1))
+
+table = np.loadtxt("data/train.csv", delimiter=",", dtype=np.float32)
+x, y = torch.from_numpy(table[:, :8]), torch.from_numpy(table[:, 8]).long()
+
+with vt.start(config=config, name="tiny", inputs=None if args.no_inputs else ["data/train.csv"], resume=args.resume,
+              keep_last=2, audit_every=2) as run:
+    if args.nested:
+        vt.start(config=config)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=run.config["lr"], momentum=0.9)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+    run.resume(model=model, optimizer=optimizer, scheduler=schedule)
+    if args.own_order:
+        batches = enumerate(torch.randperm(96).reshape(-1, 16).repeat(run.config["epochs"], 1))
+    else:
+        batches = run.batches(n=len(y), batch_size=16, epochs=run.config["epochs"])
+    for step, rows in batches:
+        loss = F.cross_entropy(model(x[rows]), y[rows])
+        if os.environ.get("TINY_NOISE"):
+            loss = loss * 1.01
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        run.log(step, loss=loss.item())
+        run.checkpoint(step, every=3)
+        if step == fail_at:
+            raise RuntimeError(f"planted failure at step {step}")
+        if step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    with torch.no_grad():
+        accuracy = (model.eval()(x).argmax(1) == y).float().mean().item()
+    run.finish(metrics={"train_accuracy": accuracy})
+print(run.id, run.level)

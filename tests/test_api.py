@@ -1,0 +1,195 @@
+"""`veritrain.start` end to end (docs/api.md): a user's own training script (tests/scripts/tiny_loop.py) run as the
+user runs it, then verified, reproduced, audited, killed and resumed; each guarantee level tried with every command
+that could claim more than it. The pure parts are tests/test_userloop_units.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, veritrain
+
+SCRIPT = ROOT / "tests" / "scripts" / "tiny_loop.py"
+
+
+@dataclass
+class Place:
+    """A working directory with the script and its data: the workspace is the same folder."""
+
+    root: Path
+
+    @property
+    def script(self) -> Path:
+        return self.root / "tiny_loop.py"
+
+    def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(self.script), *args], cwd=self.root, capture_output=True, text=True,
+                              env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}, timeout=300)
+
+    def record(self, run_id: str) -> dict:
+        return json.loads((self.root / "runs" / run_id / "record.json").read_text())
+
+
+def make_place(root: Path) -> Place:
+    (root / "data").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 8))
+    y = (x[:, 0] > 0).astype(int) + (x[:, 1] > 0.5)
+    np.savetxt(root / "data" / "train.csv", np.column_stack([x, y]), delimiter=",", fmt="%.6f")
+    shutil.copyfile(SCRIPT, root / "tiny_loop.py")
+    return Place(root)
+
+
+def run_id_of(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()[-2]
+
+
+@pytest.fixture(scope="module")
+def place(tmp_path_factory) -> Place:
+    return make_place(tmp_path_factory.mktemp("own"))
+
+
+@pytest.fixture(scope="module")
+def own_run(place) -> str:
+    """One replayable run of the script, made as the user makes it."""
+    return run_id_of(place.run())
+
+
+def test_a_run_records_the_config_script_inputs_and_trajectory_and_verifies(place, own_run):
+    record = place.record(own_run)
+    assert record["kind"] == "script" and record["status"] == "completed"
+    assert record["guarantee"] == {"level": "replayable", "reasons": []}
+    assert record["config"] == {"epochs": 2, "lr": 0.1, "seed": 0, "own_order": False}
+    script = record["script"]
+    assert script["file"] == "code/script/tiny_loop.py" and script["path"] == str(place.script)
+    assert (place.root / "runs" / own_run / script["file"]).read_bytes() == place.script.read_bytes()
+    assert script["argv"] == [str(place.script)] and script["cwd"] == str(place.root) and not script["reads_file"]
+    assert record["inputs"]["paths"] == ["data/train.csv"] and record["inputs"]["files"] == 1
+    steps = [entry["step"] for entry in record["trajectory"]]
+    assert steps == [0, 3, 6, 9, 12]  # the initial state, every 3 steps, and the final state (step 12) once
+    assert record["training"]["steps"] == 12 and record["final_state_sha256"] == record["trajectory"][-1]["model_sha256"]
+    assert record["metrics"]["final"]["trajectory_entry"]["index"] == 4
+    rows = [json.loads(line) for line in (place.root / "runs" / own_run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(12))
+    done = veritrain("verify", own_run, "--json", cwd=place.root)
+    assert done.code == 0, done.stdout
+    assert "1 input file(s)" in done.json()["raw_data"]
+
+
+def test_one_changed_byte_of_an_input_or_of_the_recorded_script_fails_verify(place, own_run):
+    for path, named in ((place.root / "data" / "train.csv", "data/train.csv"),
+                        (place.root / "runs" / own_run / "code" / "script" / "tiny_loop.py", "code/script/tiny_loop.py")):
+        content = path.read_bytes()
+        path.write_bytes(content[:10] + bytes([content[10] ^ 1]) + content[11:])
+        try:
+            done = veritrain("verify", own_run, "--json", cwd=place.root)
+        finally:
+            path.write_bytes(content)
+        assert done.code == 1
+        assert [p["path"] for p in done.json()["problems"]] == [named], done.stdout
+    assert veritrain("verify", own_run, cwd=place.root).code == 0
+
+
+def test_reproduce_replays_the_recorded_copy_and_names_an_edited_working_copy(place, own_run):
+    original = place.script.read_text()
+    place.script.write_text(original.replace("loss = loss * 1.01", "loss = loss * 1.5"))  # an edit after the run
+    try:
+        done = veritrain("reproduce", own_run, "--json", cwd=place.root)
+    finally:
+        place.script.write_text(original)
+    assert done.code == 0, done.stderr
+    assert done.json()["verdict"] == "identical"
+    edited = [line for line in done.stderr.splitlines() if "differs from the copy recorded" in line]
+    assert len(edited) == 1 and "tiny_loop.py" in edited[0] and "line" in edited[0], done.stderr
+    new = done.json()["reproduction"]
+    assert place.record(new)["reproduced_from"] == own_run
+
+
+def test_audit_replays_segments_identically_and_finds_a_training_that_differs(place, own_run):
+    done = veritrain("audit", own_run, "--segments", "2", "--seed", "5", "--json", cwd=place.root)
+    assert done.code == 0, done.stderr
+    result = done.json()
+    assert result["verdict"] == "identical" and result["segments_audited"] >= 2
+    assert {s["verdict"] for s in result["segments"]} == {"identical"}
+    assert not list((place.root / "runs" / own_run).glob("**/*.tmp"))
+    assert veritrain("verify", own_run, cwd=place.root).code == 0  # the audit wrote nothing into the run
+    os.environ["TINY_NOISE"] = "1"  # the replayed script now trains differently (the variable is not recorded)
+    try:
+        differs = veritrain("audit", own_run, "--segments", "1", "--seed", "5", "--json", cwd=place.root)
+    finally:
+        del os.environ["TINY_NOISE"]
+    assert differs.code == 1 and differs.json()["verdict"] == "differs", differs.stdout
+
+
+def test_kill_9_then_both_ways_of_continuing_end_bit_identical(place, own_run):
+    killed = place.run(env={"TINY_KILL_AT": "4"})
+    assert killed.returncode == -signal.SIGKILL
+    run_id = sorted((place.root / "runs").iterdir())[-1].name
+    assert place.record(run_id)["status"] == "running"
+    new = place.run()  # resume=None: a new run, and one line names the interrupted one; two runs end in the same state
+    assert f"run {run_id} of this script and config was interrupted" in new.stderr
+    assert place.record(run_id_of(new))["final_state_sha256"] == place.record(own_run)["final_state_sha256"]
+    again = place.run("--resume", "auto", env={"TINY_KILL_AT": "8"})  # continues the killed run, and is killed again
+    assert again.returncode == -signal.SIGKILL, again.stderr
+    assert f"run {run_id}: resuming from checkpoints/step-3.pt" in again.stderr
+    done = veritrain("train", "--resume", run_id, cwd=place.root)  # the recorded command, with the recorded code
+    assert done.code == 0, done.stderr
+    resumed, original = place.record(run_id), place.record(own_run)
+    assert resumed["status"] == "completed" and len(resumed["resumes"]) == 2
+    assert resumed["final_state_sha256"] == original["final_state_sha256"]
+    assert [e["chain"] for e in resumed["trajectory"]] == [e["chain"] for e in original["trajectory"]]
+    assert (place.root / "runs" / run_id / "metrics.jsonl").read_text() == (place.root / "runs" / own_run / "metrics.jsonl").read_text()
+    assert veritrain("verify", run_id, cwd=place.root).code == 0
+
+
+def test_resume_with_another_config_is_refused_with_the_difference(place, own_run):
+    done = place.run("--resume", own_run, "--lr", "0.2")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (f"error: vt.start: resume={own_run!r}: the config differs from the run's (lr: 0.1 → 0.2); "
+                                                    "resume with the run's own config, or start a new run")
+
+
+@pytest.mark.parametrize("flag, level, reason", [("--own-order", "bound", "run.batches was not used"),
+                                                 ("--no-inputs", "logged", "no inputs were bound")])
+def test_a_run_below_replayable_verifies_and_reproduce_and_audit_refuse_with_the_reason(place, flag, level, reason):
+    run_id = run_id_of(place.run(flag))
+    record = place.record(run_id)
+    assert record["guarantee"]["level"] == level and any(reason in r for r in record["guarantee"]["reasons"])
+    assert veritrain("verify", run_id, cwd=place.root).code == 0
+    for command in (["reproduce", run_id], ["audit", run_id], ["train", "--resume", run_id]):
+        done = veritrain(*command, cwd=place.root)
+        if command[0] == "train":  # a completed run: nothing to resume, whatever its level
+            assert done.code == 2 and "completed" in done.stderr
+            continue
+        assert done.code == 2, (command, done.stdout, done.stderr)
+        assert f"a {level} run, so {command[0]} cannot replay it" in done.stderr and reason in done.stderr
+
+
+def test_a_failure_ends_the_run_failed_with_its_traceback_in_the_log(place):
+    done = place.run(env={"TINY_FAIL_AT": "2"})
+    assert done.returncode == 1 and "RuntimeError: planted failure at step 2" in done.stderr
+    run_id = sorted((place.root / "runs").iterdir())[-1].name
+    record = place.record(run_id)
+    assert record["status"] == "failed" and record["error"]["type"] == "RuntimeError"
+    assert "planted failure at step 2" in (place.root / "runs" / run_id / "train.log").read_text()
+    assert veritrain("verify", run_id, cwd=place.root).code == 0
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--bad-config", "error: config: layers: a set cannot be recorded exactly"),
+    ("--nested", "is still active in this process"),
+])
+def test_bad_use_is_one_line_and_exit_2(place, flag, message):
+    done = place.run(flag)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert message in done.stderr.strip().splitlines()[-1]
