@@ -158,20 +158,68 @@ def test_resume_with_another_config_is_refused_with_the_difference(place, own_ru
                                                     "resume with the run's own config, or start a new run")
 
 
-@pytest.mark.parametrize("flag, level, reason", [("--own-order", "bound", "run.batches was not used"),
-                                                 ("--no-inputs", "logged", "no inputs were bound")])
-def test_a_run_below_replayable_verifies_and_reproduce_and_audit_refuse_with_the_reason(place, flag, level, reason):
-    run_id = run_id_of(place.run(flag))
+@pytest.fixture(scope="module")
+def bound_run(place) -> str:
+    return run_id_of(place.run("--own-order"))
+
+
+@pytest.fixture(scope="module")
+def logged_run(place) -> str:
+    return run_id_of(place.run("--no-inputs"))
+
+
+REASONS = {"bound": "run.batches was not used", "logged": "no inputs were bound"}
+
+
+@pytest.mark.parametrize("level", ["bound", "logged"])
+def test_a_run_below_replayable_verifies_and_reproduce_and_audit_refuse_with_the_reason(place, bound_run, logged_run, level):
+    run_id = {"bound": bound_run, "logged": logged_run}[level]
     record = place.record(run_id)
-    assert record["guarantee"]["level"] == level and any(reason in r for r in record["guarantee"]["reasons"])
+    assert record["guarantee"]["level"] == level and any(REASONS[level] in r for r in record["guarantee"]["reasons"])
     assert veritrain("verify", run_id, cwd=place.root).code == 0
-    for command in (["reproduce", run_id], ["audit", run_id], ["train", "--resume", run_id]):
-        done = veritrain(*command, cwd=place.root)
-        if command[0] == "train":  # a completed run: nothing to resume, whatever its level
-            assert done.code == 2 and "completed" in done.stderr
-            continue
+    for command in ("reproduce", "audit"):
+        done = veritrain(command, run_id, cwd=place.root)
         assert done.code == 2, (command, done.stdout, done.stderr)
-        assert f"a {level} run, so {command[0]} cannot replay it" in done.stderr and reason in done.stderr
+        assert f"a {level} run, so {command} cannot replay it" in done.stderr and REASONS[level] in done.stderr
+
+
+@pytest.mark.parametrize("level", ["replayable", "bound", "logged"])
+def test_every_command_on_each_level_claims_no_more_than_it(place, own_run, bound_run, logged_run, level, tmp_path):
+    from veritrain.records.workspace import Workspace
+    from veritrain.web import views
+
+    run_id = {"replayable": own_run, "bound": bound_run, "logged": logged_run}[level]
+    shown = veritrain("runs", "show", run_id, cwd=place.root)
+    assert shown.code == 0 and f"{level}:" in shown.stdout
+    listed = veritrain("runs", "list", "--json", cwd=place.root).json()
+    assert run_id in json.dumps(listed)
+    rows = {row["id"]: row for row in veritrain("check", run_id, "--json", cwd=place.root).json()["items"]}
+    assert rows["run_verifies"]["status"] == "pass"
+    assert rows["auditable"]["status"] == ("pass" if level == "replayable" else "missing")
+    if level != "replayable":
+        assert f"a {level} run" in rows["auditable"]["detail"] and REASONS[level] in rows["auditable"]["detail"]
+    assert rows["data_versioned"]["status"] == ("missing" if level == "logged" else "pass")
+    not_applicable = [row for row in rows.values() if row["status"] == "n/a"]
+    assert len(not_applicable) == 10 and all(row["detail"].startswith("a script's run: ") for row in not_applicable)
+    page = views.run_page(Workspace.open(place.root), run_id)
+    assert page["guarantee"]["level"] == level and page["script"]["file"] == "code/script/tiny_loop.py"
+    for command in ("eval", "export", "baseline"):
+        done = veritrain(command, run_id, cwd=place.root)
+        assert done.code == 2 and "is a script's run" in done.stderr, (command, done.stderr)
+    site = tmp_path / "site"
+    assert veritrain("publish", run_id, "--out", str(site), cwd=place.root).code == 0
+    assert f'data-level="{level}"' in (site / "runs" / f"{run_id}.html").read_text()
+    archive = tmp_path / "run.tar.gz"
+    assert veritrain("archive", run_id, "--output", str(archive), cwd=place.root).code == 0
+    elsewhere = tmp_path / "elsewhere"
+    assert veritrain("import", str(archive), "--workdir", str(elsewhere)).code == 0
+    assert veritrain("verify", run_id, "--workdir", str(elsewhere)).code == 0
+    assert (elsewhere / "runs" / run_id / "code" / "script" / "tiny_loop.py").read_bytes() == place.script.read_bytes()
+    refused = veritrain("reproduce", run_id, "--workdir", str(elsewhere))
+    assert refused.code == 2
+    assert ("--trust-code" if level == "replayable" else f"a {level} run") in refused.stderr, refused.stderr
+    assert veritrain("gc", "--workdir", str(elsewhere)).code == 0
+    assert veritrain("verify", run_id, "--workdir", str(elsewhere)).code == 0
 
 
 def test_a_failure_ends_the_run_failed_with_its_traceback_in_the_log(place):

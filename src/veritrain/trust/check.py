@@ -153,6 +153,8 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     if kind == "baseline":  # a baseline run trains nothing: its training rows do not apply
         for row in TRAINING_ROWS:
             rows[row] = ("n/a", None, "baseline run: no model is trained")
+    if kind == "script":
+        _script_rows(run_dir, record, rows)
     waived = {n.get("waive"): n.get("text") for n in read_notes(run_dir) if isinstance(n.get("waive"), str)}
     items = []
     for row, (state, fix, detail) in rows.items():
@@ -160,6 +162,43 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
             state, detail = "waived", f"waived: {waived[row]}" + (f" ({detail})" if detail else "")
         items.append({"id": row, "item": ROWS[row], "status": state, "detail": detail, "fix": None if state in PASSING else fix})
     return {"ok": all(i["status"] in PASSING for i in items), "run": run, "items": items}
+
+
+SCRIPT_NOT_APPLICABLE = {
+    "no_leakage": "its data are the script's own inputs, bound by content, not a veritrain data version with splits",
+    "achieved_split": "its data are the script's own inputs: veritrain made no split",
+    "normalization_from_train": "the script computes its own normalization, which veritrain does not see",
+    "smoke_passed": "veritrain's smoke test runs its own loop, not a script",
+    "baseline_present": "veritrain's baselines need a veritrain data version",
+    "test_metrics": "its evaluation is the script's own (metrics.final), on splits veritrain did not make",
+    "selection_on_validation": "veritrain selected nothing; what the script selects, and on which split, is its own",
+    "bad_cases": "its evaluation is the script's own",
+    "beats_baseline": "veritrain's baselines need a veritrain data version",
+    "export_parity": "`veritrain export` builds veritrain's models, not a script's",
+}
+
+
+def _script_rows(run_dir: Path, record: dict[str, Any], rows: dict[str, tuple[str, Optional[str], str]]) -> None:
+    """The rows of a script's run (veritrain.start): those that do not apply say n/a and why; the data row is its inputs,
+    the audit row its guarantee level (docs/api.md)."""
+    for row, why in SCRIPT_NOT_APPLICABLE.items():
+        rows[row] = ("n/a", None, f"a script's run: {why}")
+    run = run_dir.name
+    inputs = record.get("inputs") or {}
+    rows["data_versioned"] = (("pass", None, f"{inputs.get('files')} input file(s) bound by content (manifest {str(inputs.get('manifest_sha256'))[:12]})")
+                              if inputs else ("missing", "give veritrain.start inputs=[...] (the files it trains on) in a new run", "no inputs were bound"))
+    rows["hyperparameters_recorded"] = ("pass" if isinstance(record.get("config"), dict) else "missing", "run the script again", "the config given to veritrain.start")
+    script = record.get("script") or {}
+    if rows["code_version"][0] == "pass":
+        rows["code_version"] = (("pass", None, rows["code_version"][2] + f"; script {script.get('file')}") if script.get("file")
+                                else ("missing", "run the script from a file (not stdin, -c or a notebook)", "the script could not be recorded"))
+    if status_fix := {"interrupted": f"veritrain train --resume {run}", "running": f"veritrain train --resume {run}"}.get(str(record.get("status"))):
+        state, _, detail = rows["log_complete"]
+        rows["log_complete"] = (state, status_fix, detail)
+    guarantee = record.get("guarantee") or {}
+    if guarantee.get("level") != "replayable" and len(record.get("trajectory") or []) >= 2:
+        rows["auditable"] = ("missing", "make the run replayable (docs/api.md: guarantee levels) in a new run",
+                             f"a {guarantee.get('level')} run: " + "; ".join(guarantee.get("reasons") or []))
 
 
 def _config_path(run_dir: Path) -> str:
@@ -229,7 +268,9 @@ def _auditable_row(run_dir: Path, record: dict[str, Any], state_dir: Path, new_r
         return "fail", f"restore the run's checkpoints (import its archive again); `veritrain verify {run_dir.name}` lists them", \
             f"the kept checkpoints do not follow the keep rule: {broken[0]['path']}: {broken[0]['detail']}"
     version = (record.get("data") or {}).get("version")
-    if not version or not (state_dir / "data" / str(version) / "version.json").is_file():
+    if record.get("kind") == "script":
+        version = None  # its inputs are checked by verify, and its level says whether it replays
+    elif not version or not (state_dir / "data" / str(version) / "version.json").is_file():
         return "missing", f"veritrain data prepare {_config_path(run_dir)} (or import the run's archive made --with-data)", \
             f"the data version {str(version)[:12]} is not here: a replay needs it"
     from veritrain.records.usercode import CODE_DIR, recorded_listing

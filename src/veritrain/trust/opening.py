@@ -126,8 +126,9 @@ def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: Mapping[s
         named = (f"its config names code (model.target {str(target)[:80]!r})" if target
                  else f"it is a script's run (its recorded script {str(script)[:80]} is code)" if script
                  else f"its record names code ({len(files)} recorded module(s), e.g. {str(files[0].get('module'))[:80]})")
+        consequence = "replaying it would run that code" if script else "building its model would run that code"
         raise UserError(f"{run_dir.name}: {named} and this workspace did not start the run "
-                        "(imported, copied or given as a folder): building its model would run that code; read it, then pass --trust-code")
+                        f"(imported, copied or given as a folder): {consequence}; read it, then pass --trust-code")
 
 
 def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str, decided_next: tuple[str, ...] = ()) -> None:

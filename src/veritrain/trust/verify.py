@@ -526,7 +526,7 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
     worst = "identical"
     if len(epochs_a) != len(epochs_b):
         worst = "differs"
-        first = {"where": "metrics.jsonl", "detail": f"{len(epochs_a)} epochs vs {len(epochs_b)}"}
+        first = {"where": "metrics.jsonl", "detail": f"{len(epochs_a)} {'epochs' if all('epoch' in r for r in epochs_a) else 'rows'} vs {len(epochs_b)}"}
     for row_a, row_b in zip(epochs_a, epochs_b):
         for key in sorted((set(row_a) | set(row_b)) - TIMING_KEYS):
             verdict = _compare(key, row_a.get(key), row_b.get(key))["verdict"]
@@ -534,7 +534,8 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
                 if first is None:
                     first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
                 worst = "differs" if "differs" in (verdict, worst) else "within tolerance"
-    checks.append({"what": f"metrics.jsonl ({len(epochs_a)} epochs)", "verdict": worst, "first_divergence": first})
+    unit = "epochs" if all("epoch" in row for row in epochs_a) else "rows"  # a script's run logs a row per run.log call
+    checks.append({"what": f"metrics.jsonl ({len(epochs_a)} {unit})", "verdict": worst, "first_divergence": first})
     for split, metrics in (ra.get("metrics") or {}).items():
         other = (rb.get("metrics") or {}).get(split, {})
         keys = sorted(k for k, v in metrics.items() if isinstance(v, float))

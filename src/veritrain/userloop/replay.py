@@ -10,6 +10,7 @@ recorded copy that fails its hash, or inputs missing or changed, stop it before 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -67,7 +68,8 @@ def launch(record: Record, workspace: Workspace, spec: ReplaySpec, quiet: bool =
     executable = str(section.get("executable") or sys.executable)
     if not Path(executable).exists():
         executable = sys.executable  # another machine: the interpreter running veritrain (the environment check names the difference)
-    env = {**os.environ, REPLAY_VARIABLE: spec.to_environment(), "VERITRAIN_WORKSPACE": str(workspace.root)}
+    spec = dataclasses.replace(spec, workspace=workspace.root)
+    env = {**os.environ, REPLAY_VARIABLE: spec.to_environment()}
     src = str(Path(__file__).resolve().parents[2])  # veritrain itself, importable in the child as here
     env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     # the script's own output is progress here: stderr, so that a command's report (and --json) alone is on stdout

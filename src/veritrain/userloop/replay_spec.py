@@ -37,6 +37,7 @@ class ReplaySpec:
     start_file: Optional[str] = None
     end: int = 0
     out: Optional[str] = None
+    workspace: Optional[Path] = None  # where a reproduction's new run goes (the workspace of the command that replays)
 
     @property
     def original(self) -> str:
@@ -44,7 +45,8 @@ class ReplaySpec:
 
     def to_environment(self) -> str:
         return json.dumps({"mode": self.mode, "run": str(self.run_dir), "start": self.start, "start_file": self.start_file,
-                           "end": self.end, "out": self.out})
+                           "end": self.end, "out": self.out,
+                           "workspace": str(self.workspace) if self.workspace else None})
 
     @classmethod
     def from_environment(cls) -> Optional[ReplaySpec]:
@@ -54,7 +56,8 @@ class ReplaySpec:
         try:
             found = json.loads(text)
             spec = cls(mode=found["mode"], run_dir=Path(found["run"]), start=int(found.get("start") or 0),
-                       start_file=found.get("start_file"), end=int(found.get("end") or 0), out=found.get("out"))
+                       start_file=found.get("start_file"), end=int(found.get("end") or 0), out=found.get("out"),
+                       workspace=Path(found["workspace"]) if found.get("workspace") else None)
         except (ValueError, KeyError, TypeError):
             raise UserError(f"{REPLAY_VARIABLE}: not a replay veritrain set; unset it to run the script normally") from None
         if spec.mode not in MODES:

@@ -107,11 +107,12 @@ class Run:
         self.config_hash = sha256_json(self._config)
         self.name, self.deterministic, self.tensorboard = name, deterministic, tensorboard
         self.keep_last, self.audit_every = keep_last, audit_every
-        self.workspace = Workspace.open(workdir)
+        self.replay = ReplaySpec.from_environment()
+        # under a replay, the workspace of the command that replays (a reproduction's run goes there)
+        self.workspace = Workspace.open(self.replay.workspace if self.replay is not None and self.replay.workspace else workdir)
         self.cwd = Path.cwd()
         self._requested_resume = resume
         self._input_paths = list(inputs) if inputs else []
-        self.replay = ReplaySpec.from_environment()
         seed = self._config.get("seed", 0)
         if type(seed) is not int:
             raise UsageError(f"config: seed: {seed!r}; give a whole number (vt.start seeds Python, NumPy and torch from it)")

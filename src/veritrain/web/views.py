@@ -226,6 +226,8 @@ def _seal(run_dir: Path) -> Optional[str]:
 
 
 def _reference_config(workspace: Any, record: dict[str, Any]) -> tuple[str, Optional[dict[str, Any]]]:
+    if record.get("kind") == "script":  # the user's own config: every key is shown, against nothing
+        return "script's own config (no defaults)", {}
     parent = record.get("parent")
     if parent and RUN_ID.fullmatch(str(parent)):
         parent_record = _read_json(workspace.runs_dir / str(parent) / "record.json")
@@ -370,6 +372,9 @@ def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Opt
         "trajectory": trajectory(run_dir, record, audited), "audits": audited, "verdict": verdict,
         "outside": record.get("kind") in OUTSIDE_KINDS, "parent": record.get("parent"),
         "interrupted_amend": interrupted_amend(run_dir, workspace.state_dir),
+        # a script's run (veritrain.start): what it can prove, the script and how it was started, its inputs
+        "guarantee": record.get("guarantee"), "script": record.get("script") if record.get("kind") == "script" else None,
+        "inputs": record.get("inputs"),
     }
 
 

@@ -74,6 +74,11 @@ def config_from_record(record: dict[str, Any]) -> RunConfig:
     """The config a run recorded, to build its model or train it again (resume, reproduce, eval, export, the
     ranks of a multi-process run). A record of an earlier veritrain whose config holds "***" lost those values:
     nothing rebuilt from it would be the run, so it is refused naming the keys (verify still checks such a run)."""
+    if record.get("kind") == "script":  # veritrain.start: the config is the user's own, and so is the model
+        run = record.get("run_id")
+        raise UserError(f"run {run} is a script's run (veritrain.start): veritrain does not build its model, so eval, export and "
+                        f"baseline do not apply; evaluate it in the script (run.finish metrics), and check it with "
+                        f"`veritrain verify {run}`, `reproduce` or `audit`")
     config = record["config"]
     if record.get("config_recorded") != CONFIG_AS_GIVEN:
         lost = sorted(_values_not_recorded(config, []))
