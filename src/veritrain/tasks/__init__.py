@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from veritrain.core.config import ModelConfig, RunConfig
     from veritrain.data.prepare import DataVersion
 
 
@@ -24,7 +25,7 @@ class Task(Protocol):
     # (metrics.jsonl key, "max" | "min") that picks checkpoints/best.pt
     best_metric: tuple[str, str]
 
-    def build_model(self, cfg: Any, data: "DataVersion") -> "torch.nn.Module":
+    def build_model(self, cfg: ModelConfig, data: "DataVersion") -> "torch.nn.Module":
         """The network for this data version; `cfg` is the run config's `model` section."""
         ...
 
@@ -50,9 +51,9 @@ class Task(Protocol):
         ...
 
 
-def register_task(name: str, factory: Callable[[Any], Task]) -> None:
+def register_task(name: str, factory: Callable[[RunConfig], Task]) -> None:
     TASKS[name] = factory
 
 
-def get_task(cfg: Any) -> Task:
+def get_task(cfg: RunConfig) -> Task:
     return TASKS[cfg.task](cfg)
