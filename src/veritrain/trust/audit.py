@@ -35,11 +35,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.records.record import now_iso, read_record
 from veritrain.records.workspace import Workspace
+
+if TYPE_CHECKING:
+    from veritrain.trust.opening import OpenRun
 
 log = logging.getLogger("veritrain")
 
@@ -227,7 +230,7 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     return result
 
 
-def _replay_stretch(opened: Any, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,
+def _replay_stretch(opened: OpenRun, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,
                     workspace: Workspace) -> list[dict[str, Any]]:
     """Replay entry `start` → entry `end` once in a scratch folder (from the initial state when `start_file` is None)
     and compare the state hash of every entry on the way: one verdict per segment start+1 … end."""
@@ -312,7 +315,7 @@ def _replay_stretch(opened: Any, entries: list[dict[str, Any]], start: int, end:
 PROVENANCE = ("checkpoint", "trajectory_entry", "predictions")
 
 
-def _check_results(opened: Any, entries: list[dict[str, Any]], workspace: Workspace) -> list[dict[str, Any]]:
+def _check_results(opened: OpenRun, entries: list[dict[str, Any]], workspace: Workspace) -> list[dict[str, Any]]:
     """Every result the record binds to a trajectory entry, computed again here: each metric set re-evaluated from
     the entry's checkpoint on the recorded split and compared exactly (evaluation is order-exact), and the exports'
     parity check re-run against the entry's model."""
