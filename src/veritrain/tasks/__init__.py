@@ -13,10 +13,11 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from veritrain.core.config import ModelConfig, RunConfig
     from veritrain.data.prepare import DataVersion
 
 
+# `cfg` below is typed Any: config validation and this package never import each other, not even for types
+# (veritrain.core.task_registry holds the registry they share); the task modules themselves type it.
 class Task(Protocol):
     name: str
     # per-epoch metrics besides the loss, summed by `batch_stats` and divided by the sample count;
@@ -25,7 +26,7 @@ class Task(Protocol):
     # (metrics.jsonl key, "max" | "min") that picks checkpoints/best.pt
     best_metric: tuple[str, str]
 
-    def build_model(self, cfg: ModelConfig, data: "DataVersion") -> "torch.nn.Module":
+    def build_model(self, cfg: Any, data: "DataVersion") -> "torch.nn.Module":
         """The network for this data version; `cfg` is the run config's `model` section."""
         ...
 
@@ -51,9 +52,9 @@ class Task(Protocol):
         ...
 
 
-def register_task(name: str, factory: Callable[[RunConfig], Task]) -> None:
+def register_task(name: str, factory: Callable[[Any], Task]) -> None:
     TASKS[name] = factory
 
 
-def get_task(cfg: RunConfig) -> Task:
+def get_task(cfg: Any) -> Task:
     return TASKS[cfg.task](cfg)
