@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 # C0 controls (ESC starts the sequences that move the cursor, retitle the window or hide text), DEL, C1 controls
 # (a one-byte CSI), and the bidirectional overrides and isolates that reorder what a line appears to say
@@ -22,7 +25,7 @@ def terminal_safe(text: str) -> str:
     return CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
-def plain_table(table: Any) -> Any:
+def plain_table(table: Table) -> Table:
     """A rich Table with its title and every text cell escaped (`terminal_safe`) and made literal: a hypothesis
     holding `[/]` or an escape sequence is shown as written, never interpreted. Returns the same table."""
     from rich.text import Text

@@ -14,7 +14,10 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+
+if TYPE_CHECKING:
+    import sqlite3
 
 CHUNK_BYTES = 1 << 20  # 1 MiB reads: big files never sit whole in memory
 
@@ -36,7 +39,7 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(canonical_json(obj)).hexdigest()
 
 
-def state_dict_sha256(state_dict: Any) -> str:
+def state_dict_sha256(state_dict: Mapping[str, object]) -> str:
     """SHA-256 over a model `state_dict`, buffers included (documented in docs/record.md).
 
     For each entry in sorted-name order: the UTF-8 name, a NUL, the dtype (e.g. `torch.float32`),
@@ -98,7 +101,7 @@ def _blake3_small(path: str) -> str:
 SQLITE_MAX_PARAMS = 900  # below SQLite's smallest default limit on bound parameters (999)
 
 
-def open_cache_db(db_path: Path, *create_tables: str) -> Any:
+def open_cache_db(db_path: Path, *create_tables: str) -> sqlite3.Connection:
     """A cache database under `.veritrain/cache/`, in WAL mode so parallel prepares can share it."""
     import sqlite3
 
@@ -110,7 +113,7 @@ def open_cache_db(db_path: Path, *create_tables: str) -> Any:
     return db
 
 
-def rows_where_in(db: Any, query: str, keys: list[str], params: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+def rows_where_in(db: sqlite3.Connection, query: str, keys: list[str], params: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
     """The rows of `query` (whose last condition is `IN ({marks})`) for all `keys`, in chunks that
     keep the number of bound parameters under SQLite's limit; `params` are bound before the keys."""
     for start in range(0, len(keys), SQLITE_MAX_PARAMS):
@@ -176,7 +179,7 @@ def hash_files(paths: Sequence[str | Path], cache: Optional[StatCache] = None, r
         else:
             large.append(path)
 
-    def hashed(path: str | Path, digest_of: Any) -> FileHash:
+    def hashed(path: str | Path, digest_of: Callable[[str | Path], str]) -> FileHash:
         try:
             return FileHash(stats[path].st_size, digest_of(path))
         except OSError as err:

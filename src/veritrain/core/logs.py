@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 console = Console(stderr=True, highlight=False)  # progress, logs and warnings
 reports = Console(highlight=False)  # tables, summaries and verdicts: stdout (rich looks up sys.stdout on every print)
@@ -67,7 +70,7 @@ def report(text: str, style: Optional[str] = None) -> None:
     report_console().print(shown, style=style, markup=False, emoji=False, highlight=False, soft_wrap=True)
 
 
-def print_table(table: Any) -> None:
+def print_table(table: Table) -> None:
     """A rich table as a report that never splits a run id, hash, seal or path: on a terminal each
     column is at least as wide as the longest unbroken word in it; in a pipe or a file the table keeps
     its natural width (no wrapping at 80 columns), so every value can be copied whole from one line."""

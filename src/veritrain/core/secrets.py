@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from types import TracebackType
 from typing import Any, Optional
 
 REDACTED = "***"
@@ -236,7 +237,7 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-def redacting_excepthook(kind: type[BaseException], err: BaseException, tb: Any) -> None:
+def redacting_excepthook(kind: type[BaseException], err: BaseException, tb: Optional[TracebackType]) -> None:
     """`sys.excepthook` for the command: an unexpected error (a bug) still prints its traceback, redacted like every
     other line, since its values may quote the command line or a config."""
     import sys

@@ -9,9 +9,12 @@ so the config's validation, the pipeline, the sweep and the checks share one set
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain.core.errors import ConfigError, RunFailed
+
+if TYPE_CHECKING:  # the config's validation imports this module
+    from veritrain.core.config.schema import DataConfig, RunConfig
 
 SPLITS = ("train", "val", "test")
 SELECTION_SPLIT = "val"  # what every selection reads
@@ -38,14 +41,14 @@ def test_key_problem(key: str) -> Optional[str]:
             "pick best.pt on validation: val_acc (best_mode: max) or val_loss (best_mode: min)")
 
 
-def has_validation_share(data: Any) -> bool:
+def has_validation_share(data: DataConfig) -> bool:
     """Whether the data config gives the val split samples by its ratio (data.split_ratios), or fixes the split
     in files that may hold val samples (data.split_dir). A csv `split` column can fix val samples too, but only
     the data shows that: with a val ratio of 0 it is refused like the rest (a val ratio does not move a fixed sample)."""
     return data.split_ratios[1] > 0 or data.split_dir is not None
 
 
-def validation_problem(config: Any) -> Optional[tuple[str, str]]:
+def validation_problem(config: RunConfig) -> Optional[tuple[str, str]]:
     """(key, problem) when the config selects on the val split (best.pt or early stopping by a val metric) and
     gives it no samples; None otherwise. Checked when a config is loaded, before anything runs (exit 2)."""
     if has_validation_share(config.data):
@@ -79,7 +82,7 @@ def sweep_metric(text: str) -> tuple[str, str]:
     return name, SWEEP_METRICS[name]
 
 
-def for_run(config: Any, task_best_metric: tuple[str, str], stages: list[str],
+def for_run(config: RunConfig, task_best_metric: tuple[str, str], stages: list[str],
             sweep: Optional[dict[str, Any]] = None) -> Optional[dict[str, Any]]:
     """The record's `selection`: what picks best.pt and what stops training early (each a metrics.jsonl key, the split
     it is computed on and its direction) and, for a run of a sweep, what the sweep picks its best trial by (`sweep`:

@@ -9,13 +9,17 @@ with `veritrain.data.sources.register_source`.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # the config's validation imports this module
+    from veritrain.core.config.schema import DataConfig
 
 
 def _builtin(target: str) -> Callable[..., Any]:
     """A loader that imports its module ("module:function") when it is first called: this registry imports nothing."""
 
-    def loader(cfg: Any, paths: Any) -> Any:
+    def loader(cfg: DataConfig, paths: dict[str, Path]) -> Any:
         module, _, name = target.partition(":")
         return getattr(importlib.import_module(module), name)(cfg, paths)
 

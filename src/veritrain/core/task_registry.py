@@ -7,14 +7,17 @@ share one registry without importing each other. Add a task with `veritrain.task
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:  # the config's validation imports this module
+    from veritrain.core.config.schema import RunConfig
 
 
 def _builtin(target: str) -> Callable[[Any], Any]:
     """A factory that imports the task's module when a run builds the task (so torch loads only then), by the
     module path in `target` ("module:Class"); this registry imports nothing, as config validation needs only names."""
 
-    def factory(cfg: Any) -> Any:
+    def factory(cfg: RunConfig) -> Any:
         module, _, name = target.partition(":")
         return getattr(importlib.import_module(module), name)(cfg)
 

@@ -16,7 +16,7 @@ import pickletools
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, cast
+from typing import Any, Callable, Iterator, Optional, Union, cast
 
 import numpy as np
 
@@ -378,7 +378,7 @@ class _Python2StylePickler(pickle._Pickler):
     write: Callable[[bytes], Any]
     memoize: Callable[[Any], None]
 
-    def _save_binstring(self, obj: Any) -> None:
+    def _save_binstring(self, obj: Union[bytes, str]) -> None:
         data = obj if isinstance(obj, bytes) else obj.encode("ascii")  # a Python 2 str is bytes
         if len(data) < 256:
             self.write(pickle.SHORT_BINSTRING + bytes([len(data)]) + data)

@@ -11,7 +11,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
@@ -22,10 +22,13 @@ from veritrain.data.identity import check_version
 from veritrain.data.split import SPLITS
 from veritrain.data.table import _Table
 
+if TYPE_CHECKING:
+    from veritrain.core.config import DataConfig
+
 SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # where copies disagree, the most protected split wins
 
 
-def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]]) -> tuple[list[splitting.Unit], np.ndarray]:
+def _duplicates_and_units(cfg: DataConfig, table: _Table, classes: Optional[list[str]]) -> tuple[list[splitting.Unit], np.ndarray]:
     """Exact duplicates, confirmed near-duplicates and groups, joined into the units the split keeps whole.
     Returns the units and the confirmed near-duplicate pairs (sample indices), which the leakage count checks."""
     from scipy.sparse import coo_matrix
@@ -105,7 +108,7 @@ def _duplicates_and_units(cfg: Any, table: _Table, classes: Optional[list[str]])
     return units, near_pairs
 
 
-def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndarray:
+def _near_duplicates(cfg: DataConfig, table: _Table, links: list[list[int]]) -> np.ndarray:
     """Confirmed near-duplicate pairs among the included samples with pictures (dedup.near_duplicates),
     reported one finding per group; groups with different labels are quarantined like conflicting
     duplicates. Appends each kept group to `links`; returns the confirmed pairs as sample indices."""
@@ -147,7 +150,7 @@ def _near_duplicates(cfg: Any, table: _Table, links: list[list[int]]) -> np.ndar
     return pairs
 
 
-def former_version(cfg: Any, versions: Path) -> Optional[Path]:
+def former_version(cfg: DataConfig, versions: Path) -> Optional[Path]:
     """The stored data version data.test_from names (full id or unique prefix), checked like every open; None
     when the key is not set. A missing or ambiguous one is a usage error naming the key."""
     ref = getattr(cfg, "test_from", None)
@@ -201,7 +204,8 @@ def _mark_former_splits(folder: Path, table: _Table, units: list[splitting.Unit]
     return _Former(folder.name, "key" if by_key else DATA_HASH_ALGORITHM, split_of)
 
 
-def _test_from_outcome(cfg: Any, former: _Former, table: _Table, units: list[splitting.Unit], assigned: dict[int, str]) -> dict[str, Any]:
+def _test_from_outcome(cfg: DataConfig, former: _Former, table: _Table, units: list[splitting.Unit],
+                       assigned: dict[int, str]) -> dict[str, Any]:
     """What data.test_from did, bound with the achieved split: former test samples kept in test, former train/val
     samples kept out of the test split the hash gave them, and each group that mixes the two (`test_from_leak`:
     kept out of test, so its former test members leave it; data.on_split_skew decides whether that stops)."""
@@ -229,7 +233,7 @@ def _test_from_outcome(cfg: Any, former: _Former, table: _Table, units: list[spl
     return outcome
 
 
-def _split(cfg: Any, table: _Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> dict[int, str]:
+def _split(cfg: DataConfig, table: _Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> dict[int, str]:
     splits = splitting.assign(units, cfg.split_ratios, cfg.split_seed, by_time=cfg.split_by == "time", class_names=classes)
     return {i: s for unit, s in zip(units, splits) for i in unit.members if i not in table.excluded}
 
@@ -249,7 +253,8 @@ def _leakage_pairs(table: _Table, assigned: dict[int, str], near_pairs: np.ndarr
     return pairs
 
 
-def _achieved_split(cfg: Any, table: _Table, units: list[splitting.Unit], assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
+def _achieved_split(cfg: DataConfig, table: _Table, units: list[splitting.Unit], assigned: dict[int, str],
+                    classes: Optional[list[str]]) -> dict[str, Any]:
     """Each class's achieved train/val/test fractions over the samples the split was free to place, against the
     ratios they were meant to follow, and the same over all those samples together (`whole`). Each sample's place
     follows the hash of its key, so a class of n samples lands within a few σ = √(p(1−p)/n) of each ratio p by
@@ -303,7 +308,7 @@ def _achieved_split(cfg: Any, table: _Table, units: list[splitting.Unit], assign
     return result
 
 
-def _judged_fractions(cfg: Any, splits: list[str], wanted: list[float]) -> dict[str, Any]:
+def _judged_fractions(cfg: DataConfig, splits: list[str], wanted: list[float]) -> dict[str, Any]:
     """Achieved fractions of `splits` against `wanted`: per split the gap, σ = √(p(1−p)/n), the gap in σ and what is
     allowed, max(data.split_tolerance, 3σ); `largest_gap` and `allowed` are those of the split furthest past (or
     nearest to) its bound."""
@@ -328,7 +333,7 @@ def _shown_gaps(judged: dict[str, Any]) -> str:
     return "gaps " + " / ".join(f"{judged['gap_sigma'][s]:+.1f}σ" for s in SPLITS)
 
 
-def _check_balance(cfg: Any, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> None:
+def _check_balance(cfg: DataConfig, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> None:
     """`imbalance` when the largest class has at least data.imbalance_ratio times the samples of the smallest,
     over the whole set and within each split."""
     if not classes:
@@ -350,7 +355,7 @@ def _check_balance(cfg: Any, table: _Table, assigned: dict[int, str], classes: O
                       f"(ratio {ratio:.1f} ≥ data.imbalance_ratio {cfg.imbalance_ratio:g})")
 
 
-def _label_issues_and_outliers(cfg: Any, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
+def _label_issues_and_outliers(cfg: DataConfig, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
     """`label_issue` and `outlier` findings over the placed samples' thumbnails (data.label_issues).
 
     With data.on_label_issue: quarantine (and data.on_bad_file other than warn, which keeps every usable
@@ -394,7 +399,7 @@ def _label_issues_and_outliers(cfg: Any, table: _Table, assigned: dict[int, str]
     return found.method
 
 
-def _apply_policy(cfg: Any, table: _Table) -> None:
+def _apply_policy(cfg: DataConfig, table: _Table) -> None:
     """data.on_bad_file: fail stops here, listing what would have been quarantined."""
     bad = [f for f in table.findings if f.severity == "quarantine"]
     if cfg.on_bad_file == "fail" and bad:

@@ -14,13 +14,18 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
 
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import sha256_file, sha256_json
 from veritrain.data.split import SPLITS
+
+if TYPE_CHECKING:
+    from veritrain.core.config import DataConfig
+    from veritrain.data.sources import Source
+    from veritrain.data.table import _Table
 
 # The data recipe: how a data version is prepared and laid out; part of the version id. 3: near-duplicates
 # confirmed by pixels, achieved-split check, label issues and outliers, exact normalization, every file of the
@@ -80,7 +85,8 @@ class DataVersion:
         return report
 
 
-def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Any, content: Optional[str] = None) -> str:
+def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Iterable[tuple[str, Optional[str], str, str]],
+               content: Optional[str] = None) -> str:
     """The data version id: SHA-256 over the preprocessing config, the hash algorithm and every
     (sample id, content hash or None, label, split or "quarantined"), sorted by sample id; from recipe 3 on
     also over `content`, the hash of what was written (`content_hash`: every file's SHA-256, the classes,
@@ -98,7 +104,7 @@ def content_hash(info: dict[str, Any]) -> str:
     return sha256_json({key: info.get(key) for key in keys})
 
 
-def listing_sha256(table: Any, source: Any) -> str:
+def listing_sha256(table: _Table, source: Source) -> str:
     """SHA-256 of what the listing gives each sample beyond the manifest's columns (group, fixed split, timestamp)
     and of the listing's own findings: with the manifest and the source's preprocessing it binds every input of
     preparing (recipe 5 on), so that unchanged raw data can be told from its hashes without decoding it again."""
@@ -124,7 +130,8 @@ def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> 
         (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows), content)
 
 
-def preprocessing_config(data_cfg: Any, source_preprocessing: dict[str, Any], target: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def preprocessing_config(data_cfg: DataConfig, source_preprocessing: dict[str, Any],
+                         target: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything besides the samples that decides the prepared arrays and the split: the data config
     without file locations, the data card or worker count, plus what the source and decoder did."""
     from veritrain.core.config import without_added_defaults

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from veritrain.core import locks
 from veritrain.core.errors import RunFailed
@@ -85,6 +85,10 @@ from veritrain.data.table import (
     is_image_name,
 )
 
+if TYPE_CHECKING:
+    from veritrain.core.config import DataConfig
+    from veritrain.data.sources import Source
+
 # The stage's entry points are `run`, `plan`, `version_now` and `raw_data_check`; the names of its parts (identity,
 # table, grouping, store) that callers use are importable from here too
 __all__ = [
@@ -101,7 +105,7 @@ log = logging.getLogger("veritrain")
 IGNORED_SHOWN = 1000  # ignored file names kept in version.json and the report (the count is always whole)
 
 
-def version_now(data_cfg: Any, paths: dict[str, Path], scratch_state: Path, versions: Optional[Path] = None) -> str:
+def version_now(data_cfg: DataConfig, paths: dict[str, Path], scratch_state: Path, versions: Optional[Path] = None) -> str:
     """The id the raw data prepares to now, every file hashed again (`veritrain verify`): the whole gate runs in
     `scratch_state`, but no report, chart or version folder is written, since only the id is compared. `versions`
     is the workspace's folder of data versions, where data.test_from's version is read."""
@@ -123,7 +127,7 @@ class RawCheck:
         return self.changed is None and self.undecided is None
 
 
-def raw_data_check(data_cfg: Any, paths: dict[str, Path], folder: Path, versions: Path) -> RawCheck:
+def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, versions: Path) -> RawCheck:
     """Whether the raw data is what the stored version in `folder` was prepared from, told from hashes alone: the
     source is listed as the version's recipe lists it, every sample's bytes are hashed (never a stat cache) and
     compared with the manifest's id, hash, label and key, the listing's groups, fixed splits, timestamps and findings
@@ -174,7 +178,7 @@ def raw_data_check(data_cfg: Any, paths: dict[str, Path], folder: Path, versions
     return found
 
 
-def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
+def run(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
         id_only: bool = False, versions: Optional[Path] = None) -> DataVersion:
     """`_prepare`, one process at a time per data config and paths (`.veritrain/locks/prepare-<key>.lock`):
     concurrent runs of one config wait for the one that prepares, then reuse its version. `id_only` (verify,
@@ -187,7 +191,7 @@ def run(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bo
         return _prepare(data_cfg, paths, workspace_state, rehash, recorded, id_only, versions)
 
 
-def _prepare(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
+def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,
              id_only: bool = False, versions: Optional[Path] = None) -> DataVersion:
     """Stage entry: prepare (or reuse) the data version for `data_cfg`; returns it loaded and checked.
 
@@ -309,7 +313,7 @@ def _prepare(data_cfg: Any, paths: dict[str, Path], workspace_state: Path, rehas
     return loaded
 
 
-def _remembered_version(memo: Path, data_cfg: Any, source: Any, table: _Table, workspace_state: Path) -> Optional[DataVersion]:
+def _remembered_version(memo: Path, data_cfg: DataConfig, source: Source, table: _Table, workspace_state: Path) -> Optional[DataVersion]:
     """The stored version the memo names for these inputs, when it was made from them (see `_made_from`), loaded
     and marked reused; None when there is none, so the data is prepared."""
     remembered = memo.read_text().strip() if memo.exists() else None
@@ -325,7 +329,7 @@ def _remembered_version(memo: Path, data_cfg: Any, source: Any, table: _Table, w
         log.warning("data: the cache named version %s for these inputs, but it was made from others; preparing anew", remembered[:12])
     return None
 
-def _refuse_skew(data_cfg: Any, data: DataVersion) -> None:
+def _refuse_skew(data_cfg: DataConfig, data: DataVersion) -> None:
     """data.on_split_skew: fail stops here (the version stays stored, with its report, for a look)."""
     achieved = data.info.get("achieved_split") or {}
     skewed = achieved.get("skewed") or []
@@ -344,7 +348,7 @@ def _default_workers() -> int:
     return default_workers()
 
 
-def plan(data_cfg: Any, paths: dict[str, Path], workspace_state: Path) -> tuple[str, str, Optional[str]]:
+def plan(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path) -> tuple[str, str, Optional[str]]:
     """What `run` would do, without decoding or writing a version: ("reuse" | "run", reason, version)."""
     former_dir = former_version(data_cfg, workspace_state / "data")
     if former_dir is not None:

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from veritrain.core.errors import RunFailed
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CARD_REQUIRED = ("origin", "license")  # the seed of open training: say where data comes from and on what terms
 
@@ -27,7 +30,8 @@ GALLERY_SIZE = 24  # samples shown: the first label issues, then outliers, by ra
 
 def write(out: Path, info: dict[str, Any], findings: list[dict[str, Any]], quarantined: list[dict[str, Any]],
           images: dict[str, Any], leakage_pairs: int, achieved: dict[str, Any], label_method: dict[str, Any],
-          timings: dict[str, float], card: dict[str, Any], image_of: Any = None) -> dict[str, Any]:
+          timings: dict[str, float], card: dict[str, Any],
+          image_of: Optional[Callable[[str], Optional[np.ndarray]]] = None) -> dict[str, Any]:
     """data_report.json, data_report.md, the class charts and the gallery of flagged samples in `out`.
     Samples are named by their id (the path relative to data.root), never by an absolute path.
     `image_of(sample_id)` gives a flagged sample's picture for the gallery (uint8 H×W×C), or None."""
@@ -95,7 +99,7 @@ def _charts(out: Path, per_class: dict[str, dict[str, int]]) -> list[str]:
     return names
 
 
-def _gallery(out: Path, shown: list[dict[str, Any]], image_of: Any) -> str:
+def _gallery(out: Path, shown: list[dict[str, Any]], image_of: Callable[[str], Optional[np.ndarray]]) -> str:
     """A grid of flagged samples: the picture, its sample id, the given label and (label issues) the suggested one."""
     import matplotlib
 
@@ -372,7 +376,8 @@ def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
     }
 
 
-def _matched_rows(old: dict[str, dict[str, str]], new: dict[str, dict[str, str]], old_key: Any, new_key: Any) -> list[tuple[str, str]]:
+def _matched_rows(old: dict[str, dict[str, str]], new: dict[str, dict[str, str]], old_key: Callable[[dict[str, str]], str],
+                  new_key: Callable[[dict[str, str]], str]) -> list[tuple[str, str]]:
     """(old sample id, new sample id) of the same sample: same key, the same sample id first, then copies of one
     content paired in sample-id order (so a renamed file is matched to its former self); last, rows left over on
     both sides with the same sample id (new content, or a new id in the source)."""

@@ -15,13 +15,16 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import numpy as np
 
 from veritrain.core import source_registry
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.data.split import SPLITS
+
+if TYPE_CHECKING:
+    from veritrain.core.config import DataConfig
 
 
 @dataclass
@@ -111,7 +114,7 @@ def bundled_digits() -> tuple[np.ndarray, np.ndarray, str]:
     return bunch.images, bunch.target, sklearn.__version__  # pyright: ignore[reportAttributeAccessIssue]  # load_digits() is typed as Bunch or (X, y); without return_X_y it is a Bunch
 
 
-def load_digits_source(cfg: Any, paths: dict[str, Path]) -> SourceData:
+def load_digits_source(cfg: DataConfig, paths: dict[str, Path]) -> SourceData:
     """scikit-learn's bundled digits: 1,797 8×8 grey images of 10 classes, no download.
 
     Pixel values 0–16 are stored as uint8 `round(v * 255 / 16)`, so a PNG written from the stored
@@ -139,7 +142,7 @@ def load_digits_source(cfg: Any, paths: dict[str, Path]) -> SourceData:
     )
 
 
-def load_cifar10_source(cfg: Any, paths: dict[str, Path]) -> SourceData:
+def load_cifar10_source(cfg: DataConfig, paths: dict[str, Path]) -> SourceData:
     """CIFAR-10's python batches in data.root; the official test batch is the fixed test split."""
     from veritrain.data.cifar10 import load_cifar10
 
@@ -193,7 +196,7 @@ def walk_files(root: Path) -> list[tuple[str, str]]:
     return found
 
 
-def load_imagefolder_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
+def load_imagefolder_source(cfg: DataConfig, paths: dict[str, Path]) -> FileListing:
     """`root/<class name>/<image files>`, any nesting below the class folder."""
     root = _root(paths)
     samples = []
@@ -204,7 +207,7 @@ def load_imagefolder_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
     return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "imagefolder"})
 
 
-def load_csv_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
+def load_csv_source(cfg: DataConfig, paths: dict[str, Path]) -> FileListing:
     """A csv file (data.csv) with columns path,label and optional group, split, timestamp, id (a stable id per
     row that places the sample instead of its content hash, so an edited file keeps its split; empty: the hash)."""
     root = _root(paths)
@@ -285,7 +288,7 @@ def _refuse_label_typos(label_lines: dict[str, list[int]], csv_path: Path) -> No
                             f"a typo of {other!r}? fix it, or list every class in data.classes to keep {label!r} as a class of its own")
 
 
-def load_labelmap_source(cfg: Any, paths: dict[str, Path]) -> FileListing:
+def load_labelmap_source(cfg: DataConfig, paths: dict[str, Path]) -> FileListing:
     """Every file under data.root, labelled by a JSON map (data.labels) relpath → label; optional
     split lists in data.split_dir (train.txt, val.txt, test.txt)."""
     root = _root(paths)
@@ -349,7 +352,7 @@ def register_source(name: str, loader: SourceLoader, timestamps: bool = False) -
         source_registry.TIMESTAMPED_SOURCES.discard(name)
 
 
-def load_source(cfg: Any, paths: dict[str, Path]) -> Source:
+def load_source(cfg: DataConfig, paths: dict[str, Path]) -> Source:
     try:
         loader = SOURCES[cfg.source]
     except KeyError:  # validated in config; kept for callers that build configs by hand

@@ -11,7 +11,7 @@ import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
@@ -19,9 +19,12 @@ from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
 from veritrain.data import identity, split as splitting
 from veritrain.data.identity import BOUND_FILES, CARD_FILE, DataVersion, preprocessing_config
-from veritrain.data.sources import FileListing
+from veritrain.data.sources import FileListing, Source
 from veritrain.data.split import SPLITS
 from veritrain.data.table import _Table
+
+if TYPE_CHECKING:
+    from veritrain.core.config import DataConfig
 
 MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status", "key", "unit")
 
@@ -29,7 +32,7 @@ MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", 
 ARRAY_CHUNK = 4096  # rows copied or summed at a time (bounds memory)
 
 
-def _fingerprint(cfg: Any, source: Any, table: _Table) -> str:
+def _fingerprint(cfg: DataConfig, source: Source, table: _Table) -> str:
     """Hash of every input of the stage: data config (minus locations and card), the source's
     preprocessing, each sample's id, content hash, label, group, fixed split and timestamp, the
     listing's findings, and the versions of veritrain and the decoders."""
@@ -52,7 +55,7 @@ def _remember(memo: Path, version: str) -> None:
     os.replace(tmp, memo)
 
 
-def _made_from(data: DataVersion, data_cfg: Any, source: Any, table: _Table) -> bool:
+def _made_from(data: DataVersion, data_cfg: DataConfig, source: Source, table: _Table) -> bool:
     """Whether a stored version was prepared from this config and these samples (the cache that maps inputs to
     a version is a file in the workspace, so what it names is checked against the version's bound manifest)."""
     stored = data.info["preprocessing"]
@@ -64,7 +67,7 @@ def _made_from(data: DataVersion, data_cfg: Any, source: Any, table: _Table) -> 
     return rows == list(zip(table.ids, table.hashes, table.labels, table.source_ids))
 
 
-def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Any:
+def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Callable[[str], Optional[np.ndarray]]:
     """sample id → its picture for the report's gallery: the decoded row, or the thumbnail of a quarantined one."""
     inputs = np.load(folder / "inputs.npy", mmap_mode="r")
     row_of = {table.ids[i]: k for k, i in enumerate(rows)}
@@ -77,7 +80,7 @@ def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Any:
     return picture
 
 
-def _write_arrays(out: Path, rows: list[int], table: _Table, source: Any, cfg: Any, target: dict[str, Any],
+def _write_arrays(out: Path, rows: list[int], table: _Table, source: Source, cfg: DataConfig, target: dict[str, Any],
                   classes: Optional[list[str]], workers: int) -> None:
     """inputs.npy and targets.npy of the placed rows, written through a memory map: file samples are decoded
     straight into it by worker processes, array samples copied in chunks, so memory holds no second copy."""
@@ -106,7 +109,7 @@ def _write_arrays(out: Path, rows: list[int], table: _Table, source: Any, cfg: A
     np.save(out / "targets.npy", targets)
 
 
-def _write_version(out: Path, cfg: Any, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
+def _write_version(out: Path, cfg: DataConfig, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
                    rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit]) -> dict[str, Any]:
     """manifest.csv, quarantine.csv and the split lists beside the arrays; returns version.json's content
     (without the id, which hashes it)."""

@@ -10,15 +10,18 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from veritrain.core.errors import UserError
 from veritrain.core.secrets import expand_env
 from veritrain.data import identity
-from veritrain.data.sources import FileListing, SourceData
-from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE
+from veritrain.data.sources import FileListing, Source, SourceData
+from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE, Check
+
+if TYPE_CHECKING:
+    from veritrain.core.config import DataConfig
 
 IMAGE_EXTENSIONS = frozenset((".bmp", ".gif", ".jfif", ".jpe", ".jpeg", ".jpg", ".pbm", ".pgm", ".png", ".pnm", ".ppm",
                               ".tif", ".tiff", ".webp"))  # compared lower-cased; a fixed list, not Pillow's plugins of the day
@@ -98,8 +101,8 @@ class _Table:
         return label
 
 
-def _sample_table(cfg: Any, source: Any, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
-                  recipe: Optional[int] = None) -> _Table:
+def _sample_table(cfg: DataConfig, source: Source, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool,
+                  timings: dict[str, float], recipe: Optional[int] = None) -> _Table:
     """Every sample of the source with its content hash (as `recipe` lists them), and the fixed test split of data.test_split_file."""
     table = _list_files(cfg, source, cache_dir, rehash, timings, recipe) if isinstance(source, FileListing) else _table_from_arrays(source)
     if cfg.split_by == "time" and table.ids and not any(table.timestamps):  # config refuses known sources; this catches registered ones
@@ -126,7 +129,8 @@ def _table_from_arrays(source: SourceData) -> _Table:
     return table
 
 
-def _array_target(cfg: Any, source: SourceData, table: _Table, cache_dir: Path, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _array_target(cfg: DataConfig, source: SourceData, table: _Table, cache_dir: Path,
+                  timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     shape = list(source.inputs.shape[1:])
     if source.inputs.dtype == np.uint8 and source.inputs.ndim == 4:
         t = time.perf_counter()
@@ -159,7 +163,7 @@ def _array_features(inputs: np.ndarray, table: _Table, near_duplicates: bool, ca
         cache.close()
 
 
-def _take_features(table: _Table, i: int, check: Any) -> None:
+def _take_features(table: _Table, i: int, check: Check) -> None:
     if check.phash is not None:
         table.phash[i] = check.phash
     if check.picture is not None:
@@ -168,7 +172,7 @@ def _take_features(table: _Table, i: int, check: Any) -> None:
         table.thumbs[i] = check.thumb
 
 
-def _near_duplicates_on(cfg: Any, shape: list[int]) -> bool:
+def _near_duplicates_on(cfg: DataConfig, shape: list[int]) -> bool:
     if cfg.near_duplicates == "auto":  # note: YAML true/false arrive as "on"/"off"
         return len(shape) >= 2 and min(shape[0], shape[1]) >= NEAR_DUPLICATE_MIN_SIDE
     return cfg.near_duplicates == "on"
@@ -178,7 +182,7 @@ def is_image_name(name: str) -> bool:
     return os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
 
 
-def _list_files(cfg: Any, source: FileListing, cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
+def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
                 recipe: Optional[int] = None) -> _Table:
     """The sample table of a file source with every file hashed (stat cache first; none when `cache_dir` is None:
     every byte is read). Under `recipe` (default: this one) 5 on, files found by walking data.root that are not
@@ -233,7 +237,8 @@ def _list_files(cfg: Any, source: FileListing, cache_dir: Optional[Path], rehash
     return table
 
 
-def _validate_files(cfg: Any, table: _Table, cache_dir: Path, workers: int, timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _validate_files(cfg: DataConfig, table: _Table, cache_dir: Path, workers: int,
+                    timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode and check every distinct content once (cached by content hash); returns the target
     shape and a summary of sizes, modes and formats."""
     from veritrain.data import validate

@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -207,7 +207,7 @@ def _header_batch(items: list[tuple[str, str]]) -> list[tuple[str, Header]]:
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _in_parallel(func: Any, items: list[Any], workers: int, *args: Any) -> Iterable[Any]:
+def _in_parallel(func: Callable[..., Iterable[Any]], items: list[Any], workers: int, *args: Any) -> Iterable[Any]:
     """Run `func(batch, *args)` over batches of items; serial for small inputs (process start-up costs ~0.3 s)."""
     if workers <= 1 or len(items) < 200:
         yield from func(items, *args)

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from veritrain.core import config as config_module, logs, selection
 from veritrain.core.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_hash, resolved_from_record
@@ -821,7 +821,8 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
 INPUT_CHECKPOINT = "checkpoints/input.pt"  # an eval or export run's outside checkpoint, copied in
 
 
-def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str, argv: list[str], stage: Any,
+def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str, argv: list[str],
+                 stage: Callable[[Path, Recorder], dict[str, Any]],
                  code: usercode.CodeSession, current_code: bool = False) -> Amended:
     """A new run of `kind` (eval or export) with `parent` = the opened run, for a checkpoint outside its trajectory
     (or, with `current_code`, any checkpoint of it built with today's code): the checkpoint is copied in

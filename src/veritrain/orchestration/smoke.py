@@ -19,7 +19,7 @@ import logging
 import shutil
 import time
 import traceback
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain.core import locks, logs
 from veritrain.core.config import ResolvedConfig
@@ -30,10 +30,15 @@ from veritrain.records.smoke_results import passed_before, smoke_key
 from veritrain.records.usercode import current_listing, fresh
 from veritrain.records.workspace import Workspace
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from veritrain.data.identity import DataVersion
+
 log = logging.getLogger("veritrain")
 
 TRAIN_SAMPLES, EVAL_SAMPLES, STEPS = 64, 64, 2
-def stratified(rows: Any, targets: Any, count: int, classes: Optional[list[str]]) -> Any:
+def stratified(rows: np.ndarray, targets: np.ndarray, count: int, classes: Optional[list[str]]) -> np.ndarray:
     """`count` of a split's rows, taken class by class in turn (class index order; within a class, the split's
     order), so a slice of a folder sorted by class still holds every class; a class that runs out drops out of
     the turn. Without classes (a regression or language-model task) the split's first `count` rows."""
@@ -50,7 +55,8 @@ def stratified(rows: Any, targets: Any, count: int, classes: Optional[list[str]]
     return np.concatenate(by_class)[order][:count]
 
 
-def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run(resolved: ResolvedConfig, workspace: Workspace, data: Optional[DataVersion] = None,
+        code: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Run the smoke test of a config; returns its summary (raises RunFailed when a stage fails).
     `data` (the prepared data version) and `code` (`capture_code`) are reused when the caller has them. One
     process at a time runs the smoke test of a key (its lock in `.veritrain/locks/smoke-<key>.lock`)."""
@@ -65,7 +71,8 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Any = None, code: 
         return _run(resolved, workspace, data, code, key, started)
 
 
-def _run(resolved: ResolvedConfig, workspace: Workspace, data: Any, code: dict[str, Any], key: str, started: float) -> dict[str, Any]:
+def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code: dict[str, Any], key: str,
+         started: float) -> dict[str, Any]:
     """The smoke test filed under `key`, with its lock held: its folder is this process's alone."""
     from veritrain.core.signals import interruptible
     from veritrain.results import evaluate, export
@@ -161,7 +168,7 @@ def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
         return _ensure(resolved, workspace, data, code, key)
 
 
-def _ensure(resolved: ResolvedConfig, workspace: Workspace, data: Any, code: dict[str, Any], key: str) -> dict[str, Any]:
+def _ensure(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code: dict[str, Any], key: str) -> dict[str, Any]:
     """`ensure` with the key's lock held: a smoke test that passed while this process waited is reused."""
     if code["git_dirty"]:  # uncommitted changes have no name a cached result could be filed under
         log.info("smoke: the checkout has uncommitted changes, so an earlier smoke result cannot vouch for this code")

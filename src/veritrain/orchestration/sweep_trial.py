@@ -21,10 +21,14 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from veritrain.core import locks
 from veritrain.core.errors import Interrupted, VeritrainError
+
+if TYPE_CHECKING:
+    from veritrain.records import usercode
+    from veritrain.records.workspace import Workspace
 
 
 @contextmanager
@@ -85,7 +89,7 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
             "error": str(outcome.error) if outcome.error is not None else None}
 
 
-def _earlier_run(workspace: Any, spec: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _earlier_run(workspace: Workspace, spec: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The record of a run of this slot made by an earlier process (a trial of a killed driver, which stops itself
     within a second, may have started one): the slot's sweep link, seed index and planned config hash. Run ids
     begin with their start time; runs from before the sweep (less an hour, for other Ray nodes' clocks) are not read."""
@@ -114,7 +118,7 @@ def _earlier_run(workspace: Any, spec: dict[str, Any]) -> Optional[dict[str, Any
     return found
 
 
-def _sweep_code(spec: dict[str, Any], workspace: Any) -> Any:
+def _sweep_code(spec: dict[str, Any], workspace: Workspace) -> Optional[usercode.CodeSession]:
     """The code session of the copies the sweep made at its start (None for a sweep from before them, or one whose
     configs name no user code: the run then imports as any new run does)."""
     from veritrain.core.errors import RunFailed

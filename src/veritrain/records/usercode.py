@@ -29,7 +29,7 @@ import site
 import sys
 import sysconfig
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Optional
@@ -204,7 +204,8 @@ class _UserSourceFinder:
     `importlib.machinery.PathFinder` on sys.meta_path for the length of a session, so precedence is unchanged."""
 
     @classmethod
-    def find_spec(cls, fullname: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(cls, fullname: str, path: Optional[Sequence[str]] = None,
+                  target: Optional[ModuleType] = None) -> Optional[importlib.machinery.ModuleSpec]:
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader and spec.origin \
                 and _is_user_path(spec.origin):

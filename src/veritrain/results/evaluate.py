@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
@@ -19,11 +19,16 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.train import checkpoint, trajectory
 
+if TYPE_CHECKING:
+    from veritrain.core.config import RunConfig
+    from veritrain.data.identity import DataVersion
+    from veritrain.tasks import Task
+
 log = logging.getLogger("veritrain")
 
 
 @torch.no_grad()
-def forward_split(model: torch.nn.Module, task: Any, data: Any, split: str, device: torch.device, batch_size: int,
+def forward_split(model: torch.nn.Module, task: Task, data: DataVersion, split: str, device: torch.device, batch_size: int,
                   limit: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """All outputs and targets of one split (its first `limit` samples) in eval mode, in split-file order."""
     model.eval()
@@ -50,7 +55,7 @@ def require_finite(outputs: torch.Tensor, split: str, checkpoint_shown: str) -> 
                         f"{checkpoint_shown}; training likely diverged: lower optim.lr (or, with optim.name=sgd, set train.grad_clip)")
 
 
-def checkpoint_path(cfg: Any, run_dir: Path, which: Optional[str]) -> Path:
+def checkpoint_path(cfg: RunConfig, run_dir: Path, which: Optional[str]) -> Path:
     """`best`, `last`, or a path (absolute, or relative to the run directory); None: best.pt when
     the run keeps one (`checkpoint.best`), else last.pt; in a run of an outside checkpoint, its input.pt."""
     outside = run_dir / "checkpoints" / "input.pt"  # a run of an outside checkpoint (kind eval or export) holds only that
@@ -63,7 +68,7 @@ def checkpoint_path(cfg: Any, run_dir: Path, which: Optional[str]) -> Path:
     return path if path.is_absolute() else run_dir / path
 
 
-def load_model(cfg: Any, data: Any, task: Any, path: Path, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
+def load_model(cfg: RunConfig, data: DataVersion, task: Task, path: Path, device: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
     if not path.exists():
         raise UserError(f"--checkpoint: {path}: no such checkpoint; give best, last or the path of a .pt file of the run")
     state = checkpoint.load(path)
@@ -78,11 +83,11 @@ def load_model(cfg: Any, data: Any, task: Any, path: Path, device: torch.device)
     return model, state
 
 
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, which: Optional[str] = None,
+def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, device: torch.device, which: Optional[str] = None,
         split: Optional[str] = None, baselines: Optional[dict[str, Any]] = None, out_root: Optional[Path] = None) -> dict[str, Any]:
     """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics. The files go to
     `eval/<split>/` below `out_root` (default `run_dir`; an amend of a finished run stages them beside it)."""
-    split = cast(str, split or cfg.eval.split)  # cfg is untyped here; eval.split is "test" or "val"
+    split = split or cfg.eval.split
     if len(data.splits[split]) == 0:
         raise UserError(f"eval.split: the {split} split of the data version is empty; evaluate another split (--split) or give it samples (data.split_ratios)")
     path = checkpoint_path(cfg, run_dir, which)
@@ -110,10 +115,11 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, device: torch.device, whi
     )
     history_path = run_dir / "metrics.jsonl"
     if history_path.exists() and hasattr(task, "plot_curves"):
-        task.plot_curves(out_dir / "curves.png", [json.loads(l) for l in history_path.read_text().splitlines() if l.strip()])
+        history = [json.loads(l) for l in history_path.read_text().splitlines() if l.strip()]
+        task.plot_curves(out_dir / "curves.png", history)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     if hasattr(task, "write_report"):
-        task.write_report(out_dir / "report.md", metrics, baselines, run_dir.name)
+        task.write_report(out_dir / "report.md", metrics, baselines, run_dir.name)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
         _lead_with_data(out_dir / "report.md", data)
     log.info(
         "eval: %s split, %s (epoch %d): %s",
@@ -133,7 +139,7 @@ def from_predictions(path: Path) -> dict[str, Any]:
     return metrics
 
 
-def _lead_with_data(report: Path, data: Any) -> None:
+def _lead_with_data(report: Path, data: DataVersion) -> None:
     """Put what matters about the data (quarantine, achieved split, label issues, outliers) right under the
     report's title: a metric means little before the reader knows what the data was."""
     from veritrain.data.report import summary_lines

@@ -21,12 +21,19 @@ import stat
 import struct
 import warnings
 from pathlib import Path
-from typing import Any, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
+
+if TYPE_CHECKING:
+    import torch
+
+    from veritrain.core.config import ModelConfig, RunConfig
+    from veritrain.data.identity import DataVersion
+    from veritrain.tasks import Task
 
 log = logging.getLogger("veritrain")
 
@@ -46,7 +53,7 @@ REQUESTED_AS = {"onnx": "onnx", "torchscript": "torchscript", "torch_export": "t
 ORIGIN_FIELDS = ("checkpoint_sha256", "data_version", "source_run")
 
 
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = None, formats: Optional[Sequence[str]] = None,
+def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Optional[str] = None, formats: Optional[Sequence[str]] = None,
         out_dir: Optional[Path] = None) -> dict[str, Any]:
     """Stage entry: export the checkpoint `which` (see `evaluate.checkpoint_path`) in `formats` (default `export.formats`)
     and check parity of every format in export/. Formats not asked for stay when model.json shows they were made from
@@ -96,7 +103,8 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, which: Optional[str] = No
         # how the source's raw values became the uint8 images `preprocessing` starts from
         "source_mapping": source_mapping(data),
         # how raw inputs become the model's input; only the task knows (images: decode, resize, normalize)
-        "preprocessing": task.export_preprocessing(data) if hasattr(task, "export_preprocessing") else {"normalization": data.info["normalization"]},
+        "preprocessing": task.export_preprocessing(data)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
+        if hasattr(task, "export_preprocessing") else {"normalization": data.info["normalization"]},
     }
     metadata = file_metadata(description, data)
     previous = previous_description(existing)
@@ -210,7 +218,7 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def architecture(model_cfg: Any, model: Any, input_shape: list[int], num_outputs: int) -> dict[str, Any]:
+def architecture(model_cfg: ModelConfig, model: torch.nn.Module, input_shape: list[int], num_outputs: int) -> dict[str, Any]:
     """What builds the model again: for a built-in one every argument of `models.build` and its layers as plain
     operations with their state_dict keys; for a user model the factory, its kwargs (as recorded: as given,
     `${env:NAME}` references stay references) and its arguments."""
@@ -230,7 +238,7 @@ def architecture(model_cfg: Any, model: Any, input_shape: list[int], num_outputs
             **(layers or {"layers": None})}
 
 
-def source_mapping(data: Any) -> dict[str, Any]:
+def source_mapping(data: DataVersion) -> dict[str, Any]:
     """How the data source's raw values became the uint8 H×W×C images of the data version (what `preprocessing`
     starts from), read from what the version recorded of its source and decoder."""
     recorded = data.info.get("preprocessing") or {}
@@ -266,7 +274,7 @@ def source_mapping(data: Any) -> dict[str, Any]:
     return {**result, "raw": "as the data source recorded it", "mapping": "see `recorded`", "recorded": {**source, **target}}
 
 
-def file_metadata(description: dict[str, Any], data: Any) -> dict[str, str]:
+def file_metadata(description: dict[str, Any], data: DataVersion) -> dict[str, str]:
     """What the ONNX `metadata_props` and the safetensors `__metadata__` carry (text → text; lists as JSON)."""
     prep = description["preprocessing"]
     normalization = data.info["normalization"]
@@ -329,7 +337,7 @@ def write_safetensors(path: Path, tensors: dict[str, Any], metadata: dict[str, s
             f.write(raw)
 
 
-def reference_outputs(cfg: Any, data: Any, task: Any, model: Any) -> tuple[str, Any, Any]:
+def reference_outputs(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.Module) -> tuple[str, torch.Tensor, torch.Tensor]:
     """(split, inputs, outputs) of the trained model on the parity samples: up to `export.parity_samples` of the
     test split (val when test is empty). RunFailed when any output is NaN or infinite: comparing NaNs certifies nothing."""
     import torch
@@ -347,8 +355,8 @@ def reference_outputs(cfg: Any, data: Any, task: Any, model: Any) -> tuple[str, 
     return split, inputs, outputs
 
 
-def check_parity(cfg: Any, data: Any, task: Any, model: Any, out: Path, files: dict[str, str],
-                 reference: Optional[tuple[str, Any, Any]] = None, write: bool = True) -> dict[str, Any]:
+def check_parity(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.Module, out: Path, files: dict[str, str],
+                 reference: Optional[tuple[str, torch.Tensor, torch.Tensor]] = None, write: bool = True) -> dict[str, Any]:
     """Trained model vs each export in `files` (format → file name in `out`) on real test samples; writes
     export/parity.json (unless `write` is False: `veritrain audit` checks a sealed export again). safetensors is
     checked by loading it into a copy of the model. `reference`: what `reference_outputs` returned, when the caller has it."""

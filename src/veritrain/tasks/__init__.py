@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from veritrain.data.prepare import DataVersion
 
 
+# `cfg` below is typed Any: config validation and this package never import each other, not even for types
+# (veritrain.core.task_registry holds the registry they share); the task modules themselves type it.
 class Task(Protocol):
     name: str
     # per-epoch metrics besides the loss, summed by `batch_stats` and divided by the sample count;

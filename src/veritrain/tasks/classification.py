@@ -9,13 +9,19 @@ final evaluation reports accuracy, macro-F1 and loss.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from veritrain import models
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from veritrain.core.config import ModelConfig, RunConfig
+    from veritrain.data.identity import DataVersion
 
 # For training, a data version up to this size as float32 is decoded once and kept in memory
 # (CIFAR-10: 0.7 GiB); a larger one, and every other use, converts batch by batch from the
@@ -53,7 +59,7 @@ class ClassificationTask:
     epoch_metrics = ("acc",)
     best_metric = ("val_acc", "max")
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: RunConfig):
         self.augment = cfg.augment
         self.label_smoothing = cfg.train.label_smoothing
         # normalizing before augmenting gives the same values when augmentation only moves pixels
@@ -66,7 +72,7 @@ class ClassificationTask:
         self._images: Any = None  # decoded N×C×H×W float32 (normalized when _normalize_first), or None
         self._targets: Any = None
 
-    def build_model(self, cfg: Any, data: Any) -> torch.nn.Module:
+    def build_model(self, cfg: ModelConfig, data: DataVersion) -> torch.nn.Module:
         if not data.classes:
             raise ValueError("classification needs a data source with class labels")
         h, w, c = data.info["input_shape"]
@@ -74,11 +80,12 @@ class ClassificationTask:
             return models.from_target(cfg.target, (c, h, w), len(data.classes), cfg.kwargs)
         return models.build(cfg.name, (c, h, w), len(data.classes), cfg.widths, cfg.hidden, cfg.dropout)
 
-    def prepare(self, data: Any) -> None:
+    def prepare(self, data: DataVersion) -> None:
         """Before many passes over `data` (training): keep its decoded copy in memory when it is small enough."""
         self._load(data, decode=True)
 
-    def batch(self, data: Any, rows: np.ndarray, device: torch.device, train: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, data: DataVersion, rows: np.ndarray, device: torch.device, train: bool,
+              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         if self._version != data.version:
             self._load(data, decode=False)
         if self._images is not None:
@@ -92,7 +99,7 @@ class ClassificationTask:
             if self._normalize_first:
                 x = self._normalize(x)
         if train and self._augments:
-            x, y = self._augment(x, y, len(data.classes), generator)
+            x, y = self._augment(x, y, len(cast(list[str], data.classes)), generator)  # build_model refused data without classes
         if not self._normalize_first:
             x = self._normalize(x)
         x = x.contiguous()
@@ -105,7 +112,7 @@ class ClassificationTask:
             return x, y
         return x.to(device), y.to(device)
 
-    def _load(self, data: Any, decode: bool) -> None:
+    def _load(self, data: DataVersion, decode: bool) -> None:
         """Normalization tensors for this data version, and with `decode` its decoded copy when it is small enough."""
         stats = data.info["normalization"]  # per-channel statistics of the train split
         self._mean = torch.tensor(stats["mean"], dtype=torch.float32).view(1, -1, 1, 1)
@@ -173,37 +180,39 @@ class ClassificationTask:
         hard = targets.argmax(dim=1) if targets.dim() == 2 else targets  # mixed batches: the dominant label
         return {"acc": float((outputs.argmax(dim=1) == hard).sum())}
 
-    def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: Any) -> dict[str, Any]:
+    def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: DataVersion) -> dict[str, Any]:
         from veritrain.tasks import classification_eval
 
         probabilities = class_probabilities(outputs)
-        metrics = classification_eval.compute(probabilities, targets.cpu().numpy(), data.classes)
+        metrics = classification_eval.compute(probabilities, targets.cpu().numpy(), cast(list[str], data.classes))
         metrics["loss"] = mean_loss(outputs, targets)
         return metrics
 
     # ---- optional parts of the Task protocol, used by the evaluation stage
 
-    def write_evaluation(self, out_dir: Any, outputs: torch.Tensor, targets: torch.Tensor, data: Any, split: str, cfg: Any) -> dict[str, Any]:
+    def write_evaluation(self, out_dir: Path, outputs: torch.Tensor, targets: torch.Tensor, data: DataVersion, split: str,
+                         cfg: RunConfig) -> dict[str, Any]:
         """metrics plus predictions.csv, per_class.csv, confusion matrices and bad cases in `out_dir`."""
         from veritrain.tasks import classification_eval as ce
 
         rows = data.splits[split]
+        classes = cast(list[str], data.classes)  # build_model refused data without classes
         sample_ids = [data.sample_ids[r] for r in rows]
         probabilities = class_probabilities(outputs)
         labels = targets.cpu().numpy()
         metrics = self.metrics(outputs, targets, data)
-        ce.write_predictions(out_dir / "predictions.csv", sample_ids, labels, probabilities, data.classes)
+        ce.write_predictions(out_dir / "predictions.csv", sample_ids, labels, probabilities, classes)
         ce.write_per_class(out_dir / "per_class.csv", metrics["per_class"])
         predicted = probabilities.argmax(axis=1)
-        ce.plot_confusion(out_dir / "confusion_matrix.png", labels, predicted, data.classes, normalized=False)
-        ce.plot_confusion(out_dir / "confusion_matrix_normalized.png", labels, predicted, data.classes, normalized=True)
-        cases = ce.bad_cases(sample_ids, labels, probabilities, data.classes, cfg.eval.bad_cases)
+        ce.plot_confusion(out_dir / "confusion_matrix.png", labels, predicted, classes, normalized=False)
+        ce.plot_confusion(out_dir / "confusion_matrix_normalized.png", labels, predicted, classes, normalized=True)
+        cases = ce.bad_cases(sample_ids, labels, probabilities, classes, cfg.eval.bad_cases)
         ce.write_bad_cases_csv(out_dir / "bad_cases.csv", cases)
         images = np.asarray(data.inputs[rows]) if data.inputs.dtype == np.uint8 and data.inputs.ndim == 4 else None
         ce.plot_bad_cases(out_dir / "bad_cases.png", cases, images)
         return metrics
 
-    def export_preprocessing(self, data: Any) -> dict[str, Any]:
+    def export_preprocessing(self, data: DataVersion) -> dict[str, Any]:
         """How `veritrain predict` (or anyone with model.json) turns an image file into the model's input."""
         h, w, c = data.info["input_shape"]
         return {
@@ -217,18 +226,18 @@ class ClassificationTask:
             "output": "logits: unnormalized class scores; softmax gives probabilities",
         }
 
-    def baselines(self, data: Any, cfg: Any) -> dict[str, Any]:
+    def baselines(self, data: DataVersion, cfg: RunConfig) -> dict[str, Any]:
         """Majority class and logistic regression on the same splits (see classification_eval)."""
         from veritrain.tasks.classification_eval import fit_baselines
 
         return fit_baselines(data, cfg.eval.split, cfg.seed, cfg.eval.baseline_max_samples, cfg.eval.baseline_max_iter)
 
-    def plot_curves(self, path: Any, history: list[dict[str, Any]]) -> None:
+    def plot_curves(self, path: Path, history: list[dict[str, Any]]) -> None:
         from veritrain.tasks.classification_eval import plot_curves
 
         plot_curves(path, history)
 
-    def write_report(self, path: Any, metrics: dict[str, Any], baselines: Any, run_id: str) -> None:
+    def write_report(self, path: Path, metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str) -> None:
         from veritrain.tasks.classification_eval import report_markdown
 
         path.write_text(report_markdown(metrics, baselines, run_id), encoding="utf-8")

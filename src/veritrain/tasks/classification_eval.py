@@ -14,9 +14,12 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from veritrain.data.identity import DataVersion
 
 ECE_BINS = 15
 EXACT_SUMS = "exact"  # metrics["sums"]: computed as this module computes them; absent in metrics of an earlier veritrain
@@ -317,7 +320,7 @@ def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]
 # ---------------------------------------------------------------- baselines
 
 
-def fit_baselines(data: Any, split: str, seed: int, max_samples: int, max_iter: int) -> dict[str, Any]:
+def fit_baselines(data: DataVersion, split: str, seed: int, max_samples: int, max_iter: int) -> dict[str, Any]:
     """Majority class and logistic regression on flattened, normalized pixels, trained on the train
     split (a seeded subsample of at most `max_samples`) and scored on `split` like the model."""
     import warnings
@@ -325,7 +328,7 @@ def fit_baselines(data: Any, split: str, seed: int, max_samples: int, max_iter: 
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
-    classes = data.classes
+    classes = cast(list[str], data.classes)  # a classification data version has classes
     train_rows, eval_rows = data.splits["train"], data.splits[split]
     subsampled = len(train_rows) > max_samples
     if subsampled:

@@ -14,7 +14,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 import torch
@@ -23,6 +23,9 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.train import checkpoint, steplog, trajectory
 from veritrain.train.ranks import Ranks
+
+if TYPE_CHECKING:
+    from veritrain.core.config import RunConfig
 
 log = logging.getLogger("veritrain")
 
@@ -100,7 +103,7 @@ class Checkpointer:
     """The checkpoints of the run in `run_dir` (`checkpoints/`), by the config's `checkpoint` section: the
     files, the trajectory entry of each save, the every_minutes clock, and the resume."""
 
-    def __init__(self, cfg: Any, data_version: str, run_dir: Path, ranks: Ranks, trained: Trained, state: LoopState,
+    def __init__(self, cfg: RunConfig, data_version: str, run_dir: Path, ranks: Ranks, trained: Trained, state: LoopState,
                  device: torch.device, stop_at_step: Optional[int] = None):
         from veritrain.core.config import config_hash
 

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain.core.errors import Interrupted, RunFailed, UserError
 from veritrain.train.ranks import (  # noqa: F401  (the ranks' names, used through this module by the launch side and its callers)
@@ -67,10 +67,14 @@ from veritrain.train.ranks import (  # noqa: F401  (the ranks' names, used throu
     torchrun_command,
 )
 
+if TYPE_CHECKING:
+    from veritrain.core.signals import StopFlag
+
 log = logging.getLogger("veritrain")
 
 
-def launch(run_dir: Path, state_dir: Path, data_path: Path, nproc: int, resume: bool, stop: Any, threads: Optional[int]) -> dict[str, Any]:
+def launch(run_dir: Path, state_dir: Path, data_path: Path, nproc: int, resume: bool, stop: StopFlag,
+           threads: Optional[int]) -> dict[str, Any]:
     """Train the run in `run_dir` with `nproc` processes on this machine through torchrun; returns rank 0's
     result (TrainResult fields, events, devices, launch command). Raises RankLost, RunFailed, UserError or
     Interrupted with one line when the ranks did not all finish."""

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import io
 import logging
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from veritrain.core.errors import RunFailed
 from veritrain.train.checkpointer import Checkpointer
+
+if TYPE_CHECKING:
+    from veritrain.core.config import TrainConfig
 
 log = logging.getLogger("veritrain")
 
@@ -36,7 +39,7 @@ class RolledBack(Exception):
 class NonFiniteGuard:
     """train.on_nonfinite for one run; `snapshot` is the rollback target, set by the loop as it saves."""
 
-    def __init__(self, train_cfg: Any, checkpointer: Checkpointer, factor: Callable[[int], float], events: list[dict[str, Any]]):
+    def __init__(self, train_cfg: TrainConfig, checkpointer: Checkpointer, factor: Callable[[int], float], events: list[dict[str, Any]]):
         self.cfg = train_cfg
         self.checkpointer = checkpointer
         self.factor = factor  # the schedule's lr multiplier per optimizer step, before the rollbacks' factor

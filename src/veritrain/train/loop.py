@@ -31,7 +31,7 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -45,6 +45,11 @@ from veritrain.train import ranks as rank_group
 from veritrain.train.checkpointer import Checkpointer, LoopState, ReplayDone as ReplayDone, Trained
 from veritrain.train.guard import NonFiniteGuard, RolledBack
 from veritrain.train.steplog import StepLog, read_metrics
+
+if TYPE_CHECKING:
+    from veritrain.core.config import OptimConfig, RunConfig, ScheduleConfig
+    from veritrain.data.identity import DataVersion
+    from veritrain.tasks import Task
 
 log = logging.getLogger("veritrain")
 
@@ -95,7 +100,7 @@ def epoch_generator(seed: int, epoch: int, stream: int, rank: int = 0) -> torch.
     return torch.Generator().manual_seed(int(state))
 
 
-def build_optimizer(cfg: Any, model: torch.nn.Module) -> torch.optim.Optimizer:
+def build_optimizer(cfg: OptimConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     if cfg.name == "sgd":
         return torch.optim.SGD(
             model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov and cfg.momentum > 0
@@ -103,7 +108,7 @@ def build_optimizer(cfg: Any, model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
 
 
-def schedule_factor(cfg: Any, steps_per_epoch: int, total_steps: int):
+def schedule_factor(cfg: ScheduleConfig, steps_per_epoch: int, total_steps: int):
     """lr multiplier per optimizer step: linear warmup over `warmup_steps`, then cosine to 0, constant,
     or a drop by `gamma` every `step_epochs` epochs."""
     warmup, name, gamma = cfg.warmup_steps, cfg.name, cfg.gamma
@@ -135,16 +140,16 @@ def batch_starts(n: int, batch_size: int, world_size: int = 1) -> list[int]:
 class Training:
     """What setup builds for the epochs: the model and what trains it, the batches of an epoch, the loop's state."""
 
-    cfg: Any
-    data: Any
-    task: Any
+    cfg: RunConfig
+    data: DataVersion
+    task: Task
     ranks: rank_group.Ranks
     device: torch.device
     trained: Trained  # the model, optimizer, schedule and gradient scaler (what a checkpoint holds)
     forward: Any  # what the training forward runs: the model, its DDP wrapper, or torch.compile of either
     factor: Callable[[int], float]  # the schedule's lr multiplier per optimizer step (before the rollbacks' factor)
     params: list[torch.nn.Parameter]  # the trained parameters, for gradient clipping
-    train_rows: Any  # the train split
+    train_rows: np.ndarray  # the train split
     starts: list[int]  # start offsets of an epoch's global batches
     steps_per_epoch: int
     state: LoopState
@@ -168,7 +173,7 @@ class Step:
     minutes_due: bool = False  # several ranks: rank 0's every_minutes clock, agreed likewise
 
 
-def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
+def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None,
         ranks: Optional[rank_group.Ranks] = None, stop_at_step: Optional[int] = None) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
@@ -207,7 +212,7 @@ def run(cfg: Any, data: Any, task: Any, run_dir: Path, stop: StopFlag, console: 
     return _result(t, history, started, loop_seconds)
 
 
-def _setup(cfg: Any, data: Any, task: Any, ranks: rank_group.Ranks) -> Training:
+def _setup(cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Ranks) -> Training:
     """Seed, choose the device, join the ranks, and build the model, optimizer, schedule and gradient scaler."""
     tcfg = cfg.train
     if tcfg.threads:
@@ -218,9 +223,10 @@ def _setup(cfg: Any, data: Any, task: Any, ranks: rank_group.Ranks) -> Training:
         raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
     model = task.build_model(cfg.model, data).to(device)
     if hasattr(task, "prepare"):
-        task.prepare(data)
+        task.prepare(data)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
     if tcfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+        # Module.to takes memory_format (documented), which its typed overloads leave out
+        model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
     model, trainer = _data_parallel(model, ranks, cfg, device)
     optimizer = build_optimizer(cfg.optim, model)
     train_rows = data.splits["train"]
@@ -238,7 +244,8 @@ def _setup(cfg: Any, data: Any, task: Any, ranks: rank_group.Ranks) -> Training:
                     autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision))
 
 
-def _data_parallel(model: torch.nn.Module, ranks: rank_group.Ranks, cfg: Any, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _data_parallel(model: torch.nn.Module, ranks: rank_group.Ranks, cfg: RunConfig,
+                   device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(the model, what the training forward runs). With several ranks, a DistributedDataParallel wrapper: it gives
     every rank rank 0's initial weights, and rank 0's buffers (BatchNorm statistics) before every forward."""
     if ranks.world_size == 1:
@@ -252,7 +259,7 @@ def _data_parallel(model: torch.nn.Module, ranks: rank_group.Ranks, cfg: Any, de
     return model, trainer
 
 
-def _best_metric(cfg: Any, task: Any, data: Any) -> tuple[str, str]:
+def _best_metric(cfg: RunConfig, task: Task, data: DataVersion) -> tuple[str, str]:
     key = cfg.checkpoint.best_metric or task.best_metric[0]
     mode = cfg.checkpoint.best_mode or task.best_metric[1]
     if len(data.splits["val"]) == 0 and key.startswith("val_"):
@@ -299,7 +306,7 @@ def _train_epoch(t: Training, augment: torch.Generator, stop: StopFlag, checkpoi
             raise Interrupted(signum)
 
 
-def _train_step(t: Training, order: Any, augment: torch.Generator, stop: StopFlag, checkpointer: Checkpointer,
+def _train_step(t: Training, order: np.ndarray, augment: torch.Generator, stop: StopFlag, checkpointer: Checkpointer,
                 guard: NonFiniteGuard, norm_for_log: bool) -> Step:
     """One optimizer step: forward and backward over the step's batches (`train.accumulate_steps`), then the
     update. A non-finite loss or gradient norm goes to the guard."""

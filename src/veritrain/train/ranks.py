@@ -11,11 +11,18 @@ import os
 import signal
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, TypeVar
 
 from veritrain.core.errors import RunFailed, UserError
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from veritrain.core.config import TrainConfig
+
 log = logging.getLogger("veritrain")
+_T = TypeVar("_T")  # what a collective passes between the ranks
 
 # How long a rank waits in a collective for the others. Long enough for rank 0 to prepare a large
 # data version while the others wait for `announce`; a dead peer is noticed at once (its socket closes).
@@ -61,11 +68,11 @@ class Ranks:
         """`values` summed over the ranks (`reduce_batch`)."""
         return values if self.world_size == 1 else reduce_batch(values)
 
-    def broadcast(self, value: Any) -> Any:
+    def broadcast(self, value: _T) -> _T:
         """Rank 0's `value` on every rank."""
         return value if self.world_size == 1 else broadcast(value)
 
-    def gather(self, value: Any) -> Optional[list[Any]]:
+    def gather(self, value: _T) -> Optional[list[_T]]:
         """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
         return [value] if self.world_size == 1 else gather(value, self)
 
@@ -76,7 +83,7 @@ class Ranks:
 
             collective("barrier")(dist.barrier)
 
-    def shard(self, rows: Any) -> Any:
+    def shard(self, rows: np.ndarray) -> np.ndarray:
         """This rank's share of a global batch (`shard`)."""
         return rows if self.world_size == 1 else shard(rows, self)
 
@@ -135,7 +142,7 @@ def resolve_backend(name: str, device_type: str) -> str:
     return name
 
 
-def config_problem(train_cfg: Any, world_size: int, device_type: str) -> Optional[str]:
+def config_problem(train_cfg: TrainConfig, world_size: int, device_type: str) -> Optional[str]:
     """Why a train config cannot run with `world_size` ranks (one line naming the key and the fix), or None."""
     if train_cfg.batchnorm == "sync" and device_type != "cuda":
         return "train.batchnorm: 'sync' (SyncBatchNorm) needs CUDA devices; use per_rank on the CPU"
@@ -163,7 +170,7 @@ def start(ranks: Ranks, backend_name: str, device_type: str) -> Ranks:
     return Ranks(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, backend)
 
 
-def join_for_training(ranks: Ranks, train_cfg: Any, device: Any) -> tuple[Ranks, Any]:
+def join_for_training(ranks: Ranks, train_cfg: TrainConfig, device: torch.device) -> tuple[Ranks, torch.device]:
     """(the ranks with the process group joined, this rank's torch device: cuda:<local rank> on GPUs); raises RunFailed
     when the train config cannot run on them. One process is returned as it is."""
     if ranks.world_size == 1:
@@ -234,7 +241,7 @@ def lost_peer(err: BaseException) -> Optional[PeerLost]:
     return None
 
 
-def shard(rows: Any, ranks: Ranks) -> Any:
+def shard(rows: np.ndarray, ranks: Ranks) -> np.ndarray:
     """This rank's share of a global batch: the rank-th of world-size contiguous, near-equal parts."""
     import numpy as np
 
@@ -251,7 +258,7 @@ def reduce_batch(values: list[float]) -> list[float]:
     return tensor.tolist()
 
 
-def broadcast(value: Any) -> Any:
+def broadcast(value: _T) -> _T:
     """Rank 0's `value` on every rank (pickled; small objects only)."""
     import torch.distributed as dist
 
@@ -260,7 +267,7 @@ def broadcast(value: Any) -> Any:
     return box[0]
 
 
-def gather(value: Any, ranks: Ranks) -> Optional[list[Any]]:
+def gather(value: _T, ranks: Ranks) -> Optional[list[_T]]:
     """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
     import torch.distributed as dist
 

@@ -11,13 +11,17 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from veritrain.core.errors import RunFailed
 from veritrain.core.files import write_atomic
+
+if TYPE_CHECKING:
+    from veritrain.core.config import RunConfig
+    from veritrain.train.checkpointer import LoopState
 
 METRICS, STEPS = "metrics.jsonl", "steps.jsonl"
 
@@ -26,7 +30,7 @@ class StepLog:
     """The progress bar, steps.jsonl, metrics.jsonl and TensorBoard of one training run; a context manager
     around the epochs (the bar is shown inside it)."""
 
-    def __init__(self, cfg: Any, run_dir: Path, console: Optional[Console], is_main: bool, batches: int):
+    def __init__(self, cfg: RunConfig, run_dir: Path, console: Optional[Console], is_main: bool, batches: int):
         self.every = cfg.logging.every_steps  # optimizer steps between rows of steps.jsonl (0: none)
         self.epochs = cfg.train.epochs
         self.batches = batches  # per epoch
@@ -67,7 +71,7 @@ class StepLog:
         """Whether optimizer step `step` gets a row in steps.jsonl (with its gradient norm)."""
         return bool(self.every) and step % self.every == 0
 
-    def step(self, state: Any, loss: float, lr: float, grad_norm: Optional[float], stepped: bool) -> None:
+    def step(self, state: LoopState, loss: float, lr: float, grad_norm: Optional[float], stepped: bool) -> None:
         """After an optimizer step (`stepped` False: skipped by train.on_nonfinite): the bar, and its row."""
         now = time.perf_counter()
         logging_step = stepped and self.logs_step(state.step)

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CHAIN_LABEL = b"veritrain-trajectory-1\n"
 # Parts of a checkpoint that are not training state: why it was saved, the device and thread settings
@@ -151,7 +154,7 @@ def chain_problem(trajectory: list[dict[str, Any]], config_hash: str, data_versi
     return None
 
 
-def for_record(entries: list[dict[str, Any]], checkpoints: Any, audit_every: int) -> list[dict[str, Any]]:
+def for_record(entries: list[dict[str, Any]], checkpoints: Path, audit_every: int) -> list[dict[str, Any]]:
     """The record's trajectory: each entry with `kept` (its checkpoints/step-<N>.pt is in the run) and
     `kept_for_audit` (kept by checkpoint.audit_every beyond keep_last; an archive may leave those out)."""
     return [{**item, "kept": index > 0 and (checkpoints / f"step-{item['step']}.pt").exists(),
@@ -244,7 +247,7 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
     return problems
 
 
-def kept_checkpoints(run_dir: Any, record: dict[str, Any]) -> dict[int, Any]:
+def kept_checkpoints(run_dir: Path, record: dict[str, Any]) -> dict[int, Path]:
     """Entry index → the checkpoint of the run (a Path) that holds its state: its step file, or best.pt for the best
     epoch's entry when its step file is gone (verify matches both with the trajectory)."""
     entries = record.get("trajectory") or []
@@ -256,10 +259,10 @@ def kept_checkpoints(run_dir: Any, record: dict[str, Any]) -> dict[int, Any]:
     return files
 
 
-def start_points(trajectory: list[dict[str, Any]], files: dict[int, Any]) -> dict[int, Any]:
+def start_points(trajectory: list[dict[str, Any]], files: dict[int, Path]) -> dict[int, Optional[Path]]:
     """Entry index → where a replay can start from it: the initial state (None: rebuilt from the config) and each
     entry with a kept checkpoint (`files`: entry index → checkpoint path)."""
-    starts: dict[int, Any] = {index: path for index, path in files.items() if 0 < index < len(trajectory)}
+    starts: dict[int, Optional[Path]] = {index: path for index, path in files.items() if 0 < index < len(trajectory)}
     if len(trajectory) > 1 and starts_at_initial_state(trajectory, 1):
         starts[0] = None
     return starts

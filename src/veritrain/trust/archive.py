@@ -28,12 +28,13 @@ import time
 import uuid
 import zlib
 from pathlib import Path, PurePosixPath
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
 from veritrain.records.record import NOTES_FILE, OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
+from veritrain.records.workspace import Workspace
 from veritrain.trust.verify import verify_run
 
 # what an archive's archive_omitted.json says about the files it lists
@@ -165,7 +166,7 @@ class _MeteredGzip:
     more than `limit` bytes in all or more than MAX_RATIO bytes per compressed byte read so far,
     so a bomb is stopped below tarfile, before it buffers a header or hands a member its data."""
 
-    def __init__(self, raw: Any, archive: Path):
+    def __init__(self, raw: BinaryIO, archive: Path):
         self.raw, self.archive = raw, archive
         self.gzip = gzip.GzipFile(fileobj=raw, mode="rb")
         self.inflated = 0  # bytes
@@ -389,7 +390,7 @@ def _accepted_omissions(archive: Path, run_staging: Path, artifacts: dict[str, A
     return set(excused)
 
 
-def import_archive(archive: Path, workspace: Any) -> dict[str, Any]:
+def import_archive(archive: Path, workspace: Workspace) -> dict[str, Any]:
     """Check every member, then move the run (and data version) into the workspace. Members are
     unpacked (and hashed) into a staging folder under `.veritrain/`, never held in memory; nothing
     leaves the staging folder unless every check passed."""

@@ -35,12 +35,15 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.records.record import Record, now_iso, read_record
 from veritrain.records.workspace import Workspace
 from veritrain.userloop import replay
+
+if TYPE_CHECKING:
+    from veritrain.trust.opening import OpenRun
 
 log = logging.getLogger("veritrain")
 
@@ -262,7 +265,7 @@ def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, i
     return verdicts, replays, []
 
 
-def _replay_stretch(opened: Any, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,
+def _replay_stretch(opened: OpenRun, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,
                     workspace: Workspace) -> list[dict[str, Any]]:
     """Replay entry `start` → entry `end` once in a scratch folder (from the initial state when `start_file` is None)
     and compare the state hash of every entry on the way: one verdict per segment start+1 … end."""
@@ -347,7 +350,7 @@ def _replay_stretch(opened: Any, entries: list[dict[str, Any]], start: int, end:
 PROVENANCE = ("checkpoint", "trajectory_entry", "predictions")
 
 
-def _check_results(opened: Any, entries: list[dict[str, Any]], workspace: Workspace) -> list[dict[str, Any]]:
+def _check_results(opened: OpenRun, entries: list[dict[str, Any]], workspace: Workspace) -> list[dict[str, Any]]:
     """Every result the record binds to a trajectory entry, computed again here: each metric set re-evaluated from
     the entry's checkpoint on the recorded split and compared exactly (evaluation is order-exact), and the exports'
     parity check re-run against the entry's model."""

@@ -9,14 +9,17 @@ anything under runs/ or a data version.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import jinja2
 
 HERE = Path(__file__).resolve().parent
 STATIC_DIR = HERE / "static"
 TEMPLATES_DIR = HERE / "templates"
 
 
-def environment() -> Any:
+def environment() -> jinja2.Environment:
     """The Jinja2 environment: autoescape on for every template, a field a record lacks renders empty."""
     import jinja2
 

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.web import STATIC_DIR, environment, page_context, views
 
+if TYPE_CHECKING:
+    from veritrain.records.workspace import Workspace
+
 COMPARE_MAX = 6  # runs on the static compare page, as on the server's
 
 
-def refuse_out_in_workspace(workspace: Any, out_dir: Path) -> None:
+def refuse_out_in_workspace(workspace: Workspace, out_dir: Path) -> None:
     """A site is never written into runs/ or .veritrain/ (sealed runs and data versions), nor into the workspace
     folder itself, whose runs/ would receive the site's runs/<id>.html. Paths are compared resolved, links followed."""
     out = out_dir.resolve()
@@ -31,7 +34,7 @@ def refuse_out_in_workspace(workspace: Any, out_dir: Path) -> None:
                             "where the runs and data versions are sealed; publish to a folder outside them, e.g. --out site")
 
 
-def publish(workspace: Any, run_dirs: list[Path], out_dir: Path, with_archives: bool = False) -> dict[str, Any]:
+def publish(workspace: Workspace, run_dirs: list[Path], out_dir: Path, with_archives: bool = False) -> dict[str, Any]:
     """Write index.html, runs/<id>.html, data/<version>.html, experiments.html, compare.html (2 or more
     runs: the first COMPARE_MAX of them), static/ and the images the pages show into `out_dir`; a run that
     does not verify is refused before anything is written."""

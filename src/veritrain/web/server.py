@@ -18,11 +18,18 @@ import mimetypes
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 from urllib.parse import urlencode
 
 from veritrain.core.errors import VeritrainError
 from veritrain.web import STATIC_DIR, environment, page_context, views
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from veritrain.records.workspace import Workspace
 
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -39,11 +46,11 @@ STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".png": "image/png
 class Guard:
     """ASGI middleware: refuse a Host that is not this server (400) and add the security headers."""
 
-    def __init__(self, app: Any, hosts: set[str]):
+    def __init__(self, app: ASGIApp, hosts: set[str]):
         self.app = app
         self.hosts = hosts
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1").lower()
@@ -54,7 +61,7 @@ class Guard:
             await send({"type": "http.response.body", "body": body})
             return
 
-        async def send_with_headers(message: Any) -> None:
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
             await send(message)
@@ -115,7 +122,7 @@ class VerifyJobs:
             job.update(state="done", result=json.loads(json.dumps({"run_id": run_dir.name, **result}, default=str)))
 
 
-def cross_site_refusal(headers: Any, origin: str) -> Optional[str]:
+def cross_site_refusal(headers: Mapping[str, str], origin: str) -> Optional[str]:
     """Why a state-changing request may come from another site's page (one line), or None: it must carry the
     Verify header, and an Origin or Sec-Fetch-Site it sends must say this server's origin."""
     if headers.get(VERIFY_HEADER) != VERIFY_HEADER_VALUE:
@@ -133,7 +140,7 @@ def allowed_hosts(host: str, port: int) -> set[str]:
     return {f"{name}:{port}".lower() for name in names}
 
 
-async def static(request: Any) -> Any:
+async def static(request: Request) -> Response:
     """A file of the packaged static folder (scripts, styles, the chart library), never a path that leaves it."""
     from starlette.responses import FileResponse, PlainTextResponse
 
@@ -152,10 +159,9 @@ async def static(request: Any) -> Any:
     return FileResponse(real, media_type=media)
 
 
-def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any:
+def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) -> Guard:
     from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
+    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
     env = environment()
@@ -271,7 +277,7 @@ def create_app(workspace: Any, host: str = "127.0.0.1", port: int = 8765) -> Any
     return Guard(app, allowed_hosts(host, port))
 
 
-def serve(workspace: Any, host: str, port: int) -> None:
+def serve(workspace: Workspace, host: str, port: int) -> None:
     import uvicorn
 
     uvicorn.run(create_app(workspace, host, port), host=host, port=port, log_level="warning", server_header=False)

@@ -12,11 +12,14 @@ import re
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from veritrain.core.errors import UserError
 from veritrain.records import registry
 from veritrain.records.record import RUN_ID  # the id shape every reader of a record enforces
+
+if TYPE_CHECKING:
+    from veritrain.records.workspace import Workspace
 
 PAGE_SIZE = 100
 TABLE_METRICS = ("test.accuracy", "test.macro_f1", "test.log_loss")
@@ -35,7 +38,7 @@ INDEX_REFRESH_SECONDS = 3.0
 _refreshed: dict[Path, float] = {}  # state folder → when its index was last brought up to date (monotonic)
 
 
-def run_dir_of(workspace: Any, run_id: str) -> Path:
+def run_dir_of(workspace: Workspace, run_id: str) -> Path:
     """The folder of a run named by its exact id (never a path or a prefix: ids come from URLs)."""
     if not RUN_ID.fullmatch(run_id or "") or not (workspace.runs_dir / run_id / "record.json").is_file():
         raise UserError(f"{run_id}: no such run in {workspace.runs_dir}")
@@ -69,7 +72,8 @@ def _number(text: Optional[str], name: str) -> Optional[float]:
         raise UserError(f"{name}: {text!r} is not a number") from None
 
 
-def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_SIZE, only: Optional[list[str]] = None) -> dict[str, Any]:
+def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int = PAGE_SIZE,
+               only: Optional[list[str]] = None) -> dict[str, Any]:
     """One page of the runs table: filtered, sorted and counted in SQL on the index.
 
     params: status, exp_name, kind, data_version (exact), metric with min/max (a metric path such as
@@ -143,7 +147,7 @@ def runs_table(workspace: Any, params: Mapping[str, str], page_size: int = PAGE_
             "metrics": list(TABLE_METRICS), "choices": choices}
 
 
-def _index(workspace: Any) -> sqlite3.Connection:
+def _index(workspace: Workspace) -> sqlite3.Connection:
     """The run index, refreshed from the run folders when the last refresh is older than INDEX_REFRESH_SECONDS."""
     now = time.monotonic()
     last = _refreshed.get(workspace.state_dir)
@@ -225,7 +229,7 @@ def _seal(run_dir: Path) -> Optional[str]:
         return None
 
 
-def _reference_config(workspace: Any, record: dict[str, Any]) -> tuple[str, Optional[dict[str, Any]]]:
+def _reference_config(workspace: Workspace, record: dict[str, Any]) -> tuple[str, Optional[dict[str, Any]]]:
     if record.get("kind") == "script":  # the user's own config: every key is shown, against nothing
         return "script's own config (no defaults)", {}
     parent = record.get("parent")
@@ -280,7 +284,7 @@ def trajectory(run_dir: Path, record: dict[str, Any], audited: Optional[list[dic
             "entries": _first(rows, MAX_TRAJECTORY_ROWS)}
 
 
-def audits(workspace: Any, run_id: str) -> list[dict[str, Any]]:
+def audits(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
     """The results `veritrain audit` kept for this run (.veritrain/audits/<run_id>/*.json), newest first. They are
     the auditor's, outside the run's seal: each row names the command that repeats it."""
     folder = workspace.state_dir / "audits" / run_id
@@ -317,7 +321,7 @@ def verdict_shown(run_dir: Path, state_dir: Path, verified: Optional[dict[str, A
     return {"state": "stale" if verdict["stale"] else "ok" if verdict["ok"] else "failed", "verdict": shown}
 
 
-def run_page(workspace: Any, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything the run page shows, from the run folder alone. `verified`: the verify result the caller
     computed for this page (publish); without it the page shows the verdict kept in the workspace, if any."""
     from veritrain.records.experiments import config_diff, flatten
@@ -386,7 +390,7 @@ def interrupted_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
     return pending.message if pending is not None else None
 
 
-def compare_page(workspace: Any, run_ids: list[str]) -> dict[str, Any]:
+def compare_page(workspace: Workspace, run_ids: list[str]) -> dict[str, Any]:
     """2–6 runs side by side: config and environment differences against the first, metrics with deltas,
     data versions and every run's curves."""
     from veritrain.records.experiments import compare
@@ -401,7 +405,7 @@ def compare_page(workspace: Any, run_ids: list[str]) -> dict[str, Any]:
     return comparison
 
 
-def data_dir_of(workspace: Any, version: str) -> Path:
+def data_dir_of(workspace: Workspace, version: str) -> Path:
     if not VERSION_ID.fullmatch(version or "") or not (workspace.state_dir / "data" / version / "version.json").is_file():
         raise UserError(f"{version}: no such data version in {workspace.state_dir / 'data'}")
     return workspace.state_dir / "data" / version
@@ -422,7 +426,7 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
-def data_page(workspace: Any, version: str) -> dict[str, Any]:
+def data_page(workspace: Workspace, version: str) -> dict[str, Any]:
     """A data version: the achieved split against the asked ratios, the quarantine, findings counted by kind,
     label issues and outliers with the gallery of flagged samples, the other findings, the data card and charts.
     Every table is plain rows of text and numbers (the template renders them), the long ones cut at MAX_DATA_ROWS."""
@@ -482,7 +486,7 @@ def data_page(workspace: Any, version: str) -> dict[str, Any]:
             "gallery": gallery, "images": images}
 
 
-def experiments_page(workspace: Any, only: Optional[list[str]] = None) -> dict[str, Any]:
+def experiments_page(workspace: Workspace, only: Optional[list[str]] = None) -> dict[str, Any]:
     """The experiment log (what experiments.md shows), built from the index: newest first, each entry with
     its hypothesis, config changes against its reference run, headline metrics and notes."""
     from veritrain.records.experiments import HEADLINE, config_diff, reference_of

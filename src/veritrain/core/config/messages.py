@@ -9,6 +9,7 @@ import typing
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from veritrain.core.config.quoting import _key_text, _quoted, _shown
 from veritrain.core.config.schema import Limit, RunConfig, _section_type
@@ -69,7 +70,7 @@ def _lookup(raw: Any, path: list[str]) -> Any:
     return raw
 
 
-def describe_field(info: Any, limits: bool = False) -> str:
+def describe_field(info: FieldInfo, limits: bool = False) -> str:
     """Human description of a field's type and range, e.g. 'an integer ≥ 1'; with `limits`, its Limit too."""
     annotation = info.annotation
     optional = typing.get_origin(annotation) in (Union, types.UnionType) and type(None) in typing.get_args(annotation)

@@ -4,10 +4,10 @@ a readable width, non-printable characters escaped (a file name, key or value ca
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterable
 
 
-def _quoted(values: Any) -> str:
+def _quoted(values: Iterable[object]) -> str:
     return ", ".join(repr(v) for v in values)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import yaml
 
@@ -82,9 +82,9 @@ class _ConfigLoader(yaml.SafeLoader):
     def refuse(self, path: list[str], problem: str) -> ConfigError:
         return ConfigError(self.config_source, _key_text(self.key_prefix + path) or None, problem)
 
-    def compose_node(self, parent: Optional[yaml.Node], index: Any) -> Optional[yaml.Node]:
+    def compose_node(self, parent: Optional[yaml.Node], index: Union[yaml.Node, int, None]) -> Optional[yaml.Node]:
         if parent is None:
-            return super().compose_node(parent, index)
+            return super().compose_node(parent, index)  # pyright: ignore[reportArgumentType]  (None at the root, see below)
         self.composed_nodes += 1
         self.key_path.append(index.value if isinstance(index, yaml.ScalarNode) else "?" if index is None else str(index))
         try:

@@ -12,11 +12,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from veritrain.core.errors import UserError
 from veritrain.orchestration.sweep.planning import Slot
 from veritrain.records.record import now_iso
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 log = logging.getLogger("veritrain")
 
@@ -162,7 +165,7 @@ class RayTrials:
         ready, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=timeout)
         return [(by_ref[ref], self._result(ref)) for ref in ready]
 
-    def _result(self, ref: Any) -> dict[str, Any]:
+    def _result(self, ref: ObjectRef) -> dict[str, Any]:
         from ray import exceptions
 
         try:
