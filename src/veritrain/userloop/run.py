@@ -27,8 +27,10 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from types import TracebackType
+from typing import Any, Iterator, Optional, Protocol, Union
 
 import numpy as np
 import torch
@@ -57,6 +59,15 @@ Every = Union[int, str, None]  # run.checkpoint(every=): a number of steps, "epo
 
 _active: dict[str, Run] = {}  # the run this process has started and not yet ended (one at a time)
 _lock = threading.Lock()
+
+
+class Stateful(Protocol):
+    """What run.resume registers besides the model: anything with state_dict() and load_state_dict() (an optimizer, an
+    LR scheduler, a GradScaler, an EMA of the user's)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state_dict: Any, /) -> Any: ...
 
 
 class UsageError(UserError):
@@ -346,8 +357,8 @@ class Run:
 
     # ------------------------------------------------------------ the calls in the loop
 
-    def resume(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, scheduler: Any = None,
-               scaler: Any = None, extra: Optional[dict[str, Any]] = None) -> bool:
+    def resume(self, model: torch.nn.Module, optimizer: Optional[Stateful] = None, scheduler: Optional[Stateful] = None,
+               scaler: Optional[Stateful] = None, extra: Optional[dict[str, Stateful]] = None) -> bool:
         """Register every piece of training state `run.checkpoint` saves, and restore it when the run continues (a
         resume, or a replay from a checkpoint). Returns whether state was restored. On a new run the initial state
         is hashed as trajectory entry 0."""
@@ -640,7 +651,7 @@ class Run:
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException], tb: Any) -> bool:
+    def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException], tb: Optional[TracebackType]) -> bool:
         if isinstance(error, ReplayStop):
             self._write_audit()
             _active.clear()
@@ -725,7 +736,7 @@ def _truncate_metrics(path: Path, position: int) -> None:
     write_atomic(path, "".join(line + "\n" for line in kept).encode())
 
 
-def _config_difference(recorded: Any, now: dict[str, Any]) -> str:
+def _config_difference(recorded: Mapping[str, Any], now: dict[str, Any]) -> str:
     from veritrain.records.experiments import config_diff
 
     changed = config_diff(thawed(recorded), now)
@@ -754,7 +765,7 @@ def _install_excepthook() -> None:
         return
     previous = sys.excepthook
 
-    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+    def hook(kind: type[BaseException], error: BaseException, tb: Optional[TracebackType]) -> None:
         if isinstance(error, VeritrainError):
             print(f"error: {error}", file=sys.stderr)
             sys.exit(error.exit_code)
