@@ -133,8 +133,8 @@ def problems(ws: Path, final: bool, version: str) -> list[str]:
     """What is wrong in the workspace: a run that does not verify, a damaged data version or one other than `version`
     (the one the config prepares to), a registry row without its run; with `final` also an amend still journaled, or
     `version` missing after a prepare. Reads only (the registry, a cache of the run folders, is brought up to date)."""
-    from veritrain.records import registry
     from veritrain.data.prepare import load_version
+    from veritrain.records import registry
     from veritrain.trust.verify import verify_run
 
     found = []

@@ -1,10 +1,12 @@
 """The long chaos run: kill training with SIGKILL 20 times at random moments, resume each time, and
-check that the final weights, metrics and committed trajectory equal an uninterrupted run's.
+check that the final weights, metrics and committed trajectory equal an uninterrupted run's. Then the same,
+10 times, for a user's own script (examples/own_loop.py, through `veritrain.start`): killed, and re-run with
+`--resume auto` until it completes.
 
-    .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--seed 0]
+    .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--script-kills 10] [--seed 0]
 
-Prints `N/20 identical` (one line per kill-and-resume cycle before it). The kill schedule comes from
---seed, so a failure can be replayed.
+Prints `N/20 identical` and `N/10 identical (script)` (one line per kill-and-resume cycle before each). The kill
+schedule comes from --seed, so a failure can be replayed.
 """
 
 from __future__ import annotations
@@ -65,13 +67,65 @@ def run_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, l
         proc = start(workdir, "train", "--resume", run_dir.name)
 
 
+SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "own_loop.py"
+SCRIPT_ARGS = ["--epochs", "3", "--checkpoint_every", "7"]
+
+
+def start_script(workdir: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(SCRIPT), *SCRIPT_ARGS, "--workdir", str(workdir), *args], cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def script_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, list[dict], list[dict], int]:
+    """The script, SIGKILLed at a random moment of its expected `duration`, then re-run with --resume auto until done."""
+    workdir.mkdir(parents=True)
+    proc = start_script(workdir)
+    time.sleep(rng.uniform(0.2, 0.9) * duration)
+    kills = 0
+    if proc.poll() is None:
+        proc.kill()
+        kills = 1
+    proc.wait()
+    for _ in range(5):
+        done = [r for r in (workdir / "runs").glob("*/record.json") if json.loads(r.read_text())["status"] == "completed"]
+        if done:
+            return (*outcome(done[0].parent), kills)
+        if subprocess.run([sys.executable, str(SCRIPT), *SCRIPT_ARGS, "--workdir", str(workdir), "--resume", "auto"], cwd=workdir,
+                          capture_output=True).returncode != 0:
+            raise SystemExit(f"the script failed on resume in {workdir}")
+    raise SystemExit(f"the script did not complete in {workdir}")
+
+
+def script_chaos(tmp: Path, rng: random.Random, kills: int, seed: int) -> None:
+    reference_dir = tmp / "script-reference"
+    reference_dir.mkdir()
+    started = time.perf_counter()
+    subprocess.run([sys.executable, str(SCRIPT), *SCRIPT_ARGS, "--workdir", str(reference_dir)], cwd=reference_dir, check=True, capture_output=True)
+    duration = time.perf_counter() - started
+    (ref_run,) = (reference_dir / "runs").iterdir()
+    reference = outcome(ref_run)
+    identical = killed = 0
+    for i in range(kills):
+        final, metrics, trajectory, kill = script_once(tmp / f"script-{i}", rng, duration)
+        same = (final, metrics, trajectory) == reference
+        identical += same
+        killed += kill
+        print(f"script cycle {i + 1}: {'killed and resumed' if kill else 'finished before the kill'}, {'identical' if same else 'DIFFERENT'}", flush=True)
+    print(f"{identical}/{kills} identical (script; {killed} of them killed mid-run; seed {seed})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--script-kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.script_kills:
+            script_chaos(Path(tmp), rng, args.script_kills, args.seed)
+        if not args.kills:
+            return
         reference_dir = Path(tmp) / "reference"
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "veritrain", "train", *CHAOS, "--workdir", str(reference_dir)],

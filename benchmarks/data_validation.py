@@ -12,8 +12,8 @@ from pathlib import Path
 
 from data_reprepare import make_images
 
-from veritrain.data import validate
 from veritrain.core.hashing import hash_files
+from veritrain.data import validate
 
 
 def main() -> None:

@@ -54,13 +54,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
-    from veritrain.orchestration import pipeline
-    from veritrain.results import evaluate
-    from veritrain.trust import opening
     from veritrain.core.config import load_config
+    from veritrain.orchestration import pipeline
+    from veritrain.records.workspace import Workspace
+    from veritrain.results import evaluate
     from veritrain.tasks import classification_eval
     from veritrain.train.loop import resolve_device
-    from veritrain.records.workspace import Workspace
+    from veritrain.trust import opening
 
     current = classification_eval.plot_bad_cases
     with tempfile.TemporaryDirectory() as tmp:

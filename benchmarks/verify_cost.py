@@ -84,10 +84,10 @@ def main() -> None:
         imports, torch = import_seconds(traced.stderr)
 
         from veritrain.core.config import load_config
-        from veritrain.data import prepare
         from veritrain.core.hashing import hash_files
-        from veritrain.trust.verify import verify_run
+        from veritrain.data import prepare
         from veritrain.records.workspace import Workspace
+        from veritrain.trust.verify import verify_run
 
         listing = prepare.load_source(load_config(None, ["data.source=imagefolder", f"data.root={root}"]).config.data,
                                       {"root": root})

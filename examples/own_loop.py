@@ -28,12 +28,13 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--checkpoint_every", type=int, default=10)
 parser.add_argument("--resume", default=None)  # None, "auto" or a run id
 parser.add_argument("--workdir", default=".")
+parser.add_argument("--data", default=str(DIGITS))  # the digits table (CSV, gzipped or not)
 args = parser.parse_args()
-config = {k: v for k, v in vars(args).items() if k not in ("resume", "workdir")}
+config = {k: v for k, v in vars(args).items() if k not in ("resume", "workdir", "data")}
 
 
 def load_digits():
-    table = np.loadtxt(DIGITS, delimiter=",", dtype=np.float32)
+    table = np.loadtxt(args.data, delimiter=",", dtype=np.float32)
     x, y = torch.from_numpy(table[:, :64] / 16.0), torch.from_numpy(table[:, 64]).long()
     test = torch.arange(len(y)) % 5 == 0  # a fixed split: every fifth row is test
     return x[~test], y[~test], x[test], y[test]
@@ -53,7 +54,7 @@ def evaluate(model, x, y):
     return accuracy
 
 
-with vt.start(config=config, name="own-loop", inputs=[str(DIGITS)], workdir=args.workdir, resume=args.resume) as run:  # vt
+with vt.start(config=config, name="own-loop", inputs=[args.data], workdir=args.workdir, resume=args.resume) as run:  # vt
     x_train, y_train, x_test, y_test = load_digits()
     model, optimizer = build(run.config)
     steps = -(-len(y_train) // run.config["batch_size"]) * run.config["epochs"]

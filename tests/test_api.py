@@ -85,6 +85,15 @@ def test_a_run_records_the_config_script_inputs_and_trajectory_and_verifies(plac
     assert "1 input file(s)" in done.json()["raw_data"]
 
 
+def test_the_example_of_docs_api_md_runs_replayable_and_verifies(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "own_loop.py"), "--epochs", "1", "--workdir", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    run_id, level = done.stdout.split()[-2:]
+    assert level == "replayable"
+    assert veritrain("verify", run_id, "--workdir", str(tmp_path)).code == 0
+
+
 def test_one_changed_byte_of_an_input_or_of_the_recorded_script_fails_verify(place, own_run):
     for path, named in ((place.root / "data" / "train.csv", "data/train.csv"),
                         (place.root / "runs" / own_run / "code" / "script" / "tiny_loop.py", "code/script/tiny_loop.py")):

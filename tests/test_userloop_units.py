@@ -171,3 +171,18 @@ def test_an_input_that_changes_while_it_is_hashed_is_refused(tmp_path, monkeypat
 def test_a_script_that_reads_its_own_file_variable_is_found():
     assert reads_file_variable(b"from pathlib import Path\nDATA = Path(__file__).parent / 'data'\n")
     assert not reads_file_variable(b"import os\nDATA = os.path.join(os.getcwd(), 'data')\n# __file__ in a comment\ns = '__file__'\n")
+
+
+def test_every_public_name_is_documented_and_import_veritrain_stays_light():
+    import subprocess
+    import sys
+
+    import veritrain
+
+    documented = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text(encoding="utf-8")
+    table = documented.split("## The public names", 1)[1].split("\n### ", 1)[0]
+    for name in veritrain.__all__:
+        assert f"| `{name}` |" in table, f"veritrain.{name} is public (veritrain.__all__) but docs/api.md does not document it"
+        assert getattr(veritrain, name) is not None
+    probe = "import sys, veritrain; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"

@@ -257,9 +257,10 @@ def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, i
     entries = record.get("trajectory") or []
     verdicts: list[dict[str, Any]] = []
     replays = []
+    said: set[str] = set()  # an edited working copy is named once, however many stretches replay it
     for start, end in plan:
         t = time.perf_counter()
-        verdicts.extend(replay.audit_stretch(workspace, record, start, end, starts[start]))
+        verdicts.extend(replay.audit_stretch(workspace, record, start, end, starts[start], said))
         replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
                         "seconds": round(time.perf_counter() - t, 3)})
     return verdicts, replays, []

@@ -103,9 +103,11 @@ def resume(workspace: Workspace, run_dir: Path) -> int:
     return launch(record, workspace, ReplaySpec("resume", run_dir)).returncode
 
 
-def audit_stretch(workspace: Workspace, record: Record, start: int, end: int, start_file: Optional[Path]) -> list[dict[str, Any]]:
+def audit_stretch(workspace: Workspace, record: Record, start: int, end: int, start_file: Optional[Path],
+                  said: Optional[set[str]] = None) -> list[dict[str, Any]]:
     """Replay entry `start` → `end` with the recorded script: one verdict per segment start+1 … end, in the shape
-    veritrain.trust.audit gives for the built-in loop."""
+    veritrain.trust.audit gives for the built-in loop. The replay's warnings (an edited working copy) are passed on
+    once each (`said`: those passed on already)."""
     entries = record.get("trajectory") or []
 
     def verdict(index: int, **fields: Any) -> dict[str, Any]:
@@ -119,6 +121,11 @@ def audit_stretch(workspace: Workspace, record: Record, start: int, end: int, st
         spec = ReplaySpec("audit", record.run_dir, start=start, start_file=str(start_file) if start_file else None, end=end, out=str(out))
         done = launch(record, workspace, spec, quiet=True)
         checked = json.loads(out.read_text(encoding="utf-8"))["checked"] if out.is_file() else None
+    for line in (done.stderr or "").splitlines():
+        if "differs from the copy recorded" in line and line not in (said if said is not None else set()):
+            print(line, file=sys.stderr)
+            if said is not None:
+                said.add(line)
     if checked is None:
         last = (done.stderr or "").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
         return [verdict(i, verdict="differs" if i == start + 1 else "unchecked",
