@@ -167,6 +167,26 @@ def test_resume_with_another_config_is_refused_with_the_difference(place, own_ru
                                                     "resume with the run's own config, or start a new run")
 
 
+def test_a_veritrain_data_version_as_input_is_bound_verified_and_replayed(place):
+    run_id = run_id_of(place.run("--vt-data"))
+    record = place.record(run_id)
+    assert record["guarantee"]["level"] == "replayable" and record["inputs"] is None
+    version = record["data"]["version"]
+    assert record["data"]["config"]["source"] == "digits" and record["trajectory"][-1]["chain"]
+    assert (place.root / ".veritrain" / "data" / version / "version.json").is_file()
+    verified = veritrain("verify", run_id, "--json", cwd=place.root)
+    assert verified.code == 0 and "raw" in str(verified.json()["raw_data"]), verified.stdout
+    reproduced = veritrain("reproduce", run_id, "--json", cwd=place.root)
+    assert reproduced.code == 0 and reproduced.json()["verdict"] == "identical", reproduced.stderr
+    info = place.root / ".veritrain" / "data" / version / "version.json"
+    content = info.read_bytes()
+    info.write_bytes(content.replace(b'"format"', b'"formaT"', 1))
+    try:
+        assert veritrain("verify", run_id, cwd=place.root).code == 1
+    finally:
+        info.write_bytes(content)
+
+
 @pytest.fixture(scope="module")
 def bound_run(place) -> str:
     return run_id_of(place.run("--own-order"))

@@ -14,15 +14,22 @@ from typing import TYPE_CHECKING, Any
 from veritrain.core.version import __version__
 
 if TYPE_CHECKING:
+    from veritrain.data.for_scripts import Data
     from veritrain.userloop.run import Run, UsageError, start
 
-__all__ = ["__version__", "start", "Run", "UsageError"]
+# `data`: the data stage's package, callable: veritrain.data(config) prepares a data version for a script
+__all__ = ["__version__", "start", "Run", "UsageError", "data", "Data"]
 
-_LAZY = {"start": "veritrain.userloop.run", "Run": "veritrain.userloop.run", "UsageError": "veritrain.userloop.run"}
+_LAZY = {"start": "veritrain.userloop.run", "Run": "veritrain.userloop.run", "UsageError": "veritrain.userloop.run",
+         "Data": "veritrain.data.for_scripts"}
 
 
 def __getattr__(name: str) -> Any:
     """The API's names, imported on first use (PEP 562), so the CLI's `--help` does not pay for torch."""
+    if name == "data":
+        import importlib
+
+        return importlib.import_module("veritrain.data")
     if name in _LAZY:
         import importlib
 

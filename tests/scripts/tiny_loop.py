@@ -2,7 +2,7 @@
 a two-layer MLP, 6 batches an epoch, a checkpoint every 3 steps.
 
 Options pick what the script does: --own-order (its own shuffling: a `bound` run), --no-inputs (a `logged` run),
---bad-config, --nested. Environment variables (never recorded, so a replay does not see them) plant faults:
+--vt-data (96 training rows of veritrain's digits data version instead of the CSV), --bad-config, --nested. Environment variables (never recorded, so a replay does not see them) plant faults:
 TINY_KILL_AT=STEP kills the process (SIGKILL) after that step, TINY_FAIL_AT=STEP raises, TINY_NOISE=1 changes the
 training (an audit or reproduction must then differ)."""
 
@@ -26,6 +26,7 @@ parser.add_argument("--own-order", action="store_true")
 parser.add_argument("--no-inputs", action="store_true")
 parser.add_argument("--bad-config", action="store_true")
 parser.add_argument("--nested", action="store_true")
+parser.add_argument("--vt-data", action="store_true")
 args = parser.parse_args()
 config = {"epochs": args.epochs, "lr": args.lr, "seed": args.seed, "own_order": args.own_order}
 if args.bad_config:
@@ -33,10 +34,18 @@ if args.bad_config:
 kill_at = int(os.environ.get("TINY_KILL_AT", -1))
 fail_at = int(os.environ.get("TINY_FAIL_AT", -1))
 
-table = np.loadtxt("data/train.csv", delimiter=",", dtype=np.float32)
-x, y = torch.from_numpy(table[:, :8]), torch.from_numpy(table[:, 8]).long()
+if args.vt_data:
+    data = vt.data()  # the built-in digits, validated, split and stored as a data version
+    rows = data.splits["train"][:96]
+    x = torch.from_numpy(np.asarray(data.inputs[rows], dtype=np.float32).reshape(96, -1)[:, 20:28] / 16)
+    y = torch.from_numpy(np.asarray(data.targets[rows]) % 3).long()
+    inputs = [data]
+else:
+    table = np.loadtxt("data/train.csv", delimiter=",", dtype=np.float32)
+    x, y = torch.from_numpy(table[:, :8]), torch.from_numpy(table[:, 8]).long()
+    inputs = None if args.no_inputs else ["data/train.csv"]
 
-with vt.start(config=config, name="tiny", inputs=None if args.no_inputs else ["data/train.csv"], resume=args.resume,
+with vt.start(config=config, name="tiny", inputs=inputs, resume=args.resume,
               keep_last=2, audit_every=2) as run:
     if args.nested:
         vt.start(config=config)

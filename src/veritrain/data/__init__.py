@@ -5,3 +5,20 @@ Entry point: `veritrain.data.prepare.run(...)`; training reads the stored versio
 version), `table` (the sample table), `grouping` (duplicates, groups, the split and its checks), `store` (writing
 `.veritrain/data/<id>/`), over `sources`, `validate`, `dedup`, `split`, `label_issues` and `report`.
 """
+
+import sys
+import types
+from typing import Any
+
+
+class _CallableData(types.ModuleType):
+    """`veritrain.data(config)` (docs/api.md) is a call of this package: the public API names the data stage by its
+    own name, so the package itself is callable (veritrain.data.for_scripts.data does the work)."""
+
+    def __call__(self, config: Any = None, workdir: Any = ".") -> Any:
+        from veritrain.data.for_scripts import data
+
+        return data(config, workdir)
+
+
+sys.modules[__name__].__class__ = _CallableData

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ import numpy as np
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import sha256_file, sha256_json
 from veritrain.data.split import SPLITS
+
+log = logging.getLogger("veritrain")
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -301,3 +304,37 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
         for name in sorted(set(names) - set(expected) - {"version.json", CARD_FILE}):
             problems.append(changed(name, f"{name} is not part of the data version"))
     return problems
+
+
+def data_summary(data: DataVersion) -> dict[str, Any]:
+    """What a run record says about its data: the version, counts, findings by kind, the card (`data` in docs/record.md)."""
+    from collections import Counter
+
+    report = data.report()
+    for kind, count in report["findings_by_kind"].items():
+        log.debug("data finding: %s × %d", kind, count)
+    quarantined = len(report["quarantined"])
+    warnings = {k: n for k, n in report["findings_by_kind"].items() if k not in {q["kind"] for q in report["quarantined"]}}
+    if quarantined:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(Counter(q["kind"] for q in report["quarantined"]).items()))
+        log.warning("data: %d sample(s) quarantined (%s); see %s", quarantined, kinds, data.path / "data_report.md")
+    if warnings:
+        log.info("data: findings %s; see %s", ", ".join(f"{k} {n}" for k, n in warnings.items()), data.path / "data_report.md")
+    for warning in report["card_warnings"]:
+        log.warning("data: %s", warning)
+    return {
+        "version": data.version,
+        "path": str(data.path),
+        "source": report["source"],
+        "counts": data.counts,
+        "classes": data.classes,
+        "quarantined": quarantined,
+        "findings_by_kind": report["findings_by_kind"],
+        "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
+        "hash_algorithm": report["hash_algorithm"],
+        "recipe": data.info.get("format"),
+        # the version's own record (its report tables included), so the run's seal covers the data version too
+        "version_json_sha256": sha256_file(data.path / "version.json"),
+        "summary": report.get("summary"),  # quarantined by kind, achieved split, label issues, outliers (recipe 3 on)
+        "card": report["card"],
+    }

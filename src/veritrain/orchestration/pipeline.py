@@ -17,7 +17,6 @@ import logging
 import sys
 import time
 import traceback
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from veritrain.core.files import remove_unfinished
 from veritrain.core.hashing import sha256_file
 from veritrain.core.secrets import allowed_environment, secret_in_command_line, text_secret
 from veritrain.core.signals import StopFlag, interruptible
+from veritrain.data.identity import data_summary
 from veritrain.records import journal, usercode
 from veritrain.records.record import Record, capture_code, capture_env, now_iso, read_record, save_code, thawed
 from veritrain.records.recorder import Amendment, Recorder, amending
@@ -583,38 +583,6 @@ def _log_header(record: Recorder, resolved: ResolvedConfig, run_dir: Path, resum
         torch.__version__, torch.version.cuda or "-", torch.get_num_threads(),
     )
     log.debug("env: %s", env)
-
-
-def data_summary(data: DataVersion) -> dict[str, Any]:
-    """What a run record says about its data: the version, counts, findings by kind, the card."""
-    report = data.report()
-    for kind, count in report["findings_by_kind"].items():
-        log.debug("data finding: %s × %d", kind, count)
-    quarantined = len(report["quarantined"])
-    warnings = {k: n for k, n in report["findings_by_kind"].items() if k not in {q["kind"] for q in report["quarantined"]}}
-    if quarantined:
-        kinds = ", ".join(f"{k} {n}" for k, n in sorted(Counter(q["kind"] for q in report["quarantined"]).items()))
-        log.warning("data: %d sample(s) quarantined (%s); see %s", quarantined, kinds, data.path / "data_report.md")
-    if warnings:
-        log.info("data: findings %s; see %s", ", ".join(f"{k} {n}" for k, n in warnings.items()), data.path / "data_report.md")
-    for warning in report["card_warnings"]:
-        log.warning("data: %s", warning)
-    return {
-        "version": data.version,
-        "path": str(data.path),
-        "source": report["source"],
-        "counts": data.counts,
-        "classes": data.classes,
-        "quarantined": quarantined,
-        "findings_by_kind": report["findings_by_kind"],
-        "leakage_pairs": report["leakage"]["cross_split_duplicate_pairs"],
-        "hash_algorithm": report["hash_algorithm"],
-        "recipe": data.info.get("format"),
-        # the version's own record (its report tables included), so the run's seal covers the data version too
-        "version_json_sha256": sha256_file(data.path / "version.json"),
-        "summary": report.get("summary"),  # quarantined by kind, achieved split, label issues, outliers (recipe 3 on)
-        "card": report["card"],
-    }
 
 
 def _record_failure(record: Recorder, err: BaseException) -> None:

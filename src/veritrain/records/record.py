@@ -290,6 +290,7 @@ class DataInfo(_Part):
     recipe: Optional[int] = None
     summary: Optional[dict[str, Any]] = None
     card: Optional[dict[str, Any]] = None
+    config: Optional[dict[str, Any]] = None  # a script's run (veritrain.data): the data section it was prepared with
 
 
 class Training(_Part):

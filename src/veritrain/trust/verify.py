@@ -423,7 +423,6 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         checked.append("raw data prepared again to compare" + (f" ({raw.undecided})" if raw is not None and raw.undecided else ""))
         import tempfile
 
-        from veritrain.core.config import RunConfig
         from veritrain.data import prepare
 
         report("raw data", 0, 1)
@@ -431,7 +430,7 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         logging.getLogger("veritrain").addFilter(quiet)
         try:  # in a folder of its own, removed afterwards: verify never writes into the workspace's data
             with tempfile.TemporaryDirectory(prefix="veritrain-verify-") as scratch:
-                data_cfg = RunConfig.model_validate(record["config"]).data
+                data_cfg = _data_config(record)
                 if carried is not None:  # the full id the version recorded, whatever prefix the config gave
                     data_cfg = data_cfg.model_copy(update={"test_from": carried})
                 again = prepare.version_now(data_cfg, paths, Path(scratch), versions=state_dir / "data")
@@ -451,7 +450,6 @@ def _raw_by_hashes(record: dict[str, Any], paths: dict[str, Path], folder: Path,
     """`prepare.raw_data_check` of the stored version, or None when there is none to compare with (not stored, or
     its manifest cannot be read: its damage is a problem already) or the raw data cannot be listed (preparing it
     again then says why)."""
-    from veritrain.core.config import RunConfig
     from veritrain.data import prepare
 
     if not (folder / "version.json").is_file() or not (folder / "manifest.csv").is_file():
@@ -460,7 +458,7 @@ def _raw_by_hashes(record: dict[str, Any], paths: dict[str, Path], folder: Path,
     quiet = _QuietThread()  # the listing's info lines (ignored files) belong to prepare, not to verify
     logging.getLogger("veritrain").addFilter(quiet)
     try:
-        data_cfg = RunConfig.model_validate(record["config"]).data
+        data_cfg = _data_config(record)
         if carried is not None:
             data_cfg = data_cfg.model_copy(update={"test_from": carried})
         return prepare.raw_data_check(data_cfg, paths, folder, state_dir / "data")
@@ -469,6 +467,17 @@ def _raw_by_hashes(record: dict[str, Any], paths: dict[str, Path], folder: Path,
     finally:
         logging.getLogger("veritrain").removeFilter(quiet)
         report("raw data", 1, 1)
+
+
+def _data_config(record: dict[str, Any]) -> Any:
+    """The data section a run's data version was prepared with: its config's, or for a script's run (veritrain.data)
+    the one its `data` section keeps."""
+    from veritrain.core.config import RunConfig
+    from veritrain.core.config.schema import DataConfig
+
+    if record.get("kind") == "script":
+        return DataConfig.model_validate(record["data"]["config"])
+    return RunConfig.model_validate(record["config"]).data
 
 
 class _QuietThread(logging.Filter):

@@ -39,6 +39,7 @@ from veritrain.core import logs
 from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.hashing import sha256_json, state_dict_sha256
 from veritrain.core.secrets import allowed_environment, config_secret, secret_in_command_line
+from veritrain.data.for_scripts import Data
 from veritrain.records.record import capture_code, capture_env, frozen, read_record, save_code, thawed
 from veritrain.records.recorder import Recorder
 from veritrain.records.workspace import Workspace
@@ -74,12 +75,13 @@ class UsageError(UserError):
     """A call of the API that cannot work as made (one line: what and how to fix it); exit 2 when a script leaves it uncaught."""
 
 
-def start(config: object, name: Optional[str] = None, inputs: Optional[list[str]] = None, workdir: Union[str, Path] = ".",
+def start(config: object, name: Optional[str] = None, inputs: Optional[list[Union[str, Path, Data]]] = None, workdir: Union[str, Path] = ".",
           resume: Optional[str] = None, deterministic: bool = True, tensorboard: bool = False, keep_last: int = 2,
           audit_every: int = 0) -> Run:
     """Start (or, with `resume`, continue) a recorded run of this script. `resume`: None (a new run), "auto" (the newest
     interrupted or killed run of this script and config, else a new one) or a run id. `keep_last`: the newest step
-    checkpoints kept; `audit_every` K: every K-th trajectory entry also keeps its checkpoint, for `veritrain audit`."""
+    checkpoints kept; `audit_every` K: every K-th trajectory entry also keeps its checkpoint, for `veritrain audit`.
+    `inputs`: paths (files and folders, hashed into a manifest), and at most one data version from `veritrain.data`."""
     _install_excepthook()
     with _lock:
         if _active:
@@ -100,7 +102,7 @@ class Run:
     """One run of a script (see the module's docstring). `id` and `dir` name it (None in an audit replay, which
     writes nothing); `level` is the guarantee it can prove, final once it is sealed; `config` the canonical config."""
 
-    def __init__(self, config: object, name: Optional[str], inputs: Optional[list[str]], workdir: Path, resume: Optional[str],
+    def __init__(self, config: object, name: Optional[str], inputs: Optional[list[Union[str, Path, Data]]], workdir: Path, resume: Optional[str],
                  deterministic: bool, tensorboard: bool, keep_last: int, audit_every: int) -> None:
         self._config = canonical_config(config)
         found = config_secret(self._config)
@@ -123,7 +125,12 @@ class Run:
         self.workspace = Workspace.open(self.replay.workspace if self.replay is not None and self.replay.workspace else workdir)
         self.cwd = Path.cwd()
         self._requested_resume = resume
-        self._input_paths = list(inputs) if inputs else []
+        given = [inputs] if isinstance(inputs, Data) else list(inputs or [])
+        versions = [item for item in given if isinstance(item, Data)]
+        if len(versions) > 1:
+            raise UsageError("vt.start: inputs holds several veritrain data versions; a run binds one (list the others' files as paths)")
+        self._data: Optional[Data] = versions[0] if versions else None
+        self._input_paths = [item for item in given if not isinstance(item, Data)]
         seed = self._config.get("seed", 0)
         if type(seed) is not int:
             raise UsageError(f"config: seed: {seed!r}; give a whole number (vt.start seeds Python, NumPy and torch from it)")
@@ -178,6 +185,9 @@ class Run:
         if manifest is not None:
             self._facts.inputs_bound = True
             self._binding = inputs_module.manifest_sha256(manifest)
+        if self._data is not None:  # the chain binds the data version, as a run of veritrain's loop does
+            self._facts.inputs_bound = True
+            self._binding = self._data.version
         if self.replay is not None and self.replay.mode == "audit":
             self._begin_audit()
         elif self.replay is not None and self.replay.mode == "resume":
@@ -216,7 +226,9 @@ class Run:
             run_dir, run_id=run_id, kind=KIND, stages=["train"], argv=argv, exp_name=self.name, seed=self.seed,
             config=self._config, config_recorded="as_given", config_hash=self.config_hash, code=code,
             reproduced_from=self.replay.original if self.replay is not None else None,
-            script=section, inputs=inputs_section, guarantee=self._guarantee())
+            script=section, inputs=inputs_section, guarantee=self._guarantee(),
+            **({"data": {**self._data.summary, "config": self._data.config},
+                "config_source": {"data_paths_resolved": self._data.recorded_paths}} if self._data is not None else {}))
         self._open_files(run_dir)
         log.info("run %s: started (%s)", run_id, f"script {self._script.name}" if self._script else "no script file")
         self._write_env()
@@ -310,9 +322,8 @@ class Run:
             if changed:
                 raise UsageError(f"vt.start: resume={run_dir.name!r}: the code differs from the run's ({changed}); resume with the "
                                  f"recorded code (`veritrain train --resume {run_dir.name}`), or start a new run")
-        recorded_inputs = (record.get("inputs") or {}).get("manifest_sha256")
-        if recorded_inputs != (self._binding if self._manifest is not None else None):
-            raise UsageError(f"vt.start: resume={run_dir.name!r}: the inputs differ from those the run bound; "
+        if self._inputs_differ(record):
+            raise UsageError(f"vt.start: resume={run_dir.name!r}: the inputs differ from those the run bound ({self._inputs_differ(record)}); "
                              f"`veritrain verify {run_dir.name}` names the files")
         if record.status == "completed":
             raise UsageError(f"vt.start: resume={run_dir.name!r}: run {run_dir.name} is completed; start a new run (resume=None)")
@@ -344,15 +355,26 @@ class Run:
         self._write_env()
         self._record.write()
 
+    def _inputs_differ(self, record: Mapping[str, Any]) -> Optional[str]:
+        """How this start's inputs differ from those the run in `record` bound, or None."""
+        manifest = (record.get("inputs") or {}).get("manifest_sha256")
+        now = inputs_module.manifest_sha256(self._manifest) if self._manifest is not None else None
+        if manifest != now:
+            return "the files hash differently" if manifest and now else "files bound by one and not the other"
+        version = (record.get("data") or {}).get("version")
+        mine = self._data.version if self._data is not None else None
+        if version != mine:
+            return f"data version {str(version)[:12]} recorded, {str(mine)[:12]} now" if version and mine else "a data version bound by one and not the other"
+        return None
+
     def _begin_audit(self) -> None:
         assert self.replay is not None
         record = read_record(self.replay.run_dir)
         if record.get("config_hash") != self.config_hash:
             raise RunFailed(f"audit: the replayed script's config hashes to {self.config_hash[:12]}, the run's to "
                             f"{str(record.get('config_hash'))[:12]} ({_config_difference(record['config'], self._config)})")
-        recorded_inputs = (record.get("inputs") or {}).get("manifest_sha256")
-        if recorded_inputs != (self._binding if self._manifest is not None else None):
-            raise RunFailed("audit: the inputs hash differently from those the run bound; `veritrain verify` names the files")
+        if self._inputs_differ(record):
+            raise RunFailed(f"audit: the inputs differ from those the run bound ({self._inputs_differ(record)}); `veritrain verify` names the files")
         self._audit = {"entries": thawed(record.get("trajectory") or []), "checked": [], "record": record}
 
     # ------------------------------------------------------------ the calls in the loop
