@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from veritrain.core.version import __version__
 
 if TYPE_CHECKING:
+    from veritrain import data
     from veritrain.data.for_scripts import Data
     from veritrain.userloop.run import Run, UsageError, start
 

@@ -16,7 +16,8 @@ import hashlib
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Union
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import CHUNK_BYTES, canonical_json
@@ -29,7 +30,7 @@ def manifest_sha256(manifest: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json({"paths": manifest["paths"], "files": manifest["files"]})).hexdigest()
 
 
-def hash_inputs(paths: list[str], root: Path) -> dict[str, Any]:
+def hash_inputs(paths: Sequence[Union[str, os.PathLike[str]]], root: Path) -> dict[str, Any]:
     """The manifest of `paths` (relative to `root`). UserError naming the path for one that does not exist or is a
     link, and for a file that changed while it was hashed (its size or modification time moved)."""
     given = [_given(path) for path in paths]
