@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Union
 
 from veritrain.core.errors import RunFailed, UserError
