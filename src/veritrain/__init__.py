@@ -27,10 +27,10 @@ _LAZY = {"start": "veritrain.userloop.run", "Run": "veritrain.userloop.run", "Us
 
 def __getattr__(name: str) -> Any:
     """The API's names, imported on first use (PEP 562), so the CLI's `--help` does not pay for torch."""
-    if name == "data":
+    if name in ("data", "lightning", "hf"):  # the data stage (callable), and the framework integrations (extras)
         import importlib
 
-        return importlib.import_module("veritrain.data")
+        return importlib.import_module(f"veritrain.{name}")
     if name in _LAZY:
         import importlib
 

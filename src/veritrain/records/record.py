@@ -224,6 +224,7 @@ class TrajectoryEntry(_Part):
     chain: Sha256
     kept: bool = False
     kept_for_audit: bool = False
+    file: Optional[RunPath] = None  # a checkpoint a framework wrote (a script's run through veritrain.lightning or veritrain.hf)
 
 
 class OtherSave(_Part):
@@ -332,6 +333,7 @@ class ScriptInfo(_Part):
     deterministic: bool
     checkpoints: dict[str, int]
     api: Optional[dict[str, Any]] = None  # what the script used: batches, checkpoints (count), state_registered
+    integration: Optional[str] = None  # lightning, hf: a framework's callback made the run, and owns its loop and checkpoints
 
 
 class InputsInfo(_Part):

@@ -42,6 +42,8 @@ OUTSIDE_KINDS = ("eval", "export")
 
 
 def _has_model(workspace: "Workspace", record: dict) -> bool:
+    if record.get("kind") == "script":  # veritrain.start: a trained state when its trajectory goes past the initial one
+        return len(record.get("trajectory") or []) > 1
     return record.get("kind") not in OUTSIDE_KINDS and any(p.startswith("checkpoints/") and p.endswith(".pt") for p in record.get("artifacts") or {})
 
 

@@ -157,7 +157,7 @@ def chain_problem(trajectory: list[dict[str, Any]], config_hash: str, data_versi
 def for_record(entries: list[dict[str, Any]], checkpoints: Path, audit_every: int) -> list[dict[str, Any]]:
     """The record's trajectory: each entry with `kept` (its checkpoints/step-<N>.pt is in the run) and
     `kept_for_audit` (kept by checkpoint.audit_every beyond keep_last; an archive may leave those out)."""
-    return [{**item, "kept": index > 0 and (checkpoints / f"step-{item['step']}.pt").exists(),
+    return [{**item, "kept": index > 0 and ((checkpoints.parent / item["file"]) if item.get("file") else (checkpoints / f"step-{item['step']}.pt")).exists(),
              "kept_for_audit": kept_for_audit(index, audit_every)}
             for index, item in enumerate(entries)]
 
@@ -197,7 +197,7 @@ def checkpoint_rules(record: dict[str, Any]) -> dict[str, Any]:
     if record.get("kind") == "script":
         rules = (record.get("script") or {}).get("checkpoints") or {}
         return {"keep_last": rules.get("keep_last", 2), "audit_every": rules.get("audit_every", 0), "best": False,
-                "last": record.get("status") == "completed"}
+                "last": record.get("status") == "completed" and not (record.get("script") or {}).get("integration")}
     section = (record.get("config") or {}).get("checkpoint")
     return section if isinstance(section, dict) else {}
 
@@ -236,7 +236,7 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
             why = "kept for audit (checkpoint.audit_every)" if step in audit_steps(entries, every) else f"one of the newest checkpoint.keep_last {keep_last}"
             problem(name, f"the keep rule keeps it ({why}) but it is not in the run")
     for index, item in enumerate(entries[1:], start=1):
-        name = f"checkpoints/step-{item['step']}.pt"
+        name = str(item.get("file") or f"checkpoints/step-{item['step']}.pt")  # a framework's own file, or veritrain's
         here = name in present or name in omitted
         if bool(item.get("kept")) != here:
             problem("record.json", f"trajectory entry {index} (step {item['step']}) says kept {bool(item.get('kept'))}, but {name} is {'' if here else 'not '}in the run")

@@ -195,6 +195,10 @@ def _script_rows(run_dir: Path, record: dict[str, Any], rows: dict[str, tuple[st
     if status_fix := {"interrupted": f"veritrain train --resume {run}", "running": f"veritrain train --resume {run}"}.get(str(record.get("status"))):
         state, _, detail = rows["log_complete"]
         rows["log_complete"] = (state, status_fix, detail)
+    files = [str(e["file"]) for e in record.get("trajectory") or [] if e.get("file") and e.get("kept")]
+    if files and rows["checkpoint_with_optimizer"][0] != "pass":  # a framework's own checkpoint files
+        rows["checkpoint_with_optimizer"] = ("pass" if _has_optimizer(run_dir, record.get("artifacts") or {}, files[-1:]) else "missing",
+                                             "save the optimizer with the framework's checkpoints", "")
     guarantee = record.get("guarantee") or {}
     if guarantee.get("level") != "replayable" and len(record.get("trajectory") or []) >= 2:
         rows["auditable"] = ("missing", "make the run replayable (docs/api.md: guarantee levels) in a new run",
@@ -339,9 +343,9 @@ def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[
     return "pass", None, "; ".join(f"{what} on {split} {metric}" for what, split, metric in chosen) + "; test: final report only"
 
 
-def _has_optimizer(run_dir: Path, artifacts: dict[str, Any]) -> bool:
+def _has_optimizer(run_dir: Path, artifacts: dict[str, Any], names: tuple[str, ...] | list[str] = ("checkpoints/last.pt", "checkpoints/best.pt")) -> bool:
     """Whether a checkpoint holds optimizer state (read from its zip index, without unpickling)."""
-    for name in ("checkpoints/last.pt", "checkpoints/best.pt"):
+    for name in names:
         if name in artifacts:
             try:
                 with zipfile.ZipFile(run_dir / name) as archive:

@@ -296,7 +296,39 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
         if not fits:
             kind = "best_not_best_epoch" if name == "best.pt" and best_index is not None else "not_in_trajectory"
             problems.append({"path": rel, "kind": kind, "detail": f"its state (step {step}, state_sha256 {digest[:12]}) is not {wanted}"})
+    problems.extend(_framework_file_problems(record, entries, files, states, cache))
     problems.extend(_result_problems(record, entries, states, files, not_checked, cache))
+    return problems
+
+
+def _framework_file_problems(record: dict[str, Any], entries: list[dict[str, Any]], files: dict[str, Path], states: dict[str, str],
+                             cache: _StateCache) -> list[dict[str, Any]]:
+    """A script's run through a framework (veritrain.lightning): every checkpoint file its trajectory names and the run
+    keeps holds that entry's state and weights, computed again from the file (`states` gains them)."""
+    integration = (record.get("script") or {}).get("integration") if record.get("kind") == "script" else None
+    if not integration:
+        return []
+    from veritrain.userloop.frameworks import file_hashes
+
+    problems = []
+    for index, entry in enumerate(entries):
+        rel = entry.get("file")
+        if not rel or rel not in files:
+            continue
+        kept = cache.get(rel)
+        if kept is not None and isinstance(kept.get("state_sha256"), str) and isinstance(kept.get("model_sha256"), str):
+            state_hash, model_hash = kept["state_sha256"], kept["model_sha256"]
+        else:
+            try:
+                state_hash, model_hash = file_hashes(str(integration), files[rel])
+            except ValueError as err:
+                problems.append({"path": rel, "kind": "not_in_trajectory", "detail": str(err)})
+                continue
+            cache.put(rel, {"state_sha256": state_hash, "model_sha256": model_hash})
+        states[rel] = state_hash
+        if (state_hash, model_hash) != (entry.get("state_sha256"), entry.get("model_sha256")):
+            problems.append({"path": rel, "kind": "not_in_trajectory",
+                             "detail": f"it holds state {state_hash[:12]}, not entry {index}'s {str(entry.get('state_sha256'))[:12]}"})
     return problems
 
 

@@ -31,6 +31,7 @@ class Facts:
     cudnn_benchmark: bool = False
     reads_file_variable: bool = False  # the script reads __file__ (a replay runs the recorded copy elsewhere)
     other: list[str] = field(default_factory=list)  # further reasons, as sentences
+    integration: Optional[str] = None  # "lightning", "hf": a framework owned the loop, its data order and checkpoints
 
 
 def level_of(facts: Facts) -> tuple[str, list[str]]:
@@ -43,6 +44,13 @@ def level_of(facts: Facts) -> tuple[str, list[str]]:
     if logged:
         return "logged", logged
     bound = list(facts.other)
+    if facts.integration is not None:  # the framework's own loop: its checkpoints are hashed, its replay is not proven
+        framework = {"lightning": "Lightning", "hf": "the Hugging Face Trainer"}.get(facts.integration, facts.integration)
+        bound.append(f"{framework} owns the loop and the data order, and a kill -9 resume or a replay through it is not "
+                     "proven bit-identical; its checkpoints are hashed and in the trajectory")
+        if not facts.checkpoints:
+            bound.append("no checkpoint was saved")
+        return "bound", bound
     if not facts.batches_used:
         bound.append("the data order is the script's own (run.batches was not used), so a replay cannot draw the same batches")
     if not facts.state_registered:

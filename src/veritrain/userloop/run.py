@@ -82,13 +82,29 @@ def start(config: object, name: Optional[str] = None, inputs: Optional[list[Unio
     interrupted or killed run of this script and config, else a new one) or a run id. `keep_last`: the newest step
     checkpoints kept; `audit_every` K: every K-th trajectory entry also keeps its checkpoint, for `veritrain audit`.
     `inputs`: paths (files and folders, hashed into a manifest), and at most one data version from `veritrain.data`."""
-    _install_excepthook()
+    install_excepthook()
+    return _begin(Run(config, name, inputs, Path(workdir), resume, deterministic, tensorboard, keep_last, audit_every))
+
+
+def start_for(integration: str, config: object, name: Optional[str], inputs: Optional[list[Union[str, Path, Data]]], workdir: Union[str, Path],
+              resume: Optional[str], deterministic: bool) -> Run:
+    """The run of a training framework's callback (veritrain.lightning, veritrain.hf): the framework owns the loop, the
+    checkpoints (entered by `Run.enter_checkpoint`) and the seeding, so nothing is seeded here."""
+    install_excepthook()
+    return _begin(Run(config, name, inputs, Path(workdir), resume, deterministic, False, 2, 0, integration=integration))
+
+
+def active() -> Optional[Run]:
+    """The run this process has started and not yet ended, if any."""
+    return _active.get("run")
+
+
+def _begin(run: Run) -> Run:
     with _lock:
         if _active:
             other = next(iter(_active.values()))
             raise UsageError(f"vt.start: run {other.id or '(a replay)'} is still active in this process; "
                              "end it (leave its `with` block or call run.finish()) before starting another")
-        run = Run(config, name, inputs, Path(workdir), resume, deterministic, tensorboard, keep_last, audit_every)
         _active["run"] = run
     try:
         run._begin()
@@ -103,7 +119,7 @@ class Run:
     writes nothing); `level` is the guarantee it can prove, final once it is sealed; `config` the canonical config."""
 
     def __init__(self, config: object, name: Optional[str], inputs: Optional[list[Union[str, Path, Data]]], workdir: Path, resume: Optional[str],
-                 deterministic: bool, tensorboard: bool, keep_last: int, audit_every: int) -> None:
+                 deterministic: bool, tensorboard: bool, keep_last: int, audit_every: int, integration: Optional[str] = None) -> None:
         self._config = canonical_config(config)
         found = config_secret(self._config)
         if found is not None:
@@ -138,7 +154,9 @@ class Run:
         self.id: Optional[str] = None
         self.dir: Optional[Path] = None
         self._record: Optional[Recorder] = None
-        self._facts = Facts(deterministic=deterministic)
+        self.integration = integration  # "lightning", "hf": a framework's callback made this run (start_for)
+        self.epochs_done = 0  # completed epochs, when a framework's loop (not run.batches) keeps count
+        self._facts = Facts(deterministic=deterministic, integration=integration)
         self._state: Optional[dict[str, Any]] = None  # what run.resume registered
         self._order: Optional[Order] = None
         self._saved_order: Optional[dict[str, Any]] = None
@@ -202,7 +220,8 @@ class Run:
             if self.replay is None:
                 self._say_if_interrupted_exists()
             self._new(argv)
-        _seed(self.seed, self.deterministic)
+        if self.integration is None:  # a framework seeds as its user told it to
+            _seed(self.seed, self.deterministic)
 
     def _new(self, argv: list[str]) -> None:
         workspace = self.workspace
@@ -216,6 +235,8 @@ class Run:
         code = capture_code(where)
         section: dict[str, Any] = {"checkpoints": {"keep_last": self.keep_last, "audit_every": self.audit_every},
                                    "deterministic": self.deterministic}
+        if self.integration is not None:  # its checkpoints are the framework's files, kept by the framework's rule
+            section.update(integration=self.integration, checkpoints={"keep_last": 0, "audit_every": 0})
         if self._script is not None:
             section.update(script_module.record_script(run_dir, self._script, argv, self.cwd, recorded_path=origin))
             self._facts.reads_file_variable = section["reads_file"]
@@ -340,6 +361,11 @@ class Run:
         self.keep_last = int((section.get("checkpoints") or {}).get("keep_last", self.keep_last))
         self.audit_every = int((section.get("checkpoints") or {}).get("audit_every", self.audit_every))
         self._open_files(run_dir)
+        if self.integration is not None:  # the framework restores its own checkpoint (continue_trajectory)
+            self._record.add_events([{"kind": "resume", "step": None, "detail": f"from a checkpoint of {self.integration}"}])
+            self._write_env()
+            self._record.write()
+            return
         path, saved, problems = checkpoint_files.newest_valid(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else (None, None, [])
         for problem in problems:
             log.warning("checkpoint: %s; falling back to an older one", problem)
@@ -543,7 +569,7 @@ class Run:
 
     def _epoch_of_position(self) -> int:
         if self._order is None:
-            return 0
+            return self.epochs_done  # a framework's loop says (0 when nothing does)
         done, within = divmod(self._position, self._order.per_epoch)
         return done if within == 0 else done + 1
 
@@ -585,6 +611,26 @@ class Run:
                                    keep=trajectory.audit_steps(self._entries, self.audit_every))
         except OSError as err:
             raise RunFailed(f"checkpoint: saving at step {self._position} failed ({err.strerror or err}); the previous checkpoint is intact") from None
+
+    def enter_checkpoint(self, file: Optional[Path], state_sha256: str, model_sha256: str, step: int, epoch: int) -> dict[str, Any]:
+        """Enter a checkpoint a framework wrote (`file`, already complete) in the trajectory: its training state's hash
+        (veritrain.train.trajectory.state_sha256 of what the framework saved), its weights' hash, and where the loop
+        was. The file is named in the entry when it lies in the run folder, whose seal then covers its bytes."""
+        self._position = step
+        entry = trajectory.entry(self._entries, self.config_hash, self._binding, step, epoch, state_sha256, model_sha256)
+        if file is not None and self.dir is not None and file.resolve().is_relative_to(self.dir.resolve()):
+            entry["file"] = file.resolve().relative_to(self.dir.resolve()).as_posix()
+        self._entries.append(entry)
+        self._facts.checkpoints += 1
+        return entry
+
+    def continue_trajectory(self, entries: list[dict[str, Any]], step: int) -> None:
+        """A framework resumed from one of this run's checkpoints: the trajectory up to it, and the step it holds (the
+        metrics logged after it are logged again)."""
+        self._entries = [dict(entry) for entry in entries]
+        self._position = step
+        if self.dir is not None:
+            _truncate_metrics(self.dir / METRICS, step + 1)
 
     # ------------------------------------------------------------ the end
 
@@ -637,7 +683,9 @@ class Run:
                 if metrics is not None:
                     last = len(self._entries) - 1
                     ref = {"index": last, "step": self._entries[last]["step"], "state_sha256": self._entries[last]["state_sha256"]} if self._entries else None
-                    record.set_metrics("final", {**metrics, **({"trajectory_entry": ref, "checkpoint": "checkpoints/last.pt"} if ref else {})})
+                    # the file holding that state: veritrain's last.pt, or the framework's own checkpoint
+                    held = (self._entries[last].get("file") if self.integration else "checkpoints/last.pt") if self._entries else None
+                    record.set_metrics("final", {**metrics, **({"trajectory_entry": ref} if ref else {}), **({"checkpoint": held} if held else {})})
                 record.completed()
             elif status == "interrupted":
                 record.interrupted(type(error).__name__, str(error) or "interrupted")
@@ -780,7 +828,7 @@ def _update_experiments(workspace: Workspace) -> None:
 _hook_installed = {"done": False}
 
 
-def _install_excepthook() -> None:
+def install_excepthook() -> None:
     """A veritrain error a script leaves uncaught is one line on stderr with its exit code (2: could not start, 1:
     ran and failed), as the CLI reports it, not a traceback. Other exceptions keep Python's report."""
     if _hook_installed["done"]:
