@@ -183,6 +183,7 @@ def test_every_public_name_is_documented_and_import_veritrain_stays_light():
     table = documented.split("## The public names", 1)[1].split("\n### ", 1)[0]
     for name in veritrain.__all__:
         assert f"| `{name}` |" in table, f"veritrain.{name} is public (veritrain.__all__) but docs/api.md does not document it"
-        assert getattr(veritrain, name) is not None
+        if name not in ("lightning", "hf"):  # those need their extras (tests/test_lightning.py, tests/test_hf.py)
+            assert getattr(veritrain, name) is not None
     probe = "import sys, veritrain; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"

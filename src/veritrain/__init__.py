@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 from veritrain.core.version import __version__
 
 if TYPE_CHECKING:
-    from veritrain import data
+    from veritrain import data, hf, lightning
     from veritrain.data.for_scripts import Data
     from veritrain.userloop.run import Run, UsageError, start
 
 # `data`: the data stage's package, callable: veritrain.data(config) prepares a data version for a script
-__all__ = ["__version__", "start", "Run", "UsageError", "data", "Data"]
+# `lightning`, `hf`: the framework integrations, imported on first use (their extras)
+__all__ = ["__version__", "start", "Run", "UsageError", "data", "Data", "lightning", "hf"]
 
 _LAZY = {"start": "veritrain.userloop.run", "Run": "veritrain.userloop.run", "UsageError": "veritrain.userloop.run",
          "Data": "veritrain.data.for_scripts"}
@@ -30,7 +31,13 @@ def __getattr__(name: str) -> Any:
     if name in ("data", "lightning", "hf"):  # the data stage (callable), and the framework integrations (extras)
         import importlib
 
-        return importlib.import_module(f"veritrain.{name}")
+        try:
+            return importlib.import_module(f"veritrain.{name}")
+        except ModuleNotFoundError as err:
+            if name == "data" or (err.name or "").startswith("veritrain"):
+                raise
+            raise ImportError(f"veritrain.{name} needs the {name} extra, which is not installed ({err.name}): "
+                              f"pip install 'veritrain[{name}]'") from None
     if name in _LAZY:
         import importlib
 

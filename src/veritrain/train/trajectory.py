@@ -237,7 +237,7 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
             problem(name, f"the keep rule keeps it ({why}) but it is not in the run")
     for index, item in enumerate(entries[1:], start=1):
         name = str(item.get("file") or f"checkpoints/step-{item['step']}.pt")  # a framework's own file, or veritrain's
-        here = name in present or name in omitted
+        here = name in present or name in omitted or any(p.startswith(name + "/") for p in present)  # a framework's folder
         if bool(item.get("kept")) != here:
             problem("record.json", f"trajectory entry {index} (step {item['step']}) says kept {bool(item.get('kept'))}, but {name} is {'' if here else 'not '}in the run")
     if checkpoint_cfg.get("best", True) and best_entry(entries, training.get("best_epoch")) is not None and "checkpoints/best.pt" not in present:

@@ -262,7 +262,8 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     best_index = trajectory_module.best_entry(entries, training.get("best_epoch"))
 
     states: dict[str, str] = {}  # checkpoint file → its state hash
-    checkpoints = [(rel, path) for rel, path in sorted(files.items()) if rel.startswith("checkpoints/") and rel.endswith(".pt")]
+    framework = (record.get("script") or {}).get("integration") if record.get("kind") == "script" else None  # its own files: below
+    checkpoints = [(rel, path) for rel, path in sorted(files.items()) if rel.startswith("checkpoints/") and rel.endswith(".pt") and not framework]
     for done, (rel, path) in enumerate(checkpoints):
         report("states", done, len(checkpoints))
         kept = cache.get(rel)
@@ -313,14 +314,16 @@ def _framework_file_problems(record: dict[str, Any], entries: list[dict[str, Any
     problems = []
     for index, entry in enumerate(entries):
         rel = entry.get("file")
-        if not rel or rel not in files:
+        inside = [r for r in files if r.startswith(f"{rel}/")] if rel else []  # a Trainer's checkpoint is a folder
+        if not rel or (rel not in files and not inside):
             continue
+        where = files[rel] if rel in files else files[inside[0]].parent
         kept = cache.get(rel)
         if kept is not None and isinstance(kept.get("state_sha256"), str) and isinstance(kept.get("model_sha256"), str):
             state_hash, model_hash = kept["state_sha256"], kept["model_sha256"]
         else:
             try:
-                state_hash, model_hash = file_hashes(str(integration), files[rel])
+                state_hash, model_hash = file_hashes(str(integration), where)
             except ValueError as err:
                 problems.append({"path": rel, "kind": "not_in_trajectory", "detail": str(err)})
                 continue

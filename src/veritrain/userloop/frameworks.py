@@ -29,11 +29,46 @@ def lightning_hashes(checkpoint: dict[str, Any]) -> tuple[str, str]:
     return trajectory.state_sha256(lightning_state(checkpoint)), state_dict_sha256(checkpoint.get("state_dict") or {})
 
 
+# the files of a Hugging Face Trainer checkpoint folder (checkpoint-<step>/) that hold training state; rng_state.pth
+# is the Trainer's own record of the RNG states, trainer_state.json the loop's progress and log
+HF_STATE_FILES = ("model.safetensors", "pytorch_model.bin", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth", "trainer_state.json")
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+def hf_hashes(files: dict[str, Path]) -> tuple[str, str]:
+    """(state_sha256, model_sha256) of a Trainer checkpoint folder (`files`: file name → path): the state hash is the
+    SHA-256 of the sorted `name TAB sha256` lines of its state files, the weights hash that of its weights
+    (`state_dict_sha256`). ValueError when it holds no weights."""
+    import hashlib
+
+    from veritrain.core.hashing import sha256_file
+
+    present = sorted(name for name in HF_STATE_FILES if name in files)
+    weights = next((name for name in HF_WEIGHTS if name in files), None)
+    if weights is None:
+        raise ValueError("not a Trainer checkpoint (no model.safetensors or pytorch_model.bin)")
+    lines = "".join(f"{name}\t{sha256_file(files[name])}\n" for name in present)
+    if weights == "model.safetensors":
+        from safetensors.torch import load_file
+
+        state_dict = load_file(str(files[weights]))
+    else:
+        import torch
+
+        state_dict = torch.load(files[weights], map_location="cpu", weights_only=True)
+    return hashlib.sha256(lines.encode()).hexdigest(), state_dict_sha256(state_dict)
+
+
 def file_hashes(integration: str, path: Path) -> tuple[str, str]:
-    """(state_sha256, model_sha256) of the checkpoint file a framework wrote, loaded as data (weights_only): what its
-    trajectory entry must say. ValueError when the file cannot be read as one."""
+    """(state_sha256, model_sha256) of the checkpoint a framework wrote (a file, or a Trainer's folder), loaded as data
+    (weights_only): what its trajectory entry must say. ValueError when it cannot be read as one."""
     import torch
 
+    if integration == "hf":
+        try:
+            return hf_hashes({p.name: p for p in path.iterdir() if p.is_file()})
+        except (OSError, ValueError, RuntimeError) as err:
+            raise ValueError(f"cannot be read as a Trainer checkpoint ({str(err)[:120]})") from None
     if integration != "lightning":
         raise ValueError(f"no checkpoint format known for {integration!r}")
     try:

@@ -836,6 +836,9 @@ def install_excepthook() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], error: BaseException, tb: Optional[TracebackType]) -> None:
+        run = _active.get("run")
+        if run is not None and not run._finished and run._record is not None:  # a run not ended by its block (a framework's)
+            run._end("interrupted" if isinstance(error, (KeyboardInterrupt, Interrupted)) else "failed", error=error)
         if isinstance(error, VeritrainError):
             print(f"error: {error}", file=sys.stderr)
             sys.exit(error.exit_code)
