@@ -4,7 +4,11 @@ veritrain.models, AdamW, a cosine schedule, batches of 128, 3 epochs, 2 threads)
 once plain (a shuffled index per epoch, the loss kept in a list, `torch.save` of the same state every epoch),
 alternately, and the median ratio of their loop times (first batch to the last checkpoint) over the pairs.
 
-    .venv/bin/python benchmarks/api_overhead.py [--repeat 7]
+    .venv/bin/python benchmarks/api_overhead.py [--repeat 7] [--lightning]
+
+With --lightning, the same model and data in a LightningModule, fitted by a Trainer that saves a checkpoint every
+epoch (ModelCheckpoint, every one kept), with and without veritrain.lightning's Callback and CheckpointIO; the ratio
+is of the whole `fit` (the run's start and seal included).
 
 The data (10,000 random 32×32×3 images, 10 classes) is generated once into an .npy file, which the API run binds
 as its input (hashed before the loop, outside the timed part); both loops read it into memory before the loop.
@@ -81,15 +85,63 @@ def loop(mode: str, data: Path, out: Path) -> None:
     print(json.dumps({"loop_seconds": seconds}))
 
 
+def lightning_loop(mode: str, data: Path, out: Path) -> None:
+    """One Lightning fit in `mode` ("lightning-api": with veritrain's Callback and CheckpointIO, or "lightning-plain");
+    prints {"loop_seconds"}: the whole fit."""
+    import lightning as L
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from veritrain import models
+
+    torch.set_num_threads(THREADS)
+    arrays = np.load(data)
+    x = torch.from_numpy(arrays["x"]).float().permute(0, 3, 1, 2).contiguous() / 255.0
+    y = torch.from_numpy(arrays["y"]).long()
+
+    class Module(L.LightningModule):
+        def __init__(self, lr: float = 0.003):
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = models.build("cnn", (3, 32, 32), 10, [32, 64, 128], [256], 0.0)
+
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], index: int) -> torch.Tensor:
+            loss = F.cross_entropy(self.net(batch[0]), batch[1])
+            self.log("train_loss", loss, on_epoch=True, on_step=False)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=5e-4)
+
+    L.seed_everything(0, verbose=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
+    checkpoints = ModelCheckpoint(dirpath=None if mode == "lightning-api" else str(out / "checkpoints"), every_n_epochs=1, save_top_k=-1)
+    extra: dict = {}
+    if mode == "lightning-api":
+        import veritrain as vt
+
+        extra = {"plugins": [vt.lightning.CheckpointIO()]}
+    callbacks = [checkpoints] + ([vt.lightning.Callback(inputs=[str(data)], workdir=str(out))] if mode == "lightning-api" else [])
+    trainer = L.Trainer(max_epochs=EPOCHS, deterministic=True, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(out), callbacks=callbacks, **extra)
+    started = time.perf_counter()
+    trainer.fit(Module(), loader)
+    print(json.dumps({"loop_seconds": time.perf_counter() - started}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--mode", choices=["api", "plain"], help=argparse.SUPPRESS)  # one run (the driver starts these)
+    parser.add_argument("--lightning", action="store_true", help="Lightning with and without veritrain.lightning")
+    parser.add_argument("--mode", choices=["api", "plain", "lightning-api", "lightning-plain"], help=argparse.SUPPRESS)  # one run
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
-        loop(args.mode, args.data, args.out)
+        (lightning_loop if args.mode.startswith("lightning") else loop)(args.mode, args.data, args.out)
         return
     import numpy as np
 
@@ -100,7 +152,7 @@ def main() -> None:
         ratios = []
         for pair in range(args.repeat):  # interleaved A/B, each in a fresh process and folder
             seconds = {}
-            for mode in ("api", "plain"):
+            for mode in (("lightning-api", "lightning-plain") if args.lightning else ("api", "plain")):
                 out = Path(tmp) / f"{mode}-{pair}"
                 out.mkdir()
                 done = subprocess.run([sys.executable, __file__, "--mode", mode, "--data", str(data), "--out", str(out)],
@@ -108,9 +160,11 @@ def main() -> None:
                 if done.returncode != 0:
                     sys.exit(f"{mode} exited with {done.returncode}:\n{done.stderr[-3000:]}")
                 seconds[mode] = json.loads(done.stdout.strip().splitlines()[-1])["loop_seconds"]
-            ratios.append(seconds["api"] / seconds["plain"])
-            print(f"  pair {pair + 1}: api {seconds['api']:.2f}s, plain {seconds['plain']:.2f}s, {ratios[-1]:.3f}×", flush=True)
-        print(f"api loop / plain loop: {statistics.median(ratios):.3f}× (median of {args.repeat} pairs, {min(ratios):.3f}–{max(ratios):.3f})")
+            api, plain = (seconds["lightning-api"], seconds["lightning-plain"]) if args.lightning else (seconds["api"], seconds["plain"])
+            ratios.append(api / plain)
+            print(f"  pair {pair + 1}: with veritrain {api:.2f}s, plain {plain:.2f}s, {ratios[-1]:.3f}×", flush=True)
+        what = "Lightning fit with veritrain / plain" if args.lightning else "api loop / plain loop"
+        print(f"{what}: {statistics.median(ratios):.3f}× (median of {args.repeat} pairs, {min(ratios):.3f}–{max(ratios):.3f})")
 
 
 if __name__ == "__main__":
