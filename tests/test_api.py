@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,6 +161,40 @@ def test_kill_9_then_both_ways_of_continuing_end_bit_identical(place, own_run):
     assert veritrain("verify", run_id, cwd=place.root).code == 0
 
 
+def test_sigterm_ends_the_run_interrupted_with_exit_143_and_it_resumes(place, own_run):
+    proc = subprocess.Popen([sys.executable, str(place.script)], cwd=place.root, env={**os.environ, "TINY_PAUSE_AT": "5"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    marker = place.root / "paused"
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    marker.unlink()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 143, stderr
+    run_id = sorted((place.root / "runs").iterdir())[-1].name
+    record = place.record(run_id)
+    assert record["status"] == "interrupted" and record["error"]["type"] == "Interrupted"
+    done = place.run("--resume", run_id)
+    assert done.returncode == 0, done.stderr
+    assert place.record(run_id)["final_state_sha256"] == place.record(own_run)["final_state_sha256"]
+
+
+def test_resume_with_other_code_is_refused_naming_the_file_and_line(place):
+    killed = place.run(env={"TINY_KILL_AT": "1"})
+    assert killed.returncode == -signal.SIGKILL
+    run_id = sorted((place.root / "runs").iterdir())[-1].name
+    original = place.script.read_text()
+    place.script.write_text(original.replace("nn.Dropout(0.2)", "nn.Dropout(0.3)"))
+    try:
+        done = place.run("--resume", run_id)
+    finally:
+        place.script.write_text(original)
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert "the code differs from the run's" in last and "tiny_loop.py: line" in last and "Dropout(0.3)" in last, last
+
+
 def test_resume_with_another_config_is_refused_with_the_difference(place, own_run):
     done = place.run("--resume", own_run, "--lr", "0.2")
     assert done.returncode == 2
@@ -205,6 +240,7 @@ def test_a_run_below_replayable_verifies_and_reproduce_and_audit_refuse_with_the
     run_id = {"bound": bound_run, "logged": logged_run}[level]
     record = place.record(run_id)
     assert record["guarantee"]["level"] == level and any(REASONS[level] in r for r in record["guarantee"]["reasons"])
+    assert [e["step"] for e in record["trajectory"]] == [0, 3, 6, 9, 12]  # checkpoints are hashed and committed all the same
     assert veritrain("verify", run_id, cwd=place.root).code == 0
     for command in ("reproduce", "audit"):
         done = veritrain(command, run_id, cwd=place.root)
@@ -222,6 +258,8 @@ def test_every_command_on_each_level_claims_no_more_than_it(place, own_run, boun
     assert shown.code == 0 and f"{level}:" in shown.stdout
     listed = veritrain("runs", "list", "--json", cwd=place.root).json()
     assert run_id in json.dumps(listed)
+    compared = veritrain("runs", "compare", own_run, run_id, "--json", cwd=place.root)
+    assert compared.code == 0 and run_id in compared.stdout
     rows = {row["id"]: row for row in veritrain("check", run_id, "--json", cwd=place.root).json()["items"]}
     assert rows["run_verifies"]["status"] == "pass"
     assert rows["auditable"]["status"] == ("pass" if level == "replayable" else "missing")

@@ -4,11 +4,13 @@ a two-layer MLP, 6 batches an epoch, a checkpoint every 3 steps.
 Options pick what the script does: --own-order (its own shuffling: a `bound` run), --no-inputs (a `logged` run),
 --vt-data (96 training rows of veritrain's digits data version instead of the CSV), --bad-config, --nested. Environment variables (never recorded, so a replay does not see them) plant faults:
 TINY_KILL_AT=STEP kills the process (SIGKILL) after that step, TINY_FAIL_AT=STEP raises, TINY_NOISE=1 changes the
-training (an audit or reproduction must then differ)."""
+training (an audit or reproduction must then differ), TINY_PAUSE_AT=STEP writes `paused` beside the script and
+sleeps there (for a signal to arrive)."""
 
 import argparse
 import os
 import signal
+import time
 
 import numpy as np
 import torch
@@ -33,6 +35,7 @@ if args.bad_config:
     config["layers"] = {16, 32}  # a set: not recordable
 kill_at = int(os.environ.get("TINY_KILL_AT", -1))
 fail_at = int(os.environ.get("TINY_FAIL_AT", -1))
+pause_at = int(os.environ.get("TINY_PAUSE_AT", -1))
 
 if args.vt_data:
     data = vt.data()  # the built-in digits, validated, split and stored as a data version
@@ -71,6 +74,9 @@ with vt.start(config=config, name="tiny", inputs=inputs, resume=args.resume,
             raise RuntimeError(f"planted failure at step {step}")
         if step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        if step == pause_at:
+            open("paused", "w").close()
+            time.sleep(60)
     with torch.no_grad():
         accuracy = (model.eval()(x).argmax(1) == y).float().mean().item()
     run.finish(metrics={"train_accuracy": accuracy})
