@@ -187,3 +187,18 @@ def test_every_public_name_is_documented_and_import_veritrain_stays_light():
             assert getattr(veritrain, name) is not None
     probe = "import sys, veritrain; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"
+
+
+def test_bad_arguments_to_start_are_refused_before_anything_is_written(tmp_path):
+    import importlib.util
+
+    import veritrain as vt
+
+    cases = [({"config": {"a": 1}, "keep_last": 0}, "keep_last=0"), ({"config": {"seed": "7"}}, "config: seed"),
+             ({"config": {"token": "hf_" + "a" * 34}}, "holds a secret"), ({"config": {"a": 1}, "resume": 3}, "resume=3")]
+    if importlib.util.find_spec("tensorboard") is None:
+        cases.append(({"config": {"a": 1}, "tensorboard": True}, "tensorboard package is not installed"))
+    for kwargs, message in cases:
+        with pytest.raises(vt.UsageError, match=message):
+            vt.start(workdir=tmp_path / "ws", **kwargs)
+    assert not (tmp_path / "ws" / "runs").exists()

@@ -133,6 +133,12 @@ class Run:
         for label, value, least in (("keep_last", keep_last, 1), ("audit_every", audit_every, 0)):
             if type(value) is not int or value < least:
                 raise UsageError(f"vt.start: {label}={value!r}; give a whole number ≥ {least}")
+        if tensorboard:  # before anything is written
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is None:
+                raise UsageError("vt.start: tensorboard=True, but the tensorboard package is not installed; "
+                                 "`pip install tensorboard` or leave it off")
         self.config_hash = sha256_json(self._config)
         self.name, self.deterministic, self.tensorboard = name, deterministic, tensorboard
         self.keep_last, self.audit_every = keep_last, audit_every
@@ -275,11 +281,8 @@ class Run:
         (run_dir / "checkpoints").mkdir(exist_ok=True)
         self._log_file = logs.attach_file(run_dir / "train.log")
         if self.tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise UsageError("vt.start: tensorboard=True, but the tensorboard package is not installed; "
-                                 "`pip install tensorboard` or leave it off") from None
+            from torch.utils.tensorboard import SummaryWriter
+
             self._board = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         if threading.current_thread() is threading.main_thread():
             self._previous_signal = signal.signal(signal.SIGTERM, _raise_interrupted)
