@@ -312,7 +312,7 @@ class Run:
         if not runs_dir.is_dir() or self._script is None:
             return []
         found = []
-        for run_dir in sorted(runs_dir.iterdir(), reverse=True):
+        for run_dir in self._candidates():
             if not (run_dir / "record.json").is_file():
                 continue
             try:
@@ -325,6 +325,23 @@ class Run:
             if record.status == "interrupted" or (record.status == "running" and self.workspace.lock_is_stale(run_dir.name)):
                 found.append(run_dir)
         return found
+
+    def _candidates(self) -> list[Path]:
+        """Run folders that may be an unfinished run of this config, newest first: from the workspace's index, which
+        reads only the runs changed since it last looked (every folder when it cannot be used)."""
+        runs_dir = self.workspace.runs_dir
+        if os.environ.get("VERITRAIN_DEFER_INDEX") != "1":  # a sweep's trial: only its driver writes the index
+            from veritrain.records import registry
+
+            try:
+                db = registry.sync(self.workspace.state_dir, runs_dir)
+                rows = db.execute("SELECT run_id FROM runs WHERE kind = ? AND config_hash = ? AND status IN ('interrupted', 'running') "
+                                  "ORDER BY run_id DESC", (KIND, self.config_hash)).fetchall()
+                db.close()
+                return [runs_dir / str(row[0]) for row in rows]
+            except Exception as err:  # the index is a cache: the folders are the truth
+                log.debug("resume: the run index could not be read (%s); reading the run folders", err)
+        return sorted(runs_dir.iterdir(), reverse=True)
 
     def _say_if_interrupted_exists(self) -> None:
         found = self._interrupted_runs()
