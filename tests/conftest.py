@@ -15,6 +15,45 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _one_blas_thread() -> None:
+    """One BLAS thread for the numpy and scipy work of this process's commands (the baselines' logistic
+    regression, the data checks), as veritrain's own label-issue search already limits itself: the suite runs a
+    worker per core, and OpenBLAS threads that spin-wait for a core another worker holds made a 0.1 s fit take
+    2-8 s. The environment is left alone, so records, and the processes the tests start, are as `veritrain`
+    makes them; a baseline's figures agree with a two-thread fit to within rounding (1e-12)."""
+    import numpy  # noqa: F401 - threadpoolctl limits the BLAS libraries loaded so far: numpy's and scipy's
+    import scipy.linalg  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
+_one_blas_thread()
+
+
+def _package_list_read_once_per_path() -> None:
+    """The installed package list (`record.package_list`: every distribution's metadata parsed, about 0.4 s) read
+    once per `sys.path` in this process instead of at every run start, run end and verify (hundreds of times in
+    the suite). The packages installed do not change while the tests run, and the list is found along sys.path,
+    so a path that differs reads it afresh: the text each caller gets is the one it would read itself."""
+    from veritrain.records import record
+
+    read = record.package_list
+    lists: dict[tuple[str, ...], str] = {}
+
+    def package_list() -> str:
+        key = tuple(sys.path)
+        if key not in lists:
+            lists[key] = read()
+        return lists[key]
+
+    package_list.__doc__, package_list.__wrapped__ = read.__doc__, read  # type: ignore[attr-defined]
+    record.package_list = package_list
+
+
+_package_list_read_once_per_path()
+
 # A fast digits config for tests: the pipeline is the real one, only smaller.
 FAST = ["--set", "train.epochs=2", "--set", "model.name=mlp", "--set", "model.hidden=[32]"]
 
