@@ -297,7 +297,9 @@ def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, mon
 
 
 def test_checkpoint_holds_the_full_state(tmp_path):
-    outcome = in_process_run(tmp_path, ["train.epochs=2", "model.name=mlp", "checkpoint.every_steps=10", "checkpoint.keep_last=2"])
+    # `veritrain train`: the checkpoints are the training's (eval and export only read them)
+    outcome = in_process_run(tmp_path, ["train.epochs=2", "model.name=mlp", "checkpoint.every_steps=10", "checkpoint.keep_last=2"], kind="train")
+    assert outcome.record["status"] == "completed"
     folder = Path(outcome.summary["run_dir"]) / "checkpoints"
     state = checkpoint.load(folder / "last.pt")
     for key in ("model", "optimizer", "schedule", "scaler", "rng", "augment_rng", "loop", "settings", "config_hash", "data_version", "format_version"):
