@@ -35,7 +35,7 @@ _one_blas_thread()
 def _torch_threads_for_a_share_of_the_cores() -> None:
     """Under pytest-xdist (`make test`: a worker per core) torch's threads in each worker for its share of the
     cores, one each here, where torch would take every core in every worker: OpenMP threads that spin-wait for
-    a core the other worker holds made the default config's run take 60-160 s instead of 12-23 s. The runs of a
+    a core another process holds made the default config's run take 56-164 s instead of 12-23 s beside one busy process. The runs of a
     config that leaves train.threads unset record the count they trained with (training.settings.threads), and
     the processes the tests start keep torch's default. Without xdist nothing changes."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
