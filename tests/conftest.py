@@ -15,6 +15,61 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _one_blas_thread() -> None:
+    """One BLAS thread for the numpy and scipy work of this process's commands (the baselines' logistic
+    regression, the data checks), as veritrain's own label-issue search already limits itself: the suite runs a
+    worker per core, and OpenBLAS threads that spin-wait for a core another worker holds made a 0.1 s fit take
+    2-8 s. The environment is left alone, so records, and the processes the tests start, are as `veritrain`
+    makes them; a baseline's figures agree with a two-thread fit to within rounding (1e-12)."""
+    import numpy  # noqa: F401 - threadpoolctl limits the BLAS libraries loaded so far: numpy's and scipy's
+    import scipy.linalg  # noqa: F401
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
+_one_blas_thread()
+
+
+def _torch_threads_for_a_share_of_the_cores() -> None:
+    """Under pytest-xdist (`make test`: a worker per core) torch's threads in each worker for its share of the
+    cores, one each here, where torch would take every core in every worker: OpenMP threads that spin-wait for
+    a core another process holds made the default config's run take 56-164 s instead of 12-23 s beside one busy process. The runs of a
+    config that leaves train.threads unset record the count they trained with (training.settings.threads), and
+    the processes the tests start keep torch's default. Without xdist nothing changes."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+_torch_threads_for_a_share_of_the_cores()
+
+
+def _package_list_read_once_per_path() -> None:
+    """The installed package list (`record.package_list`: every distribution's metadata parsed, about 0.4 s) read
+    once per `sys.path` in this process instead of at every run start, run end and verify (hundreds of times in
+    the suite). The packages installed do not change while the tests run, and the list is found along sys.path,
+    so a path that differs reads it afresh: the text each caller gets is the one it would read itself."""
+    from veritrain.records import record
+
+    read = record.package_list
+    lists: dict[tuple[str, ...], str] = {}
+
+    def package_list() -> str:
+        key = tuple(sys.path)
+        if key not in lists:
+            lists[key] = read()
+        return lists[key]
+
+    package_list.__doc__, package_list.__wrapped__ = read.__doc__, read  # type: ignore[attr-defined]
+    record.package_list = package_list
+
+
+_package_list_read_once_per_path()
+
 # A fast digits config for tests: the pipeline is the real one, only smaller.
 FAST = ["--set", "train.epochs=2", "--set", "model.name=mlp", "--set", "model.hidden=[32]"]
 

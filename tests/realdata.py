@@ -141,12 +141,18 @@ def _write(root: Path, relpath: str, data: bytes) -> None:
     path.write_bytes(data)
 
 
+@functools.cache
+def _mnist_png(index: int) -> bytes:
+    """MNIST digit `index` as PNG: encoded once per process (the folders below are written again by many tests)."""
+    return png_bytes(mnist_arrays()[0][index])
+
+
 def write_mnist_imagefolder(root: Path, per_class: int = 500, classes: Sequence[int] = range(10)) -> Path:
     """Clean MNIST as grey PNGs: `root/<digit>/<MNIST index, 5 digits>.png`, the first `per_class` of each digit."""
-    images, labels = mnist_arrays()
+    _, labels = mnist_arrays()
     for digit in classes:
         for index in np.flatnonzero(labels == digit)[:per_class]:
-            _write(root, f"{digit}/{index:05d}.png", png_bytes(images[index]))
+            _write(root, f"{digit}/{index:05d}.png", _mnist_png(int(index)))
     return root
 
 
@@ -205,7 +211,7 @@ def write_faulty_mnist(root: Path, seed: int) -> Faults:
     encoded: dict[int, bytes] = {}
     for index in sorted(folder):
         relpath = f"{folder[index]}/{index:05d}.png"
-        encoded[index] = png_bytes(images[index])
+        encoded[index] = _mnist_png(index)
         data = encoded[index][: len(encoded[index]) // 2] if index in truncated else encoded[index]
         _write(root, relpath, data)
         faults.sources[relpath] = index

@@ -36,8 +36,9 @@ def test_a_step_file_once_written_is_never_changed_by_later_saves(tmp_path, monk
         seen.update(now)
 
     monkeypatch.setattr(checkpoint, "write", watching)
+    # `veritrain train`: every save of a run is the training's (eval and export only read checkpoints)
     outcome = in_process_run(tmp_path, ["train.epochs=2", "model.name=mlp", "model.hidden=[32]",
-                                        "checkpoint.every_steps=5", "checkpoint.keep_last=100"])
+                                        "checkpoint.every_steps=5", "checkpoint.keep_last=100"], kind="train")
     assert outcome.record["status"] == "completed"
     assert len(saves) >= 10 and "step-5.pt" in seen  # step-5.pt was checked after every later save
     inodes = [inode for inode, _, _ in seen.values()]

@@ -570,7 +570,8 @@ def test_baseline_command_for_a_config(cli, tmp_path):
 
 def test_repeat_reports_mean_std_and_interval(cli, tmp_path):
     result = cli("run", "--repeat", "3", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "model.hidden=[32]",
-                 "--set", "export.formats=[safetensors]", "--hypothesis", "three seeds agree", "--workdir", str(tmp_path), "--json")
+                 "--set", "eval.baselines=false", "--set", "export.formats=[safetensors]", "--no-smoke",
+                 "--hypothesis", "three seeds agree", "--workdir", str(tmp_path), "--json")
     assert result.code == 0, result.stderr
     payload = result.json()
     assert [r["seed"] for r in payload["runs"]] == [0, 1, 2]

@@ -123,8 +123,14 @@ def test_code_named_by_a_run_this_workspace_did_not_start_never_runs_without_tru
                      "--no-smoke", "--json", workdir=tmp_path / "a")
     assert made.returncode == 0, made.stderr
     run_id = json.loads(made.stdout)["run_id"]
-    assert veritrain("eval", run_id, workdir=tmp_path / "a").returncode == 0  # its own workspace trusts what it started
+    assert canary.exists()  # the run built its model: the code ran
     canary.unlink()
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust.opening import refuse_untrusted_code
+
+    # its own workspace trusts what it started (eval, export, baseline and reproduce there run the code)
+    started = tmp_path / "a" / "runs" / run_id
+    refuse_untrusted_code(Workspace.open(tmp_path / "a"), started, json.loads((started / "record.json").read_text()), trust_code=False)
     monkeypatch.setenv("VT_CANARY_FILE", str(canary))
     assert cli("archive", run_id, "-o", str(tmp_path / "r.tar.gz"), "--with-data", "--workdir", str(tmp_path / "a")).code == 0
     imported = cli("import", str(tmp_path / "r.tar.gz"), "--json", "--workdir", str(tmp_path / "b"))

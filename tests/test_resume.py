@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import in_process_run
+from conftest import in_process_run, veritrain
 from veritrain.train import checkpoint
 
 # small, but with everything that carries state: dropout (torch RNG), augmentation (epoch generator),
@@ -56,11 +56,12 @@ def comparable(run_dir: Path) -> tuple[str, list[dict], list[dict], list[dict]]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """The chaos run never interrupted: the same `veritrain train` command, in this process (the runs it is
+    compared with are killed and resumed in processes of their own; a run is bit-identical in either)."""
     workdir = tmp_path_factory.mktemp("reference")
-    proc = start(workdir, "train", *CHAOS, "--json")
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    return comparable(Path(json.loads(out)["run_dir"]))
+    result = veritrain("train", *CHAOS, "--workdir", str(workdir), "--json")
+    assert result.code == 0, result.stderr
+    return comparable(Path(result.json()["run_dir"]))
 
 
 def kill_and_resume(workdir: Path, seed: int, kills: int) -> Path:
@@ -296,7 +297,9 @@ def test_disk_full_during_save_fails_and_keeps_previous_checkpoint(tmp_path, mon
 
 
 def test_checkpoint_holds_the_full_state(tmp_path):
-    outcome = in_process_run(tmp_path, ["train.epochs=2", "model.name=mlp", "checkpoint.every_steps=10", "checkpoint.keep_last=2"])
+    # `veritrain train`: the checkpoints are the training's (eval and export only read them)
+    outcome = in_process_run(tmp_path, ["train.epochs=2", "model.name=mlp", "checkpoint.every_steps=10", "checkpoint.keep_last=2"], kind="train")
+    assert outcome.record["status"] == "completed"
     folder = Path(outcome.summary["run_dir"]) / "checkpoints"
     state = checkpoint.load(folder / "last.pt")
     for key in ("model", "optimizer", "schedule", "scaler", "rng", "augment_rng", "loop", "settings", "config_hash", "data_version", "format_version"):

@@ -141,7 +141,8 @@ def test_same_seed_same_weights_and_metrics_other_seed_differs(fast_run, tmp_pat
     )
     assert again.summary["run_id"] != fast_run.summary["run_id"]
 
-    other = in_process_run(tmp_path, FAST_OVERRIDES + ["seed=1"])
+    # only its weights and data version are compared: no baselines, one cheap export
+    other = in_process_run(tmp_path, FAST_OVERRIDES + ["seed=1", "eval.baselines=false", "export.formats=[safetensors]"])
     assert other.record["final_state_sha256"] != fast_run.record["final_state_sha256"]
     assert other.record["data"]["version"] == fast_run.record["data"]["version"]  # the split has its own seed
 
@@ -252,25 +253,25 @@ def test_git_state_and_diff_patch(small_run_copy):
     assert dirty.record["artifacts"]["code/diff.patch"]["sha256"] == code["diff_patch"]["sha256"]
 
 
-def test_a_note_stays_outside_the_seal_when_the_run_is_sealed_again(tmp_path):
+def test_a_note_stays_outside_the_seal_when_the_run_is_sealed_again(small_run_copy):
     from veritrain.records.record import read_record, thawed, write_record
     from veritrain.trust.verify import verify_run
 
-    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]"])
-    run_dir = Path(outcome.summary["run_dir"])
+    run_dir = small_run_copy.run_dir  # a sealed run of its own workspace, free to amend
+    assert not (run_dir / "notes.jsonl").exists()
     (run_dir / "notes.jsonl").write_text(json.dumps({"text": "looks fine"}) + "\n")
     write_record(run_dir, thawed(read_record(run_dir)))  # what eval, export, baseline and gc do after a note
     assert "notes.jsonl" not in read_record(run_dir)["artifacts"]
     (run_dir / "notes.jsonl").write_text(json.dumps({"text": "second thoughts"}) + "\n")  # notes change freely
-    assert verify_run(run_dir, tmp_path / ".veritrain")["ok"]
+    assert verify_run(run_dir, small_run_copy.workdir / ".veritrain")["ok"]
 
 
-def test_gc_keeps_every_data_version_while_a_record_cannot_be_read(tmp_path):
+def test_gc_keeps_every_data_version_while_a_record_cannot_be_read(small_run_copy):
     from veritrain.orchestration import housekeeping
     from veritrain.records.workspace import Workspace
 
-    outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[16]", "eval.baselines=false"])
-    workspace = Workspace.open(tmp_path)
+    record = small_run_copy.record  # the one run of this workspace and the data version it was trained on
+    workspace = Workspace.open(small_run_copy.workdir)
     orphan = workspace.state_dir / "data" / ("0" * 64)  # a data version no run references
     orphan.mkdir()
     (orphan / "version.json").write_text("{}")
@@ -282,7 +283,7 @@ def test_gc_keeps_every_data_version_while_a_record_cannot_be_read(tmp_path):
     shutil.rmtree(broken)
     freed = housekeeping.gc(workspace, dry_run=False)
     assert not orphan.exists() and freed["data_versions_kept_because"] is None
-    assert (workspace.state_dir / "data" / outcome.record["data"]["version"]).exists()
+    assert (workspace.state_dir / "data" / record["data"]["version"]).exists()
 
 
 def test_eval_and_export_failures_are_one_line_errors(cli, tmp_path):

@@ -212,7 +212,7 @@ def test_ray_backend_gives_the_same_runs_as_local(local_sweep, tiny):
     assert trial["deltas"] == local_summary["trials"][0]["deltas"]
 
 
-def test_a_failed_trial_exits_1_after_the_summary(local_sweep, tiny):
+def test_a_failed_trial_exits_1_after_the_summary(local_sweep, tiny, capsys):
     workdir, local = local_sweep
     assert local.code == 0, local.stderr
     parent_id = local.json()["parent"]["run_ids"][0]
@@ -232,10 +232,16 @@ def test_a_failed_trial_exits_1_after_the_summary(local_sweep, tiny):
     assert "the factory cannot build this model" in last
     text = (workdir / "experiments.md").read_text()
     assert f"| 0 | `model.target`=sweep_failing_model:build | {run_id} | failed: " in text
-    # a module that is nowhere is a config problem: exit 2 before the sweep starts a run
-    missing = veritrain_process("sweep", str(tiny), "--vary", "model.target=veritrain_no_such_module:build", "--parent", parent_id,
-                        "--workdir", str(workdir))
-    assert missing.code == 2 and missing.stderr.strip().splitlines()[-1].startswith("error: model.target: no module 'veritrain_no_such_module'")
+    # a module that is nowhere is a config problem: exit 2 before the sweep starts a run (in this process: there is
+    # no code to import)
+    from veritrain.cli import main
+
+    before = set(records(workdir))
+    with pytest.raises(SystemExit) as stopped:
+        main(["sweep", str(tiny), "--vary", "model.target=veritrain_no_such_module:build", "--parent", parent_id, "--workdir", str(workdir)])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and err.strip().splitlines()[-1].startswith("error: model.target: no module 'veritrain_no_such_module'"), err
+    assert "Traceback" not in err and set(records(workdir)) == before
 
 
 @pytest.mark.slow  # a driver stopped by SIGTERM mid-trial: checked in `make test-slow`

@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from conftest import in_process_run, veritrain_process
+from conftest import in_process_run
 
 from veritrain.orchestration import pipeline
 from veritrain.records import usercode
@@ -214,12 +214,19 @@ def test_a_user_module_named_json_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "ws" / "runs").exists() or not list((tmp_path / "ws" / "runs").iterdir())  # refused before a run exists
 
 
-def test_a_missing_module_is_exit_2_in_one_line(tmp_path):
+def test_a_missing_module_is_exit_2_in_one_line(tmp_path, monkeypatch, capsys):
+    from veritrain.cli import main
+
     config = write_project(tmp_path / "proj")
-    result = veritrain_process("run", str(config), "--set", "model.target=nets.nothing:make", "--no-smoke", "--workdir", str(tmp_path / "ws"))
-    assert result.code == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("error: model.target: no module 'nets.nothing' in ")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped:  # in this process: refused before any of the project's code is imported
+        main(["run", str(config), "--set", "model.target=nets.nothing:make", "--no-smoke", "--workdir", str(tmp_path / "ws")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: model.target: no module 'nets.nothing' in ")
+    assert "nets" not in __import__("sys").modules
+    assert not (tmp_path / "ws" / "runs").exists() or not list((tmp_path / "ws" / "runs").iterdir())
 
 
 # ---------------------------------------------------------------- one run, then the user edits the code
