@@ -52,7 +52,7 @@ class Callback(TrainerCallback):
         self.run: Optional[Run] = None
         run_module.install_excepthook()  # a veritrain error, or an exception the Trainer lets through, ends the run in one line
 
-    def _config(self, args: TrainingArguments, model: Any) -> dict[str, Any]:
+    def _config(self, args: TrainingArguments, model: Optional[torch.nn.Module]) -> dict[str, Any]:
         if self.config is not None:
             return canonical_config(self.config)
         arguments = {k: _plain(v) for k, v in args.to_dict().items() if k not in WHERE_NOT_WHAT}
@@ -60,7 +60,8 @@ class Callback(TrainerCallback):
         described = {k: _plain(v) for k, v in model_config.to_dict().items()} if model_config is not None else None
         return {"training_args": arguments, "model_config": described, "seed": int(args.seed)}
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Any = None, **kwargs: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: Optional[torch.nn.Module] = None,
+                       **kwargs: Any) -> None:
         if self.run is not None or not state.is_world_process_zero:
             return
         given_output = args.output_dir
@@ -125,7 +126,7 @@ def _hashes(folder: Path) -> tuple[str, str]:
         raise RunFailed(f"vt.hf: {folder}: cannot hash the checkpoint ({err})") from None
 
 
-def _resumed_from(args: TrainingArguments, state: TrainerState, model: Any, workdir: Path) -> Optional[Path]:
+def _resumed_from(args: TrainingArguments, state: TrainerState, model: Optional[torch.nn.Module], workdir: Path) -> Optional[Path]:
     """The checkpoint folder the Trainer resumed from (it does not tell its callbacks): the `checkpoint-<step>` of
     output_dir or of a run of the workspace whose weights are the model's now."""
     step = state.global_step

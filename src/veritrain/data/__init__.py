@@ -8,14 +8,19 @@ version), `table` (the sample table), `grouping` (duplicates, groups, the split 
 
 import sys
 import types
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from veritrain.data.for_scripts import Data
 
 
 class _CallableData(types.ModuleType):
     """`veritrain.data(config)` (docs/api.md) is a call of this package: the public API names the data stage by its
     own name, so the package itself is callable (veritrain.data.for_scripts.data does the work)."""
 
-    def __call__(self, config: Any = None, workdir: Any = ".") -> Any:
+    def __call__(self, config: Union[str, Path, Mapping[str, Any], None] = None, workdir: Union[str, Path] = ".") -> Data:
         from veritrain.data.for_scripts import data
 
         return data(config, workdir)

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
@@ -28,8 +29,8 @@ from veritrain.userloop.replay_spec import REPLAY_VARIABLE, ReplaySpec
 KIND = "script"
 
 
-def is_script_run(record: Any) -> bool:
-    return isinstance(record, dict) and record.get("kind") == KIND
+def is_script_run(record: Mapping[str, Any]) -> bool:
+    return record.get("kind") == KIND
 
 
 def refusal(record: Record, command: str) -> Optional[str]:
