@@ -20,7 +20,7 @@ class _CallableData(types.ModuleType):
     """`veritrain.data(config)` (docs/api.md) is a call of this package: the public API names the data stage by its
     own name, so the package itself is callable (veritrain.data.for_scripts.data does the work)."""
 
-    def __call__(self, config: Union[str, Path, Mapping[str, Any], None] = None, workdir: Union[str, Path] = ".") -> Data:
+    def __call__(self, config: Union[str, Path, Mapping[str, Any], None] = None, workdir: Union[str, Path] = ".") -> "Data":
         from veritrain.data.for_scripts import data
 
         return data(config, workdir)
