@@ -1,12 +1,16 @@
 """The long chaos run: kill training with SIGKILL 20 times at random moments, resume each time, and
 check that the final weights, metrics and committed trajectory equal an uninterrupted run's. Then the same,
 10 times, for a user's own script (examples/own_loop.py, through `veritrain.start`): killed, and re-run with
-`--resume auto` until it completes.
+`--resume auto` until it completes; and for a LightningModule (examples/lightning_module.py, through
+`veritrain.lightning`): killed, and continued with `veritrain train --resume` until it completes (needs the
+lightning extra; 0 by default).
 
-    .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--script-kills 10] [--seed 0]
+    .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--script-kills 10] [--lightning-kills 10] [--seed 0]
 
-Prints `N/20 identical` and `N/10 identical (script)` (one line per kill-and-resume cycle before each). The kill
-schedule comes from --seed, so a failure can be replayed.
+Prints `N/20 identical`, `N/10 identical (script)` and `N/10 identical (lightning)` (one line per kill-and-resume
+cycle before each). The kill schedule comes from --seed, so a failure can be replayed. A Lightning run is compared
+by its final weights and committed trajectory (every checkpoint's state hash): the metrics Lightning averages over
+an epoch start again at a resume inside it.
 """
 
 from __future__ import annotations
@@ -114,14 +118,74 @@ def script_chaos(tmp: Path, rng: random.Random, kills: int, seed: int) -> None:
     print(f"{identical}/{kills} identical (script; {killed} of them killed mid-run; seed {seed})")
 
 
+LIGHTNING = Path(__file__).resolve().parents[1] / "examples" / "lightning_module.py"
+LIGHTNING_ARGS = ["--epochs", "12"]
+
+
+def start_lightning(workdir: Path) -> tuple[subprocess.Popen, float]:
+    """The Lightning example started in `workdir`, and the seconds until its first checkpoint (Lightning's import
+    and setup take most of a short run: the kill is timed within the training after it)."""
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(LIGHTNING), *LIGHTNING_ARGS], cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while proc.poll() is None and not list(workdir.glob("runs/*/checkpoints/*.ckpt")):
+        time.sleep(0.02)
+    return proc, time.perf_counter() - started
+
+
+def lightning_once(workdir: Path, rng: random.Random, training: float) -> tuple[str, list[dict], int]:
+    """The Lightning example, SIGKILLed at a random moment of its `training` seconds after the first checkpoint, then
+    continued with `veritrain train --resume` (its recorded command and code) until it completes."""
+    workdir.mkdir(parents=True)
+    proc, _ = start_lightning(workdir)
+    time.sleep(rng.uniform(0.05, 0.95) * training)
+    kills = 0
+    if proc.poll() is None:
+        proc.kill()
+        kills = 1
+    proc.wait()
+    for _ in range(5):
+        (record,) = list((workdir / "runs").glob("*/record.json"))
+        if json.loads(record.read_text())["status"] == "completed":
+            final, _, trajectory = outcome(record.parent)
+            return final, [{k: v for k, v in e.items() if k != "file"} for e in trajectory], kills
+        done = subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", record.parent.name], cwd=workdir, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"the Lightning run failed on resume in {workdir}: {done.stderr.strip().splitlines()[-1:]}")
+    raise SystemExit(f"the Lightning run did not complete in {workdir}")
+
+
+def lightning_chaos(tmp: Path, rng: random.Random, kills: int, seed: int) -> None:
+    reference_dir = tmp / "lightning-reference"
+    reference_dir.mkdir()
+    started = time.perf_counter()
+    proc, startup = start_lightning(reference_dir)
+    if proc.wait() != 0:
+        raise SystemExit("the Lightning example failed")
+    training = time.perf_counter() - started - startup
+    (ref_run,) = (reference_dir / "runs").iterdir()
+    final, _, trajectory = outcome(ref_run)
+    reference = (final, [{k: v for k, v in e.items() if k != "file"} for e in trajectory])
+    identical = killed = 0
+    for i in range(kills):
+        final, trajectory, kill = lightning_once(tmp / f"lightning-{i}", rng, training)
+        same = (final, trajectory) == reference
+        identical += same
+        killed += kill
+        print(f"lightning cycle {i + 1}: {'killed and resumed' if kill else 'finished before the kill'}, {'identical' if same else 'DIFFERENT'}", flush=True)
+    print(f"{identical}/{kills} identical (lightning; {killed} of them killed mid-run; seed {seed})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--script-kills", type=int, default=10)
+    parser.add_argument("--lightning-kills", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.lightning_kills:
+            lightning_chaos(Path(tmp), rng, args.lightning_kills, args.seed)
         if args.script_kills:
             script_chaos(Path(tmp), rng, args.script_kills, args.seed)
         if not args.kills:

@@ -1,12 +1,15 @@
-"""A LightningModule trained by a Lightning Trainer, recorded by veritrain with the two lines marked `# vt`. It trains
-a small MLP on scikit-learn's copy of the UCI digits.
+"""A LightningModule trained by a Lightning Trainer, recorded by veritrain with the lines marked `# vt`. It trains a
+small MLP on scikit-learn's copy of the UCI digits, with a checkpoint every 8 steps.
 
     pip install 'veritrain[lightning]'
     python examples/lightning_module.py                          # a new run in ./runs/
     python examples/lightning_module.py --ckpt runs/<id>/checkpoints/<file>.ckpt   # continue that run
-    veritrain verify latest && veritrain check latest
+    veritrain train --resume latest                              # or: continue it with its recorded command and code
+    veritrain verify latest && veritrain audit latest && veritrain reproduce latest
 
-A Lightning run is `bound` (docs/api.md): every byte is verified; reproduce and audit say why they cannot replay it.
+The training batches come from vt.lightning.loader and the fit starts from vt.lightning.ckpt_path(...), so the run
+is `replayable` (docs/api.md). With --torch-loader (a DataLoader of torch's) it is `bound`: every byte is verified,
+and reproduce and audit say why they cannot replay it.
 """
 
 import argparse
@@ -18,6 +21,7 @@ import sklearn.datasets
 import torch
 import torch.nn.functional as F
 from torch import nn
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 import veritrain as vt  # vt
@@ -31,6 +35,7 @@ parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--ckpt", default=None)
 parser.add_argument("--data", default=str(DIGITS))
 parser.add_argument("--workdir", default=".")
+parser.add_argument("--torch-loader", action="store_true", help="torch's DataLoader for training: a bound run")
 args = parser.parse_args()
 
 
@@ -59,10 +64,15 @@ L.seed_everything(args.seed)
 table = np.loadtxt(args.data, delimiter=",", dtype=np.float32)
 x, y = torch.from_numpy(table[:, :64] / 16.0), torch.from_numpy(table[:, 64]).long()
 test = torch.arange(len(y)) % 5 == 0
-train_loader = DataLoader(TensorDataset(x[~test], y[~test]), batch_size=64, shuffle=True)
+train_set = TensorDataset(x[~test], y[~test])
+if args.torch_loader:
+    train_loader = DataLoader(train_set, batch_size=64, shuffle=True)
+else:
+    train_loader = vt.lightning.loader(train_set, batch_size=64, shuffle=True)  # vt
 val_loader = DataLoader(TensorDataset(x[test], y[test]), batch_size=256)
 trainer = L.Trainer(max_epochs=args.epochs, deterministic=True, logger=False, enable_progress_bar=False, enable_model_summary=False,
                     default_root_dir=args.workdir,
-                    callbacks=[vt.lightning.Callback(inputs=[args.data], name="lightning-digits", workdir=args.workdir)],  # vt
+                    callbacks=[ModelCheckpoint(every_n_train_steps=8, save_top_k=-1),
+                               vt.lightning.Callback(inputs=[args.data], name="lightning-digits", workdir=args.workdir)],  # vt
                     plugins=[vt.lightning.CheckpointIO()])  # vt
-trainer.fit(Digits(lr=args.lr), train_loader, val_loader, ckpt_path=args.ckpt)
+trainer.fit(Digits(lr=args.lr), train_loader, val_loader, ckpt_path=vt.lightning.ckpt_path(args.ckpt))  # vt

@@ -1,8 +1,8 @@
 """veritrain for Lightning (`pip install veritrain[lightning]`): a Trainer's run recorded and sealed as a script's run.
 
-    trainer = L.Trainer(max_epochs=3, callbacks=[vt.lightning.Callback(inputs=["data/train.csv"])],
+    trainer = L.Trainer(max_epochs=3, deterministic=True, callbacks=[vt.lightning.Callback(inputs=["data/train.csv"])],
                         plugins=[vt.lightning.CheckpointIO()])
-    trainer.fit(model, loader)                      # trainer.fit(model, loader, ckpt_path=...) continues the same run
+    trainer.fit(model, vt.lightning.loader(dataset, batch_size=64), ckpt_path=vt.lightning.ckpt_path(args.ckpt))
 
 - `Callback` starts the run when fitting starts: the config is the module's hparams and the Trainer settings that
   change the result, the inputs are hashed, the script and its modules recorded; the metrics Lightning logs go to
@@ -11,37 +11,54 @@
   Checkpoints go to the run's `checkpoints/` unless the ModelCheckpoint names a folder of its own.
 - `CheckpointIO` writes each checkpoint as Lightning does, then hashes it and enters it in the trajectory (no
   Callback hook runs after the write).
+- `loader(dataset, batch_size)` gives the training batches in veritrain's order, a pure function of (seed, epoch,
+  batch), and keeps its position in every checkpoint (`state_dict`/`load_state_dict`), so a fit resumed from a
+  checkpoint taken mid-epoch draws what the uninterrupted fit drew.
+- `ckpt_path(given)` is what `trainer.fit(..., ckpt_path=)` continues from: `given` normally, and under a replay
+  (`veritrain audit`, `train --resume`, `reproduce`) the checkpoint the replay starts at.
 
-A Lightning run is `bound` (docs/api.md): every byte is verified, but the loop and its data order are Lightning's,
-and a kill -9 resume or a replay through Lightning is not proven bit-identical, so `reproduce` and `audit` refuse it.
+A Lightning run is `replayable` when its training batches came from `loader`, `trainer.fit` took its ckpt_path from
+`ckpt_path()`, deterministic algorithms were on and a checkpoint was saved: a kill -9 resume and an audit's replay
+are then bit-identical (tests/test_lightning.py). Otherwise it is `bound`, with the reasons (docs/api.md).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
+from collections.abc import Iterator, Sized
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.train import trajectory
 from veritrain.train.checkpointer import rng_state, set_rng_state
 from veritrain.userloop import frameworks, run as run_module
 from veritrain.userloop.canonical import canonical_config
 from veritrain.userloop.frameworks import KEY
+from veritrain.userloop.order import Order
+from veritrain.userloop.replay_spec import ReplaySpec
 from veritrain.userloop.run import Run, UsageError
 
-__all__ = ["Callback", "CheckpointIO"]
+__all__ = ["Callback", "CheckpointIO", "Loader", "loader", "ckpt_path"]
 
 # the Trainer settings that change what is trained, recorded with the hparams
 TRAINER_SETTINGS = ("max_epochs", "max_steps", "accumulate_grad_batches", "gradient_clip_val", "gradient_clip_algorithm",
                     "precision", "limit_train_batches", "limit_val_batches", "val_check_interval", "check_val_every_n_epoch")
+
+# the fit this process is recording: "trainer"; "resume_at", the Loader position of the checkpoint it resumed from
+# (taken by the training Loader when Lightning does not restore it, as after a checkpoint at an epoch's end);
+# "ckpt_path", what ckpt_path() last answered
+_fit: dict[str, Any] = {}
 
 
 def state_hashes(checkpoint: dict[str, Any]) -> tuple[str, str]:
@@ -50,6 +67,161 @@ def state_hashes(checkpoint: dict[str, Any]) -> tuple[str, str]:
         return frameworks.lightning_hashes(checkpoint)
     except TypeError as err:
         raise UsageError(f"vt.lightning: the checkpoint's training state holds a value the state hash does not cover ({err})") from None
+
+
+# ---------------------------------------------------------------- the data order
+
+
+class Loader:
+    """The training batches of a map-style `dataset` (len() and [i]) in veritrain's order: epoch e permutes the rows
+    with a generator seeded from (seed, e) alone, as `run.batches` does (veritrain.userloop.order), and batch b is the
+    b-th `batch_size` rows of it, collated by `collate_fn` (torch's default_collate). The position is (epoch,
+    batches of it trained); `state_dict`/`load_state_dict` carry it through a checkpoint. `seed`: None takes the
+    run's seed (the config's `seed`). One process: a Trainer on several devices needs its own sampler."""
+
+    def __init__(self, dataset: Any, batch_size: int, shuffle: bool = True, drop_last: bool = False,
+                 collate_fn: Optional[Callable[[list[Any]], Any]] = None, seed: Optional[int] = None) -> None:
+        if not isinstance(dataset, Sized) or not callable(getattr(dataset, "__getitem__", None)):
+            raise UsageError(f"vt.lightning.loader: a {type(dataset).__name__} has no len() and [index]; give a map-style dataset")
+        for label, value in (("batch_size", batch_size), ("dataset length", len(dataset))):
+            if type(value) is not int or value < 1:
+                raise UsageError(f"vt.lightning.loader: {label} {value!r}; give a positive whole number")
+        if seed is not None and type(seed) is not int:
+            raise UsageError(f"vt.lightning.loader: seed={seed!r}; give a whole number, or None for the run's seed")
+        if drop_last and len(dataset) < batch_size:
+            raise UsageError(f"vt.lightning.loader: {len(dataset)} rows make no full batch of {batch_size} with drop_last=True")
+        from torch.utils.data import default_collate
+
+        self.dataset, self.batch_size, self.shuffle, self.drop_last = dataset, batch_size, bool(shuffle), bool(drop_last)
+        self.collate_fn = collate_fn or default_collate
+        self.seed = seed
+        self._next: Optional[tuple[int, int]] = None  # (epoch 0-based, batch) the next pass starts at; None: not yet known
+        self._epoch = 0  # the epoch the current pass draws
+        self._trained = (0, 0)  # (epoch, batches of it trained), as the Callback counts them
+
+    def __len__(self) -> int:
+        n = len(self.dataset)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _seed(self) -> int:
+        if self.seed is not None:
+            return self.seed
+        run = run_module.active()
+        return run.seed if run is not None else int(torch.initial_seed() % 2**63)
+
+    def __iter__(self) -> Iterator[Any]:
+        # a generator: nothing moves until the first batch is asked for (Lightning calls iter() once just to check)
+        if self._next is None:  # the first pass of this process: where the resumed checkpoint was, else the start
+            resume_at = _fit.pop("resume_at", None) if _training() else None
+            if resume_at is not None:
+                self.load_state_dict(resume_at)
+        epoch, first = self._next or (0, 0)
+        self._next = (epoch + 1, 0)  # each pass is one epoch, whether Lightning draws all of it or not
+        self._epoch, self._trained = epoch, (epoch, first)
+        seed = self._seed()
+        if self.shuffle:
+            rows = Order(len(self.dataset), self.batch_size, 1, self.drop_last, seed).permutation(epoch + 1)
+        else:
+            rows = np.arange(len(self.dataset), dtype=np.int64)
+        for batch in range(first, len(self)):
+            yield self.collate_fn([self.dataset[int(i)] for i in rows[batch * self.batch_size:(batch + 1) * self.batch_size]])
+
+    def _batch_trained(self) -> None:
+        epoch, done = self._trained
+        self._trained = (epoch, done + 1)
+
+    def _epoch_ended(self) -> None:
+        self._trained = (self._trained[0] + 1, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the batches trained so far, and what the order depends on."""
+        epoch, done = self._trained
+        if done >= len(self):
+            epoch, done = epoch + 1, 0
+        return {"epoch": epoch, "batch": done, "n": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "drop_last": self.drop_last, "seed": self._seed()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = self.state_dict()
+        changed = [f"{key} {state.get(key)!r} → {mine[key]!r}" for key in ("n", "batch_size", "shuffle", "drop_last", "seed") if state.get(key) != mine[key]]
+        if changed:
+            raise UsageError(f"vt.lightning.loader: the checkpoint was saved with another order ({', '.join(changed)}); "
+                             "give the same dataset, batch_size, shuffle, drop_last and seed")
+        epoch, done = int(state["epoch"]), int(state["batch"])
+        self._next, self._trained = (epoch, done), (epoch, done)
+
+
+def loader(dataset: Any, batch_size: int, shuffle: bool = True, drop_last: bool = False,
+           collate_fn: Optional[Callable[[list[Any]], Any]] = None, seed: Optional[int] = None) -> Loader:
+    """The training batches of `dataset` in veritrain's order, resumable from any checkpoint (`Loader`): pass it to
+    trainer.fit in place of a DataLoader."""
+    return Loader(dataset, batch_size, shuffle, drop_last, collate_fn, seed)
+
+
+def _training() -> bool:
+    trainer = _fit.get("trainer")
+    return trainer is not None and bool(trainer.training)
+
+
+def _train_loaders(trainer: pl.Trainer) -> tuple[list[Loader], int]:
+    """(the veritrain Loaders among the fit's training loaders, how many training loaders there are)."""
+    found: list[Any] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif value is not None:
+            found.append(value)
+
+    walk(trainer.train_dataloader)
+    return [item for item in found if isinstance(item, Loader)], len(found)
+
+
+# ---------------------------------------------------------------- where a fit continues from
+
+
+def ckpt_path(given: Optional[Union[str, Path]] = None) -> Optional[str]:
+    """The checkpoint for `trainer.fit(..., ckpt_path=)`: `given` (the script's own choice: None for a new run, or a
+    checkpoint of the run to continue), except under a replay: `veritrain audit` gives the segment's start (None
+    for the initial state), `train --resume` the run's newest readable checkpoint, `reproduce` None. A run whose fit
+    does not start from this answer cannot be replayed (its level says so)."""
+    spec = ReplaySpec.from_environment()
+    if spec is None:
+        answer = str(given) if given is not None else None
+    elif spec.mode == "audit":
+        answer = spec.start_file
+    elif spec.mode == "resume":
+        answer = _newest_checkpoint(spec.run_dir)
+    else:
+        answer = None
+    _fit["ckpt_path"] = {"answer": answer}
+    return answer
+
+
+def _newest_checkpoint(run_dir: Path) -> Optional[str]:
+    """The newest checkpoint of the run in `run_dir` that loads and is the run's (a kill can leave a torn file)."""
+    files = sorted((p for p in run_dir.rglob("*.ckpt") if p.is_file()), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for path in files:
+        try:
+            checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:
+            continue
+        if isinstance(checkpoint, dict) and (checkpoint.get(KEY) or {}).get("run_id") == run_dir.name:
+            return str(path)
+    return None
+
+
+def _same_path(a: Optional[str], b: Optional[str]) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return Path(a).resolve() == Path(b).resolve()
+
+
+# ---------------------------------------------------------------- the callback
 
 
 class Callback(pl.Callback):
@@ -75,14 +247,13 @@ class Callback(pl.Callback):
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Resuming through ckpt_path (Lightning loads it before fitting starts): veritrain's part of it says which run
-        continues, from which trajectory; its RNG states are put back."""
+        continues, from which trajectory; its RNG states are put back when training starts."""
         mine = checkpoint.get(KEY)
         if isinstance(mine, dict):
             state_hash, model_hash = state_hashes(checkpoint)
             self._loaded = {"run_id": mine.get("run_id"), "trajectory": list(mine.get("trajectory") or []), "state_sha256": state_hash,
-                            "model_sha256": model_hash, "step": int(checkpoint.get("global_step", 0)), "epoch": int(checkpoint.get("epoch", 0))}
-            if mine.get("rng") is not None:
-                set_rng_state(mine["rng"])
+                            "model_sha256": model_hash, "step": int(checkpoint.get("global_step", 0)), "epoch": int(checkpoint.get("epoch", 0)),
+                            "rng": mine.get("rng"), "loader": (mine.get("position") or {}).get("loader")}
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the run (or continue the one the checkpoint Lightning resumed from belongs to); its checkpoints go into it."""
@@ -90,31 +261,72 @@ class Callback(pl.Callback):
             return
         loaded = self._loaded
         resume = str(loaded["run_id"]) if loaded and loaded.get("run_id") else None
+        asked = _fit.pop("ckpt_path", None)
+        _fit.clear()
+        _fit["trainer"] = trainer
         self.run = run = run_module.start_for("lightning", self._config(trainer, pl_module), self.name, self.inputs, self.workdir, resume,
                                               torch.are_deterministic_algorithms_enabled())
-        assert run.dir is not None
+        fit_from = str(trainer.ckpt_path) if trainer.ckpt_path else None
+        run._facts.state_registered = asked is not None and _same_path(asked["answer"], fit_from)
+        replay = run.replay
+        if replay is not None and not run._facts.state_registered:
+            raise RunFailed(f"replay: trainer.fit did not start from vt.lightning.ckpt_path()'s answer ({asked['answer'] if asked else 'never asked'}, "
+                            f"fit from {fit_from}); the script must pass ckpt_path=vt.lightning.ckpt_path(...) for a replay")
+        folder = run.dir / "checkpoints" if run.dir is not None else Path(str(replay.out)).parent / "checkpoints" if replay and replay.out else None
         for callback in trainer.checkpoint_callbacks:
-            if isinstance(callback, ModelCheckpoint) and callback.dirpath in (None, _default_dirpath(trainer)):
-                callback.dirpath = str(run.dir / "checkpoints")  # into the run, whose seal then covers them
-        if resume and loaded:
+            if folder is not None and isinstance(callback, ModelCheckpoint) and callback.dirpath in (None, _default_dirpath(trainer)):
+                callback.dirpath = str(folder)  # into the run, whose seal then covers them (an audit: its scratch folder)
+        if loaded and (resume or run._audit is not None):
             entry = trajectory.entry(loaded["trajectory"], run.config_hash, run._binding, loaded["step"], loaded["epoch"],
                                      loaded["state_sha256"], loaded["model_sha256"])
-            path = Path(str(trainer.ckpt_path)).resolve() if trainer.ckpt_path else None
-            if path is not None and path.is_relative_to(run.dir.resolve()):
+            if run._audit is not None:
+                _check_audit_start(run, loaded)
+            path = Path(fit_from).resolve() if fit_from else None
+            if path is not None and run.dir is not None and path.is_relative_to(run.dir.resolve()):
                 entry["file"] = path.relative_to(run.dir.resolve()).as_posix()
+                _discard_later_checkpoints(run.dir, loaded["trajectory"] + [entry])
             run.continue_trajectory(loaded["trajectory"] + [entry], loaded["step"])
-        elif not run._entries:  # a new run: the initial state is entry 0
+            _fit["resume_at"] = loaded.get("loader")
+        elif not run._entries:  # a new run (or one continued before its first checkpoint): the initial state is entry 0
+            if run.dir is not None and replay is not None and replay.mode == "resume":
+                run.continue_trajectory([], 0)
+                _discard_later_checkpoints(run.dir, [])
             weights = pl_module.state_dict()
             run.enter_checkpoint(None, trajectory.state_sha256({"state_dict": weights}), state_dict_sha256(weights), 0, 0)
             run._facts.checkpoints -= 1  # the initial state is no save
 
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
-        if self.run is not None:
-            checkpoint[KEY] = {"run_id": self.run.id, "rng": rng_state(), "trajectory": list(self.run._entries),
-                               "position": {"global_step": trainer.global_step, "epoch": trainer.current_epoch}}
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        run = self.run
+        if run is None:
+            return
+        loaders, count = _train_loaders(trainer)
+        run._facts.batches_used = bool(loaders) and len(loaders) == count
+        if loaders and trainer.world_size > 1:
+            raise UsageError(f"vt.lightning.loader: the Trainer runs {trainer.world_size} processes; the loader orders the data for one")
+        if run._record is not None:  # what a continuation after a kill needs to know (the record is sealed at the end)
+            run._record.update_section("script", api={"batches": run._facts.batches_used, "checkpoints": run._facts.checkpoints,
+                                                      "state_registered": run._facts.state_registered})
+            run._record.set(guarantee=run._guarantee())
+            run._record.write()
+        if self._loaded is not None and self._loaded.get("rng") is not None:
+            set_rng_state(self._loaded["rng"])  # here, after the sanity check and the loaders' setup, right before training
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        for item in _train_loaders(trainer)[0]:
+            item._batch_trained()  # before ModelCheckpoint's hook (Lightning runs checkpoint callbacks last)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for item in _train_loaders(trainer)[0]:
+            item._epoch_ended()
         self._log(trainer, "train")
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.run is not None:
+            loaders = _train_loaders(trainer)[0]
+            position: dict[str, Any] = {"global_step": trainer.global_step, "epoch": trainer.current_epoch}
+            if len(loaders) == 1:
+                position["loader"] = loaders[0].state_dict()
+            checkpoint[KEY] = {"run_id": self.run.id, "rng": rng_state(), "trajectory": list(self.run._entries), "position": position}
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
@@ -129,24 +341,53 @@ class Callback(pl.Callback):
         if run is None or not trainer.is_global_zero:
             return
         if not run._entries or run._entries[-1]["step"] != trainer.global_step:  # the final state, as the trajectory's last entry
-            assert run.dir is not None
-            trainer.save_checkpoint(str(run.dir / "checkpoints" / "last.ckpt"))
+            folder = run.dir / "checkpoints" if run.dir is not None else Path(str(run.replay.out)).parent if run.replay and run.replay.out else None
+            assert folder is not None
+            trainer.save_checkpoint(str(folder / "last.ckpt"))
         run.epochs_done = trainer.current_epoch
         run.finish(metrics=_scalars(trainer.callback_metrics))
         self.run = None
+        _fit.clear()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         run, self.run = self.run, None
-        if run is not None and not run._finished:
+        _fit.clear()
+        if run is None:
+            return
+        if run._audit is not None:  # an audit replay stops here (its segment's end, a state that differs, the fit's end)
+            if isinstance(exception, run_module.ReplayStop):
+                run._write_audit()
+            run_module._active.clear()
+        elif not run._finished:
             run._end("interrupted" if isinstance(exception, KeyboardInterrupt) else "failed", error=exception)
 
 
+def _check_audit_start(run: Run, loaded: dict[str, Any]) -> None:
+    """An audit replay from a checkpoint: it must hold the recorded state of the segment's start."""
+    assert run._audit is not None and run.replay is not None
+    expected = run._audit["entries"][run.replay.start]["state_sha256"]
+    if loaded["state_sha256"] != expected:
+        raise RunFailed(f"audit: {Path(str(run.replay.start_file)).name} does not hold entry {run.replay.start}'s state")
+
+
+def _discard_later_checkpoints(run_dir: Path, entries: list[dict[str, Any]]) -> None:
+    """A run continued from a checkpoint: the checkpoint files written after it (or torn by the kill) are no part of
+    the run that continues; they go, so that the continued run's saves do not sit beside them."""
+    keep = {str(entry["file"]) for entry in entries if entry.get("file")}
+    folder = run_dir / "checkpoints"
+    for path in folder.rglob("*.ckpt") if folder.is_dir() else []:
+        if path.relative_to(run_dir).as_posix() not in keep:
+            path.unlink()
+
+
 class CheckpointIO(TorchCheckpointIO):
-    """Lightning's torch.save checkpoints, each hashed after it is written and entered in the run's trajectory."""
+    """Lightning's torch.save checkpoints, each hashed after it is written and entered in the run's trajectory (an
+    audit replay writes nothing: it hashes the state and checks it against the recorded entry)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
-        super().save_checkpoint(checkpoint, path, storage_options)
         run = run_module.active()
+        if run is None or run.integration != "lightning" or run._audit is None:
+            super().save_checkpoint(checkpoint, path, storage_options)
         if run is not None and run.integration == "lightning":
             state_hash, model_hash = state_hashes(checkpoint)
             run.enter_checkpoint(Path(str(path)), state_hash, model_hash, int(checkpoint.get("global_step", 0)), int(checkpoint.get("epoch", 0)))
@@ -154,8 +395,6 @@ class CheckpointIO(TorchCheckpointIO):
 
 def _default_dirpath(trainer: pl.Trainer) -> str:
     """Where Lightning puts checkpoints when the ModelCheckpoint names no folder and there is no logger."""
-    import os
-
     return os.path.join(trainer.default_root_dir, "checkpoints")
 
 

@@ -248,11 +248,14 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
 
 
 def kept_checkpoints(run_dir: Path, record: dict[str, Any]) -> dict[int, Path]:
-    """Entry index → the checkpoint of the run (a Path) that holds its state: its step file, or best.pt for the best
-    epoch's entry when its step file is gone (verify matches both with the trajectory)."""
+    """Entry index → the checkpoint of the run (a Path) that holds its state: its step file (or the framework's file
+    the entry names), or best.pt for the best epoch's entry when its step file is gone (verify matches both with the
+    trajectory)."""
     entries = record.get("trajectory") or []
     folder = run_dir / "checkpoints"
     files = {index: folder / f"step-{e['step']}.pt" for index, e in enumerate(entries) if index and (folder / f"step-{e['step']}.pt").is_file()}
+    files.update({index: run_dir / str(e["file"]) for index, e in enumerate(entries)  # a framework's own checkpoint files
+                  if index and e.get("file") and (run_dir / str(e["file"])).is_file()})
     best = best_entry(entries, (record.get("training") or {}).get("best_epoch"))
     if best is not None and best not in files and (folder / "best.pt").is_file():
         files[best] = folder / "best.pt"

@@ -18,7 +18,7 @@ from veritrain.core.errors import RunFailed, VeritrainError
 from veritrain.records import usercode
 from veritrain.records.record import read_record
 from veritrain.records.workspace import Workspace
-from veritrain.userloop.replay_spec import ReplaySpec
+from veritrain.userloop.replay_spec import ReplaySpec, ReplayStop
 
 log = logging.getLogger("veritrain")
 
@@ -54,6 +54,8 @@ def main() -> int:
         with session:
             sys.path.insert(0, str(folder))
             runpy.run_path(str(copy), run_name="__main__")
+    except ReplayStop:  # an audit replay reached its segment's end inside a framework's loop, which passed it on
+        pass
     finally:
         if session.scratch is None:
             shutil.rmtree(folder, ignore_errors=True)

@@ -32,6 +32,8 @@ class Facts:
     reads_file_variable: bool = False  # the script reads __file__ (a replay runs the recorded copy elsewhere)
     other: list[str] = field(default_factory=list)  # further reasons, as sentences
     integration: Optional[str] = None  # "lightning", "hf": a framework owned the loop, its data order and checkpoints
+    # for Lightning, batches_used: the training batches came from vt.lightning.loader; state_registered: trainer.fit's
+    # ckpt_path came from vt.lightning.ckpt_path
 
 
 def level_of(facts: Facts) -> tuple[str, list[str]]:
@@ -44,19 +46,27 @@ def level_of(facts: Facts) -> tuple[str, list[str]]:
     if logged:
         return "logged", logged
     bound = list(facts.other)
-    if facts.integration is not None:  # the framework's own loop: its checkpoints are hashed, its replay is not proven
-        framework = {"lightning": "Lightning", "hf": "the Hugging Face Trainer"}.get(facts.integration, facts.integration)
+    if facts.integration == "lightning":  # Lightning's loop, replayable with veritrain's loader and ckpt_path()
+        if not facts.batches_used:
+            bound.append("the training batches came from a loader of the script's own, whose position a resume or replay through "
+                         "Lightning does not restore (give trainer.fit vt.lightning.loader(dataset, batch_size))")
+        if not facts.state_registered:
+            bound.append("trainer.fit did not take its ckpt_path from vt.lightning.ckpt_path(...), so a replay cannot start the fit "
+                         "at a checkpoint")
+    elif facts.integration is not None:  # the framework's own loop: its checkpoints are hashed, its replay is not proven
+        framework = {"hf": "the Hugging Face Trainer"}.get(facts.integration, facts.integration)
         bound.append(f"{framework} owns the loop and the data order, and a kill -9 resume or a replay through it is not "
                      "proven bit-identical; its checkpoints are hashed and in the trajectory")
         if not facts.checkpoints:
             bound.append("no checkpoint was saved")
         return "bound", bound
-    if not facts.batches_used:
+    elif not facts.batches_used:
         bound.append("the data order is the script's own (run.batches was not used), so a replay cannot draw the same batches")
-    if not facts.state_registered:
+    if facts.integration is None and not facts.state_registered:
         bound.append("no training state was given to run.resume, so nothing can be restored")
     elif not facts.checkpoints:
-        bound.append("no checkpoint was saved with run.checkpoint, so no segment has a start to replay from")
+        bound.append("no checkpoint was saved" + (" with run.checkpoint" if facts.integration is None else "")
+                     + ", so no segment has a start to replay from")
     if not facts.deterministic:
         bound.append("deterministic algorithms were off (deterministic=False, or turned off while it ran)")
     if facts.cudnn_benchmark:

@@ -41,9 +41,11 @@ def refusal(record: Record, command: str) -> Optional[str]:
         return None
     reasons = "; ".join(guarantee.get("reasons") or ["its record states no guarantee level"])
     integration = (record.get("script") or {}).get("integration")
+    if command == "train --resume" and integration == "lightning" and ((record.get("script") or {}).get("api") or {}).get("state_registered"):
+        return None  # its fit starts from vt.lightning.ckpt_path(), which gives a continuation the run's newest checkpoint
     if command == "train --resume" and integration:
         return (f"{record.run_id}: a run of {integration}'s own loop continues through it: run the script again with the run's newest "
-                "checkpoint (Lightning: trainer.fit(..., ckpt_path=...); the Trainer: trainer.train(resume_from_checkpoint=...))")
+                "checkpoint (Lightning: trainer.fit(..., ckpt_path=...), or ckpt_path=vt.lightning.ckpt_path(...) for `train --resume`; the Trainer: trainer.train(resume_from_checkpoint=...))")
     if command == "train --resume" and level == "bound" and (record.get("script") or {}).get("file"):
         return None  # continuing a bound run needs only its code and checkpoints
     return f"{record.run_id}: a {level or 'unknown'} run, so {command} cannot replay it: {reasons}"

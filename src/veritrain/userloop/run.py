@@ -640,8 +640,10 @@ class Run:
         entry = trajectory.entry(self._entries, self.config_hash, self._binding, step, epoch, state_sha256, model_sha256)
         if file is not None and self.dir is not None and file.resolve().is_relative_to(self.dir.resolve()):
             entry["file"] = file.resolve().relative_to(self.dir.resolve()).as_posix()
-        self._entries.append(entry)
         self._facts.checkpoints += 1
+        if self._audit is not None:
+            self._check_entry(entry)  # an audit replay: against the recorded entry (ReplayStop at the segment's end)
+        self._entries.append(entry)
         return entry
 
     def continue_trajectory(self, entries: list[dict[str, Any]], step: int) -> None:
