@@ -114,6 +114,21 @@ def test_levels():
     assert level == "logged" and "stdin" in reasons[0]
 
 
+def test_levels_of_a_framework_s_run():
+    """Lightning is replayable with veritrain's loader, ckpt_path, a checkpoint and deterministic algorithms; the HF
+    Trainer is always bound (its replay is not proven)."""
+    lightning = Facts(inputs_bound=True, batches_used=True, state_registered=True, checkpoints=1, integration="lightning")
+    assert level_of(lightning) == ("replayable", [])
+    for change, word in [({"batches_used": False}, "vt.lightning.loader"), ({"state_registered": False}, "vt.lightning.ckpt_path"),
+                         ({"checkpoints": 0}, "no checkpoint was saved, so"), ({"deterministic": False}, "deterministic"),
+                         ({"reads_file_variable": True}, "__file__")]:
+        level, reasons = level_of(dataclasses.replace(lightning, **change))
+        assert level == "bound" and len(reasons) == 1 and word in reasons[0], (change, reasons)
+    assert level_of(dataclasses.replace(lightning, inputs_bound=False))[0] == "logged"
+    level, reasons = level_of(dataclasses.replace(lightning, integration="hf"))
+    assert level == "bound" and "the Hugging Face Trainer owns the loop" in reasons[0]
+
+
 def test_the_inputs_manifest_binds_every_byte(tmp_path):
     (tmp_path / "data" / "images").mkdir(parents=True)
     (tmp_path / "data" / "train.csv").write_text("a,b\n1,2\n")

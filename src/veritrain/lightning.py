@@ -92,7 +92,8 @@ class Loader:
             raise UsageError(f"vt.lightning.loader: {len(dataset)} rows make no full batch of {batch_size} with drop_last=True")
         from torch.utils.data import default_collate
 
-        self.dataset, self.batch_size, self.shuffle, self.drop_last = dataset, batch_size, bool(shuffle), bool(drop_last)
+        self.dataset: Any = dataset
+        self.batch_size, self.shuffle, self.drop_last = batch_size, bool(shuffle), bool(drop_last)
         self.collate_fn = collate_fn or default_collate
         self.seed = seed
         self._next: Optional[tuple[int, int]] = None  # (epoch 0-based, batch) the next pass starts at; None: not yet known
