@@ -20,6 +20,8 @@ from veritrain.data.text_corpus import embedded_topics
 from veritrain.data.tokenizer import END_OF_TEXT, byte_level, load_tokenizer, read_tokens, train_bpe, write_tokens
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+# BPE needs the tokenizers package (the lm extra), which the test-slow install has: those tests run there
+BPE = pytest.mark.slow
 
 # The file train_bpe(corpus, 2048) writes with tokenizers 0.23.3. Pinned because the file's bytes are the
 # tokenizer's identity: a tokenizers release (or a change here) that trains other merges, or writes them otherwise,
@@ -91,6 +93,7 @@ def _train_in_processes(threads: list[int]) -> list[bytes]:
     return outputs
 
 
+@BPE
 def test_bpe_training_gives_the_pinned_file_in_five_processes_at_one_thread_and_five_at_two(bpe):
     """tokenizers' BpeTrainer has no seed and its hash maps are seeded afresh in every process; byte-level BPE must
     still give one file (about 5 s: ten processes, two at a time)."""
@@ -100,7 +103,7 @@ def test_bpe_training_gives_the_pinned_file_in_five_processes_at_one_thread_and_
     assert (bpe.vocab_size, bpe.dtype, bpe.special_ids) == (2048, np.uint16, {END_OF_TEXT: 256})
 
 
-@pytest.mark.parametrize("kind", ["byte_level", "bpe"])
+@pytest.mark.parametrize("kind", ["byte_level", pytest.param("bpe", marks=pytest.mark.slow)])
 def test_the_corpus_and_hostile_strings_round_trip(kind, corpus, request):
     tokenizer = byte_level() if kind == "byte_level" else request.getfixturevalue("bpe")
     for text in corpus + HOSTILE:
@@ -115,6 +118,7 @@ def test_the_corpus_and_hostile_strings_round_trip(kind, corpus, request):
         assert encoded_bytes < sum(len(t.encode()) for t in corpus) / 3  # BPE does compress
 
 
+@BPE
 def test_bpe_encodes_as_the_tokenizer_tokenizers_trained(corpus):
     """veritrain's ids for tokenizers' byte characters: the same tokens as tokenizers' own trained tokenizer, so
     the byte mapping and the id translation lose nothing."""
@@ -143,11 +147,13 @@ def test_a_lone_surrogate_is_refused_in_one_line():
         train_bpe(["fine", "bad \udfff"], 300)
 
 
+@BPE
 def test_bpe_rejects_a_surrogate_when_encoding(bpe):
     with pytest.raises(UserError, match="lone surrogate"):
         bpe.encode("\udc80")
 
 
+@BPE
 def test_save_and_load_keep_the_bytes_and_the_behaviour(bpe, tmp_path, corpus):
     path = tmp_path / "tok.json"
     bpe.save(path)
@@ -161,6 +167,7 @@ def test_save_and_load_keep_the_bytes_and_the_behaviour(bpe, tmp_path, corpus):
     assert byte_level().file_bytes == byte_level().file_bytes and byte_level().sha256 != byte_level([END_OF_TEXT, "<|pad|>"]).sha256
 
 
+@BPE
 def test_one_changed_byte_of_the_file_is_another_tokenizer(bpe, tmp_path, corpus):
     path = tmp_path / "tok.json"
     layout = bpe.file_bytes.replace(b'"type": "bpe"', b'"type":\t"bpe"', 1)  # one byte: the same content, a tab for a space
@@ -240,6 +247,7 @@ def test_a_small_text_makes_fewer_merges_than_asked_and_still_loads(tmp_path):
     assert load_tokenizer(tmp_path / "tok.json").file_bytes == tokenizer.file_bytes
 
 
+@BPE
 def test_tokens_are_written_per_document_with_the_separator_and_read_back(bpe, tmp_path, corpus):
     documents = corpus[:10] + HOSTILE[:5]
     path = tmp_path / "train.bin"
