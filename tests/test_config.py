@@ -30,7 +30,7 @@ def write(tmp_path: Path, text: str, name: str = "exp.yaml") -> Path:
         ("trian:\n  epochs: 3\n", f"trian: unknown key; did you mean 'train'? valid keys in the top level: {', '.join(RunConfig.model_fields)}"),
         ("model:\n  widths: [32, -1]\n", "model.widths: expected a non-empty list of integers ≥ 1, got [32, -1]"),
         ("data:\n  split_ratios: [0.5, 0.1, 0.1]\n", "data.split_ratios: expected fractions that sum to 1, got [0.5, 0.1, 0.1] (sum 0.7)"),
-        ("data:\n  source: mnist\n", "data.source: expected one of 'cifar10', 'csv', 'digits', 'imagefolder', 'labelmap', got 'mnist'"),
+        ("data:\n  source: mnist\n", "data.source: expected one of 'cifar10', 'csv', 'digits', 'imagefolder', 'jsonl', 'labelmap', 'pydoc_topics', 'text', got 'mnist'"),
         ("train: 5\n", f"train: expected a section (mapping) with keys {', '.join(TrainConfig.model_fields)}, got 5"),
         ("seed: [1]\n", "seed: expected an integer, got [1]"),
         ("- a\n- b\n", "expected a mapping of keys (seed, data, model, ...) at the top level, got a list"),

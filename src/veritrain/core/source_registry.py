@@ -31,5 +31,9 @@ SOURCES: dict[str, Callable[..., Any]] = {
     name: _builtin(f"veritrain.data.sources:load_{name}_source") for name in ("digits", "cifar10", "imagefolder", "csv", "labelmap")
 }
 
+# text sources (veritrain.data.text_sources): documents for a language model, prepared by veritrain.data.text_prepare
+TEXT_SOURCES: set[str] = {"text", "jsonl", "pydoc_topics"}
+SOURCES.update({name: _builtin("veritrain.data.text_prepare:load_text_source") for name in sorted(TEXT_SOURCES)})
+
 # sources whose samples carry a timestamp: the only ones `data.split_by: time` accepts
 TIMESTAMPED_SOURCES: set[str] = {"csv"}

@@ -13,7 +13,7 @@ import io
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
@@ -51,6 +51,18 @@ BOUND_INFO_SINCE = {"listing_sha256": 5}  # parts of version.json bound from a r
 
 
 CARD_FILE = "card.json"  # the data card: beside the version, editable, outside every hash
+
+# A text data version (veritrain.data.text_prepare), `kind: "text"` in version.json, has its own recipe and files:
+# documents in the manifest, the tokenizer's file and one token array per split
+TEXT_RECIPE = 1
+TEXT_BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "tokenizer.json",
+                    "tokens/train.bin", "tokens/val.bin", "tokens/test.bin")
+TEXT_BOUND_INFO = ("kind", "counts", "tokens", "bytes", "tokenizer", "files", "raw_files", "achieved_split", "contamination")
+
+
+def bound_files(info: dict[str, Any]) -> tuple[str, ...]:
+    """The files a stored version's id binds (recipe 3 on), by its kind."""
+    return TEXT_BOUND_FILES if info.get("kind") == "text" else BOUND_FILES
 
 
 @dataclass
@@ -102,6 +114,8 @@ def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Iter
 
 def content_hash(info: dict[str, Any]) -> str:
     """SHA-256 of the parts of version.json that the id binds (BOUND_INFO, and BOUND_INFO_SINCE from its recipe on)."""
+    if info.get("kind") == "text":
+        return sha256_json({key: info.get(key) for key in TEXT_BOUND_INFO})
     recipe = recipe_of(info) or 0
     keys = BOUND_INFO + tuple(key for key, since in BOUND_INFO_SINCE.items() if recipe >= since)
     return sha256_json({key: info.get(key) for key in keys})
@@ -128,7 +142,7 @@ def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> 
     recipe = recipe_of(info)
     if recipe is None:
         raise ValueError(f"format {info.get('format')!r} is not a data recipe")
-    content = content_hash(info) if recipe >= 3 else None
+    content = content_hash(info) if recipe >= 3 or info.get("kind") == "text" else None
     return version_id(info["preprocessing"], key, (
         (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows), content)
 
@@ -210,6 +224,8 @@ def load_version(path: Path) -> DataVersion:
     every recipe binds to the id (recipe 2 and before did not bind the split lists)."""
     check_version(path)
     info = json.loads((path / "version.json").read_text(encoding="utf-8"))
+    if info.get("kind") == "text":
+        return _load_text_version(path, info)
     with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
         placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
     inputs = np.load(path / "inputs.npy", mmap_mode="r")
@@ -227,6 +243,38 @@ def load_version(path: Path) -> DataVersion:
         splits=splits,
         sample_ids=[sid for sid, _ in placed],
     )
+
+
+@dataclass
+class TextVersion(DataVersion):
+    """A text data version: `splits` are the placed documents' rows, `tokens` each split's token array (memory-mapped,
+    every document followed by <|endoftext|>), `tokenizer_file` the tokenizer it was tokenized with. `inputs` and
+    `targets` are empty: a language-model task cuts its windows from `tokens`."""
+
+    tokens: dict[str, np.ndarray] = field(default_factory=dict)
+    tokenizer_file: Optional[Path] = None
+
+    @property
+    def classes(self) -> Optional[list[str]]:
+        return None
+
+
+def _load_text_version(path: Path, info: dict[str, Any]) -> TextVersion:
+    with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
+        placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
+    dtype = np.dtype(str((info.get("tokenizer") or {}).get("dtype") or "uint16")).newbyteorder("<")
+    tokens = {}
+    for name in SPLITS:
+        file = path / "tokens" / f"{name}.bin"
+        count = int((info.get("tokens") or {}).get(name) or 0)
+        if file.stat().st_size != count * dtype.itemsize:
+            raise RunFailed(f"{file}: data version {path.name[:12]} holds {file.stat().st_size} bytes, not the {count} tokens its version.json "
+                            f"counts; remove {path} and prepare it again")
+        tokens[name] = np.memmap(file, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype=dtype)
+    splits = {name: np.array([row for row, (_, split) in enumerate(placed) if split == name], dtype=np.int64) for name in SPLITS}
+    empty = np.zeros(0, dtype=np.int64)
+    return TextVersion(version=info["data_version"], path=path, info=info, inputs=empty, targets=empty, splits=splits,
+                       sample_ids=[sid for sid, _ in placed], tokens=tokens, tokenizer_file=path / "tokenizer.json")
 
 
 # ---------------------------------------------------------------- whether a stored version is intact
@@ -276,14 +324,15 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
     recipe = recipe_of(info)
     if recipe is None:
         return problems + [changed("version.json", f"format {info.get('format')!r} is not a data recipe (a whole number)")]
-    recipe3 = recipe >= 3
+    recipe3 = recipe >= 3 or info.get("kind") == "text"
+    bound = bound_files(info)
     if recipe3:
         files, reports = info.get("files"), info.get("reports")
-        if not isinstance(files, dict) or not isinstance(reports, dict) or set(files) != set(BOUND_FILES) \
+        if not isinstance(files, dict) or not isinstance(reports, dict) or set(files) != set(bound) \
                 or not all(isinstance(e, dict) for e in files.values()):
             return problems + [changed("version.json", "its tables of files are missing or malformed")]
         # a report is any other plain file of the folder: never one the id binds, never a path that leaves it
-        odd = [name for name in reports if not isinstance(name, str) or name in set(BOUND_FILES) | {"version.json", CARD_FILE}
+        odd = [name for name in reports if not isinstance(name, str) or name in set(bound) | {"version.json", CARD_FILE}
                or not REPORT_NAME.fullmatch(name) or {".", ".."} & set(name.split("/")) or not isinstance(reports[name], str)]
         if odd:
             return problems + [changed("version.json", f"its table of reports names {str(odd[0])[:60]!r}, which is not a report file")]

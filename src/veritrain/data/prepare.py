@@ -183,6 +183,17 @@ def run(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, reh
     """`_prepare`, one process at a time per data config and paths (`.veritrain/locks/prepare-<key>.lock`):
     concurrent runs of one config wait for the one that prepares, then reuse its version. `id_only` (verify,
     in a scratch folder) writes nothing to the workspace and takes no lock."""
+    from veritrain.core.source_registry import TEXT_SOURCES
+
+    if data_cfg.source in TEXT_SOURCES:  # documents for a language model: the text data gate
+        from veritrain.data import text_prepare
+
+        if id_only:
+            return text_prepare.prepare(data_cfg, paths, workspace_state, id_only=True)
+        key = sha256_json({"data": data_cfg.model_dump(mode="json"), "paths": {k: str(v) for k, v in sorted(paths.items())}})[:32]
+        with locks.held(workspace_state / "locks" / f"prepare-{key}.lock",
+                        lambda by: log.info("data: waiting for %s, which prepares this data", by)):
+            return text_prepare.prepare(data_cfg, paths, workspace_state)
     if id_only:
         return _prepare(data_cfg, paths, workspace_state, rehash, recorded, id_only, versions)
     key = sha256_json({"data": data_cfg.model_dump(mode="json"), "paths": {k: str(v) for k, v in sorted(paths.items())}})[:32]

@@ -15,13 +15,12 @@ from veritrain.core.errors import RunFailed
 CORPUS_FILE = Path(__file__).parent / "corpora" / "pydoc_topics-cpython-3.11.7.json.xz"
 CORPUS_SHA256 = "5995015bae077ec02e49b859f8fcf314bad467cda7183f64bc3463adfdf7ad54"  # of the uncompressed JSON
 CORPUS_NAME = "pydoc-topics"
-CARD = {
-    "name": "pydoc-topics",
-    "description": "The help topics of the Python documentation (pydoc_data.topics) as CPython 3.11.7 ships them: "
-                   "79 topics of English reference text, each a document.",
-    "source": "CPython 3.11.7, Lib/pydoc_data/topics.py (generated from the Python documentation)",
+CARD = {  # the data card's keys (data.card), filling those the config leaves empty
+    "origin": "CPython 3.11.7, Lib/pydoc_data/topics.py: the help topics of the Python documentation (79 topics of English "
+              "reference text), generated from the documentation sources",
     "license": "Python Software Foundation License Version 2 (PSF-2.0); documentation © Python Software Foundation",
-    "version": "3.11.7",
+    "collection": "the topics dict as CPython 3.11.7 ships it, serialized as JSON with sorted keys; each topic a document",
+    "limitations": "reference prose and code examples about Python only; a small corpus (about 466 KB)",
 }
 
 

@@ -120,6 +120,12 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "train.backend": "auto",
     "train.batchnorm": "per_rank",
     "checkpoint.audit_every": 0,
+    # whole sections: dropped when every key in them is at its default
+    "data.text": {"split_documents": "file", "max_chars": 1_000_000,
+                  "fields": {"text": "text", "id": "id", "split": "split", "group": "group", "timestamp": "timestamp"},
+                  "near_duplicates": {"shingle_words": 2, "threshold": 0.6, "bands": 32, "rows": 4, "min_words": 20},
+                  "ngram_words": 13, "on_contamination": "quarantine"},
+    "data.tokenizer": {"kind": "byte_level", "vocab_size": 2048},
 }
 
 

@@ -110,11 +110,63 @@ class DataCard(Section):
     contact: Optional[str] = Field(None, description="who answers questions about the data")
 
 
+class JsonlFieldsConfig(Section):
+    """The field names of a `jsonl` source's lines."""
+
+    text: str = Field("text", description="the field holding a document's text (a string)")
+    id: str = Field("id", description="the field holding a document's stable id (optional; it places the document instead of its content)")
+    split: str = Field("split", description="the field fixing a document's split: train, val or test (optional)")
+    group: str = Field("group", description="the field naming a document's group, kept in one split (optional)")
+    timestamp: str = Field("timestamp", description="the field holding a document's timestamp (optional)")
+
+
+class TextNearDuplicatesConfig(Section):
+    """How text sources find near-duplicate documents: MinHash with LSH bands over word shingles, each candidate
+    confirmed by the exact Jaccard similarity of its shingle sets."""
+
+    shingle_words: int = Field(2, ge=1, le=16, description="words per shingle (of the lowercased, punctuation-stripped words)")
+    threshold: float = Field(0.6, gt=0.0, le=1.0, description="a pair is a near duplicate when the Jaccard similarity of its shingle sets "
+                             "is at least this; 2-word shingles at 0.6 keep every copy with 5% of its words edited (docs/data.md)")
+    bands: int = Field(32, ge=1, le=1024, description="LSH bands: two documents are a candidate when all rows of one band agree")
+    rows: int = Field(4, ge=1, le=64, description="MinHash values per band (bands × rows hash functions)")
+    min_words: int = Field(20, ge=1, description="documents with fewer words are not compared (a few shared words are no evidence)")
+
+
+class TextDataConfig(Section):
+    """Text sources (`text`, `jsonl`, `pydoc_topics`): how documents are read and checked."""
+
+    split_documents: Literal["file", "paragraph"] = Field(
+        "file", description="`file`: each .txt file (or JSONL line, or help topic) is a document; `paragraph`: each paragraph "
+        "(text between blank lines) of it is")
+    max_chars: int = Field(1_000_000, ge=1, le=2**40, description="longer documents are `too_long`: a file larger than 4 × this many bytes, "
+                           "or a JSONL line, is refused before it is read into memory")
+    fields: JsonlFieldsConfig = Field(default_factory=JsonlFieldsConfig, description="jsonl source: the field names")  # pyright: ignore[reportArgumentType]
+    near_duplicates: TextNearDuplicatesConfig = Field(default_factory=TextNearDuplicatesConfig,  # pyright: ignore[reportArgumentType]
+                                                      description="near-duplicate documents: grouped into one split and reported")
+    ngram_words: int = Field(13, ge=1, le=100, description="decontamination: the words per n-gram shared by a val/test document and a "
+                             "train document that make the train document contaminated")
+    on_contamination: Literal["quarantine", "warn", "fail"] = Field(
+        "quarantine", description="a train document sharing an n-gram with a val or test document: `quarantine` removes it from "
+        "train (val and test documents are never removed, so their numbers stay honest); `warn`: report it and train on it; "
+        "`fail`: stop (exit 1)")
+
+
+class TokenizerConfig(Section):
+    """The tokenizer of a text data version, stored in it and bound to its id by its bytes."""
+
+    kind: Literal["byte_level", "bpe"] = Field(
+        "byte_level", description="`byte_level`: the 256 bytes and <|endoftext|> (no training); `bpe`: byte-level BPE trained on the "
+        "train split after decontamination (needs `pip install 'veritrain[lm]'`)")
+    vocab_size: int = Field(2048, ge=257, le=2**32 - 1, description="bpe: the most tokens, the 256 bytes and <|endoftext|> included")
+
+
 class DataConfig(Section):
     source: str = Field(
         "digits",
         description="where samples come from: `digits` (scikit-learn's bundled 8×8 digits), `imagefolder` "
-        "(root/<class>/<images>), `csv` (data.csv with path,label), `labelmap` (data.labels JSON), `cifar10` (python batches in root)",
+        "(root/<class>/<images>), `csv` (data.csv with path,label), `labelmap` (data.labels JSON), `cifar10` (python batches in root); "
+        "text: `text` (a folder of .txt files in root), `jsonl` (a .jsonl file or folder in root), `pydoc_topics` (the Python help "
+        "topics veritrain ships)",
     )
     root: Optional[str] = Field(
         None,
@@ -201,6 +253,8 @@ class DataConfig(Section):
     # pyright counts only `default=` as a field default, not Field's positional one, so it reads these sections as having
     # required fields; every field of every section has a default
     card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")  # pyright: ignore[reportArgumentType]
+    text: TextDataConfig = Field(default_factory=TextDataConfig, description="text sources: documents and their checks")  # pyright: ignore[reportArgumentType]
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig, description="text sources: the tokenizer")  # pyright: ignore[reportArgumentType]
 
     @field_validator("near_duplicates", mode="before")
     @classmethod

@@ -1,0 +1,111 @@
+"""The text data gate (veritrain.data.text_prepare): documents validated, grouped by exact and near duplicates,
+split by the stable hash, decontaminated (train documents only), tokenized into a data version whose id binds
+every token and the tokenizer's bytes; a changed token or tokenizer byte is refused on open."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from veritrain.core.config import load_config
+from veritrain.core.errors import RunFailed
+from veritrain.data import identity, prepare
+from veritrain.data.text_corpus import embedded_topics
+from veritrain.data.tokenizer import load_tokenizer
+
+
+def prepared(tmp_path, *overrides: str):
+    resolved = load_config(None, list(overrides))
+    return prepare.run(resolved.config.data, resolved.data_paths, tmp_path / ".veritrain")
+
+
+@pytest.fixture(scope="module")
+def pydoc(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pydoc")
+    return root, prepared(root, "data.source=pydoc_topics", "data.text.split_documents=paragraph")
+
+
+def test_the_shipped_corpus_prepares_to_one_id_and_its_tokens_decode_to_its_documents(pydoc, tmp_path):
+    root, data = pydoc
+    assert isinstance(data, identity.TextVersion) and data.info["kind"] == "text"
+    assert data.counts["train"] > 1500 and data.counts["val"] > 150 and data.counts["test"] > 150
+    assert {name: len(t) for name, t in data.tokens.items()} == data.info["tokens"]
+    tokenizer = load_tokenizer(data.tokenizer_file)
+    assert tokenizer.sha256 == data.info["tokenizer"]["sha256"] and data.info["tokenizer"]["special_ids"] == {"<|endoftext|>": 256}
+    text = tokenizer.decode(np.asarray(data.tokens["test"]))
+    documents = text.split("<|endoftext|>")[:-1]
+    assert len(documents) == data.counts["test"] and sum(len(d.encode()) for d in documents) == data.info["bytes"]["test"]
+    assert data.info["contamination"]["train_documents"] >= 1  # the corpus repeats passages across topics
+    again = prepared(tmp_path, "data.source=pydoc_topics", "data.text.split_documents=paragraph")
+    assert again.version == data.version  # another workspace, the same bytes: the same id
+
+
+def test_one_changed_token_or_tokenizer_byte_is_refused_on_open(pydoc, tmp_path):
+    import shutil
+
+    root, data = pydoc
+    for name in ("tokens/train.bin", "tokenizer.json"):
+        copy = tmp_path / name.replace("/", "-") / data.version
+        shutil.copytree(data.path, copy)
+        target = copy / name
+        content = bytearray(target.read_bytes())
+        content[len(content) // 2] ^= 1
+        target.write_bytes(bytes(content))
+        with pytest.raises(RunFailed, match=f"{name}.*does not match its sha256"):
+            identity.load_version(copy)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def words(seed: int, n: int) -> str:
+    vocabulary = sorted({w for text in embedded_topics().values() for w in text.split() if w.isalpha()})
+    rng = random.Random(seed)
+    return " ".join(rng.choice(vocabulary) for _ in range(n))
+
+
+def test_a_train_document_holding_a_test_passage_is_removed_from_train_and_test_keeps_its_own(tmp_path):
+    passage = words(1, 60)
+    rows = [{"id": "test-1", "text": words(2, 40) + " " + passage + " " + words(3, 40), "split": "test"},
+            {"id": "train-leak", "text": words(4, 200) + " " + passage + " " + words(5, 200), "split": "train"},
+            *({"id": f"train-{k}", "text": words(10 + k, 120)} for k in range(20))]
+    write_jsonl(tmp_path / "docs.jsonl", rows)
+    data = prepared(tmp_path, "data.source=jsonl", f"data.root={tmp_path / 'docs.jsonl'}")
+    report = data.report()
+    assert [q["sample_id"] for q in report["quarantined"]] == ["train-leak"] and report["quarantined"][0]["kind"] == "contamination"
+    assert "test-1" in (data.path / "splits" / "test.txt").read_text().split()
+    (pair,) = report["contamination"]["top_pairs"]
+    assert pair["covered_words"] == 60 and pair["shared_text"] == [passage.lower()]
+    warned = prepared(tmp_path / "w", "data.source=jsonl", f"data.root={tmp_path / 'docs.jsonl'}", "data.text.on_contamination=warn")
+    assert "train-leak" in (warned.path / "splits" / "train.txt").read_text().split() and warned.version != data.version
+    with pytest.raises(RunFailed, match="contamination: train-leak"):
+        prepared(tmp_path / "f", "data.source=jsonl", f"data.root={tmp_path / 'docs.jsonl'}", "data.text.on_contamination=fail")
+
+
+def test_duplicates_stay_in_one_split_and_a_duplicate_fixed_elsewhere_is_a_split_leak(tmp_path):
+    same = words(7, 80)
+    rows = [{"id": "a", "text": same, "split": "test"}, {"id": "b", "text": same.upper(), "split": "train"},
+            *({"id": f"n-{k}", "text": words(30 + k, 100)} for k in range(20))]
+    write_jsonl(tmp_path / "docs.jsonl", rows)
+    data = prepared(tmp_path, "data.source=jsonl", f"data.root={tmp_path / 'docs.jsonl'}")
+    quarantined = {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]}
+    assert quarantined == {"b": "split_leak"}
+    assert data.info["findings_by_kind"]["exact_duplicate"] == 1
+
+
+def test_unreadable_files_are_quarantined_and_named(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for k in range(12):
+        (docs / f"doc{k:02d}.txt").write_text(words(50 + k, 120), encoding="utf-8")
+    (docs / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    (docs / "empty.txt").write_text("\n")
+    data = prepared(tmp_path, "data.source=text", f"data.root={docs}")
+    assert {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]} == {"latin1.txt": "invalid_utf8", "empty.txt": "empty_document"}
+    assert sum(data.counts.values()) == 12
+    with pytest.raises(RunFailed, match="empty.txt: empty_document .*2 document"):
+        prepared(tmp_path / "f", "data.source=text", f"data.root={docs}", "data.on_bad_file=fail")
