@@ -45,8 +45,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file
 from veritrain.core.secrets import find_secret
-from veritrain.data import identity, text_dedup
-from veritrain.data import split as splitting
+from veritrain.data import identity, split as splitting, text_dedup
 from veritrain.data.identity import CARD_FILE, TEXT_BOUND_FILES, TEXT_RECIPE, TextVersion
 from veritrain.data.split import SPLITS
 from veritrain.data.text_sources import JsonlFields, TextDocument, TextFinding, TextListing, read_embedded, read_jsonl, read_text_folder
