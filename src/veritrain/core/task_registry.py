@@ -25,4 +25,5 @@ def _builtin(target: str) -> Callable[[Any], Any]:
     return factory
 
 
-TASKS: dict[str, Callable[[Any], Any]] = {"classification": _builtin("veritrain.tasks.classification:ClassificationTask")}
+TASKS: dict[str, Callable[[Any], Any]] = {"classification": _builtin("veritrain.tasks.classification:ClassificationTask"),
+                                          "lm": _builtin("veritrain.tasks.lm:LanguageModelTask")}

@@ -17,6 +17,7 @@ import torch
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
+from veritrain.tasks import split_rows
 from veritrain.train import checkpoint, trajectory
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def forward_split(model: torch.nn.Module, task: Task, data: DataVersion, split: 
                   limit: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """All outputs and targets of one split (its first `limit` samples) in eval mode, in split-file order."""
     model.eval()
-    rows = data.splits[split][:limit]
+    rows = split_rows(task, data, split)[:limit]
     outputs, targets = [], []
     generator = torch.Generator().manual_seed(0)  # unused without augmentation; required by the protocol
     for start in range(0, len(rows), batch_size):
@@ -88,7 +89,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, device: to
     """Stage entry: evaluate a checkpoint on `split` (default `eval.split`); returns the metrics. The files go to
     `eval/<split>/` below `out_root` (default `run_dir`; an amend of a finished run stages them beside it)."""
     split = split or cfg.eval.split
-    if len(data.splits[split]) == 0:
+    if len(split_rows(task, data, split)) == 0:
         raise UserError(f"eval.split: the {split} split of the data version is empty; evaluate another split (--split) or give it samples (data.split_ratios)")
     path = checkpoint_path(cfg, run_dir, which)
     model, state = load_model(cfg, data, task, path, device)

@@ -27,6 +27,7 @@ import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
+from veritrain.tasks import split_rows
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +82,8 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     existing = run_dir / "export"
     out = out_dir or existing
     out.mkdir(exist_ok=True)
-    example, _ = task.batch(data, data.splits["test"][:2] if len(data.splits["test"]) else data.splits["train"][:2],
+    test_rows = split_rows(task, data, "test")
+    example, _ = task.batch(data, test_rows[:2] if len(test_rows) else split_rows(task, data, "train")[:2],
                             torch.device("cpu"), False, torch.Generator())
     with torch.no_grad():
         example_logits = model(example)
@@ -342,8 +344,8 @@ def reference_outputs(cfg: RunConfig, data: DataVersion, task: Task, model: torc
     test split (val when test is empty). RunFailed when any output is NaN or infinite: comparing NaNs certifies nothing."""
     import torch
 
-    split = "test" if len(data.splits["test"]) else "val"
-    inputs, _ = task.batch(data, data.splits[split][: cfg.export.parity_samples], torch.device("cpu"), False, torch.Generator())
+    split = "test" if len(split_rows(task, data, "test")) else "val"
+    inputs, _ = task.batch(data, split_rows(task, data, split)[: cfg.export.parity_samples], torch.device("cpu"), False, torch.Generator())
     model.eval()
     with torch.no_grad():
         outputs = model(inputs).float()

@@ -36,6 +36,8 @@ class Task(Protocol):
         """Model inputs and targets for these rows of the data version (augmented when `train`)."""
         ...
 
+    # optional: `rows(data, split)` gives the rows of a split when they are not the data version's samples (a
+    # language model's windows; see `split_rows`)
     # optional: `prepare(data)` is called once before training, outside the timed loop, to load what
     # the batches need (classification keeps a decoded copy of a small data version in memory)
 
@@ -50,6 +52,13 @@ class Task(Protocol):
     def metrics(self, outputs: "torch.Tensor", targets: "torch.Tensor", data: "DataVersion") -> dict[str, Any]:
         """Final evaluation metrics from all outputs of a split (e.g. accuracy, macro_f1, loss)."""
         ...
+
+
+def split_rows(task: Task, data: "DataVersion", split: str) -> "np.ndarray":
+    """The rows of `split` that the task trains or evaluates on: the data version's split (a sample per row), or
+    what the task's optional `rows(data, split)` gives (a language model: its windows)."""
+    rows = getattr(task, "rows", None)
+    return rows(data, split) if rows is not None else data.splits[split]
 
 
 def register_task(name: str, factory: Callable[[Any], Task]) -> None:

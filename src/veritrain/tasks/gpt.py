@@ -118,6 +118,10 @@ class GPT(nn.Module):
             self.head.weight = self.token_embedding.weight  # one Parameter: parameters() lists it once
         init_weights(self, seed)
 
+    def optimizer_groups(self, weight_decay: float) -> list[dict[str, Any]]:
+        """AdamW's parameter groups (`param_groups`): the training loop asks a model for them."""
+        return param_groups(self, weight_decay)
+
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (batch, time) int64 token ids, time ≤ context → logits (batch, time, vocab_size), float32."""
         time = idx.shape[1]

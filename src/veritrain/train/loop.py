@@ -41,6 +41,7 @@ from veritrain.core.errors import Interrupted, RunFailed
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.core.signals import StopFlag
 from veritrain.results.evaluate import forward_split
+from veritrain.tasks import split_rows
 from veritrain.train import ranks as rank_group
 from veritrain.train.checkpointer import Checkpointer, LoopState, ReplayDone as ReplayDone, Trained
 from veritrain.train.guard import NonFiniteGuard, RolledBack
@@ -105,7 +106,11 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module) -> torch.optim.Opt
         return torch.optim.SGD(
             model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov and cfg.momentum > 0
         )
-    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
+    # a model that says which of its parameters decay (the GPT: Linear weights, not biases, norms or embeddings)
+    asks = getattr(model, "optimizer_groups", None)
+    groups = asks(cfg.weight_decay) if callable(asks) else None
+    return torch.optim.AdamW(groups if groups is not None else model.parameters(), lr=cfg.lr, betas=(cfg.momentum, 0.999),
+                             weight_decay=cfg.weight_decay)
 
 
 def schedule_factor(cfg: ScheduleConfig, steps_per_epoch: int, total_steps: int):
@@ -229,7 +234,7 @@ def _setup(cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Rank
         model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
     model, trainer = _data_parallel(model, ranks, cfg, device)
     optimizer = build_optimizer(cfg.optim, model)
-    train_rows = data.splits["train"]
+    train_rows = split_rows(task, data, "train")
     starts = batch_starts(len(train_rows), tcfg.batch_size, ranks.world_size)
     steps_per_epoch = math.ceil(len(starts) / tcfg.accumulate_steps)
     state = LoopState(stat_sums={name: 0.0 for name in task.epoch_metrics})
@@ -262,7 +267,7 @@ def _data_parallel(model: torch.nn.Module, ranks: rank_group.Ranks, cfg: RunConf
 def _best_metric(cfg: RunConfig, task: Task, data: DataVersion) -> tuple[str, str]:
     key = cfg.checkpoint.best_metric or task.best_metric[0]
     mode = cfg.checkpoint.best_mode or task.best_metric[1]
-    if len(data.splits["val"]) == 0 and key.startswith("val_"):
+    if len(split_rows(task, data, "val")) == 0 and key.startswith("val_"):
         key = "train_" + key.removeprefix("val_")
         log.warning("train: the val split is empty; best.pt follows %s on the train split", key)
     return key, mode
@@ -413,7 +418,7 @@ def _epoch_row(t: Training, steplog: StepLog) -> dict[str, Any]:
     state, task = t.state, t.task
     row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
     row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
-    if len(t.data.splits["val"]) > 0 and t.ranks.is_main:
+    if len(split_rows(task, t.data, "val")) > 0 and t.ranks.is_main:
         val_out, val_y = forward_split(t.trained.model, task, t.data, "val", t.device, t.cfg.eval.batch_size)
         row["val_loss"] = float(task.loss(val_out, val_y))
         row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})

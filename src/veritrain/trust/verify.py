@@ -434,6 +434,12 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     from veritrain.data.prepare import FORMAT_VERSION, carried_test_from, stored_recipe
 
     recipe = stored_recipe(folder)
+    from veritrain.data.identity import TEXT_RECIPE
+
+    try:  # a text data version has a recipe of its own
+        current_recipe = TEXT_RECIPE if json.loads((folder / "version.json").read_text(encoding="utf-8")).get("kind") == "text" else FORMAT_VERSION
+    except (OSError, ValueError, AttributeError):
+        current_recipe = FORMAT_VERSION
     carried = carried_test_from(folder)  # data.test_from's version: re-preparing reads its test split
     raw = None
     if "root" in paths and not paths["root"].exists():
@@ -450,10 +456,10 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
         problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
                          "detail": f"the raw data is not what data version {version[:12]} was prepared from: {raw.changed}"})
         checked.append(f"raw data hashed: {raw.changed}")
-    elif rehash and recipe is not None and recipe != FORMAT_VERSION:
+    elif rehash and recipe is not None and recipe != current_recipe:
         why = f"{raw.undecided}, and " if raw is not None and raw.undecided else ""
         drift.append({"what": "raw data", "recorded": f"prepared by data recipe {recipe}",
-                      "now": f"{why}this veritrain prepares with recipe {FORMAT_VERSION}, so the raw data cannot be re-prepared to compare"})
+                      "now": f"{why}this veritrain prepares with recipe {current_recipe}, so the raw data cannot be re-prepared to compare"})
     elif rehash:
         checked.append("raw data prepared again to compare" + (f" ({raw.undecided})" if raw is not None and raw.undecided else ""))
         import tempfile

@@ -120,6 +120,11 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "train.backend": "auto",
     "train.batchnorm": "per_rank",
     "checkpoint.audit_every": 0,
+    "model.layers": 2,
+    "model.width": 128,
+    "model.heads": 4,
+    "model.context": 128,
+    "model.tied_embeddings": True,
     # whole sections: dropped when every key in them is at its default
     "data.text": {"split_documents": "file", "max_chars": 1_000_000,
                   "fields": {"text": "text", "id": "id", "split": "split", "group": "group", "timestamp": "timestamp"},

@@ -312,9 +312,10 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    name: Literal["mlp", "cnn", "resnet18"] = Field(
+    name: Literal["mlp", "cnn", "resnet18", "gpt"] = Field(
         "cnn", description="`cnn`: blocks of Conv3×3 (no bias) → BatchNorm → ReLU → MaxPool(2), global average pooling, linear head; "
-        "`mlp`: fully connected layers on flattened inputs; `resnet18`: ResNet-18, CIFAR variant (3×3 stem, no max-pool). Ignored when `target` is set"
+        "`mlp`: fully connected layers on flattened inputs; `resnet18`: ResNet-18, CIFAR variant (3×3 stem, no max-pool); "
+        "`gpt` (task: lm): a decoder-only transformer (veritrain.tasks.gpt). Ignored when `target` is set"
     )
     target: Optional[str] = Field(
         None, description="a user model as `package.module:factory`; called as factory(input_shape=[C, H, W], num_outputs=N, **kwargs)"
@@ -326,7 +327,12 @@ class ModelConfig(Section):
     hidden: list[Width] = Field(
         [256], description="mlp: widths of the hidden layers (empty list: a linear model)"
     )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the output layer")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the output layer (gpt: in every block)")
+    layers: Annotated[int, Limit(1024)] = Field(2, ge=1, description="gpt: transformer blocks")
+    width: Annotated[int, Limit(65536)] = Field(128, ge=1, description="gpt: the embedding width (a multiple of model.heads)")
+    heads: Annotated[int, Limit(1024)] = Field(4, ge=1, description="gpt: attention heads per block")
+    context: Annotated[int, Limit(1 << 20)] = Field(128, ge=2, description="gpt: tokens per training window (and the most a prediction sees)")
+    tied_embeddings: bool = Field(True, description="gpt: the output layer shares the token embedding's weights")
 
     @field_validator("kwargs")
     @classmethod
@@ -481,7 +487,7 @@ class RunConfig(Section):
         default=None, description="experiment family this run belongs to; null: the config file's name (`digits` for the built-in default)"
     )
     seed: Annotated[int, INT64] = Field(default=0, description="seed of model init, data order and augmentation")
-    task: str = Field(default="classification", description="what is learned: `classification`")
+    task: str = Field(default="classification", description="what is learned: `classification`, or `lm` (a language model on a text data source)")
     # default_factory: pyright reads Field's positional defaults as required fields (see DataConfig.card)
     data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")  # pyright: ignore[reportArgumentType]
     model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")  # pyright: ignore[reportArgumentType]
@@ -498,6 +504,29 @@ class RunConfig(Section):
     @classmethod
     def _known_task(cls, value: str) -> str:
         return _registered(value, TASKS)
+
+    @field_validator("data")
+    @classmethod
+    def _text_for_a_language_model(cls, value: DataConfig, info: ValidationInfo) -> DataConfig:
+        task = info.data.get("task")
+        text = value.source in source_registry.TEXT_SOURCES
+        if task == "lm" and not text:
+            raise ValueError(f"task lm trains on text, but data.source is {value.source!r}; use text, jsonl or pydoc_topics")
+        if task is not None and task != "lm" and text:
+            raise ValueError(f"data.source {value.source!r} holds text documents, which task {task!r} cannot learn from; set task: lm")
+        return value
+
+    @field_validator("model")
+    @classmethod
+    def _gpt_for_a_language_model(cls, value: ModelConfig, info: ValidationInfo) -> ModelConfig:
+        task = info.data.get("task")
+        if task == "lm" and (value.name != "gpt" or value.target is not None):
+            raise ValueError(f"task lm trains model.name: gpt, not {value.target or value.name!r}")
+        if task is not None and task != "lm" and value.name == "gpt" and value.target is None:
+            raise ValueError(f"model.name gpt is a language model; it needs task: lm (task is {task!r})")
+        if value.name == "gpt" and value.width % value.heads:
+            raise ValueError(f"model.width {value.width} is not a multiple of model.heads {value.heads}; choose a width the heads divide")
+        return value
 
 
 def _section_type(annotation: Any) -> Optional[type[BaseModel]]:
