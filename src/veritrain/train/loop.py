@@ -107,10 +107,9 @@ def build_optimizer(cfg: OptimConfig, model: torch.nn.Module) -> torch.optim.Opt
             model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov and cfg.momentum > 0
         )
     # a model that says which of its parameters decay (the GPT: Linear weights, not biases, norms or embeddings)
-    asks = getattr(model, "optimizer_groups", None)
-    groups = asks(cfg.weight_decay) if callable(asks) else None
-    return torch.optim.AdamW(groups if groups is not None else model.parameters(), lr=cfg.lr, betas=(cfg.momentum, 0.999),
-                             weight_decay=cfg.weight_decay)
+    asks = getattr(getattr(model, "module", model), "optimizer_groups", None)  # a DDP wrapper holds it as .module
+    params: Any = asks(cfg.weight_decay) if callable(asks) else model.parameters()
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
 
 
 def schedule_factor(cfg: ScheduleConfig, steps_per_epoch: int, total_steps: int):
