@@ -39,6 +39,8 @@ from veritrain.data.text_corpus import embedded_topics
 from veritrain.data.text_dedup import (
     DEFAULT_SETTINGS,
     all_pairs_jaccard,
+    contamination,
+    exact_duplicates,
     jaccard,
     lsh_candidates,
     minhash_signatures,
@@ -203,6 +205,26 @@ def datasketch_side(texts: list[str]) -> dict:
             "whole_s": confirmed - start, "candidates": candidates, "pairs": pairs}
 
 
+def whole_stage(corpus: Corpus) -> None:
+    """The duplicate and contamination stage as a data gate runs it: exact and near duplicates over every document,
+    then every tenth document taken as val/test and checked against the others for 13-gram overlap."""
+    texts = corpus.texts
+    start = time.perf_counter()
+    exact = exact_duplicates(texts)
+    exact_done = time.perf_counter()
+    near = near_duplicates(texts)
+    near_done = time.perf_counter()
+    eval_texts = texts[::10]
+    train_texts = [text for index, text in enumerate(texts) if index % 10]
+    report = contamination(eval_texts, train_texts)
+    done = time.perf_counter()
+    mb = corpus.megabytes
+    print(f"\nwhole stage on {mb:.1f} MB: exact duplicates {exact_done - start:.2f} s ({len(exact)} groups), near duplicates "
+          f"{near_done - exact_done:.2f} s ({len(near.pairs)} pairs), contamination of {len(eval_texts)} eval documents "
+          f"{done - near_done:.2f} s ({len(report.contaminated)} contaminated, mostly family copies split across the "
+          f"two sides): {done - start:.2f} s, {mb / (done - start):.2f} MB/s")
+
+
 # ---------------------------------------------------------------------------------------------- memory
 
 
@@ -311,7 +333,9 @@ def main() -> None:
 
     started = time.perf_counter()
     corpus = build_corpus(args.mb)
-    print(f"corpus: {corpus.megabytes:.1f} MB, {len(corpus.texts)} documents, {len(corpus.families)} families "
+    tokens = sum(len(text.split()) for text in corpus.texts)
+    print(f"corpus: {corpus.megabytes:.1f} MB, {len(corpus.texts)} documents, {tokens / 1e6:.1f} M whitespace-separated "
+          f"words (source words are long: URLs, markup), {len(corpus.families)} families "
           f"(built in {time.perf_counter() - started:.0f} s) from")
     for kind, size in corpus.sources.items():
         print(f"  {kind}: {size / 1e6:.2f} MB")
@@ -357,6 +381,8 @@ def main() -> None:
           f"{median(theirs, 'candidates_s') - median(theirs, 'words_s'):.2f} s, confirmation {median(theirs, 'confirm_s'):.2f} s")
     print(f"speed ratio (datasketch time / veritrain time): candidates {median(theirs, 'candidates_s') / median(ours, 'candidates_s'):.2f}×, "
           f"with confirmation {median(theirs, 'whole_s') / median(ours, 'whole_s'):.2f}×")
+
+    whole_stage(corpus)
 
     if args.memory_sizes:
         measure_memory(args.memory_sizes, ["veritrain"] + (["datasketch"] if args.memory_datasketch else []))
