@@ -1,0 +1,617 @@
+"""Duplicate and contamination checks for text documents (Python strings) before language-model training.
+
+Exact duplicates by the SHA-256 of the normalized text; near duplicates by MinHash + LSH banding, each candidate
+confirmed by the exact Jaccard similarity of the two shingle sets; contamination of val/test documents by the
+13-word n-grams they share with train documents. Pure functions, deterministic on every machine (BLAKE2b for the
+words, fixed-seed universal hashing, results sorted); the caller reads the files, chooses the splits and reports.
+Standard library and numpy only. `benchmarks/near_dup.py` measures it against datasketch.
+
+Text normal forms (NFC, case, the punctuation categories) come from the running Python's Unicode database
+(unicodedata.unidata_version), so they match across machines on one Python version; a later Unicode version
+can classify newly assigned code points differently.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import sys
+import unicodedata
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+MERSENNE_61 = (1 << 61) - 1  # the prime of the universal hash functions (a·x + b) mod p
+_U64 = np.uint64
+_P = _U64(MERSENNE_61)
+_LOW_31 = _U64((1 << 31) - 1)
+_LOW_30 = _U64((1 << 30) - 1)
+_WORD_MIX = _U64(0x9E3779B97F4A7C15)  # odd: multiplying by it is a bijection of uint64 (2^64·golden ratio)
+_BAND_MIX = _U64(0xD6E8FEB86659FD93)  # odd, another multiplier so a band key is not a shingle value
+SIGNATURE_CHUNK = 4096  # shingle values hashed per block: 3 buffers of num_perm × 4096 uint64 stay in L2/L3
+SIGNATURE_GROUP = 1 << 18  # shingle values of consecutive documents gathered at once (2 MiB per uint64 copy)
+CONFIRM_CHUNK = 1 << 20  # shingle look-ups per block of candidate pairs (about 35 MB of temporaries)
+
+NGRAM_WORDS = 13  # contamination n-gram length in words(), as in GPT-3's decontamination
+
+
+@dataclass(frozen=True)
+class NearDuplicateSettings:
+    """How near duplicates are found. The defaults were chosen by measurement on the embedded corpus
+    (`benchmarks/near_dup.py --choose-defaults` reprints it):
+
+    A copy of a paragraph (≥ 20 words) with 5% of its whitespace-separated words replaced at random
+    (max(1, round(0.05·n)) distinct positions; 1,094 paragraphs × 10 seeds) keeps a Jaccard similarity of its
+    k-word shingle sets of, for k = 2: mean 0.82, 0.1% quantile 0.66, minimum 0.61 (none of the 10,940 below 0.6,
+    0.5% below 0.7); k = 3: mean 0.745, but 16% below 0.7 and 0.7% below 0.6 (the arithmetic "5% edits change
+    ~15% of 3-shingles, J ≈ 0.74" holds on average, not for short paragraphs, where one edit more or less moves J
+    by 0.1); k = 4 and 5: 67% and 85% below 0.7. Word pairs (k = 2) with J ≥ 0.6 is the setting that keeps every
+    such copy. A pair becomes a candidate with probability 1 − (1 − J^rows)^bands: 32 bands × 4 rows
+    (128 hash functions) give 0.988 at J = 0.6, 0.991 at the 0.61 minimum and 0.99999 averaged over the edited
+    copies, while two unrelated 450-word windows of the corpus (mean J 0.026) become a candidate with probability
+    5.2e-4 (42 × 3 would be 3.2e-3: six times the exact checks for a gain of 1e-5 in recall).
+    """
+
+    shingle_words: int = 2  # words per shingle (consecutive words of `words()`)
+    threshold: float = 0.6  # a pair is a near duplicate when the exact Jaccard of its shingle sets is ≥ this
+    bands: int = 32  # LSH bands; two documents are a candidate when all rows of one band agree
+    rows: int = 4  # MinHash values per band; num_perm = bands × rows
+    min_words: int = 20  # documents with fewer words() are skipped: a few shared words are not evidence
+    seed: int = 0  # selects the a, b of the hash functions (derived by BLAKE2b, the same on every machine)
+
+    def __post_init__(self) -> None:
+        if min(self.shingle_words, self.bands, self.rows) < 1 or self.min_words < 0:
+            raise ValueError(f"NearDuplicateSettings: shingle_words, bands and rows must be ≥ 1 and min_words ≥ 0, "
+                             f"got {self}")
+        if not 0.0 < self.threshold <= 1.0:
+            raise ValueError(f"NearDuplicateSettings: threshold must be in (0, 1], got {self.threshold}")
+
+    @property
+    def num_perm(self) -> int:
+        return self.bands * self.rows
+
+
+DEFAULT_SETTINGS = NearDuplicateSettings()
+
+
+@dataclass(frozen=True)
+class NearDuplicatePair:
+    first: int  # index into texts; first < second
+    second: int
+    jaccard: float  # shared / union
+    shared: int  # distinct shingles in both documents
+    union: int  # distinct shingles in either
+
+
+@dataclass
+class NearDuplicateReport:
+    pairs: list[NearDuplicatePair]  # confirmed pairs (jaccard ≥ threshold), sorted by (first, second)
+    groups: list[list[int]]  # connected components of the confirmed pairs, each sorted, ordered by first member
+    candidates: int  # LSH candidate pairs whose exact Jaccard was computed
+    skipped: list[int]  # documents with fewer than min_words words (or no shingle), never compared
+    settings: NearDuplicateSettings = field(default_factory=NearDuplicateSettings)
+
+
+@dataclass(frozen=True)
+class SharedSpan:
+    start: int  # first shared word, an index into words(eval text)
+    end: int  # one past the last shared word
+    text: str  # those words joined by single spaces (normalized by words(), not the original characters)
+
+
+@dataclass(frozen=True)
+class Overlap:
+    eval_index: int  # index into eval_texts
+    train_index: int  # index into train_texts
+    shared_ngrams: int  # n-gram positions of the eval document that occur in this train document
+    covered_words: int  # eval words inside at least one of those n-grams
+    covered_fraction: float  # covered_words / the eval document's word count
+    spans: tuple[SharedSpan, ...]  # runs of consecutive shared n-grams, by start; two can overlap in words when
+    #                                the train document holds them apart
+
+
+@dataclass(frozen=True)
+class EvalContamination:
+    eval_index: int
+    words: int  # the eval document's word count
+    covered_words: int  # eval words inside an n-gram found in any train document
+    covered_fraction: float  # covered_words / words
+    train_indices: tuple[int, ...]  # train documents sharing at least one n-gram, sorted
+    overlaps: tuple[Overlap, ...]  # one per train document, most covered words first, then by train index
+
+
+@dataclass
+class ContaminationReport:
+    ngram_words: int
+    eval_documents: int
+    train_documents: int
+    contaminated: list[EvalContamination]  # eval documents sharing at least one n-gram, by eval index
+    top_pairs: list[Overlap]  # the pairs with the most covered words (ties by eval, then train index)
+    train_indices: list[int]  # every train document sharing an n-gram with some eval document, sorted
+    too_short: list[int]  # eval documents with fewer than ngram_words words: they cannot be checked
+
+
+# ---------------------------------------------------------------------------------------------- normal forms
+
+
+def normalize(text: str) -> str:
+    """The form exact duplicates are compared in: Unicode NFC, then str.casefold(), then every run of whitespace
+    (str.split() with no argument: Unicode whitespace) replaced by one space, with none at either end."""
+    return " ".join(unicodedata.normalize("NFC", text).casefold().split())
+
+
+@functools.cache
+def _punctuation_table() -> dict[int, None]:
+    """str.translate table deleting every code point of Unicode category P* (punctuation) or S* (symbols)."""
+    return dict.fromkeys(cp for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] in "PS")
+
+
+def words(text: str) -> list[str]:
+    """The words shingles and n-grams are made of: Unicode NFC, then str.lower(), then split on whitespace
+    (str.split()), then every character of Unicode category P (punctuation) or S (symbols, so all of ASCII
+    string.punctuation) deleted from each word, dropping words left empty: "Don't  stop—now, x=1" gives
+    ['dont', 'stopnow', 'x1']."""
+    table = _punctuation_table()
+    cleaned = (token.translate(table) for token in unicodedata.normalize("NFC", text).lower().split())
+    return [word for word in cleaned if word]
+
+
+_NOT_CACHED = 2  # even, so never a word's value (those are odd) nor the 0 of a token with no word
+
+
+def _word_value(word: str) -> int:
+    """A word's 64-bit value: its BLAKE2b-64 digest (UTF-8 bytes, little-endian) with the lowest bit set, so the
+    even numbers are free to mark tokens (0: all punctuation; 2: not cached yet). Lone surrogates, which only a
+    surrogateescape decoding leaves in a str, are encoded as 'surrogatepass' writes them rather than refused."""
+    return int.from_bytes(hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") | 1
+
+
+def _word_values(text: str, cache: dict[str, int]) -> np.ndarray:
+    """uint64 values of words(text), in order. `cache` maps raw lowercased tokens to values (0: no word) so each
+    distinct token is cleaned and hashed once per call; it only memoizes, so results never depend on it. The
+    look-up runs in C (map of dict.get); only tokens not seen before take the Python path."""
+    tokens = unicodedata.normalize("NFC", text).lower().split()
+    values = np.fromiter(map(cache.get, tokens, itertools.repeat(_NOT_CACHED)), dtype=_U64, count=len(tokens))
+    missing = np.flatnonzero(values == _NOT_CACHED)
+    if len(missing):
+        table = _punctuation_table()
+        for position in missing:
+            token = tokens[position]
+            value = cache.get(token)
+            if value is None:
+                word = token.translate(table)
+                value = cache[token] = _word_value(word) if word else 0
+            values[position] = value
+    return values[values != 0]
+
+
+def _splitmix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer, a bijection of uint64 that spreads every input bit over the output (in place)."""
+    z ^= z >> _U64(30)
+    z *= _U64(0xBF58476D1CE4E5B9)
+    z ^= z >> _U64(27)
+    z *= _U64(0x94D049BB133111EB)
+    z ^= z >> _U64(31)
+    return z
+
+
+def _window_values(word_values: np.ndarray, width: int) -> np.ndarray:
+    """A uint64 value per window of `width` consecutive words, by position: v = w0; v = v·M xor w_j for each next
+    word; then SplitMix64's finalizer. Order matters; two different windows collide with probability about 2^-63."""
+    count = len(word_values) - width + 1
+    if count <= 0:
+        return np.zeros(0, dtype=_U64)
+    values = word_values[:count].copy()
+    for offset in range(1, width):
+        values *= _WORD_MIX
+        values ^= word_values[offset : offset + count]
+    return _splitmix(values)
+
+
+def _sorted_distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique of a 1-D array, by one sort: on the benchmark corpus's shingle sets np.unique (numpy 2.4, which
+    hashes first) took 7× as long."""
+    ordered = np.sort(values)
+    if len(ordered) < 2:
+        return ordered
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])]
+
+
+def shingle_hashes(text: str, shingle_words: int = DEFAULT_SETTINGS.shingle_words) -> np.ndarray:
+    """The document's set of shingles (windows of `shingle_words` consecutive words()) as sorted, distinct uint64."""
+    return _sorted_distinct(_window_values(_word_values(text, {}), shingle_words))
+
+
+@dataclass
+class ShingleSets:
+    kept: list[int]  # indices of the documents with at least min_words words, ascending
+    skipped: list[int]  # the others
+    sets: list[np.ndarray]  # shingle_hashes of each kept document, in the order of kept
+
+
+def shingle_sets(texts: Sequence[str], shingle_words: int = DEFAULT_SETTINGS.shingle_words,
+                 min_words: int = DEFAULT_SETTINGS.min_words) -> ShingleSets:
+    """shingle_hashes of every document with at least max(min_words, shingle_words, 1) words(); the others are
+    skipped. One word cache serves the whole call, so each distinct token is cleaned and hashed once."""
+    _check_texts(texts, "shingle_sets")
+    cache: dict[str, int] = {}
+    result = ShingleSets([], [], [])
+    for index, text in enumerate(texts):
+        word_values = _word_values(text, cache)
+        if len(word_values) < max(min_words, shingle_words, 1):
+            result.skipped.append(index)
+            continue
+        result.kept.append(index)
+        result.sets.append(_sorted_distinct(_window_values(word_values, shingle_words)))
+    return result
+
+
+def _check_texts(texts: Sequence[str], caller: str) -> None:
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"{caller}: item {index} is {type(text).__name__}, not str; decode the file first "
+                            "(files that are not valid UTF-8 are the caller's to report)")
+
+
+# ---------------------------------------------------------------------------------------------- exact duplicates
+
+
+def normalized_sha256(text: str) -> str:
+    """Hex SHA-256 of the UTF-8 bytes of normalize(text) (lone surrogates as 'surrogatepass' encodes them)."""
+    return hashlib.sha256(normalize(text).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def exact_duplicates(texts: Sequence[str]) -> list[list[int]]:
+    """Indices of documents whose normalized texts have the same SHA-256: groups of two or more, each sorted,
+    ordered by first index."""
+    _check_texts(texts, "exact_duplicates")
+    by_digest: dict[str, list[int]] = {}
+    for index, text in enumerate(texts):
+        by_digest.setdefault(normalized_sha256(text), []).append(index)
+    return sorted(group for group in by_digest.values() if len(group) >= 2)
+
+
+# ---------------------------------------------------------------------------------------------- near duplicates
+
+
+def hash_parameters(num_perm: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The a (1 ≤ a < p) and b (0 ≤ b < p) of num_perm hash functions (a·x + b) mod (2^61 − 1), as uint64, from
+    BLAKE2b of "veritrain minhash {seed} {i}": fixed by the seed on every machine and numpy version."""
+    a, b = [], []
+    for i in range(num_perm):
+        digest = hashlib.blake2b(f"veritrain minhash {seed} {i}".encode(), digest_size=16).digest()
+        a.append(1 + int.from_bytes(digest[:8], "little") % (MERSENNE_61 - 1))
+        b.append(int.from_bytes(digest[8:], "little") % MERSENNE_61)
+    return np.array(a, dtype=_U64), np.array(b, dtype=_U64)
+
+
+def _mod_p(values: np.ndarray) -> np.ndarray:
+    """values mod (2^61 − 1) for uint64 values: fold the top 3 bits onto the bottom (2^61 ≡ 1), then subtract p
+    once if needed (min(t, t − p) in wrapping arithmetic is t − p exactly when t ≥ p)."""
+    folded = (values & _P) + (values >> _U64(61))
+    return np.minimum(folded, folded - _P)
+
+
+def _universal_hashes(x_high: np.ndarray, x_low: np.ndarray, a_high: np.ndarray, a_low: np.ndarray, b: np.ndarray,
+                      out: np.ndarray, scratch: np.ndarray, scratch2: np.ndarray) -> np.ndarray:
+    """(a·x + b) mod (2^61 − 1) for every hash function (rows) and shingle value (columns), exact in uint64.
+
+    x = x_high·2^31 + x_low and a = a_high·2^31 + a_low with x, a < 2^61, so the high parts are < 2^30, the low
+    parts < 2^31 and every partial product < 2^62. With 2^61 ≡ 1 (mod p):
+    a·x = hh·2^62 + mid·2^31 + ll ≡ 2·hh + (mid >> 30) + (mid mod 2^30)·2^31 + ll, where mid = ah·xl + al·xh.
+    The sum with b is below 2.5·2^62 < 2^64, so one fold and one conditional subtraction finish it.
+    """
+    np.multiply(a_high, x_high, out=out)
+    np.left_shift(out, _U64(1), out=out)  # 2·hh < 2^61
+    np.multiply(a_high, x_low, out=scratch)
+    np.multiply(a_low, x_high, out=scratch2)
+    np.add(scratch, scratch2, out=scratch)  # mid < 2^62
+    np.right_shift(scratch, _U64(30), out=scratch2)
+    np.add(out, scratch2, out=out)
+    np.bitwise_and(scratch, _LOW_30, out=scratch)
+    np.left_shift(scratch, _U64(31), out=scratch)
+    np.add(out, scratch, out=out)
+    np.multiply(a_low, x_low, out=scratch)  # ll < 2^62
+    np.add(scratch, b, out=scratch)
+    np.add(out, scratch, out=out)
+    np.right_shift(out, _U64(61), out=scratch)
+    np.bitwise_and(out, _P, out=out)
+    np.add(out, scratch, out=out)  # ≤ p + 4
+    np.subtract(out, _P, out=scratch)
+    np.minimum(out, scratch, out=out)
+    return out
+
+
+def minhash_signatures(shingle_sets: Sequence[np.ndarray], num_perm: int = DEFAULT_SETTINGS.num_perm,
+                       seed: int = DEFAULT_SETTINGS.seed) -> np.ndarray:
+    """MinHash signatures, shape (documents, num_perm) uint64: entry (d, i) is the minimum over the shingle values
+    x of document d of (a_i·(x mod p) + b_i) mod p (hash_parameters). An empty set gets 2^64 − 1 everywhere.
+
+    Consecutive documents are taken about SIGNATURE_GROUP values at a time (so the extra memory is bounded, not
+    a copy of every set) and hashed in blocks of SIGNATURE_CHUNK values; np.minimum.reduceat takes each
+    document's share of a block and the running signature keeps the smaller value."""
+    signatures = np.full((len(shingle_sets), num_perm), np.iinfo(np.uint64).max, dtype=_U64)
+    a, b = hash_parameters(num_perm, seed)
+    a_high, a_low, b_column = (a >> _U64(31))[:, None], (a & _LOW_31)[:, None], b[:, None]
+    buffers = [np.empty((num_perm, SIGNATURE_CHUNK), dtype=_U64) for _ in range(3)]
+    group_first, group_size = 0, 0
+    for document, values in enumerate(shingle_sets):
+        group_size += len(values)
+        if group_size >= SIGNATURE_GROUP or document == len(shingle_sets) - 1:
+            members = range(group_first, document + 1)
+            _sign_group([shingle_sets[d] for d in members], signatures[group_first : document + 1],
+                        a_high, a_low, b_column, buffers)
+            group_first, group_size = document + 1, 0
+    return signatures
+
+
+def _sign_group(sets: list[np.ndarray], signatures: np.ndarray, a_high: np.ndarray, a_low: np.ndarray,
+                b_column: np.ndarray, buffers: list[np.ndarray]) -> None:
+    """Lower `signatures` (a view, one row per set) to the MinHash of these consecutive sets."""
+    lengths = np.array([len(values) for values in sets], dtype=np.int64)
+    if lengths.sum() == 0:
+        return
+    stream = _mod_p(np.concatenate([np.asarray(values, dtype=_U64) for values in sets]))
+    starts = np.cumsum(lengths) - lengths
+    for block_start in range(0, len(stream), SIGNATURE_CHUNK):
+        block = stream[block_start : block_start + SIGNATURE_CHUNK]
+        width = len(block)
+        out, scratch, scratch2 = (buffer[:, :width] for buffer in buffers)
+        hashed = _universal_hashes(block >> _U64(31), block & _LOW_31, a_high, a_low, b_column, out, scratch, scratch2)
+        # the documents in this block: the one holding its first value, then every document starting inside it
+        first = np.searchsorted(starts, block_start, side="right") - 1
+        inside = np.arange(first + 1, np.searchsorted(starts, block_start + width, side="left"))
+        inside = inside[lengths[inside] > 0]
+        documents = np.concatenate([[first], inside])
+        offsets = np.concatenate([[0], starts[inside] - block_start])
+        minima = np.minimum.reduceat(hashed, offsets, axis=1).T
+        signatures[documents] = np.minimum(signatures[documents], minima)
+
+
+def lsh_candidates(signatures: np.ndarray, bands: int = DEFAULT_SETTINGS.bands,
+                   rows: int = DEFAULT_SETTINGS.rows) -> np.ndarray:
+    """Row pairs (i < j) of `signatures` that agree on all `rows` values of at least one of `bands` bands: P×2
+    int64, sorted, distinct. A band is keyed by a 64-bit mix of its values; keys of different bands colliding
+    only adds a candidate, which the exact Jaccard then rejects. A cluster of m documents that agree on a band
+    yields all m(m − 1)/2 of its pairs."""
+    count = len(signatures)
+    if signatures.shape[1] < bands * rows:
+        raise ValueError(f"lsh_candidates: {bands} bands × {rows} rows need {bands * rows} values per signature, "
+                         f"got {signatures.shape[1]}")
+    found = []
+    for band in range(bands):
+        key = np.zeros(count, dtype=_U64)
+        for column in range(band * rows, (band + 1) * rows):
+            key ^= signatures[:, column]
+            key = _splitmix(key * _BAND_MIX)
+        order = np.argsort(key, kind="stable")
+        ordered = key[order]
+        run_starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        run_lengths = np.diff(np.concatenate([run_starts, [count]]))
+        for length in np.unique(run_lengths[run_lengths >= 2]):
+            first, second = np.triu_indices(int(length), 1)
+            starts = run_starts[run_lengths == length][:, None]
+            left, right = order[starts + first], order[starts + second]
+            found.append(np.minimum(left, right).ravel() * count + np.maximum(left, right).ravel())
+    if not found:
+        return np.zeros((0, 2), dtype=np.int64)
+    codes = np.unique(np.concatenate(found).astype(np.int64))
+    return np.stack([codes // count, codes % count], axis=1)
+
+
+def pair_overlaps(shingle_sets: Sequence[np.ndarray], pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(shared, union) distinct-value counts of the sorted, distinct uint64 sets of each pair, int64 arrays.
+
+    Exact and vectorized: the values of the documents involved get dense ids (np.unique), each document's
+    (document, id) keys are sorted, and the smaller set of each pair is looked up in the larger with one
+    np.searchsorted per block of pairs."""
+    pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
+    lengths = np.array([len(values) for values in shingle_sets], dtype=np.int64)
+    if len(pairs) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    involved = np.unique(pairs)
+    local = np.searchsorted(involved, pairs)
+    local_lengths = lengths[involved]
+    local_starts = np.cumsum(local_lengths) - local_lengths
+    values = np.concatenate([np.asarray(shingle_sets[d], dtype=_U64) for d in involved])
+    distinct, ids = np.unique(values, return_inverse=True)
+    stride = np.int64(len(distinct))
+    if len(involved) * len(distinct) >= 2**62:
+        raise ValueError("pair_overlaps: too many documents and distinct shingles for 64-bit keys")
+    keys = np.repeat(np.arange(len(involved), dtype=np.int64), local_lengths) * stride + ids
+    if len(keys) == 0:
+        return np.zeros(len(pairs), dtype=np.int64), np.zeros(len(pairs), dtype=np.int64)
+    small_first = local_lengths[local[:, 0]] <= local_lengths[local[:, 1]]
+    query = np.where(small_first, local[:, 0], local[:, 1])
+    target = np.where(small_first, local[:, 1], local[:, 0])
+    shared = np.zeros(len(pairs), dtype=np.int64)
+    query_lengths = local_lengths[query]
+    running = np.cumsum(query_lengths)
+    start = 0
+    while start < len(pairs):
+        # a block of pairs with about CONFIRM_CHUNK look-ups in all, at least one pair
+        done = running[start - 1] if start else 0
+        stop = max(start + 1, int(np.searchsorted(running, done + CONFIRM_CHUNK, side="right")))
+        sizes = query_lengths[start:stop]
+        offsets = np.cumsum(sizes) - sizes
+        positions = np.arange(sizes.sum()) - np.repeat(offsets, sizes) + np.repeat(local_starts[query[start:stop]], sizes)
+        wanted = np.repeat(target[start:stop] * stride, sizes) + ids[positions]
+        where = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+        owner = np.repeat(np.arange(stop - start), sizes)
+        shared[start:stop] = np.bincount(owner[keys[where] == wanted], minlength=stop - start)
+        start = stop
+    union = lengths[pairs[:, 0]] + lengths[pairs[:, 1]] - shared
+    return shared, union
+
+
+def connected_groups(pairs: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """Connected components (union-find) of the graph with these edges: each sorted, ordered by first member."""
+    parent: dict[int, int] = {}
+
+    def root(item: int) -> int:
+        parent.setdefault(item, item)
+        while parent[item] != item:
+            parent[item] = parent[parent[item]]  # path halving keeps the trees shallow
+            item = parent[item]
+        return item
+
+    for first, second in pairs:
+        a, b = root(int(first)), root(int(second))
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    members: dict[int, list[int]] = {}
+    for item in sorted(parent):
+        members.setdefault(root(item), []).append(item)
+    return sorted(group for group in members.values() if len(group) >= 2)
+
+
+def near_duplicates(texts: Sequence[str], settings: NearDuplicateSettings = DEFAULT_SETTINGS) -> NearDuplicateReport:
+    """Near-duplicate documents: MinHash signatures of the shingle sets, LSH banding for candidates, and each
+    candidate kept only when the exact Jaccard of the two shingle sets is ≥ settings.threshold (so no pair below
+    the threshold is ever reported; a pair above it is missed only when no band agrees, see NearDuplicateSettings).
+    Documents with fewer than settings.min_words words() are skipped. Groups join pairs transitively."""
+    _check_texts(texts, "near_duplicates")
+    shingles = shingle_sets(texts, settings.shingle_words, settings.min_words)
+    kept, skipped, sets = shingles.kept, shingles.skipped, shingles.sets
+    signatures = minhash_signatures(sets, settings.num_perm, settings.seed)
+    candidates = lsh_candidates(signatures, settings.bands, settings.rows)
+    shared, union = pair_overlaps(sets, candidates)
+    jaccards = shared / np.maximum(union, 1)
+    confirmed = np.flatnonzero(jaccards >= settings.threshold)
+    index_of = np.array(kept, dtype=np.int64)
+    pairs = [NearDuplicatePair(int(index_of[candidates[c, 0]]), int(index_of[candidates[c, 1]]), float(jaccards[c]),
+                               int(shared[c]), int(union[c])) for c in confirmed]
+    return NearDuplicateReport(pairs=pairs, groups=connected_groups([(p.first, p.second) for p in pairs]),
+                               candidates=len(candidates), skipped=skipped, settings=settings)
+
+
+# ---------------------------------------------------------------------------------------------- ground truth
+
+
+def _shingle_strings(text: str, shingle_words: int) -> set[tuple[str, ...]]:
+    document = words(text)
+    return {tuple(document[i : i + shingle_words]) for i in range(len(document) - shingle_words + 1)}
+
+
+def jaccard(text_a: str, text_b: str, shingle_words: int = DEFAULT_SETTINGS.shingle_words) -> float:
+    """Exact Jaccard similarity of the two documents' shingle sets, computed on the words themselves (Python sets
+    of word tuples, no hashing); 0.0 when both sets are empty."""
+    a, b = _shingle_strings(text_a, shingle_words), _shingle_strings(text_b, shingle_words)
+    union = len(a | b)
+    return len(a & b) / union if union else 0.0
+
+
+def all_pairs_jaccard(texts: Sequence[str], threshold: float = DEFAULT_SETTINGS.threshold,
+                      shingle_words: int = DEFAULT_SETTINGS.shingle_words,
+                      min_words: int = DEFAULT_SETTINGS.min_words) -> list[NearDuplicatePair]:
+    """Brute force: every pair of documents with at least max(min_words, shingle_words) words() whose exact
+    Jaccard (word-tuple sets, as `jaccard`) is ≥ threshold, sorted. Quadratic: ground truth for tests and
+    benchmarks, not for corpora."""
+    _check_texts(texts, "all_pairs_jaccard")
+    sets = {}
+    for index, text in enumerate(texts):
+        if len(words(text)) >= max(min_words, shingle_words, 1):
+            sets[index] = _shingle_strings(text, shingle_words)
+    indices = sorted(sets)
+    found = []
+    for position, first in enumerate(indices):
+        a = sets[first]
+        for second in indices[position + 1 :]:
+            b = sets[second]
+            shared = len(a & b)
+            union = len(a) + len(b) - shared
+            if shared and shared / union >= threshold:
+                found.append(NearDuplicatePair(first, second, shared / union, shared, union))
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- contamination
+
+
+def shared_spans(positions: Sequence[int] | np.ndarray, ngram_words: int) -> list[tuple[int, int]]:
+    """Word ranges [start, end) of the runs of consecutive n-gram positions: positions 4, 5, 6 and 9 with
+    13-grams give [(4, 19), (9, 22)]. Positions are n-gram start indices in words(); duplicates are ignored."""
+    ordered = np.unique(np.asarray(positions, dtype=np.int64))
+    if len(ordered) == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(ordered) != 1)
+    run_firsts = ordered[np.concatenate([[0], breaks + 1])]
+    run_lasts = ordered[np.concatenate([breaks, [len(ordered) - 1]])]
+    return [(int(first), int(last) + ngram_words) for first, last in zip(run_firsts, run_lasts)]
+
+
+def covered_words(spans: Sequence[tuple[int, int]]) -> int:
+    """Words inside at least one [start, end) range (overlapping ranges counted once)."""
+    total, reach = 0, -1
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def contamination(eval_texts: Sequence[str], train_texts: Sequence[str], ngram_words: int = NGRAM_WORDS,
+                  top: int = 20) -> ContaminationReport:
+    """Which train documents share n-grams (`ngram_words` consecutive words()) with each val/test document, the
+    shared text as spans, and how much of the eval document they cover. Only train documents are candidates for
+    removal; the caller decides. Eval documents shorter than ngram_words words are listed as too short.
+
+    The train n-grams (distinct per document) are sorted once with their document; each eval document's n-grams
+    are looked up by np.searchsorted, so the cost is one sort of the train n-grams plus a log-time look-up per
+    eval n-gram."""
+    _check_texts(eval_texts, "contamination")
+    _check_texts(train_texts, "contamination")
+    if ngram_words < 1 or top < 0:
+        raise ValueError(f"contamination: ngram_words must be ≥ 1 and top ≥ 0, got {ngram_words} and {top}")
+    cache: dict[str, int] = {}
+    train_grams, train_owner = [], []
+    for index, text in enumerate(train_texts):
+        grams = _sorted_distinct(_window_values(_word_values(text, cache), ngram_words))
+        train_grams.append(grams)
+        train_owner.append(np.full(len(grams), index, dtype=np.int64))
+    keys = np.concatenate(train_grams) if train_grams else np.zeros(0, dtype=_U64)
+    owners = np.concatenate(train_owner) if train_owner else np.zeros(0, dtype=np.int64)
+    order = np.argsort(keys, kind="stable")  # stable: owners stay ascending within a key
+    keys, owners = keys[order], owners[order]
+    del train_grams, train_owner, order
+
+    contaminated: list[EvalContamination] = []
+    too_short: list[int] = []
+    all_overlaps: list[Overlap] = []
+    for eval_index, text in enumerate(eval_texts):
+        grams = _window_values(_word_values(text, cache), ngram_words)
+        if len(grams) == 0:
+            too_short.append(eval_index)
+            continue
+        low = np.searchsorted(keys, grams, side="left")
+        counts = np.searchsorted(keys, grams, side="right") - low
+        matched = np.flatnonzero(counts)
+        if len(matched) == 0:
+            continue
+        sizes = counts[matched]
+        firsts = np.cumsum(sizes) - sizes
+        rows = np.arange(sizes.sum()) - np.repeat(firsts, sizes) + np.repeat(low[matched], sizes)
+        positions = np.repeat(matched, sizes)
+        trains = owners[rows]
+        by_train = np.lexsort((positions, trains))
+        positions, trains = positions[by_train], trains[by_train]
+        eval_words = words(text)
+        word_count = len(eval_words)
+        boundaries = np.flatnonzero(np.diff(trains)) + 1
+        overlaps = []
+        for train_positions, train_index in zip(np.split(positions, boundaries), trains[np.concatenate([[0], boundaries])]):
+            ranges = shared_spans(train_positions, ngram_words)
+            covered = covered_words(ranges)
+            spans = tuple(SharedSpan(start, end, " ".join(eval_words[start:end])) for start, end in ranges)
+            overlaps.append(Overlap(eval_index, int(train_index), len(train_positions), covered, covered / word_count, spans))
+        overlaps.sort(key=lambda o: (-o.covered_words, o.train_index))
+        covered_any = covered_words(shared_spans(matched, ngram_words))
+        contaminated.append(EvalContamination(eval_index, word_count, covered_any, covered_any / word_count,
+                                              tuple(sorted(o.train_index for o in overlaps)), tuple(overlaps)))
+        all_overlaps.extend(overlaps)
+    all_overlaps.sort(key=lambda o: (-o.covered_words, o.eval_index, o.train_index))
+    train_indices = sorted({index for item in contaminated for index in item.train_indices})
+    return ContaminationReport(ngram_words, len(eval_texts), len(train_texts), contaminated, all_overlaps[:top],
+                               train_indices, too_short)
