@@ -18,7 +18,7 @@ from veritrain.data.tokenizer import load_tokenizer
 
 
 def prepared(tmp_path, *overrides: str):
-    resolved = load_config(None, list(overrides))
+    resolved = load_config(None, ["task=lm", "model.name=gpt", *overrides])
     return prepare.run(resolved.config.data, resolved.data_paths, tmp_path / ".veritrain")
 
 
