@@ -92,3 +92,13 @@ def test_a_corpus_too_small_for_a_batch_or_a_window_is_refused_with_the_numbers(
     assert done.code == 2 and "train.batch_size: 100000, but the train split holds" in done.stderr, done.stderr
     done = veritrain("train", str(ROOT / "configs" / "tiny-lm.yaml"), *base, "--set", "model.context=1000000", cwd=tmp_path)
     assert done.code == 2 and "model.context: 1000000 tokens, but the train split holds" in done.stderr, done.stderr
+
+
+def test_the_stages_the_language_model_lacks_are_refused_in_one_line(trained):
+    root, run_dir = trained
+    config = str(ROOT / "configs" / "tiny-lm.yaml")
+    for args in (["run", config], ["baseline", config], ["sweep", config, "--vary", "optim.lr=0.001,0.003"]):
+        done = veritrain(*args, cwd=root)
+        assert done.code == 2 and done.stderr.startswith("error: task: lm: ") and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+    done = veritrain("export", run_dir.name, cwd=root)
+    assert done.code == 2 and "the language-model task has no export" in done.stderr, done.stderr

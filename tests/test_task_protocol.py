@@ -94,5 +94,5 @@ def test_unregistered_task_is_a_config_error():
     from veritrain.core.config import load_config
     from veritrain.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="task: expected one of 'classification', got 'regression'"):
+    with pytest.raises(ConfigError, match="task: expected one of 'classification', 'lm', got 'regression'"):
         load_config(None, ["task=regression"])

@@ -59,6 +59,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
         return pipeline.follow()
     resolved = load_config(config, overrides)
     pipeline.refuse_secrets(pipeline.python_argv(), hypothesis)  # before the smoke test: the record keeps them as given
+    pipeline.refuse_unsupported_stages(resolved.config, "run")
     workspace = Workspace.open(workdir)
     if dry_run or reuse_completed:
         from veritrain.orchestration import housekeeping

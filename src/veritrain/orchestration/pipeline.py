@@ -74,6 +74,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     `selection.sweep`). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed).
     `code` is where user modules come from (reproduce: the original's copies; a sweep's trial: the sweep's);
     by default the config file's folder, the working directory, then sys.path (veritrain.records.usercode)."""
+    refuse_unsupported_stages(resolved.config, kind)
     session = code or usercode.fresh(resolved.path)
     with session:
         return _start(resolved, workspace, argv, kind, repeat, reproduced_from, hypothesis, parent, smoke, data_version, sweep, nproc, session,
@@ -748,6 +749,13 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
     return Amended(opened.run_dir, seal, metrics)
 
 
+def refuse_unsupported_stages(cfg: RunConfig, kind: str) -> None:
+    """The language-model task trains and evaluates; the smoke test, baselines and export are the image task's."""
+    if cfg.task == "lm" and kind != "train":
+        raise UserError(f"task: lm: `veritrain {kind}` runs the smoke test, baselines and export, which the language-model task does not "
+                        "have; train it with `veritrain train CONFIG` and evaluate it with `veritrain eval RUN`")
+
+
 def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Optional[list[str]], argv: list[str],
                trust_code: bool = False, use_current_code: bool = False) -> Amended:
     """`veritrain export RUN`: export a checkpoint of the run and amend the run, after a full verify; an outside
@@ -756,6 +764,9 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
     from veritrain.results import export
 
     opened = open_run(workspace, ref, trust_code=trust_code, need="model")
+    if opened.config.task == "lm":
+        raise UserError(f"{opened.run_dir.name}: task lm: the language-model task has no export; its checkpoints are in the run "
+                        "(`veritrain eval RUN` scores them)")
     require_checkpoint(opened, which)
     inside, outside = _in_run_checkpoint(opened, which)
     with code_session(workspace, opened.run_dir, opened.record, "export", use_current_code) as code:

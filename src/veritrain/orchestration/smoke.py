@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain.core import locks, logs
 from veritrain.core.config import ResolvedConfig
-from veritrain.core.errors import RunFailed
+from veritrain.core.errors import RunFailed, UserError
 from veritrain.records.record import RECORD_VERSION, capture_code, now_iso
 from veritrain.records.recorder import write_smoke_record
 from veritrain.records.smoke_results import passed_before, smoke_key
@@ -160,6 +160,10 @@ def _log_failure(outcome: dict[str, Any], err: Exception, message: str) -> None:
 def ensure(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
     """The smoke result for this config, data version and code: the one that passed before, or a new one."""
     from veritrain.data import prepare
+
+    if resolved.config.task == "lm":  # its slice of the data is windows, which the smoke test's sampling cannot draw
+        raise UserError("task: lm: the smoke test draws image samples, not a language model's windows; train with `veritrain train "
+                        "CONFIG` and evaluate with `veritrain eval RUN`")
 
     data = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir)
     code = _code_now(resolved, workspace)

@@ -129,7 +129,7 @@ class TextNearDuplicatesConfig(Section):
                              "is at least this; 2-word shingles at 0.6 keep every copy with 5% of its words edited (docs/data.md)")
     bands: int = Field(32, ge=1, le=1024, description="LSH bands: two documents are a candidate when all rows of one band agree")
     rows: int = Field(4, ge=1, le=64, description="MinHash values per band (bands × rows hash functions)")
-    min_words: int = Field(20, ge=1, description="documents with fewer words are not compared (a few shared words are no evidence)")
+    min_words: Annotated[int, Limit(10**6)] = Field(20, ge=1, description="documents with fewer words are not compared (a few shared words are no evidence)")
 
 
 class TextDataConfig(Section):
