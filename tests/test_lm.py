@@ -42,6 +42,8 @@ def test_a_language_model_trains_verifies_and_evaluates_in_bits_per_byte(trained
     record = json.loads((run_dir / "record.json").read_text())
     assert record["status"] == "completed" and record["config"]["task"] == "lm"
     assert 10 <= record["training"]["steps"] <= 40
+    tokenizer = json.loads((root / ".veritrain" / "data" / record["data"]["version"] / "version.json").read_text())["tokenizer"]
+    assert record["data"]["tokenizer"] == tokenizer and tokenizer["sha256"] and sum(record["data"]["tokens"].values()) > 0
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["val_loss"] < 5.6  # below the 5.55 nats of a uniform guess over 257 ids
     assert veritrain("verify", run_dir.name, cwd=root).code == 0

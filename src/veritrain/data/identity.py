@@ -386,4 +386,6 @@ def data_summary(data: DataVersion) -> dict[str, Any]:
         "version_json_sha256": sha256_file(data.path / "version.json"),
         "summary": report.get("summary"),  # quarantined by kind, achieved split, label issues, outliers (recipe 3 on)
         "card": report["card"],
+        # a text data version: its tokenizer (kind, ids, the SHA-256 of its file, which the version id binds) and tokens per split
+        **({"tokenizer": data.info.get("tokenizer"), "tokens": data.info.get("tokens")} if data.info.get("kind") == "text" else {}),
     }

@@ -292,6 +292,8 @@ class DataInfo(_Part):
     summary: Optional[dict[str, Any]] = None
     card: Optional[dict[str, Any]] = None
     config: Optional[dict[str, Any]] = None  # a script's run (veritrain.data): the data section it was prepared with
+    tokenizer: Optional[dict[str, Any]] = None  # a text data version's tokenizer (its file's SHA-256 among them)
+    tokens: Optional[dict[str, int]] = None  # a text data version's tokens per split
 
 
 class Training(_Part):
