@@ -104,3 +104,29 @@ def test_the_stages_the_language_model_lacks_are_refused_in_one_line(trained):
         assert done.code == 2 and done.stderr.startswith("error: task: lm: ") and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
     done = veritrain("export", run_dir.name, cwd=root)
     assert done.code == 2 and "the language-model task has no export" in done.stderr, done.stderr
+
+
+def test_data_order_lists_the_windows_the_loop_trained_on(corpus, tmp_path, monkeypatch):
+    """The rows `veritrain data order` recomputes from the record are those the training loop gave the task."""
+    from veritrain.tasks import lm
+
+    seen: list[list[int]] = []
+    original = lm.LanguageModelTask.batch
+
+    def recording(self, data, rows, device, train, generator):
+        if train:
+            seen.append([int(r) for r in rows])
+        return original(self, data, rows, device, train, generator)
+
+    monkeypatch.setattr(lm.LanguageModelTask, "batch", recording)
+    args = ["--set", "data.source=text", "--set", f"data.root={corpus / 'docs'}", "--set", "data.split_ratios=[0.6,0.2,0.2]", *TINY,
+            "--set", "seed=5"]
+    assert veritrain("train", str(ROOT / "configs" / "tiny-lm.yaml"), *args, "--workdir", str(tmp_path), cwd=corpus).code == 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    steps = json.loads((run_dir / "record.json").read_text())["training"]["steps"]
+    listed = veritrain("data", "order", run_dir.name, "--steps", f"0:{steps}", "--json", "--workdir", str(tmp_path), cwd=corpus).json()
+    assert [[start // 64 for start in s["window_starts"]] for s in listed["steps"]] == seen
+    again = veritrain("data", "order", run_dir.name, "--steps", f"0:{steps}", "--json", "--workdir", str(tmp_path), cwd=corpus).json()
+    assert again["sha256"] == listed["sha256"] and len(listed["sha256"]) == 64
+    refused = veritrain("data", "order", run_dir.name, "--steps", "5:2", "--workdir", str(tmp_path), cwd=corpus)
+    assert refused.code == 2 and "give A:B with 0 ≤ A < B" in refused.stderr

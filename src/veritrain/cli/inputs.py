@@ -111,6 +111,35 @@ def data_diff(old: str, new: str, workdir: Optional[str], as_json: bool) -> int:
     return 0
 
 
+@data_group.command("order")
+@click.argument("ref", metavar="RUN")
+@click.option("--steps", "steps", required=True, metavar="A:B", help="Optimizer steps A … B−1 (0-based).")
+@workdir_option
+@json_option
+def data_order(ref: str, steps: str, workdir: Optional[str], as_json: bool) -> int:
+    """The training order of a run's steps: which windows (a language model) or samples each step trained on,
+    recomputed from the recorded seed and sizes alone, and their SHA-256.
+
+    \b
+    Example:
+      veritrain data order latest --steps 0:10
+    """
+    from veritrain.core.errors import UserError
+    from veritrain.orchestration.housekeeping import data_order as order_of
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust.opening import open_run
+
+    first, sep, last = steps.partition(":")
+    if not sep or not first.strip().isdigit() or not last.strip().isdigit():
+        raise UserError(f"--steps: {steps!r}; give A:B, two whole numbers (optimizer steps, 0-based, B excluded), e.g. 0:10")
+    result = order_of(open_run(Workspace.open(workdir), ref), int(first), int(last))
+    if as_json:
+        emit_json(result)
+        return 0
+    render.data_order(result)
+    return 0
+
+
 @click.group("config")
 def config_group() -> None:
     """Inspect run configs."""

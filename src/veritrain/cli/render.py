@@ -553,3 +553,20 @@ def config_yaml(resolved: ResolvedConfig) -> None:
 
     click.echo(f"# {resolved.source_label}, config_hash {resolved.hash}")
     click.echo(to_yaml(resolved.config), nl=False)
+
+
+def data_order(result: dict[str, Any]) -> None:
+    """`veritrain data order`: one row per step (its epoch, how many rows, the first of them), then the SHA-256."""
+    from rich.table import Table
+
+    key = "window_starts" if result["steps"] and "window_starts" in result["steps"][0] else "sample_ids"
+    table = Table(title=f"run {result['run_id']}: training order ({result['unit']})", title_justify="left")
+    for column in ("step", "epoch", "rows", "first rows"):
+        table.add_column(column)
+    for entry in result["steps"]:
+        shown = ", ".join(str(v) for v in entry[key][:6]) + (" …" if len(entry[key]) > 6 else "")
+        table.add_row(str(entry["step"]), str(entry["epoch"]), str(entry["rows"]), shown)
+    logs.print_table(table)
+    logs.report(f"sha256 of the rows (int64, in order): {result['sha256']}")
+    if result["steps"] and result["steps"][-1]["step"] >= result["trained_steps"]:
+        logs.report(f"(the run trained {result['trained_steps']} steps; later ones are the order it would have drawn)")

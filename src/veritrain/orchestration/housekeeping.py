@@ -274,3 +274,35 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
                 removed.append(str(lock.relative_to(workspace.root)))
     return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed, "data_versions_kept_because": keep_data,
             "unverified": unverified}
+
+
+def data_order(opened: Any, first: int, last: int) -> dict[str, Any]:
+    """`veritrain data order RUN --steps A:B`: the training rows of optimizer steps A … B−1 of the run, recomputed from
+    its recorded seed, data and sizes (veritrain.train.loop.step_rows): a language model's window starts (in tokens of
+    the train split), another task's sample ids; and the SHA-256 of the rows as little-endian int64, in order."""
+    import hashlib
+
+    import numpy as np
+
+    from veritrain.tasks import split_rows
+    from veritrain.train.loop import step_rows
+
+    cfg, data, task = opened.config, opened.data, opened.task
+    train = split_rows(task, data, "train")
+    world = int(((opened.record.get("distributed") or {}).get("world_size")) or 1)
+    total = int((opened.record.get("training") or {}).get("steps") or 0)
+    if first < 0 or last <= first:
+        raise UserError(f"--steps {first}:{last}: give A:B with 0 ≤ A < B (optimizer steps, 0-based, B excluded)")
+    steps, digest = [], hashlib.sha256()
+    for step in range(first, last):
+        epoch, batches = step_rows(cfg.seed, train, cfg.train.batch_size, cfg.train.accumulate_steps, step, world)
+        rows = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
+        digest.update(np.ascontiguousarray(rows, dtype="<i8").tobytes())
+        entry: dict[str, Any] = {"step": step, "epoch": epoch, "rows": len(rows)}
+        if cfg.task == "lm":
+            entry["window_starts"] = [int(r) * cfg.model.context for r in rows]
+        else:
+            entry["sample_ids"] = [data.sample_ids[int(r)] for r in rows]
+        steps.append(entry)
+    return {"run_id": opened.run_dir.name, "steps": steps, "sha256": digest.hexdigest(), "trained_steps": total,
+            "unit": "window start (tokens of the train split)" if cfg.task == "lm" else "sample id"}

@@ -140,6 +140,21 @@ def batch_starts(n: int, batch_size: int, world_size: int = 1) -> list[int]:
     return starts
 
 
+def step_rows(seed: int, train_rows: np.ndarray, batch_size: int, accumulate_steps: int, step: int,
+              world_size: int = 1) -> tuple[int, list[np.ndarray]]:
+    """(epoch, the global batches of rows) of optimizer step `step` (0-based over the run), as `_train_epoch` and
+    `_train_step` draw them: epoch e permutes the train rows with `epoch_generator(seed, e, 0)` alone, and step j of it
+    takes batches j·accumulate_steps … of `batch_starts`. A function of (seed, step) and the sizes only, so a
+    resumed run or an audit replay needs no loader state (a rollback of `train.on_nonfinite` is not modelled)."""
+    starts = batch_starts(len(train_rows), batch_size, world_size)
+    per_epoch = math.ceil(len(starts) / accumulate_steps)
+    epoch, within = divmod(step, per_epoch)
+    epoch += 1
+    order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(seed, epoch, 0)).numpy()]
+    group = range(within * accumulate_steps, min(len(starts), (within + 1) * accumulate_steps))
+    return epoch, [order[starts[b] : starts[b] + batch_size] for b in group]
+
+
 @dataclass
 class Training:
     """What setup builds for the epochs: the model and what trains it, the batches of an epoch, the loop's state."""
