@@ -229,3 +229,28 @@ def test_the_loader_refuses_another_order_and_bad_arguments():
         vt.lightning.loader(iter(range(3)), batch_size=1)
     with pytest.raises(vt.UsageError, match="no full batch"):
         vt.lightning.loader(data, batch_size=64, drop_last=True)
+
+
+def test_a_resume_from_the_checkpoint_on_an_epoch_s_last_batch_is_bit_identical(tmp_path):
+    """Step 184 is both a checkpoint (every 8 steps) and the last batch of epoch 8 (23 batches an epoch): Lightning
+    skips that epoch's validation after resuming from it, and validation must not have moved the training's RNG."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    for root in (reference, resumed):
+        root.mkdir()
+        shutil.copyfile(EXAMPLE, root / "lightning_module.py")
+    assert fit(reference, "--epochs", "9").returncode == 0
+    proc = subprocess.Popen([sys.executable, str(resumed / "lightning_module.py"), "--epochs", "9"], cwd=resumed,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(resumed.glob("runs/*/checkpoints/epoch=7-step=184.ckpt")):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (boundary,) = resumed.glob("runs/*/checkpoints/epoch=7-step=184.ckpt")
+    time.sleep(0.5)  # the file is complete: Lightning writes it whole before the next batch
+    done = fit(resumed, "--epochs", "9", "--ckpt", str(boundary))
+    assert done.returncode == 0, done.stderr
+    (a,), (b,) = (reference / "runs").iterdir(), (resumed / "runs").iterdir()
+    ra, rb = record(reference, a.name), record(resumed, b.name)
+    assert [(e["step"], e["state_sha256"]) for e in ra["trajectory"]] == [(e["step"], e["state_sha256"]) for e in rb["trajectory"]]
+    assert ra["final_state_sha256"] == rb["final_state_sha256"]

@@ -99,6 +99,7 @@ class Loader:
         self._next: Optional[tuple[int, int]] = None  # (epoch 0-based, batch) the next pass starts at; None: not yet known
         self._epoch = 0  # the epoch the current pass draws
         self._trained = (0, 0)  # (epoch, batches of it trained), as the Callback counts them
+        self._tracked = False  # a Callback counts the batches trained (set when training starts)
 
     def __len__(self) -> int:
         n = len(self.dataset)
@@ -116,8 +117,11 @@ class Loader:
             resume_at = _fit.pop("resume_at", None) if _training() else None
             if resume_at is not None:
                 self.load_state_dict(resume_at)
-        epoch, first = self._next or (0, 0)
-        self._next = (epoch + 1, 0)  # each pass is one epoch, whether Lightning draws all of it or not
+        if self._tracked:  # the Callback counts the batches trained: a pass starts where training stands, so a second
+            epoch, first = self._position()  # iter() for the same epoch (Lightning makes one after some resumes) repeats it
+        else:
+            epoch, first = self._next or (0, 0)
+        self._next = (epoch + 1, 0)  # without the Callback, each pass is one epoch
         self._epoch, self._trained = epoch, (epoch, first)
         seed = self._seed()
         if self.shuffle:
@@ -126,6 +130,11 @@ class Loader:
             rows = np.arange(len(self.dataset), dtype=np.int64)
         for batch in range(first, len(self)):
             yield self.collate_fn([self.dataset[int(i)] for i in rows[batch * self.batch_size:(batch + 1) * self.batch_size]])
+
+    def _position(self) -> tuple[int, int]:
+        """(epoch, batches of it trained), an epoch's end counted as the next epoch's start."""
+        epoch, done = self._trained
+        return (epoch + 1, 0) if done >= len(self) else (epoch, done)
 
     def _batch_trained(self) -> None:
         epoch, done = self._trained
@@ -136,9 +145,7 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the batches trained so far, and what the order depends on."""
-        epoch, done = self._trained
-        if done >= len(self):
-            epoch, done = epoch + 1, 0
+        epoch, done = self._position()
         return {"epoch": epoch, "batch": done, "n": len(self.dataset), "batch_size": self.batch_size, "shuffle": self.shuffle,
                 "drop_last": self.drop_last, "seed": self._seed()}
 
@@ -235,6 +242,10 @@ class Callback(pl.Callback):
         self.run: Optional[Run] = None
         run_module.install_excepthook()  # a veritrain error the script leaves uncaught: one line, its exit code
         self._loaded: Optional[dict[str, Any]] = None  # veritrain's part of the checkpoint Lightning resumed from
+        # the RNG states after the last batch trained: each training batch starts from them, so that what runs between
+        # two batches (validation: a DataLoader draws its seed from torch's RNG) never moves the training's random stream,
+        # and a fit resumed where Lightning skips a validation draws what the uninterrupted fit drew
+        self._rng_after_train: Optional[dict[str, Any]] = None
 
     def _config(self, trainer: pl.Trainer, module: pl.LightningModule) -> dict[str, Any]:
         if self.config is not None:
@@ -255,6 +266,7 @@ class Callback(pl.Callback):
             self._loaded = {"run_id": mine.get("run_id"), "trajectory": list(mine.get("trajectory") or []), "state_sha256": state_hash,
                             "model_sha256": model_hash, "step": int(checkpoint.get("global_step", 0)), "epoch": int(checkpoint.get("epoch", 0)),
                             "rng": mine.get("rng"), "loader": (mine.get("position") or {}).get("loader")}
+            self._rng_after_train = mine.get("rng")  # put back when the first batch after the resume starts
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Start the run (or continue the one the checkpoint Lightning resumed from belongs to); its checkpoints go into it."""
@@ -302,6 +314,8 @@ class Callback(pl.Callback):
             return
         loaders, count = _train_loaders(trainer)
         run._facts.batches_used = bool(loaders) and len(loaders) == count
+        for item in loaders:
+            item._tracked = True
         if loaders and trainer.world_size > 1:
             raise UsageError(f"vt.lightning.loader: the Trainer runs {trainer.world_size} processes; the loader orders the data for one")
         if run._record is not None:  # what a continuation after a kill needs to know (the record is sealed at the end)
@@ -309,12 +323,16 @@ class Callback(pl.Callback):
                                                       "state_registered": run._facts.state_registered})
             run._record.set(guarantee=run._guarantee())
             run._record.write()
-        if self._loaded is not None and self._loaded.get("rng") is not None:
-            set_rng_state(self._loaded["rng"])  # here, after the sanity check and the loaders' setup, right before training
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.run is not None and self._rng_after_train is not None:
+            set_rng_state(self._rng_after_train)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         for item in _train_loaders(trainer)[0]:
             item._batch_trained()  # before ModelCheckpoint's hook (Lightning runs checkpoint callbacks last)
+        if self.run is not None:
+            self._rng_after_train = rng_state()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for item in _train_loaders(trainer)[0]:
@@ -327,7 +345,9 @@ class Callback(pl.Callback):
             position: dict[str, Any] = {"global_step": trainer.global_step, "epoch": trainer.current_epoch}
             if len(loaders) == 1:
                 position["loader"] = loaders[0].state_dict()
-            checkpoint[KEY] = {"run_id": self.run.id, "rng": rng_state(), "trajectory": list(self.run._entries), "position": position}
+            rng = self._rng_after_train if self._rng_after_train is not None else rng_state()  # what the next batch starts from
+            checkpoint[KEY] = {"run_id": self.run.id, "rng": rng, "trajectory": list(self.run._entries), "position": position,
+                               "recipe": frameworks.LIGHTNING_STATE_RECIPE}
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:

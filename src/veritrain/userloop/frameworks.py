@@ -15,12 +15,20 @@ KEY = "veritrain"  # veritrain's part of a Lightning checkpoint
 LIGHTNING_STATE = ("state_dict", "optimizer_states", "lr_schedulers", "loops", "epoch", "global_step")
 
 
+# how a Lightning checkpoint's state is hashed, as veritrain's part of the checkpoint says (`recipe`): 1 (no recipe
+# named: checkpoints of earlier runs) hashes the loops' progress counters too; 2 leaves them out, since Lightning counts
+# differently after a resume from a checkpoint on an epoch's last batch (it skips that epoch's validation) while the
+# weights, optimizers, schedulers, RNG states and position (global_step, epoch, veritrain's loader) are the same
+LIGHTNING_STATE_RECIPE = 2
+
+
 def lightning_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
-    """The training state of a Lightning checkpoint: the weights, optimizers, schedulers, the loops' progress, and
-    veritrain's RNG states and position."""
-    state = {key: checkpoint[key] for key in LIGHTNING_STATE if key in checkpoint}
+    """The training state of a Lightning checkpoint: the weights, optimizers, schedulers, the step and epoch (and,
+    in recipe 1, the loops' progress), and veritrain's RNG states and position."""
     mine = checkpoint.get(KEY) or {}
-    state[KEY] = {"rng": mine.get("rng"), "position": mine.get("position")}
+    recipe = mine.get("recipe") if isinstance(mine.get("recipe"), int) else 1
+    state = {key: checkpoint[key] for key in LIGHTNING_STATE if key in checkpoint and not (recipe >= 2 and key == "loops")}
+    state[KEY] = {"rng": mine.get("rng"), "position": mine.get("position"), **({"recipe": recipe} if recipe >= 2 else {})}
     return state
 
 
