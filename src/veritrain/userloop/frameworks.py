@@ -26,7 +26,8 @@ def lightning_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """The training state of a Lightning checkpoint: the weights, optimizers, schedulers, the step and epoch (and,
     in recipe 1, the loops' progress), and veritrain's RNG states and position."""
     mine = checkpoint.get(KEY) or {}
-    recipe = mine.get("recipe") if isinstance(mine.get("recipe"), int) else 1
+    named = mine.get("recipe")
+    recipe: int = named if isinstance(named, int) else 1
     state = {key: checkpoint[key] for key in LIGHTNING_STATE if key in checkpoint and not (recipe >= 2 and key == "loops")}
     state[KEY] = {"rng": mine.get("rng"), "position": mine.get("position"), **({"recipe": recipe} if recipe >= 2 else {})}
     return state
