@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, veritrain
+from veritrain.core.hashing import sha256_file
 from veritrain.data.text_corpus import embedded_topics
 
 TINY = ["--set", "model.layers=1", "--set", "model.width=32", "--set", "model.heads=2", "--set", "model.context=64",
@@ -31,7 +32,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(corpus):
     args = ["--set", "data.source=text", "--set", f"data.root={corpus / 'docs'}", "--set", "data.split_ratios=[0.6,0.2,0.2]", *TINY]
-    done = veritrain("train", str(ROOT / "configs" / "tiny-lm.yaml"), *args, "--json", cwd=corpus)
+    done = veritrain("run", str(ROOT / "configs" / "tiny-lm.yaml"), *args, "--json", cwd=corpus)
     assert done.code == 0, done.stderr
     (run_dir,) = (corpus / "runs").iterdir()
     return corpus, run_dir
@@ -96,14 +97,99 @@ def test_a_corpus_too_small_for_a_batch_or_a_window_is_refused_with_the_numbers(
     assert done.code == 2 and "model.context: 1000000 tokens, but the train split holds" in done.stderr, done.stderr
 
 
-def test_the_stages_the_language_model_lacks_are_refused_in_one_line(trained):
+def test_a_run_has_the_smoke_test_baselines_bad_cases_samples_and_an_export_that_passes_parity(trained):
     root, run_dir = trained
-    config = str(ROOT / "configs" / "tiny-lm.yaml")
-    for args in (["run", config], ["baseline", config], ["sweep", config, "--vary", "optim.lr=0.001,0.003"]):
-        done = veritrain(*args, cwd=root)
-        assert done.code == 2 and done.stderr.startswith("error: task: lm: ") and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
-    done = veritrain("export", run_dir.name, cwd=root)
-    assert done.code == 2 and "the language-model task has no export" in done.stderr, done.stderr
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["smoke"]["status"] == "completed" and record["stages"] == ["prepare", "train", "baselines", "eval", "export"]
+    baselines = record["baselines"]["results"]
+    assert baselines["bigram"]["bits_per_byte"] < baselines["unigram"]["bits_per_byte"] < 8.0
+    assert 0.0 <= baselines["bigram"]["lambda"] <= 1.0 and record["baselines"]["split"] == "test"
+    test = record["metrics"]["test"]
+    assert test["bits_per_byte"] < 8.0 and test["trajectory_entry"] is not None
+    cases = json.loads((run_dir / "eval" / "test" / "bad_cases.json").read_text())
+    assert cases and [c["rank"] for c in cases] == list(range(1, len(cases) + 1))
+    assert all(a["bits_per_byte"] >= b["bits_per_byte"] for a, b in zip(cases, cases[1:]))
+    test_ids = {line for line in (root / ".veritrain" / "data" / record["data"]["version"] / "splits" / "test.txt").read_text().split()}
+    assert {c["sample_id"] for c in cases} <= test_ids
+    generated = json.loads((run_dir / "eval" / "test" / "generations.json").read_text())
+    assert len(generated["samples"]) == 3 and all(len(s["token_ids"]) == 64 for s in generated["samples"])
+    assert [s["seed"] for s in generated["samples"]] == [0, 1, 2] and generated["temperature"] == 0.8
+    report = (run_dir / "eval" / "test" / "report.md").read_text()
+    assert "| bigram |" in report and "## Samples" in report and "## Documents with the most bits per byte" in report
+    export = json.loads((run_dir / "export" / "model.json").read_text())
+    assert export["task"] == "lm" and export["parity"]["passed"] and set(export["files"]) == {"onnx", "torchscript", "safetensors"}
+    tokenizer = export["preprocessing"]["tokenizer"]
+    assert tokenizer["sha256"] == record["data"]["tokenizer"]["sha256"] == sha256_file(run_dir / "export" / "tokenizer.json")
+    assert export["architecture"]["config"]["context"] == 64 and export["input"]["dtype"] == "int64"
+    rows = {row["id"]: row for row in veritrain("check", run_dir.name, "--json", cwd=root).json()["items"]}
+    assert rows["bad_cases"]["status"] == "pass" and rows["normalization_from_train"]["status"] == "n/a"
+    assert rows["beats_baseline"]["detail"].startswith("bits per byte ") and "byte bigram" in rows["beats_baseline"]["detail"]
+    assert veritrain("verify", run_dir.name, cwd=root).code == 0
+
+
+def test_generate_samples_from_the_export_as_the_evaluation_samples_from_the_model(trained):
+    import torch
+
+    from veritrain.core.config import load_config
+    from veritrain.data.identity import load_version
+    from veritrain.tasks import get_task, gpt
+    from veritrain.train import checkpoint
+
+    root, run_dir = trained
+    first = veritrain("generate", run_dir.name, "The pass statement", "--tokens", "30", "--seed", "3", "--json", cwd=root)
+    assert first.code == 0, first.stderr
+    again = veritrain("generate", run_dir.name, "The pass statement", "--tokens", "30", "--seed", "3", "--json", cwd=root).json()
+    other = veritrain("generate", str(run_dir / "export"), "The pass statement", "--tokens", "30", "--seed", "4", "--json", cwd=root).json()
+    assert first.json()["token_ids"] == again["token_ids"] and len(again["token_ids"]) == 30 and other["token_ids"] != again["token_ids"]
+    shown = veritrain("generate", run_dir.name, "The pass statement", "--tokens", "5", cwd=root)
+    assert shown.code == 0 and shown.stdout.startswith("The pass statement") and shown.stderr == ""
+    # greedy from the ONNX export = greedy from the trained model itself
+    greedy = veritrain("generate", run_dir.name, "The pass statement", "--tokens", "20", "--temperature", "0", "--json", cwd=root).json()
+    record = json.loads((run_dir / "record.json").read_text())
+    cfg = load_config(run_dir / "config.yaml").config
+    data = load_version(root / ".veritrain" / "data" / record["data"]["version"])
+    model = get_task(cfg).build_model(cfg.model, data)
+    model.load_state_dict(checkpoint.load(run_dir / "checkpoints" / "best.pt")["model"])
+    prompt = list(b"The pass statement")
+    assert isinstance(model, gpt.GPT) and greedy["token_ids"] == gpt.generate(model, torch.tensor(prompt), 20, 0.0, seed=0)
+
+
+def test_generate_refuses_an_export_whose_tokenizer_is_not_the_one_it_was_trained_with(trained, tmp_path):
+    import shutil
+
+    root, run_dir = trained
+    export = tmp_path / "export"
+    shutil.copytree(run_dir / "export", export)
+    recorded = json.loads((export / "model.json").read_text())["preprocessing"]["tokenizer"]["sha256"]
+    tokenizer = json.loads((export / "tokenizer.json").read_text())
+    tokenizer["note"] = "changed"
+    (export / "tokenizer.json").write_text(json.dumps(tokenizer))
+    done = veritrain("generate", str(export), "The pass statement", cwd=root)
+    assert done.code == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert f"model.json records {recorded[:12]}" in done.stderr and sha256_file(export / "tokenizer.json")[:12] in done.stderr
+    done = veritrain("predict", str(export), str(export / "model.json"), cwd=root)
+    assert done.code == 2 and "veritrain generate" in done.stderr, done.stderr
+
+
+def test_a_tokenizer_that_now_makes_other_bytes_is_refused_by_eval_and_reproduce_with_both_hashes(trained, tmp_path, monkeypatch):
+    """As when a new tokenizers release trains other merges: the data prepares with another tokenizer, and no result or
+    continuation may mix the ids of two tokenizers (never a warning, not even with --allow-data-drift)."""
+    import shutil
+
+    from veritrain.data import tokenizer as tokenizer_module
+
+    root, run_dir = trained
+    workspace = tmp_path / "ws"
+    shutil.copytree(root, workspace, symlinks=True)
+    record = json.loads((run_dir / "record.json").read_text())
+    trained_with = record["data"]["tokenizer"]["sha256"]
+    original = tokenizer_module.byte_level
+    monkeypatch.setattr(tokenizer_module, "byte_level", lambda special_tokens=(tokenizer_module.END_OF_TEXT,): original((*special_tokens, "<|pad|>")))
+    for args, code in ((["eval", run_dir.name, "--allow-data-drift"], 2), (["reproduce", run_dir.name], 2)):
+        done = veritrain(*args, "--workdir", str(workspace), cwd=workspace)
+        assert done.code == code and f"but the run was trained with {trained_with[:12]} (byte_level, 257 tokens)" in done.stderr, (args, done.stderr)
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "the tokenizer is " in errors[0] and "258 tokens" in errors[0], done.stderr
 
 
 def test_data_order_lists_the_windows_the_loop_trained_on(corpus, tmp_path, monkeypatch):

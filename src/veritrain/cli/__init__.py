@@ -7,7 +7,7 @@ stderr (`error: ...`). Reports (tables, summaries, verdicts) go to stdout, progr
 
 The package: this module holds the `veritrain` group and `main` (the entry point, which turns every error into
 its one line and exit code); the commands live by what they work on, `training` (run, train, sweep), `stages`
-(eval, baseline, export, predict, smoke), `trust` (verify, check, reproduce, audit, archive, import), `runs` (the
+(eval, baseline, export, predict, generate, smoke), `trust` (verify, check, reproduce, audit, archive, import), `runs` (the
 runs group, gc, ui, publish) and `inputs` (the data and config groups); `options` spells the shared options once
 and `render` turns results into text. A command imports the library modules it calls inside its body, so that
 `veritrain --help` loads click and these modules only.
@@ -43,7 +43,7 @@ def cli() -> None:
 
 for _command in (
     training.run_command, training.train_command, training.sweep_command,
-    stages.eval_command, stages.baseline_command, stages.export_command, stages.predict_command, stages.smoke_command,
+    stages.eval_command, stages.baseline_command, stages.export_command, stages.predict_command, stages.generate_command, stages.smoke_command,
     trust.verify_command, trust.check_command, runs.gc_command, trust.archive_command, trust.import_command,
     trust.reproduce_command, trust.audit_command,
     runs.runs_group, inputs.data_group, inputs.config_group, runs.ui_command, runs.publish_command,

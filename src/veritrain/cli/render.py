@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from veritrain.core import logs
+from veritrain.core.display import headline
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
 JSON_WRITTEN = {"done": False}  # whether this command printed its JSON document (a failure after it adds none)
 
-HEADLINE_METRICS = ("accuracy", "top5_accuracy", "macro_f1", "log_loss", "ece", "mae", "rmse")
+HEADLINE_METRICS = ("accuracy", "top5_accuracy", "macro_f1", "log_loss", "ece", "mae", "rmse", "bits_per_byte", "perplexity")
 
 
 def emit_json(payload: dict[str, Any]) -> None:
@@ -88,7 +89,7 @@ def run_summary(outcome: RunOutcome) -> None:
             if isinstance(metrics.get(name), float):
                 table.add_row(f"{split} {name}", f"{metrics[name]:.4f} ({seeds})")
     for name, result in ((record.get("baselines") or {}).get("results") or {}).items():
-        table.add_row(f"baseline {name}", f"accuracy {result['accuracy']:.4f}")
+        table.add_row(f"baseline {name}", headline(result))
     if (record.get("baselines") or {}).get("warning"):
         table.add_row("warning", record["baselines"]["warning"], style="yellow")
     parity = (record.get("export") or {}).get("parity")
@@ -115,7 +116,9 @@ def next_steps(outcome: RunOutcome) -> None:
     run_id, record = outcome.summary["run_id"], outcome.record
     steps = [(f"veritrain verify {run_id} --expect {outcome.seal}", "re-hash every file against this seal (publish the seal with the result)"),
              (f"veritrain check {run_id}", "the completion checklist, with the fix for each missing row")]
-    if (record.get("export") or {}).get("files", {}).get("onnx"):
+    if (record.get("export") or {}).get("files", {}).get("onnx") and record.get("task") == "lm":
+        steps.append((f"veritrain generate {run_id} \"PROMPT\" --tokens 64", "continue a text with the exported model"))
+    elif (record.get("export") or {}).get("files", {}).get("onnx"):
         steps.append((f"veritrain predict {run_id} IMAGE.png --top 3", "classify your own image files with the exported model"))
     elif "train" in (record.get("stages") or ()):
         steps.append((f"veritrain eval {run_id}", "evaluate it on the fixed test split"))
@@ -136,7 +139,7 @@ def repeat_summary(result: dict[str, Any]) -> None:
     for name, s in result["summary"].items():
         table.add_row(name, f"{s['mean']:.4f} ± {s['std']:.4f}", f"[{s['ci95'][0]:.4f}, {s['ci95'][1]:.4f}]", str(s["n"]))
     for name, s in result.get("baselines", {}).items():
-        table.add_row(f"baseline {name}", f"{s['accuracy']:.4f}", "-", "-")
+        table.add_row(f"baseline {name}", headline(s), "-", "-")
     if result.get("warning"):
         table.add_row("warning", result["warning"], "", "", style="yellow")
     logs.print_table(table)
@@ -245,7 +248,10 @@ def metrics_table(metrics: dict[str, Any]) -> None:
 
 def baselines(result: dict[str, Any]) -> None:
     for name, r in result["results"].items():
-        click.echo(f"{name}: accuracy {r['accuracy']:.4f}, macro F1 {r['f1_macro']:.4f} ({r['samples']} {result['split']} samples)")
+        if "f1_macro" in r:
+            click.echo(f"{name}: accuracy {r['accuracy']:.4f}, macro F1 {r['f1_macro']:.4f} ({r['samples']} {result['split']} samples)")
+        else:
+            click.echo(f"{name}: {headline(r)} ({result['split']} split)")
 
 
 def export_written(done: Amended, use_current_code: bool) -> None:
@@ -438,7 +444,7 @@ def run_record(run_dir: Path, record: dict[str, Any]) -> None:
         shown = ", ".join(f"{name} {metrics[name]:.4f}" for name in names if isinstance(metrics.get(name), float))
         table.add_row(f"{split} metrics", shown or "-")
     for name, result in ((record.get("baselines") or {}).get("results") or {}).items():
-        table.add_row(f"baseline {name}", f"accuracy {result.get('accuracy', float('nan')):.4f}")
+        table.add_row(f"baseline {name}", headline(result))
     parity = (record.get("export") or {}).get("parity")
     if parity:
         table.add_row("export", ", ".join((record.get("export") or {}).get("files") or {}) + f"; parity {'passed' if parity.get('passed') else 'FAILED'}")

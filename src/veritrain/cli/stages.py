@@ -9,6 +9,7 @@ import click
 from veritrain.cli import render
 from veritrain.cli.options import config_argument, json_option, set_option, trust_code_option, use_current_code_option, workdir_option
 from veritrain.cli.render import emit_json
+from veritrain.core import display
 from veritrain.core.errors import RunFailed, UserError
 
 
@@ -149,6 +150,39 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
     failed = [r["file"] for r in results if not r["ok"]]
     if failed:
         raise RunFailed(f"{len(failed)} of {len(results)} file(s) could not be predicted: {', '.join(failed[:3])}{', ...' if len(failed) > 3 else ''}")
+    return 0
+
+
+@click.command("generate")
+@click.argument("ref", metavar="RUN|EXPORT_DIR")
+@click.argument("prompt")
+@click.option("--tokens", type=click.IntRange(min=0, max=100_000), default=64, show_default=True, help="Tokens to draw after the prompt.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sampling generator: the same seed gives the same text.")
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=0.8, show_default=True,
+              help="Logits are divided by this before sampling; 0 takes the most likely token.")
+@click.option("--top-k", "top_k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens only.")
+@workdir_option
+@json_option
+def generate_command(ref: str, prompt: str, tokens: int, seed: int, temperature: float, top_k: Optional[int], workdir: Optional[str],
+                     as_json: bool) -> int:
+    """Continue PROMPT with a language model's export (ONNX and its tokenizer, both checked against model.json).
+
+    \b
+    Example:
+      veritrain generate latest "The import statement" --tokens 80 --seed 1
+    """
+    from pathlib import Path
+
+    from veritrain.records.workspace import Workspace
+    from veritrain.results import export, generate
+
+    candidate = Path(ref)
+    base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref, "export")
+    result = generate.generate(export.find_export(base), prompt, tokens, seed, temperature, top_k)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(display.terminal_safe(result["prompt"] + result["text"]))
     return 0
 
 

@@ -59,7 +59,6 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
         return pipeline.follow()
     resolved = load_config(config, overrides)
     pipeline.refuse_secrets(pipeline.python_argv(), hypothesis)  # before the smoke test: the record keeps them as given
-    pipeline.refuse_unsupported_stages(resolved.config, "run")
     workspace = Workspace.open(workdir)
     if dry_run or reuse_completed:
         from veritrain.orchestration import housekeeping
@@ -180,7 +179,7 @@ def _finish_run(outcome: RunOutcome, as_json: bool) -> int:
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per trial and parent (seed, seed+1, …).")
 @click.option("--parent", default=None, metavar="RUN", help="A completed run of the base config to compare with, instead of running it first.")
 @click.option("--metric", default=None, metavar="val.NAME",
-              help="The val metric that picks the best trial, e.g. val.log_loss (default: val accuracy); never a test metric.")
+              help="The val metric that picks the best trial, e.g. val.log_loss (default: val accuracy; task lm: val bits per byte); never a test metric.")
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test of the base config that runs first.")
 @click.option("--dry-run", is_flag=True, help="Print the planned trials; run nothing.")
 @click.option("--resume", "resume_id", default=None, metavar="SWEEP_ID", help="Continue an interrupted sweep (id, unique prefix or `latest`).")

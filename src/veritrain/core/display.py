@@ -53,3 +53,18 @@ def finite_json(payload: Any) -> tuple[Any, list[str]]:
         return value
 
     return walk(payload, ""), found
+
+
+# the one number that sums up a result or a baseline, by task: classification's accuracy, a language model's bits per byte
+HEADLINE_KEYS = ("accuracy", "bits_per_byte", "rmse")
+
+
+def headline(result: Any) -> str:
+    """`accuracy 0.9444` or `bits_per_byte 2.3712`: the first of HEADLINE_KEYS a result (metrics, a baseline) holds as a
+    number, or `-`."""
+    if isinstance(result, dict):
+        for key in HEADLINE_KEYS:
+            value = result.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return f"{key} {value:.4f}"
+    return "-"

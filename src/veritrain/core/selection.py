@@ -22,7 +22,7 @@ REPORT_SPLIT = "test"  # what only the final report reads
 
 # The metrics of eval/val/metrics.json a sweep can select its best trial by, with the direction that is better.
 SWEEP_METRICS = {"accuracy": "max", "top5_accuracy": "max", "macro_f1": "max", "f1_weighted": "max",
-                 "log_loss": "min", "ece": "min", "mae": "min", "rmse": "min"}
+                 "log_loss": "min", "ece": "min", "mae": "min", "rmse": "min", "bits_per_byte": "min", "perplexity": "min"}
 NOT_USED_FOR_SELECTION = "not used for selection"  # the label of every test result shown beside a selection
 
 

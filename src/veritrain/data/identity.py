@@ -15,7 +15,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 import numpy as np
 
@@ -171,10 +171,11 @@ def earlier_recipe_hint(recorded_data: Optional[dict[str, Any]]) -> str:
     """What to add when a run's data version no longer prepares: runs recorded before this recipe (no
     `recipe`, or another one) need the version they stored, since this recipe gives the same data another id."""
     recipe = (recorded_data or {}).get("recipe")
-    if recipe == FORMAT_VERSION:
+    current = TEXT_RECIPE if (recorded_data or {}).get("tokenizer") else FORMAT_VERSION  # a text data version has recipes of its own
+    if recipe == current:
         return ""
     return (f"; the run's data was prepared by {'an earlier data recipe' if recipe is None else f'data recipe {recipe}'}, which this "
-            f"veritrain (recipe {FORMAT_VERSION}) does not repeat: bring its stored version along (`veritrain archive RUN --with-data` "
+            f"veritrain (recipe {current}) does not repeat: bring its stored version along (`veritrain archive RUN --with-data` "
             "where it was made, then `veritrain import`)")
 
 
@@ -389,3 +390,19 @@ def data_summary(data: DataVersion) -> dict[str, Any]:
         # a text data version: its tokenizer (kind, ids, the SHA-256 of its file, which the version id binds) and tokens per split
         **({"tokenizer": data.info.get("tokenizer"), "tokens": data.info.get("tokens")} if data.info.get("kind") == "text" else {}),
     }
+
+
+def tokenizer_difference(recorded: Optional[Mapping[str, Any]], data: DataVersion) -> Optional[str]:
+    """How the tokenizer of `data` differs from the one a run recorded (its record's `data` section), or None when they are
+    the same bytes, or when neither is a text data version. A model is only meaningful with the ids it was trained on:
+    a difference is refused by every caller, never warned about. The file itself is hashed, not its recorded digest."""
+    was = ((recorded or {}).get("tokenizer") or {}) if recorded else {}
+    if data.info.get("kind") != "text" and not was:
+        return None
+    file = getattr(data, "tokenizer_file", None)
+    now = sha256_file(file) if file is not None and Path(file).is_file() else None
+    if was.get("sha256") == now:
+        return None
+    info = data.info.get("tokenizer") or {}
+    return (f"the tokenizer is {now[:12] if now else 'missing'} ({info.get('kind', '?')}, {info.get('vocab_size', '?')} tokens), but the run "
+            f"was trained with {str(was.get('sha256') or 'none')[:12]} ({was.get('kind', '?')}, {was.get('vocab_size', '?')} tokens)")

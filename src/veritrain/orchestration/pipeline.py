@@ -22,14 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from veritrain.core import config as config_module, logs, selection
+from veritrain.core import config as config_module, display, logs, selection
 from veritrain.core.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_hash, resolved_from_record
 from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.files import remove_unfinished
 from veritrain.core.hashing import sha256_file
 from veritrain.core.secrets import allowed_environment, secret_in_command_line, text_secret
 from veritrain.core.signals import StopFlag, interruptible
-from veritrain.data.identity import data_summary
+from veritrain.data.identity import data_summary, tokenizer_difference
 from veritrain.records import journal, usercode
 from veritrain.records.record import Record, capture_code, capture_env, now_iso, read_record, save_code, thawed
 from veritrain.records.recorder import Amendment, Recorder, amending
@@ -74,7 +74,6 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     `selection.sweep`). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed).
     `code` is where user modules come from (reproduce: the original's copies; a sweep's trial: the sweep's);
     by default the config file's folder, the working directory, then sys.path (veritrain.records.usercode)."""
-    refuse_unsupported_stages(resolved.config, kind)
     session = code or usercode.fresh(resolved.path)
     with session:
         return _start(resolved, workspace, argv, kind, repeat, reproduced_from, hypothesis, parent, smoke, data_version, sweep, nproc, session,
@@ -311,6 +310,9 @@ def _execute(record: Recorder, run_dir: Path, resolved: ResolvedConfig, workspac
             t = time.perf_counter()
             recorded_version = (record.get("data") or {}).get("version")
             data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir, recorded=recorded_version)
+            tokenizer = tokenizer_difference(record.get("data"), data) if recorded_version is not None else None
+            if tokenizer:  # checkpoints and results are in the recorded tokenizer's ids: never continued or compared under others
+                raise RunFailed(f"{'resume' if resume else 'reproduce'}: {tokenizer}; restore the data and its tokenizer, or start a new run")
             if recorded_version is not None and data.version != recorded_version:
                 raise RunFailed(f"{'resume' if resume else 'reproduce'}: the data now prepares to version {data.version[:12]}, the run used "
                                 f"{(record.get('data') or {}).get('version', '?')[:12]}; restore the data or start a new run"
@@ -486,7 +488,7 @@ def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: Da
         baselines = fit_baselines(run_dir, cfg, data, task)
         record.set(baselines=baselines)
         record.time("baselines", time.perf_counter() - t)
-        log.info("baselines: %s", "  ".join(f"{name} accuracy {r['accuracy']:.4f}" for name, r in baselines["results"].items()))
+        log.info("baselines: %s", "  ".join(f"{name} {display.headline(r)}" for name, r in baselines["results"].items()))
     if "eval" in stages:
         t = time.perf_counter()
         for split in evaluation_splits(record, cfg, run_dir.parent):  # each from the same checkpoint: the one export ships
@@ -494,7 +496,7 @@ def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: Da
             metrics["trajectory_entry"] = result_entry(record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
             record.set_metrics(split, metrics)
         record.time("eval", time.perf_counter() - t)
-        verdict = baseline_verdict(record["metrics"].get(cfg.eval.split, metrics), baselines)
+        verdict = baseline_verdict(record["metrics"].get(cfg.eval.split, metrics), baselines, task)
         if verdict and baselines is not None:
             baselines["warning"] = verdict
             record.set(baselines=baselines)
@@ -559,8 +561,12 @@ def fit_baselines(run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) 
     return baselines
 
 
-def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
-    """A warning when the model does not beat the logistic-regression baseline by the margin."""
+def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]], task: Optional[Task] = None) -> Optional[str]:
+    """A warning when the model does not beat the logistic-regression baseline by the margin (a task with its own
+    baselines judges them: `baseline_warning`)."""
+    judge = getattr(task, "baseline_warning", None)
+    if judge is not None:
+        return judge(metrics, baselines)
     if not baselines or "accuracy" not in metrics:
         return None
     linear = baselines["results"].get("logistic_regression")
@@ -624,7 +630,7 @@ def baselines_run(opened: OpenRun, workspace: Workspace) -> dict[str, Any]:
     with amending(workspace, opened.record) as change:
         result = fit_baselines(change.new, opened.config, opened.data, opened.task)
         change.set_baselines(result)
-        amend(opened, workspace, change, "baselines", ", ".join(f"{k} {v['accuracy']:.4f}" for k, v in result["results"].items()))
+        amend(opened, workspace, change, "baselines", ", ".join(f"{k} {display.headline(v)}" for k, v in result["results"].items()))
     return result
 
 
@@ -745,15 +751,8 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
             metrics["trajectory_entry"] = result_entry(opened.record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
             change.set_metrics(metrics["split"], metrics)
             seal = amend(opened, workspace, change, "eval",
-                         f"{metrics['checkpoint']} on {metrics['split']}: accuracy {metrics.get('accuracy', float('nan')):.4f}")
+                         f"{metrics['checkpoint']} on {metrics['split']}: {display.headline(metrics)}")
     return Amended(opened.run_dir, seal, metrics)
-
-
-def refuse_unsupported_stages(cfg: RunConfig, kind: str) -> None:
-    """The language-model task trains and evaluates; the smoke test, baselines and export are the image task's."""
-    if cfg.task == "lm" and kind != "train":
-        raise UserError(f"task: lm: `veritrain {kind}` runs the smoke test, baselines and export, which the language-model task does not "
-                        "have; train it with `veritrain train CONFIG` and evaluate it with `veritrain eval RUN`")
 
 
 def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Optional[list[str]], argv: list[str],
@@ -764,9 +763,6 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
     from veritrain.results import export
 
     opened = open_run(workspace, ref, trust_code=trust_code, need="model")
-    if opened.config.task == "lm":
-        raise UserError(f"{opened.run_dir.name}: task lm: the language-model task has no export; its checkpoints are in the run "
-                        "(`veritrain eval RUN` scores them)")
     require_checkpoint(opened, which)
     inside, outside = _in_run_checkpoint(opened, which)
     with code_session(workspace, opened.run_dir, opened.record, "export", use_current_code) as code:

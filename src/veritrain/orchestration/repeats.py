@@ -15,11 +15,12 @@ import statistics
 from typing import Any, Optional
 
 from veritrain.core.config import ResolvedConfig
+from veritrain.core.display import HEADLINE_KEYS
 from veritrain.core.selection import REPORT_SPLIT
 from veritrain.orchestration import pipeline
 from veritrain.records.workspace import Workspace
 
-SUMMARIZED = ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "log_loss", "ece", "mae", "rmse")
+SUMMARIZED = ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "log_loss", "ece", "mae", "rmse", "bits_per_byte", "perplexity")
 
 # The values each metric can take: shares of samples (and ECE, a weighted mean of |accuracy − confidence|)
 # lie in [0, 1]; losses and errors in [0, ∞). A metric not listed is left unclipped.
@@ -28,7 +29,7 @@ NON_NEGATIVE = (0.0, math.inf)
 RANGES: dict[str, tuple[float, float]] = {
     **{name: UNIT for name in ("accuracy", "top5_accuracy", "macro_f1", "f1_macro", "f1_weighted", "precision_macro",
                                "recall_macro", "precision_weighted", "recall_weighted", "ece")},
-    **{name: NON_NEGATIVE for name in ("log_loss", "loss", "mae", "rmse")},
+    **{name: NON_NEGATIVE for name in ("log_loss", "loss", "mae", "rmse", "bits_per_byte")},
 }
 
 
@@ -76,7 +77,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
     baselines = {}
     first = completed[0].record.get("baselines") if completed else None
     if first:
-        baselines = {name: {"accuracy": r["accuracy"]} for name, r in first["results"].items()}
+        baselines = {name: {k: v for k, v in r.items() if k in HEADLINE_KEYS} for name, r in first["results"].items()}
     warning = None
     if first and "accuracy" in summary:
         linear = first["results"]["logistic_regression"]["accuracy"]

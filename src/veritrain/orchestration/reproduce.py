@@ -10,6 +10,7 @@ from typing import Any
 
 from veritrain.core.config import config_hash, resolved_from_record
 from veritrain.core.errors import UserError
+from veritrain.data.identity import tokenizer_difference
 from veritrain.orchestration import pipeline
 from veritrain.records.record import Record, read_record
 from veritrain.records.workspace import Workspace
@@ -35,6 +36,9 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
     if config_hash(cfg) != original["config_hash"]:
         raise UserError(f"{ref}: the recorded config no longer hashes to its config_hash with this veritrain; it cannot be re-run as recorded")
     data = prepare.run(cfg.data, resolved.data_paths, workspace.state_dir, recorded=original["data"]["version"])
+    tokenizer = tokenizer_difference(original.get("data"), data)
+    if tokenizer:  # a model's ids mean nothing under another tokenizer's bytes
+        raise UserError(f"{ref}: {tokenizer}; restore the data and its tokenizer to reproduce")
     if data.version != original["data"]["version"]:
         raise UserError(f"{ref}: the data now prepares to version {data.version[:12]}, the run used {original['data']['version'][:12]}; "
                         "restore the data to reproduce" + prepare.earlier_recipe_hint(original.get("data")))

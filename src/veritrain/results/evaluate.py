@@ -97,15 +97,17 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, device: to
         shown_path = path.relative_to(run_dir).as_posix()
     except ValueError:
         shown_path = str(path)
-    outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
-    require_finite(outputs, split, shown_path)
     out_dir = (out_root or run_dir) / "eval" / split
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_files = getattr(task, "write_evaluation", None)  # optional part of the Task protocol
-    if write_files is not None:
-        metrics = write_files(out_dir, outputs, targets, data, split, cfg)
+    evaluate_split = getattr(task, "evaluate_split", None)  # optional: a task that scores a split without holding its outputs
+    write_files = getattr(task, "write_evaluation", None)  # optional: a task that writes files of its own from the outputs
+    if evaluate_split is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics = evaluate_split(model, data, split, device, cfg, out_dir)
     else:
-        metrics = task.metrics(outputs, targets, data)
+        outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
+        require_finite(outputs, split, shown_path)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics = write_files(out_dir, outputs, targets, data, split, cfg) if write_files is not None else task.metrics(outputs, targets, data)
     metrics.update(
         split=split,
         data_version=data.version,

@@ -74,6 +74,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     # they are what works with onnxruntime without extra packages, so keep the console clean
     warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.(onnx|jit)")
     warnings.filterwarnings("ignore", message=r".*(TorchScript|torch\.jit).*", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", message=r"Converting a tensor to a Python boolean")  # the ONNX tracer on a model's Python checks (a GPT's context)
     formats = list(formats or cfg.export.formats)
     path = checkpoint_path(cfg, run_dir, which)
     model, state = load_model(cfg, data, task, path, torch.device("cpu"))
@@ -87,6 +88,8 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
                             torch.device("cpu"), False, torch.Generator())
     with torch.no_grad():
         example_logits = model(example)
+    # a task whose model is not an image classifier describes its own input, output and what rebuilds it
+    spec: dict[str, Any] = task.export_spec(cfg, model, data) if hasattr(task, "export_spec") else {}  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
     description: dict[str, Any] = {
         "format_version": MODEL_JSON_VERSION,
         "source_run": run_dir.name,
@@ -94,18 +97,18 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
         "config_hash": config_hash(cfg),
         "task": cfg.task,
         "model": cfg.model.target or cfg.model.name,
-        "architecture": architecture(cfg.model, model, list(example.shape[1:]), int(example_logits.shape[1])),
+        "architecture": spec.get("architecture") or architecture(cfg.model, model, list(example.shape[1:]), int(example_logits.shape[1])),
         "checkpoint": path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path),
         "checkpoint_sha256": sha256_file(path),
         "checkpoint_epoch": state["loop"]["epochs_done"],
         "checkpoint_state_sha256": trajectory.state_sha256(state),  # which trajectory entry it is (record.json names it)
         "classes": data.classes,
-        "input": {"name": "input", "shape": [None, *example.shape[1:]], "dtype": "float32", "batch": "dynamic"},
-        "output": {"name": "logits", "shape": [None, *example_logits.shape[1:]], "dtype": "float32"},
+        "input": spec.get("input") or {"name": "input", "shape": [None, *example.shape[1:]], "dtype": "float32", "batch": "dynamic"},
+        "output": spec.get("output") or {"name": "logits", "shape": [None, *example_logits.shape[1:]], "dtype": "float32"},
         # how the source's raw values became the uint8 images `preprocessing` starts from
-        "source_mapping": source_mapping(data),
+        "source_mapping": spec.get("source_mapping") or source_mapping(data),
         # how raw inputs become the model's input; only the task knows (images: decode, resize, normalize)
-        "preprocessing": task.export_preprocessing(data)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
+        "preprocessing": spec["preprocessing"] if "preprocessing" in spec else task.export_preprocessing(data)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
         if hasattr(task, "export_preprocessing") else {"normalization": data.info["normalization"]},
     }
     metadata = file_metadata(description, data)
@@ -117,7 +120,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     if "onnx" in formats:
         torch.onnx.export(
             model, (example,), str(out / FILES["onnx"]), input_names=["input"], output_names=["logits"],
-            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=cfg.export.opset, dynamo=False,
+            dynamic_axes=spec.get("dynamic_axes") or {"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=cfg.export.opset, dynamo=False,
         )
         set_onnx_metadata(out / FILES["onnx"], metadata)
         written["onnx"] = FILES["onnx"]
@@ -136,6 +139,8 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
         write_safetensors(out / FILES["safetensors"], model.state_dict(), metadata)
         written["safetensors"] = FILES["safetensors"]
 
+    for name, source in (spec.get("companions") or {}).items():  # files the model is used with (a tokenizer), copied beside it
+        shutil.copyfile(source, out / name)
     files = {name: file for name, file in FILES.items() if name in written or name in kept}  # FILES order: stable model.json
     kept_formats = [name for name in files if name not in written]
     description["files"] = {name: {"file": file, "sha256": sha256_file(out / file)} for name, file in files.items()}
@@ -279,13 +284,14 @@ def source_mapping(data: DataVersion) -> dict[str, Any]:
 def file_metadata(description: dict[str, Any], data: DataVersion) -> dict[str, str]:
     """What the ONNX `metadata_props` and the safetensors `__metadata__` carry (text → text; lists as JSON)."""
     prep = description["preprocessing"]
-    normalization = data.info["normalization"]
+    normalization = data.info.get("normalization") or {}
     shape = description["input"]["shape"]
     entries = {
         "classes": json.dumps(description["classes"], ensure_ascii=False),
         "mean": json.dumps(prep.get("mean", normalization.get("mean"))),
         "std": json.dumps(prep.get("std", normalization.get("std"))),
         "input_layout": prep.get("layout") or ("NCHW" if len(shape) == 4 else None),
+        "tokenizer_sha256": (prep.get("tokenizer") or {}).get("sha256"),
         "input_shape": json.dumps(shape),  # null: any batch size
         "source_run": description["source_run"],
         "data_version": description["data_version"],
@@ -395,7 +401,8 @@ def check_parity(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.
             continue
         results[name] = {
             "max_abs_diff": float(np.abs(logits.astype(np.float64) - ref.astype(np.float64)).max()),
-            "agreement": float((logits.argmax(1) == ref.argmax(1)).mean()),
+            # the predicted class (a language model: token) of every sample (position) agrees
+            "agreement": float((logits.reshape(-1, logits.shape[-1]).argmax(1) == ref.reshape(-1, ref.shape[-1]).argmax(1)).mean()),
         }
     # float32 rounding grows with the values: a model whose logits reach 1e5 cannot agree to 1e-4 in any other runtime
     scale = float(np.abs(ref).max()) if ref.size else 0.0
@@ -428,7 +435,8 @@ def onnx_logits(path: Path, inputs: np.ndarray) -> np.ndarray:
     run_options = onnxruntime.RunOptions()
     run_options.log_severity_level = 4
     # typed as any output kind (sparse, sequence, map); the model's one output is a dense tensor, an ndarray
-    return cast(np.ndarray, session.run(None, {session.get_inputs()[0].name: inputs.astype(np.float32)}, run_options)[0])
+    fed = inputs.astype(np.int64) if inputs.dtype.kind in "iu" else inputs.astype(np.float32)  # token ids, or pixels
+    return cast(np.ndarray, session.run(None, {session.get_inputs()[0].name: fed}, run_options)[0])
 
 
 # ---------------------------------------------------------------- predict
@@ -505,6 +513,9 @@ def read_description(export_dir: Path) -> dict[str, Any]:
     try:
         refuse_non_regular(path)
         description = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(description, dict) and description.get("task") == "lm":
+            raise UserError(f"{export_dir}: a language model's export classifies nothing; continue a text with "
+                            f"`veritrain generate {export_dir} \"PROMPT\"`")
         Description.model_validate(description)
     except NotRegularFile as err:
         raise RunFailed(f"{path}: {err}; an export's model.json is a plain file, re-export the run") from None

@@ -105,6 +105,7 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, seed: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.context: int = cfg.context  # read by forward: TorchScript cannot read the config dataclass
         # nn.Linear and nn.Embedding draw their default init from the global RNG; fork it so that building a model
         # leaves the caller's random stream where it was (init_weights then overwrites every parameter)
         with torch.random.fork_rng(devices=[]):
@@ -125,8 +126,8 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         """idx: (batch, time) int64 token ids, time ≤ context → logits (batch, time, vocab_size), float32."""
         time = idx.shape[1]
-        if time > self.cfg.context:
-            raise ValueError(f"{time} tokens is more than the model's context of {self.cfg.context}; crop the input")
+        if time > self.context:
+            raise ValueError(f"{time} tokens is more than the model's context of {self.context}; crop the input")
         # slicing the table (not indexing it with arange) keeps the ONNX graph one Slice for any length
         x = self.token_embedding(idx) + self.position_embedding.weight[:time]
         x = self.dropout(x)
@@ -271,16 +272,22 @@ def generate(model: GPT, prompt_ids: Union[Sequence[int], torch.Tensor], tokens:
         with torch.no_grad():
             for _ in range(tokens):
                 window = torch.tensor([ids[-context:]], dtype=torch.long, device=device)
-                logits = model(window)[0, -1].double().cpu()
-                if temperature == 0.0:
-                    choice = int(torch.argmax(logits))  # the first of equal maxima
-                else:
-                    choice = _sample(logits / temperature, top_k, generator)
+                choice = next_token(model(window)[0, -1], temperature, top_k, generator)
                 ids.append(choice)
                 new.append(choice)
     finally:
         model.train(was_training)
     return new
+
+
+def next_token(logits: torch.Tensor, temperature: float, top_k: Optional[int], generator: torch.Generator) -> int:
+    """The id drawn from one position's logits (vocab,) as `generate` draws it (float64 on the CPU): the most likely
+    at temperature 0, else a sample of logits / temperature among the `top_k` most likely. `veritrain generate` draws
+    from an export's ONNX logits with it."""
+    logits = logits.double().cpu()
+    if temperature == 0.0:
+        return int(torch.argmax(logits))  # the first of equal maxima
+    return _sample(logits / temperature, top_k, generator)
 
 
 def _sample(logits: torch.Tensor, top_k: Optional[int], generator: torch.Generator) -> int:

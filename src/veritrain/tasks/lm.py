@@ -14,13 +14,15 @@ which does not depend on the tokenizer, so byte-level and BPE runs compare (veri
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 import torch
 
 from veritrain.core.errors import UserError
-from veritrain.tasks import gpt, lm_metrics
+from veritrain.tasks import gpt, lm_eval, lm_metrics
 
 if TYPE_CHECKING:
     from veritrain.core.config import ModelConfig, RunConfig
@@ -105,6 +107,83 @@ class LanguageModelTask:
 
     def _byte_lengths(self, data: DataVersion) -> np.ndarray:
         return byte_lengths(_text(data))
+
+    # ------------------------------------------------------------ evaluation (veritrain.tasks.lm_eval)
+
+    def evaluate_split(self, model: torch.nn.Module, data: DataVersion, split: str, device: torch.device, cfg: RunConfig,
+                       out_dir: Path) -> dict[str, Any]:
+        """Score every window of `split`, one batch of logits at a time; writes bad_cases.json (the documents with the
+        most bits per byte) and generations.json (samples from the fixed prompts) to `out_dir`; returns the metrics."""
+        from veritrain.data.tokenizer import load_tokenizer
+
+        text = _text(data)
+        assert text.tokenizer_file is not None
+        tokenizer = load_tokenizer(text.tokenizer_file)
+        tokens = text.tokens[split]
+        nats = lm_eval.position_nats(model, tokens, self.context, device, cfg.eval.batch_size)
+        lengths = byte_lengths(text)
+        metrics = lm_eval.split_metrics(tokens, nats, lengths, self.context)
+        cases = lm_eval.bad_cases(text, split, tokens, nats, lengths, tokenizer, cfg.eval.bad_cases)
+        generated = lm_eval.generations(cast(gpt.GPT, model), cfg.eval.generation, lm_eval.prompts(cfg.eval.generation, text, split, tokens, tokenizer),
+                                        tokenizer)
+        (out_dir / "bad_cases.json").write_text(json.dumps(cases, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out_dir / "generations.json").write_text(json.dumps(generated, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return metrics
+
+    def write_report(self, path: Path, metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str) -> None:
+        cases = json.loads((path.parent / "bad_cases.json").read_text(encoding="utf-8"))
+        generated = json.loads((path.parent / "generations.json").read_text(encoding="utf-8"))["samples"]
+        path.write_text(lm_eval.report_markdown(metrics, baselines, run_id, cases, generated), encoding="utf-8")
+
+    def plot_curves(self, path: Path, history: list[dict[str, Any]]) -> None:
+        lm_eval.plot_curves(path, history)
+
+    def baselines(self, data: DataVersion, cfg: RunConfig) -> dict[str, Any]:
+        """A byte unigram and an interpolated byte bigram, fit on train, in bits per byte on `eval.split`."""
+        from veritrain.data.tokenizer import load_tokenizer
+
+        text = _text(data)
+        assert text.tokenizer_file is not None
+        return lm_eval.fit_baselines(text, cfg.eval.split, load_tokenizer(text.tokenizer_file))
+
+    # ------------------------------------------------------------ smoke test and export
+
+    def smoke_slice(self, data: DataVersion, windows: dict[str, int]) -> DataVersion:
+        """The data version cut to the first `windows[split]` windows of each split (the smoke test's tiny slice)."""
+        import dataclasses
+
+        text = _text(data)
+        return dataclasses.replace(text, tokens={name: array[: windows.get(name, 0) * self.context + 1] if len(array) else array
+                                                 for name, array in text.tokens.items()})
+
+    def export_spec(self, cfg: RunConfig, model: torch.nn.Module, data: DataVersion) -> dict[str, Any]:
+        """What model.json says of a GPT export: token ids in, next-token logits out (batch and time dynamic, time at
+        most the context), the tokenizer (copied beside the model, its SHA-256 bound), and the GPTConfig that rebuilds it."""
+        import dataclasses
+
+        text = _text(data)
+        assert text.tokenizer_file is not None and isinstance(model, gpt.GPT)
+        tokenizer = dict(text.info["tokenizer"])
+        return {
+            "architecture": {"name": "gpt", "module": "veritrain.tasks.gpt.GPT", "config": dataclasses.asdict(model.cfg),
+                             "parameters": gpt.parameter_count(model),
+                             "rebuild": "veritrain.tasks.gpt.GPT(veritrain.tasks.gpt.GPTConfig(**config)), then load model.safetensors"},
+            "input": {"name": "input", "shape": [None, None], "dtype": "int64", "batch": "dynamic",
+                      "time": f"dynamic, 1 … {model.cfg.context} token ids"},
+            "output": {"name": "logits", "shape": [None, None, model.cfg.vocab_size], "dtype": "float32",
+                       "meaning": "at each position, the logits of the token that follows"},
+            "dynamic_axes": {"input": {0: "batch", 1: "time"}, "logits": {0: "batch", 1: "time"}},
+            "preprocessing": {"tokenizer": {**tokenizer, "file": "tokenizer.json"}, "context": model.cfg.context,
+                              "generation": "veritrain generate RUN \"prompt\": encode with tokenizer.json, feed the last `context` ids, "
+                                            "sample the next id from the last position's logits"},
+            "source_mapping": {"source": cfg.data.source, "result": "UTF-8 text, normalized as the data version recorded "
+                               "(docs/data.md: text data versions), encoded by tokenizer.json",
+                               "recorded": (text.info.get("preprocessing") or {}).get("source")},
+            "companions": {"tokenizer.json": text.tokenizer_file},
+        }
+
+    def baseline_warning(self, metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
+        return lm_eval.baseline_warning(metrics, baselines)
 
 
 def window_count(tokens: np.ndarray, context: int) -> int:

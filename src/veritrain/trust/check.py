@@ -92,8 +92,14 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
         new_run if achieved is None else f"fix the data or its groups (see `veritrain data report {run}`), then start a new run: {new_run}",
         "not checked: prepared by an earlier data recipe" if achieved is None
         else (skewed[0] if skewed else "every class within data.split_tolerance" if achieved.get("judged") else "fixed or time-ordered split"))
-    on_train = (info or {}).get("normalization", {}).get("computed_on") == "train"
-    rows["normalization_from_train"] = ("pass" if on_train else "missing", prepare, "")
+    if (info or {}).get("kind") == "text":  # no statistics: what is fit to the data is the tokenizer
+        tokenizer = (info or {}).get("tokenizer") or {}
+        rows["normalization_from_train"] = ("n/a", None, "a text data version has no normalization statistics; its tokenizer is "
+                                            + ("byte-level (fit to nothing)" if tokenizer.get("kind") == "byte_level"
+                                               else "trained on the train split only, after decontamination"))
+    else:
+        on_train = (info or {}).get("normalization", {}).get("computed_on") == "train"
+        rows["normalization_from_train"] = ("pass" if on_train else "missing", prepare, "")
 
     rows["packages_locked"] = ("pass" if "env/requirements.lock" in artifacts else "missing", new_run, "")
     rows["smoke_passed"] = _smoke_row(run, record, state_dir, config)
@@ -114,8 +120,14 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     metrics = (record.get("metrics") or {}).get("test")
     rows["test_metrics"] = ("pass" if metrics and metrics.get("data_version") in (None, data.get("version")) else "missing", eval_fix, "")
     rows["selection_on_validation"] = _selection_row(record, new_run)
-    rows["bad_cases"] = ("pass" if "eval/test/bad_cases.csv" in artifacts else "missing", eval_fix, "")
-    if metrics and baselines:
+    rows["bad_cases"] = ("pass" if {"eval/test/bad_cases.csv", "eval/test/bad_cases.json"} & set(artifacts) else "missing", eval_fix, "")
+    bigram = ((baselines or {}).get("results") or {}).get("bigram")
+    if metrics and bigram and isinstance(metrics.get("bits_per_byte"), float):  # a language model: bits per byte, lower is better
+        beats = metrics["bits_per_byte"] <= bigram["bits_per_byte"] - (baselines or {}).get("margin", 0.0)
+        rows["beats_baseline"] = ("pass" if beats else "fail",
+                                  f"improve the model in a new run, or say why it need not: veritrain runs note {run} --waive beats_baseline \"...\"",
+                                  f"bits per byte {metrics['bits_per_byte']:.4f} vs byte bigram {bigram['bits_per_byte']:.4f}")
+    elif metrics and baselines:
         linear = baselines["results"].get("logistic_regression", {}).get("accuracy")
         beats = linear is None or metrics.get("accuracy", 0.0) >= linear + baselines.get("margin", 0.0)
         rows["beats_baseline"] = ("pass" if beats else "fail",

@@ -44,6 +44,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     give the recorded version; without raw files the stored version is used as it is.
     """
     from veritrain.data import prepare
+    from veritrain.data.identity import tokenizer_difference
     from veritrain.tasks import get_task
 
     run_dir = workspace.resolve_run(ref, need)  # `need`: what `latest` must have (workspace.LATEST)
@@ -65,6 +66,9 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     drift = None
     if raw_present:
         data = prepare.run(cfg.data, paths, workspace.state_dir, recorded=recorded)
+        tokenizer = tokenizer_difference(record.get("data"), data)
+        if tokenizer:  # the model's ids mean nothing under other bytes: refused even with --allow-data-drift
+            raise UserError(f"{ref}: {tokenizer}; restore the data and its tokenizer config, or train a new run")
         if data.version != recorded:
             drift = f"the data now prepares to version {data.version[:12]}, the run used {str(recorded)[:12]}"
             if not allow_data_drift:
@@ -73,6 +77,9 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     elif (stored / "version.json").exists():
         log.warning("data: raw data not found at %s; using the stored data version %s", paths.get("root"), str(recorded)[:12])
         data = prepare.load_version(stored)
+        tokenizer = tokenizer_difference(record.get("data"), data)
+        if tokenizer:
+            raise UserError(f"{ref}: {tokenizer}; the stored data version was changed: prepare it again from the raw data")
     else:
         raise UserError(f"{ref}: neither the raw data ({paths.get('root')}) nor the stored data version {str(recorded)[:12]} is here")
     return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)

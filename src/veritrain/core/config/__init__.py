@@ -40,6 +40,7 @@ from veritrain.core.config.schema import (
     DataConfig,
     EvalConfig,
     ExportConfig,
+    GenerationConfig,
     Limit,
     LoggingConfig,
     ModelConfig,
@@ -54,7 +55,7 @@ from veritrain.core.config.schema import (
 
 __all__ = [
     "AugmentConfig", "CONFIG_AS_GIVEN", "CheckpointConfig", "DATA_PATH_KEYS", "DEFAULT_CONFIG_NAME", "DataCard", "DataConfig",
-    "EvalConfig", "ExportConfig", "INT64", "KEYS_ADDED_LATER", "Limit", "LoggingConfig", "MANY", "MAX_CONFIG_BYTES", "MAX_NESTING",
+    "EvalConfig", "ExportConfig", "GenerationConfig", "INT64", "KEYS_ADDED_LATER", "Limit", "LoggingConfig", "MANY", "MAX_CONFIG_BYTES", "MAX_NESTING",
     "MAX_VALUES", "ModelConfig", "NOT_RECORDED", "OptimConfig", "ResolvedConfig", "RunConfig", "ScheduleConfig", "Section", "Side",
     "TrainConfig", "Width", "compact", "config_dict", "config_from_record", "config_hash", "describe_field", "load_config",
     "paths_from_record", "reference_markdown", "reference_rows", "resolved_from_record", "to_yaml", "without_added_defaults",

@@ -131,6 +131,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
                   "near_duplicates": {"shingle_words": 2, "threshold": 0.6, "bands": 32, "rows": 4, "min_words": 20},
                   "ngram_words": 13, "on_contamination": "quarantine"},
     "data.tokenizer": {"kind": "byte_level", "vocab_size": 2048},
+    "eval.generation": {"prompts": [], "prompt_chars": 32, "tokens": 64, "temperature": 0.8, "top_k": None, "seed": 0},
 }
 
 

@@ -458,16 +458,30 @@ class LoggingConfig(Section):
     tensorboard: bool = Field(False, description="also write TensorBoard event files to tensorboard/ in the run (needs the tensorboard package)")
 
 
+class GenerationConfig(Section):
+    """task lm: the samples the evaluation draws and records (eval/<split>/generations.json)."""
+
+    prompts: list[str] = Field([], description="the texts each sample continues; empty: the opening `prompt_chars` characters "
+                               "of the first 3 documents of the evaluated split")
+    prompt_chars: int = Field(32, ge=1, le=10_000, description="with `prompts` empty: the characters each prompt takes from its document")
+    tokens: int = Field(64, ge=0, le=100_000, description="tokens drawn after each prompt")
+    temperature: float = Field(0.8, ge=0.0, le=100.0, description="logits are divided by this before sampling; 0: always the most likely token")
+    top_k: Optional[int] = Field(None, ge=1, description="sample among the k most likely tokens only; null: among all")
+    seed: Annotated[int, INT64] = Field(0, description="seed of the sampling generator (prompt i uses seed + i)")
+
+
 class EvalConfig(Section):
     split: Literal["test", "val"] = Field("test", description="split the final evaluation reports on")
     batch_size: Annotated[int, Limit(2**20)] = Field(512, ge=1, description="samples per forward pass during validation and evaluation")
-    bad_cases: Annotated[int, Limit(10**6)] = Field(25, ge=0, description="how many of the most confident wrong predictions bad_cases.csv/png show")
-    baselines: bool = Field(True, description="`veritrain run` also fits the majority-class and logistic-regression baselines on the same splits")
+    bad_cases: Annotated[int, Limit(10**6)] = Field(25, ge=0, description="how many of the most confident wrong predictions bad_cases.csv/png show (task lm: the documents with the most bits per byte, bad_cases.json)")
+    baselines: bool = Field(True, description="`veritrain run` also fits the majority-class and logistic-regression baselines on the same splits (task lm: a byte unigram and a byte bigram interpolated with it)")
     baseline_margin: float = Field(
-        0.01, ge=0.0, description="warn when the model's accuracy does not beat the logistic-regression baseline by at least this much"
+        0.01, ge=0.0, description="warn when the model's accuracy does not beat the logistic-regression baseline by at least this much (task lm: when its bits per byte are not this much below the bigram's)"
     )
     baseline_max_samples: Annotated[int, Limit(MANY)] = Field(10_000, ge=10, description="logistic regression trains on at most this many train samples (a seeded, recorded subsample)")
     baseline_max_iter: Annotated[int, Limit(10**7)] = Field(200, ge=1, description="iterations cap of the logistic-regression solver")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig,  # pyright: ignore[reportArgumentType]
+                                         description="task lm: samples from fixed prompts, recorded with the evaluation")
 
 
 class ExportConfig(Section):
