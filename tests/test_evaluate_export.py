@@ -439,12 +439,16 @@ def test_parity_fails_on_an_altered_export(full_run, tmp_path):
         parity_file.write_bytes(original_parity)
 
 
-def test_export_command_fails_with_exit_1_when_parity_fails(cli, tmp_path):
+def test_export_command_fails_with_exit_1_when_parity_fails(cli, tmp_path, monkeypatch):
+    from veritrain.results import export
+
     run = cli("train", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "export.parity_atol=1e-30", "--set", "export.parity_rtol=0",
               "--set", "export.formats=[onnx]", "--workdir", str(tmp_path), "--json")
     run_id = run.json()["run_id"]
+    real = export.onnx_logits
+    # ONNX and torch agree to ~1e-6 (on some CPUs exactly): an ONNX runtime that is off by 1e-3 fails any tolerance below it
+    monkeypatch.setattr(export, "onnx_logits", lambda path, inputs: real(path, inputs) + 1e-3)
     result = cli("export", run_id, "--workdir", str(tmp_path))
-    # ONNX and torch agree to ~1e-6, never to 1e-30
     assert result.code == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: export: parity check failed (onnx: max |Δlogit|")
     record = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())

@@ -9,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import ROOT, veritrain
+
 from veritrain.core.hashing import sha256_file
 from veritrain.data.text_corpus import embedded_topics
 

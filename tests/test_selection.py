@@ -163,7 +163,7 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
                       "select on validation: --metric val.accuracy"),
     ("train.accuracy", "error: --metric: train.accuracy: a sweep selects its best trial on the val split; give --metric val.accuracy"),
     ("val.acc", "error: --metric: val.acc: unknown metric; give one of val.accuracy, val.top5_accuracy, val.macro_f1, val.f1_weighted, "
-                "val.log_loss, val.ece, val.mae, val.rmse"),
+                "val.log_loss, val.ece, val.mae, val.rmse, val.bits_per_byte, val.perplexity"),
 ])
 def test_sweep_metric_on_test_or_unknown_is_exit_2(tmp_path, capsys, metric, message):
     code, err = run_cli(["sweep", "--vary", "optim.lr=0.1", "--metric", metric, "--workdir", str(tmp_path)], capsys)

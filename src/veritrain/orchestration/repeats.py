@@ -30,6 +30,7 @@ RANGES: dict[str, tuple[float, float]] = {
     **{name: UNIT for name in ("accuracy", "top5_accuracy", "macro_f1", "f1_macro", "f1_weighted", "precision_macro",
                                "recall_macro", "precision_weighted", "recall_weighted", "ece")},
     **{name: NON_NEGATIVE for name in ("log_loss", "loss", "mae", "rmse", "bits_per_byte")},
+    "perplexity": (1.0, math.inf),  # e^loss, loss ≥ 0
 }
 
 

@@ -130,6 +130,15 @@ class LanguageModelTask:
         (out_dir / "generations.json").write_text(json.dumps(generated, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         return metrics
 
+    def validation_metrics(self, model: torch.nn.Module, data: DataVersion, device: torch.device, batch_size: int) -> dict[str, float]:
+        """metrics.jsonl's val_loss (mean nats per predicted token) and val_bits_per_byte, one batch of logits at a time."""
+        text = _text(data)
+        was_training = model.training
+        nats = lm_eval.position_nats(model, text.tokens["val"], self.context, device, batch_size)
+        model.train(was_training)
+        scored = lm_eval.split_metrics(text.tokens["val"], nats, byte_lengths(text), self.context)
+        return {"val_loss": scored["loss"], "val_bits_per_byte": scored["bits_per_byte"]}
+
     def write_report(self, path: Path, metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str) -> None:
         cases = json.loads((path.parent / "bad_cases.json").read_text(encoding="utf-8"))
         generated = json.loads((path.parent / "generations.json").read_text(encoding="utf-8"))["samples"]

@@ -432,7 +432,10 @@ def _epoch_row(t: Training, steplog: StepLog) -> dict[str, Any]:
     state, task = t.state, t.task
     row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
     row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
-    if len(split_rows(task, t.data, "val")) > 0 and t.ranks.is_main:
+    validate = getattr(task, "validation_metrics", None)  # optional: a task that scores val without holding its outputs
+    if len(split_rows(task, t.data, "val")) > 0 and t.ranks.is_main and validate is not None:
+        row.update(validate(t.trained.model, t.data, t.device, t.cfg.eval.batch_size))
+    elif len(split_rows(task, t.data, "val")) > 0 and t.ranks.is_main:
         val_out, val_y = forward_split(t.trained.model, task, t.data, "val", t.device, t.cfg.eval.batch_size)
         row["val_loss"] = float(task.loss(val_out, val_y))
         row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})

@@ -121,20 +121,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     rows["test_metrics"] = ("pass" if metrics and metrics.get("data_version") in (None, data.get("version")) else "missing", eval_fix, "")
     rows["selection_on_validation"] = _selection_row(record, new_run)
     rows["bad_cases"] = ("pass" if {"eval/test/bad_cases.csv", "eval/test/bad_cases.json"} & set(artifacts) else "missing", eval_fix, "")
-    bigram = ((baselines or {}).get("results") or {}).get("bigram")
-    if metrics and bigram and isinstance(metrics.get("bits_per_byte"), float):  # a language model: bits per byte, lower is better
-        beats = metrics["bits_per_byte"] <= bigram["bits_per_byte"] - (baselines or {}).get("margin", 0.0)
-        rows["beats_baseline"] = ("pass" if beats else "fail",
-                                  f"improve the model in a new run, or say why it need not: veritrain runs note {run} --waive beats_baseline \"...\"",
-                                  f"bits per byte {metrics['bits_per_byte']:.4f} vs byte bigram {bigram['bits_per_byte']:.4f}")
-    elif metrics and baselines:
-        linear = baselines["results"].get("logistic_regression", {}).get("accuracy")
-        beats = linear is None or metrics.get("accuracy", 0.0) >= linear + baselines.get("margin", 0.0)
-        rows["beats_baseline"] = ("pass" if beats else "fail",
-                                  f"improve the model in a new run, or say why it need not: veritrain runs note {run} --waive beats_baseline \"...\"",
-                                  f"accuracy {metrics.get('accuracy', 0):.4f} vs logistic regression {linear if linear is None else round(linear, 4)}")
-    else:
-        rows["beats_baseline"] = ("missing", f"veritrain baseline {run}" if metrics and not failed else eval_fix, "")
+    rows["beats_baseline"] = _baseline_row(run, metrics, baselines, failed, eval_fix)
     parity = (record.get("export") or {}).get("parity")
     rows["export_parity"] = (
         "missing" if not parity else ("pass" if parity.get("passed") else "fail"),
@@ -246,6 +233,23 @@ def _training_fix(run: str, record: dict[str, Any], new_run: str) -> str:
     if nonfinite and isinstance(lr, (int, float)):
         return f"{new_run} --set optim.lr={lr / 10:g}"
     return f"fix the cause ({str((record.get('error') or {}).get('message'))[:120]}), then start a new run: {new_run}"
+
+
+def _baseline_row(run: str, metrics: Optional[dict[str, Any]], baselines: Optional[dict[str, Any]], failed: bool,
+                  eval_fix: str) -> tuple[str, Optional[str], str]:
+    """Whether the test result beats the strongest baseline by the margin: a language model's bits per byte below the byte
+    bigram's, a classifier's accuracy above the logistic regression's."""
+    waive = f"improve the model in a new run, or say why it need not: veritrain runs note {run} --waive beats_baseline \"...\""
+    if not (metrics and baselines):
+        return ("missing", f"veritrain baseline {run}" if metrics and not failed else eval_fix, "")
+    bigram = (baselines.get("results") or {}).get("bigram")
+    if bigram and isinstance(metrics.get("bits_per_byte"), float):  # lower is better
+        beats = metrics["bits_per_byte"] <= bigram["bits_per_byte"] - baselines.get("margin", 0.0)
+        return ("pass" if beats else "fail", waive, f"bits per byte {metrics['bits_per_byte']:.4f} vs byte bigram {bigram['bits_per_byte']:.4f}")
+    linear = baselines["results"].get("logistic_regression", {}).get("accuracy")
+    beats = linear is None or metrics.get("accuracy", 0.0) >= linear + baselines.get("margin", 0.0)
+    return ("pass" if beats else "fail", waive,
+            f"accuracy {metrics.get('accuracy', 0):.4f} vs logistic regression {linear if linear is None else round(linear, 4)}")
 
 
 def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:

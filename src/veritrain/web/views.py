@@ -28,7 +28,7 @@ SORT_COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at"
 VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
 METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 EVAL_IMAGES = ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png")
-CURVE_KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "lr")
+CURVE_KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "val_bits_per_byte", "lr")  # a language model has no acc, and val bits per byte
 OUTSIDE_KINDS = ("eval", "export")  # runs of a checkpoint from outside the run (`eval/export --checkpoint FILE`): not from the audited training
 MAX_CSV_ROWS = 1000  # per-class rows shown on a page
 # seconds: the index is brought up to date with the run folders at most this often. Refreshing reads two
@@ -205,6 +205,19 @@ def curves(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def _headline_key(result: Any) -> str:
+    """The number a baseline's result is shown by (accuracy; a language model's bits per byte)."""
+    from veritrain.core.display import HEADLINE_KEYS
+
+    return next((k for k in HEADLINE_KEYS if isinstance(result, dict) and isinstance(result.get(k), (int, float))), "accuracy")
+
+
+def _listed(value: Any, key: Optional[str] = None, limit: int = 50) -> list[dict[str, Any]]:
+    """The objects of a JSON list (or of `value[key]`), at most `limit`, anything else dropped: these files are shown, never trusted."""
+    items = value.get(key) if key and isinstance(value, dict) else value
+    return [item for item in items[:limit] if isinstance(item, dict)] if isinstance(items, list) else []
+
+
 def _finite(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -340,8 +353,12 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
                       for name in EVAL_IMAGES if (split_dir / name).is_file() and not (split_dir / name).is_symlink()}
             header, rows = _csv_rows(split_dir / "per_class.csv")
             evals.append({"split": split_dir.name, "images": images, "per_class_header": header, "per_class": rows,
-                          "metrics": (record.get("metrics") or {}).get(split_dir.name) or {}})
-    baselines = [{"name": name, "accuracy": (result or {}).get("accuracy")}
+                          "metrics": (record.get("metrics") or {}).get(split_dir.name) or {},
+                          # a language model's: the samples from the fixed prompts and the documents it scores worst
+                          "generations": _listed(_read_json(split_dir / "generations.json"), "samples"),
+                          "bad_documents": _listed(_read_json(split_dir / "bad_cases.json"))})
+    baselines = [{"name": name, "accuracy": (result or {}).get("accuracy"), "metric": _headline_key(result),
+                  "value": (result or {}).get(_headline_key(result))}
                  for name, result in ((record.get("baselines") or {}).get("results") or {}).items()]
     export = record.get("export") or {}
     parity = export.get("parity") or None

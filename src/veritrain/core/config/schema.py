@@ -466,7 +466,7 @@ class GenerationConfig(Section):
     prompt_chars: int = Field(32, ge=1, le=10_000, description="with `prompts` empty: the characters each prompt takes from its document")
     tokens: int = Field(64, ge=0, le=100_000, description="tokens drawn after each prompt")
     temperature: float = Field(0.8, ge=0.0, le=100.0, description="logits are divided by this before sampling; 0: always the most likely token")
-    top_k: Optional[int] = Field(None, ge=1, description="sample among the k most likely tokens only; null: among all")
+    top_k: Optional[int] = Field(None, ge=1, le=2**32, description="sample among the k most likely tokens only; null: among all")
     seed: Annotated[int, INT64] = Field(0, description="seed of the sampling generator (prompt i uses seed + i)")
 
 

@@ -2,7 +2,7 @@
  * Training curves and the verify button of the veritrain pages (it POSTs the verify, then polls its progress).
  *
  * Reads <script type="application/json" id="curves-data"> and draws one uPlot chart into each
- * <div class="chart" data-chart="loss|accuracy|lr">. A run page gives
+ * <div class="chart" data-chart="loss|accuracy|bits_per_byte|lr">. A run page gives
  *   {"epochs": [...], "series": {"train_loss": [...], "val_loss": [...], "train_acc": [...], "val_acc": [...], "lr": [...]}}
  * and the compare page gives {"runs": {RUN_ID: {"epochs": [...], "series": {...}}}}, drawn as one
  * line per run (its val series; the lr chart its lr). Missing series are skipped.
@@ -19,6 +19,7 @@
   var CHARTS = {
     loss: { title: "loss", run: [["train_loss", "train loss"], ["val_loss", "val loss"]], compare: "val_loss", digits: 4 },
     accuracy: { title: "accuracy", run: [["train_acc", "train accuracy"], ["val_acc", "val accuracy"]], compare: "val_acc", digits: 4 },
+    bits_per_byte: { title: "bits per byte", run: [["val_bits_per_byte", "val bits per byte"]], compare: "val_bits_per_byte", digits: 4 },
     lr: { title: "learning rate", run: [["lr", "lr"]], compare: "lr", digits: 6 }
   };
 
