@@ -396,9 +396,9 @@ def tokenizer_difference(recorded: Optional[Mapping[str, Any]], data: DataVersio
     """How the tokenizer of `data` differs from the one a run recorded (its record's `data` section), or None when they are
     the same bytes, or when neither is a text data version. A model is only meaningful with the ids it was trained on:
     a difference is refused by every caller, never warned about. The file itself is hashed, not its recorded digest."""
-    was = ((recorded or {}).get("tokenizer") or {}) if recorded else {}
-    if data.info.get("kind") != "text" and not was:
+    if "tokenizer" not in (recorded or {}):  # nothing recorded to compare with: image data, or a reproduction's first record
         return None
+    was = (recorded or {}).get("tokenizer") or {}
     file = getattr(data, "tokenizer_file", None)
     now = sha256_file(file) if file is not None and Path(file).is_file() else None
     if was.get("sha256") == now:
