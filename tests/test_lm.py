@@ -243,3 +243,30 @@ def test_a_language_model_run_reproduces_bit_identically(trained):
     root, run_dir = trained
     done = veritrain("reproduce", run_dir.name, "--json", cwd=root)
     assert done.code == 0 and done.json()["verdict"] == "identical", done.stdout + done.stderr
+
+
+def test_the_published_page_shows_bits_per_byte_curves_samples_and_worst_documents_escaped(trained, tmp_path):
+    from markupsafe import escape
+
+    from veritrain.core.display import CONTROL
+    from veritrain.web.views import visible_text
+
+    root, run_dir = trained
+    done = veritrain("publish", run_dir.name, "--out", str(tmp_path / "site"), cwd=root)
+    assert done.code == 0, done.stderr
+    with open(tmp_path / "site" / "runs" / f"{run_dir.name}.html", encoding="utf-8", newline="") as f:
+        page = f.read()
+    assert 'data-chart="bits_per_byte"' in page and 'data-chart="accuracy"' not in page and 'data-chart="loss"' in page
+    curves = json.loads(page.split('<script type="application/json" id="curves-data">')[1].split("</script>")[0])
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert curves["series"]["val_bits_per_byte"] == [row["val_bits_per_byte"] for row in rows]
+    generated = json.loads((run_dir / "eval" / "test" / "generations.json").read_text())["samples"]
+    cases = json.loads((run_dir / "eval" / "test" / "bad_cases.json").read_text())
+    assert "samples from fixed prompts" in page and "documents with the most bits per byte" in page
+    for text in [s["prompt"] for s in generated] + [s["text"] for s in generated] + [c["excerpt"] for c in cases[:5]]:
+        shown = visible_text(text)
+        assert f"<pre>{escape(shown)}</pre>" in page  # shown as text, never as markup
+        assert not CONTROL.search(shown.replace("\n", "").replace("\t", ""))  # control characters as their escapes
+    assert "bits per byte " in page.split('id="baselines"')[1][:400]
+    data_page = next((tmp_path / "site" / "data").glob("*.html")).read_text()
+    assert "contamination" in data_page or "near_duplicate" in data_page

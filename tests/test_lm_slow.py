@@ -70,36 +70,54 @@ def _outcome(run_dir: Path) -> tuple[str, list[dict], list[dict]]:
     return record["final_state_sha256"], metrics, trajectory
 
 
+def _last_logged_step(run_dir: Path, since: float) -> int:
+    """The step of steps.jsonl's last line when the file was written after `since` (by the process started then), else -1."""
+    path = run_dir / "steps.jsonl"
+    try:
+        if path.stat().st_mtime < since:
+            return -1
+        lines = path.read_text().splitlines()
+        return int(json.loads(lines[-1])["step"]) if lines else -1
+    except (OSError, ValueError, KeyError):  # not there yet, or caught mid-write
+        return -1
+
+
 def test_ten_kills_at_random_moments_each_resumed_end_bit_identical(default_run, tmp_path):
-    """One training of the default config, killed with SIGKILL ten times (each at a random moment of the process's
-    life, after it had time to reach a new epoch checkpoint more often than not) and resumed after each kill."""
+    """One training of the default config, killed with SIGKILL ten times and resumed after each kill: kill k comes a
+    random 0-1.5 s after the process has logged a randomly drawn step (10 of the steps.jsonl rows, in order), so the kills
+    fall across the epochs, mid-epoch and around checkpoint writes, whatever the machine's speed."""
     _, reference_dir = default_run
     reference = _record(reference_dir)
-    per_epoch = reference["training"]["loop_seconds"] / reference["training"]["epochs"]
     rng = random.Random(27)
-    command = [sys.executable, "-m", "veritrain", "train", CONFIG, "--workdir", str(tmp_path)]
-    kills, resumes, proc = 0, 0, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    every = 50  # configs/tiny-lm.yaml logs a steps.jsonl row every 50 steps (logging.every_steps)
+    targets = sorted(rng.sample(range(every, reference["training"]["steps"], every), KILLS))
+    train = [sys.executable, "-m", "veritrain", "train", CONFIG, "--workdir", str(tmp_path)]
+    run_dir, kills, resumes = None, 0, 0
     deadline = time.monotonic() + 1500
-    while True:
-        if kills < KILLS:
-            time.sleep(rng.uniform(0.3, 1.6) * per_epoch + 3.0)  # the start-up (imports, data reuse) is about 3 s
+    for target in [*targets, None]:  # the last process runs to the end
+        if run_dir is None:
+            command = train
+        else:
+            command = [sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)]
+            resumes += 1
+        started = time.time()
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while target is not None and proc.poll() is None:
+            if run_dir is None:
+                found = sorted((tmp_path / "runs").glob("*/record.json")) if (tmp_path / "runs").exists() else []
+                run_dir = found[0].parent if found else None
+            if run_dir is not None and _last_logged_step(run_dir, started) >= target:
+                break
+            assert time.monotonic() < deadline, f"step {target} not reached after {kills} kills"
+            time.sleep(0.05)
+        if target is not None:
+            time.sleep(rng.uniform(0.0, 1.5))
             if proc.poll() is None:
                 proc.kill()
                 kills += 1
-        code = proc.wait()
-        started = sorted((tmp_path / "runs").glob("*/record.json")) if (tmp_path / "runs").exists() else []
-        if not started:  # killed before the run had a record: start it again
-            proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            continue
-        (run_dir,) = [path.parent for path in started]
-        if _record(run_dir)["status"] == "completed":
-            break
-        assert time.monotonic() < deadline, f"no completion after {kills} kills and {resumes} resumes"
-        assert code != 0 or kills >= KILLS
-        resumes += 1
-        proc = subprocess.Popen([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    print(f"tiny-lm chaos: {kills} kills, {resumes} resumes")
-    assert kills == KILLS and resumes >= KILLS
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        assert run_dir is not None
+    print(f"tiny-lm chaos: {kills} kills at steps ≥ {targets}, {resumes} resumes")
+    assert kills == KILLS and _record(run_dir)["status"] == "completed"
     assert _outcome(run_dir) == _outcome(reference_dir)
     assert len(_record(run_dir).get("resumes") or []) == resumes

@@ -212,6 +212,15 @@ def _headline_key(result: Any) -> str:
     return next((k for k in HEADLINE_KEYS if isinstance(result, dict) and isinstance(result.get(k), (int, float))), "accuracy")
 
 
+def visible_text(value: Any) -> str:
+    """A model's or a document's text as a page shows it: line breaks and tabs kept, every other control character
+    (a byte-level model samples any byte) written as its escape (`\\x02`, `\\r`), so that nothing is hidden or reordered."""
+    from veritrain.core.display import CONTROL
+
+    text = value if isinstance(value, str) else ""
+    return CONTROL.sub(lambda m: m[0] if m[0] in "\n\t" else m[0].encode("unicode_escape").decode("ascii"), text)
+
+
 def _listed(value: Any, key: Optional[str] = None, limit: int = 50) -> list[dict[str, Any]]:
     """The objects of a JSON list (or of `value[key]`), at most `limit`, anything else dropped: these files are shown, never trusted."""
     items = value.get(key) if key and isinstance(value, dict) else value
@@ -355,8 +364,9 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
             evals.append({"split": split_dir.name, "images": images, "per_class_header": header, "per_class": rows,
                           "metrics": (record.get("metrics") or {}).get(split_dir.name) or {},
                           # a language model's: the samples from the fixed prompts and the documents it scores worst
-                          "generations": _listed(_read_json(split_dir / "generations.json"), "samples"),
-                          "bad_documents": _listed(_read_json(split_dir / "bad_cases.json"))})
+                          "generations": [{**g, "prompt": visible_text(g.get("prompt")), "text": visible_text(g.get("text"))}
+                                          for g in _listed(_read_json(split_dir / "generations.json"), "samples")],
+                          "bad_documents": [{**d, "excerpt": visible_text(d.get("excerpt"))} for d in _listed(_read_json(split_dir / "bad_cases.json"))]})
     baselines = [{"name": name, "accuracy": (result or {}).get("accuracy"), "metric": _headline_key(result),
                   "value": (result or {}).get(_headline_key(result))}
                  for name, result in ((record.get("baselines") or {}).get("results") or {}).items()]
