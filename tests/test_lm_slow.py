@@ -121,3 +121,24 @@ def test_ten_kills_at_random_moments_each_resumed_end_bit_identical(default_run,
     assert kills == KILLS and _record(run_dir)["status"] == "completed"
     assert _outcome(run_dir) == _outcome(reference_dir)
     assert len(_record(run_dir).get("resumes") or []) == resumes
+
+
+def test_two_processes_train_a_language_model_and_reproduce_it_bit_identically(tmp_path):
+    """--nproc 2 (DDP, gloo): each rank trains its share of every batch of windows; the run reproduces with 2 processes."""
+    from veritrain.data.text_corpus import embedded_topics
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    topics = embedded_topics()
+    for name in ["assert", "break", "continue", "del", "global", "if", "pass", "while"]:
+        (docs / f"{name}.txt").write_text(topics[name], encoding="utf-8")
+    small = ["--set", "data.source=text", "--set", f"data.root={docs}", "--set", "data.split_ratios=[0.6,0.2,0.2]",
+             "--set", "model.layers=1", "--set", "model.width=32", "--set", "model.heads=2", "--set", "model.context=64",
+             "--set", "train.epochs=2", "--set", "export.formats=[onnx]", "--set", "eval.generation.tokens=8"]
+    done = veritrain_process("run", CONFIG, *small, "--nproc", "2", "--no-smoke", "--json", "--workdir", str(tmp_path), timeout=900)
+    assert done.code == 0, done.stderr[-3000:]
+    run_dir = Path(done.json()["run_dir"])
+    record = _record(run_dir)
+    assert record["distributed"]["world_size"] == 2 and record["export"]["parity"]["passed"]
+    reproduced = veritrain_process("reproduce", run_dir.name, "--json", "--workdir", str(tmp_path), timeout=900)
+    assert reproduced.code == 0 and reproduced.json()["verdict"] == "identical", reproduced.stdout[-2000:] + reproduced.stderr[-2000:]
