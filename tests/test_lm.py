@@ -218,27 +218,6 @@ def test_data_order_lists_the_windows_the_loop_trained_on(corpus, tmp_path, monk
     assert refused.code == 2 and "give A:B with 0 ≤ A < B" in refused.stderr
 
 
-def test_a_sweep_selects_its_best_trial_by_val_bits_per_byte_and_repeats_summarize_it(corpus, tmp_path):
-    """Sweeps and --repeat of a language model: the best trial is the one with the fewest val bits per byte (never test),
-    and the seed spread is of bits per byte, beside the byte baselines."""
-    args = ["--set", "data.source=text", "--set", f"data.root={corpus / 'docs'}", "--set", "data.split_ratios=[0.6,0.2,0.2]", *TINY,
-            "--set", "train.epochs=1", "--set", "export.formats=[safetensors]", "--set", "eval.generation.tokens=4"]
-    config = str(ROOT / "configs" / "tiny-lm.yaml")
-    done = veritrain("sweep", config, *args, "--vary", "optim.lr=0.0003,0.01", "--no-smoke", "--workdir", str(tmp_path / "sweep"),
-                     "--json", cwd=corpus)
-    assert done.code == 0, done.stderr
-    summary = done.json()
-    assert summary["headline"] == {"metric": "bits_per_byte", "mode": "min"} and summary["split"] == "val"
-    best = min(summary["trials"], key=lambda t: t["metrics"]["bits_per_byte"])
-    assert summary["best"]["trial"] == best["index"] and summary["best"]["test"]["used_for_selection"] is False
-    repeated = veritrain("run", config, *args, "--repeat", "2", "--no-smoke", "--workdir", str(tmp_path / "repeat"), "--json", cwd=corpus)
-    assert repeated.code == 0, repeated.stderr
-    payload = repeated.json()
-    spread = payload["summary"]["bits_per_byte"]
-    assert len(spread["values"]) == 2 and spread["values"][0] != spread["values"][1] and spread["ci95"][0] >= 0.0
-    assert set(payload["baselines"]) == {"unigram", "bigram"} and "bits_per_byte" in payload["baselines"]["bigram"]
-
-
 def test_a_language_model_run_reproduces_bit_identically(trained):
     root, run_dir = trained
     done = veritrain("reproduce", run_dir.name, "--json", cwd=root)

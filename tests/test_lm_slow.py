@@ -123,18 +123,23 @@ def test_ten_kills_at_random_moments_each_resumed_end_bit_identical(default_run,
     assert len(_record(run_dir).get("resumes") or []) == resumes
 
 
-def test_two_processes_train_a_language_model_and_reproduce_it_bit_identically(tmp_path):
-    """--nproc 2 (DDP, gloo): each rank trains its share of every batch of windows; the run reproduces with 2 processes."""
+def _small_corpus(folder: Path) -> list[str]:
+    """Eight help topics as .txt files in `folder`/docs, and the overrides of a small GPT that trains on them in seconds."""
     from veritrain.data.text_corpus import embedded_topics
 
-    docs = tmp_path / "docs"
+    docs = folder / "docs"
     docs.mkdir()
     topics = embedded_topics()
     for name in ["assert", "break", "continue", "del", "global", "if", "pass", "while"]:
         (docs / f"{name}.txt").write_text(topics[name], encoding="utf-8")
-    small = ["--set", "data.source=text", "--set", f"data.root={docs}", "--set", "data.split_ratios=[0.6,0.2,0.2]",
-             "--set", "model.layers=1", "--set", "model.width=32", "--set", "model.heads=2", "--set", "model.context=64",
-             "--set", "train.epochs=2", "--set", "export.formats=[onnx]", "--set", "eval.generation.tokens=8"]
+    return ["--set", "data.source=text", "--set", f"data.root={docs}", "--set", "data.split_ratios=[0.6,0.2,0.2]",
+            "--set", "model.layers=1", "--set", "model.width=32", "--set", "model.heads=2", "--set", "model.context=64",
+            "--set", "train.batch_size=16", "--set", "schedule.warmup_steps=2"]
+
+
+def test_two_processes_train_a_language_model_and_reproduce_it_bit_identically(tmp_path):
+    """--nproc 2 (DDP, gloo): each rank trains its share of every batch of windows; the run reproduces with 2 processes."""
+    small = [*_small_corpus(tmp_path), "--set", "train.epochs=2", "--set", "export.formats=[onnx]", "--set", "eval.generation.tokens=8"]
     done = veritrain_process("run", CONFIG, *small, "--nproc", "2", "--no-smoke", "--json", "--workdir", str(tmp_path), timeout=900)
     assert done.code == 0, done.stderr[-3000:]
     run_dir = Path(done.json()["run_dir"])
@@ -142,3 +147,23 @@ def test_two_processes_train_a_language_model_and_reproduce_it_bit_identically(t
     assert record["distributed"]["world_size"] == 2 and record["export"]["parity"]["passed"]
     reproduced = veritrain_process("reproduce", run_dir.name, "--json", "--workdir", str(tmp_path), timeout=900)
     assert reproduced.code == 0 and reproduced.json()["verdict"] == "identical", reproduced.stdout[-2000:] + reproduced.stderr[-2000:]
+
+
+def test_a_sweep_selects_its_best_trial_by_val_bits_per_byte_and_repeats_summarize_it(tmp_path):
+    """Sweeps and --repeat of a language model: the best trial is the one with the fewest val bits per byte (never test),
+    and the seed spread is of bits per byte, beside the byte baselines."""
+    args = [*_small_corpus(tmp_path), "--set", "train.epochs=1", "--set", "export.formats=[safetensors]", "--set", "eval.generation.tokens=4"]
+    config = CONFIG
+    done = veritrain_process("sweep", config, *args, "--vary", "optim.lr=0.0003,0.01", "--no-smoke", "--workdir", str(tmp_path / "sweep"),
+                     "--json", timeout=900)
+    assert done.code == 0, done.stderr
+    summary = done.json()
+    assert summary["headline"] == {"metric": "bits_per_byte", "mode": "min"} and summary["split"] == "val"
+    best = min(summary["trials"], key=lambda t: t["metrics"]["bits_per_byte"])
+    assert summary["best"]["trial"] == best["index"] and summary["best"]["test"]["used_for_selection"] is False
+    repeated = veritrain_process("run", config, *args, "--repeat", "2", "--no-smoke", "--workdir", str(tmp_path / "repeat"), "--json", timeout=900)
+    assert repeated.code == 0, repeated.stderr
+    payload = repeated.json()
+    spread = payload["summary"]["bits_per_byte"]
+    assert len(spread["values"]) == 2 and spread["values"][0] != spread["values"][1] and spread["ci95"][0] >= 0.0
+    assert set(payload["baselines"]) == {"unigram", "bigram"} and "bits_per_byte" in payload["baselines"]["bigram"]
