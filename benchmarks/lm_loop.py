@@ -15,7 +15,7 @@ windows × context) over that time. Prints each pair, the median ratio of veritr
 ratio of the fastest runs and of the fastest single epochs (the figures least disturbed by other load), the whole
 processes' ratio and the final val loss of both. `--quick`: one pair of one epoch (`--set train.epochs=1`).
 
-Measured on the 2-core reference machine, a machine shared with other sessions: each pair says how many cores other
+Measured on the 2-core reference machine, with other work on it at times: each pair says how many cores other
 processes used during each of its runs (the machine's CPU time less the run's own), and the summary gives the median
 of the pairs where that stayed at or under 0.25 cores in both runs.
 
@@ -30,7 +30,7 @@ of the pairs where that stayed at or under 0.25 cores in both runs.
 tokens/s, 7.2 s), whole process 0.888× (13.1 s against 11.6 s: veritrain's start, data check and sealed record, about
 1.5 s).
 
-`--threads 1 --pairs 3`, with another session's training on the other core throughout (load average 2.8–3.1):
+`--threads 1 --pairs 3`, with another training on the other core throughout (load average 2.8–3.1):
 
     pairs 1.014×, 0.964×, 1.005×: median **1.005×**; fastest runs 1.014× (veritrain 29,870 tokens/s, loop 60.8 s;
     hand loop 29,455 tokens/s, 61.6 s), fastest epochs 0.981×, whole process 0.986×

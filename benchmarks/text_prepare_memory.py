@@ -22,7 +22,7 @@ document and the next as val and test), `tokenizer.write_tokens` of every docume
 Before each it resets the high-water mark (/proc/self/clear_refs) and prints the stage's peak above the resident
 memory at its start, and what stayed resident after it. `--quick`: 1, 2 and 4 MB.
 
-Measured on the 2-core reference machine (default sizes; the times with another session's processes on the cores):
+Measured on the 2-core reference machine (default sizes; the times with other processes on the cores):
 
     corpus MB  documents  peak RSS MiB  growth MiB/MB  gate s  gate MB/s  process s  quarantined  tokens MiB  token stage MiB
           5.0      1,416         103.8                   2.01       2.48       2.67            0         9.5              0.1
