@@ -174,6 +174,7 @@ def test_generate_refuses_an_export_whose_tokenizer_is_not_the_one_it_was_traine
 def test_a_tokenizer_that_now_makes_other_bytes_is_refused_by_eval_and_reproduce_with_both_hashes(trained, tmp_path, monkeypatch):
     """As when a new tokenizers release trains other merges: the data prepares with another tokenizer, and no result or
     continuation may mix the ids of two tokenizers (never a warning, not even with --allow-data-drift)."""
+    import hashlib
     import shutil
 
     from veritrain.data import tokenizer as tokenizer_module
@@ -190,6 +191,13 @@ def test_a_tokenizer_that_now_makes_other_bytes_is_refused_by_eval_and_reproduce
         assert done.code == code and f"but the run was trained with {trained_with[:12]} (byte_level, 257 tokens)" in done.stderr, (args, done.stderr)
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and "the tokenizer is " in errors[0] and "258 tokens" in errors[0], done.stderr
+    # a run interrupted before the tokenizer changed does not continue under the new one
+    copied = workspace / "runs" / run_dir.name / "record.json"
+    interrupted = json.dumps({**json.loads(copied.read_text()), "status": "interrupted"}, indent=2)
+    copied.write_text(interrupted)
+    (copied.parent / "record.sha256").write_text(hashlib.sha256(interrupted.encode()).hexdigest() + "\n")
+    done = veritrain("train", "--resume", run_dir.name, "--workdir", str(workspace), cwd=workspace)
+    assert done.code == 1 and "resume: the tokenizer is " in done.stderr and f"trained with {trained_with[:12]}" in done.stderr, done.stderr
 
 
 def test_data_order_lists_the_windows_the_loop_trained_on(corpus, tmp_path, monkeypatch):
