@@ -255,5 +255,3 @@ def test_the_published_page_shows_bits_per_byte_curves_samples_and_worst_documen
         assert f"<pre>{escape(shown)}</pre>" in page  # shown as text, never as markup
         assert not CONTROL.search(shown.replace("\n", "").replace("\t", ""))  # control characters as their escapes
     assert "bits per byte " in page.split('id="baselines"')[1][:400]
-    data_page = next((tmp_path / "site" / "data").glob("*.html")).read_text()
-    assert "contamination" in data_page or "near_duplicate" in data_page

@@ -22,6 +22,21 @@ def prepared(tmp_path, *overrides: str):
     return prepare.run(resolved.config.data, resolved.data_paths, tmp_path / ".veritrain")
 
 
+def _data_page(root, version: str) -> str:
+    import warnings
+
+    from veritrain.records.workspace import Workspace
+    from veritrain.web.server import create_app
+
+    with warnings.catch_warnings():  # Starlette's TestClient on httpx warns about its successor
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+
+        response = TestClient(create_app(Workspace.open(root)), base_url="http://127.0.0.1:8765").get(f"/data/{version}")
+    assert response.status_code == 200
+    return response.text
+
+
 @pytest.fixture(scope="module")
 def pydoc(tmp_path_factory):
     root = tmp_path_factory.mktemp("pydoc")
@@ -80,6 +95,8 @@ def test_a_train_document_holding_a_test_passage_is_removed_from_train_and_test_
     assert "test-1" in (data.path / "splits" / "test.txt").read_text().split()
     (pair,) = report["contamination"]["top_pairs"]
     assert pair["covered_words"] == 60 and pair["shared_text"] == [passage.lower()]
+    page = _data_page(tmp_path, data.version)  # the run browser's data page shows the finding with the text shared
+    assert "train-leak" in page and "contamination" in page and " ".join(passage.lower().split()[:12]) in page
     warned = prepared(tmp_path / "w", "data.source=jsonl", f"data.root={tmp_path / 'docs.jsonl'}", "data.text.on_contamination=warn")
     assert "train-leak" in (warned.path / "splits" / "train.txt").read_text().split() and warned.version != data.version
     with pytest.raises(RunFailed, match="contamination: train-leak"):
