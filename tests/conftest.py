@@ -48,6 +48,17 @@ def _torch_threads_for_a_share_of_the_cores() -> None:
 _torch_threads_for_a_share_of_the_cores()
 
 
+def _passive_openmp_waits() -> None:
+    """Under pytest-xdist, the veritrain processes the tests start wait for their OpenMP threads passively
+    (OMP_WAIT_POLICY=PASSIVE, unless set): torch's threads that spin for a core another worker holds made a language
+    model's epoch 10-30 times slower. Waiting changes no result, and records do not name the variable."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+_passive_openmp_waits()
+
+
 def _package_list_read_once_per_path() -> None:
     """The installed package list (`record.package_list`: every distribution's metadata parsed, about 0.4 s) read
     once per `sys.path` in this process instead of at every run start, run end and verify (hundreds of times in

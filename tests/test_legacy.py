@@ -132,6 +132,9 @@ def test_a_run_with_a_trajectory_of_the_previous_code_verifies_and_audits_and_sa
     assert row["status"] == "n/a" and row["detail"].startswith("not checked: metrics.test, export name no trajectory entry")
     audited = cli("audit", run_id, "--segments", "100", "--workdir", str(tmp_path), "--json")
     result = audited.json()
+    if audited.code == 2 and "this machine cannot replay the run exactly" in audited.stderr:
+        # audit refuses by design on another kind of CPU than the recorded one (kernels may round differently)
+        pytest.skip(f"this machine is not the kind the fixture was made on: {audited.stderr.strip().splitlines()[-1]}")
     if result.get("segments") and result["segments"][0]["verdict"] != "identical":
         # even the first steps from the initial state differ: this machine's kernels round unlike the one that made
         # the fixture (bit-exact replay is promised on the same kind of machine); nothing here is a forgery verdict
