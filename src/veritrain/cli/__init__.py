@@ -22,7 +22,7 @@ from typing import Optional
 
 import click
 
-from veritrain.cli import inputs, render, runs, stages, training, trust
+from veritrain.cli import inputs, keys, render, runs, stages, training, trust
 from veritrain.cli.render import emit_json
 from veritrain.core import logs
 from veritrain.core.errors import Interrupted, UserError, VeritrainError
@@ -46,7 +46,7 @@ for _command in (
     stages.eval_command, stages.baseline_command, stages.export_command, stages.predict_command, stages.generate_command, stages.smoke_command,
     trust.verify_command, trust.check_command, runs.gc_command, trust.archive_command, trust.import_command,
     trust.reproduce_command, trust.audit_command,
-    runs.runs_group, inputs.data_group, inputs.config_group, runs.ui_command, runs.publish_command,
+    runs.runs_group, inputs.data_group, inputs.config_group, keys.keys_group, runs.ui_command, runs.publish_command,
 ):
     cli.add_command(_command)
 

@@ -1,0 +1,110 @@
+"""The signing key pair: an ECDSA P-256 key that signs what veritrain states about a run, kept outside every workspace.
+
+Where the private key is, in order: `--key FILE`, the `VERITRAIN_SIGNING_KEY` variable, else `signing-key.pem` in the
+user's config directory (`$XDG_CONFIG_HOME/veritrain/`, by default `~/.config/veritrain/`). The public key is beside it,
+`<name>.pub.pem`. The private key is PKCS#8 PEM, unencrypted, written with mode 0600 in a folder of mode 0700; its
+fingerprint is the SHA-256 of the public key's DER SubjectPublicKeyInfo, in hex. Needs `pip install 'veritrain[provenance]'`
+(the `cryptography` package).
+
+    veritrain keys init            # creates the pair; refuses to replace one
+    veritrain keys show --json     # the public key and its fingerprint
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain.core.errors import UserError
+
+KEY_VARIABLE = "VERITRAIN_SIGNING_KEY"
+KEY_NAME = "signing-key.pem"
+ALGORITHM = "ECDSA P-256 (SHA-256)"
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    path: Path  # the .pub.pem file
+    pem: str  # SubjectPublicKeyInfo, PEM
+    fingerprint: str  # hex SHA-256 of the DER SubjectPublicKeyInfo
+
+
+def default_key_path() -> Path:
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config_home) / "veritrain" / KEY_NAME
+
+
+def key_path(given: Optional[str | Path] = None) -> Path:
+    """The private key's path: `given` (--key), else $VERITRAIN_SIGNING_KEY, else the default."""
+    if given:
+        return Path(given).expanduser()
+    if os.environ.get(KEY_VARIABLE):
+        return Path(os.environ[KEY_VARIABLE]).expanduser()
+    return default_key_path()
+
+
+def public_path(private: Path) -> Path:
+    return private.with_name(private.name.removesuffix(".pem") + ".pub.pem")
+
+
+def _crypto() -> Any:
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError:
+        raise UserError("signing keys need the cryptography package: pip install 'veritrain[provenance]'") from None
+    return serialization, ec
+
+
+def fingerprint_of(public_der: bytes) -> str:
+    return hashlib.sha256(public_der).hexdigest()
+
+
+def init(path: Path) -> PublicKey:
+    """Create a new key pair at `path` (private, 0600) and beside it (public); refuses to replace an existing file."""
+    serialization, ec = _crypto()
+    public_file = public_path(path)
+    for existing in (path, public_file):
+        if existing.exists() or existing.is_symlink():
+            raise UserError(f"{existing}: a key is already there; keep it (`veritrain keys show`), or remove it yourself first: "
+                            "what it signed can then no longer be checked against it")
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private = ec.generate_private_key(ec.SECP256R1())
+    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    # O_EXCL: never through a file (or a link) that appeared meanwhile; 0600 from the start, not after a chmod
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    public = private.public_key()
+    public_pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    fd = os.open(public_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(public_pem)
+    return show(path)
+
+
+def show(path: Path) -> PublicKey:
+    """The public key of the pair at `path` (read from the private key, so a swapped .pub.pem cannot mislead)."""
+    serialization, ec = _crypto()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no signing key here; create one with `veritrain keys init`, or name yours with --key FILE or "
+                        f"${KEY_VARIABLE}") from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot read the signing key ({err.strerror})") from None
+    if path.stat().st_mode & 0o077:
+        raise UserError(f"{path}: the private key is readable by others (mode {oct(path.stat().st_mode & 0o777)}); chmod 600 {path}")
+    try:
+        private = serialization.load_pem_private_key(data, password=None)
+    except (ValueError, TypeError) as err:
+        raise UserError(f"{path}: not an unencrypted PEM private key ({' '.join(str(err).split())[:120]}); create one with `veritrain keys init`") from None
+    if not isinstance(private, ec.EllipticCurvePrivateKey) or not isinstance(private.curve, ec.SECP256R1):
+        raise UserError(f"{path}: not an ECDSA P-256 key; veritrain signs with P-256 (`veritrain keys init` makes one)")
+    public = private.public_key()
+    der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode("ascii")
+    return PublicKey(path=public_path(path), pem=pem, fingerprint=fingerprint_of(der))
