@@ -59,6 +59,19 @@ def _passive_openmp_waits() -> None:
 _passive_openmp_waits()
 
 
+def _no_signing_key_of_the_user() -> None:
+    """The tests never see the user's own signing key (in ~/.config/veritrain or $VERITRAIN_SIGNING_KEY): runs
+    are sealed unsigned unless a test makes a key of its own, and nothing a test does can sign with, or read, the
+    user's key. An empty config folder per session stands in for theirs, for this process and the ones it starts."""
+    import tempfile
+
+    os.environ.pop("VERITRAIN_SIGNING_KEY", None)
+    os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="veritrain-test-config-")
+
+
+_no_signing_key_of_the_user()
+
+
 def _package_list_read_once_per_path() -> None:
     """The installed package list (`record.package_list`: every distribution's metadata parsed, about 0.4 s) read
     once per `sys.path` in this process instead of at every run start, run end and verify (hundreds of times in

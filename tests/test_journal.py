@@ -98,9 +98,9 @@ def test_a_kill_at_any_rename_leaves_the_old_run_verifying_and_the_next_amend_co
             assert read_record(run_dir)["seal_history"][-1] == {"seal": old_seal, "replaced_at": read_record(run_dir)["seal_history"][-1]["replaced_at"], "by": "eval"}
     # the plan's own rename is the commit point: before it a roll back, after it (each switch, the removal) a roll forward
     assert outcomes[0] == "rolled back" and set(outcomes[1:-1]) == {"completed"} and outcomes[-1] == "finished", outcomes
-    # the plan; 2 removals (step-1.pt, report.md) moved aside; metrics.json aside and in, predictions.csv in; record and seal
-    # aside and in; the journal's removal: 11 renames, each a kill point, then one commit that runs through
-    assert len(outcomes) == 12
+    # the plan; 2 removals (step-1.pt, report.md) moved aside; metrics.json aside and in, predictions.csv in; the provenance
+    # statement in, record and seal aside and in; the journal's removal: 13 renames, each a kill point, then one commit that runs through
+    assert len(outcomes) == 14
     assert "was completed from its journal" in caplog.text and "was rolled back" in caplog.text
 
 
@@ -145,4 +145,5 @@ def test_the_journal_stays_in_the_records_layer():
 
     tree = ast.parse(Path(veritrain.records.journal.__file__).read_text(encoding="utf-8"))
     ours = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("veritrain")}
-    assert ours == {"veritrain.core.errors", "veritrain.core.files", "veritrain.records.record", "veritrain.records.workspace"}, ours
+    assert ours == {"veritrain.core.errors", "veritrain.core.files", "veritrain.core.signing_keys", "veritrain.records",
+                    "veritrain.records.record", "veritrain.records.workspace"}, ours

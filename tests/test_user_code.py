@@ -105,8 +105,8 @@ def test_layout_paths_follow_the_module_name(tmp_path):
     ({"module": "json", "path": "json.py"}, "the standard-library module json"),
     ({"module": "torch", "path": "torch/__init__.py"}, "the installed module torch"),
     ({"module": "veritrain", "path": "veritrain/__init__.py"}, "veritrain itself"),
-    # not installed here, but imported by torch when it is: a copy by that name would run without any model.target
-    ({"module": "tensorboard", "path": "tensorboard/__init__.py"}, "a package veritrain or its dependencies import"),
+    # not installed here, but imported by torch's TensorBoard writer when it is: a copy by that name would run without any model.target
+    ({"module": "tensorflow", "path": "tensorflow/__init__.py"}, "a package veritrain or its dependencies import"),
 ])
 def test_a_hostile_listing_is_refused(entry, problem):
     assert problem in usercode.check_listing([{**entry, "sha256": "0" * 64}])

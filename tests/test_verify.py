@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -139,6 +140,13 @@ def test_removed_added_and_edited_record_are_detected(cli, copy_of):
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: verify {run_dir.name}: ")
 
 
+def restate(run_dir: Path, record: dict, seal: str) -> None:
+    """Write the run's unsigned provenance statement again for a record rewritten by hand (as a forger could)."""
+    from veritrain.records.record import statement_bytes
+
+    (run_dir / "provenance.intoto.jsonl").write_bytes(statement_bytes(record, seal, run_dir, None))
+
+
 def test_rewritten_seal_is_caught_only_against_the_published_one(copy_of):
     import hashlib
 
@@ -148,7 +156,10 @@ def test_rewritten_seal_is_caught_only_against_the_published_one(copy_of):
     data = (json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
     (run_dir / "record.json").write_bytes(data)
     (run_dir / "record.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
-    assert verify_run(run_dir, workdir / ".veritrain", rehash_data=False)["ok"]  # a consistent forgery
+    stale = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)  # the unsigned statement names the old seal
+    assert [p["kind"] for p in stale["problems"]] == ["provenance_stale"]
+    restate(run_dir, record, hashlib.sha256(data).hexdigest())
+    assert verify_run(run_dir, workdir / ".veritrain", rehash_data=False)["ok"]  # a consistent forgery: only a signature or the published seal stops it
     result = verify_run(run_dir, workdir / ".veritrain", expect=seal, rehash_data=False)
     assert not result["ok"] and result["problems"][0]["kind"] == "seal_differs_from_expected"
 
@@ -171,6 +182,7 @@ def test_environment_drift_fails_only_with_strict(copy_of):
     data = (json.dumps(record, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
     (run_dir / "record.json").write_bytes(data)
     (run_dir / "record.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+    restate(run_dir, record, hashlib.sha256(data).hexdigest())
     relaxed = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
     assert relaxed["ok"] and {"what": "env.python", "recorded": "2.7.18", "now": relaxed["drift"][0]["now"]} in relaxed["drift"]
     assert not verify_run(run_dir, workdir / ".veritrain", strict=True, rehash_data=False)["ok"]

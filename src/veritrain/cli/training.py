@@ -58,7 +58,7 @@ def run_command(config: Optional[str], overrides: tuple[str, ...], repeat: int, 
     if _torchrun_follower():  # rank 1… of `torchrun … -m veritrain run`: rank 0 runs the command, this one trains along
         return pipeline.follow()
     resolved = load_config(config, overrides)
-    pipeline.refuse_secrets(pipeline.python_argv(), hypothesis)  # before the smoke test: the record keeps them as given
+    pipeline.refuse_to_start(pipeline.python_argv(), hypothesis)  # before the smoke test: the record keeps them as given
     workspace = Workspace.open(workdir)
     if dry_run or reuse_completed:
         from veritrain.orchestration import housekeeping

@@ -18,25 +18,29 @@ from veritrain.core.errors import RunFailed, UserError
 @click.argument("ref", metavar="RUN")
 @click.option("--expect", metavar="SEAL", help="The seal published for this run; verify fails when record.json does not hash to it.")
 @click.option("--strict", is_flag=True, help="Also fail on environment drift and on raw data that is not present.")
+@click.option("--public-key", "public_key", metavar="FILE",
+              help="The public key (PEM) that signed the run's provenance statement; default: the local key pair's, when it is that key.")
 @workdir_option
 @json_option
-def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optional[str], as_json: bool) -> int:
-    """Re-hash every file of a run against its sealed record, check the seal and the data version.
+def verify_command(ref: str, expect: Optional[str], strict: bool, public_key: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+    """Re-hash every file of a run against its sealed record, check the seal, the data version and the provenance statement.
 
     Exit 0 only when everything holds; 1 names every mismatching file.
 
     \b
     Example:
       veritrain verify latest --expect 63a6a0c8...
+      veritrain verify latest --public-key signing-key.pub.pem
     """
     from veritrain.records.workspace import Workspace
     from veritrain.trust.verify import verify_and_keep
 
     if expect is not None and not re.fullmatch(r"[0-9a-f]{64}", expect.strip().lower()):
         raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")
+    key_pem = _public_key(public_key) if public_key else None
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
-    result = {"run_id": run_dir.name, **verify_and_keep(run_dir, workspace.state_dir, expect=expect, strict=strict)}  # kept for `ui` and `check`
+    result = {"run_id": run_dir.name, **verify_and_keep(run_dir, workspace.state_dir, expect=expect, strict=strict, public_key=key_pem)}  # kept for `ui` and `check`
     if as_json:
         emit_json(result)
     render.verify_findings(result)
@@ -45,6 +49,20 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, workdir: Optio
                         + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
     render.verified(run_dir.name, result)
     return 0
+
+
+def _public_key(path: str) -> bytes:
+    from veritrain.core.signing_keys import public_key_fingerprint
+
+    try:
+        pem = open(path, "rb").read()
+    except OSError as err:
+        raise UserError(f"--public-key: {path}: cannot be read ({err.strerror})") from None
+    try:
+        public_key_fingerprint(pem)
+    except (ValueError, TypeError):
+        raise UserError(f"--public-key: {path}: not a PEM public key; give the .pub.pem that `veritrain keys show` prints") from None
+    return pem
 
 
 @click.command("check")

@@ -88,6 +88,28 @@ def init(path: Path) -> PublicKey:
 
 def show(path: Path) -> PublicKey:
     """The public key of the pair at `path` (read from the private key, so a swapped .pub.pem cannot mislead)."""
+    return load(path).public
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A loaded private key: signs bytes with ECDSA P-256 over SHA-256 (DER signature). Held in memory only."""
+
+    public: PublicKey
+    _private: Any
+
+    def sign(self, data: bytes) -> bytes:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        return self._private.sign(data, ec.ECDSA(hashes.SHA256()))
+
+    def __repr__(self) -> str:  # never the key's bytes, whatever prints it
+        return f"SigningKey(fingerprint={self.public.fingerprint[:16]}...)"
+
+
+def load(path: Path) -> SigningKey:
+    """The private key at `path`, checked: mode (no group or other access), unencrypted PKCS#8/PEM, ECDSA P-256."""
     serialization, ec = _crypto()
     try:
         data = path.read_bytes()
@@ -100,11 +122,62 @@ def show(path: Path) -> PublicKey:
         raise UserError(f"{path}: the private key is readable by others (mode {oct(path.stat().st_mode & 0o777)}); chmod 600 {path}")
     try:
         private = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError) as err:
+    except TypeError:
+        raise UserError(f"{path}: the private key is encrypted with a passphrase, which veritrain cannot ask for while it seals a run; "
+                        f"store it unencrypted with mode 0600 (`openssl pkcs8 -topk8 -nocrypt -in {path} -out NEW.pem`)") from None
+    except ValueError as err:
         raise UserError(f"{path}: not an unencrypted PEM private key ({' '.join(str(err).split())[:120]}); create one with `veritrain keys init`") from None
     if not isinstance(private, ec.EllipticCurvePrivateKey) or not isinstance(private.curve, ec.SECP256R1):
         raise UserError(f"{path}: not an ECDSA P-256 key; veritrain signs with P-256 (`veritrain keys init` makes one)")
     public = private.public_key()
     der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode("ascii")
-    return PublicKey(path=public_path(path), pem=pem, fingerprint=fingerprint_of(der))
+    return SigningKey(PublicKey(path=public_path(path), pem=pem, fingerprint=fingerprint_of(der)), private)
+
+
+def sealing_key() -> Optional[SigningKey]:
+    """The key that signs what a run's seal states, or None (statements are then written unsigned): the file
+    $VERITRAIN_SIGNING_KEY names (which must then exist), else the default key when there is one. A key that is
+    there but unusable (others can read it, wrong format, a passphrase) is a UserError: never a silent unsigned run."""
+    named = os.environ.get(KEY_VARIABLE)
+    path = Path(named).expanduser() if named else default_key_path()
+    if not named and not (path.exists() or path.is_symlink()):
+        return None
+    try:
+        stat = path.stat()
+        stamp = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_mode)
+    except OSError:
+        stamp = None
+    if stamp is not None and stamp in _loaded:
+        return _loaded[stamp]
+    key = load(path)
+    if stamp is not None:
+        _loaded.clear()
+        _loaded[stamp] = key
+    return key
+
+
+_loaded: dict[tuple[Any, ...], SigningKey] = {}  # one key parsed once per process (a run seals several times)
+
+
+def public_key_fingerprint(pem: bytes) -> str:
+    """The fingerprint of a public key given as PEM (SubjectPublicKeyInfo); ValueError when it is not one."""
+    serialization, _ec = _crypto()
+    public = serialization.load_pem_public_key(pem)
+    return fingerprint_of(public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+
+def verify_signature(public_pem: bytes, signature: bytes, data: bytes) -> bool:
+    """Whether `signature` (DER ECDSA) over `data` verifies with the P-256 public key `public_pem`."""
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+
+    serialization, ec = _crypto()
+    public = serialization.load_pem_public_key(public_pem)
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        return False
+    try:
+        public.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+    except (InvalidSignature, ValueError):  # ValueError: bytes that are not a DER signature at all
+        return False
+    return True

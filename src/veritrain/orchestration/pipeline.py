@@ -29,6 +29,7 @@ from veritrain.core.files import remove_unfinished
 from veritrain.core.hashing import sha256_file
 from veritrain.core.secrets import allowed_environment, secret_in_command_line, text_secret
 from veritrain.core.signals import StopFlag, interruptible
+from veritrain.core.signing_keys import sealing_key
 from veritrain.data.identity import data_summary, tokenizer_difference
 from veritrain.records import journal, usercode
 from veritrain.records.record import Record, capture_code, capture_env, now_iso, read_record, save_code, thawed
@@ -85,7 +86,7 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
            data_version: Optional[str], sweep: Optional[dict[str, Any]], nproc: int, code: usercode.CodeSession,
            sweep_selection: Optional[dict[str, Any]] = None) -> RunOutcome:
     cfg = resolved.config
-    refuse_secrets(argv, hypothesis)
+    refuse_to_start(argv, hypothesis)
     if cfg.model.target:  # a module or factory that is missing is a config problem: exit 2 before a run exists
         code.import_target(cfg.model.target)
     if parent is not None:
@@ -149,7 +150,7 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     `ref` is a RUN reference or `auto`: the newest interrupted (or stale running) run whose config hash and data
     version match `match`. A run trained by several processes resumes with as many (`nproc`, when given, must be
     that number). `use_current_code` continues in a new run (parent: the run) built from today's code instead."""
-    refuse_secrets(argv)
+    refuse_to_start(argv)
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain train --resume RUN`
     run_dir = _auto_resume_target(workspace, match) if ref == "auto" else workspace.resolve_run(ref, "resumable")
     journal.recover(workspace, run_dir)  # an amend (eval, export) a kill interrupted: completed or rolled back first
@@ -603,9 +604,11 @@ def python_argv() -> list[str]:
     return ["veritrain", *sys.argv[1:]]
 
 
-def refuse_secrets(argv: list[str], hypothesis: Optional[str] = None) -> None:
-    """A record keeps its command line and hypothesis as given: one holding a secret by its shape is refused, and a
-    hypothesis also when it writes out a credential under its key name (`secrets.text_secret`)."""
+def refuse_to_start(argv: list[str], hypothesis: Optional[str] = None) -> None:
+    """What stops a run before it exists (UserError). A record keeps its command line and hypothesis as given: one
+    holding a secret by its shape is refused, and a hypothesis also when it writes out a credential under its key name
+    (`secrets.text_secret`). A signing key that is there but unusable is refused too, not found at the final seal."""
+    sealing_key()
     found = secret_in_command_line(argv)
     if found is None and hypothesis and (kind := text_secret(hypothesis)):
         found = f"--hypothesis ({kind})"

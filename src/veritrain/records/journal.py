@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.files import write_atomic
-from veritrain.records.record import RECORD_FILE, SEAL_FILE, UNSEALED, now_iso, sealed_bytes
+from veritrain.core.signing_keys import sealing_key
+from veritrain.records import provenance
+from veritrain.records.record import PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, now_iso, sealed_bytes, statement_bytes
 
 if TYPE_CHECKING:
     from veritrain.records.workspace import Workspace
@@ -69,6 +71,7 @@ class Amend:
     replaced: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     committed: bool = False
+    key: Any = None  # the signing key, loaded (and checked) before anything is staged
 
     @property
     def new(self) -> Path:
@@ -103,6 +106,7 @@ def amending(workspace: Workspace, run_dir: Path, record: dict[str, Any]) -> Ite
     interrupted amend is completed or rolled back first; a record that changed since it was read (another
     command re-sealed the run meanwhile) is refused. Leaving the block without `commit` rolls back."""
     run_id = run_dir.name
+    key = sealing_key()  # an unusable key stops the command before it does any work
     recover(workspace, run_dir)
     folder = folder_of(workspace.state_dir, run_id)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +119,7 @@ def amending(workspace: Workspace, run_dir: Path, record: dict[str, Any]) -> Ite
             folder.mkdir()
         except FileExistsError:
             raise UserError(f"{run_id}: {UNDER_WAY.format(journal=_shown(workspace.state_dir, run_id))}; wait for it to finish") from None
-        change = Amend(run_dir, folder)
+        change = Amend(run_dir, folder, key=key)
         try:
             if _read_json(run_dir / RECORD_FILE) != _without_changes(record):
                 raise RunFailed(f"{run_id}: the run was re-sealed by another command since this one read it; run this command again")
@@ -237,10 +241,13 @@ def _stage_record(change: Amend, record: dict[str, Any], by: str) -> dict[str, A
         previous = None
     if previous:  # `verify --expect` an older seal then says what re-sealed the run
         record.setdefault("seal_history", []).append({"seal": previous, "replaced_at": now_iso(), "by": by})
+    key = change.key
+    record["provenance"] = provenance.field(key)  # a re-seal without the private key: an unsigned statement, said so
     data, seal = sealed_bytes(record, future)
+    (new / PROVENANCE_FILE).write_bytes(statement_bytes(record, seal, run_dir, key))
     (new / RECORD_FILE).write_bytes(data)
     (new / SEAL_FILE).write_bytes((seal + "\n").encode())
-    write = [*staged, RECORD_FILE, SEAL_FILE]  # the record and then its seal last
+    write = [*staged, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE]  # the statement, the record and then its seal last
     remove = sorted(gone - set(staged))
     return {"plan_version": PLAN_VERSION, "run_id": run_dir.name, "by": by, "seal": seal, "previous_seal": previous,
             "write": write, "remove": remove, "existed": sorted(set(write + remove) & set(current))}

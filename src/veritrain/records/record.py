@@ -24,15 +24,18 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from veritrain.core.errors import RunFailed
 from veritrain.core.files import write_atomic
 from veritrain.core.hashing import sha256_file
+from veritrain.core.signing_keys import sealing_key
 from veritrain.core.version import __version__
+from veritrain.records import provenance
 
 RECORD_VERSION = 1
 RECORD_FILE = "record.json"
 SEAL_FILE = "record.sha256"
 NOTES_FILE = "notes.jsonl"
 OMITTED_FILE = "archive_omitted.json"  # written by import: audit checkpoints an archive left out on purpose
+PROVENANCE_FILE = provenance.PROVENANCE_FILE  # a detached statement about the seal, like the seal itself
 # notes are added after the run, on purpose outside the seal; so is the list of what an archive left out
-UNSEALED = frozenset({RECORD_FILE, SEAL_FILE, NOTES_FILE, OMITTED_FILE})
+UNSEALED = frozenset({RECORD_FILE, SEAL_FILE, NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE})
 
 
 def now_iso() -> str:
@@ -59,15 +62,31 @@ def artifact_table(run_dir: Path) -> dict[str, dict[str, Any]]:
 def write_record(run_dir: Path, record: dict[str, Any], run: bool = True) -> str:
     """Refresh `artifacts`, write record.json atomically, then its seal; returns the seal (hex SHA-256).
     A run's record is validated against `RunRecord` first, as its readers will: a record they would
-    refuse is never written. (`run` False: another folder's record, such as a smoke test's.)"""
+    refuse is never written. A run that has ended gets its provenance statement (veritrain.records.provenance),
+    written before the record it describes, so a kill leaves no new record without it. (`run` False: another
+    folder's record, such as a smoke test's.)"""
+    ended = run and record.get("status") != "running"
+    key = sealing_key() if ended else None
+    if ended:
+        record["provenance"] = provenance.field(key)
+    else:
+        record.pop("provenance", None)  # a resumed run: its statement is written again when it ends
     record["artifacts"] = artifact_table(run_dir)
     data = record_bytes(record)
     if run:
         RunRecord.model_validate_json(data)  # a ValidationError here is a bug in the writer, never the user's
-    write_atomic(run_dir / RECORD_FILE, data, sync_folder=False)  # the seal's rename below syncs the folder for both
     seal = hashlib.sha256(data).hexdigest()
+    if ended:
+        write_atomic(run_dir / PROVENANCE_FILE, statement_bytes(record, seal, run_dir, key), sync_folder=False)
+    write_atomic(run_dir / RECORD_FILE, data, sync_folder=False)  # the seal's rename below syncs the folder for all
     write_atomic(run_dir / SEAL_FILE, (seal + "\n").encode())
     return seal
+
+
+def statement_bytes(record: dict[str, Any], seal: str, run_dir: Path, key: Any) -> bytes:
+    """The provenance file of the run in `run_dir` (a folder of the workspace's runs/) sealed as `record`."""
+    state_dir = run_dir.parent.parent / ".veritrain"
+    return provenance.envelope_bytes(provenance.statement(record, seal, state_dir), key)
 
 
 def sealed_bytes(record: dict[str, Any], files: dict[str, Path]) -> tuple[bytes, str]:
@@ -355,6 +374,13 @@ class Guarantee(_Part):
     reasons: list[str]
 
 
+class ProvenanceRef(_Part):
+    """The run's provenance statement (veritrain.records.provenance) and the key that signed it (null: unsigned)."""
+
+    file: Literal["provenance.intoto.jsonl"]
+    key_fingerprint: Optional[Sha256]
+
+
 class RunRecord(_Part):
     """record.json, field by field (docs/record.md documents each; a test keeps the two in step). The
     writer validates every record before writing it and every reader validates what it reads, so a record
@@ -403,6 +429,7 @@ class RunRecord(_Part):
     script: Annotated[Optional[ScriptInfo], NOT_NULL] = None  # kind script: the user's own training script
     inputs: Optional[InputsInfo] = None  # kind script: null when no inputs were bound
     guarantee: Annotated[Optional[Guarantee], NOT_NULL] = None  # kind script: replayable, bound or logged
+    provenance: Annotated[Optional[ProvenanceRef], NOT_NULL] = None  # absent in runs sealed before statements were written
 
 
 def record_problem(record: Any, folder_name: Optional[str]) -> Optional[str]:

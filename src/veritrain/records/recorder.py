@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from veritrain.core.signing_keys import sealing_key
 from veritrain.records import journal
 from veritrain.records.record import RECORD_VERSION, Record, RunRecord, frozen, now_iso, record_bytes, thawed, write_record
 
@@ -41,6 +42,7 @@ class Recorder(Mapping[str, Any]):
     every change is a method; `write` validates the record against RunRecord and seals it."""
 
     def __init__(self, run_dir: Path, fields: dict[str, Any]) -> None:
+        sealing_key()  # the key that will sign the run's statement, checked before the run starts (UserError if unusable)
         self.run_dir = run_dir
         self._fields = fields
 

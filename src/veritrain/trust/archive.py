@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
-from veritrain.records.record import NOTES_FILE, OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
+from veritrain.records.record import NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
 from veritrain.records.workspace import Workspace
 from veritrain.trust.verify import verify_run
 
@@ -47,7 +47,7 @@ OMITTED_REASON = "checkpoints kept only for audit (checkpoint.audit_every), left
 MAX_RECORD_BYTES = 16 << 20  # record.json: real ones are tens of KB (one entry per file of the run)
 MAX_SEAL_BYTES = 1 << 10  # record.sha256: one hex digest
 MAX_OMITTED_BYTES = 1 << 20  # archive_omitted.json: one name per checkpoint left out (~40 bytes each)
-UNSIZED_FILE_BYTES = 64 << 20  # each of notes.jsonl, version.json, card.json and a data report (nothing sizes them)
+UNSIZED_FILE_BYTES = 64 << 20  # each of notes.jsonl, provenance.intoto.jsonl, version.json, card.json and a data report (nothing sizes them)
 UNSIZED_BYTES = 256 << 20  # all of those together: the margin over the declared sizes
 # a data version whose version.json does not come first with sizes (archives before it did, recipe 2)
 # may hold max(16 × the run's declared bytes, 1 GiB) in all; the ratio cap below still stops a bomb
@@ -99,8 +99,9 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool, with_audi
     left_out = [] if with_audit else audit_only
     skipped = set(_with_sidecars(left_out))
     files = [RECORD_FILE, SEAL_FILE, *(rel for rel in sorted(artifacts) if rel not in skipped)]
-    if (run_dir / NOTES_FILE).exists():
-        files.append(NOTES_FILE)
+    for unsealed in (PROVENANCE_FILE, NOTES_FILE):  # statements about the run outside its seal, as in the run
+        if (run_dir / unsealed).exists():
+            files.append(unsealed)
     members: list[tuple[Any, str]] = [(run_dir / rel, f"runs/{run_id}/{rel}") for rel in files]
     if left_out:  # right after the seal: what was left out on purpose, checked against the record by import
         listing = json.dumps({"files": left_out, "reason": OMITTED_REASON}, indent=2).encode() + b"\n"
@@ -293,8 +294,8 @@ def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path,
             allowance, over = MAX_SEAL_BYTES, f"import: the record of {run_id} is missing or does not match its seal"
         elif name.startswith(prefix):
             rel = name[len(prefix):]
-            if rel in (NOTES_FILE, OMITTED_FILE):
-                cap = UNSIZED_FILE_BYTES if rel == NOTES_FILE else MAX_OMITTED_BYTES
+            if rel in (NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE):
+                cap = MAX_OMITTED_BYTES if rel == OMITTED_FILE else UNSIZED_FILE_BYTES
                 pool, allowance = "unsized", min(cap, pools["unsized"])
                 over = f"import: refused member {member.name!r}: more than the {allowance} bytes import accepts for a file whose size nothing declares"
             elif rel in artifacts:

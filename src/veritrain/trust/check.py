@@ -39,6 +39,7 @@ ROWS = {
     "export_parity": "export: parity verified",
     "code_version": "archive: code version recorded",
     "run_verifies": "archive: data, config, logs and model present and verified",
+    "provenance_signed": "archive: signed provenance statement (in-toto, SLSA v1)",
     "auditable": "audit: auditable segments",
     "results_from_trajectory": "audit: metrics and export from the audited training",
 }
@@ -142,6 +143,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
         if verified.get("interrupted_amend"):  # judged as it was before the amend; the files now are half switched
             rows["run_verifies"] = ("fail", f"run an amending command on it (veritrain eval, export, baseline {run}, or veritrain gc)",
                                     verified["interrupted_amend"])
+    rows["provenance_signed"] = _provenance_row(run, record, verified)
     rows["auditable"] = _auditable_row(run_dir, record, state_dir, new_run)
     rows["results_from_trajectory"] = _results_row(run, record)
 
@@ -250,6 +252,20 @@ def _baseline_row(run: str, metrics: Optional[dict[str, Any]], baselines: Option
     beats = linear is None or metrics.get("accuracy", 0.0) >= linear + baselines.get("margin", 0.0)
     return ("pass" if beats else "fail", waive,
             f"accuracy {metrics.get('accuracy', 0):.4f} vs logistic regression {linear if linear is None else round(linear, 4)}")
+
+
+def _provenance_row(run: str, record: dict[str, Any], verified: Optional[dict[str, Any]]) -> tuple[str, Optional[str], str]:
+    """Signed: pass (the signature itself is judged by run_verifies). Unsigned or without a statement: said so, not
+    failed, since a run sealed without a key is complete, and its statement still binds every digest."""
+    ref = record.get("provenance")
+    sign = f"; to sign it: veritrain keys init, then re-seal it (veritrain export {run})"
+    if not ref:
+        return ("n/a", None, "no provenance: sealed before veritrain wrote provenance statements" + sign)
+    if not ref.get("key_fingerprint"):
+        return ("n/a", None, "unsigned: no signing key was set when the run was sealed; its statement binds the digests, but only a "
+                "signature lets others check it without trusting whoever holds the files" + sign)
+    unchecked = [n["reason"] for n in (verified or {}).get("not_checked") or [] if n.get("check") == "provenance signature"]
+    return ("pass", None, f"signed by key {ref['key_fingerprint'][:16]}…" + (f" (signature not checked: {unchecked[0]})" if unchecked else ""))
 
 
 def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:

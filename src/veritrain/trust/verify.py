@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
 from veritrain.records.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
+from veritrain.trust import provenance_check
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "files", "states", "data version", "raw data"
 log = logging.getLogger("veritrain")
@@ -32,7 +33,8 @@ log = logging.getLogger("veritrain")
 
 def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
                rehash_data: bool = True, check_data: bool = True, check_states: bool = True,
-               progress: Optional[Progress] = None, state_cache: Optional[Path] = None) -> dict[str, Any]:
+               progress: Optional[Progress] = None, state_cache: Optional[Path] = None,
+               public_key: Optional[bytes] = None) -> dict[str, Any]:
     """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}], "raw_data"}.
     `check_data` False leaves the data version out (for callers that open it next, which checks it);
     `check_states` False skips loading the checkpoints to match them with the trajectory (their bytes
@@ -40,7 +42,9 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     the run is unfinished (veritrain.records.journal), the run is judged as it was before it, from the journal's copies of
     the files already switched, and "interrupted_amend" says so (else None); nothing is written either way.
     `state_cache`: a folder where the state hashes of checkpoints (and the weights hash of an export) are kept
-    by the SHA-256 of the file's bytes, read before loading a file and written after; None (audit) loads every file."""
+    by the SHA-256 of the file's bytes, read before loading a file and written after; None (audit) loads every file.
+    `public_key`: the PEM of the key that signed the run's provenance statement (else the local key pair's, when it is
+    that key; else the signature is listed in "not_checked")."""
     from veritrain.records.journal import interrupted
 
     report: Progress = progress or (lambda stage, done, total: None)
@@ -120,6 +124,7 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report, checked, not_checked))
     if record.get("inputs") and check_data:
         problems.extend(_check_inputs(run_dir, record, intact, report, checked))
+    problems.extend(provenance_check.problems(listing, record, seal, state_dir, public_key, not_checked))
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
@@ -127,7 +132,7 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
 
 
 def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
-                    progress: Optional[Progress] = None) -> dict[str, Any]:
+                    progress: Optional[Progress] = None, public_key: Optional[bytes] = None) -> dict[str, Any]:
     """`verify_run` as the CLI runs it, its verdict then kept in `.veritrain/verdicts/<run_id>.json` (never in
     the run) for the views that show it; the answer gains "verified_at". Keeping is best effort: a read-only
     or full workspace still gets its answer."""
@@ -135,7 +140,8 @@ def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None
     from veritrain.records.record import now_iso
 
     covered = verdicts.fingerprint(run_dir, state_dir)  # before: a file changed while verify runs makes the verdict stale
-    result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress, state_cache=state_dir / STATE_CACHE)
+    result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress, state_cache=state_dir / STATE_CACHE,
+                        public_key=public_key)
     result["verified_at"] = now_iso()
     if result.get("interrupted_amend"):
         return result  # it judged the run as it was, not the files there now: no verdict to keep for them

@@ -50,9 +50,9 @@ class SweepOutcome:
 def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: bool, ray_address: Optional[str] = None) -> SweepOutcome:
     """Run a planned sweep: the smoke test of the base config (unless --no-smoke, or a --parent run stands in
     for the base config), the parent run, then the trials."""
-    from veritrain.orchestration.pipeline import refuse_secrets
+    from veritrain.orchestration.pipeline import refuse_to_start
 
-    refuse_secrets(argv)  # spec.json keeps the command line as given
+    refuse_to_start(argv)  # spec.json keeps the command line as given
     smoke_result: dict[str, Any]
     if sweep_plan.parent_run:
         smoke_result = {"status": "skipped", "reason": f"the parent run {sweep_plan.parent_run} was given with --parent"}

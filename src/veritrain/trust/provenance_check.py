@@ -1,0 +1,208 @@
+"""Check a run's provenance statement (veritrain.records.provenance) against the run as it is, for `veritrain verify`.
+
+The file must be there when the record names it; it must be one DSSE envelope of an in-toto Statement v1 with the SLSA
+Provenance v1 predicate; its signature must be by the key the record names (checked when that public key is given
+with `--public-key` or is the local key pair's); its record.json byproduct must be the current seal (else the
+statement is `provenance_stale`: about another seal); and every subject, dependency and parameter must be what the
+run's record and files say, with no subject missing or added. Dependencies are compared by name and digest, never by
+location, so a run imported from another workspace still verifies.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain.core import signing_keys
+from veritrain.core.errors import UserError
+from veritrain.records import provenance
+from veritrain.records.provenance import PAYLOAD_TYPE, PREDICATE_TYPE, PROVENANCE_FILE, STATEMENT_TYPE
+
+MAX_STATEMENT_BYTES = 64 << 20  # a statement lists digests only; far more than any run's
+SHA256_HEX = frozenset("0123456789abcdef")
+
+
+class Malformed(ValueError):
+    pass
+
+
+def known_public_key(fingerprint: str) -> Optional[bytes]:
+    """The public key with `fingerprint` when it is the local key pair's (beside the signing key), else None."""
+    try:
+        path = signing_keys.public_path(signing_keys.key_path())
+        pem = path.read_bytes()
+        return pem if signing_keys.public_key_fingerprint(pem) == fingerprint else None
+    except (OSError, ValueError, UserError):
+        return None
+
+
+def _b64(value: Any, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise Malformed(f"{what} is not a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise Malformed(f"{what} is not valid base64") from None
+
+
+def read_envelope(data: bytes) -> tuple[dict[str, Any], bytes, list[dict[str, Any]]]:
+    """(statement, payload bytes, signatures [{keyid, sig bytes}]) of a provenance file; Malformed with the reason."""
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    if len(lines) != 1:
+        raise Malformed(f"holds {len(lines)} statements; veritrain writes exactly one line")
+    try:
+        envelope = json.loads(lines[0])
+    except (ValueError, RecursionError):
+        raise Malformed("not JSON") from None
+    if not isinstance(envelope, dict) or envelope.get("payloadType") != PAYLOAD_TYPE:
+        raise Malformed(f"not a DSSE envelope with payloadType {PAYLOAD_TYPE}")
+    payload = _b64(envelope.get("payload"), "payload")
+    signatures = envelope.get("signatures")
+    if not isinstance(signatures, list):
+        raise Malformed("signatures is not a list")
+    found = []
+    for entry in signatures:
+        if not isinstance(entry, dict) or not isinstance(entry.get("keyid"), str):
+            raise Malformed("a signature without a keyid")
+        found.append({"keyid": entry["keyid"], "sig": _b64(entry.get("sig"), "a signature")})
+    try:
+        statement = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise Malformed("its payload is not JSON") from None
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE or statement.get("predicateType") != PREDICATE_TYPE:
+        raise Malformed(f"its payload is not an in-toto Statement ({STATEMENT_TYPE}) with predicate {PREDICATE_TYPE}")
+    for key in ("subject",):
+        if not isinstance(statement.get(key), list) or not all(_descriptor(item) for item in statement[key]):
+            raise Malformed(f"{key}: not a list of {{name, digest}}")
+    predicate = statement.get("predicate")
+    if not isinstance(predicate, dict) or not isinstance(predicate.get("buildDefinition"), dict) or not isinstance(predicate.get("runDetails"), dict):
+        raise Malformed("its predicate has no buildDefinition and runDetails")
+    for part, key in (("buildDefinition", "resolvedDependencies"), ("runDetails", "byproducts")):
+        items = predicate[part].get(key)
+        if not isinstance(items, list) or not all(_descriptor(item) for item in items):
+            raise Malformed(f"{part}.{key}: not a list of {{name, digest}}")
+    return statement, payload, found
+
+
+def _descriptor(item: Any) -> bool:
+    return isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("digest"), dict) and bool(item["digest"]) \
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in item["digest"].items())
+
+
+def _by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    return {item["name"]: item["digest"] for item in items}
+
+
+def _compare(what: str, stated: list[dict[str, Any]], expected: list[dict[str, Any]]) -> list[str]:
+    """One line per difference between the stated and the expected descriptors, by name and digest."""
+    have, want = _by_name(stated), _by_name(expected)
+    lines = [f"{what} {name} is missing from the statement" for name in sorted(set(want) - set(have))]
+    lines += [f"{what} {name} is in the statement but not in the run" for name in sorted(set(have) - set(want))]
+    lines += [f"{what} {name}: the statement's digest {str(next(iter(have[name].values())))[:16]}… is not the run's "
+              f"{str(next(iter(want[name].values())))[:16]}…" for name in sorted(set(have) & set(want)) if have[name] != want[name]]
+    if len(stated) != len(have):
+        lines.append(f"{what}: a name appears twice in the statement")
+    return lines
+
+
+def problems(listing: Mapping[str, Path], record: Mapping[str, Any], seal: str, state_dir: Path, public_key: Optional[bytes],
+             not_checked: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The provenance problems of the run whose files are `listing` (relative path → file) and whose record (sealed as
+    `seal`) is `record`. `public_key`: the PEM the caller was given to check the signature with, or None."""
+    ref = record.get("provenance")
+    if not isinstance(ref, Mapping):
+        return []  # a run sealed before statements were written: `check` says so
+    found: list[dict[str, str]] = []
+
+    def problem(kind: str, detail: str) -> None:
+        found.append({"path": PROVENANCE_FILE, "kind": kind, "detail": detail})
+
+    path = listing.get(PROVENANCE_FILE)
+    if path is None or not path.is_file() or path.is_symlink():
+        problem("provenance_missing", "the record names provenance.intoto.jsonl, which is not in the run")
+        return found
+    try:
+        if path.stat().st_size > MAX_STATEMENT_BYTES:
+            raise Malformed(f"more than {MAX_STATEMENT_BYTES} bytes")
+        statement, payload, signatures = read_envelope(path.read_bytes())
+    except Malformed as err:
+        problem("provenance_malformed", str(err))
+        return found
+    except OSError as err:
+        problem("provenance_malformed", f"cannot be read ({err.strerror})")
+        return found
+    found.extend({"path": PROVENANCE_FILE, "kind": "provenance_signature", "detail": line}
+                 for line in _signature_problems(ref.get("key_fingerprint"), payload, signatures, public_key, not_checked))
+    predicate = statement["predicate"]
+    stated_record = _by_name(predicate["runDetails"]["byproducts"]).get(provenance.RECORD_FILE, {}).get("sha256")
+    if stated_record != seal:
+        problem("provenance_stale", f"it states record.json {str(stated_record)[:16]}…, the run's seal is {seal[:16]}…: a statement about another seal")
+        return found
+    expected = provenance.statement(dict(record), seal, state_dir)
+    lines = _compare("subject", statement["subject"], expected["subject"])
+    lines += _compare("byproduct", predicate["runDetails"]["byproducts"], expected["predicate"]["runDetails"]["byproducts"])
+    lines += _dependency_lines(predicate["buildDefinition"]["resolvedDependencies"],
+                               expected["predicate"]["buildDefinition"]["resolvedDependencies"], record, state_dir, not_checked)
+    stated_build = {k: v for k, v in predicate["buildDefinition"].items() if k != "resolvedDependencies"}
+    expected_build = {k: v for k, v in expected["predicate"]["buildDefinition"].items() if k != "resolvedDependencies"}
+    lines += [f"buildDefinition.{key} is not the run's" for key in sorted(set(stated_build) | set(expected_build))
+              if stated_build.get(key) != expected_build.get(key)]
+    stated_run = predicate["runDetails"].get("metadata")
+    if stated_run != expected["predicate"]["runDetails"]["metadata"]:
+        lines.append("runDetails.metadata (run id, start and finish) is not the run's")
+    found.extend({"path": PROVENANCE_FILE, "kind": "provenance_mismatch", "detail": line} for line in lines)
+    return found
+
+
+def _dependency_lines(stated: list[dict[str, Any]], expected: list[dict[str, Any]], record: Mapping[str, Any], state_dir: Path,
+                      not_checked: list[dict[str, str]]) -> list[str]:
+    version = (record.get("data") or {}).get("version")
+    if version and _listed_files(state_dir / "data" / str(version) / "version.json") is None:
+        # the data version is not here (imported without it) or is damaged (the data check reports that): its files
+        # cannot be listed, so only the run's own dependencies are compared
+        prefix = f".veritrain/data/{version}/"
+        stated = [item for item in stated if not item["name"].startswith(prefix)]
+        expected = [item for item in expected if not item["name"].startswith(prefix)]
+        not_checked.append({"check": "provenance data dependencies",
+                            "reason": f"the data version {str(version)[:12]} is not in this workspace, or its version.json cannot be read"})
+    return _compare("dependency", stated, expected)
+
+
+def _listed_files(path: Path) -> Optional[dict[str, Any]]:
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    files = info.get("files") if isinstance(info, dict) else None
+    return files if isinstance(files, dict) else None
+
+
+def _signature_problems(fingerprint: Optional[str], payload: bytes, signatures: list[dict[str, Any]], public_key: Optional[bytes],
+                        not_checked: list[dict[str, str]]) -> list[str]:
+    if fingerprint is None:
+        return [f"the record says the statement is unsigned, yet it carries {len(signatures)} signature(s)"] if signatures else []
+    if public_key is not None:
+        try:
+            given = signing_keys.public_key_fingerprint(public_key)
+        except (ValueError, TypeError) as err:
+            return [f"the public key given is not a PEM public key ({' '.join(str(err).split())[:80]})"]
+        if given != fingerprint:
+            return [f"signed by key {fingerprint[:16]}… (the record's), not by the key given ({given[:16]}…)"]
+    else:
+        public_key = known_public_key(fingerprint)
+        if public_key is None:
+            not_checked.append({"check": "provenance signature",
+                                "reason": f"the public key {fingerprint[:16]}… is not known here; give it with --public-key FILE"})
+    mine = [entry for entry in signatures if entry["keyid"] == fingerprint]
+    if not mine:
+        return [f"no signature by key {fingerprint[:16]}… (the record's); it carries {len(signatures)} other(s)"]
+    if public_key is None:
+        return []
+    pae = provenance.pae(PAYLOAD_TYPE, payload)
+    if not any(signing_keys.verify_signature(public_key, entry["sig"], pae) for entry in mine):
+        return [f"the signature does not verify with key {fingerprint[:16]}…: the statement or its signature was changed"]
+    return []
