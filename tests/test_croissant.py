@@ -147,8 +147,10 @@ def test_an_image_version_validates_and_mlcroissant_loads_its_manifest_back(digi
 def test_a_record_in_the_version_folder_uses_relative_paths_and_moves_with_it(digits, tmp_path):
     copy = tmp_path / "ws" / digits.name
     shutil.copytree(digits, copy)
-    out = copy / "croissant.json"
-    croissant.write(copy, out)
+    out = copy / "croissant.json"  # written by prepare, among the version's reports
+    assert json.loads((copy / "version.json").read_text())["reports"]["croissant.json"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    with pytest.raises(UserError, match="a file of the data version"):
+        croissant.write(copy, out)  # never replaced: write another one elsewhere
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert all(o["contentUrl"] == o["name"] for o in doc["distribution"])
     moved = tmp_path / "moved" / digits.name
@@ -162,8 +164,7 @@ def test_a_text_version_lists_its_tokens_and_what_the_scanner_flagged_by_count_o
     out = tmp_path / "text.json"
     warnings = croissant.write(text, out)
     assert "data.card.license is missing: say under which license it may be used" in warnings  # a JSONL file knows no license
-    # text versions record no created_at, so datePublished is left out (nothing is invented) and mlcroissant says so
-    assert validate(out) == ["datePublished", "license"]
+    assert validate(out) == ["license"]  # the card field the corpus left empty
     assert loaded_rows(out) == manifest_rows(text)
     doc = json.loads(out.read_text(encoding="utf-8"))
     names = [o["name"] for o in doc["distribution"]]

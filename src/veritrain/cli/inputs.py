@@ -1,8 +1,10 @@
-"""The commands over what runs start from: the `data` group (prepare, report, diff) and the `config` group (show,
-keys)."""
+"""The commands over what runs start from: the `data` group (prepare, report, croissant, diff, order) and the `config`
+group (show, keys)."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Optional
 
 import click
@@ -10,6 +12,9 @@ import click
 from veritrain.cli import render
 from veritrain.cli.options import config_argument, json_option, set_option, workdir_option
 from veritrain.cli.render import emit_json
+from veritrain.core.errors import UserError
+
+log = logging.getLogger("veritrain")
 
 
 @click.group("data")
@@ -84,6 +89,41 @@ def data_report(ref: str, workdir: Optional[str], as_json: bool) -> int:
     return 0
 
 
+@data_group.command("croissant")
+@click.argument("ref", metavar="VERSION")
+@click.option("--out", "out", required=True, metavar="FILE", help="Where to write the Croissant JSON-LD (outside the version folder).")
+@click.option("--base", metavar="URL", help="Prefix of the files' contentUrl (where the version's files will be published); default: their local paths.")
+@workdir_option
+@json_option
+def data_croissant(ref: str, out: str, base: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+    """Write the MLCommons Croissant record of a data version (id, prefix, or the version a run used), with its current card.
+
+    Any version, those prepared before veritrain wrote Croissant records included; the version itself is never
+    changed. `mlcroissant validate --jsonld FILE` checks it; it warns only for card fields left empty, listed here.
+
+    \b
+    Example:
+      veritrain data croissant latest --out croissant.json
+    """
+    from veritrain.data import croissant
+    from veritrain.data.identity import load_version
+    from veritrain.records.workspace import Workspace
+
+    path = Workspace.open(workdir).resolve_data_version(ref)
+    load_version(path)  # a damaged version is refused before anything is written from it
+    target = Path(out).expanduser()
+    if target.resolve().is_relative_to(path.resolve()):
+        raise UserError(f"--out: {out}: inside the data version's folder, which is never changed; write it elsewhere")
+    warnings = croissant.write(path, target, base=base)
+    result = {"data_version": path.name, "out": str(target), "warnings": warnings}
+    if as_json:
+        emit_json(result)
+    for warning in warnings:
+        log.warning("croissant: %s", warning)
+    click.echo(f"wrote {target} (Croissant 1.0 record of data version {path.name[:12]}); check it with: mlcroissant validate --jsonld {target}")
+    return 0
+
+
 @data_group.command("diff")
 @click.argument("old", metavar="V1")
 @click.argument("new", metavar="V2")
@@ -124,7 +164,6 @@ def data_order(ref: str, steps: str, workdir: Optional[str], as_json: bool) -> i
     Example:
       veritrain data order latest --steps 0:10
     """
-    from veritrain.core.errors import UserError
     from veritrain.orchestration.housekeeping import data_order as order_of
     from veritrain.records.workspace import Workspace
     from veritrain.trust.opening import open_run

@@ -530,6 +530,9 @@ def data_summary(data: DataVersion, report: dict[str, Any]) -> None:
     table.add_row("leakage pairs", str(report["leakage"]["cross_split_duplicate_pairs"]))
     for warning in report["card_warnings"]:
         table.add_row("card", warning)
+    others = [gap for gap in report.get("card_gaps") or [] if gap not in report["card_warnings"]]
+    if others:
+        table.add_row("card (Croissant)", "; ".join(others))
     table.add_row("report", str(data.path / "data_report.md"))
     logs.print_table(table)
 

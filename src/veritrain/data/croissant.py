@@ -48,7 +48,7 @@ from veritrain.core.errors import UserError
 from veritrain.core.files import write_atomic
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import CARD_FILE, bound_files, recipe_of
-from veritrain.data.report import CARD_REQUIRED, card_warnings
+from veritrain.data.report import card_gaps
 from veritrain.data.split import SPLITS
 
 CONFORMS_TO = "http://mlcommons.org/croissant/1.0"
@@ -174,21 +174,6 @@ def write(version_dir: Path, out: Path, card: Optional[dict[str, Any]] = None, *
         data = (json.dumps(doc, sort_keys=True, indent=2, ensure_ascii=True, allow_nan=False) + "\n").encode("ascii")
     write_atomic(target, data)
     return card_gaps(card)
-
-
-def card_gaps(card: dict[str, Any]) -> list[str]:
-    """One warning per card field left empty: `data.report.card_warnings` for origin and license (named even when
-    the card lacks them), then each other empty field of the card, in the same words."""
-    from veritrain.core.config.schema import DataCard
-
-    gaps = card_warnings(card)
-    for key, value in card.items():
-        if key in CARD_REQUIRED or value:
-            continue
-        described = DataCard.model_fields.get(key)
-        what = described.description if described is not None and described.description else None
-        gaps.append(f"data.card.{key} is missing" + (f": say {what}" if what else ""))
-    return gaps
 
 
 # ---------------------------------------------------------------- reading the version

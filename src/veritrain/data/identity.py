@@ -88,7 +88,7 @@ class DataVersion:
 
     def report(self) -> dict[str, Any]:
         """The data report, with the data card as it is now (the card may be edited after preparing)."""
-        from veritrain.data.report import card_warnings
+        from veritrain.data.report import card_gaps, card_warnings
 
         report = json.loads((self.path / "data_report.json").read_text(encoding="utf-8"))
         if "achieved_split" in self.info and isinstance(report.get("summary"), dict):
@@ -97,6 +97,7 @@ class DataVersion:
         if card_file.exists():
             report["card"] = json.loads(card_file.read_text(encoding="utf-8"))
             report["card_warnings"] = card_warnings(report["card"])
+            report["card_gaps"] = card_gaps(report["card"])  # every empty field: the Croissant record leaves each out
         return report
 
 

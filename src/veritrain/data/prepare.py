@@ -309,7 +309,7 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
                          [{"sample_id": table.ids[i], "kind": f.kind, "reason": f.reason} for i, f in sorted(table.excluded.items())],
                          headers, leakage_pairs, achieved, label_method, {k: round(v, 4) for k, v in timings.items()}, card,
                          _picture_lookup(tmp, table, rows))
-            _seal_version(tmp, info)
+            _seal_version(tmp, info, card)
             try:
                 os.rename(tmp, final)
             except OSError:

@@ -24,6 +24,22 @@ def card_warnings(card: dict[str, Any]) -> list[str]:
             for key in CARD_REQUIRED if not card.get(key)]
 
 
+def card_gaps(card: dict[str, Any]) -> list[str]:
+    """One line per card field left empty: `card_warnings` for origin and license (named even when the card lacks
+    them), then each other empty field, in the same words. The Croissant record leaves these out, and mlcroissant
+    warns for them (veritrain.data.croissant)."""
+    from veritrain.core.config.schema import DataCard
+
+    gaps = card_warnings(card)
+    for key, value in card.items():
+        if key in CARD_REQUIRED or value:
+            continue
+        described = DataCard.model_fields.get(key)
+        what = described.description if described is not None and described.description else None
+        gaps.append(f"data.card.{key} is missing" + (f": say {what}" if what else ""))
+    return gaps
+
+
 GALLERY_FILE = "flagged.png"  # the top label issues and outliers, each with its given and suggested label
 GALLERY_SIZE = 24  # samples shown: the first label issues, then outliers, by rank
 

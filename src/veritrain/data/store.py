@@ -162,13 +162,28 @@ def _write_version(out: Path, cfg: DataConfig, table: _Table, classes: Optional[
     }
 
 
-def _seal_version(out: Path, info: dict[str, Any]) -> None:
+def _seal_version(out: Path, info: dict[str, Any], card: dict[str, Any]) -> None:
     """version.json, with the table of the report files written beside the bound ones (checked on every open,
     though outside the id: reports hold timings and drawings that differ between machines)."""
-    bound = set(BOUND_FILES) | {"version.json", CARD_FILE}
-    info["reports"] = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*"))
-                       if p.is_file() and p.relative_to(out).as_posix() not in bound}
-    (out / "version.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    seal_reports(out, info, set(BOUND_FILES) | {"version.json", CARD_FILE}, card)
+
+
+CROISSANT_FILE = "croissant.json"  # the version's MLCommons Croissant record, as the card was when it was prepared
+
+
+def seal_reports(out: Path, info: dict[str, Any], bound: set[str], card: dict[str, Any]) -> None:
+    """version.json with `reports`, the table of the files beside the bound ones; its Croissant record (written from
+    version.json, so version.json is written once before it and once after with the record among the reports)."""
+    from veritrain.data import croissant
+
+    def write_info() -> None:
+        info["reports"] = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*"))
+                           if p.is_file() and p.relative_to(out).as_posix() not in bound}
+        (out / "version.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+    write_info()
+    croissant.write(out, out / CROISSANT_FILE, card)  # its file locations relative to the version: it moves with it
+    write_info()
 
 
 def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:

@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import time
+from datetime import datetime, timezone
 import unicodedata
 import uuid
 from collections import Counter
@@ -139,13 +140,14 @@ def prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path,
         info["data_version"] = version
         if id_only:
             return version  # type: ignore[return-value]
+        info["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")  # outside the id, as for images
         final = store / version
         if (final / "version.json").exists():
             log.info("data: reusing data version %s (%d documents)", version[:12], len(docs))
         else:
             info["timings"] = {"total": round(time.perf_counter() - started, 3)}
             _write_report(tmp, info, found, unreadable, contamination, near)
-            _seal(tmp, info)
+            _seal(tmp, info, _card(data_cfg, listing))
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -397,14 +399,19 @@ def _write_report(out: Path, info: dict[str, Any], found: _Documents, unreadable
     (out / "data_report.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def _seal(out: Path, info: dict[str, Any]) -> None:
-    bound = set(TEXT_BOUND_FILES) | {"version.json", CARD_FILE}
-    info["reports"] = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*"))
-                       if p.is_file() and p.relative_to(out).as_posix() not in bound}
-    (out / "version.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+def _seal(out: Path, info: dict[str, Any], card: dict[str, Any]) -> None:
+    from veritrain.data.store import seal_reports
+
+    seal_reports(out, info, set(TEXT_BOUND_FILES) | {"version.json", CARD_FILE}, card)
+
+
+def _card(data_cfg: DataConfig, listing: TextListing) -> dict[str, Any]:
+    from veritrain.data.store import merged_card
+
+    return merged_card(data_cfg.card.model_dump(), listing.card)
 
 
 def _write_card(final: Path, data_cfg: DataConfig, listing: TextListing) -> None:
-    from veritrain.data.store import _write_card as write_card, merged_card
+    from veritrain.data.store import _write_card as write_card
 
-    write_card(final, merged_card(data_cfg.card.model_dump(), listing.card))
+    write_card(final, _card(data_cfg, listing))
