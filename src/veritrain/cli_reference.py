@@ -135,6 +135,8 @@ def _param_type(param: click.Parameter) -> str:
 
 
 def _describe_type(kind: click.ParamType) -> str:
+    if isinstance(kind, click.Tuple):  # an option of several values (nargs > 1): each one's type, in order
+        return ", then ".join(_describe_type(item) for item in kind.types)
     if isinstance(kind, click.Choice):
         return "one of " + ", ".join(f"`{c}`" for c in kind.choices)
     if isinstance(kind, (click.IntRange, click.FloatRange)):

@@ -513,6 +513,19 @@ def published(result: dict[str, Any]) -> None:
                + (f" with {len(result['archives'])} archive(s)" if result["archives"] else ""))
 
 
+def exported_to_mlflow(result: dict[str, Any]) -> None:
+    """`runs export --to mlflow`: each run and its MLflow run, then how to browse them."""
+    for run in result["runs"]:
+        if run["exported"]:
+            click.echo(f"exported {run['run_id']} as MLflow run {run['mlflow_run_id']} ({run['status']}: {run['params']} params, "
+                       f"{run['metrics']} metrics, {run['artifacts']} files)"
+                       + (f"; {len(run['omitted'])} value(s) MLflow cannot hold are whole in config_omitted.json" if run["omitted"] else ""))
+        else:
+            click.echo(f"{run['run_id']} is in {result['out']} already, with the same seal, as MLflow run {run['mlflow_run_id']}: left as it is")
+    click.echo(f"experiment {result['experiment']['name']} in {result['tracking_uri']}; browse it: "
+               f"mlflow ui --backend-store-uri {result['tracking_uri']}")
+
+
 # ---------------------------------------------------------------- data versions and configs
 
 

@@ -1,5 +1,5 @@
-"""The commands over the workspace's runs: the `runs` group (list, show, compare, note, reindex), `gc`, the run
-browser (`ui`) and the static site (`publish`)."""
+"""The commands over the workspace's runs: the `runs` group (list, show, compare, note, reindex, export), `gc`, the
+run browser (`ui`) and the static site (`publish`)."""
 
 from __future__ import annotations
 
@@ -147,6 +147,43 @@ def runs_reindex(workdir: Optional[str], as_json: bool) -> int:
         emit_json({"runs": count, "registry": str(workspace.state_dir / "registry.sqlite")})
     else:
         click.echo(f"indexed {count} run(s)")
+    return 0
+
+
+def _export_target(ctx: click.Context, param: click.Parameter, value: tuple[str, str]) -> tuple[str, str]:
+    if value[1].startswith("-"):  # click hands the next word to `--to` whatever it is: `--to mlflow --json` has no folder
+        raise click.BadParameter(f"{value[0]} {value[1]}: give the folder after the format, e.g. --to mlflow out/")
+    return value
+
+
+@runs_group.command("export")
+@click.argument("refs", nargs=-1, required=True, metavar="RUN...")
+@click.option("--to", "target", nargs=2, required=True, type=(click.Choice(["mlflow"]), click.Path(file_okay=False)), metavar="FORMAT DIR",
+              callback=_export_target,
+              help="The format (mlflow: DIR/mlflow.db, the SQLite tracking store, and DIR/artifacts) and the folder to write it into.")
+@workdir_option
+@json_option
+def runs_export(refs: tuple[str, ...], target: tuple[str, str], workdir: Optional[str], as_json: bool) -> int:
+    """Export runs whose seal holds to MLflow: params, metrics per epoch and final, tags with the seal and data
+    version, the record, evaluation and export as artifacts. A run already there with the same seal is left as it is.
+
+    \b
+    Example:
+      veritrain runs export latest --to mlflow out/
+    """
+    from pathlib import Path
+
+    from veritrain.records.record import read_record
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust import mlflow_export
+
+    workspace = Workspace.open(workdir)
+    run_dirs = list(dict.fromkeys(workspace.resolve_run(r) for r in refs))
+    result = mlflow_export.export(workspace, [read_record(d) for d in run_dirs], Path(target[1]))
+    if as_json:
+        emit_json(result)
+    else:
+        render.exported_to_mlflow(result)
     return 0
 
 

@@ -118,9 +118,15 @@ def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
         "error": (record.get("error") or {}).get("message"),
         "seal": seal,
     }
-    metrics = {split: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-               for split, m in (record.get("metrics") or {}).items()}
+    metrics = listed_metrics(record)
     return (*(values[c] for c in COLUMNS), json.dumps(metrics), json.dumps(record.get("config")), json.dumps(read_notes(run_dir)), stamp)
+
+
+def listed_metrics(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The metrics the index keeps (and `runs list --json` shows): per split, the numbers of `metrics.<split>`
+    (not the per-class tables, names or hashes beside them)."""
+    return {split: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            for split, m in (record.get("metrics") or {}).items()}
 
 
 def sync(state_dir: Path, runs_dir: Path, rebuild: bool = False) -> sqlite3.Connection:
