@@ -35,11 +35,11 @@ import os
 import re
 import shutil
 import time
-from datetime import datetime, timezone
 import unicodedata
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
