@@ -97,6 +97,7 @@ class SigningKey:
 
     public: PublicKey
     _private: Any
+    private_path: Path  # the file it was read from (OpenSSF model signing reads the key itself)
 
     def sign(self, data: bytes) -> bytes:
         from cryptography.hazmat.primitives import hashes
@@ -132,7 +133,7 @@ def load(path: Path) -> SigningKey:
     public = private.public_key()
     der = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode("ascii")
-    return SigningKey(PublicKey(path=public_path(path), pem=pem, fingerprint=fingerprint_of(der)), private)
+    return SigningKey(PublicKey(path=public_path(path), pem=pem, fingerprint=fingerprint_of(der)), private, path)
 
 
 def sealing_key() -> Optional[SigningKey]:

@@ -507,7 +507,7 @@ def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: Da
 
         t = time.perf_counter()
         try:
-            description = export.run(cfg, data, task, run_dir)
+            description = export.run(cfg, data, task, run_dir, record=record.snapshot())
         except export.ParityFailed as err:
             record.set(export={"parity": err.parity})
             raise
@@ -774,7 +774,7 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
         if outside is not None or use_current_code:
             def stage(run_dir: Path, record: Recorder) -> dict[str, Any]:
                 try:
-                    description = export.run(opened.config, opened.data, opened.task, run_dir, INPUT_CHECKPOINT, formats)
+                    description = export.run(opened.config, opened.data, opened.task, run_dir, INPUT_CHECKPOINT, formats, record=record.snapshot())
                 except export.ParityFailed as err:
                     record.set(export={"parity": err.parity})
                     raise
@@ -786,7 +786,7 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
         with amending(workspace, opened.record) as change:  # the new export/ is written beside the run
             try:
                 description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats,
-                                         out_dir=change.replace_folder("export"))
+                                         out_dir=change.replace_folder("export"), record=opened.record)
             except export.ParityFailed as err:
                 change.set_export({"parity": err.parity})
                 amend(opened, workspace, change, "export", f"parity FAILED: {err.parity['reason']}")

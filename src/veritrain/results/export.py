@@ -20,6 +20,7 @@ import shutil
 import stat
 import struct
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
+from veritrain.core.signing_keys import sealing_key
 from veritrain.tasks import split_rows
 
 if TYPE_CHECKING:
@@ -52,10 +54,12 @@ FILES = {"onnx": "model.onnx", "torchscript": "model.torchscript.pt", "torch_exp
 REQUESTED_AS = {"onnx": "onnx", "torchscript": "torchscript", "torch_export": "torchscript", "safetensors": "safetensors"}
 # what ties an exported file to its origin: a file made with any of these different is removed, never kept
 ORIGIN_FIELDS = ("checkpoint_sha256", "data_version", "source_run")
+CARD_FILE = "README.md"  # the Hugging Face model card (veritrain.results.model_card)
+SIGNATURE_FILE = "model.sig"  # the OpenSSF model signature of the folder (veritrain.results.export_signing)
 
 
 def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Optional[str] = None, formats: Optional[Sequence[str]] = None,
-        out_dir: Optional[Path] = None) -> dict[str, Any]:
+        out_dir: Optional[Path] = None, record: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """Stage entry: export the checkpoint `which` (see `evaluate.checkpoint_path`) in `formats` (default `export.formats`)
     and check parity of every format in export/. Formats not asked for stay when model.json shows they were made from
     the same checkpoint, data version and run, and their files still match its hashes; any other model file there is
@@ -63,7 +67,9 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     `removed` (format, file and reason per removed file). Raises RunFailed when the model's outputs are not finite
     (before export/ is touched) and when parity fails (files are kept). With `out_dir` (an amend of a finished run
     stages its new export/ beside the run) the files are written there, the kept ones linked or copied in, and the
-    run's export/ is only read."""
+    run's export/ is only read. Once parity passed, `record` (the run's record as it is now) gives the model card
+    README.md, and the folder is signed (OpenSSF model signing, model.sig) with the signing key when there is one;
+    without `record` (a smoke test's export) there is neither."""
     import torch
 
     from veritrain.core.config import config_hash
@@ -114,7 +120,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     metadata = file_metadata(description, data)
     previous = previous_description(existing)
     kept, removed = _keep_or_remove(existing, previous, description, {REQUESTED_AS[name] for name in formats}, out)
-    for stale in ("model.json", "parity.json"):  # rewritten below; until then no description of files that may change
+    for stale in ("model.json", "parity.json", CARD_FILE, SIGNATURE_FILE):  # rewritten below; until then nothing describes files that may change
         (out / stale).unlink(missing_ok=True)
     written: dict[str, str] = {}
     if "onnx" in formats:
@@ -147,8 +153,21 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     description["onnx_opset"] = cfg.export.opset if "onnx" in written else previous.get("onnx_opset") if "onnx" in kept else None
     description["torch"] = torch.__version__
     description["parity"] = check_parity(cfg, data, task, model, out, files, reference=reference)
+    shipped = record is not None and description["parity"]["passed"]  # a run's export (a smoke test's has no card or signature)
+    key = sealing_key() if shipped else None
+    # the files beside the model files: the card, and the signature over every file of the folder but itself
+    description["non_model_files"] = [name for name in (CARD_FILE, SIGNATURE_FILE) if shipped and (name != SIGNATURE_FILE or key is not None)]
+    description["companions"] = sorted(spec.get("companions") or {})
     (out / "model.json").write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     parity = description["parity"]
+    if shipped and record is not None:
+        from veritrain.results.model_card import model_card
+
+        (out / CARD_FILE).write_text(model_card(record, description, key.public.fingerprint if key else None), encoding="utf-8")
+        if key is not None:
+            from veritrain.results import export_signing
+
+            export_signing.sign(out, key.private_path)
     log.info("export: %s in %s%s; parity %s (max |Δlogit| %s, argmax agreement %s)", ", ".join(written), existing,
              f" (kept from the same checkpoint: {', '.join(kept_formats)})" if kept_formats else "",
              "passed" if parity["passed"] else "FAILED",
