@@ -58,7 +58,8 @@ def verify(folder: Path, public_key: Path) -> Optional[str]:
         (model_signing.verifying.Config().use_elliptic_key_verifier(public_key=public_key)
          .set_hashing_config(_hashing(model_signing, folder)).verify(folder, signature))
     except Exception as err:  # the library raises ValueError and its own errors alike: all mean "does not verify"
-        return f"{signature}: does not verify ({' '.join(str(err).split())[:300]})"
+        said = " ".join(str(err).split())[:300]
+        return f"{signature}: does not verify ({err.__class__.__name__}{': ' + said if said else ''})"
     return None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -22,6 +23,7 @@ from veritrain.core.errors import UserError
 from veritrain.records import provenance
 from veritrain.records.provenance import PAYLOAD_TYPE, PREDICATE_TYPE, PROVENANCE_FILE, STATEMENT_TYPE
 
+SIGNED_EXPORT = "export/model.sig"
 MAX_STATEMENT_BYTES = 64 << 20  # a statement lists digests only; far more than any run's
 SHA256_HEX = frozenset("0123456789abcdef")
 
@@ -135,8 +137,10 @@ def problems(listing: Mapping[str, Path], record: Mapping[str, Any], seal: str, 
     except OSError as err:
         problem("provenance_malformed", f"cannot be read ({err.strerror})")
         return found
+    fingerprint = ref.get("key_fingerprint")
     found.extend({"path": PROVENANCE_FILE, "kind": "provenance_signature", "detail": line}
-                 for line in _signature_problems(ref.get("key_fingerprint"), payload, signatures, public_key, not_checked))
+                 for line in _signature_problems(fingerprint, payload, signatures, public_key, not_checked))
+    found.extend(_export_signature_problems(listing, fingerprint, public_key, not_checked))
     predicate = statement["predicate"]
     stated_record = _by_name(predicate["runDetails"]["byproducts"]).get(provenance.RECORD_FILE, {}).get("sha256")
     if stated_record != seal:
@@ -179,6 +183,33 @@ def _listed_files(path: Path) -> Optional[dict[str, Any]]:
         return None
     files = info.get("files") if isinstance(info, dict) else None
     return files if isinstance(files, dict) else None
+
+
+def _export_signature_problems(listing: Mapping[str, Path], fingerprint: Optional[str], public_key: Optional[bytes],
+                               not_checked: list[dict[str, str]]) -> list[dict[str, str]]:
+    """export/model.sig checked with the library that made it (OpenSSF model signing), by the run's key."""
+    signature = listing.get(SIGNED_EXPORT)
+    if signature is None:
+        return []
+    folder = signature.parent
+    pem = public_key or (known_public_key(fingerprint) if fingerprint else None)
+    if pem is None or fingerprint is None or signing_keys.public_key_fingerprint(pem) != fingerprint:
+        not_checked.append({"check": "export signature", "reason": "the public key of the run's signing key is not known here; give it with --public-key FILE"})
+        return []
+    if any(listing.get(rel) != folder / Path(rel).name for rel in listing if rel.startswith("export/")):
+        not_checked.append({"check": "export signature", "reason": "an amend of the run is unfinished: the export is judged file by file"})
+        return []
+    from veritrain.results import export_signing
+
+    with tempfile.TemporaryDirectory(prefix="veritrain-key-") as tmp:
+        key_file = Path(tmp) / "public.pem"
+        key_file.write_bytes(pem)
+        try:
+            problem = export_signing.verify(folder, key_file)
+        except UserError as err:  # model-signing is not installed here
+            not_checked.append({"check": "export signature", "reason": str(err)})
+            return []
+    return [{"path": SIGNED_EXPORT, "kind": "export_signature", "detail": problem.split(": ", 1)[-1]}] if problem else []
 
 
 def _signature_problems(fingerprint: Optional[str], payload: bytes, signatures: list[dict[str, Any]], public_key: Optional[bytes],
