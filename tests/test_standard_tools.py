@@ -161,7 +161,7 @@ def test_every_standard_tool_passes_on_the_three_runs(tools, signed_runs, tmp_pa
                                  "--workdir", str(workdir), "--json", timeout=600)
     assert exported.code == 0, exported.stderr
     listed = {r["run_id"]: r for r in veritrain_process("runs", "list", "--json", "--workdir", str(workdir)).json()["runs"]}
-    searched = in_tools(tools, "import sys, json, mlflow\nframe = mlflow.search_runs(search_all_experiments=True, tracking_uri=sys.argv[1])\n"
+    searched = in_tools(tools, "import sys, json, mlflow\nmlflow.set_tracking_uri(sys.argv[1])\nframe = mlflow.search_runs(search_all_experiments=True)\n"
                                "print(frame.to_json(orient='records'))", f"sqlite:///{out / 'mlflow.db'}")
     assert searched.returncode == 0, searched.stderr
     found = {row["tags.veritrain.run_id"]: row for row in json.loads(searched.stdout)}
