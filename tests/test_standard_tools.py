@@ -162,12 +162,14 @@ def test_every_standard_tool_passes_on_the_three_runs(tools, signed_runs, tmp_pa
     assert exported.code == 0, exported.stderr
     listed = {r["run_id"]: r for r in veritrain_process("runs", "list", "--json", "--workdir", str(workdir)).json()["runs"]}
     searched = in_tools(tools, "import sys, json, mlflow\nmlflow.set_tracking_uri(sys.argv[1])\nframe = mlflow.search_runs(search_all_experiments=True)\n"
-                               "print(frame.to_json(orient='records'))", f"sqlite:///{out / 'mlflow.db'}")
+                               "print(json.dumps(frame.to_dict(orient='records'), default=str))", f"sqlite:///{out / 'mlflow.db'}")
     assert searched.returncode == 0, searched.stderr
     found = {row["tags.veritrain.run_id"]: row for row in json.loads(searched.stdout)}
     assert set(found) == {r.name for r in signed_runs["runs"].values()}
     for run_id, row in found.items():
-        for key, value in (listed[run_id].get("metrics") or {}).items():
+        shown = {f"{split}.{name}": value for split, values in (listed[run_id].get("metrics") or {}).items() for name, value in values.items()}
+        assert shown, run_id
+        for key, value in shown.items():
             assert row[f"metrics.{key}"] == pytest.approx(value, rel=1e-12), (run_id, key)
 
 

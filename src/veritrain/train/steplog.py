@@ -89,6 +89,9 @@ class StepLog:
             if self.board is not None:
                 self.board.add_scalar("step/loss", loss, state.step)
                 self.board.add_scalar("step/lr", lr, state.step)
+                if grad_norm is not None:
+                    self.board.add_scalar("step/grad_norm", grad_norm, state.step)
+                self.board.add_scalar("step/samples_per_s", round(rate, 1), state.step)
 
     def epoch(self, row: dict[str, Any]) -> None:
         """The epoch's row of metrics.jsonl."""
