@@ -29,7 +29,7 @@ import yaml
 from veritrain.core.signing_keys import KEY_NAME, public_path
 
 # the one spelling of the signature check; the folder is the export (a downloaded repository), model.sig beside the files
-VERIFY_SIGNATURE_COMMAND = "model_signing verify key {folder} --signature {folder}/model.sig --public_key {public_key}"
+VERIFY_SIGNATURE_COMMAND = "model_signing verify key {folder} --no-ignore-git-paths --signature {folder}/model.sig --public_key {public_key}"  # export_signing.VERIFY_COMMAND
 PUBLIC_KEY_FILE = public_path(Path(KEY_NAME)).name  # signing-key.pub.pem: the public half `veritrain keys init` writes
 PROVENANCE_FILE = "provenance.intoto.jsonl"
 LIBRARY_NAME = "pytorch"  # the framework the weights are for; no modeling library of the Hub's list loads them

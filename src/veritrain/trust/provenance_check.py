@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
@@ -201,14 +200,11 @@ def _export_signature_problems(listing: Mapping[str, Path], fingerprint: Optiona
         return []
     from veritrain.results import export_signing
 
-    with tempfile.TemporaryDirectory(prefix="veritrain-key-") as tmp:
-        key_file = Path(tmp) / "public.pem"
-        key_file.write_bytes(pem)
-        try:
-            problem = export_signing.verify(folder, key_file)
-        except UserError as err:  # model-signing is not installed here
-            not_checked.append({"check": "export signature", "reason": str(err)})
-            return []
+    try:
+        problem = export_signing.verify(folder, pem)
+    except UserError as err:  # model-signing is not installed here
+        not_checked.append({"check": "export signature", "reason": str(err)})
+        return []
     return [{"path": SIGNED_EXPORT, "kind": "export_signature", "detail": problem.split(": ", 1)[-1]}] if problem else []
 
 
