@@ -282,3 +282,12 @@ def test_the_card_given_replaces_the_versions_card(digits, tmp_path):
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["isBasedOn"] == ["UCI ML Repository", "https://archive.ics.uci.edu/dataset/80"] and doc["author"] == "E. Alpaydin"
     assert doc["citeAs"].endswith("; data from: UCI ML Repository; https://archive.ics.uci.edu/dataset/80.")
+
+
+def test_the_data_report_names_every_card_field_the_record_leaves_out(digits, tmp_path):
+    from veritrain.data.identity import load_version
+
+    report = load_version(digits).report()
+    warnings = croissant.write(digits, tmp_path / "c.json")
+    assert warnings == report["card_gaps"] and "data.card.contact is missing: say who answers questions about the data" in warnings
+    assert set(report["card_warnings"]) <= set(report["card_gaps"])
