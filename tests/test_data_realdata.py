@@ -252,6 +252,20 @@ def splits_of(data, sample_ids) -> list[str]:
     return [where[s] for s in sample_ids]
 
 
+def _pyarrow_footprint() -> int:
+    """Bytes that importing pyarrow adds to a process that imports scikit-learn, as prepare does: scikit-learn imports
+    pandas, and pandas 3 imports pyarrow whenever it is installed. Measured as the peak resident memory of those imports
+    with pyarrow against the same with pyarrow made unimportable."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nif sys.argv[1] == 'blocked': sys.modules['pyarrow'] = None\nimport sklearn.utils.fixes, pandas\n"
+            "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])")
+    peaks = [int(subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, check=True).stdout) * 1024
+             for how in ("installed", "blocked")]
+    return max(0, peaks[0] - peaks[1])
+
+
 @pytest.mark.slow
 def test_prepare_memory_grows_by_less_than_twice_the_pixels_per_image(tmp_path):
     # 32×32 RGB PNGs: 3 KiB of pixels each. Before the arrays were written through a memory map, the prepare
@@ -266,7 +280,8 @@ def test_prepare_memory_grows_by_less_than_twice_the_pixels_per_image(tmp_path):
     root = write_png_dataset(tmp_path / "png", 20_000)
     small = write_png_dataset(tmp_path / "png_small", 5_000)
     peak_small, peak = measure(small, 5_000).main_peak, measure(root, 20_000).main_peak
-    assert peak <= 350 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    libraries = _pyarrow_footprint()  # not veritrain's: a library pandas loads whenever it is installed (mlflow brings it)
+    assert peak <= 350 * 2**20 + libraries, f"peak {peak / 2**20:.0f} MiB ({libraries / 2**20:.0f} MiB of them pyarrow's import)"
     assert (peak - peak_small) / 15_000 <= 2 * 32 * 32 * 3, f"{(peak - peak_small) / 15_000 / 1024:.1f} KiB per image"
 
 

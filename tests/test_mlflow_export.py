@@ -31,8 +31,9 @@ def _mlflow_installed() -> None:
 
 
 def reseal(run_dir: Path, change: Callable[[dict[str, Any]], None]) -> str:
-    """Change the run's record and seal it again, as a writer would (the seal is a hash, not a signature)."""
-    from veritrain.records.record import record_bytes
+    """Change the run's record and seal it again, as a writer would (the seal is a hash, not a signature), with its
+    unsigned provenance statement written again for the new seal."""
+    from veritrain.records.record import record_bytes, statement_bytes
 
     record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
     change(record)
@@ -40,6 +41,7 @@ def reseal(run_dir: Path, change: Callable[[dict[str, Any]], None]) -> str:
     (run_dir / "record.json").write_bytes(data)
     seal = hashlib.sha256(data).hexdigest()
     (run_dir / "record.sha256").write_text(seal + "\n")
+    (run_dir / "provenance.intoto.jsonl").write_bytes(statement_bytes(record, seal, run_dir, None))
     return seal
 
 
@@ -76,8 +78,8 @@ def listed(workdir: Path) -> dict[str, dict[str, float]]:
 
 
 def exported_files(run_dir: Path) -> list[str]:
-    """What the export copies: the record, its seal, the config, metrics.jsonl, eval/ and export/."""
-    names = ["record.json", "record.sha256", "config.yaml", "metrics.jsonl"]
+    """What the export copies: the record, its seal, its provenance statement, the config, metrics.jsonl, eval/ and export/."""
+    names = ["record.json", "record.sha256", "config.yaml", "metrics.jsonl"] + (["provenance.intoto.jsonl"] if (run_dir / "provenance.intoto.jsonl").exists() else [])
     names += [p.relative_to(run_dir).as_posix() for folder in ("eval", "export") for p in sorted((run_dir / folder).rglob("*")) if p.is_file()]
     return sorted(names)
 
