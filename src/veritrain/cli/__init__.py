@@ -42,7 +42,7 @@ def cli() -> None:
 
 
 for _command in (
-    training.run_command, training.train_command, training.sweep_command,
+    training.run_command, training.train_command, training.sweep_command, training.search_command,
     stages.eval_command, stages.baseline_command, stages.export_command, stages.predict_command, stages.generate_command, stages.smoke_command,
     trust.verify_command, trust.check_command, runs.gc_command, trust.archive_command, trust.import_command,
     trust.reproduce_command, trust.audit_command,

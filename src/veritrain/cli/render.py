@@ -217,6 +217,39 @@ def sweep_summary(summary: dict[str, Any]) -> None:
     logs.report(f"summary: {summary['folder']}/summary.json; the trials are in experiments.md")
 
 
+def search_summary(summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    selection = summary["selection"]
+    best = (summary.get("best") or {}).get("number")
+    table = Table(title=f"search {summary['id']} ({summary['sampler']['name']} sampler, seed {summary['sampler']['seed']}, "
+                  f"{summary['pruner']['name']} pruner; chosen on {selection['split']} {selection['metric']})", title_justify="left")
+    for column in ("trial", "change", "run", "state", f"{selection['split']} {selection['metric']}", "epochs judged"):
+        table.add_column(column)
+    for trial in summary["trials"]:
+        change = ", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={json.dumps(value)}" for key, value in trial["change"].items())
+        state = trial["state"] + (f": {trial['error']}" if trial["state"] == "failed" and trial.get("error") else "")
+        if trial["state"] == "pruned" and trial.get("pruned"):
+            state += f" after epoch {trial['pruned'].get('epoch')}"
+        value = f"{trial['value']:.4f}" if isinstance(trial.get("value"), (int, float)) else "-"
+        table.add_row(f"{trial['number']}" + (" best" if trial["number"] == best else ""), change or "-", trial.get("run_id") or "-", state, value,
+                      str(len(trial["intermediate"])), style="bold" if trial["number"] == best else None)
+    logs.print_table(table)
+    counts = summary["counts"]
+    logs.report(f"{counts['trials']} of {counts['planned']} trial(s): {counts['completed']} completed, {counts['pruned']} pruned, "
+                f"{counts['failed']} failed" + (f", {counts['interrupted'] + counts['running']} unfinished" if counts["interrupted"] + counts["running"] else ""))
+    if summary.get("best"):
+        b = summary["best"]
+        logs.report(f"best: trial {b['number']} (run {b['run_id']}), chosen on {b['split']} {b['metric']}: {b['value']:.4f}")
+        report = b.get("test") or {}
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in (report.get("metrics") or {}).items() if name in ("accuracy", "macro_f1", "log_loss", "rmse"))
+        if shown:
+            logs.report(f"  its test result, {report['label']}: {shown}")
+    if not summary["reproducible"]["proposals"]:
+        logs.report(f"note: {summary['reproducible']['reason']}")
+    logs.report(f"summary: {summary['folder']}/summary.json, sealed by SHA256SUMS (sha256sum -c SHA256SUMS)")
+
+
 # ---------------------------------------------------------------- stages on a finished run
 
 

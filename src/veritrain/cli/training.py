@@ -1,4 +1,4 @@
-"""The commands that start runs: `run`, `train` (and its resume) and `sweep`."""
+"""The commands that start runs: `run`, `train` (and its resume), `sweep` and `search`."""
 
 from __future__ import annotations
 
@@ -223,6 +223,72 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
     if as_json:
         emit_json(outcome.summary)
     render.sweep_summary(outcome.summary)
+    if outcome.error is not None:
+        raise outcome.error
+    return 0
+
+
+@click.command("search")
+@config_argument
+@set_option
+@click.option("--space", "space_path", default=None, metavar="FILE",
+              help="The search space: a YAML file of config keys to ranges or choices (optim.lr: {log_uniform: [1.0e-4, 1.0e-1]}).")
+@click.option("--trials", type=click.IntRange(min=1), default=None, help="How many trials to run (a grid: at most its size).")
+@click.option("--metric", default=None, metavar="val.NAME", help="The val metric the search optimizes and selects on, e.g. val.accuracy; never a test metric.")
+@click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), default="tpe", show_default=True, help="How trials are proposed (Optuna's).")
+@click.option("--pruner", type=click.Choice(["median", "none"]), default="median", show_default=True,
+              help="median: stop a trial after an epoch whose val metric is worse than the median of completed trials at that epoch.")
+@click.option("--parallel", type=click.IntRange(min=1), default=None, help="Trials at once (default 1; with --resume, the search's own).")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default=None, help="Local processes (default) or Ray tasks (needs the ray extra).")
+@click.option("--ray-address", default=None, metavar="ADDR", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local Ray).")
+@click.option("--seed", type=int, default=0, show_default=True, help="The samplers' seed: the same seed proposes the same configurations (see docs/search.md).")
+@click.option("--enqueue", "enqueue", multiple=True, metavar="'{KEY: VALUE, ...}'",
+              help="A configuration to try (a value for every key of the space), as a trial of its own. Repeatable.")
+@click.option("--enqueue-after", type=click.IntRange(min=0), default=None,
+              help="The trial number the first --enqueue configuration takes (default: after the pruner's 5 startup trials; 0 without pruning).")
+@click.option("--no-smoke", is_flag=True, help="Skip the smoke test of the base config that runs first.")
+@click.option("--resume", "resume_id", default=None, metavar="SEARCH_ID", help="Continue an interrupted search (id, unique prefix or `latest`).")
+@trust_code_option(help="With --resume: start trials whose config names code (model.target) (read spec.json and that code first).")
+@workdir_option
+@json_option
+def search_command(config: Optional[str], overrides: tuple[str, ...], space_path: Optional[str], trials: Optional[int], metric: Optional[str],
+                   sampler: str, pruner: str, parallel: Optional[int], backend: Optional[str], ray_address: Optional[str], seed: int,
+                   enqueue: tuple[str, ...], enqueue_after: Optional[int], no_smoke: bool, resume_id: Optional[str], trust_code: bool,
+                   workdir: Optional[str], as_json: bool) -> int:
+    """A hyperparameter search with Optuna: trials proposed by a sampler, hopeless ones pruned, the best chosen on val.
+
+    Each trial is a recorded run linked to the search; after every epoch the driver reads its
+    metrics.jsonl and asks the pruner, and a pruned trial stops (status pruned, never evaluated on
+    test). The study (Optuna's journal storage), its summary and their seal are in
+    .veritrain/searches/<id>/; see docs/search.md.
+
+    \b
+    Examples:
+      veritrain search configs/digits.yaml --space space.yaml --trials 20 --metric val.accuracy
+      veritrain search --resume latest
+    """
+    from veritrain.orchestration import pipeline, search
+    from veritrain.records.workspace import Workspace
+
+    workspace = Workspace.open(workdir)
+    if resume_id:
+        given = [name for name, value in (("CONFIG", config), ("--set", overrides), ("--space", space_path), ("--trials", trials), ("--metric", metric),
+                                          ("--enqueue", enqueue), ("--enqueue-after", enqueue_after is not None), ("--no-smoke", no_smoke)) if value]
+        if given:
+            raise UserError(f"--resume {resume_id}: a resumed search keeps its plan; drop {', '.join(given)}")
+        outcome = search.resume(workspace, resume_id, pipeline.python_argv(), parallel, backend, ray_address, trust_code=trust_code)
+    else:
+        missing = [name for name, value in (("--space FILE", space_path), ("--trials N", trials), ("--metric val.NAME", metric)) if not value]
+        if missing:
+            raise UserError(f"search: give {', '.join(missing)}, e.g. veritrain search configs/digits.yaml --space space.yaml --trials 20 "
+                            "--metric val.accuracy")
+        assert space_path and trials and metric
+        plan = search.plan(config, list(overrides), space_path, trials, metric, sampler, pruner, parallel or 1, backend or "local", seed,
+                           list(enqueue), enqueue_after)
+        outcome = search.start(plan, workspace, pipeline.python_argv(), smoke=not no_smoke, ray_address=ray_address)
+    if as_json:
+        emit_json(outcome.summary)
+    render.search_summary(outcome.summary)
     if outcome.error is not None:
         raise outcome.error
     return 0

@@ -43,6 +43,7 @@ from veritrain.userloop import replay
 if TYPE_CHECKING:  # imported for types only: the data and task modules load torch and numpy
     from veritrain.data.prepare import DataVersion
     from veritrain.tasks import Task
+    from veritrain.train.loop import EpochJudge
 
 log = logging.getLogger("veritrain")
 
@@ -66,7 +67,8 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         repeat: Optional[dict[str, Any]] = None, reproduced_from: Optional[str] = None,
         hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None,
         data_version: Optional[str] = None, sweep: Optional[dict[str, Any]] = None, nproc: int = 1,
-        code: Optional[usercode.CodeSession] = None, sweep_selection: Optional[dict[str, Any]] = None) -> RunOutcome:
+        code: Optional[usercode.CodeSession] = None, sweep_selection: Optional[dict[str, Any]] = None,
+        epoch_judge: Optional[EpochJudge] = None) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
     prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of).
     `data_version` is the version the run must train on (reproduce): the data must still prepare to it,
@@ -74,17 +76,19 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     change); `sweep_selection` is what that sweep picks its best trial by (metric, mode; the record's
     `selection.sweep`). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed).
     `code` is where user modules come from (reproduce: the original's copies; a sweep's trial: the sweep's);
-    by default the config file's folder, the working directory, then sys.path (veritrain.records.usercode)."""
+    by default the config file's folder, the working directory, then sys.path (veritrain.records.usercode).
+    `epoch_judge` is a search's verdict on each epoch (veritrain.train.loop.EpochJudge): a pruning one ends the run
+    after that epoch with status `pruned`, neither evaluated nor exported."""
     session = code or usercode.fresh(resolved.path)
     with session:
         return _start(resolved, workspace, argv, kind, repeat, reproduced_from, hypothesis, parent, smoke, data_version, sweep, nproc, session,
-                      sweep_selection)
+                      sweep_selection, epoch_judge)
 
 
 def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str, repeat: Optional[dict[str, Any]],
            reproduced_from: Optional[str], hypothesis: Optional[str], parent: Optional[str], smoke: Optional[dict[str, Any]],
            data_version: Optional[str], sweep: Optional[dict[str, Any]], nproc: int, code: usercode.CodeSession,
-           sweep_selection: Optional[dict[str, Any]] = None) -> RunOutcome:
+           sweep_selection: Optional[dict[str, Any]] = None, epoch_judge: Optional[EpochJudge] = None) -> RunOutcome:
     cfg = resolved.config
     refuse_to_start(argv, hypothesis)
     if cfg.model.target:  # a module or factory that is missing is a config problem: exit 2 before a run exists
@@ -141,11 +145,11 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
         record.set(distributed=distributed.describe(ranks, [], distributed.torchrun_command(ranks, argv)))
     save_code(record.code, workspace.root, run_dir)
     code.save(run_dir, record.code, cfg.model.target)  # what the target imported; training adds any it imports later
-    return _execute(record, run_dir, resolved, workspace, resume=False, code=code)
+    return _execute(record, run_dir, resolved, workspace, resume=False, code=code, epoch_judge=epoch_judge)
 
 
 def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[ResolvedConfig] = None, trust_code: bool = False,
-           nproc: Optional[int] = None, use_current_code: bool = False) -> RunOutcome:
+           nproc: Optional[int] = None, use_current_code: bool = False, epoch_judge: Optional[EpochJudge] = None) -> RunOutcome:
     """Continue a run in its own folder from its newest valid checkpoint, with the user code recorded with it.
     `ref` is a RUN reference or `auto`: the newest interrupted (or stale running) run whose config hash and data
     version match `match`. A run trained by several processes resumes with as many (`nproc`, when given, must be
@@ -163,6 +167,10 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     status = record.get("status")
     if status == "completed":
         raise UserError(f"--resume {ref}: run {run_dir.name} already completed; start a new run instead")
+    if status == "pruned":
+        raise UserError(f"--resume {ref}: run {run_dir.name} was pruned by its search after epoch {(record.get('pruned') or {}).get('epoch')}, "
+                        "which ends it; start a new run of its config to train it further: "
+                        f"veritrain run runs/{run_dir.name}/config.yaml")
     if status == "running" and not workspace.lock_is_stale(run_dir.name):
         raise UserError(f"--resume {ref}: run {run_dir.name} is still running (its lock is held by a live process)")
     recorded = record.get("distributed") or {}
@@ -183,7 +191,7 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     with code_session(workspace, run_dir, record, "resume") as code:
         if cfg.model.target:
             code.import_target(cfg.model.target)
-        return _execute(Recorder.resume(record, argv), run_dir, resolved, workspace, resume=True, code=code)
+        return _execute(Recorder.resume(record, argv), run_dir, resolved, workspace, resume=True, code=code, epoch_judge=epoch_judge)
 
 
 def _resume_script(workspace: Workspace, record: Record, trust_code: bool, use_current_code: bool, nproc: Optional[int]) -> RunOutcome:
@@ -269,7 +277,7 @@ def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -
 
 
 def _execute(record: Recorder, run_dir: Path, resolved: ResolvedConfig, workspace: Workspace, resume: bool,
-             code: Optional[usercode.CodeSession] = None) -> RunOutcome:
+             code: Optional[usercode.CodeSession] = None, epoch_judge: Optional[EpochJudge] = None) -> RunOutcome:
     started = time.perf_counter()
     cfg = resolved.config
     run_id = record.run_id
@@ -325,10 +333,14 @@ def _execute(record: Recorder, run_dir: Path, resolved: ResolvedConfig, workspac
 
             task = get_task(cfg)
             selection.require_validation(record["selection"], data.counts.get("val", 0))  # before training, which would select on it
+            pruned = None
             if "train" in record["stages"]:
-                _train_stage(record, run_dir, cfg, data, task, stop, resume, workspace.state_dir, ranks, announced)
-            _evaluation_stages(record, run_dir, cfg, data, task)
-            record.completed()
+                pruned = _train_stage(record, run_dir, cfg, data, task, stop, resume, workspace.state_dir, ranks, announced, epoch_judge)
+            if pruned is not None:  # its search stopped it: trained this far, never evaluated on test
+                record.pruned(pruned)
+            else:
+                _evaluation_stages(record, run_dir, cfg, data, task)
+                record.completed()
     except Interrupted as err:
         error = err
         record.interrupted("Interrupted", str(err))
@@ -423,7 +435,10 @@ def follow() -> int:
 
 
 def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task, stop: StopFlag, resume: bool,
-                 state_dir: Path, ranks: Optional[distributed.Ranks] = None, announced: Optional[dict[str, bool]] = None) -> None:
+                 state_dir: Path, ranks: Optional[distributed.Ranks] = None, announced: Optional[dict[str, bool]] = None,
+                 epoch_judge: Optional[EpochJudge] = None) -> Optional[dict[str, Any]]:
+    """Train (one process, torchrun's rank 0, or --nproc ranks) and record what training made; returns the
+    search's verdict when it pruned the run, else None."""
     from veritrain.train import loop
 
     t = time.perf_counter()
@@ -456,7 +471,7 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         record.set(distributed={"world_size": world_size, "nodes": 1, "backend": result.backend or "gloo",
                                 "devices": result.devices or [], "launch": launch_command})
     else:
-        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events)
+        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, epoch_judge=epoch_judge)
     record.time("train", time.perf_counter() - t, add=True)
     record.update_section("env", device=result.device, torch_threads=result.threads)
     from veritrain.train import trajectory
@@ -475,6 +490,7 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         "settings": {"device": result.device, "threads": result.threads, "num_workers": cfg.train.num_workers},
     })
     record.write()
+    return result.pruned
 
 
 def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> None:

@@ -66,8 +66,9 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
                 return {"run_id": earlier["run_id"], "status": earlier["status"], "error": (earlier.get("error") or {}).get("message")}
             if earlier is not None:  # interrupted, or killed while `running`: it continues, no second run of the slot starts
                 spec = {**spec, "resume_run": earlier["run_id"]}
+        judge = epoch_judge(spec["judge"]) if spec.get("judge") else None  # a search's trial, judged after every epoch
         if spec.get("resume_run"):
-            outcome = pipeline.resume(workspace, spec["resume_run"], spec["argv"])
+            outcome = pipeline.resume(workspace, spec["resume_run"], spec["argv"], epoch_judge=judge)
         else:
             with working_dir(spec.get("cwd")):
                 resolved = load_config(spec["config_path"], spec["overrides"])
@@ -77,7 +78,7 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
                                  f"{spec['config_path'] or 'the built-in default'} changed since the sweep started"}
             outcome = pipeline.run(resolved, workspace, spec["argv"], kind="run", hypothesis=spec["hypothesis"],
                                    parent=spec["parent"], smoke=spec["smoke"], repeat=spec["repeat"], sweep=spec["sweep"],
-                                   sweep_selection=spec.get("selection"), code=_sweep_code(spec, workspace))
+                                   sweep_selection=spec.get("selection"), code=_sweep_code(spec, workspace), epoch_judge=judge)
     except (Interrupted, KeyboardInterrupt) as err:  # before the run folder existed: the trial starts again on resume
         return {"run_id": None, "status": "interrupted", "error": str(err) or "interrupted"}
     except VeritrainError as err:  # could not start (the parent vanished, the data is gone, ...)
@@ -129,8 +130,52 @@ def _sweep_code(spec: dict[str, Any], workspace: Workspace) -> Optional[usercode
         return None
     if usercode.listing_sha256(code["user_files"]) != code.get("sha256"):
         raise RunFailed(f"sweep {spec['sweep_id']}: spec.json: code: its listing does not hash to the sha256 recorded at the start")
-    folder = workspace.state_dir / "sweeps" / spec["sweep_id"]
+    folder = workspace.state_dir / spec.get("state_folder", "sweeps") / spec["sweep_id"]  # a search's: searches
     return usercode.from_folder(folder, code["user_files"], workspace.root / usercode.STATE_SCRATCH, f"sweep {spec['sweep_id']}")
+
+
+# How often a trial waiting for its search's verdict looks for it (seconds); the driver answers within its own poll.
+VERDICT_POLL_SECONDS = 0.02
+# How long a trial pruned by a verdict file waits for the SIGTERM the local driver sends with it (seconds), so that
+# the signal lands while training still defers signals, never later while the run is sealed.
+PRUNE_SIGNAL_WAIT_SECONDS = 5.0
+
+
+def epoch_judge(judge: dict[str, Any]):
+    """The epoch judge of a search's trial (veritrain.train.loop.EpochJudge) over the search's verdict folder: after
+    each epoch the trial writes `<slot>.wait.json` (its run and epoch) and waits; the driver reads the run's
+    metrics.jsonl, asks its pruner, and writes `<slot>.verdict.json` for that epoch, followed by SIGTERM when it
+    prunes. A signal without a pruning verdict for the epoch (the user's Ctrl-C passed on, a driver that died) is
+    an interruption: None, and the loop stops as it does for any signal."""
+    from veritrain.core.files import write_atomic
+
+    folder, slot = Path(judge["folder"]), judge["slot"]
+    wait_path, verdict_path = folder / f"{slot}.wait.json", folder / f"{slot}.verdict.json"
+
+    def verdict_for(epoch: int) -> Optional[dict[str, Any]]:
+        try:
+            verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return verdict if isinstance(verdict, dict) and verdict.get("epoch") == epoch else None
+
+    def wait(run_dir: Path, row: dict[str, Any], stop: Any) -> Optional[dict[str, Any]]:
+        epoch = row["epoch"]
+        write_atomic(wait_path, (json.dumps({"run_id": run_dir.name, "epoch": epoch, "step": row["step"]}) + "\n").encode())
+        verdict = verdict_for(epoch)
+        while verdict is None and stop.signum is None:
+            time.sleep(VERDICT_POLL_SECONDS)
+            verdict = verdict_for(epoch)
+        if verdict is None:
+            verdict = verdict_for(epoch)  # written just before the signal that woke us
+        if verdict is None or not verdict.get("prune"):
+            return None
+        deadline = time.monotonic() + PRUNE_SIGNAL_WAIT_SECONDS
+        while judge.get("signalled", True) and stop.signum is None and time.monotonic() < deadline:
+            time.sleep(VERDICT_POLL_SECONDS)
+        return {key: verdict.get(key) for key in ("value", "reason", "search", "trial")}
+
+    return wait
 
 
 def _stop_when_orphaned(driver_pid: int) -> None:

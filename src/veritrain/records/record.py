@@ -202,8 +202,20 @@ class Distributed(_Part):
 
 class SweepLink(_Part):
     id: str
-    trial: Optional[int] = None  # null for the sweep's parent run
+    trial: Optional[int] = None  # null for the sweep's parent run; a search's trial number
     change: dict[str, Any] = {}
+    kind: Literal["sweep", "search"] = "sweep"  # written for a search's trials only (`.veritrain/searches/<id>/`)
+
+
+class PrunedInfo(_Part):
+    """Why a search stopped a trial early (status `pruned`): the epoch its verdict was on and the value judged."""
+
+    epoch: Annotated[int, Field(ge=0)]
+    step: Annotated[int, Field(ge=0)]
+    value: Optional[float] = None  # the metrics.jsonl value the pruner judged; null when the row lacked it
+    reason: str
+    search: Optional[str] = None  # the search's id
+    trial: Optional[int] = None  # the trial's number in it
 
 
 class Picked(_Part):
@@ -390,7 +402,7 @@ class RunRecord(_Part):
     run_id: RunId
     kind: Annotated[Optional[str], NOT_NULL] = None
     stages: Annotated[Optional[list[str]], NOT_NULL] = None
-    status: Literal["running", "completed", "failed", "interrupted"]
+    status: Literal["running", "completed", "failed", "interrupted", "pruned"]
     started_at: IsoTime  # every record has it: experiments.md and the UI order runs by it
     ended_at: Optional[IsoTime] = None  # null while running
     argv: Annotated[Optional[list[str]], NOT_NULL] = None
@@ -414,6 +426,7 @@ class RunRecord(_Part):
     reproduced_from: Optional[str] = None
     repeat: Optional[Repeat] = None
     sweep: Optional[SweepLink] = None
+    pruned: Optional[PrunedInfo] = None  # status pruned only: the search's verdict
     selection: Optional[Selection] = None  # absent in records made before it
     distributed: Optional[Distributed] = None
     final_state_sha256: Optional[Sha256] = None

@@ -137,6 +137,12 @@ class Recorder(Mapping[str, Any]):
     def completed(self) -> None:
         self._fields["status"] = "completed"
 
+    def pruned(self, verdict: dict[str, Any]) -> None:
+        """Stopped by its search after an epoch (the verdict: epoch, step, value, reason, search, trial): it ends here,
+        trained that far, and is neither evaluated nor exported."""
+        keep = ("epoch", "step", "value", "reason", "search", "trial")
+        self._fields.update(status="pruned", pruned=thawed({k: verdict.get(k) for k in keep if k in verdict}))
+
     def interrupted(self, kind: str, message: str) -> None:
         self._fields.update(status="interrupted", error={"type": kind, "message": message})
 

@@ -219,7 +219,7 @@ def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: O
     return rows
 
 
-STATUSES = ("running", "completed", "failed", "interrupted")
+STATUSES = ("running", "completed", "failed", "interrupted", "pruned")
 
 
 def _refuse_unknown_keys(db: sqlite3.Connection, runs_dir: Path, filters: tuple[str, ...], sort: Optional[str]) -> None:

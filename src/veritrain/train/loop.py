@@ -68,6 +68,7 @@ class TrainResult:
     peak_memory_mb: float
     loop_seconds: float = 0.0  # the epochs alone (no setup, data or model building): what overhead is measured on
     trajectory: Optional[list[dict[str, Any]]] = None  # one entry per scheduled checkpoint (and the initial state)
+    pruned: Optional[dict[str, Any]] = None  # the search's verdict that stopped training after an epoch (see EpochJudge)
     other_saves: Optional[list[dict[str, Any]]] = None  # signal and every_minutes saves: {step, reason, state_sha256}
     devices: Optional[list[str]] = None  # with several ranks: each rank's device, in rank order
     backend: Optional[str] = None  # with several ranks: the collective backend
@@ -155,6 +156,13 @@ def step_rows(seed: int, train_rows: np.ndarray, batch_size: int, accumulate_ste
     return epoch, [order[starts[b] : starts[b] + batch_size] for b in group]
 
 
+# A search's judge of each epoch (`veritrain search`, veritrain.orchestration.search): called with the run folder, the
+# epoch's row (already in metrics.jsonl) and the stop flag; it waits for the search driver's verdict and returns it
+# when the driver prunes the trial ({epoch, step, value, reason, ...}), else None. Training then stops after that
+# epoch's save, so a pruned run ends at the epoch that was judged, never evaluated further.
+EpochJudge = Callable[[Path, dict[str, Any], StopFlag], Optional[dict[str, Any]]]
+
+
 @dataclass
 class Training:
     """What setup builds for the epochs: the model and what trains it, the batches of an epoch, the loop's state."""
@@ -174,6 +182,8 @@ class Training:
     state: LoopState
     best_metric: tuple[str, str]  # the metrics.jsonl key best.pt and early stopping follow, and "max" or "min"
     autocast_dtype: Optional[torch.dtype]  # train.precision bf16/fp16; None: fp32
+    judge: Optional[EpochJudge] = None
+    pruned: Optional[dict[str, Any]] = None  # the judge's verdict: no epoch follows (a pruned run is never resumed)
 
     def autocast(self) -> Any:
         if self.autocast_dtype is None:
@@ -194,17 +204,22 @@ class Step:
 
 def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None,
-        ranks: Optional[rank_group.Ranks] = None, stop_at_step: Optional[int] = None) -> TrainResult:
+        ranks: Optional[rank_group.Ranks] = None, stop_at_step: Optional[int] = None,
+        epoch_judge: Optional[EpochJudge] = None) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
     checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`.
 
     With `ranks` (one of several processes started by torchrun, see veritrain.train.distributed) each
     rank trains on its share of every global batch of `train.batch_size` samples; only rank 0 writes.
     With `stop_at_step` (an audit replay, `veritrain.trust.audit`) it raises ReplayDone at the scheduled
-    checkpoint of that step instead of writing it."""
+    checkpoint of that step instead of writing it. With `epoch_judge` (one process only) every epoch waits for
+    its verdict, and a pruning one ends training after that epoch."""
     started = time.perf_counter()
     events = events if events is not None else []
     t = _setup(cfg, data, task, ranks or rank_group.ONE_PROCESS)
+    if epoch_judge is not None and t.ranks.world_size > 1:
+        raise RunFailed("a search's trial trains in one process; drop torchrun and --nproc for it")
+    t.judge = epoch_judge
     state = t.state
     checkpointer = Checkpointer(cfg, data.version, run_dir, t.ranks, t.trained, state, t.device, stop_at_step)
     resumed, augment_state = checkpointer.resume(events) if resume else (False, None)
@@ -214,15 +229,18 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
     _log_start(t)
     checkpointer.start_clock()
     steplog = StepLog(cfg, run_dir, console, t.ranks.is_main, len(t.starts))
+    if resumed and history and t.judge is not None:  # the last epoch before the stop may not have had its verdict
+        with stop.deferred():
+            _judge(t, run_dir, history[-1], events, stop)
     loop_started = time.perf_counter()
     with steplog:
-        while state.epoch <= cfg.train.epochs and not state.stopped_early:
+        while state.epoch <= cfg.train.epochs and not state.stopped_early and t.pruned is None:
             augment = _generator_with(cfg.seed, state.epoch, augment_state, t.ranks.rank)
             augment_state = None
             try:
                 with stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
                     _train_epoch(t, augment, stop, checkpointer, guard, steplog)
-                    _end_epoch(t, history, events, stop, checkpointer, guard, steplog)
+                    _end_epoch(t, history, events, stop, checkpointer, guard, steplog, run_dir)
             except RolledBack as back:  # the snapshot is restored: train its epoch again from there
                 augment_state = back.augment_state
                 del history[state.epochs_done :]
@@ -385,7 +403,7 @@ def _train_step(t: Training, order: np.ndarray, augment: torch.Generator, stop: 
 
 
 def _end_epoch(t: Training, history: list[dict[str, Any]], events: list[dict[str, Any]], stop: StopFlag,
-               checkpointer: Checkpointer, guard: NonFiniteGuard, steplog: StepLog) -> None:
+               checkpointer: Checkpointer, guard: NonFiniteGuard, steplog: StepLog, run_dir: Path) -> None:
     """The end of an epoch: validate, write its row, follow the best metric and early stopping, and save on the
     schedule; raises Interrupted after the save when a signal came during the epoch."""
     tcfg, ccfg, state, ranks = t.cfg.train, t.cfg.checkpoint, t.state, t.ranks
@@ -409,9 +427,12 @@ def _end_epoch(t: Training, history: list[dict[str, Any]], events: list[dict[str
                        "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
     history.append(row)
     steplog.epoch(row)
+    if t.judge is not None:  # one process: the verdict on the row just written; a signal may come while it waits
+        _judge(t, run_dir, row, events, stop)
+        epoch_signum = None if t.pruned is not None else stop.signum
     save_now = (ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or epoch == tcfg.epochs or state.stopped_early
     save_started = time.perf_counter()
-    stops = epoch == tcfg.epochs or state.stopped_early or epoch_signum is not None
+    stops = epoch == tcfg.epochs or state.stopped_early or epoch_signum is not None or t.pruned is not None
     if save_now or (improved and ccfg.best) or stops:
         scheduled = save_now or (improved and ccfg.best) or epoch == tcfg.epochs or state.stopped_early
         guard.snapshot = checkpointer.save("epoch" if scheduled else "signal", None, best=improved and ccfg.best, final=stops)
@@ -423,8 +444,18 @@ def _end_epoch(t: Training, history: list[dict[str, Any]], events: list[dict[str
     )
     if state.stopped_early:
         log.info("train: early stop, %s", events[-1]["detail"])
+    if t.pruned is not None:
+        log.info("train: pruned by the search after epoch %d: %s", epoch, t.pruned.get("reason"))
     if epoch_signum is not None:
         raise Interrupted(epoch_signum)
+
+
+def _judge(t: Training, run_dir: Path, row: dict[str, Any], events: list[dict[str, Any]], stop: StopFlag) -> None:
+    assert t.judge is not None
+    verdict = t.judge(run_dir, row, stop)
+    if verdict is not None:
+        t.pruned = {**verdict, "epoch": row["epoch"], "step": row["step"]}
+        events.append({"kind": "pruned", "step": row["step"], "detail": str(verdict.get("reason"))})
 
 
 def _epoch_row(t: Training, steplog: StepLog) -> dict[str, Any]:
@@ -466,6 +497,7 @@ def _result(t: Training, history: list[dict[str, Any]], started: float, loop_sec
         backend=ranks.backend,
         trajectory=list(state.trajectory) if ranks.is_main else None,
         other_saves=list(state.other_saves) if ranks.is_main else None,
+        pruned=t.pruned,
     )
 
 

@@ -150,3 +150,17 @@ def _parse_yaml(text: str, source: str, prefix: list[str]) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def read_yaml_file(path: str | Path) -> dict[str, Any]:
+    """A YAML file other than a config (a search space), read within the same limits: a mapping, or ConfigError."""
+    return _read_yaml(Path(path))
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    """A short YAML text given on the command line (`--enqueue '{optim.lr: 0.01}'`), within the same limits."""
+    try:
+        return _parse_yaml(text, source, [])
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(source, None, f"invalid YAML: {problem}") from None

@@ -34,6 +34,8 @@ class TrialBackend(Protocol):
 
     def interrupt(self, running: dict[Slot, Any], signum: int, again: bool) -> None: ...
 
+    def prune(self, handle: Any) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -110,6 +112,13 @@ class LocalTrials:
             except ProcessLookupError:
                 pass
 
+    def prune(self, handle: Any) -> None:
+        """A search pruned this trial (its verdict file is written): SIGTERM, which its epoch judge waits for."""
+        try:
+            handle[0].send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
     def close(self) -> None:
         pass  # every process has ended (or was passed the signal) by now
 
@@ -178,6 +187,9 @@ class RayTrials:
     def interrupt(self, running: dict[Slot, Any], signum: int, again: bool) -> None:
         for ref in running.values():
             self.ray.cancel(ref, force=again)  # first a KeyboardInterrupt in the task (the run checkpoints), then a kill
+
+    def prune(self, handle: Any) -> None:
+        pass  # a task's process is not ours to signal: its epoch judge reads the verdict file (the workspace is shared)
 
     def close(self) -> None:
         self.ray.shutdown()

@@ -1,0 +1,168 @@
+"""summary.json of a search, from its study and the trials' run records (the records are the truth for what a
+run did; the study for what was proposed): each trial's change, state, val metric and its per-epoch values, why
+it was pruned, its test metrics (labelled: never used for selection); the best trial, chosen on val alone; and
+SHA256SUMS, the seal over spec.json, the study and the summary (`sha256sum -c SHA256SUMS` checks it)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+from veritrain.core.errors import RunFailed as Damaged
+from veritrain.core.files import write_atomic
+from veritrain.core.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT
+from veritrain.orchestration.search.planning import SEARCH_VERSION
+from veritrain.orchestration.sweep.summary import _json_bytes
+from veritrain.records.record import now_iso, read_record
+from veritrain.records.workspace import Workspace
+
+SEALED_FILES = ("spec.json", "study.jsonl", "summary.json")
+SEAL_FILE = "SHA256SUMS"
+STATES = ("completed", "pruned", "failed", "running", "interrupted", "waiting")
+
+
+def search_runs(workspace: Workspace, spec: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The runs whose record names this search, by trial number: the records are the truth. Of several runs of one
+    number the one that got furthest counts. Only runs that started after the search (less an hour) are read."""
+    if not workspace.runs_dir.exists():
+        return {}
+    try:
+        since = (datetime.strptime(spec["id"][:15], "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp() - 3600)
+        since_name = datetime.fromtimestamp(since, timezone.utc).strftime("%Y%m%d-%H%M%S")
+    except ValueError:
+        since_name = ""
+    rank = {"completed": 4, "pruned": 4, "interrupted": 2, "running": 2, "failed": 1}
+    found: dict[int, dict[str, Any]] = {}
+    for run_dir in sorted(workspace.runs_dir.glob("*")):
+        if run_dir.name[:15] < since_name or not (run_dir / "record.json").exists():
+            continue
+        try:
+            record = read_record(run_dir)
+        except Damaged:
+            continue
+        link = record.get("sweep") or {}
+        if link.get("id") != spec["id"] or link.get("kind") != "search" or not isinstance(link.get("trial"), int):
+            continue
+        number = link["trial"]
+        if number not in found or rank.get(record["status"], 0) >= rank.get(found[number]["status"], 0):
+            found[number] = record
+    return found
+
+
+def write_summary(workspace: Workspace, spec: dict[str, Any], folder: Path, study: Any, errors: dict[int, str],
+                  status: Optional[str]) -> dict[str, Any]:
+    records = search_runs(workspace, spec)
+    stale = {number for number, record in records.items() if record["status"] == "running" and workspace.lock_is_stale(record["run_id"])}
+    summary = summary_from_study(spec, _trials_of(study), records, errors, status, stale)
+    summary["folder"] = str(folder)
+    write_atomic(folder / "summary.json", _json_bytes(summary))
+    seal(folder)
+    return summary
+
+
+def _trials_of(study: Any) -> list[dict[str, Any]]:
+    """The study's trials as plain data: number, Optuna state, params, user attributes, intermediate values."""
+    return [{"number": t.number, "state": t.state.name, "user_attrs": dict(t.user_attrs), "intermediate": dict(t.intermediate_values),
+             "value": t.value if t.state.name == "COMPLETE" else None} for t in study.get_trials(deepcopy=False)]
+
+
+def summary_from_study(spec: dict[str, Any], trials: list[dict[str, Any]], records: dict[int, dict[str, Any]], errors: dict[int, str],
+                       status: Optional[str], stale: Optional[set[int]] = None) -> dict[str, Any]:
+    """summary.json from the spec, the study's trials (`_trials_of`) and the runs' records by trial number."""
+    metric, split = spec["metric"]["name"], spec["metric"]["split"]
+    entries = []
+    for trial in trials:
+        number, record = trial["number"], records.get(trial["number"])
+        state = {"COMPLETE": "completed", "PRUNED": "pruned", "FAIL": "failed", "WAITING": "waiting"}.get(trial["state"], "running")
+        if state == "running" and record is not None and (record["status"] == "interrupted" or number in (stale or set())):
+            state = "interrupted"
+        entry: dict[str, Any] = {
+            "number": number, "state": state, "change": trial["user_attrs"].get("change") or {},
+            "run_id": record["run_id"] if record else trial["user_attrs"].get("run_id"),
+            "config_hash": record.get("config_hash") if record else None,
+            "value": trial["value"],  # the val metric the study was told (the run's eval/val/metrics.json)
+            "intermediate": [[epoch, value] for epoch, value in sorted(trial["intermediate"].items())],  # per epoch, from metrics.jsonl
+            "pruned": record.get("pruned") if record else None,
+            "error": ((record or {}).get("error") or {}).get("message") if state == "failed" else None,
+        }
+        if state == "failed" and not entry["error"]:
+            entry["error"] = errors.get(number)
+        test = ((record or {}).get("metrics") or {}).get(REPORT_SPLIT) if state == "completed" else None
+        entry["test"] = ({"split": REPORT_SPLIT, "used_for_selection": False, "label": NOT_USED_FOR_SELECTION,
+                          "metrics": {k: v for k, v in test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+                         if isinstance(test, dict) else None)
+        entries.append(entry)
+    best = select_best_trial(entries, spec["metric"]["mode"])
+    counts = {key: sum(1 for e in entries if e["state"] == key) for key in STATES}
+    if status is None:
+        unfinished = counts["running"] + counts["interrupted"] + counts["waiting"] > 0 or len(entries) < spec["trials"]
+        status = ("interrupted" if unfinished else "failed" if entries and counts["failed"] == len(entries) else "completed")
+    return {
+        "search_version": SEARCH_VERSION,
+        "id": spec["id"],
+        "status": status,
+        "created_at": spec["created_at"],
+        "updated_at": now_iso(),
+        "exp_name": spec["exp_name"],
+        "config": spec["config"],
+        "space": spec["space"],
+        "sampler": spec["sampler"],
+        "pruner": spec["pruner"],
+        "reproducible": spec["reproducible"],
+        "parallel": spec["parallel"],
+        "backend": spec["backend"],
+        "threads": spec["threads"],
+        "selection": {"split": split, "metric": metric, "mode": spec["metric"]["mode"], "report_split": REPORT_SPLIT},
+        "trials": entries,
+        "best": None if best is None else {
+            "number": best["number"], "change": best["change"], "run_id": best["run_id"], "split": SELECTION_SPLIT, "metric": metric,
+            "mode": spec["metric"]["mode"], "value": best["value"], "test": best["test"]},
+        "counts": {"planned": spec["trials"], "trials": len(entries), **counts},
+    }
+
+
+def select_best_trial(trials: list[dict[str, Any]], mode: str) -> Optional[dict[str, Any]]:
+    """The completed trial with the best val metric (`value`); the first of equals. Each trial's test metrics sit
+    beside it and are not read here."""
+    scored = [t for t in trials if t["state"] == "completed" and isinstance(t.get("value"), (int, float))]
+    if not scored:
+        return None
+    return (max if mode == "max" else min)(scored, key=lambda t: t["value"])
+
+
+def seal(folder: Path) -> str:
+    """Write SHA256SUMS over the search's files (sha256sum's format); returns the digest of that file."""
+    lines = []
+    for name in SEALED_FILES:
+        path = folder / name
+        if path.exists():
+            lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {name}\n")
+    data = "".join(lines).encode()
+    write_atomic(folder / SEAL_FILE, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_seal(folder: Path) -> list[str]:
+    """What no longer matches the search's seal (empty: it holds): a changed, missing or unlisted file."""
+    try:
+        listed = (folder / SEAL_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return [f"{SEAL_FILE} is missing"]
+    problems, seen = [], set()
+    for line in listed:
+        digest, _, name = line.partition("  ")
+        if name not in SEALED_FILES:
+            problems.append(f"{SEAL_FILE} lists {name[:60]!r}, not a file of a search")
+            continue
+        seen.add(name)
+        try:
+            actual = hashlib.sha256((folder / name).read_bytes()).hexdigest()
+        except OSError:
+            problems.append(f"{name} is missing")
+            continue
+        if actual != digest:
+            problems.append(f"{name} changed since the search sealed it")
+    problems.extend(f"{name} is not sealed" for name in SEALED_FILES if name not in seen and (folder / name).exists())
+    return problems
