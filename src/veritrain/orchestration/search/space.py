@@ -230,7 +230,7 @@ def _check_against_config(where: str, param: Param, config: Optional[str], overr
     if param.kind == "choice":
         values = list(param.choices or ())
     elif param.kind in CONTINUOUS:  # and a value between: an integer key takes 1.0, never 1.37
-        values = [param.low, param.high, ((param.low or 0.0) + (param.high or 0.0)) / 2 + 1e-9 * ((param.high or 0.0) - (param.low or 0.0))]
+        values = [param.low, param.high, round((param.low or 0.0) + 0.37 * ((param.high or 0.0) - (param.low or 0.0)), 6)]
     else:
         values = [int(param.low or 0), int(param.high or 0)]
     for value in values:
