@@ -261,3 +261,38 @@ def test_a_search_whose_every_trial_fails_exits_1_with_the_first_error(configs, 
     assert [t["state"] for t in summary["trials"]] == ["failed", "failed"]  # the first failure did not stop the search
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: search {summary['id']}: every trial failed; the first, trial 0: ") and "cannot build this model" in last
+
+
+@pytest.mark.slow  # a second search of 8 trials, its driver killed with SIGKILL mid-trial: checked in `make test-slow`
+def test_kill_9_of_the_driver_then_resume_completes_with_the_same_configurations_and_no_duplicate(configs, searched, tmp_path):
+    import os
+    import signal
+    import sys
+    import time
+
+    workdir, first = searched
+    assert first.code == 0, first.stderr
+    killed = tmp_path / "killed"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    driver = subprocess.Popen([sys.executable, "-m", "veritrain", *search_args(configs, killed)], cwd=configs, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # the kill lands while the third trial trains
+        if len(list((killed / "runs").glob("*/record.json"))) >= 3:
+            break
+        time.sleep(0.05)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    time.sleep(2.5)  # the orphaned trial stops itself within a second, as interrupted
+    resumed = subprocess.run([sys.executable, "-m", "veritrain", "search", "--resume", "latest", "--workdir", str(killed), "--json"],
+                             cwd=configs, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    summary = json.loads(resumed.stdout)
+    assert summary["counts"]["trials"] == 8 and summary["status"] == "completed"
+    assert [t["change"] for t in summary["trials"]] == [t["change"] for t in first.json()["trials"]]  # the same seed, the same proposals
+    assert [t["state"] for t in summary["trials"]] == [t["state"] for t in first.json()["trials"]]
+    found = records(killed)
+    assert len(found) == 8 and sorted(r["sweep"]["trial"] for r in found.values()) == list(range(8))  # one run per trial number
+    folder = killed / ".veritrain" / "searches" / summary["id"]
+    assert [json.loads(line)["op_code"] for line in (folder / "study.jsonl").read_text().splitlines()].count(4) == 8
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=folder, capture_output=True).returncode == 0

@@ -20,7 +20,7 @@ def runs_group() -> None:
 
 
 @runs_group.command("list")
-@click.option("--status", multiple=True, type=click.Choice(["running", "completed", "failed", "interrupted"]), help="Only runs with this status (repeatable).")
+@click.option("--status", multiple=True, type=click.Choice(["running", "completed", "failed", "interrupted", "pruned"]), help="Only runs with this status (repeatable).")
 @click.option("--sort", default=None, metavar="METRIC", help="Sort by a metric such as test.accuracy (largest first; -test.log_loss for smallest).")
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE", help="e.g. exp_name=digits or optim.lr=0.01 (repeatable).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most this many runs.")

@@ -225,7 +225,7 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
             continue
         if (record.get("data") or {}).get("version"):
             referenced.add(record["data"]["version"])
-        if record.get("status") != "completed":
+        if record.get("status") not in ("completed", "pruned"):  # a pruned trial has ended: it is never resumed
             continue  # an interrupted or failed run may still be resumed from its step files
         kept = _kept_step_files(run_dir, record)
         steps = [p for p in sorted((run_dir / "checkpoints").glob("step-*.pt*")) if _step_file_of(p) not in kept]

@@ -112,7 +112,9 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     has_checkpoint = any(p.startswith("checkpoints/") and p.endswith(".pt") for p in artifacts)
     train_fix = _training_fix(run, record, new_run)
     detail = f"status {status}, {training.get('epochs', 0)} epochs" + (f": {record['error'].get('message')}" if record.get("error") else "")
-    rows["log_complete"] = ("pass" if "train.log" in artifacts and status == "completed" else ("fail" if status in ("failed", "interrupted") else "missing"),
+    if status == "pruned":  # ended on purpose by its search: its log is whole, and its fix is a new run of its config
+        detail = f"pruned by search {(record.get('pruned') or {}).get('search')} after epoch {(record.get('pruned') or {}).get('epoch')}"
+    rows["log_complete"] = ("pass" if "train.log" in artifacts and status in ("completed", "pruned") else ("fail" if status in ("failed", "interrupted") else "missing"),
                             train_fix, detail)
     rows["checkpoint_with_optimizer"] = ("pass" if has_checkpoint and _has_optimizer(run_dir, artifacts) else "missing",
                                          train_fix if status != "completed" else new_run, "")

@@ -53,7 +53,8 @@ MAX_DIGEST = 36  # characters: the longest dataset digest MLflow stores (mlflow.
 MAX_DATASET_NAME = 500  # characters (MAX_DATASET_NAME_SIZE)
 KEY = re.compile(r"[\w.\- /:]+")  # the characters MLflow allows in a param, metric or tag key
 PER_BATCH = {"params": 100, "metrics": 1000, "tags": 100}  # MLflow's caps per log_batch request
-STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}  # running: RUNNING, or KILLED once its process is gone
+# running: RUNNING, or KILLED once its process is gone; pruned (stopped by its search on purpose): KILLED, MLflow has no nearer
+STATUS = {"completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED", "pruned": "KILLED"}
 SEAL_TAG = "veritrain.seal"  # set last: an MLflow run with it was exported whole
 
 
