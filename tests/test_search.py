@@ -246,6 +246,7 @@ def test_search_without_its_options_says_what_to_give(cli, tmp_path):
     assert result.code == 2 and json.loads(result.stdout)["error"]["message"].startswith("search: give --space FILE, --trials N, --metric val.NAME")
 
 
+@pytest.mark.slow  # two trial processes that fail as they build the model (about 16 s): checked in `make test-slow`
 def test_a_search_whose_every_trial_fails_exits_1_with_the_first_error(configs, tmp_path):
     from conftest import veritrain_process
 

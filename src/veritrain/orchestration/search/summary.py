@@ -19,7 +19,7 @@ from veritrain.records.record import now_iso, read_record
 from veritrain.records.workspace import Workspace
 
 SEALED_FILES = ("spec.json", "study.jsonl", "summary.json")
-SEAL_FILE = "SHA256SUMS"
+SUMS_FILE = "SHA256SUMS"
 STATES = ("completed", "pruned", "failed", "running", "interrupted", "waiting")
 
 
@@ -140,21 +140,21 @@ def seal(folder: Path) -> str:
         if path.exists():
             lines.append(f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {name}\n")
     data = "".join(lines).encode()
-    write_atomic(folder / SEAL_FILE, data)
+    write_atomic(folder / SUMS_FILE, data)
     return hashlib.sha256(data).hexdigest()
 
 
 def check_seal(folder: Path) -> list[str]:
     """What no longer matches the search's seal (empty: it holds): a changed, missing or unlisted file."""
     try:
-        listed = (folder / SEAL_FILE).read_text(encoding="utf-8").splitlines()
+        listed = (folder / SUMS_FILE).read_text(encoding="utf-8").splitlines()
     except OSError:
-        return [f"{SEAL_FILE} is missing"]
+        return [f"{SUMS_FILE} is missing"]
     problems, seen = [], set()
     for line in listed:
         digest, _, name = line.partition("  ")
         if name not in SEALED_FILES:
-            problems.append(f"{SEAL_FILE} lists {name[:60]!r}, not a file of a search")
+            problems.append(f"{SUMS_FILE} lists {name[:60]!r}, not a file of a search")
             continue
         seen.add(name)
         try:
