@@ -99,12 +99,12 @@ def test_runs_table_keeps_its_dom_contract_and_escapes(client, site):
     assert page.status_code == 200
     html = page.text
     _no_raw_hostile_text(html)
-    assert '<table id="runs-table">' in html and '<form id="runs-filter" method="get"' in html
+    assert '<table id="runs-table" data-live="1">' in html and '<form id="runs-filter" method="get"' in html
     for name in ("status", "exp_name", "kind", "data_version", "metric", "min", "max", "q"):
         assert f'name="{name}"' in html
     assert re.search(r'<p id="runs-count">2 runs', html)
     for run_id in (site["good"], site["forged"]):
-        assert f'<tr data-run-id="{run_id}">' in html
+        assert f'<tr data-run-id="{run_id}" data-status="completed">' in html
         assert f'<a class="run-link" href="runs/{run_id}">' in html
     assert '<a class="sort" data-key="test.accuracy" href="?sort=test.accuracy"' in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
@@ -143,7 +143,7 @@ def test_pagination_links(site):
     from veritrain.web.server import create_app
 
     original = views.runs_table
-    views.runs_table = lambda workspace, params, page_size=1, only=None: original(workspace, params, page_size=1)
+    views.runs_table = lambda workspace, params, page_size=1, only=None, fresh=False: original(workspace, params, page_size=1)
     try:
         client = TestClient(create_app(site["workspace"]), base_url=BASE)
         first = client.get("/?sort=run_id").text
@@ -160,8 +160,11 @@ def test_run_page(client, site):
     _no_raw_hostile_text(html)
     assert f'<h1 id="run-title">run {site["good"]}</h1>' in html
     seal = (site["workspace"].runs_dir / site["good"] / "record.sha256").read_text().strip()
-    assert f'<code id="seal">{seal}</code>' in html
-    for needle in ('<section id="curves">', '<div class="chart" data-chart="loss"></div>', '<div class="chart" data-chart="accuracy"></div>',
+    assert f'<code class="hash-short" id="seal" title="{seal}" data-full="{seal}">{seal[:12]}</code>' in html
+    assert f'data-copy="{seal}"' in html  # the copy button copies the whole seal
+    for section in ("overview", "curves", "evaluation", "data", "trust", "files"):
+        assert f'<section id="{section}" class="card">' in html and f'<a href="#{section}">' in html
+    for needle in ( '<div class="chart" data-chart="loss"></div>', '<div class="chart" data-chart="accuracy"></div>',
                    '<table id="per-class"', '<table id="check">', f'<button id="verify-button" data-run="{site["good"]}"',
                    '<output id="verify-result"></output>', 'id="confusion-matrix" src="../files/runs/', 'id="bad-cases" src="../files/runs/'):
         assert needle in html, needle
@@ -178,7 +181,8 @@ def test_run_page(client, site):
 def test_compare_data_and_experiments_pages(client, site):
     html = client.get(f"/compare?runs={site['good']},{site['forged']}").text
     _no_raw_hostile_text(html)
-    assert '<table id="compare-metrics">' in html and '<table id="compare-config">' in html and '<section id="compare-curves">' in html
+    assert '<table id="compare-metrics">' in html and '<section id="compare-curves" class="card">' in html
+    assert html.index('id="compare-change"') < html.index('id="compare-curves"') < html.index('id="compare-metrics"'), "the change leads"
     data = json.loads(re.search(r'id="curves-data">(.*?)</script>', html, re.S).group(1))
     assert set(data["runs"]) == {site["good"], site["forged"]}
     assert client.get(f"/compare?runs={site['good']}").status_code == 400
@@ -371,7 +375,8 @@ def test_publish_writes_a_compare_page_for_several_runs(site, tmp_path):
     index = (out / "index.html").read_text(encoding="utf-8")
     assert '<a id="compare-link" href="compare.html">' in index
     html = (out / "compare.html").read_text(encoding="utf-8")
-    assert '<table id="compare-metrics">' in html and '<table id="compare-config">' in html and '<section id="compare-curves">' in html
+    assert '<table id="compare-metrics">' in html and '<section id="compare-curves" class="card">' in html
+    assert html.index('id="compare-change"') < html.index('id="compare-curves"') < html.index('id="compare-metrics"'), "the change leads"
     assert f'href="runs/{site["good"]}.html"' in html and f'href="runs/{second}.html"' in html
     assert 'src="static/charts.js"' in html and 'id="compare-note"' not in html
     data = json.loads(re.search(r'id="curves-data">(.*?)</script>', html, re.S).group(1))
@@ -560,7 +565,7 @@ def test_the_run_page_shows_only_a_kept_verdict_and_marks_it_stale(raw_run):
     log = run_dir / "train.log"
     original = log.read_bytes()
     try:
-        log.write_bytes(original + b"one more line\n")
+        log.write_bytes(original[:-1] + (b"X" if original[-1:] != b"X" else b"Y"))  # the same size: only verify can tell
         shown = client.get(f"/api/runs/{run}/verdict").json()["verdict"]
         assert shown["stale"] is True and shown["ok"] is True
         assert shown["stale_reasons"] == ["1 file(s) of the run changed since: train.log"]
@@ -568,6 +573,11 @@ def test_the_run_page_shows_only_a_kept_verdict_and_marks_it_stale(raw_run):
         box = _verdict_box(html)
         assert 'data-state="stale"' in box and "stale: 1 file(s) of the run changed since: train.log" in box
         assert _check_row(html, "run_verifies") == "unknown"
+        log.write_bytes(original + b"one more line\n")  # another size: the page sees it, and says what verify would
+        html = client.get(f"/runs/{run}").text
+        box = _verdict_box(html)
+        assert 'data-state="failed"' in box and "does not verify" in box and "changed: train.log (size differs" in box
+        assert _check_row(html, "run_verifies") == "fail"
     finally:
         log.write_bytes(original)
     image = sorted(raw_run["images"].rglob("*.png"))[-1]
@@ -593,7 +603,7 @@ def test_runs_of_an_outside_checkpoint_are_marked(raw_run, tmp_path):
     (workspace.runs_dir / child / "record.json").write_text(json.dumps(record), encoding="utf-8")
     client = TestClient(create_app(workspace), base_url=BASE)
     index = client.get("/").text
-    rows = {run_id: row for run_id, row in re.findall(r'<tr data-run-id="([^"]+)">(.*?)</tr>', index, re.S)}
+    rows = {run_id: row for run_id, row in re.findall(r'<tr data-run-id="([^"]+)"[^>]*>(.*?)</tr>', index, re.S)}
     assert "not from the audited training" in rows[child] and "not from the audited training" not in rows[parent]
     page = client.get(f"/runs/{child}").text
     kind = re.search(r'<td id="kind">(.*?)</td>', page, re.S).group(1)

@@ -15,18 +15,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from veritrain.records import registry
+from veritrain.records.registry import flatten  # noqa: F401  (a name of this module too: `experiments.flatten`)
 
 HEADLINE = ("accuracy", "macro_f1", "log_loss", "mae", "rmse")
-
-
-def flatten(config: Optional[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in (config or {}).items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:

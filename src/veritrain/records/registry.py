@@ -9,6 +9,8 @@ This module must not import torch: `veritrain runs list` stays fast.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import os
@@ -20,9 +22,12 @@ from typing import Any, Optional
 from veritrain.records.record import NOTES_FILE, RECORD_FILE
 
 COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "config_hash", "data_version",
-           "final_state_sha256", "hypothesis", "parent", "reproduced_from", "repeat_group", "error", "seal")
-JSON_COLUMNS = ("metrics", "config", "notes")
-SCHEMA_VERSION = 1
+           "final_state_sha256", "hypothesis", "parent", "reproduced_from", "repeat_group", "error", "seal",
+           "world_size", "sweep", "sweep_kind")
+# `params`: the config's leaves that differ from the default config, {"optim.lr": 0.01}: the runs table finds the keys
+# that differ among thousands of runs from these few values instead of every run's whole config
+JSON_COLUMNS = ("metrics", "config", "notes", "params")
+SCHEMA_VERSION = 2  # 2: world_size, sweep, sweep_kind and params
 
 log = logging.getLogger("veritrain")
 
@@ -36,18 +41,62 @@ def connect(state_dir: Optional[Path]) -> sqlite3.Connection:
         db = sqlite3.connect(state_dir / "registry.sqlite", timeout=60)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA busy_timeout=60000")
-    columns = ", ".join(f"{c} TEXT" for c in COLUMNS[1:]) + ", " + ", ".join(f"{c} TEXT" for c in JSON_COLUMNS)
-    db.execute(f"CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {columns}, stamp TEXT)")
+    columns = ", ".join(f"{c} {'INTEGER' if c == 'world_size' else 'TEXT'}" for c in COLUMNS[1:]) + ", " + ", ".join(f"{c} TEXT" for c in JSON_COLUMNS)
     db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-    version = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-    if version is None or int(version[0]) != SCHEMA_VERSION:
-        with db:
-            db.execute("DELETE FROM runs")
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+    if _schema_of(db) != _schema():  # another layout, or other defaults behind `params`: made again (it is a cache)
+        db.execute("BEGIN IMMEDIATE")  # one process at a time; the next one finds it done
+        if _schema_of(db) != _schema():
+            db.execute("DROP TABLE IF EXISTS runs")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (_schema(),))
+        db.commit()
+    db.execute(f"CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {columns}, stamp TEXT)")
     return db
 
 
-def _stamp(run_dir: Path) -> Optional[str]:
+def flatten(config: Optional[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
+    """{"optim": {"lr": 0.1}} → {"optim.lr": 0.1}; a list is one leaf."""
+    flat: dict[str, Any] = {}
+    for key, value in (config or {}).items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+@functools.lru_cache(maxsize=1)
+def default_leaves() -> dict[str, Any]:
+    """The default config's leaves, which `params` is relative to ({} when the defaults cannot be built here)."""
+    try:
+        from veritrain.core.config import RunConfig
+
+        return flatten(RunConfig().model_dump(mode="json"))
+    except Exception:  # a default that cannot be built here (a plugin missing): every leaf counts as changed
+        return {}
+
+
+def _schema_of(db: sqlite3.Connection) -> Optional[str]:
+    """The index's recorded layout; None when it has none, or when its table's columns are not this layout's."""
+    found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    names = [row[1] for row in db.execute("PRAGMA table_info(runs)")]
+    if names and names != ["run_id", *COLUMNS[1:], *JSON_COLUMNS, "stamp"]:
+        return None
+    return found[0] if found else None
+
+
+def _schema() -> str:
+    """The index's layout version and a hash of the defaults its `params` were found against."""
+    digest = hashlib.sha256(json.dumps(default_leaves(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{SCHEMA_VERSION}:{digest}"
+
+
+def changed_params(config: Any) -> dict[str, Any]:
+    """The leaves of `config` that differ from the default config (a key the defaults lack counts as changed)."""
+    defaults, missing = default_leaves(), object()
+    return {k: v for k, v in flatten(config if isinstance(config, dict) else {}).items() if defaults.get(k, missing) != v}
+
+
+def stamp(run_dir: Path) -> Optional[str]:
     """What changes when a run's indexed content changes: record and notes mtimes and sizes."""
     parts = []
     for name in (RECORD_FILE, NOTES_FILE):
@@ -117,9 +166,13 @@ def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
         "repeat_group": (record.get("repeat") or {}).get("group"),
         "error": (record.get("error") or {}).get("message"),
         "seal": seal,
+        "world_size": (record.get("distributed") or {}).get("world_size") or 1,
+        "sweep": (record.get("sweep") or {}).get("id"),
+        "sweep_kind": (record.get("sweep") or {}).get("kind", "sweep") if record.get("sweep") else None,
     }
     metrics = listed_metrics(record)
-    return (*(values[c] for c in COLUMNS), json.dumps(metrics), json.dumps(record.get("config")), json.dumps(read_notes(run_dir)), stamp)
+    return (*(values[c] for c in COLUMNS), json.dumps(metrics), json.dumps(record.get("config")), json.dumps(read_notes(run_dir)),
+            json.dumps(changed_params(record.get("config"))), stamp)
 
 
 def listed_metrics(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -147,12 +200,12 @@ def _sync(db: sqlite3.Connection, runs_dir: Path, rebuild: bool) -> sqlite3.Conn
         for entry in os.scandir(runs_dir):
             if not entry.is_dir():
                 continue
-            stamp = _stamp(Path(entry.path))
-            if stamp is None:
+            found = stamp(Path(entry.path))
+            if found is None:
                 continue
             seen.add(entry.name)
-            if known.get(entry.name) != stamp:
-                row = _row(Path(entry.path), stamp)
+            if known.get(entry.name) != found:
+                row = _row(Path(entry.path), found)
                 if row is not None:
                     upserts.append(row)
     with db:
@@ -214,6 +267,7 @@ def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: O
         for c in JSON_COLUMNS:
             row[c] = json.loads(row[c]) if row[c] else None
         row.pop("stamp", None)
+        row.pop("params", None)  # the runs table's shortcut: `config` has them all
         rows.append(row)
     db.close()
     return rows

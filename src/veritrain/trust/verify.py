@@ -131,6 +131,49 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
             "interrupted_amend": note, "raw_data": checked[0] if checked else None}
 
 
+def quick_problems(run_dir: Path) -> list[dict[str, Any]]:
+    """What a look at the run folder finds without hashing any file but record.json: a seal that does not match,
+    a record that cannot be read, a listed file missing or of another size, an unlisted file, a link. Each is a
+    problem `verify_run` reports too, so a page that shows them says what verify would (it finds more: a changed
+    byte, the data version, the trajectory). [] when nothing is seen."""
+    from veritrain.records.record import record_problem
+
+    problems: list[dict[str, Any]] = []
+    try:
+        record_bytes = (run_dir / RECORD_FILE).read_bytes()
+    except OSError:
+        return [{"path": RECORD_FILE, "kind": "missing", "detail": "no record.json: not a run, or it was deleted"}]
+    seal = hashlib.sha256(record_bytes).hexdigest()
+    try:
+        stored = (run_dir / SEAL_FILE).read_text().strip()
+        if stored != seal:
+            problems.append({"path": RECORD_FILE, "kind": "seal_mismatch", "detail": f"record.json hashes to {seal[:16]}…, record.sha256 says {stored[:16]}…"})
+    except OSError:
+        problems.append({"path": SEAL_FILE, "kind": "missing", "detail": "the seal is missing"})
+    try:
+        record = json.loads(record_bytes)
+        malformed = record_problem(record, None) if isinstance(record, dict) else "not a JSON object"
+    except (ValueError, RecursionError) as err:
+        record, malformed = None, str(err)
+    if malformed is not None or not isinstance(record, dict):
+        return [*problems, {"path": RECORD_FILE, "kind": "unreadable", "detail": malformed}]
+    artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
+    omitted = _omitted_for_audit(run_dir, record)
+    present = set()
+    for path in sorted(run_dir.rglob("*")):
+        rel = path.relative_to(run_dir).as_posix()
+        if path.is_symlink():
+            problems.append({"path": rel, "kind": "link", "detail": "a run directory holds only regular files"})
+        elif path.is_file() and rel not in UNSEALED:
+            present.add(rel)
+            if rel not in artifacts:
+                problems.append({"path": rel, "kind": "added", "detail": "not listed in record.json"})
+            elif path.stat().st_size != artifacts[rel].get("size"):
+                problems.append({"path": rel, "kind": "changed", "detail": f"size differs, recorded {str(artifacts[rel].get('sha256'))[:16]}…"})
+    problems.extend({"path": rel, "kind": "missing", "detail": None} for rel in sorted(set(artifacts) - present - set(omitted)))
+    return problems
+
+
 def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
                     progress: Optional[Progress] = None, public_key: Optional[bytes] = None) -> dict[str, Any]:
     """`verify_run` as the CLI runs it, its verdict then kept in `.veritrain/verdicts/<run_id>.json` (never in

@@ -23,8 +23,45 @@ def environment() -> jinja2.Environment:
     """The Jinja2 environment: autoescape on for every template, a field a record lacks renders empty."""
     import jinja2
 
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True,
-                              undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True,
+                             undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(sig4=significant, duration=duration_text, cell=table_cell)
+    return env
+
+
+def significant(value: Any, digits: int = 4) -> str:
+    """A number as a page shows it: an integer exactly, a float to `digits` significant digits (0.9444444 → 0.9444,
+    12345.6 → 12350, 1.5e-05 stays 1.5e-05). The JSON API keeps the raw value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return str(value)
+    text = f"{value:.{digits}g}"
+    if "e+" in text:  # a large float: its rounded digits, not an exponent
+        text = f"{float(text):.0f}"
+    return text
+
+
+def duration_text(seconds: Any) -> str:
+    """Seconds as `42.1 s`, `4 min 12 s` or `2 h 05 min`."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds != seconds or seconds < 0:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60):02d} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
+
+
+def table_cell(text: Any) -> str:
+    """A cell of a CSV table (the per-class table): a number in it shown as `significant` shows it, other text as is."""
+    cell = str(text)
+    try:
+        return str(int(cell)) if cell.strip().lstrip("+-").isdigit() else significant(float(cell))
+    except ValueError:
+        return cell
 
 
 def page_context(depth: int, static: bool) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 from urllib.parse import urlencode
 
-from veritrain.core.errors import VeritrainError
+from veritrain.core.errors import RunFailed, VeritrainError
 from veritrain.web import STATIC_DIR, environment, page_context, views
 
 if TYPE_CHECKING:
@@ -178,37 +178,76 @@ def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) 
         merged = {k: v for k, v in {**params, **changes}.items() if v not in ("", None)}
         return "?" + urlencode(merged) if merged else "./"
 
-    columns = [("run_id", "run"), ("exp_name", "experiment"), ("kind", "kind"), ("status", "status"), ("started_at", "started"),
-               ("data_version", "data"), *((m, m) for m in views.TABLE_METRICS), ("hypothesis", "hypothesis")]
-
     async def index(request: Request) -> Response:
         params = dict(request.query_params)
         try:
-            table = views.runs_table(workspace, params)
+            table = views.runs_table(workspace, params, fresh=params.get("fresh") == "1")
         except VeritrainError as err:
             return error(0, 400, str(err))
         current = {k: v for k, v in table["params"].items() if v}
+        columns = views.table_columns(table)
         sort_links = {}
-        for key, _ in columns:
+        for column in columns:
+            key = column["key"]
             sort = f"-{key}" if table["params"]["sort"] == key else key  # a second click reverses
             sort_links[key] = link(current, sort=sort, page=None)
+        group_links = {g: link(current, group=g if table["params"]["group"] != g else None, page=None) for g in views.GROUPS}
         prev_link = link(current, page=table["page"] - 1 if table["page"] > 2 else None) if table["page"] > 1 else None
         next_link = link(current, page=table["page"] + 1) if table["page"] < table["pages"] else None
-        return render("index.html", 0, table=table, columns=columns, sort_links=sort_links, prev_link=prev_link, next_link=next_link)
+        return render("index.html", 0, table=table, columns=columns, sort_links=sort_links, prev_link=prev_link, next_link=next_link,
+                      group_links=group_links, filter_link=lambda **f: link({k: v for k, v in current.items() if k in ("cols",)}, **f))
 
     async def api_runs(request: Request) -> Response:
         try:
             table = views.runs_table(workspace, dict(request.query_params))
         except VeritrainError as err:
             return JSONResponse({"error": str(err)}, status_code=400)
-        return JSONResponse({k: table[k] for k in ("rows", "total", "page", "pages", "page_size", "params")})
+        return JSONResponse({k: table[k] for k in ("rows", "total", "page", "pages", "page_size", "params", "param_keys", "metrics", "groups")})
+
+    def api_runs_live(request: Request) -> Response:  # in Starlette's thread pool: it stats files
+        ids = [r for r in (request.query_params.get("running") or "").split(",") if r][:views.PAGE_SIZE]
+        return JSONResponse(views.table_live(workspace, ids))
 
     def run_page(request: Request) -> Response:  # in Starlette's thread pool: it reads the kept verdict's files
+        run_id = request.path_params["run_id"]
         try:
-            run = views.run_page(workspace, request.path_params["run_id"])
+            run = views.run_page(workspace, run_id)
+        except RunFailed as err:  # the record cannot be read: the run does not verify, and the page says why
+            try:
+                return render("run_damaged.html", 1, run=views.damaged_page(workspace, run_id, str(err)))
+            except VeritrainError as gone:
+                return error(1, 404, str(gone))
         except VeritrainError as err:
             return error(1, 404, str(err))
-        return render("run.html", 1, run=run, archive=None, curves_data=run["curves"])
+        live = {"run_id": run["run_id"], "status": run["status"], "seal": run["seal"], "stamp": run["stamp"], **run["curves"]["offsets"]}
+        return render("run.html", 1, run=run, archive=None, curves_data=run["curves"], live_data=live)
+
+    def api_run(request: Request) -> Response:  # the raw values the run page shows rounded
+        try:
+            run = views.run_page(workspace, request.path_params["run_id"], with_check=False)
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=404)
+        shown = {k: run[k] for k in ("run_id", "status", "kind", "exp_name", "started_at", "ended_at", "seal", "config_hash", "metrics",
+                                     "training", "curves", "verdict", "duration")}
+        return JSONResponse(json.loads(json.dumps(shown, default=str)))
+
+    def api_run_live(request: Request) -> Response:  # in Starlette's thread pool: it stats and reads the new log lines
+        query = request.query_params
+        try:
+            offsets = [int(query.get(k) or 0) for k in ("metrics", "steps")]
+            answer = views.run_live(workspace, request.path_params["run_id"], max(0, offsets[0]), max(0, offsets[1]), query.get("stamp") or "")
+        except ValueError:
+            return JSONResponse({"error": "metrics and steps are byte offsets"}, status_code=400)
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=400)
+        return JSONResponse(answer)
+
+    def sweep_page(request: Request) -> Response:
+        try:
+            sweep = views.sweep_page(workspace, request.path_params["sweep_id"])
+        except VeritrainError as err:
+            return error(1, 404, str(err))
+        return render("sweep.html", 1, s=sweep, sweep_data=sweep["plot"])
 
     async def compare(request: Request) -> Response:
         ids = [r for item in request.query_params.getlist("runs") for r in item.split(",")] + request.query_params.getlist("run")
@@ -264,12 +303,16 @@ def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) 
     routes = [
         Route("/", index), Route("/index.html", index),
         Route("/runs/{run_id}", run_page),
+        Route("/sweeps/{sweep_id}", sweep_page),
         Route("/compare", compare),
         Route("/data/{version}", data_page),
         Route("/experiments", experiments),
         Route("/files/{path:path}", files),
         Route("/static/{path:path}", static),
         Route("/api/runs", api_runs),
+        Route("/api/live", api_runs_live),
+        Route("/api/runs/{run_id}", api_run),
+        Route("/api/runs/{run_id}/live", api_run_live),
         Route("/api/runs/{run_id}/verify", verify, methods=["POST"]),
         Route("/api/runs/{run_id}/verdict", verdict),
     ]

@@ -7,9 +7,11 @@ the data versions and the index (`.veritrain/registry.sqlite`, a cache). No torc
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 import sqlite3
+import statistics
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
@@ -22,13 +24,19 @@ if TYPE_CHECKING:
     from veritrain.records.workspace import Workspace
 
 PAGE_SIZE = 100
-TABLE_METRICS = ("test.accuracy", "test.macro_f1", "test.log_loss")
-FILTER_COLUMNS = ("status", "exp_name", "kind", "data_version")
-SORT_COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "data_version")
+TABLE_METRICS = ("test.accuracy", "test.macro_f1", "test.log_loss")  # the metric columns until the user picks others
+MAX_METRIC_COLUMNS = 12
+FILTER_COLUMNS = ("status", "exp_name", "kind", "data_version", "sweep", "repeat_group")
+SORT_COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "data_version", "world_size")
+GROUPS = ("exp_name", "sweep", "repeat_group")  # what the runs table groups by (experiment, sweep or search, --repeat group)
+MAX_GROUPS = 500
+OWN_COLUMNS = ("exp_name",)  # config keys the table shows in a column of their own, never as a parameter column
+DURATION_SQL = "ROUND((julianday(ended_at) - julianday(started_at)) * 86400.0, 1)"  # seconds
 VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
 METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 EVAL_IMAGES = ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png")
 CURVE_KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "val_bits_per_byte", "lr")  # a language model has no acc, and val bits per byte
+STEP_KEYS = ("loss", "lr", "grad_norm", "samples_per_s")  # the columns of steps.jsonl
 OUTSIDE_KINDS = ("eval", "export")  # runs of a checkpoint from outside the run (`eval/export --checkpoint FILE`): not from the audited training
 MAX_CSV_ROWS = 1000  # per-class rows shown on a page
 # seconds: the index is brought up to date with the run folders at most this often. Refreshing reads two
@@ -72,14 +80,18 @@ def _number(text: Optional[str], name: str) -> Optional[float]:
         raise UserError(f"{name}: {text!r} is not a number") from None
 
 
-def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int = PAGE_SIZE,
-               only: Optional[list[str]] = None) -> dict[str, Any]:
-    """One page of the runs table: filtered, sorted and counted in SQL on the index.
+def metric_columns(text: Optional[str]) -> list[str]:
+    """The metric columns a user picked (`cols=test.accuracy,val.accuracy` in the URL), TABLE_METRICS when none."""
+    picked = [m.strip() for m in (text or "").split(",") if m.strip()]
+    for m in picked:
+        if not METRIC_KEY.fullmatch(m) or "." not in m:
+            raise UserError(f"cols: {m!r} is not a metric path such as test.accuracy; list them with commas")
+    if len(picked) > MAX_METRIC_COLUMNS:
+        raise UserError(f"cols: {len(picked)} metric columns; pick at most {MAX_METRIC_COLUMNS}")
+    return list(dict.fromkeys(picked)) or list(TABLE_METRICS)
 
-    params: status, exp_name, kind, data_version (exact), metric with min/max (a metric path such as
-    test.accuracy), q (text in run id, exp_name, hypothesis or notes), sort (a column or metric path,
-    largest first as in `runs list`, smallest first with a leading `-`), page (from 1).
-    """
+
+def _where(params: Mapping[str, str], only: Optional[list[str]]) -> tuple[str, list[Any]]:
     where: list[str] = []
     args: list[Any] = []
     for column in FILTER_COLUMNS:
@@ -106,52 +118,186 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
     if only is not None:
         where.append(f"run_id IN ({', '.join('?' * len(only))})")
         args += list(only)
+    return ("WHERE " + " AND ".join(where)) if where else "", args
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def differing_keys(db: sqlite3.Connection, clause: str, args: list[Any]) -> list[str]:
+    """The config keys whose value is not the same in every run the table lists (all its pages), from each run's
+    `params` (its leaves that differ from the defaults): a key no run changed has the default everywhere, and a
+    key some runs changed and others did not differs."""
+    runs = db.execute(f"SELECT COUNT(*) FROM runs {clause}", args).fetchone()[0]
+    counted = db.execute(f"SELECT j.key, COUNT(*), COUNT(DISTINCT j.type || ':' || j.value) "
+                         f"FROM (SELECT params FROM runs {clause}) AS r, json_each(r.params) AS j GROUP BY j.key", args)
+    return sorted(key for key, present, distinct in counted if (distinct > 1 or present < runs) and key not in OWN_COLUMNS)
+
+
+def param_value(changed: dict[str, Any], key: str) -> Any:
+    """A run's value of config `key`: its own where it changed it, else the default."""
+    return changed[key] if key in changed else registry.default_leaves().get(key)
+
+
+def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int = PAGE_SIZE,
+               only: Optional[list[str]] = None, fresh: bool = False) -> dict[str, Any]:
+    """One page of the runs table: filtered, sorted and counted in SQL on the index.
+
+    params: status, exp_name, kind, data_version, sweep, repeat_group (exact), metric with min/max (a metric path
+    such as test.accuracy), q (text in run id, exp_name, hypothesis or notes), sort (a column, `duration`, a
+    metric path or a config key, largest first as in `runs list`, smallest first with a leading `-`), page (from 1),
+    cols (the metric columns, comma-separated), group (exp_name, sweep or repeat_group: one row per group with
+    each metric column's mean ± sd). The parameter columns are the config keys that differ among the listed runs.
+    `fresh`: bring the index up to date first (a live table that saw a run change).
+    """
+    clause, args = _where(params, only)
+    columns = metric_columns(params.get("cols"))
+    group = (params.get("group") or "").strip()
+    if group and group not in GROUPS:
+        raise UserError(f"group: {group!r} is not one of {', '.join(GROUPS)}")
     sort = (params.get("sort") or "").strip()
     key = sort.lstrip("-")
     descending = not sort.startswith("-")
+    direction = "DESC" if descending else "ASC"
     order_args: list[Any] = []
-    if not key:
-        order = "started_at DESC, run_id DESC"
-    elif key in SORT_COLUMNS:
-        order = f"{key} IS NULL, {key} {'DESC' if descending else 'ASC'}, run_id DESC"
-    elif METRIC_KEY.fullmatch(key):
-        order = f"json_extract(metrics, ?) IS NULL, json_extract(metrics, ?) {'DESC' if descending else 'ASC'}, started_at DESC"
-        order_args = [f"$.{key}", f"$.{key}"]
-    else:
-        raise UserError(f"sort: {sort!r} is not a column or a metric path")
-    asked = (params.get("page") or "1").strip()
-    if not re.fullmatch(r"[+-]?[0-9]+", asked):
-        raise UserError(f"page: {params.get('page')!r} is not a page number")
-    clause = ("WHERE " + " AND ".join(where)) if where else ""
-    db = _index(workspace)
+    db = _index(workspace, fresh)
     try:
+        param_keys = differing_keys(db, clause, args)
+        if not key:
+            order = "started_at DESC, run_id DESC"
+        elif key in SORT_COLUMNS:
+            order = f"{key} IS NULL, {key} {direction}, run_id DESC"
+        elif key == "duration":
+            order = f"{DURATION_SQL} IS NULL, {DURATION_SQL} {direction}, run_id DESC"
+        elif key in param_keys:  # a parameter column: its value where the run changed it, else the default
+            value = f"IFNULL(json_extract(params, ?), json_extract(?, '$'))"
+            order = f"{value} {direction}, run_id DESC"
+            order_args = [f'$."{key}"', _canonical(registry.default_leaves().get(key))]
+        elif METRIC_KEY.fullmatch(key):
+            order = f"json_extract(metrics, ?) IS NULL, json_extract(metrics, ?) {direction}, started_at DESC"
+            order_args = [f"$.{key}", f"$.{key}"]
+        else:
+            raise UserError(f"sort: {sort!r} is not a column or a metric path")
+        asked = (params.get("page") or "1").strip()
+        if not re.fullmatch(r"[+-]?[0-9]+", asked):
+            raise UserError(f"page: {params.get('page')!r} is not a page number")
         total = db.execute(f"SELECT COUNT(*) FROM runs {clause}", args).fetchone()[0]
         # clamped to the pages there are: SQLite's OFFSET is a 64-bit integer, and a page past the end shows nothing
         last_page = max(1, -(-total // page_size))
         page = 1 if asked.startswith("-") else min(last_page, int(asked) if len(asked) <= 18 else last_page)
         page = max(1, page)
-        cursor = db.execute(f"SELECT run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics FROM runs {clause} "
+        cursor = db.execute(f"SELECT run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics, params, "
+                            f"world_size, sweep, sweep_kind, repeat_group, {DURATION_SQL} FROM runs {clause} "
                             f"ORDER BY {order} LIMIT ? OFFSET ?", [*args, *order_args, page_size, (page - 1) * page_size])
         rows = []
-        for run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics in cursor:
+        metric_names: set[str] = set()
+        for (run_id, exp_name, kind, status, started_at, data_version, hypothesis, seal, metrics, changed, world_size, sweep,
+             sweep_kind, repeat_group, duration) in cursor:
             values = json.loads(metrics) if metrics else {}
+            changed_values = json.loads(changed) if changed else {}
+            metric_names.update(f"{split}.{name}" for split, m in values.items() if isinstance(m, dict) for name in m)
             rows.append({"run_id": run_id, "exp_name": exp_name, "kind": kind, "outside": kind in OUTSIDE_KINDS, "status": status,
                          "started_at": started_at, "data_version": data_version, "hypothesis": hypothesis, "seal": seal,
-                         "metrics": {m: _lookup(values, m) for m in TABLE_METRICS}})
+                         "world_size": world_size, "sweep": sweep, "sweep_kind": sweep_kind, "repeat_group": repeat_group,
+                         "duration": duration, "metrics": {m: _lookup(values, m) for m in columns},
+                         "params": {k: param_value(changed_values, k) for k in param_keys},
+                         "progress": progress(workspace.runs_dir / run_id) if status == "running" else None})
         choices = {c: [v for (v,) in db.execute(f"SELECT DISTINCT {c} FROM runs WHERE {c} IS NOT NULL ORDER BY {c} LIMIT 200")]
-                   for c in FILTER_COLUMNS}
+                   for c in ("status", "exp_name")}
+        groups = _groups(db, clause, args, group, columns) if group else None
     finally:
         db.close()
     return {"rows": rows, "total": total, "page": page, "pages": last_page, "page_size": page_size,
-            "params": {k: params.get(k) or "" for k in ("sort", *FILTER_COLUMNS, "metric", "min", "max", "q")},
-            "metrics": list(TABLE_METRICS), "choices": choices}
+            "params": {k: params.get(k) or "" for k in ("sort", *FILTER_COLUMNS, "metric", "min", "max", "q", "cols", "group")},
+            "metrics": columns, "param_keys": param_keys, "choices": choices, "groups": groups,
+            "metric_names": sorted(metric_names | set(columns))}
 
 
-def _index(workspace: Workspace) -> sqlite3.Connection:
-    """The run index, refreshed from the run folders when the last refresh is older than INDEX_REFRESH_SECONDS."""
+def table_columns(table: dict[str, Any]) -> list[dict[str, str]]:
+    """The runs table's columns, in order: {key (what a sort link sends), label, kind: column|param|metric}."""
+    fixed = [("run_id", "run"), ("exp_name", "experiment"), ("kind", "kind"), ("status", "status"), ("started_at", "started"),
+             ("duration", "duration"), ("world_size", "world size"), ("data_version", "data")]
+    return [*({"key": k, "label": label, "kind": "column"} for k, label in fixed),
+            *({"key": k, "label": k, "kind": "param"} for k in table["param_keys"]),
+            *({"key": m, "label": m, "kind": "metric"} for m in table["metrics"]),
+            {"key": "hypothesis", "label": "hypothesis", "kind": "column"}]
+
+
+def _groups(db: sqlite3.Connection, clause: str, args: list[Any], group: str, columns: list[str]) -> list[dict[str, Any]]:
+    """One row per group of the listed runs (experiment, sweep or --repeat group), newest first: how many runs, how
+    many completed, and each metric column's mean ± sample sd over the runs that have it."""
+    where = f"{clause} {'AND' if clause else 'WHERE'} {group} IS NOT NULL"
+    picked = ", ".join(f"json_extract(metrics, ?)" for _ in columns)
+    found: dict[str, dict[str, Any]] = {}
+    for name, status, started_at, *values in db.execute(f"SELECT {group}, status, started_at, {picked} FROM runs {where}",
+                                                        [*[f"$.{m}" for m in columns], *args]):
+        entry = found.setdefault(name, {"name": name, "runs": 0, "completed": 0, "last_started": "", "values": [[] for _ in columns]})
+        entry["runs"] += 1
+        entry["completed"] += status == "completed"
+        entry["last_started"] = max(entry["last_started"], started_at or "")
+        for column, value in zip(entry["values"], values):
+            if _finite(value) is not None:
+                column.append(float(value))
+    groups = sorted(found.values(), key=lambda g: g["last_started"], reverse=True)[:MAX_GROUPS]
+    for g in groups:
+        values = g.pop("values")
+        g["stats"] = {m: {"mean": statistics.fmean(v) if v else None, "sd": statistics.stdev(v) if len(v) > 1 else None, "n": len(v)}
+                      for m, v in zip(columns, values)}
+    return groups
+
+
+def table_live(workspace: Workspace, running: list[str]) -> dict[str, Any]:
+    """What the live runs table polls: a token that changes when a run folder is added or removed or a listed running
+    run's record changes (the table is then fetched again), and each listed running run's progress. Stats and the
+    ends of two files per running run: nothing is read when nothing changed."""
+    parts = []
+    try:
+        parts.append(str(workspace.runs_dir.stat().st_mtime_ns))
+    except OSError:
+        parts.append("-")
+    runs = {}
+    for run_id in running:
+        if not RUN_ID.fullmatch(run_id):
+            continue
+        run_dir = workspace.runs_dir / run_id
+        stamp = registry.stamp(run_dir)
+        parts.append(f"{run_id}:{stamp}")
+        runs[run_id] = progress(run_dir) if stamp is not None else None
+    return {"token": hashlib.sha256("|".join(parts).encode()).hexdigest()[:16], "runs": runs}
+
+
+def progress(run_dir: Path) -> dict[str, Any]:
+    """A running run's latest step and epoch: the last lines of steps.jsonl and metrics.jsonl (read from their ends)."""
+    step_row, epoch_row = _last_line(run_dir / "steps.jsonl"), _last_line(run_dir / "metrics.jsonl")
+    return {"step": (step_row or epoch_row or {}).get("step"), "epoch": (epoch_row or {}).get("epoch"),
+            "loss": _finite((step_row or {}).get("loss")), "val_acc": _finite((epoch_row or {}).get("val_acc"))}
+
+
+def _last_line(path: Path, window: int = 8192) -> Optional[dict[str, Any]]:
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - window))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or cut by the window
+        if isinstance(row, dict):
+            return row
+    return None
+
+
+def _index(workspace: Workspace, fresh: bool = False) -> sqlite3.Connection:
+    """The run index, refreshed from the run folders when the last refresh is older than INDEX_REFRESH_SECONDS
+    (or `fresh`)."""
     now = time.monotonic()
     last = _refreshed.get(workspace.state_dir)
-    if last is not None and now - last < INDEX_REFRESH_SECONDS and (workspace.state_dir / "registry.sqlite").is_file():
+    if not fresh and last is not None and now - last < INDEX_REFRESH_SECONDS and (workspace.state_dir / "registry.sqlite").is_file():
         try:
             return registry.connect(workspace.state_dir)
         except sqlite3.Error:
@@ -176,33 +322,67 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def _lines_from(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int, bool]:
+    """The JSON objects of the complete lines of `path` after byte `offset`, the offset after the last complete line,
+    and whether the file was cut below `offset` (a resumed run rewinds its logs): then it is read from the start."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            reset = size < offset
+            start = 0 if reset else offset
+            f.seek(start)
+            data = f.read()
     except OSError:
-        return []
+        return [], offset, False
+    end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
     rows = []
-    for line in text.splitlines():
+    for line in data[:end].splitlines():
         try:
             row = json.loads(line)
         except ValueError:
             continue
         if isinstance(row, dict):
             rows.append(row)
-    return rows
+    return rows, start + end, reset
+
+
+def epoch_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [r for r in rows if isinstance(r.get("epoch"), (int, float))]
+    return {"epochs": [r["epoch"] for r in rows], "series": {k: [_finite(r.get(k)) for r in rows] for k in CURVE_KEYS}}
+
+
+def step_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [r for r in rows if isinstance(r.get("step"), (int, float))]
+    return {"steps": [r["step"] for r in rows], "step_series": {k: [_finite(r.get(k)) for r in rows] for k in STEP_KEYS}}
 
 
 def curves(run_dir: Path) -> dict[str, Any]:
-    """{"epochs": [...], "series": {train_loss, val_loss, train_acc, val_acc, lr}} from metrics.jsonl;
-    steps.jsonl, when the run wrote one, adds {"steps": [...], "step_series": {...}}."""
-    rows = [r for r in _jsonl(run_dir / "metrics.jsonl") if isinstance(r.get("epoch"), (int, float))]
-    data: dict[str, Any] = {"epochs": [r["epoch"] for r in rows], "series": {k: [_finite(r.get(k)) for r in rows] for k in CURVE_KEYS}}
-    steps = [r for r in _jsonl(run_dir / "steps.jsonl") if isinstance(r.get("step"), (int, float))]
-    if steps:
-        keys = sorted({k for r in steps for k, v in r.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)})
-        data["steps"] = [r["step"] for r in steps]
-        data["step_series"] = {k: [_finite(r.get(k)) for r in steps] for k in keys}
-    return data
+    """{"epochs": [...], "series": {train_loss, val_loss, train_acc, val_acc, val_bits_per_byte, lr}} from metrics.jsonl,
+    {"steps": [...], "step_series": {loss, lr, grad_norm, samples_per_s}} from steps.jsonl (empty when the run wrote
+    none), and "offsets": the bytes of each file read, where a live page's next read starts."""
+    epoch_rows, metrics_offset, _ = _lines_from(run_dir / "metrics.jsonl")
+    step_rows, steps_offset, _ = _lines_from(run_dir / "steps.jsonl")
+    return {**epoch_points(epoch_rows), **step_points(step_rows), "offsets": {"metrics": metrics_offset, "steps": steps_offset}}
+
+
+def run_live(workspace: Workspace, run_id: str, metrics_offset: int, steps_offset: int, stamp: str) -> dict[str, Any]:
+    """What a run page polls: the epoch and step rows written after the offsets it has, and the run's state: its
+    status and seal (read again only when its record's stamp differs from `stamp`), or `deleted`."""
+    if not RUN_ID.fullmatch(run_id or ""):
+        raise UserError(f"{run_id}: not a run id")
+    run_dir = workspace.runs_dir / run_id
+    now = registry.stamp(run_dir)
+    if now is None:
+        return {"state": "deleted", "run_id": run_id}
+    answer: dict[str, Any] = {"run_id": run_id, "stamp": now}
+    if now != stamp:
+        record = _read_json(run_dir / "record.json")
+        answer.update(state=record.get("status") if isinstance(record, dict) else "unreadable", seal=_seal(run_dir))
+    epoch_rows, metrics_to, metrics_reset = _lines_from(run_dir / "metrics.jsonl", metrics_offset)
+    step_rows, steps_to, steps_reset = _lines_from(run_dir / "steps.jsonl", steps_offset)
+    answer.update(epochs=epoch_points(epoch_rows), steps=step_points(step_rows), offsets={"metrics": metrics_to, "steps": steps_to},
+                  reset={"metrics": metrics_reset, "steps": steps_reset})
+    return answer
 
 
 def _headline_key(result: Any) -> str:
@@ -376,12 +556,25 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
     artifacts = [{"path": path, "size": (info or {}).get("size"), "sha256": (info or {}).get("sha256")}
                  for path, info in sorted((record.get("artifacts") or {}).items())]
     audited = audits(workspace, record["run_id"])
+    interrupted = interrupted_amend(run_dir, workspace.state_dir)
     verdict = verdict_shown(run_dir, workspace.state_dir, verified)
+    if verified is None and record.get("status") != "running" and interrupted is None:
+        # what a look at the folder finds (a seal, a size, a file missing or added) is a problem verify reports too:
+        # the page says the run does not verify rather than show a verdict kept before the damage
+        from veritrain.trust.verify import quick_problems
+
+        found = quick_problems(run_dir)
+        if found:
+            verdict = {"state": "failed", "quick": True, "verdict": {
+                "ok": False, "verified_at": None, "seal": _seal(run_dir), "problems": found, "drift": [], "expect": None,
+                "strict": False, "stale": False, "stale_reasons": []}}
     check = None
     if with_check:
         from veritrain.trust.check import check_run
 
-        if verdict["state"] in ("ok", "failed"):  # a fresh verdict: the checklist shows it, computes none
+        if verdict.get("quick"):
+            check = check_run(run_dir, workspace.state_dir, verdict["verdict"])
+        elif verdict["state"] in ("ok", "failed"):  # a fresh verdict: the checklist shows it, computes none
             check = check_run(run_dir, workspace.state_dir, verdict["verdict"])
         else:
             why = ("stale: " + "; ".join(verdict["verdict"]["stale_reasons"]) if verdict["state"] == "stale"
@@ -391,22 +584,68 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
         "run_id": record["run_id"], "record": record, "status": record.get("status"), "kind": record.get("kind"),
         "exp_name": record.get("exp_name"), "hypothesis": record.get("hypothesis"),
         "started_at": record.get("started_at"), "ended_at": record.get("ended_at"),
-        "error": record.get("error"), "seal": _seal(run_dir), "seal_history": record.get("seal_history") or [],
+        "stamp": registry.stamp(run_dir), "error": record.get("error"), "seal": _seal(run_dir), "seal_history": record.get("seal_history") or [],
         "notes": [n for n in notes if not n.get("conclusion")], "conclusions": [n for n in notes if n.get("conclusion")],
         "reference": reference, "config_changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
         "config_hash": record.get("config_hash"), "data": record.get("data") or {},
-        "metrics": {split: {k: v for k, v in m.items() if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
+        "metrics": {split: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
                     for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)},
         "training": record.get("training") or {}, "curves": curves(run_dir), "evals": evals, "baselines": baselines,
         "export_files": sorted(export.get("files") or {}), "parity": parity, "events": record.get("events") or [],
         "env": env, "code": record.get("code") or {}, "artifacts": artifacts, "check": check,
         "trajectory": trajectory(run_dir, record, audited), "audits": audited, "verdict": verdict,
         "outside": record.get("kind") in OUTSIDE_KINDS, "parent": record.get("parent"),
-        "interrupted_amend": interrupted_amend(run_dir, workspace.state_dir),
+        "interrupted_amend": interrupted,
+        "headline": headline(record), "duration": _duration(record.get("started_at"), record.get("ended_at")),
+        "metric_texts": {split: {k: v for k, v in m.items() if isinstance(v, str)}
+                         for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)},
+        "live": record.get("status") == "running",
         # a script's run (veritrain.start): what it can prove, the script and how it was started, its inputs
         "guarantee": record.get("guarantee"), "script": record.get("script") if record.get("kind") == "script" else None,
         "inputs": record.get("inputs"),
     }
+
+
+HEADLINE_ROWS = ("accuracy", "macro_f1", "log_loss", "bits_per_byte", "rmse", "mae")  # the overview's metrics, when the run has them
+BASELINE_ALIASES = {"macro_f1": "f1_macro"}  # a baseline names macro F1 as scikit-learn does
+
+
+def headline(record: dict[str, Any]) -> dict[str, Any]:
+    """The overview's metrics: for each split evaluated, the headline metrics it has, each beside every baseline's
+    value of the same metric (baselines are scored on the test split)."""
+    metrics = record.get("metrics") or {}
+    results = ((record.get("baselines") or {}).get("results") or {}) if isinstance(record.get("baselines"), dict) else {}
+    names = [n for n, r in results.items() if isinstance(r, dict)]
+    rows = []
+    for split, values in metrics.items():
+        if not isinstance(values, dict):
+            continue
+        for key in HEADLINE_ROWS:
+            value = _finite(values.get(key))
+            if value is None:
+                continue
+            base = [_finite(results[n].get(key, results[n].get(BASELINE_ALIASES.get(key, key)))) if split == "test" else None for n in names]
+            rows.append({"split": split, "key": key, "value": value, "baselines": base})
+    return {"rows": rows, "baselines": names}
+
+
+def _duration(started: Any, ended: Any) -> Optional[float]:
+    """Seconds from started_at to ended_at (ISO times), None when either is missing."""
+    from datetime import datetime
+
+    try:
+        return round((datetime.fromisoformat(str(ended)) - datetime.fromisoformat(str(started))).total_seconds(), 1) if started and ended else None
+    except ValueError:
+        return None
+
+
+def damaged_page(workspace: Workspace, run_id: str, problem: str) -> dict[str, Any]:
+    """A run whose record cannot be read: its id, the problem and what a look at the folder finds."""
+    from veritrain.trust.verify import quick_problems
+
+    run_dir = run_dir_of(workspace, run_id)
+    files = sorted(p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file() and not p.is_symlink())
+    return {"run_id": run_id, "problem": problem, "problems": quick_problems(run_dir), "files": files[:500], "seal": _seal(run_dir)}
 
 
 def interrupted_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
@@ -428,8 +667,38 @@ def compare_page(workspace: Workspace, run_ids: list[str]) -> dict[str, Any]:
         raise UserError("compare: give 2 to 6 runs, e.g. ?runs=RUN1,RUN2")
     records = [read_record(run_dir_of(workspace, r)) for r in run_ids]
     comparison = compare(records)
-    comparison["curves"] = {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}}
+    labels = change_labels(comparison)
+    comparison["labels"] = labels
+    comparison["curves"] = {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}, "labels": labels}
+    comparison["headline_metrics"] = [m for m in comparison["metrics"] if ".per_class." not in f".{m['key']}." and "per_class" not in m["key"]]
+    comparison["per_class_metrics"] = [m for m in comparison["metrics"] if m not in comparison["headline_metrics"]]
     return comparison
+
+
+LABEL_KEYS = 3  # config keys a curve's label names, before `…`
+
+
+def change_labels(comparison: dict[str, Any]) -> dict[str, str]:
+    """Each compared run named by its values of the config keys that differ (`optim.lr=0.01, seed=2`), so the
+    curves say what changed; a run whose config is the same as the others' keeps its id. Two runs that would read
+    the same get their id added."""
+    rows = [r for r in comparison["config"] if r["key"] not in OWN_COLUMNS] or comparison["config"]
+    labels = {}
+    for index, run_id in enumerate(comparison["run_ids"]):
+        parts = [f"{r['key']}={_label_value(r['values'][index])}" for r in rows[:LABEL_KEYS]]
+        labels[run_id] = (", ".join(parts) + (", …" if len(rows) > LABEL_KEYS else "")) if parts else run_id
+    seen: dict[str, int] = {}
+    for label in labels.values():
+        seen[label] = seen.get(label, 0) + 1
+    return {r: (f"{label} ({r[-6:]})" if seen[label] > 1 and label != r else label) for r, label in labels.items()}
+
+
+def _label_value(value: Any) -> str:
+    from veritrain.web import significant
+
+    if isinstance(value, float):
+        return significant(value)
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def data_dir_of(workspace: Workspace, version: str) -> Path:
@@ -577,3 +846,89 @@ def _sweep_view(summary: dict[str, Any]) -> dict[str, Any]:
             "split": split, "metric": _text(metric), "trials": trials, "best": chosen, "run_ids": run_ids,
             "parent": {"runs": ", ".join(summary["parent"].get("run_ids") or []) or "-", "status": _text(summary["parent"].get("status")),
                        "value": _metric_value((summary["parent"].get("metrics") or {}).get(metric))}}
+
+
+SWEEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _summary_of(workspace: Workspace, sweep_id: str) -> tuple[str, Path, dict[str, Any]]:
+    """("search" or "sweep", its folder, its summary.json) for a sweep or search named by its exact id."""
+    if SWEEP_ID.fullmatch(sweep_id or ""):
+        for kind, parent in (("search", "searches"), ("sweep", "sweeps")):
+            folder = workspace.state_dir / parent / sweep_id
+            summary = _read_json(folder / "summary.json")
+            if isinstance(summary, dict) and isinstance(summary.get("trials"), list):
+                return kind, folder, summary
+    raise UserError(f"{sweep_id}: no such sweep or search in {workspace.state_dir}")
+
+
+def _axis(key: str, values: list[Any]) -> dict[str, Any]:
+    """A parallel-coordinates axis of one varied key: numeric (log-scaled when its positive values span over two
+    decades, as a learning rate's do) or categorical (each distinct value, as text, in the order met)."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if values and len(numbers) == len(values):
+        low, high = min(numbers), max(numbers)
+        return {"key": key, "kind": "log" if low > 0 and high / low >= 100 else "linear", "min": low, "max": high}
+    labels = list(dict.fromkeys(_text(v) for v in values))
+    return {"key": key, "kind": "category", "labels": labels}
+
+
+def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
+    """A sweep's or a search's page: every trial with the val metric that selected and the test metric beside it
+    (not used for selection), the best trial, the data of a parallel-coordinates plot of the varied keys against the
+    val metric, the seed spread of repeated trials, and whether the search's seal (SHA256SUMS) still holds."""
+    kind, folder, summary = _summary_of(workspace, sweep_id)
+    selection = summary.get("selection") if isinstance(summary.get("selection"), dict) else {}
+    metric = _text(selection.get("metric") or (summary.get("headline") or {}).get("metric"))
+    mode = _text(selection.get("mode") or (summary.get("headline") or {}).get("mode") or "max")
+    trials = []
+    for t in _listed(summary, "trials", limit=10_000):
+        change = t.get("change") if isinstance(t.get("change"), dict) else {}
+        if kind == "search":
+            number, state, run_ids = t.get("number"), _text(t.get("state")), [t["run_id"]] if isinstance(t.get("run_id"), str) else []
+            value = _metric_value(t.get("value"))
+            test = _metric_value(((t.get("test") or {}).get("metrics") or {}).get(metric))
+            spread = None
+        else:
+            number, state, run_ids = t.get("index"), _text(t.get("status")), [r for r in t.get("run_ids") or [] if isinstance(r, str)]
+            value = _metric_value((t.get("metrics") or {}).get(metric))
+            test = None  # a sweep reads the test split of its best trial only
+            s = ((t.get("spread") or {}).get(metric)) if isinstance(t.get("spread"), dict) else None
+            spread = {"mean": _finite(s.get("mean")), "std": _finite(s.get("std")), "n": s.get("n"),
+                      "values": [_finite(v) for v in s.get("values") or []],
+                      "ci95": [_finite(v) for v in s.get("ci95") or []]} if isinstance(s, dict) else None
+        pruned = t.get("pruned") if isinstance(t.get("pruned"), dict) else None
+        trials.append({"number": number, "state": state, "change": change, "run_ids": run_ids, "value": value, "test": test,
+                       "spread": spread, "pruned_epoch": pruned.get("epoch") if pruned else None, "error": _text(t.get("error")) or None,
+                       "intermediate": [p for p in t.get("intermediate") or [] if isinstance(p, list) and len(p) == 2]})
+    best = summary.get("best") if isinstance(summary.get("best"), dict) else None
+    best_number = (best or {}).get("number", (best or {}).get("trial"))
+    if best is not None and kind == "sweep":  # the one test result a sweep reads: its best trial's
+        for t in trials:
+            if t["number"] == best_number:
+                t["test"] = _metric_value(((best.get("test") or {}).get("metrics") or {}).get(metric))
+    for t in trials:
+        t["best"] = best is not None and t["number"] == best_number
+    keys = list(dict.fromkeys(k for t in trials for k in t["change"]))
+    axes = [_axis(k, [t["change"].get(k) for t in trials if k in t["change"]]) for k in keys]
+    scored = [t["value"] for t in trials if t["value"] is not None]
+    plot = {"axes": axes, "metric": f"{_text(selection.get('split') or 'val')} {metric}", "mode": mode,
+            "range": [min(scored), max(scored)] if scored else None,
+            "trials": [{"number": t["number"], "state": t["state"], "best": t["best"], "value": t["value"],
+                        "values": [t["change"].get(k) if isinstance(t["change"].get(k), (int, float)) and not isinstance(t["change"].get(k), bool)
+                                   else _text(t["change"].get(k)) if k in t["change"] else None for k in keys]} for t in trials]}
+    seal = None
+    if kind == "search":
+        from veritrain.orchestration.search.summary import check_seal
+
+        problems = check_seal(folder)
+        seal = {"ok": not problems, "problems": problems}
+    space = summary.get("space") if isinstance(summary.get("space"), dict) else {}
+    return {"id": sweep_id, "kind": kind, "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
+            "split": _text(selection.get("split") or "val"), "metric": metric, "mode": mode, "trials": trials, "keys": keys,
+            "best": next((t for t in trials if t["best"]), None), "plot": plot, "seal": seal, "counts": summary.get("counts") or {},
+            "sampler": (summary.get("sampler") or {}) if kind == "search" else None,
+            "pruner": (summary.get("pruner") or {}) if kind == "search" else None,
+            "reproducible": summary.get("reproducible"), "repeat": summary.get("repeat"),
+            "space": [p for p in space.get("params") or [] if isinstance(p, dict)],
+            "created_at": _text(summary.get("created_at")), "updated_at": _text(summary.get("updated_at"))}
