@@ -134,6 +134,50 @@ def test_a_resumed_finished_search_proposes_nothing_new(searched):
     assert set(records(workdir)) == before and again.json()["counts"]["trials"] == 8
 
 
+def test_the_search_page_shows_each_trial_the_val_metric_that_selected_and_the_seal(searched):
+    """The browser's page of the search: every trial with its val accuracy and its test accuracy labelled as not used
+    for selection (none for the pruned one), the best as the summary has it, the parallel coordinates' data, and the
+    seal's verdict, which turns to "does not hold" when summary.json is edited."""
+    import warnings
+
+    pytest.importorskip("starlette")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    from veritrain.records.workspace import Workspace
+    from veritrain.web import views
+    from veritrain.web.server import create_app
+
+    workdir, result = searched
+    summary = result.json()
+    workspace = Workspace.open(workdir)
+    page = views.sweep_page(workspace, summary["id"])
+    assert page["kind"] == "search" and page["metric"] == "accuracy" and page["split"] == "val"
+    assert [t["number"] for t in page["trials"]] == [t["number"] for t in summary["trials"]]
+    for shown, trial in zip(page["trials"], summary["trials"]):
+        assert shown["value"] == trial["value"] and shown["state"] == trial["state"]
+        assert shown["test"] == ((trial.get("test") or {}).get("metrics") or {}).get("accuracy")
+        if trial["state"] == "pruned":
+            assert shown["test"] is None and shown["pruned_epoch"] == trial["pruned"]["epoch"]
+    assert page["best"]["number"] == summary["best"]["number"] and page["seal"] == {"ok": True, "problems": []}
+    assert [a["key"] for a in page["plot"]["axes"]] == ["optim.lr", "model.hidden"]
+    assert page["plot"]["axes"][1]["kind"] == "category" and len(page["plot"]["trials"]) == 8
+
+    client = TestClient(create_app(workspace), base_url="http://127.0.0.1:8765")
+    html = client.get(f"/sweeps/{summary['id']}").text
+    assert html.count('<tr data-trial="') == 8 and "(not used for selection)" in html and 'id="sweep-seal" data-ok="true"' in html
+    assert f'<tr data-trial="{summary["best"]["number"]}" class="best' in html and 'id="sweep-data"' in html
+    folder = workdir / ".veritrain" / "searches" / summary["id"]
+    original = (folder / "summary.json").read_bytes()
+    try:
+        (folder / "summary.json").write_bytes(original.replace(b'"status": "completed"', b'"status": "completed" ', 1))
+        html = client.get(f"/sweeps/{summary['id']}").text
+        assert 'id="sweep-seal" data-ok="false"' in html and "summary.json changed since the search sealed it" in html
+    finally:
+        (folder / "summary.json").write_bytes(original)
+    assert client.get("/sweeps/..").status_code == 404 and client.get("/sweeps/nope").status_code == 404
+
+
 # ---------------------------------------------------------------- proposals, without training
 
 

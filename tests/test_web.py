@@ -630,3 +630,193 @@ def test_the_run_page_and_the_verify_button_say_an_amend_was_interrupted(site):
     finally:
         shutil.rmtree(journal)
     assert "interrupted-amend" not in TestClient(create_app(workspace), base_url=BASE).get(f"/runs/{run_id}").text
+
+
+# ---------------------------------------------------------------- the runs table's columns, live updates, damaged runs
+
+
+def _copies(site, tmp_path, changes: list[dict]) -> tuple:
+    """A workspace of copies of the good run, the i-th with `changes[i]` ({"config": {dotted key: value}, "metrics": {...},
+    "exp_name": ..., "status": ...}) applied to its record; returns (workspace, run ids)."""
+    from veritrain.records.workspace import Workspace
+
+    workspace = Workspace.open(tmp_path / "copies")
+    good = site["workspace"].runs_dir / site["good"]
+    ids = []
+    for index, change in enumerate(changes):
+        run_id = site["good"][:-6] + f"{index:06x}"
+        shutil.copytree(good, workspace.runs_dir / run_id)
+        record = json.loads((good / "record.json").read_text(encoding="utf-8"))
+        record["run_id"] = run_id
+        record["started_at"] = f"2026-01-01T00:00:{index:02d}.000+00:00"
+        for key, value in (change.get("config") or {}).items():
+            *parents, leaf = key.split(".")
+            node = record["config"]
+            for part in parents:
+                node = node[part]
+            node[leaf] = value
+        for key, value in (change.get("metrics") or {}).items():
+            split, name = key.split(".")
+            record["metrics"][split][name] = value
+        record.update({k: v for k, v in change.items() if k not in ("config", "metrics")})
+        data = json.dumps(record).encode()
+        (workspace.runs_dir / run_id / "record.json").write_bytes(data)
+        (workspace.runs_dir / run_id / "record.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+        ids.append(run_id)
+    return workspace, ids
+
+
+def _differing(workspace, ids: list[str]) -> list[str]:
+    """The oracle: config keys whose value is not the same in every listed run, from the whole configs."""
+    from veritrain.records.experiments import flatten
+
+    configs = [flatten(json.loads((workspace.runs_dir / r / "record.json").read_text())["config"]) for r in ids]
+    keys = set().union(*configs)
+    return sorted(k for k in keys if k != "exp_name" and len({json.dumps(c.get(k, "<absent>"), sort_keys=True) for c in configs}) > 1)
+
+
+def test_parameter_columns_are_exactly_the_config_keys_that_differ(site, tmp_path):
+    from veritrain.web import views
+    from veritrain.web.server import create_app
+
+    workspace, ids = _copies(site, tmp_path, [{}, {"config": {"optim.lr": 0.01}}, {"config": {"model.hidden": [64]}},
+                                              {"config": {"optim.lr": 0.01, "seed": 3}}, {}, {"config": {"exp_name": "other"}, "exp_name": "other"}])
+    table = views.runs_table(workspace, {})
+    assert table["param_keys"] == _differing(workspace, ids) == ["model.hidden", "optim.lr", "seed"]
+    by_id = {r["run_id"]: r for r in table["rows"]}
+    assert by_id[ids[1]]["params"] == {"model.hidden": [32], "optim.lr": 0.01, "seed": 0}
+    assert by_id[ids[0]]["params"]["optim.lr"] == json.loads((workspace.runs_dir / ids[0] / "record.json").read_text())["config"]["optim"]["lr"]
+    # the keys of the runs listed, all pages: two runs that differ only in their experiment name have none
+    only_two = views.runs_table(workspace, {"q": ids[0][-6:]}, only=[ids[0], ids[4], ids[5]])
+    assert only_two["param_keys"] == _differing(workspace, [ids[0], ids[4], ids[5]]) == []
+    assert views.runs_table(workspace, {"exp_name": "other"})["param_keys"] == []
+    assert views.runs_table(workspace, {}, page_size=1)["param_keys"] == table["param_keys"]
+    rows = views.runs_table(workspace, {"sort": "-optim.lr"})["rows"]
+    ordered = [r["params"]["optim.lr"] for r in rows]
+    assert ordered == sorted(ordered)
+    html = TestClient(create_app(workspace), base_url=BASE).get("/").text
+    assert re.findall(r'<th data-kind="param" class="param"><a class="sort" data-key="([^"]+)"', html) == table["param_keys"]
+    assert f'<td class="param" data-param="optim.lr">0.01</td>' in html
+
+
+def test_metric_columns_come_from_the_url_and_groups_show_mean_and_sd(site, tmp_path):
+    import statistics
+
+    from veritrain.web import views
+    from veritrain.web.server import create_app
+
+    accuracies = [0.5, 0.7, 0.9, 0.4, 0.6]
+    groups = ["a", "a", "a", "b", "b"]
+    workspace, ids = _copies(site, tmp_path, [{"metrics": {"test.accuracy": acc, "test.ece": 0.1 * i}, "exp_name": g, "config": {"exp_name": g}}
+                                              for i, (acc, g) in enumerate(zip(accuracies, groups))])
+    client = TestClient(create_app(workspace), base_url=BASE)
+    html = client.get("/?cols=test.ece,test.accuracy").text
+    assert re.findall(r'<th data-kind="metric" class="num"><a class="sort" data-key="([^"]+)"', html) == ["test.ece", "test.accuracy"]
+    assert 'value="test.ece,test.accuracy"' in html  # kept in the form, so the next filter keeps them
+    assert "?cols=test.ece%2Ctest.accuracy&amp;sort=test.accuracy" in html  # and in every sort link
+    for bad in ("test.accuracy;drop", "accuracy", ",".join(f"test.m{i}" for i in range(20))):
+        assert client.get("/?" + urlencode({"cols": bad})).status_code == 400
+    table = views.runs_table(workspace, {"group": "exp_name", "cols": "test.accuracy"})
+    found = {g["name"]: g for g in table["groups"]}
+    assert set(found) == {"a", "b"} and found["a"]["runs"] == 3 and found["b"]["completed"] == 2
+    stats = found["a"]["stats"]["test.accuracy"]
+    assert stats["mean"] == pytest.approx(statistics.fmean(accuracies[:3])) and stats["sd"] == pytest.approx(statistics.stdev(accuracies[:3]))
+    assert found["b"]["stats"]["test.accuracy"]["n"] == 2
+    page = client.get("/?group=exp_name&cols=test.accuracy").text
+    assert '<table id="groups-table">' in page and "0.7 ± 0.2" in page
+    assert client.get("/?group=seed").status_code == 400
+
+
+def test_numbers_show_four_significant_digits_and_the_api_keeps_them_raw(client, site):
+    from veritrain.web import significant
+
+    assert [significant(v) for v in (0.9444444444444444, 12345.678, 1.5e-05, 3, 0.1, 2.0, -0.000123456)] == \
+        ["0.9444", "12350", "1.5e-05", "3", "0.1", "2", "-0.0001235"]
+    html = client.get(f"/runs/{site['good']}").text
+    per_class = re.search(r'<table id="per-class".*?</table>', html, re.S).group(0)
+    cells = re.findall(r'<td class="num" title="[^"]*">([^<]*)</td>', per_class)
+    assert cells and all(not re.search(r"\.\d{5,}", c) for c in cells), cells[:5]
+    record = json.loads((site["workspace"].runs_dir / site["good"] / "record.json").read_text())
+    api = client.get(f"/api/runs/{site['good']}").json()
+    assert api["metrics"]["test"]["accuracy"] == record["metrics"]["test"]["accuracy"]  # not rounded
+    overview = re.search(r'<table id="headline".*?</table>', html, re.S).group(0)
+    assert f"<strong>{significant(record['metrics']['test']['accuracy'])}</strong>" in overview
+
+
+def test_the_live_api_gives_new_lines_only_and_says_when_a_run_changed_or_is_gone(site, tmp_path):
+    from veritrain.web import views
+
+    workspace, (run,) = _copies(site, tmp_path, [{"status": "running", "ended_at": None}])
+    run_dir = workspace.runs_dir / run
+    first = views.curves(run_dir)
+    stamp = views.registry.stamp(run_dir)
+    live = views.run_live(workspace, run, first["offsets"]["metrics"], first["offsets"]["steps"], stamp)
+    assert live["epochs"]["epochs"] == [] and live["steps"]["steps"] == [] and "state" not in live  # nothing new, nothing read
+    with open(run_dir / "steps.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": 7, "epoch": 1, "loss": 0.5, "lr": 0.1, "grad_norm": 1.5}) + "\n")
+        f.write('{"step": 8, "loss"')  # a line being written is left for the next read
+    live = views.run_live(workspace, run, live["offsets"]["metrics"], live["offsets"]["steps"], stamp)
+    assert live["steps"]["steps"] == [7] and live["steps"]["step_series"]["grad_norm"] == [1.5]
+    with open(run_dir / "steps.jsonl", "a", encoding="utf-8") as f:
+        f.write(': 0.4}\n')
+    again = views.run_live(workspace, run, live["offsets"]["metrics"], live["offsets"]["steps"], stamp)
+    assert again["steps"]["steps"] == [8] and again["reset"]["steps"] is False
+    (run_dir / "steps.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")  # a resume rewound the log
+    rewound = views.run_live(workspace, run, again["offsets"]["metrics"], again["offsets"]["steps"], stamp)
+    assert rewound["reset"]["steps"] is True and rewound["steps"]["steps"] == [1]
+
+    record = json.loads((run_dir / "record.json").read_text())
+    record["status"] = "completed"
+    data = json.dumps(record).encode()
+    (run_dir / "record.json").write_bytes(data)
+    (run_dir / "record.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+    finished = views.run_live(workspace, run, 0, 0, stamp)
+    assert finished["state"] == "completed" and finished["seal"] == hashlib.sha256(data).hexdigest()
+    (run_dir / "record.sha256").write_text("0" * 64 + "\n")  # re-sealed (here: a seal that no longer matches)
+    resealed = views.run_live(workspace, run, 0, 0, finished["stamp"])
+    assert resealed.get("seal", "0" * 64) == "0" * 64
+    token = views.table_live(workspace, [run])["token"]
+    shutil.rmtree(run_dir)
+    assert views.run_live(workspace, run, 0, 0, stamp) == {"state": "deleted", "run_id": run}
+    assert views.table_live(workspace, [run])["token"] != token
+    client = TestClient(__import__("veritrain.web.server", fromlist=["create_app"]).create_app(workspace), base_url=BASE)
+    assert client.get(f"/api/runs/{run}/live?metrics=x").status_code == 400
+    assert client.get(f"/api/runs/{run}/live").json()["state"] == "deleted"
+
+
+def test_a_run_with_damaged_files_says_it_does_not_verify_and_never_500(site, tmp_path):
+    from veritrain.web.server import create_app
+
+    workspace, ids = _copies(site, tmp_path, [{}, {}, {}, {}])
+    runs = workspace.runs_dir
+    (runs / ids[0] / "record.json").write_bytes(b"{not json")
+    (runs / ids[1] / "eval" / "test" / "per_class.csv").write_bytes(b"\x00\xff binary \x89PNG")
+    (runs / ids[2] / "metrics.jsonl").unlink()
+    (runs / ids[3] / "record.json").write_text(json.dumps({"run_id": ids[3], "status": ["not", "a", "status"]}))
+    client = TestClient(create_app(workspace), base_url=BASE, raise_server_exceptions=False)
+    for run_id, problem in zip(ids, ("not a valid record", "changed: eval/test/per_class.csv (size differs", "missing: metrics.jsonl",
+                                     "not a valid record")):
+        page = client.get(f"/runs/{run_id}")
+        assert page.status_code == 200, (run_id, page.status_code)
+        box = _verdict_box(page.text)
+        assert 'data-state="failed"' in box and "does not verify" in box and problem in page.text, (problem, box)
+        assert client.get(f"/api/runs/{run_id}/live").status_code == 200
+    assert client.get("/").status_code == 200 and client.get("/?group=exp_name").status_code == 200
+
+
+def test_an_index_of_the_earlier_layout_is_made_again(site, tmp_path):
+    import sqlite3
+
+    from veritrain.records import registry
+
+    workspace, ids = _copies(site, tmp_path, [{}])
+    workspace.state_dir.mkdir(parents=True, exist_ok=True)
+    old = sqlite3.connect(workspace.state_dir / "registry.sqlite")
+    old.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, exp_name TEXT, stamp TEXT)")
+    old.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    old.execute("INSERT INTO meta VALUES ('schema', '1')")
+    old.execute("INSERT INTO runs VALUES ('x', 'y', 'z')")
+    old.commit()
+    old.close()
+    rows = registry.query(workspace.state_dir, workspace.runs_dir)
+    assert [r["run_id"] for r in rows] == ids and rows[0]["world_size"] == 1 and "params" not in rows[0]

@@ -216,12 +216,15 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
 
 def table_columns(table: dict[str, Any]) -> list[dict[str, str]]:
     """The runs table's columns, in order: {key (what a sort link sends), label, kind: column|param|metric}."""
-    fixed = [("run_id", "run"), ("exp_name", "experiment"), ("kind", "kind"), ("status", "status"), ("started_at", "started"),
-             ("duration", "duration"), ("world_size", "world size"), ("data_version", "data")]
-    return [*({"key": k, "label": label, "kind": "column"} for k, label in fixed),
-            *({"key": k, "label": k, "kind": "param"} for k in table["param_keys"]),
+    def columns(*pairs: tuple[str, str]) -> list[dict[str, str]]:
+        return [{"key": k, "label": label, "kind": "column"} for k, label in pairs]
+
+    # what a row is judged by comes first (its metrics, then what differs), the bookkeeping after
+    return [*columns(("run_id", "run"), ("exp_name", "experiment"), ("status", "status")),
             *({"key": m, "label": m, "kind": "metric"} for m in table["metrics"]),
-            {"key": "hypothesis", "label": "hypothesis", "kind": "column"}]
+            *({"key": k, "label": k, "kind": "param"} for k in table["param_keys"]),
+            *columns(("kind", "kind"), ("started_at", "started"), ("duration", "duration"), ("world_size", "ranks"),
+                     ("data_version", "data"), ("hypothesis", "hypothesis"))]
 
 
 def _groups(db: sqlite3.Connection, clause: str, args: list[Any], group: str, columns: list[str]) -> list[dict[str, Any]]:
@@ -670,11 +673,14 @@ def compare_page(workspace: Workspace, run_ids: list[str]) -> dict[str, Any]:
     labels = change_labels(comparison)
     comparison["labels"] = labels
     comparison["curves"] = {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}, "labels": labels}
+    for m in comparison["metrics"]:  # whether a rise is an improvement: the page colours deltas by better and worse
+        m["lower_is_better"] = m["key"].rsplit(".", 1)[-1] in LOWER_IS_BETTER
     comparison["headline_metrics"] = [m for m in comparison["metrics"] if ".per_class." not in f".{m['key']}." and "per_class" not in m["key"]]
     comparison["per_class_metrics"] = [m for m in comparison["metrics"] if m not in comparison["headline_metrics"]]
     return comparison
 
 
+LOWER_IS_BETTER = ("log_loss", "loss", "ece", "bits_per_byte", "rmse", "mae", "val_loss", "train_loss")
 LABEL_KEYS = 3  # config keys a curve's label names, before `…`
 
 
@@ -925,7 +931,7 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
         seal = {"ok": not problems, "problems": problems}
     space = summary.get("space") if isinstance(summary.get("space"), dict) else {}
     return {"id": sweep_id, "kind": kind, "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
-            "split": _text(selection.get("split") or "val"), "metric": metric, "mode": mode, "trials": trials, "keys": keys,
+            "split": _text(selection.get("split") or "val"), "metric": metric, "mode": mode, "trials": trials, "varied": keys,
             "best": next((t for t in trials if t["best"]), None), "plot": plot, "seal": seal, "counts": summary.get("counts") or {},
             "sampler": (summary.get("sampler") or {}) if kind == "search" else None,
             "pruner": (summary.get("pruner") or {}) if kind == "search" else None,
