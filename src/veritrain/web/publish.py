@@ -69,8 +69,7 @@ def publish(workspace: Workspace, run_dirs: list[Path], out_dir: Path, with_arch
 
     out_dir.mkdir(parents=True, exist_ok=True)
     table = views.runs_table(workspace, {}, page_size=max(1, len(ids)), only=ids)
-    columns = [("run_id", "run"), ("exp_name", "experiment"), ("kind", "kind"), ("status", "status"), ("started_at", "started"),
-               ("data_version", "data"), *((m, m) for m in views.TABLE_METRICS), ("hypothesis", "hypothesis")]
+    columns = views.table_columns(table)
     compared = ids[:COMPARE_MAX] if len(ids) >= 2 else []
     write("index.html", "index.html", 0, table=table, columns=columns, sort_links={}, prev_link=None, next_link=None,
           compare_link="compare.html" if compared else None)

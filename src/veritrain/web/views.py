@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import heapq
 import json
+import os
 import re
 import sqlite3
 import statistics
@@ -250,13 +252,18 @@ def _groups(db: sqlite3.Connection, clause: str, args: list[Any], group: str, co
     return groups
 
 
+NEWEST_WATCHED = 8  # run folders (the newest by id, which starts with the time) whose records the live table watches
+
+
 def table_live(workspace: Workspace, running: list[str]) -> dict[str, Any]:
     """What the live runs table polls: a token that changes when a run folder is added or removed or a listed running
     run's record changes (the table is then fetched again), and each listed running run's progress. Stats and the
     ends of two files per running run: nothing is read when nothing changed."""
     parts = []
-    try:
+    try:  # a folder added or removed changes runs/ itself; a new run's record appears in one of the newest folders
         parts.append(str(workspace.runs_dir.stat().st_mtime_ns))
+        newest = heapq.nlargest(NEWEST_WATCHED, (e.name for e in os.scandir(workspace.runs_dir) if RUN_ID.fullmatch(e.name)))
+        parts += [f"{name}:{registry.stamp(workspace.runs_dir / name)}" for name in newest]
     except OSError:
         parts.append("-")
     runs = {}
