@@ -1,12 +1,15 @@
 """`veritrain ui` over 10,000 runs in headless Chromium, and `veritrain publish` of 100 runs.
 
 Makes one real run (tiny mlp on digits), copies its record.json to 10,000 run folders with new run
-ids, metrics, statuses and experiment names (each sealed with its record.sha256; no checkpoints),
-starts `veritrain ui` on them and times, in Debian's /usr/bin/chromium through Playwright: the
-first paint of the runs table (first-contentful-paint, and until a `#runs-table tr[data-run-id]` row
-is visible), a sort by test.accuracy and a filter (until the table has changed), and the real run's
-page (until its curves are drawn). Then `veritrain publish` of a workspace of 100 runs (copies of the
-real run folder, checkpoints included, so each verifies), whole process.
+ids, metrics, statuses, experiment names, seeds and one of four learning rates (each sealed with its
+record.sha256; no checkpoints), so the runs table has parameter columns (optim.lr, seed), and one real run
+of 20,160 optimizer steps with a steps.jsonl line for each. Starts `veritrain ui` on them and times, in
+Debian's /usr/bin/chromium through Playwright at 1400 × 1000: the first paint of the runs table
+(first-contentful-paint, and until a `#runs-table tr[data-run-id]` row is visible, its parameter columns
+with it), a sort by test.accuracy and a filter (until the table has changed), the real run's page (until
+its curves are drawn) and the long run's page (until its per-step loss chart holds all 20,160 points).
+Then `veritrain publish` of a workspace of 100 runs (copies of the real run folder, checkpoints included,
+so each verifies), whole process.
 
     .venv/bin/python benchmarks/ui.py [--runs 10000] [--publish-runs 100] [--repeat 3]
 """
@@ -29,6 +32,11 @@ from pathlib import Path
 
 CHROMIUM = "/usr/bin/chromium"
 REAL_RUN = ["--set", "train.epochs=2", "--set", "model.name=mlp", "--set", "model.hidden=[16]", "--no-smoke"]
+# 1,437 train samples / 8 = 180 steps an epoch, × 112 epochs = 20,160 steps, each a line of steps.jsonl
+LONG_RUN = ["--set", "train.epochs=112", "--set", "train.batch_size=8", "--set", "model.name=mlp", "--set", "model.hidden=[16]",
+            "--set", "logging.every_steps=1", "--set", "eval.baselines=false", "--set", "export.formats=[safetensors]",
+            "--set", "exp_name=long", "--no-smoke"]
+LEARNING_RATES = (0.1, 0.03, 0.01, 0.003)
 
 
 def veritrain(*args: str) -> subprocess.CompletedProcess:
@@ -38,9 +46,10 @@ def veritrain(*args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def make_real_run(workdir: Path) -> Path:
-    veritrain("run", *REAL_RUN, "--workdir", str(workdir))
-    return next((workdir / "runs").iterdir())
+def make_real_run(workdir: Path, args: list[str] = REAL_RUN) -> Path:
+    before = set((workdir / "runs").iterdir()) if (workdir / "runs").is_dir() else set()
+    veritrain("run", *args, "--workdir", str(workdir))
+    return next(iter(set((workdir / "runs").iterdir()) - before))
 
 
 def copy_runs(template: Path, runs_dir: Path, count: int, with_files: bool = False) -> None:
@@ -57,6 +66,8 @@ def copy_runs(template: Path, runs_dir: Path, count: int, with_files: bool = Fal
         # in the big table every 11th run failed; a published run is a completed one (publish leaves the others out)
         record.update(run_id=run_id, exp_name=f"exp{i % 20}", seed=i, status="completed" if with_files or i % 11 else "failed",
                       started_at=f"2025-01-01T{i // 3600 % 24:02d}:{i // 60 % 60:02d}:{i % 60:02d}.000+00:00")
+        if not with_files:  # configs that differ, as a sweep's do: the table shows them as parameter columns
+            record["config"] = {**record["config"], "seed": i, "optim": {**record["config"]["optim"], "lr": LEARNING_RATES[i % 4]}}
         test = record["metrics"]["test"]
         test["accuracy"] = (i * 7919 % 10_000) / 10_000
         test["macro_f1"] = test["f1_macro"] = test["accuracy"] * 0.97
@@ -102,20 +113,22 @@ def until_changed(page, before: list[str], started: float) -> float:
     raise SystemExit("the table did not change within 60 s")
 
 
-def measure_browser(base: str, real_run: str, repeat: int) -> dict[str, list[float]]:
+def measure_browser(base: str, real_run: str, long_run: str, steps: int, repeat: int) -> dict[str, list[float]]:
     from playwright.sync_api import sync_playwright
 
-    figures: dict[str, list[float]] = {"fcp": [], "table": [], "sort": [], "filter": [], "run_page": []}
+    figures: dict[str, list[float]] = {"fcp": [], "table": [], "sort": [], "filter": [], "run_page": [], "long_run_page": []}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
         for _ in range(repeat):
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
             page = context.new_page()
             page.set_default_timeout(60_000)
             started = time.perf_counter()
             page.goto(base + "/", wait_until="commit")
             page.locator("#runs-table tr[data-run-id]").first.wait_for(state="visible")
             figures["table"].append(time.perf_counter() - started)
+            params = page.locator('#runs-table th[data-kind="param"]').all_inner_texts()
+            assert {"optim.lr", "seed"} <= {p.strip(" ▲▼") for p in params}, params  # the long run differs in more
             page.wait_for_load_state("load")
             fcp = page.evaluate("() => (performance.getEntriesByName('first-contentful-paint')[0] || {}).startTime || null")
             if fcp is not None:
@@ -136,6 +149,12 @@ def measure_browser(base: str, real_run: str, repeat: int) -> dict[str, list[flo
             page.goto(f"{base}/runs/{real_run}", wait_until="commit")
             page.locator("#curves .uplot canvas").first.wait_for(state="visible")
             figures["run_page"].append(time.perf_counter() - started)
+
+            started = time.perf_counter()
+            page.goto(f"{base}/runs/{long_run}", wait_until="commit")
+            page.wait_for_function("n => { const c = document.querySelector('.chart[data-chart=\"step_loss\"] .uplot');"
+                                   " return c && +c.getAttribute('data-points') === n; }", arg=steps, timeout=60_000)
+            figures["long_run_page"].append(time.perf_counter() - started)
             context.close()
         browser.close()
     return figures
@@ -152,24 +171,27 @@ def main() -> None:
         real = make_real_run(workdir)
         publish_ws = Path(tmp) / "publish-ws"
         shutil.copytree(workdir, publish_ws)
+        long = make_real_run(workdir, LONG_RUN)
+        steps = sum(1 for _ in (long / "steps.jsonl").open())
         copy_runs(real, publish_ws / "runs", args.publish_runs - 1, with_files=True)
         copy_runs(real, workdir / "runs", args.runs - 1)
-        print(f"workspace: 1 real run + {args.runs - 1} copies of its record")
+        print(f"workspace: 1 real run + {args.runs - 1} copies of its record, and a run of {steps} steps")
 
         proc, base, ready = start_server(workdir)
         try:
             print(f"veritrain ui: answered its first request after {ready:.2f}s (start-up and first index of {args.runs} runs)")
-            figures = measure_browser(base, real.name, args.repeat)
+            figures = measure_browser(base, real.name, long.name, steps, args.repeat)
         finally:
             proc.terminate()
             proc.wait(timeout=10)
         med = {k: statistics.median(v) for k, v in figures.items() if v}
         if "fcp" in med:
             print(f"runs table, first contentful paint: {med['fcp'] * 1000:.0f} ms (median of {args.repeat})")
-        print(f"runs table, until the first row is visible: {med['table'] * 1000:.0f} ms")
+        print(f"runs table with parameter columns, until the first row is visible: {med['table'] * 1000:.0f} ms")
         print(f"sort by test.accuracy, until the table changed: {med['sort'] * 1000:.0f} ms")
         print(f"filter (search 'exp7'), until the table changed: {med['filter'] * 1000:.0f} ms")
         print(f"run page, until its curves are drawn: {med['run_page'] * 1000:.0f} ms")
+        print(f"run page of {steps} steps, until its per-step loss chart holds them all: {med['long_run_page'] * 1000:.0f} ms")
 
         times = []
         for i in range(args.repeat):

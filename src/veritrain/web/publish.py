@@ -109,7 +109,11 @@ def publish(workspace: Workspace, run_dirs: list[Path], out_dir: Path, with_arch
                 f"{COMPARE_MAX}." if len(ids) > len(compared) else None)
         write("compare.html", "compare.html", 0, cmp=cmp, curves_data=cmp["curves"], note=note,
               data_pages=data_pages)
-    write("experiments.html", "experiments.html", 0, exp=views.experiments_page(workspace, only=ids))
+    exp = views.experiments_page(workspace, only=ids)
+    for shown in [*exp["sweeps"], *exp["searches"]]:  # a sweep or search whose runs are all published gets its page
+        sweep = views.sweep_page(workspace, shown["id"])
+        write(f"sweeps/{shown['id']}.html", "sweep.html", 1, s=sweep, sweep_data=sweep["plot"])
+    write("experiments.html", "experiments.html", 0, exp=exp)
     if STATIC_DIR.is_dir():
         shutil.copytree(STATIC_DIR, out_dir / "static", dirs_exist_ok=True)
         written.append("static/")

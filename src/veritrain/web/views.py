@@ -173,7 +173,7 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
         elif key == "duration":
             order = f"{DURATION_SQL} IS NULL, {DURATION_SQL} {direction}, run_id DESC"
         elif key in param_keys:  # a parameter column: its value where the run changed it, else the default
-            value = f"IFNULL(json_extract(params, ?), json_extract(?, '$'))"
+            value = "IFNULL(json_extract(params, ?), json_extract(?, '$'))"
             order = f"{value} {direction}, run_id DESC"
             order_args = [f'$."{key}"', _canonical(registry.default_leaves().get(key))]
         elif METRIC_KEY.fullmatch(key):
@@ -233,7 +233,7 @@ def _groups(db: sqlite3.Connection, clause: str, args: list[Any], group: str, co
     """One row per group of the listed runs (experiment, sweep or --repeat group), newest first: how many runs, how
     many completed, and each metric column's mean ± sample sd over the runs that have it."""
     where = f"{clause} {'AND' if clause else 'WHERE'} {group} IS NOT NULL"
-    picked = ", ".join(f"json_extract(metrics, ?)" for _ in columns)
+    picked = ", ".join("json_extract(metrics, ?)" for _ in columns)
     found: dict[str, dict[str, Any]] = {}
     for name, status, started_at, *values in db.execute(f"SELECT {group}, status, started_at, {picked} FROM runs {where}",
                                                         [*[f"$.{m}" for m in columns], *args]):
@@ -814,7 +814,26 @@ def experiments_page(workspace: Workspace, only: Optional[list[str]] = None) -> 
         entries.append({"row": row, "reference": reference["run_id"] if reference else None,
                         "changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
                         "metrics": metrics, "notes": row["notes"] or []})
-    return {"entries": entries, "sweeps": sweeps_of(workspace.state_dir, only)}
+    return {"entries": entries, "sweeps": sweeps_of(workspace.state_dir, only), "searches": searches_of(workspace.state_dir, only)}
+
+
+def searches_of(state_dir: Path, only: Optional[list[str]] = None) -> list[dict[str, Any]]:
+    """Each search as the experiments page lists it, newest first (its page shows the rest); with `only`, a search
+    only when all its runs are among them."""
+    from veritrain.records.experiments import search_summaries
+
+    shown = []
+    for summary in search_summaries(state_dir):
+        trials = _listed(summary, "trials", limit=10_000)
+        run_ids = [t["run_id"] for t in trials if isinstance(t.get("run_id"), str)]
+        if only is not None and not set(run_ids) <= set(only):
+            continue
+        best = summary.get("best") if isinstance(summary.get("best"), dict) else {}
+        selection: dict[str, Any] = summary["selection"] if isinstance(summary.get("selection"), dict) else {}
+        shown.append({"id": _text(summary.get("id")), "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
+                      "trials": len(trials), "metric": f"{_text(selection.get('split'))} {_text(selection.get('metric'))}",
+                      "best": {"number": best.get("number"), "value": _metric_value(best.get("value"))} if best else None})
+    return shown
 
 
 def sweeps_of(state_dir: Path, only: Optional[list[str]] = None) -> list[dict[str, Any]]:
@@ -891,7 +910,7 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
     (not used for selection), the best trial, the data of a parallel-coordinates plot of the varied keys against the
     val metric, the seed spread of repeated trials, and whether the search's seal (SHA256SUMS) still holds."""
     kind, folder, summary = _summary_of(workspace, sweep_id)
-    selection = summary.get("selection") if isinstance(summary.get("selection"), dict) else {}
+    selection: dict[str, Any] = summary["selection"] if isinstance(summary.get("selection"), dict) else {}
     metric = _text(selection.get("metric") or (summary.get("headline") or {}).get("metric"))
     mode = _text(selection.get("mode") or (summary.get("headline") or {}).get("mode") or "max")
     trials = []
@@ -936,7 +955,7 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
 
         problems = check_seal(folder)
         seal = {"ok": not problems, "problems": problems}
-    space = summary.get("space") if isinstance(summary.get("space"), dict) else {}
+    space: dict[str, Any] = summary["space"] if isinstance(summary.get("space"), dict) else {}
     return {"id": sweep_id, "kind": kind, "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
             "split": _text(selection.get("split") or "val"), "metric": metric, "mode": mode, "trials": trials, "varied": keys,
             "best": next((t for t in trials if t["best"]), None), "plot": plot, "seal": seal, "counts": summary.get("counts") or {},
