@@ -438,6 +438,10 @@ def test_a_run_that_trains_updates_its_page_and_the_runs_table_without_a_reload(
         lines = sum(1 for _ in (run_dir / "steps.jsonl").open())
         view.page.wait_for_function("n => +document.querySelector('.chart[data-chart=\"step_loss\"] .uplot').getAttribute('data-points') == n",
                                     arg=lines, timeout=10_000)  # every line of steps.jsonl, each once
+        shutil.rmtree(run_dir)  # deleted while its page is open: the page says so, and the table drops its row
+        view.page.locator("body[data-live-state='deleted']").wait_for(timeout=10_000)
+        assert "deleted" in view.page.locator("#live-state").inner_text()
+        table.page.wait_for_function("id => !document.querySelector(`#runs-table tr[data-run-id='${id}']`)", arg=run_id, timeout=10_000)
     finally:
         if proc.poll() is None:
             proc.kill()

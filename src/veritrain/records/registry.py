@@ -50,6 +50,7 @@ def connect(state_dir: Optional[Path]) -> sqlite3.Connection:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (_schema(),))
         db.commit()
     db.execute(f"CREATE TABLE IF NOT EXISTS runs (run_id TEXT PRIMARY KEY, {columns}, stamp TEXT)")
+    db.execute("CREATE INDEX IF NOT EXISTS runs_by_start ON runs (started_at, run_id)")  # the runs table's default order
     return db
 
 
@@ -75,6 +76,12 @@ def default_leaves() -> dict[str, Any]:
         return {}
 
 
+def generation(db: sqlite3.Connection) -> str:
+    """A value that changes whenever a sync changes the index's rows."""
+    found = db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
+    return str(found[0]) if found else "0"
+
+
 def _schema_of(db: sqlite3.Connection) -> Optional[str]:
     """The index's recorded layout; None when it has none, or when its table's columns are not this layout's."""
     found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
@@ -96,18 +103,19 @@ def changed_params(config: Any) -> dict[str, Any]:
     return {k: v for k, v in flatten(config if isinstance(config, dict) else {}).items() if defaults.get(k, missing) != v}
 
 
-def stamp(run_dir: Path) -> Optional[str]:
-    """What changes when a run's indexed content changes: record and notes mtimes and sizes."""
-    parts = []
-    for name in (RECORD_FILE, NOTES_FILE):
-        try:
-            st = os.stat(run_dir / name)
-            parts.append(f"{st.st_mtime_ns}:{st.st_size}")
-        except FileNotFoundError:
-            if name == "record.json":
-                return None
-            parts.append("-")
-    return "|".join(parts)
+def stamp(run_dir: Path | str) -> Optional[str]:
+    """What changes when a run's indexed content changes: record and notes mtimes and sizes. (Plain string paths:
+    a sync stats every run folder, and pathlib's parsing would cost more than the stats.)"""
+    folder = os.fspath(run_dir)
+    try:
+        record = os.stat(os.path.join(folder, RECORD_FILE))
+    except FileNotFoundError:
+        return None
+    try:
+        notes = os.stat(os.path.join(folder, NOTES_FILE))
+        return f"{record.st_mtime_ns}:{record.st_size}|{notes.st_mtime_ns}:{notes.st_size}"
+    except FileNotFoundError:
+        return f"{record.st_mtime_ns}:{record.st_size}|-"
 
 
 def read_notes(run_dir: Path) -> list[dict[str, Any]]:
@@ -200,7 +208,7 @@ def _sync(db: sqlite3.Connection, runs_dir: Path, rebuild: bool) -> sqlite3.Conn
         for entry in os.scandir(runs_dir):
             if not entry.is_dir():
                 continue
-            found = stamp(Path(entry.path))
+            found = stamp(entry.path)
             if found is None:
                 continue
             seen.add(entry.name)
@@ -215,6 +223,8 @@ def _sync(db: sqlite3.Connection, runs_dir: Path, rebuild: bool) -> sqlite3.Conn
         db.executemany(f"INSERT OR REPLACE INTO runs VALUES ({marks})", upserts)
         gone = set(known) - seen
         db.executemany("DELETE FROM runs WHERE run_id = ?", [(g,) for g in gone])
+        if upserts or gone or rebuild:  # readers that keep what they computed from the rows know it is out of date
+            db.execute("INSERT INTO meta VALUES ('generation', '1') ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1")
     return db
 
 

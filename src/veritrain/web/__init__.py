@@ -25,8 +25,29 @@ def environment() -> jinja2.Environment:
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True,
                              undefined=jinja2.ChainableUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(sig4=significant, duration=duration_text, cell=table_cell)
+    env.filters.update(sig4=significant, duration=duration_text, cell=table_cell, num=number_text, val=value_text)
     return env
+
+
+def number_text(value: Any) -> str:
+    """A metric as a table cell shows it (the `num` macro, as a filter: the runs table calls it a thousand times a page)."""
+    if value is None:
+        return "-"
+    return significant(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def value_text(value: Any) -> str:
+    """A config value as a table cell shows it (the `val` macro, as a filter): text as is, a float to 4 significant
+    digits, anything else as JSON."""
+    import json
+
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return significant(value)
+    return json.dumps(value)
 
 
 def significant(value: Any, digits: int = 4) -> str:

@@ -46,6 +46,8 @@ MAX_CSV_ROWS = 1000  # per-class rows shown on a page
 # within this time without a restart.
 INDEX_REFRESH_SECONDS = 3.0
 _refreshed: dict[Path, float] = {}  # state folder → when its index was last brought up to date (monotonic)
+# (workspace, the index's generation, filter) → (parameter keys, filter choices)
+_listing_cache: dict[tuple[Any, ...], tuple[list[str], dict[str, list[Any]]]] = {}
 
 
 def run_dir_of(workspace: Workspace, run_id: str) -> Path:
@@ -165,7 +167,15 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
     order_args: list[Any] = []
     db = _index(workspace, fresh)
     try:
-        param_keys = differing_keys(db, clause, args)
+        # what depends on every listed run, not on the page, is kept until a sync changes the index
+        cache_key = (str(workspace.state_dir), id(db) if _in_memory(db) else registry.generation(db), clause, tuple(args))
+        if cache_key not in _listing_cache:
+            if len(_listing_cache) > 64:
+                _listing_cache.clear()
+            choices = {c: [v for (v,) in db.execute(f"SELECT DISTINCT {c} FROM runs WHERE {c} IS NOT NULL ORDER BY {c} LIMIT 200")]
+                       for c in ("status", "exp_name")}
+            _listing_cache[cache_key] = (differing_keys(db, clause, args), choices)
+        param_keys, choices = _listing_cache[cache_key]
         if not key:
             order = "started_at DESC, run_id DESC"
         elif key in SORT_COLUMNS:
@@ -205,8 +215,6 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
                          "duration": duration, "metrics": {m: _lookup(values, m) for m in columns},
                          "params": {k: param_value(changed_values, k) for k in param_keys},
                          "progress": progress(workspace.runs_dir / run_id) if status == "running" else None})
-        choices = {c: [v for (v,) in db.execute(f"SELECT DISTINCT {c} FROM runs WHERE {c} IS NOT NULL ORDER BY {c} LIMIT 200")]
-                   for c in ("status", "exp_name")}
         groups = _groups(db, clause, args, group, columns) if group else None
     finally:
         db.close()
@@ -302,6 +310,11 @@ def _last_line(path: Path, window: int = 8192) -> Optional[dict[str, Any]]:
     return None
 
 
+def _in_memory(db: sqlite3.Connection) -> bool:
+    """Whether `db` is the index in memory that a workspace whose index cannot be written falls back to."""
+    return not any(row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main")
+
+
 def _index(workspace: Workspace, fresh: bool = False) -> sqlite3.Connection:
     """The run index, refreshed from the run folders when the last refresh is older than INDEX_REFRESH_SECONDS
     (or `fresh`)."""
@@ -375,13 +388,25 @@ def curves(run_dir: Path) -> dict[str, Any]:
     return {**epoch_points(epoch_rows), **step_points(step_rows), "offsets": {"metrics": metrics_offset, "steps": steps_offset}}
 
 
+def live_stamp(run_dir: Path) -> Optional[str]:
+    """What changes when a run's record, notes or seal change (file sizes and times); None when it has no record."""
+    stamp = registry.stamp(run_dir)
+    if stamp is None:
+        return None
+    try:
+        seal = os.stat(run_dir / "record.sha256")
+        return f"{stamp}|{seal.st_mtime_ns}:{seal.st_size}"
+    except OSError:
+        return f"{stamp}|-"
+
+
 def run_live(workspace: Workspace, run_id: str, metrics_offset: int, steps_offset: int, stamp: str) -> dict[str, Any]:
     """What a run page polls: the epoch and step rows written after the offsets it has, and the run's state: its
     status and seal (read again only when its record's stamp differs from `stamp`), or `deleted`."""
     if not RUN_ID.fullmatch(run_id or ""):
         raise UserError(f"{run_id}: not a run id")
     run_dir = workspace.runs_dir / run_id
-    now = registry.stamp(run_dir)
+    now = live_stamp(run_dir)
     if now is None:
         return {"state": "deleted", "run_id": run_id}
     answer: dict[str, Any] = {"run_id": run_id, "stamp": now}
@@ -594,7 +619,7 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
         "run_id": record["run_id"], "record": record, "status": record.get("status"), "kind": record.get("kind"),
         "exp_name": record.get("exp_name"), "hypothesis": record.get("hypothesis"),
         "started_at": record.get("started_at"), "ended_at": record.get("ended_at"),
-        "stamp": registry.stamp(run_dir), "error": record.get("error"), "seal": _seal(run_dir), "seal_history": record.get("seal_history") or [],
+        "stamp": live_stamp(run_dir), "error": record.get("error"), "seal": _seal(run_dir), "seal_history": record.get("seal_history") or [],
         "notes": [n for n in notes if not n.get("conclusion")], "conclusions": [n for n in notes if n.get("conclusion")],
         "reference": reference, "config_changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
         "config_hash": record.get("config_hash"), "data": record.get("data") or {},

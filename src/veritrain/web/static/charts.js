@@ -298,11 +298,11 @@
         showProgress();
       }
       if (data.stamp) state.stamp = data.stamp;
-      if (data.state && data.state !== state.status) {
-        stopped = data.state !== "running";
+      if (data.state && data.state !== state.status) { // a finished run's page still watches for a delete or a re-seal
         banner("This run is now " + data.state + " (it was " + state.status + " when the page loaded): its evaluation and seal are on the page once reloaded.", data.state === "completed" ? "ok" : "warn");
         document.body.setAttribute("data-live-state", data.state);
         state.status = data.state;
+        if (data.seal !== undefined) state.seal = data.seal; // sealed as it finished: not a re-seal
       } else if (data.seal !== undefined && data.seal !== state.seal && state.status !== "running") {
         banner("This run was re-sealed while the page was open: its seal is now " + (data.seal || "gone") + ", not " + state.seal + ".", "warn");
         document.body.setAttribute("data-live-state", "resealed");
