@@ -242,6 +242,7 @@ def _assert_relative_site(out: Path) -> list[Path]:
     for page in pages:
         html = page.read_text(encoding="utf-8")
         _no_raw_hostile_text(html)
+        assert 'id="live-data"' not in html and 'data-live="1"' not in html, f"{page.name}: a published page stays static"
         for link in re.findall(r'(?:src|href)="([^"]*)"', html):
             assert not re.match(r"[a-z]+:|//|/", link), f"{page.name}: {link}"
             target = link.split("?")[0].split("#")[0]
@@ -825,3 +826,31 @@ def test_an_index_of_the_earlier_layout_is_made_again(site, tmp_path):
     old.close()
     rows = registry.query(workspace.state_dir, workspace.runs_dir)
     assert [r["run_id"] for r in rows] == ids and rows[0]["world_size"] == 1 and "params" not in rows[0]
+
+
+def test_a_sweep_page_shows_the_seed_spread_of_repeated_trials(site, tmp_path):
+    """A sweep with --repeat 3: each trial's val metric is the mean over its seeds, the page shows that mean with the
+    sd and every seed's value, and only the best trial's test result, labelled as not used for selection."""
+    from veritrain.orchestration.repeats import spread
+    from veritrain.web.server import create_app
+
+    workspace, ids = _copies(site, tmp_path, [{} for _ in range(6)])
+    values = {0: [0.80, 0.82, 0.78], 1: [0.90, 0.93, 0.87]}
+    trials = [{"index": i, "change": {"optim.lr": lr}, "hypothesis": None, "config_hash": "0" * 64, "status": "completed",
+               "run_ids": ids[3 * i:3 * i + 3], "metrics": {"accuracy": sum(values[i]) / 3}, "spread": {"accuracy": spread(values[i], (0.0, 1.0))},
+               "deltas": {}, "group": f"sweep-s1-{i}", "data_version": None, "error": None} for i, lr in ((0, 0.1), (1, 0.01))]
+    summary = {"sweep_version": 1, "id": "s1", "status": "completed", "exp_name": "digits", "repeat": 3, "split": "val",
+               "selection": {"split": "val", "metric": "accuracy", "mode": "max", "given": True, "report_split": "test"},
+               "headline": {"metric": "accuracy", "mode": "max"}, "parent": {"run_ids": [], "status": "skipped", "metrics": {}},
+               "trials": trials, "best": {"trial": 1, "change": {"optim.lr": 0.01}, "split": "val", "metric": "accuracy", "mode": "max",
+                                          "value": trials[1]["metrics"]["accuracy"], "delta": None, "run_ids": trials[1]["run_ids"],
+                                          "test": {"split": "test", "used_for_selection": False, "label": "not used for selection",
+                                                   "metrics": {"accuracy": 0.88}}}, "counts": {"trials": 2, "completed": 2}}
+    folder = workspace.state_dir / "sweeps" / "s1"
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    html = TestClient(create_app(workspace), base_url=BASE).get("/sweeps/s1").text
+    rows = dict(re.findall(r'<tr data-trial="(\d)"(.*?)</tr>', html, re.S))
+    assert "sd 0.02 over 3 seeds (0.8, 0.82, 0.78)" in rows["0"] and "sd 0.03 over 3 seeds (0.9, 0.93, 0.87)" in rows["1"]
+    assert 'class="best' in rows["1"] and "0.88" in rows["1"] and "0.88" not in rows["0"]  # only the best trial's test result
+    assert "3 seeds per trial" in html and "not used for selection" in html and 'id="sweep-seal"' not in html
