@@ -411,7 +411,7 @@ def step_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _series(rows: list[dict[str, Any]], key: str) -> list[Optional[float]]:
     """Each row's `key` as a finite float, None where it is missing, not a number (a bool is not) or not finite."""
-    values = [r.get(key) for r in rows]
+    values: list[Any] = [r.get(key) for r in rows]
     return [float(v) if type(v) in (int, float) and math.isfinite(v) else None for v in values]
 
 
