@@ -175,7 +175,7 @@ def test_the_search_page_shows_each_trial_the_val_metric_that_selected_and_the_s
         assert 'id="sweep-seal" data-ok="false"' in html and "summary.json changed since the search sealed it" in html
     finally:
         (folder / "summary.json").write_bytes(original)
-    assert client.get("/sweeps/..").status_code == 404 and client.get("/sweeps/nope").status_code == 404
+    assert client.get("/sweeps/%2e%2e").status_code == 404 and client.get("/sweeps/nope").status_code == 404
 
 
 # ---------------------------------------------------------------- proposals, without training

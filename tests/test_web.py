@@ -702,7 +702,7 @@ def test_parameter_columns_are_exactly_the_config_keys_that_differ(site, tmp_pat
     assert ordered == sorted(ordered)
     html = TestClient(create_app(workspace), base_url=BASE).get("/").text
     assert re.findall(r'<th data-kind="param" class="param"><a class="sort" data-key="([^"]+)"', html) == table["param_keys"]
-    assert f'<td class="param" data-param="optim.lr">0.01</td>' in html
+    assert f'<td class="param" data-param="optim.lr" title="0.01">0.01</td>' in html
 
 
 def test_metric_columns_come_from_the_url_and_groups_show_mean_and_sd(site, tmp_path):

@@ -966,6 +966,18 @@ def _axis(key: str, values: list[Any]) -> dict[str, Any]:
     return {"key": key, "kind": "category", "labels": labels}
 
 
+def _space_axis(param: dict[str, Any]) -> dict[str, Any]:
+    """A parallel-coordinates axis over what a search's space allows (not only the values its trials took)."""
+    kind = param.get("kind")
+    if kind == "choice" and isinstance(param.get("choices"), list):
+        return {"key": param["key"], "kind": "category", "labels": [_text(c) for c in param["choices"]]}
+    low, high = _finite(param.get("low")), _finite(param.get("high"))
+    if low is None or high is None:
+        return {"key": param["key"], "kind": "category", "labels": []}
+    scale = "log" if str(kind).startswith("log") and low > 0 else "linear"
+    return {"key": param["key"], "kind": scale, "min": low, "max": high}
+
+
 def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
     """A sweep's or a search's page: every trial with the val metric that selected and the test metric beside it
     (not used for selection), the best trial, the data of a parallel-coordinates plot of the varied keys against the
@@ -1002,8 +1014,11 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
                 t["test"] = _metric_value(((best.get("test") or {}).get("metrics") or {}).get(metric))
     for t in trials:
         t["best"] = best is not None and t["number"] == best_number
-    keys = list(dict.fromkeys(k for t in trials for k in t["change"]))
-    axes = [_axis(k, [t["change"].get(k) for t in trials if k in t["change"]]) for k in keys]
+    space: dict[str, Any] = summary["space"] if isinstance(summary.get("space"), dict) else {}
+    declared = {p["key"]: p for p in space.get("params") or [] if isinstance(p, dict) and isinstance(p.get("key"), str)}
+    keys = list(dict.fromkeys([*declared, *(k for t in trials for k in t["change"])]))
+    axes = [_space_axis(declared[k]) if k in declared else _axis(k, [t["change"].get(k) for t in trials if k in t["change"]])
+            for k in keys]
     scored = [t["value"] for t in trials if t["value"] is not None]
     plot = {"axes": axes, "metric": f"{_text(selection.get('split') or 'val')} {metric}", "mode": mode,
             "range": [min(scored), max(scored)] if scored else None,
@@ -1016,7 +1031,6 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
 
         problems = check_seal(folder)
         seal = {"ok": not problems, "problems": problems}
-    space: dict[str, Any] = summary["space"] if isinstance(summary.get("space"), dict) else {}
     return {"id": sweep_id, "kind": kind, "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
             "split": _text(selection.get("split") or "val"), "metric": metric, "mode": mode, "trials": trials, "varied": keys,
             "best": next((t for t in trials if t["best"]), None), "plot": plot, "seal": seal, "counts": summary.get("counts") or {},
