@@ -68,7 +68,7 @@
     if (t == null || !isFinite(t)) return "–";
     if (t === 0) return "0";
     var a = Math.abs(t);
-    if (a >= 1e5 || a < 1e-3) return t.toExponential(2);
+    if (a >= 1e5 || a < 1e-3) return Number(t.toPrecision(4)).toExponential();
     return String(Number(t.toPrecision(4)));
   }
 
