@@ -216,7 +216,7 @@ def test_run_page_shows_the_trajectory_and_the_audits(audited, tmp_path):
               "segments": [{"segment": 3, "from_step": 20, "to_step": 23, "epoch": 1, "verdict": "differs", "detail": "<script>alert(1)</script>"}]}
     (workspace.state_dir / "audits" / run / "29990101T000000-000008.json").write_text(json.dumps(forged))
     html = TestClient(create_app(workspace), base_url="http://127.0.0.1:8765").get(f"/runs/{run}").text
-    section = html[html.index('<section id="trajectory">'):html.index('<section id="events">')]
+    section = html[html.index('<div id="trajectory">'):html.index('<div id="events">')]
     assert "6 of 6 segments auditable; 3 checkpoint(s) kept for audit" in section and "auditable from step 0" in section
     assert len(re.findall(r'<tr data-step="', section)) == len(STEPS)
     assert section.count("kept for audit</td>") == 3 and '<tr data-step="23" class=" segment-differs">' in section

@@ -159,9 +159,78 @@ async def static(request: Request) -> Response:
     return FileResponse(real, media_type=media)
 
 
+def api_routes(workspace: Workspace, jobs: VerifyJobs) -> list[Any]:
+    """The JSON answers: the runs table's rows, the live table's and a run page's polls, a run's raw values, and
+    the Verify button's POST and its verdict."""
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def api_runs(request: Request) -> Response:
+        try:
+            table = views.runs_table(workspace, dict(request.query_params))
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=400)
+        return JSONResponse({k: table[k] for k in ("rows", "total", "page", "pages", "page_size", "params", "param_keys", "metrics", "groups")})
+
+    def api_runs_live(request: Request) -> Response:  # in Starlette's thread pool: it stats files
+        ids = [r for r in (request.query_params.get("running") or "").split(",") if r][:views.PAGE_SIZE]
+        return JSONResponse(views.table_live(workspace, ids))
+
+    def api_run(request: Request) -> Response:  # the raw values the run page shows rounded
+        try:
+            run = views.run_page(workspace, request.path_params["run_id"], with_check=False)
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=404)
+        shown = {k: run[k] for k in ("run_id", "status", "kind", "exp_name", "started_at", "ended_at", "seal", "config_hash", "metrics",
+                                     "training", "curves", "verdict", "duration")}
+        return JSONResponse(json.loads(json.dumps(shown, default=str)))
+
+    def api_run_live(request: Request) -> Response:  # in Starlette's thread pool: it stats and reads the new log lines
+        query = request.query_params
+        try:
+            offsets = [int(query.get(k) or 0) for k in ("metrics", "steps")]
+            answer = views.run_live(workspace, request.path_params["run_id"], max(0, offsets[0]), max(0, offsets[1]), query.get("stamp") or "")
+        except ValueError:
+            return JSONResponse({"error": "metrics and steps are byte offsets"}, status_code=400)
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=400)
+        return JSONResponse(answer)
+
+    async def verify(request: Request) -> Response:  # POST only: a GET is 405 and starts nothing
+        refusal = cross_site_refusal(request.headers, f"{request.url.scheme}://{request.headers.get('host', '')}")
+        if refusal is not None:
+            return JSONResponse({"error": refusal}, status_code=403)
+        try:
+            run_dir = views.run_dir_of(workspace, request.path_params["run_id"])
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=404)
+        job, started = jobs.start(run_dir)
+        return JSONResponse({"run_id": run_dir.name, "started": started, "job": job}, status_code=202)
+
+    def verdict(request: Request) -> Response:  # read-only; in Starlette's thread pool: it stats the files the verdict covered
+        from veritrain.records import verdicts
+
+        try:
+            run_dir = views.run_dir_of(workspace, request.path_params["run_id"])
+        except VeritrainError as err:
+            return JSONResponse({"error": str(err)}, status_code=404)
+        kept = verdicts.latest(run_dir, workspace.state_dir)
+        shown = {k: v for k, v in kept.items() if k != "fingerprint"} if kept is not None else None
+        return JSONResponse(json.loads(json.dumps({"run_id": run_dir.name, "verdict": shown, "job": jobs.state(run_dir.name)}, default=str)))
+
+    return [
+        Route("/api/runs", api_runs),
+        Route("/api/live", api_runs_live),
+        Route("/api/runs/{run_id}", api_run),
+        Route("/api/runs/{run_id}/live", api_run_live),
+        Route("/api/runs/{run_id}/verify", verify, methods=["POST"]),
+        Route("/api/runs/{run_id}/verdict", verdict),
+    ]
+
+
 def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) -> Guard:
     from starlette.applications import Starlette
-    from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse
+    from starlette.responses import FileResponse, HTMLResponse, PlainTextResponse
     from starlette.routing import Route
 
     env = environment()
@@ -197,17 +266,6 @@ def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) 
         return render("index.html", 0, table=table, columns=columns, sort_links=sort_links, prev_link=prev_link, next_link=next_link,
                       group_links=group_links, filter_link=lambda **f: link({k: v for k, v in current.items() if k in ("cols",)}, **f))
 
-    async def api_runs(request: Request) -> Response:
-        try:
-            table = views.runs_table(workspace, dict(request.query_params))
-        except VeritrainError as err:
-            return JSONResponse({"error": str(err)}, status_code=400)
-        return JSONResponse({k: table[k] for k in ("rows", "total", "page", "pages", "page_size", "params", "param_keys", "metrics", "groups")})
-
-    def api_runs_live(request: Request) -> Response:  # in Starlette's thread pool: it stats files
-        ids = [r for r in (request.query_params.get("running") or "").split(",") if r][:views.PAGE_SIZE]
-        return JSONResponse(views.table_live(workspace, ids))
-
     def run_page(request: Request) -> Response:  # in Starlette's thread pool: it reads the kept verdict's files
         run_id = request.path_params["run_id"]
         try:
@@ -221,26 +279,6 @@ def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) 
             return error(1, 404, str(err))
         live = {"run_id": run["run_id"], "status": run["status"], "seal": run["seal"], "stamp": run["stamp"], **run["curves"]["offsets"]}
         return render("run.html", 1, run=run, archive=None, curves_data=run["curves"], live_data=live)
-
-    def api_run(request: Request) -> Response:  # the raw values the run page shows rounded
-        try:
-            run = views.run_page(workspace, request.path_params["run_id"], with_check=False)
-        except VeritrainError as err:
-            return JSONResponse({"error": str(err)}, status_code=404)
-        shown = {k: run[k] for k in ("run_id", "status", "kind", "exp_name", "started_at", "ended_at", "seal", "config_hash", "metrics",
-                                     "training", "curves", "verdict", "duration")}
-        return JSONResponse(json.loads(json.dumps(shown, default=str)))
-
-    def api_run_live(request: Request) -> Response:  # in Starlette's thread pool: it stats and reads the new log lines
-        query = request.query_params
-        try:
-            offsets = [int(query.get(k) or 0) for k in ("metrics", "steps")]
-            answer = views.run_live(workspace, request.path_params["run_id"], max(0, offsets[0]), max(0, offsets[1]), query.get("stamp") or "")
-        except ValueError:
-            return JSONResponse({"error": "metrics and steps are byte offsets"}, status_code=400)
-        except VeritrainError as err:
-            return JSONResponse({"error": str(err)}, status_code=400)
-        return JSONResponse(answer)
 
     def sweep_page(request: Request) -> Response:
         try:
@@ -278,28 +316,6 @@ def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) 
             return FileResponse(path, media_type="text/plain; charset=utf-8")
         return PlainTextResponse("not served: only images and small text files\n", status_code=404)
 
-    async def verify(request: Request) -> Response:  # POST only: a GET is 405 and starts nothing
-        refusal = cross_site_refusal(request.headers, f"{request.url.scheme}://{request.headers.get('host', '')}")
-        if refusal is not None:
-            return JSONResponse({"error": refusal}, status_code=403)
-        try:
-            run_dir = views.run_dir_of(workspace, request.path_params["run_id"])
-        except VeritrainError as err:
-            return JSONResponse({"error": str(err)}, status_code=404)
-        job, started = jobs.start(run_dir)
-        return JSONResponse({"run_id": run_dir.name, "started": started, "job": job}, status_code=202)
-
-    def verdict(request: Request) -> Response:  # read-only; in Starlette's thread pool: it stats the files the verdict covered
-        from veritrain.records import verdicts
-
-        try:
-            run_dir = views.run_dir_of(workspace, request.path_params["run_id"])
-        except VeritrainError as err:
-            return JSONResponse({"error": str(err)}, status_code=404)
-        kept = verdicts.latest(run_dir, workspace.state_dir)
-        shown = {k: v for k, v in kept.items() if k != "fingerprint"} if kept is not None else None
-        return JSONResponse(json.loads(json.dumps({"run_id": run_dir.name, "verdict": shown, "job": jobs.state(run_dir.name)}, default=str)))
-
     routes = [
         Route("/", index), Route("/index.html", index),
         Route("/runs/{run_id}", run_page),
@@ -309,12 +325,7 @@ def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) 
         Route("/experiments", experiments),
         Route("/files/{path:path}", files),
         Route("/static/{path:path}", static),
-        Route("/api/runs", api_runs),
-        Route("/api/live", api_runs_live),
-        Route("/api/runs/{run_id}", api_run),
-        Route("/api/runs/{run_id}/live", api_run_live),
-        Route("/api/runs/{run_id}/verify", verify, methods=["POST"]),
-        Route("/api/runs/{run_id}/verdict", verdict),
+        *api_routes(workspace, jobs),
     ]
     app = Starlette(routes=routes)
     return Guard(app, allowed_hosts(host, port))

@@ -171,7 +171,11 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
     db = _index(workspace, fresh)
     try:
         # what depends on every listed run, not on the page, is kept until a sync changes the index
-        cache_key = (str(workspace.state_dir), id(db) if _in_memory(db) else registry.generation(db), clause, tuple(args))
+        # (an index in memory, made for this request alone, is never kept)
+        in_memory = _in_memory(db)
+        cache_key = (str(workspace.state_dir), in_memory, registry.generation(db), clause, tuple(args))
+        if in_memory:
+            _listing_cache.pop(cache_key, None)
         if cache_key not in _listing_cache:
             if len(_listing_cache) > 64:
                 _listing_cache.clear()
