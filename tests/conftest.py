@@ -67,6 +67,9 @@ def _no_signing_key_of_the_user() -> None:
 
     os.environ.pop("VERITRAIN_SIGNING_KEY", None)
     os.environ["XDG_CONFIG_HOME"] = tempfile.mkdtemp(prefix="veritrain-test-config-")
+    # the user's cache and state folders (verify's state hashes, the marks of runs started here) likewise
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="veritrain-test-cache-")
+    os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="veritrain-test-state-")
 
 
 _no_signing_key_of_the_user()

@@ -33,8 +33,9 @@ class PublicKey:
 
 
 def default_key_path() -> Path:
-    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config_home) / "veritrain" / KEY_NAME
+    from veritrain.core.user_dirs import config_dir
+
+    return config_dir() / KEY_NAME
 
 
 def key_path(given: Optional[str | Path] = None) -> Path:
