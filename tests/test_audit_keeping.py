@@ -53,7 +53,7 @@ def names_in(path: Path) -> set[str]:
 
 def test_archive_leaves_out_audit_only_checkpoints_and_the_import_verifies(audited, tmp_path):
     from veritrain.trust.check import check_run
-    from veritrain.trust.verify import _omitted_for_audit, verify_run
+    from veritrain.trust.verify import omitted_for_audit, verify_run
 
     run_dir, run = audited["run_dir"], audited["run_dir"].name
     assert audited["made"]["left_out"] == AUDIT_ONLY_FILES and audited["made"]["with_audit"] is False
@@ -67,7 +67,7 @@ def test_archive_leaves_out_audit_only_checkpoints_and_the_import_verifies(audit
     scratch = tmp_path / "listing"
     scratch.mkdir()
     (scratch / "archive_omitted.json").write_text(json.dumps({"files": [f"checkpoints/step-{s}.pt" for s in STEPS] + ["checkpoints/best.pt"]}))
-    assert _omitted_for_audit(scratch, record) == set(AUDIT_ONLY_FILES)
+    assert omitted_for_audit(scratch, record) == set(AUDIT_ONLY_FILES)
 
     target = Workspace.open(tmp_path / "elsewhere")
     imported = archive.import_archive(audited["archive"], target)

@@ -144,7 +144,7 @@ def test_baselines_in_the_run(full_run):
 def test_worse_than_linear_baseline_warns(tmp_path):
     outcome = in_process_run(tmp_path, ["train.epochs=1", "model.name=mlp", "model.hidden=[4]", "optim.lr=1e-5"])
     assert outcome.record["status"] == "completed"
-    assert "does not beat the logistic-regression baseline" in outcome.record["baselines"]["warning"]
+    assert "above the logistic_regression baseline" in outcome.record["baselines"]["warning"]
     assert "**warning:**" in (Path(outcome.summary["run_dir"]) / "eval" / "test" / "report.md").read_text()
 
 

@@ -50,3 +50,22 @@ def use_current_code_option(help: str = USE_CURRENT_CODE_HELP):
 
 hypothesis_option = click.option("--hypothesis", default=None, help="What this run is expected to show, stated before it runs (sealed in its record).")
 parent_option = click.option("--parent", default=None, metavar="RUN", help="The reference run experiments.md compares this config with.")
+
+
+def policy_options(func):
+    """What the person checking a run requires, decided in advance (veritrain.trust.policy): the published seal, the
+    signer, the oldest record format; `verify`, `check` and `audit` take the same options and judge alike."""
+    options = [
+        click.option("--expect", metavar="SEAL", help="The seal published for this run; fails when record.json does not hash to it."),
+        click.option("--public-key", "public_key", metavar="FILE",
+                     help="Require a signature by this public key (PEM); an unsigned run, or one signed by another key, fails."),
+        click.option("--trusted-keys", "trusted_keys", metavar="FILE",
+                     help="Require a signature by a key listed in FILE (NAME FINGERPRINT lines or PEM entries); "
+                          "default: ~/.config/veritrain/trusted-keys names signers without requiring one."),
+        click.option("--require-signature", is_flag=True, help="Require a signature that verifies with a key known here (given, trusted or the local pair's)."),
+        click.option("--min-format", "min_format", type=click.IntRange(min=0), default=None, metavar="N",
+                     help="Require a record format of at least N: a record presented as older fails (docs/threat-model.md)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func

@@ -3,44 +3,42 @@
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
 import click
 
 from veritrain.cli import render
-from veritrain.cli.options import json_option, trust_code_option, use_current_code_option, workdir_option
+from veritrain.cli.options import json_option, policy_options, trust_code_option, use_current_code_option, workdir_option
 from veritrain.cli.render import emit_json
-from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.errors import RunFailed
 
 
 @click.command("verify")
 @click.argument("ref", metavar="RUN")
-@click.option("--expect", metavar="SEAL", help="The seal published for this run; verify fails when record.json does not hash to it.")
+@policy_options
 @click.option("--strict", is_flag=True, help="Also fail on environment drift and on raw data that is not present.")
-@click.option("--public-key", "public_key", metavar="FILE",
-              help="The public key (PEM) that signed the run's provenance statement; default: the local key pair's, when it is that key.")
 @workdir_option
 @json_option
-def verify_command(ref: str, expect: Optional[str], strict: bool, public_key: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+def verify_command(ref: str, expect: Optional[str], public_key: Optional[str], trusted_keys: Optional[str], require_signature: bool,
+                   min_format: Optional[int], strict: bool, workdir: Optional[str], as_json: bool) -> int:
     """Re-hash every file of a run against its sealed record, check the seal, the data version and the provenance statement.
 
-    Exit 0 only when everything holds; 1 names every mismatching file.
+    Exit 0 only when everything holds; 1 names every problem. It prints who signed the run and the record format it
+    was judged under, with what that format leaves unchecked; the options say what you require in advance.
 
     \b
     Example:
       veritrain verify latest --expect 63a6a0c8...
-      veritrain verify latest --public-key signing-key.pub.pem
+      veritrain verify latest --public-key signing-key.pub.pem --min-format 1
     """
     from veritrain.records.workspace import Workspace
+    from veritrain.trust.policy import from_options
     from veritrain.trust.verify import verify_and_keep
 
-    if expect is not None and not re.fullmatch(r"[0-9a-f]{64}", expect.strip().lower()):
-        raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")
-    key_pem = _public_key(public_key) if public_key else None
+    policy = from_options(expect, public_key, trusted_keys, require_signature, min_format, strict)
     workspace = Workspace.open(workdir)
     run_dir = workspace.resolve_run(ref)
-    result = {"run_id": run_dir.name, **verify_and_keep(run_dir, workspace.state_dir, expect=expect, strict=strict, public_key=key_pem)}  # kept for `ui` and `check`
+    result = {"run_id": run_dir.name, **verify_and_keep(run_dir, workspace.state_dir, policy)}  # kept for `ui` and `check`
     if as_json:
         emit_json(result)
     render.verify_findings(result)
@@ -51,40 +49,32 @@ def verify_command(ref: str, expect: Optional[str], strict: bool, public_key: Op
     return 0
 
 
-def _public_key(path: str) -> bytes:
-    from veritrain.core.signing_keys import public_key_fingerprint
-
-    try:
-        pem = open(path, "rb").read()
-    except OSError as err:
-        raise UserError(f"--public-key: {path}: cannot be read ({err.strerror})") from None
-    try:
-        public_key_fingerprint(pem)
-    except (ValueError, TypeError):
-        raise UserError(f"--public-key: {path}: not a PEM public key; give the .pub.pem that `veritrain keys show` prints") from None
-    return pem
-
-
 @click.command("check")
 @click.argument("ref", metavar="RUN")
+@policy_options
 @workdir_option
 @json_option
-def check_command(ref: str, workdir: Optional[str], as_json: bool) -> int:
+def check_command(ref: str, expect: Optional[str], public_key: Optional[str], trusted_keys: Optional[str], require_signature: bool,
+                  min_format: Optional[int], workdir: Optional[str], as_json: bool) -> int:
     """The completion checklist of a run: data, environment, training, evaluation, export, archive.
 
     One row per item with pass / fail / missing / n/a / waived and the fix that clears it; exit 1 if
     any item fails or is missing. A row that cannot pass for a stated reason is waived with a note:
-    `veritrain runs note RUN --waive ROW "reason"`.
+    `veritrain runs note RUN --waive ROW "reason"`. The policy options are verify's: the signer row fails when a
+    required signature is missing or by another key.
 
     \b
     Example:
       veritrain check latest
+      veritrain check latest --trusted-keys team-keys
     """
     from veritrain.records.workspace import Workspace
     from veritrain.trust.check import PASSING, check_run
+    from veritrain.trust.policy import from_options
 
+    policy = from_options(expect, public_key, trusted_keys, require_signature, min_format)
     workspace = Workspace.open(workdir)
-    result = check_run(workspace.resolve_run(ref), workspace.state_dir)
+    result = check_run(workspace.resolve_run(ref), workspace.state_dir, policy=policy)
     if as_json:
         emit_json(result)
     render.checklist(result)
@@ -191,9 +181,12 @@ def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdi
 @click.option("--seed", type=click.IntRange(min=0, max=2**63 - 1), default=None, help="Repeat an earlier audit's draw (default: a fresh random seed, printed).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result (JSON) to this file, outside the run.")
 @trust_code_option()
+@policy_options
 @workdir_option
 @json_option
-def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[str], trust_code: bool, workdir: Optional[str], as_json: bool) -> int:
+def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[str], trust_code: bool, expect: Optional[str],
+                  public_key: Optional[str], trusted_keys: Optional[str], require_signature: bool, min_format: Optional[int],
+                  workdir: Optional[str], as_json: bool) -> int:
     """Replay random segments of a run's trajectory and demand the recorded state hashes, bit for bit.
 
     Proves that the weights came from the recorded training at a fraction of `reproduce`'s cost.
@@ -208,8 +201,10 @@ def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[st
 
     from veritrain.records.workspace import Workspace
     from veritrain.trust import audit
+    from veritrain.trust.policy import from_options
 
-    result = audit.run(Workspace.open(workdir), ref, segments, seed, Path(out) if out else None, trust_code=trust_code)
+    policy = from_options(expect, public_key, trusted_keys, require_signature, min_format)
+    result = audit.run(Workspace.open(workdir), ref, segments, seed, Path(out) if out else None, trust_code=trust_code, policy=policy)
     if as_json:
         emit_json(result)
     render.audit(result)

@@ -29,6 +29,9 @@ from veritrain.core.version import __version__
 from veritrain.records import provenance
 
 RECORD_VERSION = 1
+# What a record must carry, numbered (docs/record.md, "Formats"): set when a run starts and kept by resumes and amends;
+# a record without the field is format 0, made before records named their format. veritrain.trust.formats judges it.
+RECORD_FORMAT = 1
 RECORD_FILE = "record.json"
 SEAL_FILE = "record.sha256"
 NOTES_FILE = "notes.jsonl"
@@ -399,6 +402,7 @@ class RunRecord(_Part):
     from an archive, a copy or a hand edit is refused in one line before any field of it is trusted."""
 
     record_version: Annotated[int, Field(ge=1)]
+    record_format: Annotated[Optional[int], Field(ge=1), NOT_NULL] = None  # absent: format 0, made before records named their format
     run_id: RunId
     kind: Annotated[Optional[str], NOT_NULL] = None
     stages: Annotated[Optional[list[str]], NOT_NULL] = None

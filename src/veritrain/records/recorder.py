@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from veritrain.core.signing_keys import sealing_key
 from veritrain.records import journal
-from veritrain.records.record import RECORD_VERSION, Record, RunRecord, frozen, now_iso, record_bytes, thawed, write_record
+from veritrain.records.record import RECORD_FORMAT, RECORD_VERSION, Record, RunRecord, frozen, now_iso, record_bytes, thawed, write_record
 
 if TYPE_CHECKING:
     from veritrain.records.workspace import Workspace
@@ -49,7 +49,7 @@ class Recorder(Mapping[str, Any]):
     @classmethod
     def start(cls, run_dir: Path, **fields: Any) -> Recorder:
         """A new run's record: `fields` (run_id, kind, stages, argv, config, code, …) over the empty ones; status running."""
-        return cls(run_dir, {"record_version": RECORD_VERSION, "started_at": now_iso(), **thawed(_EMPTY_RUN_FIELDS), **fields})
+        return cls(run_dir, {"record_version": RECORD_VERSION, "record_format": RECORD_FORMAT, "started_at": now_iso(), **thawed(_EMPTY_RUN_FIELDS), **fields})
 
     @classmethod
     def resume(cls, record: Record, argv: list[str]) -> Recorder:

@@ -293,9 +293,11 @@ def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]
         lines.append(f"| this run | {metrics['accuracy']:.4f} | {metrics['f1_macro']:.4f} |")
         for name, result in baselines.get("results", {}).items():
             lines.append(f"| {name} | {result['accuracy']:.4f} | {result['f1_macro']:.4f} |")
-        linear = baselines["results"].get("logistic_regression")
-        if linear and metrics["accuracy"] < linear["accuracy"] + baselines.get("margin", 0.0):
-            lines += ["", f"**warning:** the model does not beat the logistic-regression baseline by {baselines.get('margin', 0.0):g} accuracy"]
+        from veritrain.core.baselines import judge
+
+        warning = judge(metrics, baselines).warning
+        if warning:
+            lines += ["", f"**warning:** {warning}"]
     lines += ["", "## Per class", "", "| class | precision | recall | F1 | support |", "|---|---|---|---|---|"]
     for name, m in metrics["per_class"].items():
         lines.append(f"| {name} | {m['precision']:.4f} | {m['recall']:.4f} | {m['f1']:.4f} | {m['support']} |")

@@ -140,15 +140,10 @@ def fit_baselines(data: TextVersion, split: str, tokenizer: Tokenizer) -> dict[s
 
 
 def baseline_warning(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
-    """A warning when the model's bits per byte are not `margin` below the bigram's."""
-    bigram = ((baselines or {}).get("results") or {}).get("bigram")
-    if not bigram or not isinstance(metrics.get("bits_per_byte"), float):
-        return None
-    margin = float((baselines or {}).get("margin", 0.0))
-    if metrics["bits_per_byte"] > bigram["bits_per_byte"] - margin:
-        return (f"the model's {metrics['bits_per_byte']:.4f} bits per byte are not {margin:g} below the byte-bigram baseline's "
-                f"{bigram['bits_per_byte']:.4f}")
-    return None
+    """A warning when the model's bits per byte are not `margin` below the bigram's (veritrain.core.baselines judges)."""
+    from veritrain.core.baselines import judge
+
+    return judge(metrics, baselines).warning
 
 
 def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str, cases: list[dict[str, Any]],

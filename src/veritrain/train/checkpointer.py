@@ -104,7 +104,7 @@ class Checkpointer:
     files, the trajectory entry of each save, the every_minutes clock, and the resume."""
 
     def __init__(self, cfg: RunConfig, data_version: str, run_dir: Path, ranks: Ranks, trained: Trained, state: LoopState,
-                 device: torch.device, stop_at_step: Optional[int] = None):
+                 device: torch.device, stop_at_step: Optional[int] = None, record_format: Optional[int] = None):
         from veritrain.core.config import config_hash
 
         self.cfg = cfg.checkpoint
@@ -112,6 +112,9 @@ class Checkpointer:
         self.run_dir, self.folder = run_dir, run_dir / "checkpoints"
         self.ranks, self.trained, self.state = ranks, trained, state
         self.stop_at_step = stop_at_step  # an audit replay: raise ReplayDone at the scheduled save of this step
+        # the run's record format, inside every state (outside its hash): content that witnesses the format the record
+        # must be judged under (veritrain.trust.formats); None for a run of format 0, whose states never held it
+        self.record_format = record_format
         # the environment, compared on resume (not hashed: it may change without changing the result)
         self.settings = {"device": str(device), "threads": torch.get_num_threads(), "num_workers": cfg.train.num_workers}
         self.config_hash = config_hash(cfg)
@@ -124,6 +127,7 @@ class Checkpointer:
         trained, state = self.trained, self.state
         return {
             "format_version": checkpoint.FORMAT_VERSION,
+            **({"record_format": self.record_format} if self.record_format else {}),
             "reason": reason,
             "model": trained.model.state_dict(),
             "optimizer": trained.optimizer.state_dict(),

@@ -40,6 +40,7 @@ from rich.console import Console
 from veritrain.core.errors import Interrupted, RunFailed
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.core.signals import StopFlag
+from veritrain.records.record import RECORD_FORMAT
 from veritrain.results.evaluate import forward_split
 from veritrain.tasks import split_rows
 from veritrain.train import ranks as rank_group
@@ -205,7 +206,7 @@ class Step:
 def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None,
         ranks: Optional[rank_group.Ranks] = None, stop_at_step: Optional[int] = None,
-        epoch_judge: Optional[EpochJudge] = None) -> TrainResult:
+        epoch_judge: Optional[EpochJudge] = None, record_format: Optional[int] = RECORD_FORMAT) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
     checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`.
 
@@ -213,7 +214,8 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
     rank trains on its share of every global batch of `train.batch_size` samples; only rank 0 writes.
     With `stop_at_step` (an audit replay, `veritrain.trust.audit`) it raises ReplayDone at the scheduled
     checkpoint of that step instead of writing it. With `epoch_judge` (one process only) every epoch waits for
-    its verdict, and a pruning one ends training after that epoch."""
+    its verdict, and a pruning one ends training after that epoch. `record_format`: the format of the run's record,
+    written into every checkpoint's state (None for a run of format 0, whose checkpoints never held it)."""
     started = time.perf_counter()
     events = events if events is not None else []
     t = _setup(cfg, data, task, ranks or rank_group.ONE_PROCESS)
@@ -221,7 +223,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
         raise RunFailed("a search's trial trains in one process; drop torchrun and --nproc for it")
     t.judge = epoch_judge
     state = t.state
-    checkpointer = Checkpointer(cfg, data.version, run_dir, t.ranks, t.trained, state, t.device, stop_at_step)
+    checkpointer = Checkpointer(cfg, data.version, run_dir, t.ranks, t.trained, state, t.device, stop_at_step, record_format)
     resumed, augment_state = checkpointer.resume(events) if resume else (False, None)
     history = read_metrics(run_dir)  # the rows of metrics.jsonl so far
     guard = NonFiniteGuard(cfg.train, checkpointer, t.factor, events)

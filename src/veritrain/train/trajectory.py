@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 CHAIN_LABEL = b"veritrain-trajectory-1\n"
 # Parts of a checkpoint that are not training state: why it was saved, the device and thread settings
 # (the environment, compared on resume), the format number, and the trajectory itself.
-NOT_STATE = ("reason", "settings", "format_version")
+NOT_STATE = ("reason", "settings", "format_version", "record_format")
 NOT_LOOP_STATE = ("trajectory", "other_saves")
 
 

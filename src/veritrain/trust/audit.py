@@ -27,9 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
-import platform
 import secrets
 import shutil
 import tempfile
@@ -40,95 +38,14 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.records.record import Record, now_iso, read_record
 from veritrain.records.workspace import Workspace
+from veritrain.trust.assessment import cannot_replay as cannot_replay, escape_probability, replay_blockers as replay_blockers
+from veritrain.trust.policy import Policy
 from veritrain.userloop import replay
 
 if TYPE_CHECKING:
     from veritrain.trust.opening import OpenRun
 
 log = logging.getLogger("veritrain")
-
-# packages whose version decides the numbers of a replay; any other difference is shown, not blocking
-DECISIVE_PACKAGES = ("torch", "numpy", "veritrain")
-
-
-def escape_probability(total: int, forged: int, covered: int) -> float:
-    """The chance that F forged segments, placed anywhere among N, all lie outside the c segments an audit checked:
-    C(N−c, F) / C(N, F)."""
-    if covered > total or forged > total:
-        return 0.0
-    return math.comb(total - covered, forged) / math.comb(total, forged)
-
-
-def replay_blockers(record: dict[str, Any], run_dir: Path) -> tuple[list[str], list[str]]:
-    """(why this machine cannot replay the run exactly, differences shown but not blocking)."""
-    import torch
-
-    from veritrain.records.record import _cpu_name, package_list
-
-    env, training, cfg = record.get("env") or {}, record.get("training") or {}, record.get("config") or {}
-    blockers, notes = [], []
-    train_cfg = cfg.get("train") if record.get("kind") != "script" else None  # a script's config is the user's own: its level says
-    train_cfg = train_cfg if isinstance(train_cfg, dict) else {}
-    if not train_cfg.get("deterministic", True):
-        blockers.append("train.deterministic is false: the run used non-deterministic kernels")
-    if train_cfg.get("compile"):
-        blockers.append("train.compile is true: torch.compile is outside the bit-exact promise")
-    device = str((training.get("settings") or {}).get("device") or env.get("device") or "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        blockers.append(f"the run trained on {device}; this machine has no CUDA device")
-    for key, now in (("python", platform.python_version()), ("machine", platform.machine())):
-        if env.get(key) and env[key] != now:
-            blockers.append(f"{key} {env[key]} recorded, {now} here")
-    recorded_cpu = env.get("cpu")
-    if recorded_cpu and recorded_cpu != _cpu_name() and not device.startswith("cuda"):
-        blockers.append(f"CPU {recorded_cpu!r} recorded, {_cpu_name()!r} here (kernels may round differently)")
-    lock = run_dir / "env" / "requirements.lock"
-    if lock.exists():
-        recorded = _versions(lock.read_text(encoding="utf-8"))
-        here = _versions(package_list())
-        for name in sorted(set(recorded) | set(here)):
-            if recorded.get(name) == here.get(name):
-                continue
-            text = f"{name} {recorded.get(name, 'absent')} recorded, {here.get(name, 'absent')} here"
-            (blockers if name in DECISIVE_PACKAGES else notes).append(text)
-    return blockers, notes
-
-
-def cannot_replay(run_id: str, record: dict[str, Any], blockers: list[str]) -> Optional[str]:
-    """Why the audit cannot start here, in one line that says what would work; None when it can.
-
-    A run trained by several processes cannot be audited anywhere, not only on another machine: audit replays
-    a segment in one process, and one process does not sum a step's gradients in the order the ranks' all-reduce
-    did, so it cannot give the recorded states bit for bit. `reproduce` trains the run again with as many
-    processes and compares the weights and metrics: on this kind of machine, that is the check there is."""
-    distributed = record.get("distributed") or {}
-    world_size, nodes = int(distributed.get("world_size", 1)), int(distributed.get("nodes", 1))
-    if world_size <= 1:
-        if not blockers:
-            return None
-        return (f"{run_id}: this machine cannot replay the run exactly: {'; '.join(blockers[:4])}; "
-                f"audit it on a machine like the recorded one (`veritrain runs show {run_id}`)")
-    where = f"on {nodes} machines " if nodes > 1 else ""
-    reason = (f"{run_id}: the run was trained by {world_size} processes {where}and audit replays a segment in one process, "
-              f"which cannot give a {world_size}-process step bit for bit")
-    if nodes > 1:
-        return (f"{reason}; check it with a reproduction instead: the same torchrun launch ({world_size} ranks) of "
-                f"`veritrain train runs/{run_id}/config.yaml`, then `veritrain runs compare {run_id} NEW_RUN`")
-    if blockers:
-        return (f"{reason}; check it with `veritrain reproduce {run_id}` on a machine like the recorded one (this one differs: "
-                f"{'; '.join(blockers[:4])}), which trains it again with {world_size} processes and compares the weights and metrics")
-    return (f"{reason}; check it with `veritrain reproduce {run_id}`, which trains it again with {world_size} processes on this machine "
-            "and compares the weights and metrics (identical on the same kind of machine)")
-
-
-def _versions(lines: str) -> dict[str, str]:
-    found = {}
-    for line in lines.splitlines():
-        name, _, version = line.partition("==")
-        if version:
-            found[name.strip().lower()] = version.strip()
-    return found
-
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
@@ -142,10 +59,12 @@ def _quiet() -> Iterator[None]:
 
 
 def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] = None, out: Optional[Path] = None,
-        trust_code: bool = False) -> dict[str, Any]:
+        trust_code: bool = False, policy: Optional[Policy] = None) -> dict[str, Any]:
     """Audit a run; returns the result (also written to `out` and to .veritrain/audits/<run>/). Raises
-    UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify."""
+    UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify under `policy`.
+    Whether it can start is the assessment's `replayability`, the same fact `check`'s auditable row shows."""
     from veritrain.train import trajectory as trajectory_module
+    from veritrain.trust.assessment import replayability
     from veritrain.trust.verify import verify_run
 
     run_dir = workspace.resolve_run(ref, "model")
@@ -154,24 +73,19 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
         raise UserError(f"--out {out}: inside the run folder; the audit never writes into the run (it would no longer verify)")
     entries = record.get("trajectory") or []
     script_run = replay.is_script_run(record)
-    if script_run and (why := replay.refusal(record, "audit")):
-        raise UserError(why)
-    if not entries:
-        raise UserError(f"{run_dir.name}: the record has no trajectory (a baseline run, a run of an outside checkpoint, or a run made "
-                        "before trajectories); nothing to audit")
-    # the full `veritrain verify` first (checkpoint states, keep rule, results and data included): a run that does not
-    # verify has nothing an audit could vouch for
-    checked = verify_run(run_dir, workspace.state_dir)
+    replay_facts = replayability(run_dir, record, workspace.state_dir)
+    if replay_facts.status in ("n/a", "not_auditable"):  # nothing a verify could change
+        raise UserError(replay_facts.reason)
+    # the full `veritrain verify` first (checkpoint states, keep rule, results, data and provenance included, under the
+    # auditor's policy), reading no cache: a run that does not verify has nothing an audit could vouch for
+    checked = verify_run(run_dir, workspace.state_dir, policy)
     if checked["problems"]:
         first = checked["problems"][0]
         raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']} ({first.get('detail', '')}); the run does not verify, "
                         f"so its trajectory cannot be trusted: see `veritrain verify {run_dir.name}`")
-    if checked.get("interrupted_amend"):  # verify judged the run as it was; its files are half switched
-        raise RunFailed(f"{run_dir.name}: {checked['interrupted_amend']}; audit it after that")
-    blockers, notes = replay_blockers(record, run_dir)
-    refusal = cannot_replay(run_dir.name, record, blockers)
-    if refusal is not None:
-        raise UserError(refusal)
+    if not replay_facts.can_start:
+        raise UserError(replay_facts.reason)
+    notes = list(replay_facts.notes)
     starts = trajectory_module.start_points(entries, trajectory_module.kept_checkpoints(run_dir, record))
     total = len(entries) - 1
     if seed is None:
@@ -180,10 +94,6 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
 
     chosen = sorted(random.Random(seed).sample(range(1, total + 1), min(segments, total)))
     plan = trajectory_module.stretches(chosen, set(starts))
-    unreachable = sorted(set(chosen) - {i for start, end in plan for i in range(start + 1, end + 1)})
-    if unreachable:
-        raise UserError(f"{run_dir.name}: segment(s) {', '.join(map(str, unreachable))} have no earlier state to replay from (the "
-                        "trajectory does not start at the initial state and no earlier checkpoint is kept)")
     started = time.perf_counter()
     if script_run:
         verdicts, replays, results = _replay_script(workspace, record, plan, starts, trust_code)

@@ -17,8 +17,13 @@ import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
+from veritrain.core.baselines import Judgement
 from veritrain.core.errors import RunFailed
 from veritrain.records.record import read_record
+from veritrain.trust import formats
+from veritrain.trust.assessment import Replayability
+from veritrain.trust.policy import Policy
+from veritrain.trust.provenance_check import Signer
 
 # row id → what it checks; ids are what `runs note --waive` takes
 ROWS = {
@@ -46,18 +51,18 @@ ROWS = {
 TRAINING_ROWS = ("smoke_passed", "log_complete", "checkpoint_with_optimizer", "test_metrics", "selection_on_validation", "bad_cases",
                  "beats_baseline", "export_parity")
 PASSING = ("pass", "waived", "n/a")
-AUDIT_EVERY_FIX = 1  # `auditable`'s fix keeps every scheduled checkpoint for audit
 
 
 def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None,
-              unverified: Optional[str] = None) -> dict[str, Any]:
+              unverified: Optional[str] = None, policy: Optional[Policy] = None) -> dict[str, Any]:
     """{"ok", "run", "items": [{"id", "item", "status", "detail", "fix"}]}; `ok` when every row passes,
-    is waived or does not apply. `verified`: the run's verify result as `veritrain verify` computes it (the
-    defaults of `verify_run`), when the caller has it (each file of the run is then hashed once); else it is
-    computed here and kept like the CLI's. `unverified`: why the caller has no fresh verdict and wants none
-    computed (the run page): the `run_verifies` row is then `unknown`, saying so."""
+    is waived or does not apply. The rows that judge trust (run_verifies, provenance_signed, auditable, beats_baseline,
+    results_from_trajectory) render the run's assessment (veritrain.trust.assessment), the same facts verify and audit
+    act on. `verified`: the run's verify result under `policy`, when the caller has it (each file of the run is then
+    hashed once); else it is computed here and kept like the CLI's. `unverified`: why the caller has no fresh verdict
+    and wants none computed (the run page): the `run_verifies` row is then `unknown`, saying so."""
     from veritrain.records.registry import read_notes
-    from veritrain.trust.verify import verify_and_keep
+    from veritrain.trust.assessment import assess, baseline_of, replayability
 
     run = run_dir.name
     try:
@@ -124,7 +129,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     rows["test_metrics"] = ("pass" if metrics and metrics.get("data_version") in (None, data.get("version")) else "missing", eval_fix, "")
     rows["selection_on_validation"] = _selection_row(record, new_run)
     rows["bad_cases"] = ("pass" if {"eval/test/bad_cases.csv", "eval/test/bad_cases.json"} & set(artifacts) else "missing", eval_fix, "")
-    rows["beats_baseline"] = _baseline_row(run, metrics, baselines, failed, eval_fix)
+    rows["beats_baseline"] = _baseline_row(run, baseline_of(record), failed, eval_fix)
     parity = (record.get("export") or {}).get("parity")
     rows["export_parity"] = (
         "missing" if not parity else ("pass" if parity.get("passed") else "fail"),
@@ -135,19 +140,23 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     code = record.get("code") or {}
     rows["code_version"] = ("pass" if code.get("veritrain") else "missing", new_run,
                             f"veritrain {code.get('veritrain')}, git {str(code.get('git_commit') or 'not in git')[:12]}")
+    policy = policy or Policy()
     if verified is None and unverified is not None:
         rows["run_verifies"] = ("unknown", f"veritrain verify {run}", unverified)
     else:
-        verified = verified if verified is not None else verify_and_keep(run_dir, state_dir)
+        verified = assess(run_dir, state_dir, policy, verified=verified).verified
         rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
                                 f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
                                 "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
-        if verified.get("interrupted_amend"):  # judged as it was before the amend; the files now are half switched
-            rows["run_verifies"] = ("fail", f"run an amending command on it (veritrain eval, export, baseline {run}, or veritrain gc)",
+        if verified.get("interrupted_amend"):  # its files may be half switched: the journal finishes or rolls them back
+            rows["run_verifies"] = ("fail", f"veritrain gc (it completes or rolls back the amend), or veritrain gc --drop-journal {run}",
                                     verified["interrupted_amend"])
-    rows["provenance_signed"] = _provenance_row(run, record, verified)
-    rows["auditable"] = _auditable_row(run_dir, record, state_dir, new_run)
-    rows["results_from_trajectory"] = _results_row(run, record)
+    rows["provenance_signed"] = _provenance_row(run, record, verified, policy)
+    rows["auditable"] = _auditable_row(replayability(run_dir, record, state_dir))
+    effective = ((verified or {}).get("format") or {}).get("effective", formats.declared(record))
+    rows["results_from_trajectory"] = _results_row(run, record, effective)
+    if effective >= 1 and rows["selection_on_validation"][2].startswith("not checked"):  # the format requires it: absent is a problem
+        rows["selection_on_validation"] = ("fail", new_run, f"the record is format {effective}, which says what selected what; its `selection` is missing")
 
     if failed:  # a new run that addresses the cause is the fix for every row the failure left open
         for row in ("smoke_passed", "baseline_present"):
@@ -239,35 +248,41 @@ def _training_fix(run: str, record: dict[str, Any], new_run: str) -> str:
     return f"fix the cause ({str((record.get('error') or {}).get('message'))[:120]}), then start a new run: {new_run}"
 
 
-def _baseline_row(run: str, metrics: Optional[dict[str, Any]], baselines: Optional[dict[str, Any]], failed: bool,
-                  eval_fix: str) -> tuple[str, Optional[str], str]:
-    """Whether the test result beats the strongest baseline by the margin: a language model's bits per byte below the byte
-    bigram's, a classifier's accuracy above the logistic regression's."""
+def _baseline_row(run: str, judged: Judgement, failed: bool, eval_fix: str) -> tuple[str, Optional[str], str]:
+    """The assessment's judgement of the test result against the baselines (veritrain.core.baselines), as a row."""
     waive = f"improve the model in a new run, or say why it need not: veritrain runs note {run} --waive beats_baseline \"...\""
-    if not (metrics and baselines):
-        return ("missing", f"veritrain baseline {run}" if metrics and not failed else eval_fix, "")
-    bigram = (baselines.get("results") or {}).get("bigram")
-    if bigram and isinstance(metrics.get("bits_per_byte"), float):  # lower is better
-        beats = metrics["bits_per_byte"] <= bigram["bits_per_byte"] - baselines.get("margin", 0.0)
-        return ("pass" if beats else "fail", waive, f"bits per byte {metrics['bits_per_byte']:.4f} vs byte bigram {bigram['bits_per_byte']:.4f}")
-    linear = baselines["results"].get("logistic_regression", {}).get("accuracy")
-    beats = linear is None or metrics.get("accuracy", 0.0) >= linear + baselines.get("margin", 0.0)
-    return ("pass" if beats else "fail", waive,
-            f"accuracy {metrics.get('accuracy', 0):.4f} vs logistic regression {linear if linear is None else round(linear, 4)}")
+    if judged.status == "missing":
+        return ("missing", f"veritrain baseline {run}" if judged.detail == "no baselines" and not failed else eval_fix, judged.detail)
+    if judged.status == "unknown":
+        return ("missing", waive, f"not judged: {judged.detail}")
+    return ("pass" if judged.status == "beats" else "fail", waive, judged.detail)
 
 
-def _provenance_row(run: str, record: dict[str, Any], verified: Optional[dict[str, Any]]) -> tuple[str, Optional[str], str]:
-    """Signed: pass (the signature itself is judged by run_verifies). Unsigned or without a statement: said so, not
-    failed, since a run sealed without a key is complete, and its statement still binds every digest."""
-    ref = record.get("provenance")
+def _provenance_row(run: str, record: dict[str, Any], verified: Optional[dict[str, Any]], policy: Policy) -> tuple[str, Optional[str], str]:
+    """Who signed the run, as verify found it. With a signature required (--public-key, --trusted-keys,
+    --require-signature) the row passes only for a signature checked by a required key; without, it passes for a signature
+    checked with a key known here and is n/a otherwise, naming the signer (a key substituted by a forger is named, never
+    passed silently)."""
     sign = f"; to sign it: veritrain keys init, then re-seal it (veritrain export {run})"
-    if not ref:
-        return ("n/a", None, "no provenance: sealed before veritrain wrote provenance statements" + sign)
-    if not ref.get("key_fingerprint"):
+    found = (verified or {}).get("signer")
+    if found is None:  # no fresh verdict (the run page): what the record says, unchecked
+        fingerprint = (record.get("provenance") or {}).get("key_fingerprint")
+        return ("n/a", None, f"signed by key {fingerprint[:16]}… (not checked: no fresh verdict)" if fingerprint else "not signed, as the record says")
+    signer = Signer(**found)
+    problems = [p for p in (verified or {}).get("problems") or [] if p["kind"] in ("signature_required", "provenance_signature")]
+    if policy.signature_required:
+        if signer.checked and not problems:
+            return ("pass", None, signer.line().removeprefix("signer: "))
+        why = problems[0]["detail"] if problems else signer.line().removeprefix("signer: ")
+        return ("fail", f"get the run from whoever holds {policy.required_signer()}, or check it without requiring that key", why)
+    if signer.status == "no_statement":
+        return ("n/a", None, "no provenance: the record names no statement (made before veritrain wrote them)" + sign)
+    if signer.status == "unsigned":
         return ("n/a", None, "unsigned: no signing key was set when the run was sealed; its statement binds the digests, but only a "
                 "signature lets others check it without trusting whoever holds the files" + sign)
-    unchecked = [n["reason"] for n in (verified or {}).get("not_checked") or [] if n.get("check") == "provenance signature"]
-    return ("pass", None, f"signed by key {ref['key_fingerprint'][:16]}…" + (f" (signature not checked: {unchecked[0]})" if unchecked else ""))
+    if signer.checked and not problems:
+        return ("pass", None, signer.line().removeprefix("signer: "))
+    return ("n/a", None, signer.line().removeprefix("signer: ") + "; no key is required: give --public-key or --trusted-keys to require one")
 
 
 def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:
@@ -287,46 +302,13 @@ def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -
     return "missing", fix, f"smoke {smoke.get('status', 'not run')}"
 
 
-def _auditable_row(run_dir: Path, record: dict[str, Any], state_dir: Path, new_run: str) -> tuple[str, str, str]:
-    """Whether `veritrain audit` can replay every segment of the trajectory: each from the nearest earlier state the run
-    keeps (the initial state always counts), with the checkpoints kept as the keep rule says (the training config,
-    each gc, an archive left without its audit checkpoints), the data version and the recorded code here. The detail
-    gives the longest replay a segment needs. n/a for runs without a trajectory (baseline runs, runs of an outside
-    checkpoint, runs made before trajectories)."""
-    from veritrain.train import trajectory
-    from veritrain.trust.verify import _omitted_for_audit
-
-    entries = record.get("trajectory") or []
-    fix = f"{new_run} --set checkpoint.audit_every={AUDIT_EVERY_FIX}"
-    if len(entries) < 2:
-        return "n/a", fix, "no trajectory: a baseline run, a run of an outside checkpoint, one made before trajectories, or one stopped before its first checkpoint"
-    present = {p.relative_to(run_dir).as_posix() for p in (run_dir / "checkpoints").glob("*") if p.is_file()} if (run_dir / "checkpoints").is_dir() else set()
-    broken = trajectory.keep_rule_problems(record, present, _omitted_for_audit(run_dir, record))
-    if broken:
-        return "fail", f"restore the run's checkpoints (import its archive again); `veritrain verify {run_dir.name}` lists them", \
-            f"the kept checkpoints do not follow the keep rule: {broken[0]['path']}: {broken[0]['detail']}"
-    version = (record.get("data") or {}).get("version")
-    if record.get("kind") == "script":
-        version = None  # its inputs are checked by verify, and its level says whether it replays
-    elif not version or not (state_dir / "data" / str(version) / "version.json").is_file():
-        return "missing", f"veritrain data prepare {_config_path(run_dir)} (or import the run's archive made --with-data)", \
-            f"the data version {str(version)[:12]} is not here: a replay needs it"
-    from veritrain.records.usercode import CODE_DIR, recorded_listing
-
-    absent = [entry["path"] for entry in recorded_listing(record)[0] if not (run_dir / CODE_DIR / str(entry["path"])).is_file()]
-    if absent:
-        return "missing", f"import the run's archive again; `veritrain verify {run_dir.name}` lists what is missing", f"the recorded code {CODE_DIR}/{absent[0]} is not here"
-    longest = trajectory.longest_stretch(entries, set(trajectory.start_points(entries, trajectory.kept_checkpoints(run_dir, record))))
-    if longest is None:
-        return "missing", fix, "a segment has no earlier state to replay from (the trajectory does not start at the initial state)"
-    segments, steps = longest
-    detail = f"all {len(entries) - 1} segments auditable; the longest replay a segment needs: {segments} segment(s), {steps} steps"
-    if segments > 1 and not any(e.get("kept_for_audit") for e in entries):
-        detail += " (checkpoint.audit_every keeps more start points)"
-    return "pass", fix, detail
+def _auditable_row(facts: Replayability) -> tuple[str, Optional[str], str]:
+    """The assessment's replayability as a row: `veritrain audit` starts exactly when it passes."""
+    status = {"auditable": "pass", "n/a": "n/a", "broken": "fail"}.get(facts.status, "missing")
+    return status, facts.fix, facts.reason
 
 
-def _results_row(run: str, record: dict[str, Any]) -> tuple[str, Optional[str], str]:
+def _results_row(run: str, record: dict[str, Any], effective_format: int) -> tuple[str, Optional[str], str]:
     """Whether every metric set and export names the trajectory entry it came from (verify checks that it holds). A run of
     an outside checkpoint (kind eval or export) fails: its results are not from the audited training."""
     outside = record.get("input_checkpoint")
@@ -344,9 +326,12 @@ def _results_row(run: str, record: dict[str, Any]) -> tuple[str, Optional[str], 
         results.append(("export", record["export"]))
     if not results:
         return "n/a", None, "no metrics or export yet"
+    unbound = [what for what, r in results if not r.get("trajectory_entry")]
+    if effective_format >= 1 and (unbound or not record.get("trajectory")):  # the format requires them: absence is a problem
+        what = ", ".join(unbound) if record.get("trajectory") else "the trajectory"
+        return "fail", f"veritrain verify {run}", f"the record is format {effective_format}, which binds every result to its trajectory entry; {what} lacks it"
     if not record.get("trajectory"):
         return "n/a", None, "not checked: the run has no trajectory (made before veritrain kept one)"
-    unbound = [what for what, r in results if not r.get("trajectory_entry")]
     if unbound:
         return "n/a", None, f"not checked: {', '.join(unbound)} name no trajectory entry (made by an earlier veritrain)"
     return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results)

@@ -14,13 +14,17 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain.core import signing_keys
 from veritrain.core.errors import UserError
 from veritrain.records import provenance
 from veritrain.records.provenance import PAYLOAD_TYPE, PREDICATE_TYPE, PROVENANCE_FILE, STATEMENT_TYPE
+
+if TYPE_CHECKING:
+    from veritrain.trust.policy import Policy
 
 SIGNED_EXPORT = "export/model.sig"
 MAX_STATEMENT_BYTES = 64 << 20  # a statement lists digests only; far more than any run's
@@ -31,14 +35,37 @@ class Malformed(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class Signer:
+    """Who signed the run's provenance statement, as the verifier found it."""
+
+    status: str  # "signed", "unsigned" (a statement without a signature), "no_statement" (the record names none)
+    fingerprint: Optional[str] = None  # of the key the record names
+    name: Optional[str] = None  # that key's name in the trusted keys
+    checked: bool = False  # its signature verified with a public key known here
+    key_source: Optional[str] = None  # where that public key came from
+    required: bool = False  # the policy requires a signature
+
+    def line(self) -> str:
+        """One line for the console: who signed, and whether that was checked."""
+        if self.status == "no_statement":
+            return "signer: none (the record names no provenance statement)"
+        if self.status == "unsigned":
+            return "signer: none (the provenance statement is unsigned)"
+        who = f"{self.name} ({self.fingerprint})" if self.name else f"key {self.fingerprint} (not in your trusted keys)"
+        how = f"signature checked with {self.key_source}" if self.checked else "signature not checked: its public key is not known here"
+        return f"signer: {who}; {how}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "fingerprint": self.fingerprint, "name": self.name, "checked": self.checked,
+                "key_source": self.key_source, "required": self.required}
+
+
 def known_public_key(fingerprint: str) -> Optional[bytes]:
     """The public key with `fingerprint` when it is the local key pair's (beside the signing key), else None."""
-    try:
-        path = signing_keys.public_path(signing_keys.key_path())
-        pem = path.read_bytes()
-        return pem if signing_keys.public_key_fingerprint(pem) == fingerprint else None
-    except (OSError, ValueError, UserError):
-        return None
+    from veritrain.trust.policy import local_public_key
+
+    return local_public_key(fingerprint)
 
 
 def _b64(value: Any, what: str) -> bytes:
@@ -110,41 +137,52 @@ def _compare(what: str, stated: list[dict[str, Any]], expected: list[dict[str, A
     return lines
 
 
-def problems(listing: Mapping[str, Path], record: Mapping[str, Any], seal: str, state_dir: Path, public_key: Optional[bytes],
-             not_checked: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The provenance problems of the run whose files are `listing` (relative path → file) and whose record (sealed as
-    `seal`) is `record`. `public_key`: the PEM the caller was given to check the signature with, or None."""
+def problems(listing: Mapping[str, Path], record: Mapping[str, Any], seal: str, state_dir: Path, policy: Policy,
+             not_checked: list[dict[str, str]]) -> tuple[list[dict[str, str]], Signer]:
+    """(the provenance problems, the signer) of the run whose files are `listing` (relative path → file) and whose record
+    (sealed as `seal`) is `record`, judged under `policy` (the keys given or trusted, whether a signature is required).
+    Whether the record must name a statement at all is its format's question (veritrain.trust.formats)."""
+    required = policy.signature_required
     ref = record.get("provenance")
     if not isinstance(ref, Mapping):
-        return []  # a run sealed before statements were written: `check` says so
+        signer = Signer("no_statement", required=required)
+        if required:  # threat: a forger strips the statement (and the signature with it) to be read as an older run
+            return [{"path": PROVENANCE_FILE, "kind": "signature_required",
+                     "detail": f"the record names no provenance statement, so nothing is signed; a signature by {policy.required_signer()} is required"}], signer
+        return [], signer
     found: list[dict[str, str]] = []
 
     def problem(kind: str, detail: str) -> None:
         found.append({"path": PROVENANCE_FILE, "kind": kind, "detail": detail})
 
+    fingerprint = ref.get("key_fingerprint")
+    listed = policy.trusted.named(fingerprint) if fingerprint else None
+    signer = Signer("signed" if fingerprint else "unsigned", fingerprint, listed.name if listed else None, required=required)
+    if fingerprint is None and required:  # threat: a forger re-seals with no key at all
+        problem("signature_required", f"the provenance statement is unsigned; a signature by {policy.required_signer()} is required")
     path = listing.get(PROVENANCE_FILE)
     if path is None or not path.is_file() or path.is_symlink():
         problem("provenance_missing", "the record names provenance.intoto.jsonl, which is not in the run")
-        return found
+        return found, signer
     try:
         if path.stat().st_size > MAX_STATEMENT_BYTES:
             raise Malformed(f"more than {MAX_STATEMENT_BYTES} bytes")
         statement, payload, signatures = read_envelope(path.read_bytes())
     except Malformed as err:
         problem("provenance_malformed", str(err))
-        return found
+        return found, signer
     except OSError as err:
         problem("provenance_malformed", f"cannot be read ({err.strerror})")
-        return found
-    fingerprint = ref.get("key_fingerprint")
-    found.extend({"path": PROVENANCE_FILE, "kind": "provenance_signature", "detail": line}
-                 for line in _signature_problems(fingerprint, payload, signatures, public_key, not_checked))
-    found.extend(_export_signature_problems(listing, fingerprint, public_key, not_checked))
+        return found, signer
+    lines, signer = _signature_problems(signer, payload, signatures, policy, not_checked)
+    found.extend({"path": PROVENANCE_FILE, "kind": "provenance_signature", "detail": line} for line in lines)
+    known = policy.key_for(fingerprint) if fingerprint and signer.checked else None
+    found.extend(_export_signature_problems(listing, fingerprint, known.pem if known else None, not_checked))
     predicate = statement["predicate"]
     stated_record = _by_name(predicate["runDetails"]["byproducts"]).get(provenance.RECORD_FILE, {}).get("sha256")
     if stated_record != seal:
         problem("provenance_stale", f"it states record.json {str(stated_record)[:16]}…, the run's seal is {seal[:16]}…: a statement about another seal")
-        return found
+        return found, signer
     expected = provenance.statement(dict(record), seal, state_dir)
     lines = _compare("subject", statement["subject"], expected["subject"])
     lines += _compare("byproduct", predicate["runDetails"]["byproducts"], expected["predicate"]["runDetails"]["byproducts"])
@@ -158,7 +196,7 @@ def problems(listing: Mapping[str, Path], record: Mapping[str, Any], seal: str, 
     if stated_run != expected["predicate"]["runDetails"]["metadata"]:
         lines.append("runDetails.metadata (run id, start and finish) is not the run's")
     found.extend({"path": PROVENANCE_FILE, "kind": "provenance_mismatch", "detail": line} for line in lines)
-    return found
+    return found, signer
 
 
 def _dependency_lines(stated: list[dict[str, Any]], expected: list[dict[str, Any]], record: Mapping[str, Any], state_dir: Path,
@@ -184,14 +222,14 @@ def _listed_files(path: Path) -> Optional[dict[str, Any]]:
     return files if isinstance(files, dict) else None
 
 
-def _export_signature_problems(listing: Mapping[str, Path], fingerprint: Optional[str], public_key: Optional[bytes],
+def _export_signature_problems(listing: Mapping[str, Path], fingerprint: Optional[str], pem: Optional[bytes],
                                not_checked: list[dict[str, str]]) -> list[dict[str, str]]:
-    """export/model.sig checked with the library that made it (OpenSSF model signing), by the run's key."""
+    """export/model.sig checked with the library that made it (OpenSSF model signing), by the run's key (`pem`: its public
+    key when known here and the statement's signature verified with it)."""
     signature = listing.get(SIGNED_EXPORT)
     if signature is None:
         return []
     folder = signature.parent
-    pem = public_key or (known_public_key(fingerprint) if fingerprint else None)
     if pem is None or fingerprint is None or signing_keys.public_key_fingerprint(pem) != fingerprint:
         not_checked.append({"check": "export signature", "reason": "the public key of the run's signing key is not known here; give it with --public-key FILE"})
         return []
@@ -208,28 +246,36 @@ def _export_signature_problems(listing: Mapping[str, Path], fingerprint: Optiona
     return [{"path": SIGNED_EXPORT, "kind": "export_signature", "detail": problem.split(": ", 1)[-1]}] if problem else []
 
 
-def _signature_problems(fingerprint: Optional[str], payload: bytes, signatures: list[dict[str, Any]], public_key: Optional[bytes],
-                        not_checked: list[dict[str, str]]) -> list[str]:
+def _signature_problems(signer: Signer, payload: bytes, signatures: list[dict[str, Any]], policy: Policy,
+                        not_checked: list[dict[str, str]]) -> tuple[list[str], Signer]:
+    """The problems of the statement's signatures under `policy`, and the signer as found (checked or not)."""
+    from dataclasses import replace
+
+    fingerprint = signer.fingerprint
     if fingerprint is None:
-        return [f"the record says the statement is unsigned, yet it carries {len(signatures)} signature(s)"] if signatures else []
-    if public_key is not None:
+        return ([f"the record says the statement is unsigned, yet it carries {len(signatures)} signature(s)"] if signatures else []), signer
+    lines = []
+    if policy.public_key is not None:
         try:
-            given = signing_keys.public_key_fingerprint(public_key)
+            given = signing_keys.public_key_fingerprint(policy.public_key)
         except (ValueError, TypeError) as err:
-            return [f"the public key given is not a PEM public key ({' '.join(str(err).split())[:80]})"]
-        if given != fingerprint:
-            return [f"signed by key {fingerprint[:16]}… (the record's), not by the key given ({given[:16]}…)"]
-    else:
-        public_key = known_public_key(fingerprint)
-        if public_key is None:
-            not_checked.append({"check": "provenance signature",
-                                "reason": f"the public key {fingerprint[:16]}… is not known here; give it with --public-key FILE"})
+            return [f"the public key given is not a PEM public key ({' '.join(str(err).split())[:80]})"], signer
+        if given != fingerprint:  # threat: a forger re-signs with their own key
+            lines.append(f"signed by key {fingerprint[:16]}… (the record's), not by the key given ({given[:16]}…)")
+    if policy.trusted.enforced and signer.name is None:
+        lines.append(f"signed by key {fingerprint[:16]}…, which is not listed in {policy.trusted.source}")
     mine = [entry for entry in signatures if entry["keyid"] == fingerprint]
     if not mine:
-        return [f"no signature by key {fingerprint[:16]}… (the record's); it carries {len(signatures)} other(s)"]
-    if public_key is None:
-        return []
+        return [*lines, f"no signature by key {fingerprint[:16]}… (the record's); it carries {len(signatures)} other(s)"], signer
+    known = policy.key_for(fingerprint)
+    if known is None:
+        not_checked.append({"check": "provenance signature",
+                            "reason": f"the public key {fingerprint[:16]}… is not known here; give it with --public-key FILE or list it in the trusted keys"})
+        if policy.signature_required and not lines:
+            lines.append(f"the signature by key {fingerprint[:16]}… cannot be checked: its public key is not known here "
+                         "(give it with --public-key, or as a PEM entry of the trusted keys)")
+        return lines, signer
     pae = provenance.pae(PAYLOAD_TYPE, payload)
-    if not any(signing_keys.verify_signature(public_key, entry["sig"], pae) for entry in mine):
-        return [f"the signature does not verify with key {fingerprint[:16]}…: the statement or its signature was changed"]
-    return []
+    if not any(signing_keys.verify_signature(known.pem, entry["sig"], pae) for entry in mine):
+        return [*lines, f"the signature does not verify with key {fingerprint[:16]}…: the statement or its signature was changed"], signer
+    return lines, replace(signer, checked=True, key_source=known.source)

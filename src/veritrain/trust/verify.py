@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import re
 import threading
@@ -25,28 +26,30 @@ from typing import Any, Callable, Optional
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
 from veritrain.records.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
-from veritrain.trust import provenance_check
+from veritrain.trust import formats, provenance_check
+from veritrain.trust.policy import Policy
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "files", "states", "data version", "raw data"
 log = logging.getLogger("veritrain")
 
 
-def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
-               rehash_data: bool = True, check_data: bool = True, check_states: bool = True,
-               progress: Optional[Progress] = None, state_cache: Optional[Path] = None,
-               public_key: Optional[bytes] = None) -> dict[str, Any]:
-    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}], "raw_data"}.
-    `check_data` False leaves the data version out (for callers that open it next, which checks it);
+def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, rehash_data: bool = True, check_data: bool = True,
+               check_states: bool = True, progress: Optional[Progress] = None, state_cache: Optional[Path] = None) -> dict[str, Any]:
+    """{"ok", "seal", "problems": [{"path", "kind", "detail"}], "drift": [{"what", "recorded", "now"}], "raw_data",
+    "not_checked", "format", "signer"}: the run's files, seal, trajectory, results, data version and provenance,
+    judged under `policy` (the published seal, the keys required or trusted, the oldest format accepted; default:
+    none). `check_data` False leaves the data version out (for callers that open it next, which checks it);
     `check_states` False skips loading the checkpoints to match them with the trajectory (their bytes
     are checked either way). `progress` is told each stage as it goes (the run browser shows it). While an amend of
-    the run is unfinished (veritrain.records.journal), the run is judged as it was before it, from the journal's copies of
-    the files already switched, and "interrupted_amend" says so (else None); nothing is written either way.
-    `state_cache`: a folder where the state hashes of checkpoints (and the weights hash of an export) are kept
-    by the SHA-256 of the file's bytes, read before loading a file and written after; None (audit) loads every file.
-    `public_key`: the PEM of the key that signed the run's provenance statement (else the local key pair's, when it is
-    that key; else the signature is listed in "not_checked")."""
-    from veritrain.records.journal import interrupted
+    the run is unfinished (veritrain.records.journal) the run does not verify: its files are half switched, and the
+    journal that would finish them is a workspace file, which nothing here takes on trust ("interrupted_amend" says so).
+    `state_cache`: a folder outside the workspace where the state hashes of checkpoints (and the weights hash of an
+    export) are kept by the SHA-256 of the file's bytes (`state_cache_dir()`); None (audit) loads every file. Nothing is
+    written in the workspace."""
+    from veritrain.records.journal import JOURNAL_DIR, folder_of
 
+    policy = policy or Policy()
+    expect, strict = policy.expect, policy.strict
     report: Progress = progress or (lambda stage, done, total: None)
     problems: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
@@ -54,19 +57,22 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     def problem(path: str, kind: str, detail: str = "") -> None:
         problems.append({"path": path, "kind": kind, "detail": detail})
 
-    pending = interrupted(run_dir, state_dir)
-    if pending is not None:
-        log.warning("%s: %s", run_dir.name, pending.message)
-    listing = pending.files if pending else {path.relative_to(run_dir).as_posix(): path for path in sorted(run_dir.rglob("*"))}
-    note = pending.message if pending else None
+    listing = {path.relative_to(run_dir).as_posix(): path for path in sorted(run_dir.rglob("*"))}
+    note = None
+    journal = folder_of(state_dir, run_dir.name)
+    if os.path.lexists(journal):  # threat: a hand-written plan that would make verify judge the files in old/ instead
+        note = (f"an amend of this run is pending (.veritrain/{JOURNAL_DIR}/{run_dir.name}/): its files may be half switched; "
+                f"finish or roll it back with `veritrain gc`, or remove the journal with `veritrain gc --drop-journal {run_dir.name}`, "
+                "then verify again")
+        problem(f".veritrain/{JOURNAL_DIR}/{run_dir.name}", "amend_pending", note)
     try:
-        record_bytes = listing[RECORD_FILE].read_bytes() if RECORD_FILE in listing else (run_dir / RECORD_FILE).read_bytes()
+        record_bytes = (run_dir / RECORD_FILE).read_bytes()
     except OSError:
         problem(RECORD_FILE, "missing", "no record.json: not a run, or it was deleted")
         return {"ok": False, "seal": None, "problems": problems, "drift": drift, "interrupted_amend": note}
     seal = hashlib.sha256(record_bytes).hexdigest()
     try:
-        stored_seal = listing.get(SEAL_FILE, run_dir / SEAL_FILE).read_text().strip()
+        stored_seal = (run_dir / SEAL_FILE).read_text().strip()
         if stored_seal != seal:
             problem(RECORD_FILE, "seal_mismatch", f"record.json hashes to {seal[:16]}…, record.sha256 says {stored_seal[:16]}…")
     except OSError:
@@ -98,7 +104,7 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
             problem(rel, "link", "a run directory holds only regular files")
         elif path.is_file() and rel not in UNSEALED:
             present[rel] = path
-    omitted = _omitted_for_audit(run_dir, record)
+    omitted = omitted_for_audit(run_dir, record)
     for done, (rel, entry) in enumerate(artifacts.items()):
         report("files", done, len(artifacts))
         path = present.get(rel)
@@ -115,8 +121,11 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
     intact = {rel: path for rel, path in present.items() if rel in artifacts and not any(p["path"] == rel for p in problems)}
     not_checked: list[dict[str, str]] = []  # checks whose fields the record does not carry (older runs), and why
     digests = {rel: str(artifacts[rel].get("sha256")) for rel in intact}  # each intact file's bytes hash so, just checked
+    checkpoint_formats: dict[str, Optional[int]] = {}  # each checkpoint's record_format, read with its state
     problems.extend(_trajectory_problems(record, intact, check_states, report, set(present), omitted, not_checked,
-                                         _StateCache(state_cache, digests)))
+                                         _StateCache(state_cache, digests), checkpoint_formats))
+    fmt = formats.facts(record, checkpoint_formats, policy.min_format)
+    problems.extend(formats.problems(record, fmt))
 
     data = record.get("data") or {}
     checked: list[str] = []  # how the raw data was checked, in a line
@@ -124,11 +133,15 @@ def verify_run(run_dir: Path, state_dir: Path, expect: Optional[str] = None, str
         problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report, checked, not_checked))
     if record.get("inputs") and check_data:
         problems.extend(_check_inputs(run_dir, record, intact, report, checked))
-    problems.extend(provenance_check.problems(listing, record, seal, state_dir, public_key, not_checked))
+    found, signer = provenance_check.problems(listing, record, seal, state_dir, policy, not_checked)
+    problems.extend(found)
+    if fmt.effective == 0:  # what a format-0 record leaves unchecked, said rather than implied
+        not_checked.extend({"check": what, "reason": "the record is judged under format 0 (made before records named their format); "
+                                                     "require more with --min-format, a signature or --expect"} for what in fmt.unchecked)
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
-            "interrupted_amend": note, "raw_data": checked[0] if checked else None}
+            "interrupted_amend": note, "raw_data": checked[0] if checked else None, "format": fmt.as_dict(), "signer": signer.as_dict()}
 
 
 def quick_problems(run_dir: Path) -> list[dict[str, Any]]:
@@ -158,7 +171,7 @@ def quick_problems(run_dir: Path) -> list[dict[str, Any]]:
     if malformed is not None or not isinstance(record, dict):
         return [*problems, {"path": RECORD_FILE, "kind": "unreadable", "detail": malformed}]
     artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
-    omitted = _omitted_for_audit(run_dir, record)
+    omitted = omitted_for_audit(run_dir, record)
     present = set()
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir).as_posix()
@@ -174,28 +187,33 @@ def quick_problems(run_dir: Path) -> list[dict[str, Any]]:
     return problems
 
 
-def verify_and_keep(run_dir: Path, state_dir: Path, expect: Optional[str] = None, strict: bool = False,
-                    progress: Optional[Progress] = None, public_key: Optional[bytes] = None) -> dict[str, Any]:
-    """`verify_run` as the CLI runs it, its verdict then kept in `.veritrain/verdicts/<run_id>.json` (never in
+def verify_and_keep(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, progress: Optional[Progress] = None) -> dict[str, Any]:
+    """`verify_run` as the CLI runs it (the state cache in the user's cache folder), its verdict then kept (never in
     the run) for the views that show it; the answer gains "verified_at". Keeping is best effort: a read-only
     or full workspace still gets its answer."""
     from veritrain.records import verdicts
     from veritrain.records.record import now_iso
 
+    policy = policy or Policy()
     covered = verdicts.fingerprint(run_dir, state_dir)  # before: a file changed while verify runs makes the verdict stale
-    result = verify_run(run_dir, state_dir, expect=expect, strict=strict, progress=progress, state_cache=state_dir / STATE_CACHE,
-                        public_key=public_key)
+    result = verify_run(run_dir, state_dir, policy, progress=progress, state_cache=state_cache_dir())
     result["verified_at"] = now_iso()
-    if result.get("interrupted_amend"):
-        return result  # it judged the run as it was, not the files there now: no verdict to keep for them
     try:
-        verdicts.store(run_dir, state_dir, result, covered, result["verified_at"], expect=expect, strict=strict)
+        verdicts.store(run_dir, state_dir, result, covered, result["verified_at"], expect=policy.expect, strict=policy.strict)
     except OSError:
         pass
     return result
 
 
-STATE_CACHE = Path("cache") / "states"  # under .veritrain/: <file sha256>.json, safe to delete (verify loads the files again)
+STATE_CACHE_VERSION = 2  # of what an entry holds (2: the checkpoint's record_format too); part of every entry
+
+
+def state_cache_dir() -> Path:
+    """Where verify keeps what loading a checkpoint gave, by the SHA-256 of the file's bytes: the user's cache folder,
+    never the workspace (threat: a planted entry giving a swapped checkpoint the honest state hash). Safe to delete."""
+    from veritrain.core.user_dirs import cache_dir
+
+    return cache_dir() / "states"
 
 
 class _StateCache:
@@ -215,7 +233,8 @@ class _StateCache:
         from veritrain.core.version import __version__
 
         # another veritrain may hash states another way: what it kept is computed again
-        return found if isinstance(found, dict) and found.get("veritrain") == __version__ else None
+        ok = isinstance(found, dict) and found.get("veritrain") == __version__ and found.get("cache_version") == STATE_CACHE_VERSION
+        return found if ok else None
 
     def put(self, rel: str, value: dict[str, Any]) -> None:
         if self.folder is None or not re.fullmatch(r"[0-9a-f]{64}", self.digests.get(rel, "")):
@@ -228,7 +247,7 @@ class _StateCache:
             tmp = self.folder / f".tmp-{uuid.uuid4().hex}"
             from veritrain.core.version import __version__
 
-            tmp.write_text(json.dumps({**value, "veritrain": __version__}), encoding="utf-8")
+            tmp.write_text(json.dumps({**value, "veritrain": __version__, "cache_version": STATE_CACHE_VERSION}), encoding="utf-8")
             os.replace(tmp, self.folder / f"{self.digests[rel]}.json")
         except OSError:
             pass
@@ -257,7 +276,7 @@ def _check_inputs(run_dir: Path, record: dict[str, Any], intact: dict[str, Path]
     return found
 
 
-def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
+def omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
     """The checkpoint files that may be absent: listed by import as left out of the archive, and kept only
     for audit according to the record itself (never a checkpoint that keep_last, best or last keeps)."""
     from veritrain.train.trajectory import audit_only_checkpoints
@@ -275,12 +294,12 @@ def _omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
 
 def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_states: bool, report: Progress,
                          present: set[str], omitted: set[str], not_checked: list[dict[str, str]],
-                         cache: _StateCache) -> list[dict[str, Any]]:
+                         cache: _StateCache, checkpoint_formats: dict[str, Optional[int]]) -> list[dict[str, Any]]:
     """The trajectory's chain holds, its last entry is the final state, the checkpoints kept are those the keep rule
     keeps, every checkpoint in the run holds a state of the trajectory (a step file may hold a timing save of
     `other_saves`, a resume point), best.pt holds the best epoch's entry and last.pt the final one, and every result
     (metrics, export) comes from the entry its record names. Runs made before the trajectory have none; checks whose
-    fields a record does not carry are listed in `not_checked`."""
+    fields a record does not carry are listed in `not_checked`. `checkpoint_formats` gains each checkpoint's record_format."""
     from veritrain.train import trajectory as trajectory_module
 
     entries = record.get("trajectory")
@@ -317,7 +336,7 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
         report("states", done, len(checkpoints))
         kept = cache.get(rel)
         if kept is not None and isinstance(kept.get("step"), int) and isinstance(kept.get("state_sha256"), str):
-            step, digest = kept["step"], kept["state_sha256"]
+            step, digest, written_by = kept["step"], kept["state_sha256"], kept.get("record_format")
         else:
             import torch
 
@@ -325,11 +344,13 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
                 state = torch.load(path, map_location="cpu", weights_only=True)
                 step = int(state["loop"]["step"])
                 digest = trajectory_module.state_sha256(state)
+                written_by = state.get("record_format")
             except Exception as err:  # not a checkpoint veritrain could have written
                 problems.append({"path": rel, "kind": "not_in_trajectory", "detail": f"cannot be read as a checkpoint ({str(err)[:120]})"})
                 continue
-            cache.put(rel, {"step": step, "state_sha256": digest})
+            cache.put(rel, {"step": step, "state_sha256": digest, "record_format": written_by})
         states[rel] = digest
+        checkpoint_formats[rel] = written_by if isinstance(written_by, int) and not isinstance(written_by, bool) else None
         name = path.name
         if outside:
             fits, wanted = name == "input.pt" and digest == outside.get("state_sha256"), "the input_checkpoint the record names"

@@ -1,0 +1,73 @@
+"""Whether a model beats its baseline: one judgement, read by the run's evaluation (its warning), the evaluation
+reports, `check`'s `beats_baseline` row and the run page, so none of them can say otherwise than another.
+
+A baselines document (`eval/baselines.json`, the record's `baselines`) names the rule that judges it in `judged_by`:
+the metric, its goal (`max` or `min`) and the baseline it is compared with. Documents written before it said so are
+judged by the rule of the baselines they hold (a logistic regression by accuracy, a byte bigram by bits per byte); a
+document neither names nor holds is `unknown`, never a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+# the rules of documents written before `judged_by`, by the baseline they hold
+LEGACY_RULES = ({"baseline": "bigram", "metric": "bits_per_byte", "goal": "min"},
+                {"baseline": "logistic_regression", "metric": "accuracy", "goal": "max"})
+
+
+@dataclass(frozen=True)
+class Judgement:
+    status: str  # "beats", "does_not_beat", "missing" (no metrics or no baselines), "unknown" (no rule judges them)
+    detail: str
+    metric: Optional[str] = None
+    goal: Optional[str] = None
+    value: Optional[float] = None
+    baseline: Optional[str] = None
+    baseline_value: Optional[float] = None
+    margin: float = 0.0
+
+    @property
+    def warning(self) -> Optional[str]:
+        """The line a run logs and a report shows when the model does not beat its baseline."""
+        if self.status != "does_not_beat":
+            return None
+        relation = "above" if self.goal == "max" else "below"
+        return (f"the model's {self.metric} {self.value:.4f} is not {self.margin:g} {relation} the {self.baseline} baseline's "
+                f"{self.baseline_value:.4f} (eval.baseline_margin)")
+
+
+def rule_of(baselines: Mapping[str, Any]) -> Optional[dict[str, str]]:
+    """The rule that judges a baselines document: the one it names, else the legacy rule of the baselines it holds."""
+    named = baselines.get("judged_by")
+    if isinstance(named, Mapping) and named.get("goal") in ("max", "min") and isinstance(named.get("metric"), str) \
+            and isinstance(named.get("baseline"), str):
+        return {"metric": named["metric"], "goal": named["goal"], "baseline": named["baseline"]}
+    found = baselines.get("results")
+    results: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    return next((dict(rule) for rule in LEGACY_RULES if isinstance(results.get(rule["baseline"]), Mapping)), None)
+
+
+def judge(metrics: Optional[Mapping[str, Any]], baselines: Optional[Mapping[str, Any]]) -> Judgement:
+    """The judgement of `metrics` (one split's) against `baselines`, by the document's rule and margin."""
+    if not metrics or not baselines:
+        return Judgement("missing", "no test metrics" if not metrics else "no baselines")
+    rule = rule_of(baselines)
+    if rule is None:
+        return Judgement("unknown", "the baselines name no rule that judges them (judged_by), and hold none veritrain knows")
+    margin = baselines.get("margin", 0.0)
+    margin = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) else 0.0
+    found = metrics.get(rule["metric"])
+    recorded = ((baselines.get("results") or {}).get(rule["baseline"]) or {}).get(rule["metric"])
+    if not isinstance(found, (int, float)) or not isinstance(recorded, (int, float)) or not _number(found) or not _number(recorded):
+        return Judgement("unknown", f"the {rule['metric']} of the model or of the {rule['baseline']} baseline is not recorded",
+                         rule["metric"], rule["goal"], baseline=rule["baseline"], margin=margin)
+    value, reference = float(found), float(recorded)
+    beats = value >= reference + margin if rule["goal"] == "max" else value <= reference - margin
+    return Judgement("beats" if beats else "does_not_beat", f"{rule['metric']} {value:.4f} vs {rule['baseline']} {reference:.4f}"
+                     + (f" (margin {margin:g})" if margin else ""), rule["metric"], rule["goal"], value, rule["baseline"], reference, margin)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
