@@ -159,7 +159,9 @@ def test_an_audit_that_cannot_be_exact_here_exits_2_naming_the_difference(honest
     from veritrain.core.errors import UserError
     from veritrain.records.workspace import Workspace
 
-    monkeypatch.setattr(audit.platform, "python_version", lambda: "3.99.0")
+    from veritrain.trust import assessment
+
+    monkeypatch.setattr(assessment.platform, "python_version", lambda: "3.99.0")  # the one replayability check, audit's and check's
     with pytest.raises(UserError, match=r"python \S+ recorded, 3\.99\.0 here"):
         audit.run(Workspace.open(honest.parent.parent), honest.name, segments=1)
 

@@ -123,7 +123,7 @@ def test_a_run_has_the_smoke_test_baselines_bad_cases_samples_and_an_export_that
     assert export["architecture"]["config"]["context"] == 64 and export["input"]["dtype"] == "int64"
     rows = {row["id"]: row for row in veritrain("check", run_dir.name, "--json", cwd=root).json()["items"]}
     assert rows["bad_cases"]["status"] == "pass" and rows["normalization_from_train"]["status"] == "n/a"
-    assert rows["beats_baseline"]["detail"].startswith("bits per byte ") and "byte bigram" in rows["beats_baseline"]["detail"]
+    assert rows["beats_baseline"]["detail"].startswith("bits_per_byte ") and "vs bigram" in rows["beats_baseline"]["detail"]
     assert veritrain("verify", run_dir.name, cwd=root).code == 0
 
 

@@ -71,9 +71,10 @@ def reseal(run_dir: Path, workdir: Path) -> str:
 
 
 def verified(run_dir: Path, workdir: Path, public_key: bytes | None = None) -> dict:
+    from veritrain.trust.policy import Policy
     from veritrain.trust.verify import verify_run
 
-    return verify_run(run_dir, workdir / ".veritrain", rehash_data=False, check_states=False, public_key=public_key)
+    return verify_run(run_dir, workdir / ".veritrain", Policy(public_key=public_key), rehash_data=False, check_states=False)
 
 
 def kinds(result: dict) -> list[str]:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from veritrain.trust.policy import Policy
+
 from veritrain.trust.verify import verify_run
 
 
@@ -53,10 +55,13 @@ def test_untouched_run_verifies(cli, sealed):
     assert "data: 1,797 raw samples hash as recorded" in result.stderr and "writing" not in result.stderr
     from veritrain.records import verdicts
 
-    kept = verdicts.latest(run_dir, workdir / ".veritrain")  # verify keeps its verdict in the workspace, not in the run
+    kept = verdicts.latest(run_dir, workdir / ".veritrain")  # verify keeps its verdict outside the run and the workspace
     assert kept["ok"] is True and kept["seal"] == seal and kept["expect"] == seal and kept["stale"] is False
     assert kept["verified_at"] == payload["verified_at"] and not (run_dir / "verdicts").exists()
-    assert verdicts.path_of(workdir / ".veritrain", run_dir.name) == workdir / ".veritrain" / "verdicts" / f"{run_dir.name}.json"
+    import os
+
+    assert verdicts.path_of(workdir / ".veritrain", run_dir.name).is_relative_to(Path(os.environ["XDG_STATE_HOME"]) / "veritrain" / "verdicts")
+    assert not (workdir / ".veritrain" / "verdicts").exists()
 
 
 def test_a_kept_verdict_is_stale_once_the_seal_or_a_file_it_covered_changes(damageable_data_version):
@@ -102,7 +107,7 @@ def test_verify_answers_when_its_verdict_cannot_be_kept(copy_of, monkeypatch):
         raise OSError(30, "Read-only file system", str(path))
 
     monkeypatch.setattr(verdicts, "write_atomic", read_only)
-    result = verify_and_keep(run_dir, workdir / ".veritrain", expect=seal)
+    result = verify_and_keep(run_dir, workdir / ".veritrain", Policy(expect=seal))
     assert result["ok"] and result["seal"] == seal
     assert verdicts.latest(run_dir, workdir / ".veritrain") is None
 
@@ -160,7 +165,7 @@ def test_rewritten_seal_is_caught_only_against_the_published_one(copy_of):
     assert [p["kind"] for p in stale["problems"]] == ["provenance_stale"]
     restate(run_dir, record, hashlib.sha256(data).hexdigest())
     assert verify_run(run_dir, workdir / ".veritrain", rehash_data=False)["ok"]  # a consistent forgery: only a signature or the published seal stops it
-    result = verify_run(run_dir, workdir / ".veritrain", expect=seal, rehash_data=False)
+    result = verify_run(run_dir, workdir / ".veritrain", Policy(expect=seal), rehash_data=False)
     assert not result["ok"] and result["problems"][0]["kind"] == "seal_differs_from_expected"
 
 
@@ -185,7 +190,7 @@ def test_environment_drift_fails_only_with_strict(copy_of):
     restate(run_dir, record, hashlib.sha256(data).hexdigest())
     relaxed = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
     assert relaxed["ok"] and {"what": "env.python", "recorded": "2.7.18", "now": relaxed["drift"][0]["now"]} in relaxed["drift"]
-    assert not verify_run(run_dir, workdir / ".veritrain", strict=True, rehash_data=False)["ok"]
+    assert not verify_run(run_dir, workdir / ".veritrain", Policy(strict=True), rehash_data=False)["ok"]
 
 
 def test_reproduce_is_identical(cli, sealed):

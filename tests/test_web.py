@@ -613,9 +613,9 @@ def test_runs_of_an_outside_checkpoint_are_marked(raw_run, tmp_path):
     assert "not from the audited training" not in client.get(f"/runs/{parent}").text
 
 
-def test_the_run_page_and_the_verify_button_say_an_amend_was_interrupted(site):
+def test_the_run_page_and_the_verify_button_say_an_amend_is_pending(site):
     """While an amend of a run is unfinished, the page says what `veritrain verify` says, and the button's verdict
-    says it judged the run as it was before the amend, as the CLI's last line does."""
+    fails as the CLI does: the journal is a workspace file, never taken on trust."""
     from veritrain.records.journal import folder_of
     from veritrain.web.server import create_app
 
@@ -625,9 +625,9 @@ def test_the_run_page_and_the_verify_button_say_an_amend_was_interrupted(site):
     try:
         client = TestClient(create_app(workspace), base_url=BASE)
         html = client.get(f"/runs/{run_id}").text
-        assert f"an amend of this run was interrupted (journal .veritrain/journal/{run_id}/)" in html
+        assert f"an amend of this run is pending (.veritrain/journal/{run_id}/)" in html
         result = _verify_in_browser(client, run_id)
-        assert result["ok"] and result["interrupted_amend"].startswith("an amend of this run was interrupted")
+        assert not result["ok"] and result["interrupted_amend"].startswith("an amend of this run is pending")
     finally:
         shutil.rmtree(journal)
     assert "interrupted-amend" not in TestClient(create_app(workspace), base_url=BASE).get(f"/runs/{run_id}").text

@@ -189,19 +189,34 @@ def runs_export(refs: tuple[str, ...], target: tuple[str, str], workdir: Optiona
 
 @click.command("gc")
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+@click.option("--drop-journal", "drop_journal", default=None, metavar="RUN",
+              help="Only remove the run's amend journal (.veritrain/journal/RUN/) without applying it, whatever it holds; the run stays "
+                   "as its files are now (check it with `veritrain verify RUN`). For a journal that was refused or is not to be trusted.")
 @workdir_option
 @json_option
-def gc_command(dry_run: bool, workdir: Optional[str], as_json: bool) -> int:
+def gc_command(dry_run: bool, drop_journal: Optional[str], workdir: Optional[str], as_json: bool) -> int:
     """Remove step checkpoints of completed runs (best/last and those kept for audit stay), data versions no run references
     and stale locks; runs that lose files are re-sealed with a `gc` event.
 
+    Interrupted amends are completed or rolled back first; a journal whose plan reaches outside its run, or is not one
+    veritrain wrote, stops gc (exit 1) before anything is changed: `--drop-journal RUN` removes it.
+
     \b
-    Example:
+    Examples:
       veritrain gc --dry-run
+      veritrain gc --drop-journal 20261129-1552
     """
     from veritrain.orchestration import housekeeping
     from veritrain.records.workspace import Workspace
 
+    if drop_journal is not None:
+        dropped = housekeeping.drop_journal(Workspace.open(workdir), drop_journal, dry_run)
+        if as_json:
+            emit_json(dropped)
+        run_id = dropped["dropped_journal"]
+        logs.report(f"{'would remove' if dry_run else 'removed'} the journal {dropped['removed'][0]} without applying it; "
+                    f"run {run_id} is as its files are now: check it with `veritrain verify {run_id}`")
+        return 0
     result = housekeeping.gc(Workspace.open(workdir), dry_run)
     if as_json:
         emit_json(result)

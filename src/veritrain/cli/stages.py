@@ -1,8 +1,8 @@
-"""The stages on a finished run (`eval`, `baseline`, `export`, `predict`) and the `smoke` test of a config."""
+"""The stages on a finished run (`eval`, `baseline`, `export`, `predict`, `generate`) and the `smoke` test of a config."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import click
 
@@ -11,6 +11,9 @@ from veritrain.cli.options import config_argument, json_option, set_option, trus
 from veritrain.cli.render import emit_json
 from veritrain.core import display
 from veritrain.core.errors import RunFailed, UserError
+
+if TYPE_CHECKING:
+    from veritrain.results.export import ExportFiles
 
 
 @click.command("eval")
@@ -123,26 +126,30 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
 @click.argument("ref", metavar="RUN|EXPORT_DIR")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 @click.option("--top", type=click.IntRange(min=1), default=1, show_default=True, help="How many classes to show per file.")
+@click.option("--public-key", "public_key", metavar="FILE",
+              help="Require the export's model.sig to be signed by this public key (PEM): unsigned, or signed by another key, "
+                   "fails (default: an export folder's signature is checked with the trusted keys and the local key pair).")
 @workdir_option
 @json_option
-def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optional[str], as_json: bool) -> int:
+def predict_command(ref: str, files: tuple[str, ...], top: int, public_key: Optional[str], workdir: Optional[str], as_json: bool) -> int:
     """Classify image files with an exported model (ONNX) and its recorded preprocessing.
 
-    A file that cannot be read or decoded gets its own error; the others are still predicted (exit 1
-    if any failed).
+    A run's export is used only as its record binds it: model.json must name exactly the record's export files,
+    and each file loaded must hash to the record's SHA-256 (exit 1 otherwise). An export folder on its own is
+    judged by its signature (model.sig): a line on stderr names the signer, or warns that it is unsigned or
+    signed by a key not known here; a signature that does not verify is exit 1. A file that cannot be read or
+    decoded gets its own error; the others are still predicted (exit 1 if any failed).
 
     \b
-    Example:
+    Examples:
       veritrain predict latest cat.png dog.jpg --top 3
+      veritrain predict downloaded/export digit.png --public-key maker.pub.pem
     """
-    from pathlib import Path
-
-    from veritrain.records.workspace import Workspace
     from veritrain.results import export
 
-    candidate = Path(ref)
-    base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref, "export")
-    results = export.predict(export.find_export(base), files, top)
+    opened = _export_of(ref, public_key, workdir)
+    results = export.predict(opened, files, top)
+    _say_signer(opened)
     if as_json:
         emit_json({"results": results})
     else:
@@ -161,29 +168,68 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, workdir: Optiona
 @click.option("--temperature", type=click.FloatRange(min=0.0), default=0.8, show_default=True,
               help="Logits are divided by this before sampling; 0 takes the most likely token.")
 @click.option("--top-k", "top_k", type=click.IntRange(min=1), default=None, help="Sample among the k most likely tokens only.")
+@click.option("--public-key", "public_key", metavar="FILE",
+              help="Require the export's model.sig to be signed by this public key (PEM): unsigned, or signed by another key, "
+                   "fails (default: an export folder's signature is checked with the trusted keys and the local key pair).")
 @workdir_option
 @json_option
-def generate_command(ref: str, prompt: str, tokens: int, seed: int, temperature: float, top_k: Optional[int], workdir: Optional[str],
-                     as_json: bool) -> int:
-    """Continue PROMPT with a language model's export (ONNX and its tokenizer, both checked against model.json).
+def generate_command(ref: str, prompt: str, tokens: int, seed: int, temperature: float, top_k: Optional[int], public_key: Optional[str],
+                     workdir: Optional[str], as_json: bool) -> int:
+    """Continue PROMPT with a language model's export (ONNX and its tokenizer, each hashed as it is read).
+
+    A run's export is used only as its record binds it (the record's export files, the tokenizer the run trained
+    with); an export folder on its own by its model.json, once its signature is checked, as `predict` does.
 
     \b
     Example:
       veritrain generate latest "The import statement" --tokens 80 --seed 1
     """
-    from pathlib import Path
+    from veritrain.results import generate
 
-    from veritrain.records.workspace import Workspace
-    from veritrain.results import export, generate
-
-    candidate = Path(ref)
-    base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref, "export")
-    result = generate.generate(export.find_export(base), prompt, tokens, seed, temperature, top_k)
+    opened = _export_of(ref, public_key, workdir)
+    result = generate.generate(opened, prompt, tokens, seed, temperature, top_k)
+    _say_signer(opened)
     if as_json:
         emit_json(result)
     else:
         click.echo(display.terminal_safe(result["prompt"] + result["text"]))
     return 0
+
+
+def _export_of(ref: str, public_key: Optional[str], workdir: Optional[str]) -> ExportFiles:
+    """The export RUN|EXPORT_DIR names, its files decided (veritrain.results.export.open_export): a folder holding
+    model.json or export/ is taken as it is (a run folder, or a run's export/, is still bound by its record), any
+    other RUN is looked up in the workspace (`latest`: the newest run with an export)."""
+    from pathlib import Path
+
+    from veritrain.records.workspace import Workspace
+    from veritrain.results import export
+
+    pem = _public_key(public_key) if public_key else None
+    candidate = Path(ref)
+    base = candidate if candidate.is_dir() and ((candidate / "model.json").exists() or (candidate / "export").is_dir()) else Workspace.open(workdir).resolve_run(ref, "export")
+    return export.open_export(base, pem)
+
+
+def _public_key(path: str) -> bytes:
+    """The PEM public key of --public-key; exit 2 when it cannot be read or is not one."""
+    from veritrain.trust.policy import read_public_key
+
+    return read_public_key(path)
+
+
+def _say_signer(opened: ExportFiles) -> None:
+    """The one line on who signed an export folder, said once its model has given its answers (so a failure stays
+    one line): the signer on stderr, or a warning when it is unsigned or signed by a key not known here."""
+    import logging
+
+    if opened.signer is None:
+        return
+    log = logging.getLogger("veritrain")
+    if opened.signer_known:
+        log.info("%s", opened.signer)
+    else:
+        log.warning("%s", opened.signer)
 
 
 @click.command("smoke")

@@ -198,10 +198,14 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     versions no run references, and stale locks; runs that lose files are re-sealed with a `gc` event and
     their trajectory's `kept` flags cleared for the step files removed, each as one journaled amend. Amends a kill
     interrupted are completed or rolled back first (veritrain.records.journal), and a data version is renamed to a temp
-    folder before it is deleted, so a killed gc never leaves half a version that later commands would trust."""
+    folder before it is deleted, so a killed gc never leaves half a version that later commands would trust.
+    A journal whose plan reaches outside its run (or is not one veritrain wrote) stops gc before it changes
+    anything, with or without `dry_run` (RunFailed naming the journal; `drop_journal` is the way out)."""
     from veritrain.trust.opening import refuse_unverified
 
-    if not dry_run:
+    if dry_run:
+        journal.check_all(workspace)  # what gc would refuse, it refuses here too
+    else:
         journal.recover_all(workspace)
 
     removed: list[str] = []
@@ -274,6 +278,24 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
                 removed.append(str(lock.relative_to(workspace.root)))
     return {"dry_run": dry_run, "removed": removed, "resealed": resealed, "bytes_freed": freed, "data_versions_kept_because": keep_data,
             "unverified": unverified}
+
+
+def drop_journal(workspace: Workspace, ref: str, dry_run: bool) -> dict[str, Any]:
+    """`veritrain gc --drop-journal RUN`: remove the run's amend journal without applying it (veritrain.records.journal.discard),
+    for a journal that is refused or not to be trusted; the run stays as its files are now. RUN is resolved as elsewhere
+    (id, unique prefix, `latest`, a run folder); a journal whose run folder is gone is named by its exact run id.
+    Returns gc's document with the journal in `removed` and the run in `dropped_journal`."""
+    run_id = ref if _journal_named(workspace, ref) else workspace.resolve_run(ref).name
+    shown = journal.discard(workspace, run_id, dry_run)
+    return {"dry_run": dry_run, "removed": [shown], "resealed": [], "bytes_freed": 0, "data_versions_kept_because": None,
+            "unverified": [], "dropped_journal": run_id}
+
+
+def _journal_named(workspace: Workspace, ref: str) -> bool:
+    """Whether `ref` is exactly the run id of a journal of the workspace (a plain name: no folder, nothing hidden)."""
+    if not ref or "/" in ref or "\\" in ref or ref.startswith("."):
+        return False
+    return os.path.lexists(journal.folder_of(workspace.state_dir, ref))
 
 
 def data_order(opened: Any, first: int, last: int) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""The last verify verdict of each run, kept in the workspace: `.veritrain/verdicts/<run_id>.json`.
+"""The last verify verdict of each run, kept in the user's state folder (`~/.local/state/veritrain/verdicts/<workspace>/
+<run_id>.json`, veritrain.core.user_dirs), never in the workspace: a verdict planted by whoever controls the
+workspace must not show a forged run as verified.
 
 A verdict is what `verify_run` answered, when, for which seal, and a fingerprint of what it covered (every
 file of the run, of its data version and of its raw data: path, size and mtime_ns, never a hash). The run
@@ -20,12 +22,17 @@ from typing import Any, Optional
 from veritrain.core.files import write_atomic
 from veritrain.records.record import NOTES_FILE, RECORD_FILE, now_iso
 
-VERDICTS_DIR = "verdicts"  # under the workspace's state folder (.veritrain/)
+VERDICTS_DIR = "verdicts"  # under the user's state folder, one folder per workspace
 Entry = tuple[str, int, int]  # (path relative to its section's root, size in bytes, mtime_ns)
 
 
 def path_of(state_dir: Path, run_id: str) -> Path:
-    return state_dir / VERDICTS_DIR / f"{run_id}.json"
+    """Where the verdict of the workspace's run (`state_dir`: the workspace's .veritrain/) is kept: below the user's
+    state folder, in a folder named by the SHA-256 of the workspace's resolved path."""
+    from veritrain.core.user_dirs import state_dir as user_state
+
+    workspace = hashlib.sha256(str(state_dir.parent.resolve()).encode()).hexdigest()[:32]
+    return user_state() / VERDICTS_DIR / workspace / f"{run_id}.json"
 
 
 def fingerprint(run_dir: Path, state_dir: Path) -> dict[str, Any]:
@@ -51,7 +58,8 @@ def store(run_dir: Path, state_dir: Path, result: dict[str, Any], covered: dict[
     fingerprint taken before that verify began, so a file changed while it ran makes the verdict stale."""
     verdict = {"run_id": run_dir.name, "verified_at": verified_at or now_iso(), "seal": result.get("seal"), "ok": bool(result.get("ok")),
                "problems": result.get("problems") or [], "drift": result.get("drift") or [], "expect": expect, "strict": strict,
-               "fingerprint": covered}
+               "fingerprint": covered, "format": result.get("format"), "signer": result.get("signer"),
+               "not_checked": result.get("not_checked") or []}
     path = path_of(state_dir, run_dir.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(verdict, indent=1, sort_keys=True, default=str) + "\n").encode())

@@ -13,14 +13,17 @@ model.json in their own metadata, so each is usable on its own.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import stat
 import struct
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
@@ -35,7 +38,9 @@ if TYPE_CHECKING:
     import torch
 
     from veritrain.core.config import ModelConfig, RunConfig
+    from veritrain.core.trusted_keys import TrustedKeys
     from veritrain.data.identity import DataVersion
+    from veritrain.records.record import Record
     from veritrain.tasks import Task
 
 log = logging.getLogger("veritrain")
@@ -445,12 +450,14 @@ def check_parity(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.
     return parity
 
 
-def onnx_logits(path: Path, inputs: np.ndarray) -> np.ndarray:
+def onnx_logits(model: Path | bytes, inputs: np.ndarray) -> np.ndarray:
+    """The ONNX model's first output for `inputs`; `model` is its file, or its bytes as read and hashed by the caller
+    (what runs is then exactly what was checked, whatever the file holds by now)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 4  # fatal only: an error is raised with its message, and is not also logged on stderr
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"])
     run_options = onnxruntime.RunOptions()
     run_options.log_severity_level = 4
     # typed as any output kind (sparse, sequence, map); the model's one output is a dense tensor, an ndarray
@@ -458,7 +465,7 @@ def onnx_logits(path: Path, inputs: np.ndarray) -> np.ndarray:
     return cast(np.ndarray, session.run(None, {session.get_inputs()[0].name: fed}, run_options)[0])
 
 
-# ---------------------------------------------------------------- predict
+# ---------------------------------------------------------------- export folders
 
 
 class NotRegularFile(OSError):
@@ -484,6 +491,386 @@ def find_export(ref_dir: Path) -> Path:
     raise UserError(f"{ref_dir}: no exported model (model.json) here or in its export/; run `veritrain export` first")
 
 
+# ---------------------------------------------------------------- which files of an export may be loaded
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")  # a file of the export folder itself, never a path
+
+
+@dataclass(frozen=True)
+class ExportFiles:
+    """An export folder that predict and generate load a model from, and the SHA-256 each file they may load must have,
+    decided before anything is loaded: for a run by its sealed record (`export_files_of_run`), for a folder on its own
+    by its model.json once its signature is checked (`export_files_of_folder`). `read` hashes the very bytes it
+    returns, so what is loaded is what was decided, whatever the disk holds by then."""
+
+    folder: Path
+    description: dict[str, Any]  # model.json as read; its bytes hash to sha256["model.json"]
+    sha256: Mapping[str, str]  # file name in the folder → the SHA-256 its bytes must have
+    run_dir: Optional[Path] = None  # the run whose record decided the hashes; None: the folder's own model.json did
+    signer: Optional[str] = None  # the line that says who signed the folder; None when not asked (a run, no --public-key)
+    signer_known: bool = False  # a key known here signed it; else `signer` is a warning
+
+    @property
+    def model_files(self) -> dict[str, Path]:
+        """format → model file, as model.json names them (a run's: the record's export files, checked equal)."""
+        files = self.description.get("files")
+        return {name: self.folder / entry["file"] for name, entry in (files.items() if isinstance(files, dict) else ())
+                if isinstance(entry, dict) and entry.get("file") in self.sha256}
+
+    def read(self, name: str, what: str = "file") -> bytes:
+        """The bytes of the folder's file `name`, read once and hashed here: RunFailed unless they hash to the SHA-256
+        decided for it (a cache, or a hash taken before, would let a file swapped since then be loaded unchecked).
+        `what` (model, tokenizer) names the file in the message."""
+        path = self.folder / name
+        source = "model.json records" if self.run_dir is None else "the run's record lists"
+        fix = ("restore the export, or export the run again" if self.run_dir is None else
+               f"export the run again with `veritrain export {self.run_dir.name}` (`veritrain verify {self.run_dir.name}` names what changed)")
+        expected = self.sha256.get(name)
+        if expected is None:
+            binder = "model.json" if self.run_dir is None else "the run's record"
+            raise RunFailed(f"{path}: {binder} gives no SHA-256 for it, so it is not loaded; {fix}")
+        try:
+            refuse_non_regular(path)
+            data = path.read_bytes()
+        except NotRegularFile as err:
+            raise RunFailed(f"{path}: {err}; {fix}") from None
+        except FileNotFoundError:
+            raise RunFailed(f"{path}: missing; {source} it as the {what} (sha256 {expected[:12]}); {fix}") from None
+        except OSError as err:
+            raise RunFailed(f"{path}: cannot read it ({err.strerror}); {fix}") from None
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != expected:
+            raise RunFailed(f"{path}: the {what} hashes to {actual[:12]}, but {source} {expected[:12]}; {fix}")
+        return data
+
+
+def open_export(path: Path, public_key: Optional[bytes] = None) -> ExportFiles:
+    """The export `path` names, with the files it may load decided: a run folder, or a run's export/ folder, is bound by
+    its sealed record (`export_files_of_run`); any other folder holding model.json (or an export/ holding one) is an
+    export on its own, judged by its signature (`export_files_of_folder`). `public_key` (PEM): the key that must have
+    signed the folder's model.sig, a run's export included."""
+    run_dir = _run_of(path)
+    if run_dir is None:
+        return export_files_of_folder(find_export(path), public_key)
+    if not (run_dir / "export" / "model.json").exists():
+        raise UserError(f"{run_dir}: no exported model (export/model.json); run `veritrain export {run_dir.name}` first")
+    opened = export_files_of_run(run_dir, _sealed_record(run_dir))
+    if public_key is None:
+        return opened  # the record binds every file; `veritrain verify` checks the signature
+    line, known = _signer(opened.folder, opened.sha256["model.json"], public_key)
+    return ExportFiles(opened.folder, opened.description, opened.sha256, run_dir, line, known)
+
+
+def _run_of(path: Path) -> Optional[Path]:
+    """The run folder `path` is, or whose export/ it is; None for a folder outside any run."""
+    resolved = path.resolve()
+    if (resolved / "record.json").is_file():
+        return resolved
+    if resolved.name == "export" and (resolved / "model.json").exists() and (resolved.parent / "record.json").is_file():
+        return resolved.parent
+    return None
+
+
+def _sealed_record(run_dir: Path) -> Record:
+    """The run's record, read once record.json is found to hash to its seal: the record decides what may be loaded."""
+    from veritrain.records.record import RECORD_FILE, SEAL_FILE, read_record
+
+    try:
+        refuse_non_regular(run_dir / RECORD_FILE)
+        seal = (run_dir / SEAL_FILE).read_text(encoding="ascii").strip()
+        actual = sha256_file(run_dir / RECORD_FILE)
+    except (OSError, UnicodeDecodeError) as err:
+        raise RunFailed(f"{run_dir}: cannot read the run's record and its seal ({getattr(err, 'strerror', None) or err}); "
+                        f"`veritrain verify {run_dir.name}` checks the whole run") from None
+    if actual != seal:
+        raise RunFailed(f"{run_dir / RECORD_FILE}: does not hash to the run's seal ({SEAL_FILE}); `veritrain verify {run_dir.name}` names what changed")
+    return read_record(run_dir)
+
+
+def export_files_of_run(run_dir: Path, record: Mapping[str, Any]) -> ExportFiles:
+    """The export of a run as its record binds it: the one check of every command that loads a run's exported model.
+    model.json must be the file the record lists (its SHA-256 in `artifacts`) and name exactly the record's export
+    files (`export.files`: each format, file and SHA-256, the files the parity check certified), each listed with that
+    SHA-256 in `artifacts`; a tokenizer it names must be listed there too and be the one the run trained with. So a
+    second model added to export/ and named in model.json is refused even when the record was sealed again over both:
+    the record's export section still names the certified file. RunFailed names the file that differs and the fix."""
+    folder = run_dir / "export"
+    fix = f"export the run again with `veritrain export {run_dir.name}`"
+    exported = (record.get("export") or {}).get("files")
+    artifacts = record.get("artifacts") or {}
+    if not isinstance(exported, Mapping) or not exported:
+        raise RunFailed(f"{run_dir / 'record.json'}: the record names no exported model files; {fix}")
+    data = _model_json_bytes(folder)
+    actual = hashlib.sha256(data).hexdigest()
+    listed = _listed_sha256(artifacts, "model.json")
+    if actual != listed:
+        raise RunFailed(f"{folder / 'model.json'}: hashes to {actual[:12]}, but the run's record lists {str(listed)[:12]}; "
+                        f"restore it (`veritrain verify {run_dir.name}` names what changed) or {fix}")
+    description = _parsed_model_json(folder / "model.json", data)
+    files, preprocessing = description.get("files"), description.get("preprocessing")
+    named: dict[str, Any] = files if isinstance(files, dict) else {}
+    hashes = {"model.json": actual}
+    for fmt in sorted(set(named) | set(exported)):
+        hashes.update(_bound_model_file(run_dir, fmt, named.get(fmt), exported.get(fmt), artifacts, fix))
+    tokenizer = preprocessing.get("tokenizer") if isinstance(preprocessing, dict) else None
+    if tokenizer is not None:
+        hashes.update(_bound_tokenizer(run_dir, tokenizer, record, artifacts, fix))
+    return ExportFiles(folder, description, hashes, run_dir)
+
+
+def _bound_model_file(run_dir: Path, fmt: str, named: Any, exported: Any, artifacts: Mapping[str, Any], fix: str) -> dict[str, str]:
+    """{file: SHA-256} of the one model file of format `fmt`, when model.json (`named`), the record's export section
+    (`exported`) and its artifacts agree on it; else RunFailed saying which file differs."""
+    folder = run_dir / "export"
+    ours = (named.get("file"), named.get("sha256")) if isinstance(named, dict) else (None, None)
+    theirs = (exported.get("file"), exported.get("sha256")) if isinstance(exported, Mapping) else (None, None)
+    shown = folder / ours[0] if isinstance(ours[0], str) and PLAIN_NAME.fullmatch(ours[0]) else folder / "model.json"
+    if theirs[0] is None:
+        raise RunFailed(f"{shown}: model.json names it as the {fmt} model, but the run's record exports no {fmt} file; {fix}")
+    if not (isinstance(theirs[0], str) and PLAIN_NAME.fullmatch(theirs[0]) and isinstance(theirs[1], str)):
+        raise RunFailed(f"{run_dir / 'record.json'}: export.files.{fmt} is not a file of export/ and its SHA-256; {fix}")
+    if ours[0] is None:
+        raise RunFailed(f"{folder / 'model.json'}: names no {fmt} file, but the run's record exports {theirs[0]}; {fix}")
+    if ours != theirs:
+        raise RunFailed(f"{shown}: model.json names it as the {fmt} model (sha256 {str(ours[1])[:12]}), but the run's record exports "
+                        f"{theirs[0]} (sha256 {theirs[1][:12]}), the file its parity check certified; {fix}")
+    listed = _listed_sha256(artifacts, theirs[0])
+    if listed != theirs[1]:
+        raise RunFailed(f"{folder / theirs[0]}: the run's record exports it with sha256 {theirs[1][:12]}, but its file list "
+                        f"{'has ' + listed[:12] if listed else 'does not list it'}; {fix}")
+    return {theirs[0]: theirs[1]}
+
+
+def _bound_tokenizer(run_dir: Path, tokenizer: Any, record: Mapping[str, Any], artifacts: Mapping[str, Any], fix: str) -> dict[str, str]:
+    """{file: SHA-256} of the tokenizer model.json names, when the record lists that file with that SHA-256 and the run
+    trained with it (the data version's tokenizer); else RunFailed."""
+    folder = run_dir / "export"
+    name, digest = (tokenizer.get("file"), tokenizer.get("sha256")) if isinstance(tokenizer, dict) else (None, None)
+    if not (isinstance(name, str) and PLAIN_NAME.fullmatch(name) and isinstance(digest, str)):
+        raise RunFailed(f"{folder / 'model.json'}: preprocessing.tokenizer is not a file of export/ and its SHA-256; {fix}")
+    trained = ((record.get("data") or {}).get("tokenizer") or {}).get("sha256")
+    if trained is not None and digest != trained:
+        raise RunFailed(f"{folder / name}: model.json names it as the tokenizer (sha256 {digest[:12]}), but the run trained with "
+                        f"tokenizer {str(trained)[:12]}; {fix}")
+    listed = _listed_sha256(artifacts, name)
+    if listed != digest:
+        raise RunFailed(f"{folder / name}: model.json names it as the tokenizer (sha256 {digest[:12]}), but the run's record "
+                        f"{'lists ' + listed[:12] if listed else 'does not list it'}; {fix}")
+    return {name: digest}
+
+
+def _listed_sha256(artifacts: Mapping[str, Any], name: str) -> Optional[str]:
+    """The SHA-256 the record's `artifacts` lists for export/`name`, or None."""
+    entry = artifacts.get(f"export/{name}")
+    digest = entry.get("sha256") if isinstance(entry, Mapping) else None
+    return digest if isinstance(digest, str) else None
+
+
+def export_files_of_folder(folder: Path, public_key: Optional[bytes] = None) -> ExportFiles:
+    """An export folder on its own (copied, downloaded, outside any run), where only the folder says what it holds:
+    every file its model.json names must be a file of the folder, the hashes model.json gives decide what may be
+    loaded, and model.sig says who made it (`_signer`: the line to show, or RunFailed when the signature does not
+    verify or the files are not as signed)."""
+    data = _model_json_bytes(folder)
+    description = _parsed_model_json(folder / "model.json", data)
+    hashes = {"model.json": hashlib.sha256(data).hexdigest(), **_named_files(folder, description)}
+    line, known = _signer(folder, hashes["model.json"], public_key)
+    return ExportFiles(folder, description, hashes, None, line, known)
+
+
+def _model_json_bytes(folder: Path) -> bytes:
+    """model.json's bytes, read once (the same bytes are hashed and parsed); refused unless a regular file."""
+    path = folder / "model.json"
+    try:
+        refuse_non_regular(path)
+        return path.read_bytes()
+    except NotRegularFile as err:
+        raise RunFailed(f"{path}: {err}; an export's model.json is a plain file, re-export the run") from None
+    except FileNotFoundError:
+        raise UserError(f"{folder}: no exported model (model.json) here; run `veritrain export` first") from None
+    except OSError as err:
+        raise RunFailed(f"{path}: cannot read it ({err.strerror})") from None
+
+
+def _parsed_model_json(path: Path, data: bytes) -> dict[str, Any]:
+    """model.json's bytes as a JSON object; RunFailed in one line for anything else (an export may come from anywhere)."""
+    try:
+        description = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # JSON or UTF-8, or nested past Python's limit
+        raise RunFailed(f"{path}: not an export's description ({str(err).splitlines()[0] if str(err) else type(err).__name__}); "
+                        "re-export the run") from None
+    if not isinstance(description, dict):
+        raise RunFailed(f"{path}: not an export's description (a JSON {type(description).__name__}, not an object); re-export the run")
+    return description
+
+
+def _named_files(folder: Path, description: Mapping[str, Any]) -> dict[str, str]:
+    """{file: SHA-256} of each file model.json gives a hash for; every file it names (model files, tokenizer, companions,
+    card, signature) must be a regular file of the folder, so model.json never points outside it or at nothing.
+    Entries of another shape are left to the reader of model.json, which says what is wrong with them."""
+    path = folder / "model.json"
+    named: list[tuple[str, Any, Any]] = []  # (where in model.json, file name, SHA-256 or None)
+    files = description.get("files")
+    for fmt, entry in (files.items() if isinstance(files, dict) else ()):
+        if isinstance(entry, dict):
+            named.append((f"files.{fmt}.file", entry.get("file"), entry.get("sha256")))
+    preprocessing = description.get("preprocessing")
+    tokenizer = preprocessing.get("tokenizer") if isinstance(preprocessing, dict) else None
+    if isinstance(tokenizer, dict):
+        named.append(("preprocessing.tokenizer.file", tokenizer.get("file"), tokenizer.get("sha256")))
+    for key in ("companions", "non_model_files"):
+        listed = description.get(key)
+        named += [(f"{key}.{i}", name, None) for i, name in enumerate(listed if isinstance(listed, list) else [])]
+    hashes: dict[str, str] = {}
+    for where, name, digest in named:
+        if not isinstance(name, str):
+            continue
+        if not PLAIN_NAME.fullmatch(name) or name in (".", ".."):
+            raise RunFailed(f"{path}: {where}: {name[:120]!r} is not a file of this folder; an export names only its own files, re-export the run")
+        try:
+            refuse_non_regular(folder / name)
+        except NotRegularFile as err:
+            raise RunFailed(f"{folder / name}: {err}; model.json names it ({where}), re-export the run") from None
+        except OSError:
+            raise RunFailed(f"{folder / name}: missing; model.json names it ({where}): restore it, or export the run again") from None
+        if isinstance(digest, str):
+            if hashes.setdefault(name, digest) != digest:
+                raise RunFailed(f"{path}: gives {name} two different SHA-256s; re-export the run")
+    return hashes
+
+
+def _signer(folder: Path, model_json_sha256: str, given: Optional[bytes]) -> tuple[str, bool]:
+    """(the line that says who signed `folder`, whether a key known here did). The keys tried: `given` (--public-key)
+    alone, else the PEM entries of the trusted-keys file and the local key pair; only the key the signature names is
+    tried. No model.sig, or a key not known here whose statement still matches every file, is a warning: the folder
+    is used. A signature that does not verify with the key it names, files not as signed, or (with `given`) no
+    signature by that key, is RunFailed."""
+    from veritrain.core import signing_keys, trusted_keys
+
+    signature = folder / SIGNATURE_FILE
+    again = "get the export again from its maker"
+    if not (signature.exists() or signature.is_symlink()):
+        if given is not None:
+            raise RunFailed(f"{folder}: unsigned (no {SIGNATURE_FILE}), but --public-key asks for a signature by that key; {again}")
+        return (f"{folder}: unsigned: no {SIGNATURE_FILE} says who made this export or that its files are as made; "
+                "give its RUN to have them checked against the run's record, or ask its maker for a signed export"), False
+    _refuse_special_files(folder)
+    signed = _signed_files(folder)
+    trusted = trusted_keys.load()
+    keys = [("the key given with --public-key", given)] if given is not None else _known_keys(trusted)
+    try:
+        claimed = _claimed_key(signature)
+        for name, pem in keys:
+            if claimed is not None and _key_hint(pem) != claimed:
+                continue
+            problem = _verify_signature(folder, pem)
+            if problem is None:
+                _same_model_json(folder, signed, model_json_sha256)
+                fingerprint = signing_keys.public_key_fingerprint(pem)
+                listed = trusted.named(fingerprint)
+                return f"{folder}: signed by {listed.name if listed else name}, key {fingerprint[:16]}; its files are as signed", True
+            if claimed is not None or given is not None:
+                raise RunFailed(f"{problem}; {again}")
+    except UserError as err:  # model-signing is not installed here
+        if given is not None:
+            raise
+        return f"{folder}: signed, but the signature is not checked here: {err}", False
+    if given is not None:
+        raise RunFailed(f"{signature}: signed with another key than the one given with --public-key; {again}")
+    differences = _differences(signed, folder)
+    if differences:
+        raise RunFailed(f"{signature}: the folder is not as signed: {differences}; {again}")
+    _same_model_json(folder, signed, model_json_sha256)
+    return (f"{folder}: signed by a key not known here: its files are as signed, but nothing here says whose key it is; "
+            f"give it with --public-key FILE or list it in {trusted_keys.default_path()}"), False
+
+
+def _known_keys(trusted: TrustedKeys) -> list[tuple[str, bytes]]:
+    """(name, public key PEM) of the keys known here: the PEM entries of the trusted-keys file, then the local key
+    pair's public key when it is not one of them."""
+    from veritrain.core import signing_keys
+
+    keys = [(key.name, key.pem) for key in trusted.keys if key.pem is not None]
+    try:
+        local = signing_keys.public_path(signing_keys.key_path()).read_bytes()
+        fingerprint = signing_keys.public_key_fingerprint(local)
+        listed = {signing_keys.public_key_fingerprint(pem) for _, pem in keys}
+    except (OSError, ValueError, TypeError, UserError):
+        return keys
+    return keys if fingerprint in listed else [*keys, ("the local key pair", local)]
+
+
+def _signed_files(folder: Path) -> dict[str, str]:
+    """file → SHA-256 as model.sig states them (read, not yet verified); RunFailed for a malformed signature."""
+    from veritrain.results import export_signing
+
+    try:
+        return export_signing.signed_files(folder)
+    except ValueError as err:
+        raise RunFailed(f"{err}; get the export again from its maker") from None
+
+
+def _same_model_json(folder: Path, signed: Mapping[str, str], model_json_sha256: str) -> None:
+    """The model.json read before the folder was checked is the one it signs: it did not change in between."""
+    if signed.get("model.json") != model_json_sha256:
+        raise RunFailed(f"{folder / 'model.json'}: changed while the export was checked (not the model.json {SIGNATURE_FILE} signs); "
+                        "run the command again")
+
+
+def _verify_signature(folder: Path, pem: bytes) -> Optional[str]:
+    from veritrain.results import export_signing
+
+    return export_signing.verify(folder, pem)
+
+
+def _claimed_key(signature: Path) -> Optional[str]:
+    """The key hint a model.sig carries (model-signing writes the SHA-256 of the signer's public key PEM), or None."""
+    try:
+        hint = json.loads(signature.read_text(encoding="utf-8"))["verificationMaterial"]["publicKey"]["hint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return hint if isinstance(hint, str) and hint else None
+
+
+def _key_hint(pem: bytes) -> Optional[str]:
+    """The hint model-signing would write for this public key: the SHA-256 of its PEM as the cryptography package
+    writes it (so a PEM with other line breaks gives the same hint)."""
+    try:
+        from cryptography.hazmat.primitives import serialization
+
+        key = serialization.load_pem_public_key(pem)
+    except (ImportError, ValueError, TypeError):
+        return None
+    return hashlib.sha256(key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)).hexdigest()
+
+
+def _refuse_special_files(folder: Path) -> None:
+    """Every entry of the folder a regular file or a folder, checked before a signature check reads them all (a FIFO
+    would make it wait forever)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        try:
+            refuse_non_regular(path)
+        except NotRegularFile as err:
+            raise RunFailed(f"{path}: {err}; an export folder holds plain files only") from None
+        except OSError:
+            raise RunFailed(f"{path}: a link to nothing; an export folder holds plain files only") from None
+
+
+def _differences(signed: Mapping[str, str], folder: Path) -> str:
+    """The files changed, added and missing since model.sig listed them, in one phrase ("" when none)."""
+    now = {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*"))
+           if p.is_file() and p.relative_to(folder).as_posix() != SIGNATURE_FILE}
+    parts = [f"{what} {', '.join(names)}" for what, names in (
+        ("changed", sorted(n for n in signed.keys() & now.keys() if signed[n] != now[n])),
+        ("added", sorted(now.keys() - signed.keys())),
+        ("missing", sorted(signed.keys() - now.keys()))) if names]
+    return "; ".join(parts)
+
+# ---------------------------------------------------------------- predict
+
+
 def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
     """Decode one image file and apply the recorded preprocessing; returns C×H×W float32."""
     from PIL import Image, ImageFile
@@ -504,9 +891,9 @@ def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
     return array.transpose(2, 0, 1).astype(np.float32)
 
 
-def read_description(export_dir: Path) -> dict[str, Any]:
-    """model.json of an export predict can use, checked first: an export folder may come from anywhere,
-    so a malformed one is one line (exit 1), and its ONNX file must be a file of this folder."""
+def read_description(opened: ExportFiles) -> dict[str, Any]:
+    """model.json of an export predict can use (as `open_export` read it), checked first: an export folder may come
+    from anywhere, so a malformed one is one line (exit 1), and its ONNX file must be a file of this folder."""
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
     class _Loose(BaseModel):
@@ -528,19 +915,14 @@ def read_description(export_dir: Path) -> dict[str, Any]:
         preprocessing: dict[str, Any]
         files: Files
 
-    path = export_dir / "model.json"
+    path, description = opened.folder / "model.json", opened.description
+    if description.get("task") == "lm":
+        shown = opened.run_dir or opened.folder
+        raise UserError(f"{shown}: a language model's export classifies nothing; continue a text with "
+                        f"`veritrain generate {shown} \"PROMPT\"`")
     try:
-        refuse_non_regular(path)
-        description = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(description, dict) and description.get("task") == "lm":
-            raise UserError(f"{export_dir}: a language model's export classifies nothing; continue a text with "
-                            f"`veritrain generate {export_dir} \"PROMPT\"`")
         Description.model_validate(description)
-    except NotRegularFile as err:
-        raise RunFailed(f"{path}: {err}; an export's model.json is a plain file, re-export the run") from None
-    except OSError as err:
-        raise RunFailed(f"{path}: cannot read it ({err.strerror})") from None
-    except (ValueError, RecursionError) as err:  # JSON, UTF-8 or the shape (ValidationError is a ValueError)
+    except (ValueError, RecursionError) as err:  # the shape (ValidationError is a ValueError)
         detail = err.errors(include_url=False)[0] if isinstance(err, ValidationError) else None
         where = f"{'.'.join(map(str, detail['loc']))}: {detail['msg']}" if detail else str(err).splitlines()[0]
         raise RunFailed(f"{path}: not an export's description ({where}); re-export the run") from None
@@ -556,13 +938,13 @@ def read_description(export_dir: Path) -> dict[str, Any]:
     return description
 
 
-def refuse_external_data(onnx_path: Path) -> None:
+def refuse_external_data(onnx_path: Path, data: Optional[bytes] = None) -> None:
     """An exported model is one self-contained file: tensors stored elsewhere would make onnxruntime
-    open files the seal does not cover, so such a model is refused."""
+    open files the seal does not cover, so such a model is refused. `data`: the file's bytes, when read already."""
     import onnx
 
     try:
-        model = onnx.load(str(onnx_path), load_external_data=False)
+        model = onnx.load_model_from_string(data) if data is not None else onnx.load(str(onnx_path), load_external_data=False)
     except Exception as err:  # protobuf's decode errors have no common public base class
         raise RunFailed(f"{onnx_path}: not a readable ONNX model ({err.__class__.__name__}); re-export the run") from None
     def tensors(graph):  # initializers and tensor attributes, subgraphs (If, Loop, Scan) included
@@ -578,17 +960,19 @@ def refuse_external_data(onnx_path: Path) -> None:
         raise RunFailed(f"{onnx_path}: refers to tensors in other files; predict runs only self-contained ONNX files, re-export the run")
 
 
-def predict(export_dir: Path, files: Sequence[str], top: int = 1) -> list[dict[str, Any]]:
-    """Class names and probabilities for each file with the exported ONNX model; a file that cannot
-    be read or decoded gets an error and the others are still predicted. No code of the run is
-    imported: the ONNX file runs in onnxruntime, so predict needs no --trust-code."""
-    description = read_description(export_dir)
+def predict(export: Path | ExportFiles, files: Sequence[str], top: int = 1) -> list[dict[str, Any]]:
+    """Class names and probabilities for each file with the exported ONNX model of `export` (a folder is opened with
+    `open_export`: a run's export is bound by its record); a file that cannot be read or decoded gets an error and the
+    others are still predicted. The ONNX bytes run are the bytes hashed against the SHA-256 decided for them. No code
+    of the run is imported: the ONNX file runs in onnxruntime, so predict needs no --trust-code."""
+    opened = export if isinstance(export, ExportFiles) else open_export(export)
+    description = read_description(opened)
     onnx_file = description["files"].get("onnx")
     if onnx_file is None:
-        raise UserError(f"{export_dir}: no ONNX model in this export; export with --format onnx")
-    if not (export_dir / onnx_file["file"]).is_file() or sha256_file(export_dir / onnx_file["file"]) != onnx_file["sha256"]:
-        raise RunFailed(f"{export_dir / onnx_file['file']}: missing or does not match the hash in model.json; re-export the run")
-    refuse_external_data(export_dir / onnx_file["file"])
+        raise UserError(f"{opened.run_dir or opened.folder}: no ONNX model in this export; export with --format onnx")
+    onnx_path = opened.folder / onnx_file["file"]
+    model = opened.read(onnx_file["file"], "model")
+    refuse_external_data(onnx_path, model)
     classes = description["classes"]
     results: list[dict[str, Any]] = []
     batch, positions = [], []
@@ -604,7 +988,7 @@ def predict(export_dir: Path, files: Sequence[str], top: int = 1) -> list[dict[s
         except Exception as err:  # unreadable or not an image: report and go on
             results.append({"file": name, "ok": False, "top": [], "error": f"cannot decode as an image ({err.__class__.__name__}: {err})"})
     if batch:
-        logits = _predicted_logits(export_dir / onnx_file["file"], np.stack(batch), len(classes))
+        logits = _predicted_logits(onnx_path, np.stack(batch), len(classes), model)
         probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
         probabilities /= probabilities.sum(axis=1, keepdims=True)
         for i, row in zip(positions, probabilities):
@@ -613,12 +997,12 @@ def predict(export_dir: Path, files: Sequence[str], top: int = 1) -> list[dict[s
     return results
 
 
-def _predicted_logits(onnx_path: Path, inputs: np.ndarray, num_classes: int) -> np.ndarray:
-    """The model's outputs for `inputs` as float64 (N, classes); an ONNX file that onnxruntime cannot load or run (an
-    operator it does not know, an allocation it cannot make) or whose output is not one row of class scores per
-    input is one line (exit 1): an export folder may come from anywhere."""
+def _predicted_logits(onnx_path: Path, inputs: np.ndarray, num_classes: int, model: Optional[bytes] = None) -> np.ndarray:
+    """The model's outputs for `inputs` as float64 (N, classes), run from `model` (the file's checked bytes) or else the
+    file; an ONNX file that onnxruntime cannot load or run (an operator it does not know, an allocation it cannot make)
+    or whose output is not one row of class scores per input is one line (exit 1): an export folder may come from anywhere."""
     try:
-        logits = onnx_logits(onnx_path, inputs)
+        logits = onnx_logits(model if model is not None else onnx_path, inputs)
     except MemoryError:
         raise RunFailed(f"{onnx_path}: onnxruntime ran out of memory running it; predict fewer files at once, or re-export the run") from None
     except Exception as err:  # onnxruntime's errors (Fail, InvalidGraph, NotImplemented, RuntimeException) share no public base

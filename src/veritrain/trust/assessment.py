@@ -112,7 +112,7 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path) -> 
         return Replayability("n/a", f"{run}: the record has no trajectory to replay (a baseline run, a run of an outside checkpoint, one made "
                                     "before trajectories, or one stopped before its first checkpoint)")
     if replay.is_script_run(record):
-        why = replay.refusal(record, "audit")  # type: ignore[arg-type]
+        why = replay.refusal(record, "audit")
         if why:
             return Replayability("not_auditable", why, "make the run replayable (docs/api.md: guarantee levels) in a new run")
     blockers = intrinsic_blockers(record)

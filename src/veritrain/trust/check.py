@@ -62,7 +62,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     hashed once); else it is computed here and kept like the CLI's. `unverified`: why the caller has no fresh verdict
     and wants none computed (the run page): the `run_verifies` row is then `unknown`, saying so."""
     from veritrain.records.registry import read_notes
-    from veritrain.trust.assessment import assess, baseline_of, replayability
+    from veritrain.trust.assessment import baseline_of
 
     run = run_dir.name
     try:
@@ -140,23 +140,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     code = record.get("code") or {}
     rows["code_version"] = ("pass" if code.get("veritrain") else "missing", new_run,
                             f"veritrain {code.get('veritrain')}, git {str(code.get('git_commit') or 'not in git')[:12]}")
-    policy = policy or Policy()
-    if verified is None and unverified is not None:
-        rows["run_verifies"] = ("unknown", f"veritrain verify {run}", unverified)
-    else:
-        verified = assess(run_dir, state_dir, policy, verified=verified).verified
-        rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
-                                f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
-                                "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
-        if verified.get("interrupted_amend"):  # its files may be half switched: the journal finishes or rolls them back
-            rows["run_verifies"] = ("fail", f"veritrain gc (it completes or rolls back the amend), or veritrain gc --drop-journal {run}",
-                                    verified["interrupted_amend"])
-    rows["provenance_signed"] = _provenance_row(run, record, verified, policy)
-    rows["auditable"] = _auditable_row(replayability(run_dir, record, state_dir))
-    effective = ((verified or {}).get("format") or {}).get("effective", formats.declared(record))
-    rows["results_from_trajectory"] = _results_row(run, record, effective)
-    if effective >= 1 and rows["selection_on_validation"][2].startswith("not checked"):  # the format requires it: absent is a problem
-        rows["selection_on_validation"] = ("fail", new_run, f"the record is format {effective}, which says what selected what; its `selection` is missing")
+    rows.update(_trust_rows(run_dir, record, state_dir, verified, unverified, policy or Policy(), rows["selection_on_validation"], new_run))
 
     if failed:  # a new run that addresses the cause is the fix for every row the failure left open
         for row in ("smoke_passed", "baseline_present"):
@@ -191,8 +175,8 @@ SCRIPT_NOT_APPLICABLE = {
 
 
 def _script_rows(run_dir: Path, record: dict[str, Any], rows: dict[str, tuple[str, Optional[str], str]]) -> None:
-    """The rows of a script's run (veritrain.start): those that do not apply say n/a and why; the data row is its inputs,
-    the audit row its guarantee level (docs/api.md)."""
+    """The rows of a script's run (veritrain.start): those that do not apply say n/a and why; the data row is its inputs.
+    (Its audit row is the assessment's, which reads its guarantee level, docs/api.md.)"""
     for row, why in SCRIPT_NOT_APPLICABLE.items():
         rows[row] = ("n/a", None, f"a script's run: {why}")
     run = run_dir.name
@@ -211,10 +195,6 @@ def _script_rows(run_dir: Path, record: dict[str, Any], rows: dict[str, tuple[st
     if files and rows["checkpoint_with_optimizer"][0] != "pass":  # a framework's own checkpoint files
         rows["checkpoint_with_optimizer"] = ("pass" if _has_optimizer(run_dir, record.get("artifacts") or {}, files[-1:]) else "missing",
                                              "save the optimizer with the framework's checkpoints", "")
-    guarantee = record.get("guarantee") or {}
-    if guarantee.get("level") != "replayable" and len(record.get("trajectory") or []) >= 2:
-        rows["auditable"] = ("missing", "make the run replayable (docs/api.md: guarantee levels) in a new run",
-                             f"a {guarantee.get('level')} run: " + "; ".join(guarantee.get("reasons") or []))
 
 
 def _config_path(run_dir: Path) -> str:
@@ -246,6 +226,35 @@ def _training_fix(run: str, record: dict[str, Any], new_run: str) -> str:
     if nonfinite and isinstance(lr, (int, float)):
         return f"{new_run} --set optim.lr={lr / 10:g}"
     return f"fix the cause ({str((record.get('error') or {}).get('message'))[:120]}), then start a new run: {new_run}"
+
+
+def _trust_rows(run_dir: Path, record: dict[str, Any], state_dir: Path, verified: Optional[dict[str, Any]], unverified: Optional[str],
+                policy: Policy, selection: tuple[str, Optional[str], str], new_run: str) -> dict[str, tuple[str, Optional[str], str]]:
+    """The rows that render the run's assessment: run_verifies, provenance_signed, auditable, results_from_trajectory, and
+    selection_on_validation where the record's format requires what it lacks."""
+    from veritrain.trust.assessment import assess, replayability
+
+    run = run_dir.name
+    rows: dict[str, tuple[str, Optional[str], str]] = {"selection_on_validation": selection}
+    if verified is None and unverified is not None:
+        rows["run_verifies"] = ("unknown", f"veritrain verify {run}", unverified)
+        replay = replayability(run_dir, record, state_dir)
+    else:
+        facts = assess(run_dir, state_dir, policy, verified=verified)
+        verified, replay = facts.verified, facts.replay
+        rows["run_verifies"] = ("pass" if verified["ok"] else "fail",
+                                f"restore what changed (`veritrain verify {run}` lists it), or import the run's archive again",
+                                "; ".join(f"{p['kind']} {p['path']}" for p in verified["problems"][:3]))
+        if verified.get("interrupted_amend"):  # its files may be half switched: the journal finishes or rolls them back
+            rows["run_verifies"] = ("fail", f"veritrain gc (it completes or rolls back the amend), or veritrain gc --drop-journal {run}",
+                                    verified["interrupted_amend"])
+    rows["provenance_signed"] = _provenance_row(run, record, verified, policy)
+    rows["auditable"] = _auditable_row(replay)
+    effective = ((verified or {}).get("format") or {}).get("effective", formats.declared(record))
+    rows["results_from_trajectory"] = _results_row(run, record, effective)
+    if effective >= 1 and rows["selection_on_validation"][2].startswith("not checked"):  # the format requires it: absent is a problem
+        rows["selection_on_validation"] = ("fail", new_run, f"the record is format {effective}, which says what selected what; its `selection` is missing")
+    return rows
 
 
 def _baseline_row(run: str, judged: Judgement, failed: bool, eval_fix: str) -> tuple[str, Optional[str], str]:
@@ -298,7 +307,8 @@ def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -
     if version and config_hash:
         key = smoke_key(config_hash, version, record.get("code") or {})
         if passed_before(state_dir, key):
-            return "pass", fix, f"passed after the run (.veritrain/smoke/{key[:12]})"
+            # a workspace file, which a forger of the workspace could write: said, since check does not run it again
+            return "pass", fix, f"passed after the run, as .veritrain/smoke/{key[:12]} says (a workspace file, not run again: `{fix}` runs it)"
     return "missing", fix, f"smoke {smoke.get('status', 'not run')}"
 
 

@@ -75,7 +75,8 @@ def _fingerprint(pem: bytes) -> str:
 def read_public_key(path: str) -> bytes:
     """The PEM public key at `path` (--public-key), checked; UserError in one line otherwise."""
     try:
-        pem = Path(path).expanduser().read_bytes()
+        with open(Path(path).expanduser(), "rb") as f:
+            pem = f.read(1 << 16)  # a PEM public key is a few hundred bytes
     except OSError as err:
         raise UserError(f"--public-key: {path}: cannot be read ({err.strerror})") from None
     try:

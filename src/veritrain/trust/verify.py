@@ -46,7 +46,7 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     `state_cache`: a folder outside the workspace where the state hashes of checkpoints (and the weights hash of an
     export) are kept by the SHA-256 of the file's bytes (`state_cache_dir()`); None (audit) loads every file. Nothing is
     written in the workspace."""
-    from veritrain.records.journal import JOURNAL_DIR, folder_of
+    from veritrain.records.journal import JOURNAL_DIR
 
     policy = policy or Policy()
     expect, strict = policy.expect, policy.strict
@@ -58,12 +58,8 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
         problems.append({"path": path, "kind": kind, "detail": detail})
 
     listing = {path.relative_to(run_dir).as_posix(): path for path in sorted(run_dir.rglob("*"))}
-    note = None
-    journal = folder_of(state_dir, run_dir.name)
-    if os.path.lexists(journal):  # threat: a hand-written plan that would make verify judge the files in old/ instead
-        note = (f"an amend of this run is pending (.veritrain/{JOURNAL_DIR}/{run_dir.name}/): its files may be half switched; "
-                f"finish or roll it back with `veritrain gc`, or remove the journal with `veritrain gc --drop-journal {run_dir.name}`, "
-                "then verify again")
+    note = pending_amend(run_dir, state_dir)
+    if note is not None:  # threat: a hand-written plan that would make verify judge the files in old/ instead
         problem(f".veritrain/{JOURNAL_DIR}/{run_dir.name}", "amend_pending", note)
     try:
         record_bytes = (run_dir / RECORD_FILE).read_bytes()
@@ -142,6 +138,19 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
     return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
             "interrupted_amend": note, "raw_data": checked[0] if checked else None, "format": fmt.as_dict(), "signer": signer.as_dict()}
+
+
+def pending_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
+    """Why the run does not verify while a journal of an amend of it is in the workspace (its files may be half
+    switched, and the journal that would finish them is not taken on trust), with the fix; None without one. Reads
+    only whether the journal is there: never its plan."""
+    from veritrain.records.journal import JOURNAL_DIR, folder_of
+
+    if not os.path.lexists(folder_of(state_dir, run_dir.name)):
+        return None
+    return (f"an amend of this run is pending (.veritrain/{JOURNAL_DIR}/{run_dir.name}/): its files may be half switched; "
+            f"finish or roll it back with `veritrain gc`, or remove the journal with `veritrain gc --drop-journal {run_dir.name}`, "
+            "then verify again")
 
 
 def quick_problems(run_dir: Path) -> list[dict[str, Any]]:

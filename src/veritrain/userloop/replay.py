@@ -33,7 +33,7 @@ def is_script_run(record: Mapping[str, Any]) -> bool:
     return record.get("kind") == KIND
 
 
-def refusal(record: Record, command: str) -> Optional[str]:
+def refusal(record: Mapping[str, Any], command: str) -> Optional[str]:
     """Why `command` (reproduce, audit, train --resume) cannot replay this script's run, in one line; None when it can."""
     guarantee = record.get("guarantee") or {}
     level = guarantee.get("level")
@@ -44,11 +44,11 @@ def refusal(record: Record, command: str) -> Optional[str]:
     if command == "train --resume" and integration == "lightning" and ((record.get("script") or {}).get("api") or {}).get("state_registered"):
         return None  # its fit starts from vt.lightning.ckpt_path(), which gives a continuation the run's newest checkpoint
     if command == "train --resume" and integration:
-        return (f"{record.run_id}: a run of {integration}'s own loop continues through it: run the script again with the run's newest "
+        return (f"{record.get('run_id')}: a run of {integration}'s own loop continues through it: run the script again with the run's newest "
                 "checkpoint (Lightning: trainer.fit(..., ckpt_path=...), or ckpt_path=vt.lightning.ckpt_path(...) for `train --resume`; the Trainer: trainer.train(resume_from_checkpoint=...))")
     if command == "train --resume" and level == "bound" and (record.get("script") or {}).get("file"):
         return None  # continuing a bound run needs only its code and checkpoints
-    return f"{record.run_id}: a {level or 'unknown'} run, so {command} cannot replay it: {reasons}"
+    return f"{record.get('run_id')}: a {level or 'unknown'} run, so {command} cannot replay it: {reasons}"
 
 
 def _inputs_problem(record: Record) -> Optional[str]:

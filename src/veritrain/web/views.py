@@ -587,7 +587,7 @@ def audits(workspace: Workspace, run_id: str) -> list[dict[str, Any]]:
 
 def verdict_shown(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """The verify verdict a page shows: `verified` when the caller has just computed it (publish), else the one
-    kept in `.veritrain/verdicts/` (stale when the seal or a file it covered has changed since); never one
+    kept in the user's state folder (stale when the seal or a file it covered has changed since); never one
     computed for the page. {"state": "none" | "ok" | "failed" | "stale", "verdict": the verdict or None}."""
     from veritrain.records import verdicts
 
@@ -633,12 +633,13 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
     audited = audits(workspace, record["run_id"])
     interrupted = interrupted_amend(run_dir, workspace.state_dir)
     verdict = verdict_shown(run_dir, workspace.state_dir, verified)
-    if verified is None and record.get("status") != "running" and interrupted is None:
-        # what a look at the folder finds (a seal, a size, a file missing or added) is a problem verify reports too:
-        # the page says the run does not verify rather than show a verdict kept before the damage
+    if verified is None and record.get("status") != "running":
+        # what a look at the folder finds (a seal, a size, a file missing or added, a pending amend) is a problem verify
+        # reports too: the page says the run does not verify rather than show a verdict kept before the damage
         from veritrain.trust.verify import quick_problems
 
-        found = quick_problems(run_dir)
+        found = quick_problems(run_dir) + ([{"path": f".veritrain/journal/{run_dir.name}", "kind": "amend_pending", "detail": interrupted}]
+                                           if interrupted else [])
         if found:
             verdict = {"state": "failed", "quick": True, "verdict": {
                 "ok": False, "verified_at": None, "seal": _seal(run_dir), "problems": found, "drift": [], "expect": None,
@@ -724,11 +725,10 @@ def damaged_page(workspace: Workspace, run_id: str, problem: str) -> dict[str, A
 
 
 def interrupted_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
-    """The line `veritrain verify` prints while an amend of the run is unfinished (veritrain.records.journal), or None."""
-    from veritrain.records.journal import interrupted
+    """The problem `veritrain verify` reports while an amend of the run is pending (its journal is in the workspace), or None."""
+    from veritrain.trust.verify import pending_amend
 
-    pending = interrupted(run_dir, state_dir)
-    return pending.message if pending is not None else None
+    return pending_amend(run_dir, state_dir)
 
 
 def compare_page(workspace: Workspace, run_ids: list[str]) -> dict[str, Any]:
