@@ -315,3 +315,51 @@ def test_a_trusted_keys_file_that_cannot_be_read_is_refused_in_one_line(cli, sma
 def test_min_format_beyond_this_veritrain_is_a_usage_error(cli, small_run_copy):
     refused = cli("verify", small_run_copy.run_dir.name, "--workdir", str(small_run_copy.workdir), "--min-format", "9")
     assert refused.code == 2 and "--min-format: 9" in refused.stderr
+
+
+# ---------------------------------------------------------------- check what you were given
+
+
+def test_an_archive_is_verified_without_importing_it(cli, small_run_copy, tmp_path):
+    import io
+    import tarfile
+
+    archive = tmp_path / "run.tar.gz"
+    made = cli("archive", small_run_copy.run_dir.name, "--workdir", str(small_run_copy.workdir), "-o", str(archive), "--with-data")
+    assert made.code == 0, made.stderr
+    elsewhere = tmp_path / "reader"
+    elsewhere.mkdir()
+    checked = cli("verify", str(archive), "--json", cwd=elsewhere)
+    assert checked.code == 0, checked.stderr
+    assert checked.json()["run_id"] == small_run_copy.run_dir.name and checked.json()["with_data"] is True
+    assert list(elsewhere.iterdir()) == []  # no workspace was made
+    assert cli("verify", str(archive), "--min-format", "1").code == 0
+    assert cli("verify", str(archive), "--require-signature").code == 1  # the small run is unsigned
+
+    forged = tmp_path / "forged.tar.gz"  # one member's bytes changed, the record left as it was
+    with tarfile.open(archive) as source, tarfile.open(forged, "w:gz") as target:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None
+            if data is not None and member.name.endswith("metrics.jsonl"):
+                data = data.replace(b"0.", b"1.", 1)  # the same size: only its hash tells
+            target.addfile(member, io.BytesIO(data) if data is not None else None)
+    refused = cli("verify", str(forged), "--json")
+    assert refused.code == 1 and "does not match its hash in the record" in refused.json()["error"]["message"]
+    (tmp_path / "notes.txt").write_text("not an archive")
+    assert cli("verify", str(tmp_path / "notes.txt")).code == 2
+
+
+def test_a_lowered_baseline_passes_check_and_fails_the_audit_that_fits_it_again(cli, small_run_copy):
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+
+    def lowered(record):
+        record["baselines"]["results"]["logistic_regression"]["accuracy"] = 0.05
+        record["baselines"].pop("warning", None)
+
+    forge(run_dir, lowered)
+    rows = {r["id"]: r for r in cli("check", run_dir.name, "--workdir", str(workdir), "--json").json()["items"]}
+    assert rows["beats_baseline"]["status"] == "pass"  # the record says so, and verify cannot tell
+    audited = cli("audit", run_dir.name, "--workdir", str(workdir), "--segments", "1", "--json")
+    assert audited.code == 1, audited.stderr
+    baselines = next(r for r in audited.json()["results"] if r["what"] == "baselines")
+    assert baselines["verdict"] == "differs" and "logistic_regression.accuracy: recorded 0.05" in baselines["detail"]

@@ -390,7 +390,8 @@ def audit(result: dict[str, Any]) -> None:
     for v in result["segments"]:
         table.add_row(str(v["segment"]), f"{v['from_step']} → {v['to_step']}", str(v["replayed_from_step"]), v["verdict"], v.get("detail", ""))
     for r in result["results"]:
-        table.add_row(r["what"], f"entry {r['entry']} (step {r['step']})", "", r["verdict"], r.get("detail", ""))
+        table.add_row(r["what"], f"entry {r['entry']} (step {r['step']})" if r.get("entry") is not None else "the data version", "",
+                      r["verdict"], r.get("detail", ""))
     logs.print_table(table)
     cost = f" = {result['cost_fraction']:.1%} of the recorded training time" if result["cost_fraction"] is not None else ""
     logs.report(f"replay {result['replay_seconds']:.1f}s in {len(result['replays'])} stretch(es){cost}")

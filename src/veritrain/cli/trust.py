@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Optional
 
 import click
@@ -14,7 +15,7 @@ from veritrain.core.errors import RunFailed
 
 
 @click.command("verify")
-@click.argument("ref", metavar="RUN")
+@click.argument("ref", metavar="RUN|ARCHIVE")
 @policy_options
 @click.option("--strict", is_flag=True, help="Also fail on environment drift and on raw data that is not present.")
 @workdir_option
@@ -24,28 +25,38 @@ def verify_command(ref: str, expect: Optional[str], public_key: Optional[str], t
     """Re-hash every file of a run against its sealed record, check the seal, the data version and the provenance statement.
 
     Exit 0 only when everything holds; 1 names every problem. It prints who signed the run and the record format it
-    was judged under, with what that format leaves unchecked; the options say what you require in advance.
+    was judged under, with what that format leaves unchecked; the options say what you require in advance. An archive
+    file (`veritrain archive`) is checked as `import` checks it and verified without importing it.
 
     \b
     Example:
       veritrain verify latest --expect 63a6a0c8...
       veritrain verify latest --public-key signing-key.pub.pem --min-format 1
+      veritrain verify run.tar.gz --trusted-keys team-keys
     """
     from veritrain.records.workspace import Workspace
     from veritrain.trust.policy import from_options
     from veritrain.trust.verify import verify_and_keep
 
     policy = from_options(expect, public_key, trusted_keys, require_signature, min_format, strict)
-    workspace = Workspace.open(workdir)
-    run_dir = workspace.resolve_run(ref)
-    result = {"run_id": run_dir.name, **verify_and_keep(run_dir, workspace.state_dir, policy)}  # kept for `ui` and `check`
+    given = Path(ref).expanduser()
+    if given.is_file():  # an archive: checked as import checks it and verified in a scratch workspace, nothing imported
+        from veritrain.trust.archive import verify_archive
+
+        result = verify_archive(given, policy)
+        run_id = result["run_id"]
+    else:
+        workspace = Workspace.open(workdir)
+        run_dir = workspace.resolve_run(ref)
+        run_id = run_dir.name
+        result = {"run_id": run_id, **verify_and_keep(run_dir, workspace.state_dir, policy)}  # kept for `ui` and `check`
     if as_json:
         emit_json(result)
     render.verify_findings(result)
     if not result["ok"]:
-        raise RunFailed(f"verify {run_dir.name}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
+        raise RunFailed(f"verify {run_id}: {len(result['problems'])} problem(s)" + (f", {len(result['drift'])} drift(s) with --strict" if strict and result["drift"] else "")
                         + (f": {', '.join(p['path'] for p in result['problems'][:3])}" if result["problems"] else ""))
-    render.verified(run_dir.name, result)
+    render.verified(run_id, result)
     return 0
 
 

@@ -106,7 +106,6 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
         if problem:
             raise UserError(f"--nproc {nproc}: {problem}")
     run_id, run_dir = workspace.new_run_dir()
-    workspace.mark_created(run_id, resolved.hash)
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
     record = Recorder.start(
         run_dir,
@@ -145,6 +144,7 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
         record.set(distributed=distributed.describe(ranks, [], distributed.torchrun_command(ranks, argv)))
     save_code(record.code, workspace.root, run_dir)
     code.save(run_dir, record.code, cfg.model.target)  # what the target imported; training adds any it imports later
+    workspace.mark_created(run_dir, record)  # this user started it here, with this config and code (user_dirs.state_dir)
     return _execute(record, run_dir, resolved, workspace, resume=False, code=code, epoch_judge=epoch_judge)
 
 
@@ -229,7 +229,6 @@ def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: Record, 
         if cfg.model.target:
             code.import_target(cfg.model.target)
         run_id, run_dir = workspace.new_run_dir()
-        workspace.mark_created(run_id, old_record["config_hash"])
         for source in sorted(old_dir.rglob("*")):
             relative = source.relative_to(old_dir)
             if relative.parts[0] in (usercode.CODE_DIR, "record.json", "record.sha256") or not source.is_file():
@@ -242,6 +241,7 @@ def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: Record, 
                                       dropped=("seal_history", "artifacts"))
         save_code(record.code, workspace.root, run_dir)
         code.save(run_dir, record.code, cfg.model.target)
+        workspace.mark_created(run_dir, record)
         log.warning("resume: run %s continues in a new run %s with the current code; %s is left as it was", old_dir.name, run_id, old_dir.name)
         return _execute(record, run_dir, resolved, workspace, resume=True, code=code)
 
@@ -364,12 +364,15 @@ def _execute(record: Recorder, run_dir: Path, resolved: ResolvedConfig, workspac
         seconds = time.perf_counter() - started
         record.finish(seconds, env=capture_env()[0] if record.get("env") is None else None)
         if code is not None and record.code.get("user_files") is not None:  # modules imported while it ran, however it ended
+            marked = workspace.created_here(run_dir, record)  # a mark grows with the code only when it held the code so far
             try:
                 code.save(run_dir, record.code, cfg.model.target)
             except VeritrainError as err:
                 if error is None:
                     error = err
                     _record_failure(record, err)
+            if marked:
+                workspace.mark_created(run_dir, record)
         if record.status == "completed":
             log.info("run %s completed in %.1fs", run_id, seconds)
         logs.detach(file_log)  # the log is complete before it is hashed into the record
@@ -448,7 +451,8 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         if announced is not None:
             announced["done"] = True
         try:
-            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, ranks=ranks)
+            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, ranks=ranks,
+                              record_format=record.get("record_format"))
         except Exception as err:
             lost = distributed.lost_peer(err)
             if lost is None:
@@ -471,7 +475,8 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         record.set(distributed={"world_size": world_size, "nodes": 1, "backend": result.backend or "gloo",
                                 "devices": result.devices or [], "launch": launch_command})
     else:
-        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, epoch_judge=epoch_judge)
+        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, epoch_judge=epoch_judge,
+                          record_format=record.get("record_format"))
     record.time("train", time.perf_counter() - t, add=True)
     record.update_section("env", device=result.device, torch_threads=result.threads)
     from veritrain.train import trajectory
@@ -513,7 +518,7 @@ def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: Da
             metrics["trajectory_entry"] = result_entry(record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
             record.set_metrics(split, metrics)
         record.time("eval", time.perf_counter() - t)
-        verdict = baseline_verdict(record["metrics"].get(cfg.eval.split, metrics), baselines, task)
+        verdict = baseline_verdict(record["metrics"].get(cfg.eval.split, metrics), baselines)
         if verdict and baselines is not None:
             baselines["warning"] = verdict
             record.set(baselines=baselines)
@@ -578,19 +583,12 @@ def fit_baselines(run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) 
     return baselines
 
 
-def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]], task: Optional[Task] = None) -> Optional[str]:
-    """A warning when the model does not beat the logistic-regression baseline by the margin (a task with its own
-    baselines judges them: `baseline_warning`)."""
-    judge = getattr(task, "baseline_warning", None)
-    if judge is not None:
-        return judge(metrics, baselines)
-    if not baselines or "accuracy" not in metrics:
-        return None
-    linear = baselines["results"].get("logistic_regression")
-    if linear and metrics["accuracy"] < linear["accuracy"] + baselines["margin"]:
-        return (f"the model's accuracy {metrics['accuracy']:.4f} does not beat the logistic-regression baseline "
-                f"{linear['accuracy']:.4f} by eval.baseline_margin {baselines['margin']:g}")
-    return None
+def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
+    """A warning when the model does not beat its baseline by the margin (veritrain.core.baselines: the one judgement
+    `check` and the reports read too)."""
+    from veritrain.core.baselines import judge
+
+    return judge(metrics, baselines).warning
 
 
 def _log_header(record: Recorder, resolved: ResolvedConfig, run_dir: Path, resume: bool) -> None:
@@ -833,7 +831,6 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     cfg = opened.config
     parent = opened.run_dir.name
     run_id, run_dir = workspace.new_run_dir()
-    workspace.mark_created(run_id, opened.record["config_hash"])
     workspace.lock_run(run_id)
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
     (run_dir / "checkpoints").mkdir()
@@ -871,6 +868,7 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     )
     save_code(record.code, workspace.root, run_dir)
     code.save(run_dir, record.code, cfg.model.target)
+    workspace.mark_created(run_dir, record)
     if current_code:
         log.warning("%s: run %s is built with the current code in a new run %s (kind %s), and %s is left as it was",
                     kind, parent, run_id, kind, parent)
@@ -883,6 +881,7 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     try:
         result = stage(run_dir, record)
         code.save(run_dir, record.code, cfg.model.target)  # modules the stage imported
+        workspace.mark_created(run_dir, record)  # and the mark holds them too
         record.completed()
     except VeritrainError as err:
         error = err

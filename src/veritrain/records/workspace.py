@@ -3,20 +3,27 @@
 `.veritrain/data/<version>/` stores prepared data versions (content-addressed, immutable);
 `.veritrain/locks/<run_id>.lock` is the OS lock (veritrain.core.locks) of a run that a live process is writing: the
 kernel releases it when that process ends, so a `running` run whose lock is free is dead and resumable.
+
+Which runs this user started in a workspace is not the workspace's to say: those marks live in the user's state
+folder (`<state>/created/<workspace key>/<run_id>.json`, veritrain.core.user_dirs), each binding the workspace's
+path, the run id, the config hash and the SHA-256 of every piece of code a later command would run from the run.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from veritrain.core import locks
+from veritrain.core import locks, user_dirs
 from veritrain.core.errors import RunFailed, UserError
 
 log = logging.getLogger("veritrain")
@@ -34,6 +41,86 @@ def process_identity(pid: int) -> Optional[str]:
     except (OSError, ValueError, IndexError):
         return None
     return f"{boot_id}:{start_ticks}"
+
+
+MARKS_DIR = "created"  # in the user's state folder: one folder per workspace, one mark per run it started
+MARK_VERSION = 1
+
+
+def created_mark(root: Path, run_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    """What a mark of the run in `run_dir` binds, as the run's folder is now: the workspace's resolved root, the run id,
+    the config hash, the model target (not for a script's run, whose config is the script's own), the recorded script
+    (a script's run) and every recorded user module (module, path under code/), each with the SHA-256 of the file a
+    later command would run, hashed here from the folder (None when missing) rather than taken from the record."""
+    from veritrain.records.usercode import CODE_DIR
+
+    script_run = record.get("kind") == "script"
+    model = None if script_run else (record.get("config") or {}).get("model")
+    target = model.get("target") if isinstance(model, Mapping) else None
+    file = (record.get("script") or {}).get("file") if script_run else None
+    script = {"file": str(file), "sha256": _sha256_of(run_dir / str(file))} if file else None
+    modules = [{"module": str(e.get("module")), "path": str(e.get("path")), "sha256": _sha256_of(run_dir / CODE_DIR / str(e.get("path")))}
+               for e in _code_entries(record)]
+    return {"version": MARK_VERSION, "workspace": str(root.resolve()), "run_id": run_dir.name, "config_hash": record.get("config_hash"),
+            "model_target": None if target is None else str(target), "script": script,
+            "user_files": sorted(modules, key=lambda e: (e["module"], e["path"]))}
+
+
+def _code_entries(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The user modules a later command imports from the run's code/ (veritrain.records.usercode.recorded_listing)."""
+    from veritrain.records.usercode import recorded_listing
+
+    return [e for e in recorded_listing(record)[0] if isinstance(e, Mapping)]
+
+
+def _sha256_of(path: Path) -> Optional[str]:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _code_problem(mark: Mapping[str, Any], now: dict[str, Any], record: Mapping[str, Any]) -> Optional[str]:
+    """None when the code held by `mark` is the code of the run now (`now`, from created_mark), and the record lists
+    those same hashes; otherwise the first file that differs (a path in the run), or "" when none can be named."""
+    from veritrain.records.usercode import CODE_DIR
+
+    script = now["script"]
+    if mark.get("script") != script or (script is not None and (script["sha256"] is None
+                                                                or (record.get("script") or {}).get("sha256") != script["sha256"])):
+        return str((script or mark.get("script") or {}).get("file") or "")
+    held = {(e.get("module"), e.get("path")): e.get("sha256") for e in mark.get("user_files") or [] if isinstance(e, Mapping)}
+    listed = {(e.get("module"), e.get("path")): e.get("sha256") for e in _code_entries(record)}
+    for entry in now["user_files"]:
+        key = (entry["module"], entry["path"])
+        if entry["sha256"] is None or held.get(key) != entry["sha256"] or listed.get(key) != entry["sha256"]:
+            return f"{CODE_DIR}/{entry['path']}"
+    current = {(e["module"], e["path"]) for e in now["user_files"]}
+    gone = sorted(str(path) for module, path in held if (module, path) not in current)  # listed then, not now
+    return f"{CODE_DIR}/{gone[0]}" if gone else None
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Replace `path` atomically with `data`, readable by this user alone (0600), in folders that are theirs alone (0700)."""
+    state = user_dirs.state_dir()
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in (state / MARKS_DIR, path.parent):
+        folder.mkdir(exist_ok=True, mode=0o700)
+        os.chmod(folder, 0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 # runs of an outside checkpoint (`eval`/`export --checkpoint FILE` with a state outside the run's trajectory):
@@ -90,20 +177,54 @@ class Workspace:
     def state_dir(self) -> Path:
         return self.root / ".veritrain"
 
-    def mark_created(self, run_id: str, config_hash: str) -> None:
-        """Remember that this workspace started `run_id` with this config (`.veritrain/created/<run_id>`, outside
-        `runs/`, so an imported or copied run folder never brings the mark with it)."""
-        folder = self.state_dir / "created"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / run_id).write_text(config_hash + "\n", encoding="utf-8")
-
-    def created_here(self, run_dir: Path, config_hash: Optional[str]) -> bool:
-        """Whether this workspace started the run in `run_dir`, with the config its record names."""
-        mark = self.state_dir / "created" / run_dir.name
+    def mark_created(self, run_dir: Path, record: Mapping[str, Any]) -> None:
+        """Remember, in this user's state folder, that this workspace started the run in `run_dir` with the config and
+        the code its record names now (`created_mark`). Called once the run's code is recorded, and again whenever its
+        listing grows, so the mark always holds the code a later command would run. The user's folder, not the
+        workspace: whoever writes a workspace (or hands one over) cannot write a mark. A mark that cannot be written
+        is said in one line and the run goes on: later commands on it then ask for --trust-code."""
+        mark = created_mark(self.root, run_dir, record)
+        path = self._mark_path(run_dir.name)
         try:
-            return run_dir.resolve().parent == self.runs_dir.resolve() and mark.read_text(encoding="utf-8").strip() == config_hash
-        except OSError:
-            return False
+            _write_private(path, json.dumps(mark, indent=1, sort_keys=True).encode() + b"\n")
+        except OSError as err:
+            log.warning("run %s: could not remember in %s that this workspace started it (%s); commands that build its model "
+                        "will ask for --trust-code", run_dir.name, path, err.strerror or err)
+
+    def created_here(self, run_dir: Path, record: Mapping[str, Any]) -> bool:
+        """Whether this user started the run in `run_dir` in this workspace, with the config and code it names now."""
+        return self.not_created_here(run_dir, record) is None
+
+    def not_created_here(self, run_dir: Path, record: Mapping[str, Any]) -> Optional[str]:
+        """Why the run in `run_dir` does not count as one this user started here (a phrase), or None when it does:
+        this user's mark for this workspace and run id must exist, name the record's config hash and model target, and
+        hold the SHA-256 of every file a later command would import or run from the run, hashed now from the run's
+        folder (the recorded copies under code/, the recorded script). The workspace's own `.veritrain/created/`,
+        which older versions wrote, is never read: anyone who writes the workspace could write it."""
+        not_started = "this workspace did not start the run (imported, copied or given as a folder)"
+        try:
+            if run_dir.resolve().parent != self.runs_dir.resolve():
+                return not_started
+            mark = json.loads(self._mark_path(run_dir.name).read_bytes())
+        except (OSError, ValueError, UserError):
+            return not_started
+        if not isinstance(mark, dict) or mark.get("version") != MARK_VERSION or mark.get("workspace") != str(self.root.resolve()) \
+                or mark.get("run_id") != run_dir.name:
+            return not_started
+        now = created_mark(self.root, run_dir, record)
+        if mark.get("config_hash") != now["config_hash"] or mark.get("model_target") != now["model_target"]:
+            return "its config differs from the one this user's run of that id recorded (the run folder was replaced)"
+        changed = _code_problem(mark, now, record)
+        if changed is not None:
+            return f"the recorded code differs from what this user's run recorded{f' ({changed})' if changed else ''}"
+        return None
+
+    def _mark_path(self, run_id: str) -> Path:
+        """`<state folder>/created/<sha256 of the workspace's resolved root, 16 hex>/<run id>.json`."""
+        if not run_id or run_id in (".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
+            raise UserError(f"{run_id!r}: not a run id")
+        key = hashlib.sha256(str(self.root.resolve()).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+        return user_dirs.state_dir() / MARKS_DIR / key / f"{run_id}.json"
 
     def new_run_dir(self) -> tuple[str, Path]:
         """Create `runs/<run_id>/`; the id sorts by start time (UTC, milliseconds) and a random

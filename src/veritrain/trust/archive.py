@@ -35,6 +35,7 @@ from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
 from veritrain.records.record import NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
 from veritrain.records.workspace import Workspace
+from veritrain.trust.policy import Policy
 from veritrain.trust.verify import verify_run
 
 # what an archive's archive_omitted.json says about the files it lists
@@ -452,3 +453,21 @@ def import_archive(archive: Path, workspace: Workspace) -> dict[str, Any]:
     code += [f"code/{entry.get('path')} ({entry.get('module')})" for entry in files if isinstance(entry, dict)]  # the copies it would import
     return {"run_id": run_id, "run_dir": str(target), "data_version": version, "with_data": bool(data_files),
             "left_out": sorted(left_out), "code": code}  # the code the run's config names: never run without --trust-code
+
+
+def verify_archive(archive: Path, policy: Optional[Policy] = None) -> dict[str, Any]:
+    """`veritrain verify ARCHIVE`: the archive checked as `import` checks it (every member hashed against the sealed
+    record, nothing outside, no links, no bombs) and the run in it verified under `policy`, in a scratch workspace
+    outside every workspace, removed afterwards: a reader checks what they were given without making a workspace.
+    Returns verify's answer with "archive", "run_id" and "with_data". RunFailed (exit 1) when the archive is refused;
+    UserError (exit 2) when it is no archive at all."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="veritrain-verify-archive-") as scratch:
+        workspace = Workspace(Path(scratch).resolve())
+        imported = import_archive(archive, workspace)
+        run_dir = Path(imported["run_dir"])
+        from veritrain.trust.verify import state_cache_dir
+
+        result = verify_run(run_dir, workspace.state_dir, policy, state_cache=state_cache_dir())
+    return {"archive": str(archive), "run_id": imported["run_id"], "with_data": imported["with_data"], **result}

@@ -295,6 +295,7 @@ def _check_results(opened: OpenRun, entries: list[dict[str, Any]], workspace: Wo
         found.append({**item, "verdict": "differs" if keys else "identical",
                       "detail": f"{len(keys)} value(s) differ, first {keys[0]}: recorded {str(left.get(keys[0]))[:40]}, now {str(right.get(keys[0]))[:40]}"
                       if keys else f"{len(left)} values equal" + ("" if "sums" in left else " (within 1e-6: evaluated before exact sums)")})
+    found.extend(_check_baselines(opened))
     exported = record.get("export") or {}
     ref = exported.get("trajectory_entry")
     if ref and exported.get("files"):
@@ -307,3 +308,34 @@ def _check_results(opened: OpenRun, entries: list[dict[str, Any]], workspace: Wo
                       "detail": ", ".join(f"{k} max |Δlogit| {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items())
                       + ("" if parity["passed"] else f"; {parity['reason']}")})
     return found
+
+
+BASELINE_TOLERANCE = 1e-9  # relative: a baseline's fit sums in BLAS, whose thread count may round the last bits
+
+
+def _check_baselines(opened: OpenRun) -> list[dict[str, Any]]:
+    """The baselines the record compares the model with (`beats_baseline`), fitted again on the run's data version and
+    compared value by value: a forger who lowers a baseline to make a model beat it is caught here."""
+    recorded = opened.record.get("baselines")
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("results"), dict):
+        return []
+    item: dict[str, Any] = {"what": "baselines", "entry": None, "step": None}
+    fit = getattr(opened.task, "baselines", None)
+    if fit is None:
+        return [{**item, "verdict": "unchecked", "detail": f"the task {opened.record.get('task')} fits no baselines of its own"}]
+    with _quiet():
+        again = fit(opened.data, opened.config)
+    differing = []
+    for name in sorted(set(recorded["results"]) | set(again.get("results") or {})):
+        left, right = recorded["results"].get(name) or {}, (again.get("results") or {}).get(name) or {}
+        for key in sorted(set(left) | set(right)):
+            a, b = left.get(key), right.get(key)
+            close = isinstance(a, float) and isinstance(b, float) and abs(a - b) <= BASELINE_TOLERANCE * max(1.0, abs(a), abs(b))
+            if a != b and not close:
+                differing.append(f"{name}.{key}: recorded {str(a)[:24]}, fitted again {str(b)[:24]}")
+    margin_now = opened.config.eval.baseline_margin
+    if recorded.get("margin") not in (None, margin_now):
+        differing.append(f"margin: recorded {recorded.get('margin')}, the config's eval.baseline_margin {margin_now}")
+    return [{**item, "verdict": "differs" if differing else "identical",
+             "detail": f"{len(differing)} value(s) differ, first {differing[0]}" if differing
+             else f"{sum(len(v) for v in recorded['results'].values() if isinstance(v, dict))} values equal (fitted again on the data version)"}]

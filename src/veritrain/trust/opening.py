@@ -123,19 +123,24 @@ def code_session(workspace: Workspace, run_dir: Path, record: Mapping[str, Any],
 
 def refuse_untrusted_code(workspace: Workspace, run_dir: Path, record: Mapping[str, Any], trust_code: bool) -> None:
     """A run's config that names code (`model.target`) is code: building its model imports and runs it. Configs
-    you write are trusted; a run this workspace did not start (imported, copied, or a folder given as RUN) is
-    data, and is refused (UserError, one line) unless the user passes --trust-code after reading that code."""
+    you write are trusted; a run this user did not start in this workspace (imported, copied, a folder given as RUN,
+    or one whose recorded code or config is no longer what this user's run of that id recorded) is data, and is
+    refused (UserError, one line) unless the user passes --trust-code after reading that code. Whether this user
+    started it is their mark's to say, kept in their own state folder (Workspace.not_created_here), never the
+    workspace's: whoever hands over or writes a workspace could write anything in it."""
     script = (record.get("script") or {}).get("file") if record.get("kind") == "script" else None
     # a script's config is the user's own (veritrain.userloop): its code is the script
     target = None if record.get("kind") == "script" else ((record.get("config") or {}).get("model") or {}).get("target")
     files = ((record.get("code") or {}).get("user_files") or [])
-    if (target or files or script) and not trust_code and not workspace.created_here(run_dir, record.get("config_hash")):
+    if not (target or files or script) or trust_code:
+        return
+    why = workspace.not_created_here(run_dir, record)
+    if why is not None:
         named = (f"its config names code (model.target {str(target)[:80]!r})" if target
                  else f"it is a script's run (its recorded script {str(script)[:80]} is code)" if script
                  else f"its record names code ({len(files)} recorded module(s), e.g. {str(files[0].get('module'))[:80]})")
         consequence = "replaying it would run that code" if script else "building its model would run that code"
-        raise UserError(f"{run_dir.name}: {named} and this workspace did not start the run "
-                        f"(imported, copied or given as a folder): {consequence}; read it, then pass --trust-code")
+        raise UserError(f"{run_dir.name}: {named} and {why}: {consequence}; read it, then pass --trust-code")
 
 
 def refuse_unverified(run_dir: Path, workspace: Workspace, consequence: str, decided_next: tuple[str, ...] = ()) -> None:

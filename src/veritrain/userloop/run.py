@@ -233,7 +233,6 @@ class Run:
         workspace = self.workspace
         run_id, run_dir = workspace.new_run_dir()
         self.id, self.dir = run_id, run_dir
-        workspace.mark_created(run_id, self.config_hash)
         workspace.lock_run(run_id)
         # a reproduction runs a copy of the script: it records where the original was
         origin = Path(str((read_record(self.replay.run_dir).get("script") or {}).get("path"))) if self.replay is not None else self._script
@@ -256,6 +255,7 @@ class Run:
             script=section, inputs=inputs_section, guarantee=self._guarantee(),
             **({"data": {**self._data.summary, "config": self._data.config},
                 "config_source": {"data_paths_resolved": self._data.recorded_paths}} if self._data is not None else {}))
+        workspace.mark_created(run_dir, self._record)  # this user started it here, with the script and modules just recorded
         self._open_files(run_dir)
         log.info("run %s: started (%s)", run_id, f"script {self._script.name}" if self._script else "no script file")
         self._write_env()
@@ -568,6 +568,8 @@ class Run:
         epochs_done = self._position // per_epoch if per_epoch else 0
         gathered = {
             "format_version": FORMAT_VERSION,
+            # the record's format, outside the state hash: it witnesses the format the record is judged under
+            **({"record_format": self._record.get("record_format")} if self._record is not None and self._record.get("record_format") else {}),
             "reason": reason,
             "model": state["model"].state_dict(),
             "optimizer": state["optimizer"].state_dict() if state["optimizer"] is not None else None,
@@ -695,7 +697,10 @@ class Run:
             self._facts.deterministic = self.deterministic and torch.are_deterministic_algorithms_enabled()
             self._facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
             if self._script is not None:
+                marked = self.workspace.created_here(self.dir, record)  # a mark grows with the code only when it held the code so far
                 script_module.save_modules(self.dir, record.code)  # modules imported while it ran
+                if marked:
+                    self.workspace.mark_created(self.dir, record)
             if self._entries:
                 record.set(trajectory=trajectory.for_record(self._entries, self.dir / "checkpoints", self.audit_every), other_saves=[],
                            training={"epochs": self._epoch_of_position(), "steps": self._position,
