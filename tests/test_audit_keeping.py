@@ -183,7 +183,8 @@ def test_gc_keeps_audit_checkpoints_and_the_kept_flags(audited, tmp_path):
 
 
 def test_check_counts_auditable_segments(audited):
-    from veritrain.trust.check import _auditable_row, check_run
+    from veritrain.trust.assessment import replayability
+    from veritrain.trust.check import check_run
 
     run_dir = audited["run_dir"]
     row = next(i for i in check_run(run_dir, audited["workdir"] / ".veritrain")["items"] if i["id"] == "auditable")
@@ -193,11 +194,10 @@ def test_check_counts_auditable_segments(audited):
     record = record_of(run_dir)
     state_dir = audited["workdir"] / ".veritrain"
     plain = {**record, "trajectory": [{**e, "kept_for_audit": False} for e in record["trajectory"]]}
-    status, fix, detail = _auditable_row(run_dir, plain, state_dir, "veritrain run config.yaml")  # flags that disagree with audit_every 2
-    assert status == "fail" and "kept_for_audit False, but checkpoint.audit_every 2 keeps it" in detail
+    facts = replayability(run_dir, plain, state_dir)  # flags that disagree with audit_every 2
+    assert facts.status == "broken" and "kept_for_audit False, but checkpoint.audit_every 2 keeps it" in facts.reason
     for older in ({**record, "trajectory": None}, {k: v for k, v in record.items() if k != "trajectory"}):
-        status, fix, detail = _auditable_row(run_dir, older, state_dir, "veritrain run config.yaml")
-        assert status == "n/a" and fix == "veritrain run config.yaml --set checkpoint.audit_every=1"
+        assert replayability(run_dir, older, state_dir).status == "n/a"
 
 
 def test_run_page_shows_the_trajectory_and_the_audits(audited, tmp_path):

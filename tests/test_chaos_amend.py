@@ -1,5 +1,6 @@
 """Kill -9 during eval, export, baseline, gc, data prepare and import, 10 times each (benchmarks/chaos_amend.py):
-afterwards every run verifies, or the next command completes or rolls back what the kill left."""
+afterwards every run verifies (a pending amend apart, which verify refuses to take on trust), and the next command
+completes or rolls back what the kill left."""
 
 from __future__ import annotations
 

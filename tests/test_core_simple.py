@@ -100,7 +100,7 @@ def test_config_validation_and_the_tasks_package_share_one_registry(monkeypatch)
 
 
 # the base and records layers (docs/architecture.md): what the kept verdicts may import from veritrain
-BASE_AND_RECORDS = {"veritrain", "veritrain.core.config", "veritrain.core.hashing", "veritrain.core.files", "veritrain.core.secrets", "veritrain.core.errors",
+BASE_AND_RECORDS = {"veritrain", "veritrain.core.config", "veritrain.core.hashing", "veritrain.core.files", "veritrain.core.secrets", "veritrain.core.errors", "veritrain.core.user_dirs",
                     "veritrain.core.logs", "veritrain.records.record", "veritrain.records.workspace", "veritrain.records.registry", "veritrain.records.experiments"}
 
 

@@ -28,6 +28,8 @@ def test_a_completed_run_of_the_previous_code_verifies_and_reproduces_identicall
     verified = cli("verify", COMPLETED, "--workdir", str(tmp_path), "--json")
     assert verified.code == 0, verified.stdout + verified.stderr
     assert verified.json()["ok"] and not verified.json()["problems"]
+    assert verified.json()["format"]["effective"] == 0  # made before records named their format, and judged as such
+    assert "judged under record format 0" in cli("verify", COMPLETED, "--workdir", str(tmp_path)).stdout
 
     checked = {i["item"]: i for i in cli("check", COMPLETED, "--workdir", str(tmp_path), "--json").json()["items"]}
     skew_row = checked["data: achieved split follows the ratios (no split_skew)"]
@@ -140,5 +142,6 @@ def test_a_run_with_a_trajectory_of_the_previous_code_verifies_and_audits_and_sa
         # the fixture (bit-exact replay is promised on the same kind of machine); nothing here is a forgery verdict
         pytest.skip(f"this machine replays the fixture's first segment differently: {result['segments'][0].get('detail')}")
     assert audited.code == 0, audited.stdout + audited.stderr
-    assert result["verdict"] == "identical" and result["segments_audited"] == result["segments_total"] and result["results"] == []
+    assert result["verdict"] == "identical" and result["segments_audited"] == result["segments_total"]
+    assert [(r["what"], r["verdict"]) for r in result["results"]] == [("baselines", "unchecked")]  # fitted by that veritrain
     assert "not checked: metrics.test from the trajectory" in audited.stderr

@@ -44,10 +44,15 @@ def verified(cli, workdir: Path, run_id: str, *options: str) -> dict:
 @pytest.mark.parametrize("archive, run_id", [
     ("format0-script.tar.gz", SCRIPT), ("format0-lm.tar.gz", LM), ("format0-signed.tar.gz", SIGNED),
     ("format0-resealed.tar.gz", RESEALED)])
-def test_a_run_of_the_previous_code_verifies(cli, tmp_path, archive, run_id):
+def test_a_run_of_the_previous_code_verifies_under_format_0_and_says_so(cli, tmp_path, archive, run_id):
     record = imported(cli, tmp_path, archive, run_id)
-    assert record["status"] == "completed"
-    verified(cli, tmp_path, run_id)
+    assert record["status"] == "completed" and "record_format" not in record
+    verdict = verified(cli, tmp_path, run_id)
+    assert verdict["format"]["effective"] == 0 and verdict["format"]["declared"] == 0 and verdict["format"]["witnessed"] == 0
+    shown = cli("verify", run_id, "--workdir", str(tmp_path))
+    assert "format: judged under record format 0 (declared 0; this veritrain writes 1); unchecked under it:" in shown.stdout
+    refused = cli("verify", run_id, "--workdir", str(tmp_path), "--min-format", "1", "--json")  # a policy can ask for more
+    assert refused.code == 1 and [p["kind"] for p in refused.json()["problems"]] == ["format_below_minimum"]
 
 
 def test_a_signed_run_of_the_previous_code_verifies_with_its_public_key_and_its_signature_is_checked(cli, tmp_path):

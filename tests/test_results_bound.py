@@ -218,7 +218,8 @@ def test_the_printed_escape_probability_is_the_exact_figure(honest):
         expected = math.comb(total - covered, forged) / math.comb(total, forged)
         assert audit["escape_probability"][str(forged)] == pytest.approx(expected, abs=0)
         assert f"a trajectory with {forged} forged segment(s) among 9 escapes this audit (which checked {covered}) with probability {expected:.3f}" in result.stderr
-    assert all(v["verdict"] == "identical" for v in audit["segments"]) and [r["verdict"] for r in audit["results"]] == ["identical", "identical"]
+    assert all(v["verdict"] == "identical" for v in audit["segments"])
+    assert [(r["what"], r["verdict"]) for r in audit["results"]] == [("metrics.test", "identical"), ("baselines", "identical"), ("export parity", "identical")]
 
 
 def test_escape_probability_formula():

@@ -854,3 +854,15 @@ def test_a_sweep_page_shows_the_seed_spread_of_repeated_trials(site, tmp_path):
     assert "sd 0.02 over 3 seeds (0.8, 0.82, 0.78)" in rows["0"] and "sd 0.03 over 3 seeds (0.9, 0.93, 0.87)" in rows["1"]
     assert 'class="best' in rows["1"] and "0.88" in rows["1"] and "0.88" not in rows["0"]  # only the best trial's test result
     assert "3 seeds per trial" in html and "not used for selection" in html and 'id="sweep-seal"' not in html
+
+
+def test_the_run_page_shows_the_format_and_the_signer_verify_found(site):
+    """The Trust section renders the kept verdict's record format and signer, as `veritrain verify` prints them."""
+    from veritrain.trust.verify import verify_and_keep
+    from veritrain.web.server import create_app
+
+    workspace, run_id = site["workspace"], site["good"]
+    verify_and_keep(workspace.runs_dir / run_id, workspace.state_dir)
+    html = TestClient(create_app(workspace), base_url=BASE).get(f"/runs/{run_id}").text
+    assert "<th>format</th><td class=\"trust-line\">judged under record format 1 (declared 1; this veritrain writes 1)" in html
+    assert "<th>signer</th><td class=\"trust-line\">none (the provenance statement is unsigned)" in html

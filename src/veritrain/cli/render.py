@@ -331,20 +331,13 @@ def verify_findings(result: dict[str, Any]) -> None:
         logs.report(f"data: {result['raw_data']}")
     fmt, signer = result.get("format"), result.get("signer")
     if fmt:
-        logs.report(format_line(fmt))
+        from veritrain.trust.formats import line
+
+        logs.report(line(fmt))
     if signer:
         from veritrain.trust.provenance_check import Signer
 
         logs.report(Signer(**signer).line())
-
-
-def format_line(fmt: dict[str, Any]) -> str:
-    """The record format a run was judged under, why, and what that format leaves unchecked, in one line."""
-    why = f"declared {fmt['declared']}" + (f"; its content shows {fmt['witnessed']}" if fmt["witnessed"] > fmt["declared"] else "")
-    line = f"format: judged under record format {fmt['effective']} ({why}; this veritrain writes {fmt['current']})"
-    if fmt["unchecked"]:
-        line += f"; unchecked under it: {', '.join(fmt['unchecked'])}"
-    return line
 
 
 def verified(run_id: str, result: dict[str, Any]) -> None:

@@ -320,6 +320,10 @@ def _check_baselines(opened: OpenRun) -> list[dict[str, Any]]:
     if not isinstance(recorded, dict) or not isinstance(recorded.get("results"), dict):
         return []
     item: dict[str, Any] = {"what": "baselines", "entry": None, "step": None}
+    from veritrain.trust import formats
+
+    if formats.declared(opened.record) < 1:  # an earlier veritrain may have fitted them another way: no forgery verdict
+        return [{**item, "verdict": "unchecked", "detail": "fitted by a veritrain before record format 1, which this one may not fit alike"}]
     fit = getattr(opened.task, "baselines", None)
     if fit is None:
         return [{**item, "verdict": "unchecked", "detail": f"the task {opened.record.get('task')} fits no baselines of its own"}]

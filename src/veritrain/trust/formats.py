@@ -59,6 +59,15 @@ class FormatFacts:
                 "minimum": self.minimum, "current": RECORD_FORMAT, "unchecked": list(self.unchecked)}
 
 
+def line(fmt: Mapping[str, Any]) -> str:
+    """The record format a run was judged under (`FormatFacts.as_dict()`), why, and what that format leaves unchecked."""
+    why = f"declared {fmt['declared']}" + (f"; its content shows {fmt['witnessed']}" if fmt["witnessed"] > fmt["declared"] else "")
+    shown = f"format: judged under record format {fmt['effective']} ({why}; this veritrain writes {fmt['current']})"
+    if fmt["unchecked"]:
+        shown += f"; unchecked under it: {', '.join(fmt['unchecked'])}"
+    return shown
+
+
 def declared(record: Mapping[str, Any]) -> int:
     value = record.get("record_format")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 0

@@ -595,7 +595,28 @@ def verdict_shown(run_dir: Path, state_dir: Path, verified: Optional[dict[str, A
     if verdict is None:
         return {"state": "none", "verdict": None}
     shown = {k: verdict.get(k) for k in ("ok", "verified_at", "seal", "problems", "drift", "expect", "strict", "stale", "stale_reasons")}
+    shown["lines"] = trust_lines(verdict)
     return {"state": "stale" if verdict["stale"] else "ok" if verdict["ok"] else "failed", "verdict": shown}
+
+
+def trust_lines(verdict: dict[str, Any]) -> list[str]:
+    """The record format and the signer a verdict found, as `veritrain verify` prints them (kept verdicts of earlier
+    versions have neither)."""
+    from veritrain.trust.formats import line
+    from veritrain.trust.provenance_check import Signer
+
+    lines = []
+    if isinstance(verdict.get("format"), dict):
+        try:
+            lines.append(line(verdict["format"]))
+        except (KeyError, TypeError):
+            pass
+    if isinstance(verdict.get("signer"), dict):
+        try:
+            lines.append(Signer(**verdict["signer"]).line())
+        except TypeError:
+            pass
+    return lines
 
 
 def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
