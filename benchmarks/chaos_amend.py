@@ -8,8 +8,9 @@ that workspace (an empty one for prepare and import), starts the command and kil
 the command's measured duration, as soon as its journal (or temp folder) appears, or as soon as it commits (plan.json,
 or the renamed store entry). Then:
 
-1. without writing, every run verifies but for a pending amend (an interrupted amend: verify fails with
-   `amend_pending` and nothing else), every stored data version passes its check, and every run the registry lists is there;
+1. without writing, every run verifies but one with a pending amend (an interrupted amend: verify fails with
+   `amend_pending`, its files perhaps half switched, until the next command repairs it), every stored data version
+   passes its check, and every run the registry lists is there;
 2. the same command again exits 0 (import: or says the run is already there), completing or rolling back what the
    kill left, in one line;
 3. afterwards every run verifies, no journal is left, and the data version loads.
@@ -141,8 +142,10 @@ def problems(ws: Path, final: bool, version: str) -> list[str]:
     runs, state = ws / "runs", ws / ".veritrain"
     for run_dir in sorted(runs.glob("*")) if runs.exists() else []:
         result = verify_run(run_dir, state, rehash_data=False)  # the stored data version is checked; the raw data is not the command's
-        # right after a kill a pending journal is the one problem allowed: verify takes no journal on trust (amend_pending)
-        wrong = [p for p in result["problems"] if final or p["kind"] != "amend_pending"]
+        # right after a kill a run with a pending journal does not verify (amend_pending: verify takes no journal on
+        # trust, and the files may be half switched); the next command must repair it, which `final` then judges
+        pending = any(p["kind"] == "amend_pending" for p in result["problems"])
+        wrong = result["problems"] if final or not pending else []
         if wrong:
             found.append(f"{run_dir.name} does not verify: {wrong[:3]}")
         if final and result.get("interrupted_amend"):

@@ -113,6 +113,10 @@ def test_stripping_the_provenance_statement_fails_by_the_records_format_and_by_p
     assert verify(cli, signed).code == 1 and "format_requires" in kinds(verify(cli, signed))  # no key needed: format 1 requires it
     caught = verify(cli, signed, "--public-key", str(signed["public"]))
     assert caught.code == 1 and "signature_required" in kinds(caught)
+    checked = cli("check", signed["run_dir"].name, "--workdir", str(signed["workdir"]), "--public-key", str(signed["public"]), "--json")
+    rows = {r["id"]: r for r in checked.json()["items"]}
+    assert checked.code == 1 and rows["provenance_signed"]["status"] == "fail" and rows["run_verifies"]["status"] == "fail"
+    assert "sealed before" not in rows["provenance_signed"]["detail"]  # a format-1 record is never called an older one
 
 
 def test_a_record_presented_as_format_0_is_caught_by_its_checkpoints_then_by_policy(cli, signed):
