@@ -61,10 +61,9 @@ def copy_runs(template: Path, runs_dir: Path, count: int, with_files: bool = Fal
         run_dir = runs_dir / run_id
         if with_files:
             shutil.copytree(template, run_dir)
-            # the copy's record differs from the one the provenance statement is about: it states none (verify then
-            # reports no stale statement)
-            (run_dir / "provenance.intoto.jsonl").unlink(missing_ok=True)
-            record.pop("provenance", None)
+            # the copy's record differs from the one the provenance statement is about: it gets a new, unsigned one below,
+            # as a re-seal writes it (a record of format 1 must name its statement)
+            record["provenance"] = {"file": "provenance.intoto.jsonl", "key_fingerprint": None}
         else:
             run_dir.mkdir(parents=True)
         # in the big table every 11th run failed; a published run is a completed one (publish leaves the others out)
@@ -77,6 +76,10 @@ def copy_runs(template: Path, runs_dir: Path, count: int, with_files: bool = Fal
         test["macro_f1"] = test["f1_macro"] = test["accuracy"] * 0.97
         test["log_loss"] = test["loss"] = 2.5 - 2 * test["accuracy"]
         data = json.dumps(record, indent=2, sort_keys=True).encode()
+        if with_files:
+            from veritrain.records.record import statement_bytes
+
+            (run_dir / "provenance.intoto.jsonl").write_bytes(statement_bytes(record, hashlib.sha256(data).hexdigest(), run_dir, None))
         (run_dir / "record.json").write_bytes(data)
         (run_dir / "record.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
 

@@ -96,7 +96,7 @@ def baseline_of(record: Mapping[str, Any]) -> Judgement:
 AUDIT_EVERY_FIX = 1  # the fix for a run a segment of which has no start keeps every scheduled checkpoint for audit
 
 
-def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path) -> Replayability:
+def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, with_notes: bool = False) -> Replayability:
     """Whether audit can replay every segment of the trajectory here: each from the nearest earlier state the run keeps
     (the initial state always counts), exactly. The run itself must allow it (deterministic kernels, no torch.compile,
     one process, a script at the `replayable` level); what a replay needs must be here (the data version, the recorded
@@ -107,7 +107,7 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path) -> 
 
     run = run_dir.name
     entries = record.get("trajectory") or []
-    new_run = _new_run_fix(run_dir, record)
+    new_run = new_run_fix(run_dir, record)
     if len(entries) < 2:
         return Replayability("n/a", f"{run}: the record has no trajectory to replay (a baseline run, a run of an outside checkpoint, one made "
                                     "before trajectories, or one stopped before its first checkpoint)")
@@ -119,7 +119,7 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path) -> 
     world_size = int((record.get("distributed") or {}).get("world_size", 1))
     if blockers or world_size > 1:  # the message names the check that works instead
         fix = f"{new_run} --set train.deterministic=true --set train.compile=false" if blockers else f"veritrain reproduce {run}"
-        return Replayability("not_auditable", cannot_replay(run, record, blockers + (machine_blockers(record, run_dir)[0] if world_size > 1 else [])) or "", fix)
+        return Replayability("not_auditable", cannot_replay(run, record, blockers + (machine_blockers(record, run_dir, False)[0] if world_size > 1 else [])) or "", fix)
     from veritrain.trust.verify import omitted_for_audit
 
     present = {p.relative_to(run_dir).as_posix() for p in (run_dir / "checkpoints").glob("*") if p.is_file()} if (run_dir / "checkpoints").is_dir() else set()
@@ -130,7 +130,7 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path) -> 
     version = (record.get("data") or {}).get("version")
     if not replay.is_script_run(record) and (not version or not (state_dir / "data" / str(version) / "version.json").is_file()):
         return Replayability("incomplete", f"{run}: the data version {str(version)[:12]} is not here: a replay needs it",
-                             f"veritrain data prepare {_config_path(run_dir)} (or import the run's archive made --with-data)")
+                             f"veritrain data prepare {config_path(run_dir)} (or import the run's archive made --with-data)")
     absent = [entry["path"] for entry in recorded_listing(dict(record))[0] if not (run_dir / CODE_DIR / str(entry["path"])).is_file()]
     if absent:
         return Replayability("incomplete", f"{run}: the recorded code {CODE_DIR}/{absent[0]} is not here: a replay runs it",
@@ -139,7 +139,7 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path) -> 
     if longest is None:
         return Replayability("incomplete", f"{run}: a segment has no earlier state to replay from (the trajectory does not start at the initial state)",
                              f"{new_run} --set checkpoint.audit_every={AUDIT_EVERY_FIX}")
-    here, notes = machine_blockers(record, run_dir)
+    here, notes = machine_blockers(record, run_dir, with_notes)
     if here:
         return Replayability("not_here", cannot_replay(run, record, here) or "", f"audit it on a machine like the recorded one (`veritrain runs show {run}`)",
                              tuple(notes), longest)
@@ -150,7 +150,7 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path) -> 
     return Replayability("auditable", detail, f"{new_run} --set checkpoint.audit_every={AUDIT_EVERY_FIX}", tuple(notes), longest)
 
 
-def _config_path(run_dir: Path) -> str:
+def config_path(run_dir: Path) -> str:
     """The run's config.yaml as a command typed here can name it: relative to the current directory when the run is
     below it, else absolute (with --workdir the workspace is elsewhere)."""
     import shlex
@@ -162,10 +162,10 @@ def _config_path(run_dir: Path) -> str:
         return shlex.quote(str(path.resolve()))
 
 
-def _new_run_fix(run_dir: Path, record: Mapping[str, Any]) -> str:
+def new_run_fix(run_dir: Path, record: Mapping[str, Any]) -> str:
     """The command that starts a new run of this run's config, of the same kind."""
     command = {"train": "train", "baseline": "baseline"}.get(record.get("kind") or "run", "run")
-    return f"veritrain {command} {_config_path(run_dir)}"
+    return f"veritrain {command} {config_path(run_dir)}"
 
 
 # packages whose version decides the numbers of a replay; any other difference is shown, not blocking
@@ -193,17 +193,19 @@ def intrinsic_blockers(record: Mapping[str, Any]) -> list[str]:
     return blockers
 
 
-def machine_blockers(record: Mapping[str, Any], run_dir: Path) -> tuple[list[str], list[str]]:
-    """(why this machine cannot replay the run exactly, differences shown but not blocking)."""
-    import torch
-
+def machine_blockers(record: Mapping[str, Any], run_dir: Path, with_notes: bool = True) -> tuple[list[str], list[str]]:
+    """(why this machine cannot replay the run exactly, differences shown but not blocking; with `with_notes` False the
+    second is empty, and only the packages that decide a replay's numbers are compared)."""
     from veritrain.records.record import _cpu_name, package_list
 
     env, training = record.get("env") or {}, record.get("training") or {}
     blockers, notes = [], []
     device = str((training.get("settings") or {}).get("device") or env.get("device") or "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        blockers.append(f"the run trained on {device}; this machine has no CUDA device")
+    if device.startswith("cuda"):
+        import torch  # only for a CUDA run: the checklist and the run page never import torch for a CPU one
+
+        if not torch.cuda.is_available():
+            blockers.append(f"the run trained on {device}; this machine has no CUDA device")
     for key, now in (("python", platform.python_version()), ("machine", platform.machine())):
         if env.get(key) and env[key] != now:
             blockers.append(f"{key} {env[key]} recorded, {now} here")
@@ -213,13 +215,23 @@ def machine_blockers(record: Mapping[str, Any], run_dir: Path) -> tuple[list[str
     lock = run_dir / "env" / "requirements.lock"
     if lock.exists():
         recorded = _versions(lock.read_text(encoding="utf-8"))
-        here = _versions(package_list())
-        for name in sorted(set(recorded) | set(here)):
+        # every package's metadata takes about 0.4 s to read: only an audit, which shows the notes, reads them all
+        here = _versions(package_list()) if with_notes else {name: version for name in DECISIVE_PACKAGES if (version := _installed(name))}
+        for name in sorted(set(recorded) | set(here)) if with_notes else DECISIVE_PACKAGES:
             if recorded.get(name) == here.get(name):
                 continue
             text = f"{name} {recorded.get(name, 'absent')} recorded, {here.get(name, 'absent')} here"
             (blockers if name in DECISIVE_PACKAGES else notes).append(text)
     return blockers, notes
+
+
+def _installed(name: str) -> Optional[str]:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def replay_blockers(record: Mapping[str, Any], run_dir: Path) -> tuple[list[str], list[str]]:

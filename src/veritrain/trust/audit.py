@@ -73,7 +73,7 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
         raise UserError(f"--out {out}: inside the run folder; the audit never writes into the run (it would no longer verify)")
     entries = record.get("trajectory") or []
     script_run = replay.is_script_run(record)
-    replay_facts = replayability(run_dir, record, workspace.state_dir)
+    replay_facts = replayability(run_dir, record, workspace.state_dir, with_notes=True)
     if replay_facts.status in ("n/a", "not_auditable"):  # nothing a verify could change
         raise UserError(replay_facts.reason)
     # the full `veritrain verify` first (checkpoint states, keep rule, results, data and provenance included, under the

@@ -21,7 +21,7 @@ from veritrain.core.baselines import Judgement
 from veritrain.core.errors import RunFailed
 from veritrain.records.record import read_record
 from veritrain.trust import formats
-from veritrain.trust.assessment import Replayability
+from veritrain.trust.assessment import Replayability, config_path, new_run_fix
 from veritrain.trust.policy import Policy
 from veritrain.trust.provenance_check import Signer
 
@@ -74,7 +74,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     data = record.get("data") or {}
     kind = record.get("kind") or "run"
     status = record.get("status")
-    new_run = _new_run_fix(run_dir, record)
+    new_run = new_run_fix(run_dir, record)
     rows: dict[str, tuple[str, Optional[str], str]] = {}  # id → (status, fix, detail); fix None: nothing to run
 
     version_dir = state_dir / "data" / str(data.get("version"))
@@ -83,7 +83,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     except (OSError, ValueError):  # missing or damaged: reported by the rows below and by verify
         info = None
     info = info if isinstance(info, dict) else None
-    config = _config_path(run_dir)
+    config = config_path(run_dir)
     prepare = f"veritrain data prepare {config}" if data.get("version") else new_run
     rows["data_versioned"] = ("pass" if data.get("version") and info else "missing", prepare,
                               f"version {str(data.get('version'))[:12]}, {data.get('quarantined', 0)} quarantined")
@@ -195,22 +195,6 @@ def _script_rows(run_dir: Path, record: dict[str, Any], rows: dict[str, tuple[st
     if files and rows["checkpoint_with_optimizer"][0] != "pass":  # a framework's own checkpoint files
         rows["checkpoint_with_optimizer"] = ("pass" if _has_optimizer(run_dir, record.get("artifacts") or {}, files[-1:]) else "missing",
                                              "save the optimizer with the framework's checkpoints", "")
-
-
-def _config_path(run_dir: Path) -> str:
-    """The run's config.yaml as a command typed here can name it: relative to the current directory when
-    the run is below it, else absolute (with --workdir the workspace is elsewhere)."""
-    path = run_dir / "config.yaml"
-    try:
-        return shlex.quote(path.resolve().relative_to(Path.cwd().resolve()).as_posix())
-    except ValueError:
-        return shlex.quote(str(path.resolve()))
-
-
-def _new_run_fix(run_dir: Path, record: dict[str, Any]) -> str:
-    """The command that starts a new run of this run's config, of the same kind."""
-    command = {"train": "train", "baseline": "baseline"}.get(record.get("kind") or "run", "run")
-    return f"veritrain {command} {_config_path(run_dir)}"
 
 
 def _training_fix(run: str, record: dict[str, Any], new_run: str) -> str:
