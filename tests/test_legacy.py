@@ -107,6 +107,7 @@ def test_runs_whose_config_was_recorded_with_stars_verify_but_are_not_rebuilt(cl
     for workdir, run in ((completed, REDACTED_COMPLETED), (interrupted, REDACTED_INTERRUPTED)):
         verified = cli("verify", run, "--workdir", str(workdir), "--json")
         assert verified.code == 0 and verified.json()["ok"], verified.stdout + verified.stderr
+        assert verified.json()["format"]["effective"] == 0
     for trust in ((), ("--trust-code",)):
         for command in (["reproduce", REDACTED_COMPLETED, "--workdir", str(completed)],
                         ["train", "--resume", REDACTED_INTERRUPTED, "--workdir", str(interrupted)],
@@ -128,6 +129,9 @@ def test_a_run_with_a_trajectory_of_the_previous_code_verifies_and_audits_and_sa
     imported(cli, tmp_path, archive)
     verified = cli("verify", run_id, "--workdir", str(tmp_path), "--json")
     assert verified.code == 0, verified.stdout + verified.stderr
+    assert verified.json()["format"] == {"declared": 0, "witnessed": 0, "witnesses": [], "effective": 0, "minimum": 0, "current": 1,
+                                         "unchecked": list(verified.json()["format"]["unchecked"])}
+    assert "each result's trajectory entry" in verified.json()["format"]["unchecked"]
     not_checked = [n["check"] for n in verified.json()["not_checked"]]
     assert "metrics.test from the trajectory" in not_checked and "export from the trajectory" in not_checked
     row = next(i for i in cli("check", run_id, "--workdir", str(tmp_path), "--json").json()["items"] if i["id"] == "results_from_trajectory")

@@ -230,10 +230,19 @@ def _script_bound(record):
     record["guarantee"] = {"level": "bound", "reasons": ["the data order did not come from run.batches"]}
 
 
-@pytest.mark.parametrize("case", ["deterministic", "nondeterministic", "multi_process", "script_bound"])
+@pytest.mark.parametrize("case", ["deterministic", "nondeterministic", "multi_process", "script_bound", "script_elsewhere"])
 def test_check_and_audit_agree_on_whether_a_run_can_be_audited(cli, case, small_run_copy, nondeterministic, tmp_path):
     if case == "nondeterministic":
         run_dir, workdir = nondeterministic, nondeterministic.parent.parent
+    elif case == "script_elsewhere":  # a replayable script's run, imported where its working directory is not
+        workdir = tmp_path / "imported"
+        archive = Path(__file__).parent / "fixtures" / "legacy" / "format0-script.tar.gz"
+        run_dir = workdir / "runs" / cli("import", str(archive), "--workdir", str(workdir), "--json").json()["run_id"]
+
+        def elsewhere(record):
+            record["script"]["cwd"] = str(tmp_path / "where-it-ran")  # not on this machine
+
+        forge(run_dir, elsewhere)
     else:
         run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
         if case == "multi_process":

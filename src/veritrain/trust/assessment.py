@@ -115,6 +115,10 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, wit
         why = replay.refusal(record, "audit")
         if why:
             return Replayability("not_auditable", why, "make the run replayable (docs/api.md: guarantee levels) in a new run")
+        cwd = (record.get("script") or {}).get("cwd")
+        if not cwd or not Path(str(cwd)).is_dir():  # the replay of a script starts in its recorded working directory
+            return Replayability("incomplete", f"{run}: the recorded working directory {cwd} is not here; the replay runs there",
+                                 f"audit it where the script ran (`veritrain runs show {run}`), with its inputs in place")
     blockers = intrinsic_blockers(record)
     world_size = int((record.get("distributed") or {}).get("world_size", 1))
     if blockers or world_size > 1:  # the message names the check that works instead
