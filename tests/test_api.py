@@ -132,11 +132,16 @@ def test_audit_replays_segments_identically_and_finds_a_training_that_differs(pl
     assert {s["verdict"] for s in result["segments"]} == {"identical"}
     assert not list((place.root / "runs" / own_run).glob("**/*.tmp"))
     assert veritrain("verify", own_run, cwd=place.root).code == 0  # the audit wrote nothing into the run
-    os.environ["TINY_NOISE"] = "1"  # the replayed script now trains differently (the variable is not recorded)
+    os.environ["TINY_NOISE"] = "1"  # not the run's: the replay's environment is built from nothing but the recorded variables
+    try:
+        assert veritrain("audit", own_run, "--segments", "1", "--seed", "5", cwd=place.root).code == 0
+    finally:
+        del os.environ["TINY_NOISE"]
+    (place.root / "TINY_NOISE").touch()  # the replayed script now trains differently (it reads a file it names by path)
     try:
         differs = veritrain("audit", own_run, "--segments", "1", "--seed", "5", "--json", cwd=place.root)
     finally:
-        del os.environ["TINY_NOISE"]
+        (place.root / "TINY_NOISE").unlink()
     assert differs.code == 1 and differs.json()["verdict"] == "differs", differs.stdout
 
 

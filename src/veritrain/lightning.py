@@ -292,8 +292,6 @@ class Callback(pl.Callback):
         if loaded and (resume or run._audit is not None):
             entry = trajectory.entry(loaded["trajectory"], run.config_hash, run._binding, loaded["step"], loaded["epoch"],
                                      loaded["state_sha256"], loaded["model_sha256"])
-            if run._audit is not None:
-                _check_audit_start(run, loaded)
             path = Path(fit_from).resolve() if fit_from else None
             if path is not None and run.dir is not None and path.is_relative_to(run.dir.resolve()):
                 entry["file"] = path.relative_to(run.dir.resolve()).as_posix()
@@ -305,7 +303,8 @@ class Callback(pl.Callback):
                 run.continue_trajectory([], 0)
                 _discard_later_checkpoints(run.dir, [])
             weights = pl_module.state_dict()
-            run.enter_checkpoint(None, trajectory.state_sha256({"state_dict": weights}), state_dict_sha256(weights), 0, 0)
+            run.enter_checkpoint(None, trajectory.state_sha256({"state_dict": weights}), state_dict_sha256(weights), 0, 0,
+                                 write=lambda path: torch.save({"state_dict": weights}, path), suffix=".pt")
             run._facts.checkpoints -= 1  # the initial state is no save
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -375,20 +374,10 @@ class Callback(pl.Callback):
         _fit.clear()
         if run is None:
             return
-        if run._audit is not None:  # an audit replay stops here (its segment's end, a state that differs, the fit's end)
-            if isinstance(exception, run_module.ReplayStop):
-                run._write_audit()
+        if run._audit is not None:  # an audit replay stops here (its stretch's end, or the fit's): the parent judges what came back
             run_module._active.clear()
         elif not run._finished:
             run._end("interrupted" if isinstance(exception, KeyboardInterrupt) else "failed", error=exception)
-
-
-def _check_audit_start(run: Run, loaded: dict[str, Any]) -> None:
-    """An audit replay from a checkpoint: it must hold the recorded state of the segment's start."""
-    assert run._audit is not None and run.replay is not None
-    expected = run._audit["entries"][run.replay.start]["state_sha256"]
-    if loaded["state_sha256"] != expected:
-        raise RunFailed(f"audit: {Path(str(run.replay.start_file)).name} does not hold entry {run.replay.start}'s state")
 
 
 def _discard_later_checkpoints(run_dir: Path, entries: list[dict[str, Any]]) -> None:
@@ -403,7 +392,7 @@ def _discard_later_checkpoints(run_dir: Path, entries: list[dict[str, Any]]) -> 
 
 class CheckpointIO(TorchCheckpointIO):
     """Lightning's torch.save checkpoints, each hashed after it is written and entered in the run's trajectory (an
-    audit replay writes nothing: it hashes the state and checks it against the recorded entry)."""
+    audit replay writes each into the auditor's folder instead, where the auditor hashes it)."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
         run = run_module.active()
@@ -411,7 +400,12 @@ class CheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
         if run is not None and run.integration == "lightning":
             state_hash, model_hash = state_hashes(checkpoint)
-            run.enter_checkpoint(Path(str(path)), state_hash, model_hash, int(checkpoint.get("global_step", 0)), int(checkpoint.get("epoch", 0)))
+
+            def write(target: Path) -> None:
+                TorchCheckpointIO.save_checkpoint(self, checkpoint, target, storage_options)
+
+            run.enter_checkpoint(Path(str(path)), state_hash, model_hash, int(checkpoint.get("global_step", 0)), int(checkpoint.get("epoch", 0)),
+                                 write=write)
 
 
 def _default_dirpath(trainer: pl.Trainer) -> str:

@@ -69,3 +69,16 @@ def policy_options(func):
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def replay_options(func):
+    """Where a replay runs (`audit`, `reproduce`): the auditor's interpreter, and where a script's inputs are read."""
+    options = [
+        click.option("--python", "python", metavar="PATH", default=None,
+                     help="The interpreter the replay runs in (default: the one running veritrain); the one a record names is never run."),
+        click.option("--inputs-root", "inputs_root", metavar="DIR", default=None, type=click.Path(file_okay=False),
+                     help="A script's run: read its bound inputs from DIR instead of the recorded working directory."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func

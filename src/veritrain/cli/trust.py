@@ -9,7 +9,7 @@ from typing import Optional
 import click
 
 from veritrain.cli import render
-from veritrain.cli.options import json_option, policy_options, trust_code_option, use_current_code_option, workdir_option
+from veritrain.cli.options import json_option, policy_options, replay_options, trust_code_option, use_current_code_option, workdir_option
 from veritrain.cli.render import emit_json
 from veritrain.core.errors import RunFailed
 
@@ -159,9 +159,11 @@ def import_command(archive_file: str, workdir: Optional[str], as_json: bool) -> 
 @click.argument("ref", metavar="RUN")
 @trust_code_option()
 @use_current_code_option(help="Train the reproduction with the current user code instead of the copies recorded with the run.")
+@replay_options
 @workdir_option
 @json_option
-def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdir: Optional[str], as_json: bool) -> int:
+def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, python: Optional[str], inputs_root: Optional[str],
+                      workdir: Optional[str], as_json: bool) -> int:
     """Re-run a completed run's recorded pipeline into a new run and compare weights and metrics.
 
     Same config, seed and data version (refused when the data changed); only the data version is
@@ -175,7 +177,8 @@ def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdi
     from veritrain.orchestration.reproduce import reproduce
     from veritrain.records.workspace import Workspace
 
-    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code, use_current_code=use_current_code)
+    result = reproduce(Workspace.open(workdir), ref, pipeline.python_argv(), trust_code=trust_code, use_current_code=use_current_code,
+                       python=python, inputs_root=inputs_root)
     if as_json:
         emit_json(result)
     render.reproduction(result)
@@ -193,11 +196,12 @@ def reproduce_command(ref: str, trust_code: bool, use_current_code: bool, workdi
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the result (JSON) to this file, outside the run.")
 @trust_code_option()
 @policy_options
+@replay_options
 @workdir_option
 @json_option
 def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[str], trust_code: bool, expect: Optional[str],
                   public_key: Optional[str], trusted_keys: Optional[str], require_signature: bool, min_format: Optional[int],
-                  workdir: Optional[str], as_json: bool) -> int:
+                  python: Optional[str], inputs_root: Optional[str], workdir: Optional[str], as_json: bool) -> int:
     """Replay random segments of a run's trajectory and demand the recorded state hashes, bit for bit.
 
     Proves that the weights came from the recorded training at a fraction of `reproduce`'s cost.
@@ -215,7 +219,8 @@ def audit_command(ref: str, segments: int, seed: Optional[int], out: Optional[st
     from veritrain.trust.policy import from_options
 
     policy = from_options(expect, public_key, trusted_keys, require_signature, min_format)
-    result = audit.run(Workspace.open(workdir), ref, segments, seed, Path(out) if out else None, trust_code=trust_code, policy=policy)
+    result = audit.run(Workspace.open(workdir), ref, segments, seed, Path(out) if out else None, trust_code=trust_code, policy=policy,
+                       python=python, inputs_root=Path(inputs_root) if inputs_root else None)
     if as_json:
         emit_json(result)
     render.audit(result)

@@ -6,7 +6,7 @@ final weights, every epoch's metrics, every evaluation).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from veritrain.core.config import config_hash, resolved_from_record
 from veritrain.core.errors import UserError
@@ -19,7 +19,8 @@ from veritrain.trust.verify import compare_runs
 from veritrain.userloop import replay
 
 
-def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool = False, use_current_code: bool = False) -> dict[str, Any]:
+def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool = False, use_current_code: bool = False,
+              python: Optional[str] = None, inputs_root: Optional[str] = None) -> dict[str, Any]:
     """Run the recorded pipeline of RUN again (same config, seed, data version, and the user code recorded with it,
     or today's with `use_current_code`) into a new run and compare the final weights and every epoch's metrics."""
     from veritrain.data import prepare
@@ -27,7 +28,7 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
     original_dir = workspace.resolve_run(ref, "model")
     original = read_record(original_dir)
     if replay.is_script_run(original):
-        return _reproduce_script(workspace, original, trust_code, use_current_code)
+        return _reproduce_script(workspace, original, trust_code, use_current_code, python, inputs_root)
     resolved = resolved_from_record(original)  # before the code is trusted: a run whose values were not recorded is refused either way
     cfg = resolved.config
     refuse_untrusted_code(workspace, original_dir, original, trust_code)
@@ -56,7 +57,8 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
     return comparison
 
 
-def _reproduce_script(workspace: Workspace, original: Record, trust_code: bool, use_current_code: bool) -> dict[str, Any]:
+def _reproduce_script(workspace: Workspace, original: Record, trust_code: bool, use_current_code: bool, python: Optional[str],
+                      inputs_root: Optional[str]) -> dict[str, Any]:
     """A script's run (veritrain.userloop): its recorded command, with the recorded code, makes a new run; compare the two."""
     if use_current_code:
         raise UserError(f"--use-current-code: run {original.run_id} is a script's run, reproduced only with its recorded code; "
@@ -66,7 +68,7 @@ def _reproduce_script(workspace: Workspace, original: Record, trust_code: bool, 
     refuse_untrusted_code(workspace, original.run_dir, original, trust_code)
     if original.status != "completed":
         raise UserError(f"{original.run_id}: the run is {original.status}; only a completed run can be reproduced")
-    new_dir = replay.reproduce(workspace, original.run_dir)
+    new_dir = replay.reproduce(workspace, original.run_dir, python, Path(inputs_root) if inputs_root else None)
     comparison = compare_runs(original.run_dir, new_dir)
     new = read_record(new_dir)
     comparison["reproduction_status"] = new.status

@@ -464,19 +464,9 @@ def recorded(run_dir: Path, record: Mapping[str, Any], scratch_parent: Path, com
             log.warning("%s: run %s recorded no copy of its model code (%s); it is imported from the current tree",
                         command, run_dir.name, target)
         return CodeSession([], describe="the current code")
-    problem = check_listing(entries)
-    if problem:
-        raise RunFailed(f"{run_dir.name}: record.json: code.user_files: {problem}; the run's recorded code cannot be used")
     scratch = scratch_parent / f"code-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        for entry in entries:
-            content = _read_copy(run_dir, entry["path"], run_dir.name)
-            if entry.get("sha256") and hashlib.sha256(content).hexdigest() != entry["sha256"]:
-                raise RunFailed(f"{run_dir.name}: {CODE_DIR}/{entry['path']}: the recorded copy of {entry['module']} does not match "
-                                f"its recorded hash; see `veritrain verify {run_dir.name}`")
-            copy = scratch / entry["path"]
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            copy.write_bytes(content)
+        for entry, content in copy_recorded(run_dir, entries, scratch):
             _say_if_edited(entry, content, current_roots or [], command, run_dir.name)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -485,6 +475,26 @@ def recorded(run_dir: Path, record: Mapping[str, Any], scratch_parent: Path, com
         log.warning("%s: run %s recorded only %s; its other modules come from the current tree", command, run_dir.name, entries[0]["path"])
         return CodeSession([scratch, *(current_roots or [])], scratch=scratch, recorded=entries, describe=f"the code recorded with run {run_dir.name}")
     return CodeSession([scratch], scratch=scratch, recorded=entries, describe=f"the code recorded with run {run_dir.name}")
+
+
+def copy_recorded(run_dir: Path, entries: list[dict[str, Any]], dest: Path) -> list[tuple[dict[str, Any], bytes]]:
+    """Copy the run's recorded user modules (`entries`, its listing) into `dest` in their package layout, each checked
+    against its recorded hash first; returns (entry, content) per module. RunFailed for a listing that is not one
+    (a record is data) or a copy that does not match."""
+    problem = check_listing(entries)
+    if problem:
+        raise RunFailed(f"{run_dir.name}: record.json: code.user_files: {problem}; the run's recorded code cannot be used")
+    copied = []
+    for entry in entries:
+        content = _read_copy(run_dir, entry["path"], run_dir.name)
+        if entry.get("sha256") and hashlib.sha256(content).hexdigest() != entry["sha256"]:
+            raise RunFailed(f"{run_dir.name}: {CODE_DIR}/{entry['path']}: the recorded copy of {entry['module']} does not match "
+                            f"its recorded hash; see `veritrain verify {run_dir.name}`")
+        copy = dest / entry["path"]
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(content)
+        copied.append((entry, content))
+    return copied
 
 
 def _read_copy(folder: Path, path: str, what: str) -> bytes:

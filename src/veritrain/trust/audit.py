@@ -59,7 +59,8 @@ def _quiet() -> Iterator[None]:
 
 
 def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] = None, out: Optional[Path] = None,
-        trust_code: bool = False, policy: Optional[Policy] = None) -> dict[str, Any]:
+        trust_code: bool = False, policy: Optional[Policy] = None, python: Optional[str] = None,
+        inputs_root: Optional[Path] = None) -> dict[str, Any]:
     """Audit a run; returns the result (also written to `out` and to .veritrain/audits/<run>/). Raises
     UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify under `policy`.
     Whether it can start is the assessment's `replayability`, the same fact `check`'s auditable row shows."""
@@ -96,7 +97,7 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     plan = trajectory_module.stretches(chosen, set(starts))
     started = time.perf_counter()
     if script_run:
-        verdicts, replays, results = _replay_script(workspace, record, plan, starts, trust_code)
+        verdicts, replays, results = _replay_script(workspace, record, plan, starts, trust_code, python, inputs_root)
     else:
         verdicts, replays, results = _replay_loop(workspace, record, plan, starts, trust_code)
     seconds = time.perf_counter() - started
@@ -158,22 +159,38 @@ def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int
 
 
 def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, int]], starts: dict[int, Any],
-                   trust_code: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(segment verdicts, replays, results) of a script's run (veritrain.userloop): each stretch replayed by the recorded
-    script. Its results are the script's own (run.finish metrics): the audit checks the states they came from."""
+                   trust_code: bool, python: Optional[str] = None, inputs_root: Optional[Path] = None,
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(segment verdicts, replays, results) of a script's run (veritrain.userloop): each stretch replayed by a child
+    running the recorded script, which hands back the states it reaches for this process to hash. metrics.final is
+    re-derived by replaying on to run.finish from the last start before the final state."""
     from veritrain.trust import opening
 
     opening.refuse_untrusted_code(workspace, record.run_dir, record, trust_code)
     entries = record.get("trajectory") or []
+    last = len(entries) - 1
+    final = (record.get("metrics") or {}).get("final")
+    finish_at = None
+    if isinstance(final, dict) and final.get("trajectory_entry") and record.get("status") == "completed":
+        finish_at = next((start for start, end in plan if end == last), None)
+        if finish_at is None:  # the shortest replay to the end: from the last start (the final state itself, when kept)
+            finish_at = max(k for k in starts if k <= last)
+            plan = sorted({start: end for start, end in [*plan, (finish_at, last)]}.items())  # one stretch per start, on to the end
     verdicts: list[dict[str, Any]] = []
-    replays = []
-    said: set[str] = set()  # an edited working copy is named once, however many stretches replay it
-    for start, end in plan:
-        t = time.perf_counter()
-        verdicts.extend(replay.audit_stretch(workspace, record, start, end, starts[start], said))
-        replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
-                        "seconds": round(time.perf_counter() - t, 3)})
-    return verdicts, replays, []
+    replays, results = [], []
+    with replay.Replay(workspace, record, python, inputs_root) as replaying:
+        for start, end in plan:
+            t = time.perf_counter()
+            found, result = replaying.stretch(start, end, starts[start], to_finish=(start, end) == (finish_at, last))
+            verdicts.extend(found)
+            if result is not None:
+                results.append(result)
+            replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
+                            "seconds": round(time.perf_counter() - t, 3)})
+    if isinstance(final, dict) and not results:
+        results.append({"what": "metrics.final", "entry": None, "step": None, "verdict": "unchecked",
+                        "detail": "not re-derived: the record binds it to no entry of the trajectory, or the run did not complete"})
+    return verdicts, replays, results
 
 
 def _replay_stretch(opened: OpenRun, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,

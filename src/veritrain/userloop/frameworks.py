@@ -5,7 +5,7 @@ file to check that it holds its entry's state."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.train import trajectory
@@ -90,3 +90,29 @@ def file_hashes(integration: str, path: Path) -> tuple[str, str]:
         return lightning_hashes(checkpoint)
     except TypeError as err:
         raise ValueError(str(err)) from None
+
+
+def handed_back(integration: Optional[str], path: Path) -> tuple[str, str, int]:
+    """(state_sha256, model_sha256, step) of a state a replay's child handed back in `path` (veritrain.userloop.replay),
+    loaded here as data (weights_only) and hashed here: veritrain's checkpoint encoding (the script's own loop, and
+    veritrain's loop), a Lightning checkpoint, or Lightning's initial state as {"state_dict": ...}. ValueError when
+    it cannot be read as one; nothing the child says about the state is believed."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # the child's file is data: a finding, never a crash
+        raise ValueError(f"cannot be loaded as a training state ({str(err)[:120]})") from None
+    if not isinstance(state, dict):
+        raise ValueError("not a training state (a dict)")
+    try:
+        if integration == "lightning" and set(state) == {"state_dict"}:  # the initial state (entry 0)
+            return trajectory.state_sha256(state), state_dict_sha256(state["state_dict"]), 0
+        if integration == "lightning":
+            return (*lightning_hashes(state), int(state.get("global_step", -1)))
+        model, loop = state.get("model"), state.get("loop")
+        if not isinstance(model, dict) or not isinstance(loop, dict):
+            raise ValueError("not a veritrain training state (`model` and `loop`)")
+        return trajectory.state_sha256(state), state_dict_sha256(model), int(loop.get("step", -1))
+    except (TypeError, KeyError) as err:
+        raise ValueError(f"holds a value the state hash does not cover ({str(err)[:120]})") from None

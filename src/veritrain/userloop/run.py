@@ -176,7 +176,7 @@ class Run:
         self._board: Any = None
         self._finished = False
         self._previous_signal: Any = None
-        self._audit: Optional[dict[str, Any]] = None  # an audit replay's verdicts so far
+        self._audit: Optional[Path] = None  # an audit replay: the parent's folder the states reached are handed back into
 
     # ------------------------------------------------------------ reading
 
@@ -202,6 +202,8 @@ class Run:
         if found is not None:
             raise UsageError(f"{found}: a run records its command line as given; leave the secret out")
         script, not_recorded = script_module.main_script()
+        if script is not None and (why := script_module.ran_code_mismatch(script)):
+            self._facts.other.append(why)  # the file __main__ names is not the code that runs: replaying it would prove nothing
         self._script = script
         self._facts.code_not_recorded = not_recorded
         manifest = inputs_module.hash_inputs(self._input_paths, self.cwd) if self._input_paths else None
@@ -414,14 +416,12 @@ class Run:
         return None
 
     def _begin_audit(self) -> None:
-        assert self.replay is not None
-        record = read_record(self.replay.run_dir)
-        if record.get("config_hash") != self.config_hash:
-            raise RunFailed(f"audit: the replayed script's config hashes to {self.config_hash[:12]}, the run's to "
-                            f"{str(record.get('config_hash'))[:12]} ({_config_difference(record['config'], self._config)})")
-        if self._inputs_differ(record):
-            raise RunFailed(f"audit: the inputs differ from those the run bound ({self._inputs_differ(record)}); `veritrain verify` names the files")
-        self._audit = {"entries": thawed(record.get("trajectory") or []), "checked": [], "record": record}
+        """An audit replay: nothing is written but the states handed back (the parent judges them); a config that
+        hashes otherwise than the run's stops it at once, saying so."""
+        assert self.replay is not None and self.replay.out is not None
+        if self.replay.config_hash is not None and self.replay.config_hash != self.config_hash:
+            raise RunFailed(f"audit: the replayed script's config hashes to {self.config_hash[:12]}, the run's to {self.replay.config_hash[:12]}")
+        self._audit = Path(self.replay.out)
 
     # ------------------------------------------------------------ the calls in the loop
 
@@ -454,11 +454,8 @@ class Run:
         if self._resumed_from is not None:
             return self._resumed_from["state"]
         if self._audit is not None and self.replay is not None and self.replay.start_file is not None:
-            saved = checkpoint_files.load(Path(self.replay.start_file))
-            expected = self._audit["entries"][self.replay.start]["state_sha256"]
-            if trajectory.state_sha256(saved) != expected:
-                raise RunFailed(f"audit: {Path(self.replay.start_file).name} does not hold entry {self.replay.start}'s state")
-            return saved
+            path = Path(self.replay.start_file)  # the parent's copy, which it found to hold the start's state
+            return checkpoint_files.decode(path, path.read_bytes())
         return None
 
     def _restore(self, saved: dict[str, Any]) -> None:
@@ -600,26 +597,22 @@ class Run:
         digest = state.pop("state_sha256")
         entry = trajectory.entry(self._entries, self.config_hash, self._binding, self._position, self._epoch_of_position(),
                                  digest, state_dict_sha256(state["model"]))
-        if self._audit is not None:
-            self._check_entry(entry)
         self._entries.append(entry)
         state["loop"] = {**state["loop"], "trajectory": list(self._entries)}
+        if self._audit is not None:
+            self._hand_back(lambda path: path.write_bytes(checkpoint_files.encode(state)), ".pt")
         return entry
 
-    def _check_entry(self, entry: dict[str, Any]) -> None:
-        """An audit replay: the entry this replay reached against the recorded one at the same index."""
+    def _hand_back(self, write: Any, suffix: str) -> None:
+        """An audit replay reached the entry just appended: `write(path)` puts its state, in the run's own format, into
+        the parent's folder as entry-<index><suffix> (whole or not at all), and the replay stops at the stretch's end
+        (past it, with to_finish, at the first state the record does not have)."""
         assert self._audit is not None and self.replay is not None
-        index = len(self._entries)
-        recorded = self._audit["entries"]
-        if index >= len(recorded):
-            self._audit["checked"].append({"entry": index, "verdict": "differs", "detail": "the replay saved past the recorded trajectory"})
-            raise ReplayStop()
-        expected = recorded[index]
-        same = (expected["step"], expected["state_sha256"]) == (entry["step"], entry["state_sha256"])
-        if index > self.replay.start or not same:  # the start itself is checked too when it is the initial state
-            self._audit["checked"].append({"entry": index, "step": entry["step"], "verdict": "identical" if same else "differs",
-                                           "state_sha256": entry["state_sha256"], "recorded_sha256": expected["state_sha256"]})
-        if not same or index >= self.replay.end:
+        index = len(self._entries) - 1
+        partial = self._audit / f".entry-{index}{suffix}.partial"
+        write(partial)
+        partial.replace(self._audit / f"entry-{index}{suffix}")
+        if index > self.replay.end or (index >= self.replay.end and not self.replay.to_finish):
             raise ReplayStop()
 
     def _save(self, state: dict[str, Any], final: bool = False) -> None:
@@ -634,18 +627,20 @@ class Run:
         except OSError as err:
             raise RunFailed(f"checkpoint: saving at step {self._position} failed ({err.strerror or err}); the previous checkpoint is intact") from None
 
-    def enter_checkpoint(self, file: Optional[Path], state_sha256: str, model_sha256: str, step: int, epoch: int) -> dict[str, Any]:
+    def enter_checkpoint(self, file: Optional[Path], state_sha256: str, model_sha256: str, step: int, epoch: int,
+                         write: Optional[Any] = None, suffix: str = ".ckpt") -> dict[str, Any]:
         """Enter a checkpoint a framework wrote (`file`, already complete) in the trajectory: its training state's hash
         (veritrain.train.trajectory.state_sha256 of what the framework saved), its weights' hash, and where the loop
-        was. The file is named in the entry when it lies in the run folder, whose seal then covers its bytes."""
+        was. The file is named in the entry when it lies in the run folder, whose seal then covers its bytes. In an
+        audit replay `write(path)` writes that state for the parent to hash (`suffix`: the file's kind)."""
         self._position = step
         entry = trajectory.entry(self._entries, self.config_hash, self._binding, step, epoch, state_sha256, model_sha256)
         if file is not None and self.dir is not None and file.resolve().is_relative_to(self.dir.resolve()):
             entry["file"] = file.resolve().relative_to(self.dir.resolve()).as_posix()
         self._facts.checkpoints += 1
-        if self._audit is not None:
-            self._check_entry(entry)  # an audit replay: against the recorded entry (ReplayStop at the segment's end)
         self._entries.append(entry)
+        if self._audit is not None and write is not None:  # an audit replay: the state goes to the parent, which judges it
+            self._hand_back(write, suffix)
         return entry
 
     def continue_trajectory(self, entries: list[dict[str, Any]], step: int) -> None:
@@ -668,9 +663,10 @@ class Run:
             self._position = max(self._position, self._current + 1)
         if self._state is not None:
             self._final_save()
-        if self._audit is not None:
-            self._audit["checked"].append({"entry": len(self._entries), "verdict": "ended",
-                                           "detail": "the replay finished before the segment's end"})
+        if self._audit is not None:  # an audit replay that went on to the end: the metrics go to the parent, which compares them
+            assert self.replay is not None
+            if self.replay.to_finish:
+                (self._audit / "finish.json").write_text(json.dumps({"metrics": values}, allow_nan=True) + "\n", encoding="utf-8")
             raise ReplayStop()
         self._end("completed", values)
 
@@ -750,14 +746,9 @@ class Run:
 
     def __exit__(self, kind: Optional[type[BaseException]], error: Optional[BaseException], tb: Optional[TracebackType]) -> bool:
         if isinstance(error, ReplayStop):
-            self._write_audit()
             _active.clear()
             raise SystemExit(0)
-        if self._audit is not None:
-            if error is None:
-                self._audit["checked"].append({"entry": len(self._entries), "verdict": "ended",
-                                               "detail": "the script ended before the segment's end"})
-                self._write_audit()
+        if self._audit is not None:  # the script ended or failed before the stretch's end: the parent sees what came back
             _active.clear()
             return False
         if self._finished:
@@ -772,10 +763,6 @@ class Run:
             return False
         self._end("failed", error=error)
         return False
-
-    def _write_audit(self) -> None:
-        assert self._audit is not None and self.replay is not None and self.replay.out is not None
-        Path(self.replay.out).write_text(json.dumps({"checked": self._audit["checked"]}, indent=2) + "\n", encoding="utf-8")
 
 
 # ---------------------------------------------------------------- helpers

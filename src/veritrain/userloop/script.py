@@ -12,6 +12,8 @@ import ast
 import hashlib
 import shutil
 import sys
+import threading
+import types
 from pathlib import Path
 from typing import Any, Optional
 
@@ -32,6 +34,52 @@ def main_script() -> tuple[Optional[Path], Optional[str]]:
     if not path.is_file() or path.suffix != ".py":
         return None, f"__main__ is {file}, not a .py file"
     return path, None
+
+
+def ran_code_mismatch(script: Path) -> Optional[str]:
+    """None when the code running as `__main__` is the file `script` compiled; else one short sentence saying
+    why not (a script can point `__main__.__file__` at another file before it is recorded).
+
+    The code running as `__main__` is that of the outermost module-level frame whose globals are
+    `sys.modules["__main__"]`'s namespace, on this thread's stack or else the main thread's: the script's own
+    frame under `python script.py`, `python -m pkg.mod` and `runpy.run_path(..., run_name="__main__")` (which
+    puts a module of its own in `sys.modules["__main__"]` while the script runs). With no such frame (the
+    script has finished, or a `multiprocessing` spawn child runs it as `__mp_main__`) there is nothing to
+    compare: None. Under `python -c`, pytest or a notebook there is one, and it is not a recorded file.
+
+    The file is compiled as Python compiled the script (its flags, the frame's file name), and the two code
+    objects compare equal when their bytecode, constants, names and line tables do, nested functions included.
+    This tells that what started is the recorded file, not what it does next: code the script runs with
+    `exec()`, or after replacing `sys.modules["__main__"]` with another module, is not checked."""
+    running = _main_module_code()
+    if running is None:
+        return None
+    why = (f"the code running as __main__ is not the recorded file {script.name} (__main__.__file__ names a "
+           "file whose compiled code differs from what runs), so a replay would run other code")
+    try:
+        compiled = compile(script.read_bytes(), running.co_filename, "exec", dont_inherit=True,
+                           optimize=sys.flags.optimize)
+    except (OSError, SyntaxError, ValueError):
+        return why
+    return None if compiled == running else why
+
+
+def _main_module_code() -> Optional[types.CodeType]:
+    """The code of the outermost module-level frame running in `__main__`'s namespace, on this thread's stack
+    or else the main thread's, or None."""
+    namespace = getattr(sys.modules.get("__main__"), "__dict__", None)
+    stacks: list[Optional[types.FrameType]] = [sys._getframe(1)]
+    if threading.current_thread() is not threading.main_thread():
+        stacks.append(sys._current_frames().get(threading.main_thread().ident or 0))
+    for frame in stacks:
+        found = None
+        while frame is not None:
+            if frame.f_code.co_name == "<module>" and frame.f_globals is namespace:
+                found = frame.f_code
+            frame = frame.f_back
+        if found is not None:
+            return found
+    return None
 
 
 def reads_file_variable(source: bytes) -> bool:
