@@ -2,7 +2,8 @@
 a two-layer MLP, 6 batches an epoch, a checkpoint every 3 steps.
 
 Options pick what the script does: --own-order (its own shuffling: a `bound` run), --no-inputs (a `logged` run),
---vt-data (96 training rows of veritrain's digits data version instead of the CSV), --bad-config, --nested. Environment variables (never recorded, so a replay does not see them) plant faults:
+--vt-data (96 training rows of veritrain's digits data version instead of the CSV), --bad-config, --nested,
+--hashed (the loss depends on hash() of a string, so on PYTHONHASHSEED). Environment variables (never recorded, so a replay does not see them) plant faults:
 TINY_KILL_AT=STEP kills the process (SIGKILL) after that step, TINY_FAIL_AT=STEP raises, TINY_NOISE=1 (or a file
 TINY_NOISE in the working directory, which a replay's child, whose environment is built from nothing, sees) changes
 the training (an audit or reproduction must then differ), TINY_PAUSE_AT=STEP writes `paused` beside the script and
@@ -30,6 +31,7 @@ parser.add_argument("--no-inputs", action="store_true")
 parser.add_argument("--bad-config", action="store_true")
 parser.add_argument("--nested", action="store_true")
 parser.add_argument("--vt-data", action="store_true")
+parser.add_argument("--hashed", action="store_true")  # the training depends on str hashes: PYTHONHASHSEED decides it
 args = parser.parse_args()
 config = {"epochs": args.epochs, "lr": args.lr, "seed": args.seed, "own_order": args.own_order}
 if args.bad_config:
@@ -63,6 +65,8 @@ with vt.start(config=config, name="tiny", inputs=inputs, resume=args.resume,
         batches = run.batches(n=len(y), batch_size=16, epochs=run.config["epochs"])
     for step, rows in batches:
         loss = F.cross_entropy(model(x[rows]), y[rows])
+        if args.hashed:
+            loss = loss * (1 + hash("veritrain") % 97 / 1000)
         if os.environ.get("TINY_NOISE") or os.path.exists("TINY_NOISE"):
             loss = loss * 1.01
         optimizer.zero_grad()

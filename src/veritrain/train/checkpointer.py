@@ -104,7 +104,8 @@ class Checkpointer:
     files, the trajectory entry of each save, the every_minutes clock, and the resume."""
 
     def __init__(self, cfg: RunConfig, data_version: str, run_dir: Path, ranks: Ranks, trained: Trained, state: LoopState,
-                 device: torch.device, stop_at_step: Optional[int] = None, record_format: Optional[int] = None):
+                 device: torch.device, stop_at_step: Optional[int] = None, record_format: Optional[int] = None,
+                 hand_back: Optional[Path] = None):
         from veritrain.core.config import config_hash
 
         self.cfg = cfg.checkpoint
@@ -112,6 +113,7 @@ class Checkpointer:
         self.run_dir, self.folder = run_dir, run_dir / "checkpoints"
         self.ranks, self.trained, self.state = ranks, trained, state
         self.stop_at_step = stop_at_step  # an audit replay: raise ReplayDone at the scheduled save of this step
+        self.hand_back = hand_back  # an audit replay: where each state entered in the trajectory is written for the auditor
         # the run's record format, inside every state (outside its hash): content that witnesses the format the record
         # must be judged under (veritrain.trust.formats); None for a run of format 0, whose states never held it
         self.record_format = record_format
@@ -162,6 +164,10 @@ class Checkpointer:
             state.other_saves.append({"step": state.step, "reason": reason, "state_sha256": state_hash,
                                       "after_step": state.trajectory[-1]["step"] if state.trajectory else None})
         written["loop"] = {**written["loop"], "trajectory": list(state.trajectory), "other_saves": list(state.other_saves)}
+        if self.hand_back is not None and (reason in SCHEDULED or reason == "initial"):
+            partial = self.hand_back / f".entry-{len(state.trajectory) - 1}.partial"
+            partial.write_bytes(checkpoint.encode(written))
+            partial.replace(self.hand_back / f"entry-{len(state.trajectory) - 1}.pt")
         if self.stop_at_step is not None and reason in SCHEDULED and state.step >= self.stop_at_step:
             raise ReplayDone(list(state.trajectory), written)
 

@@ -206,14 +206,15 @@ class Step:
 def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None,
         ranks: Optional[rank_group.Ranks] = None, stop_at_step: Optional[int] = None,
-        epoch_judge: Optional[EpochJudge] = None, record_format: Optional[int] = RECORD_FORMAT) -> TrainResult:
+        epoch_judge: Optional[EpochJudge] = None, record_format: Optional[int] = RECORD_FORMAT, hand_back: Optional[Path] = None) -> TrainResult:
     """Stage entry: train on `data` for `cfg.train.epochs`; writes metrics.jsonl, steps.jsonl and
     checkpoints/. With `resume`, continue from the newest valid checkpoint in `run_dir`.
 
     With `ranks` (one of several processes started by torchrun, see veritrain.train.distributed) each
     rank trains on its share of every global batch of `train.batch_size` samples; only rank 0 writes.
     With `stop_at_step` (an audit replay, `veritrain.trust.audit`) it raises ReplayDone at the scheduled
-    checkpoint of that step instead of writing it. With `epoch_judge` (one process only) every epoch waits for
+    checkpoint of that step instead of writing it, and with `hand_back` writes every state it enters in the trajectory
+    there (entry-<index>.pt) for the auditor to hash. With `epoch_judge` (one process only) every epoch waits for
     its verdict, and a pruning one ends training after that epoch. `record_format`: the format of the run's record,
     written into every checkpoint's state (None for a run of format 0, whose checkpoints never held it)."""
     started = time.perf_counter()
@@ -223,7 +224,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
         raise RunFailed("a search's trial trains in one process; drop torchrun and --nproc for it")
     t.judge = epoch_judge
     state = t.state
-    checkpointer = Checkpointer(cfg, data.version, run_dir, t.ranks, t.trained, state, t.device, stop_at_step, record_format)
+    checkpointer = Checkpointer(cfg, data.version, run_dir, t.ranks, t.trained, state, t.device, stop_at_step, record_format, hand_back)
     resumed, augment_state = checkpointer.resume(events) if resume else (False, None)
     history = read_metrics(run_dir)  # the rows of metrics.jsonl so far
     guard = NonFiniteGuard(cfg.train, checkpointer, t.factor, events)

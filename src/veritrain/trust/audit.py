@@ -24,16 +24,16 @@ a forgery verdict).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.records.record import Record, now_iso, read_record
@@ -43,20 +43,9 @@ from veritrain.trust.policy import Policy
 from veritrain.userloop import replay
 
 if TYPE_CHECKING:
-    from veritrain.trust.opening import OpenRun
+    pass
 
 log = logging.getLogger("veritrain")
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """The replayed loop's own lines (epochs, checkpoints) stay out of the audit's output."""
-    previous = log.level
-    log.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        log.setLevel(previous)
-
 
 def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] = None, out: Optional[Path] = None,
         trust_code: bool = False, policy: Optional[Policy] = None, python: Optional[str] = None,
@@ -99,7 +88,7 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     if script_run:
         verdicts, replays, results = _replay_script(workspace, record, plan, starts, trust_code, python, inputs_root)
     else:
-        verdicts, replays, results = _replay_loop(workspace, record, plan, starts, trust_code)
+        verdicts, replays, results = _replay_loop(workspace, record, plan, starts, trust_code, python)
     seconds = time.perf_counter() - started
     training_seconds = float((record.get("timings") or {}).get("train") or 0.0)
     checked_segments = [v for v in verdicts if v["verdict"] in ("identical", "differs")]
@@ -137,25 +126,113 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
 
 
 def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int]], starts: dict[int, Any],
-                 trust_code: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(segment verdicts, replays, results) of a run of veritrain's loop, each stretch replayed here."""
+                 trust_code: bool, python: Optional[str] = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(segment verdicts, replays, results) of a run of veritrain's loop: one child process (veritrain.trust.replay_child)
+    replays every stretch and computes every result again from copies; the states it hands back are hashed here."""
+    from veritrain.core import child
     from veritrain.trust import opening
 
-    run_dir, entries = record.run_dir, record.get("trajectory") or []
-    opened = opening.open_run(workspace, run_dir.name, trust_code=trust_code, need="model", verified=True)
-    threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
-    verdicts: list[dict[str, Any]] = []
-    replays = []
-    with opening.code_session(workspace, run_dir, record, "audit") as code:  # replayed with the code the run recorded
-        if opened.config.model.target:
-            code.import_target(opened.config.model.target)
-        for start, end in plan:
-            t = time.perf_counter()
-            verdicts.extend(_replay_stretch(opened, entries, start, end, starts[start], threads, workspace))
-            replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
-                            "seconds": round(time.perf_counter() - t, 3)})
-        results = _check_results(opened, entries, workspace)
+    opening.refuse_untrusted_code(workspace, record.run_dir, record, trust_code)
+    data, _drift = opening.open_data(workspace, record, record.run_id)
+    python = child.interpreter(python)
+    root = workspace.state_dir / "tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"audit-{os.getpid()}-", dir=root) as folder:
+        scratch = Path(folder)
+        job, early = _loop_job(record, plan, starts, data, scratch)
+        t = time.perf_counter()
+        done = subprocess.run(child.command(python, "veritrain.trust.replay_child", scratch / "boot", str(scratch / "job.json")),
+                              cwd=scratch, env=child.environment((record.get("env") or {}).get("variables") or {}),
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        seconds = time.perf_counter() - t
+        failure = (done.stderr or "").strip().splitlines()[-1:] if done.returncode else []
+        verdicts, replays = [], []
+        for stretch in job["stretches"]:
+            start, end = stretch["start"], stretch["end"]
+            verdicts.extend(early.get(start) or _judge_stretch(record, stretch, failure))
+            replays.append({"from_step": record["trajectory"][start]["step"], "to_step": record["trajectory"][end]["step"],
+                            "segments": end - start, "seconds": round(seconds / max(1, len(job["stretches"])), 3)})
+        for start in sorted(set(early) - {s["start"] for s in job["stretches"]}):
+            verdicts.extend(early[start])
+        results = [_judge_result(record, item, data.version, failure) for item in job["results"]]
     return verdicts, replays, results
+
+
+def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any], data: Any, scratch: Path) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]]]:
+    """The child's job (written to scratch/job.json) with copies of everything it reads, and the verdicts of stretches
+    whose start checkpoint does not hold its entry's state (decided here, not replayed)."""
+    from veritrain.core.files import write_atomic
+    from veritrain.records import usercode
+    from veritrain.trust import formats
+
+    run_dir, entries = record.run_dir, record.get("trajectory") or []
+    listing, only_target = usercode.recorded_listing(record)
+    usercode.copy_recorded(run_dir, listing, scratch / "code")
+    roots = [str(scratch / "code")] + ([str(Path.cwd())] if only_target else [])
+    (scratch / "record.json").write_bytes((run_dir / "record.json").read_bytes())
+    threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
+    job: dict[str, Any] = {"record": str(scratch / "record.json"), "data": str(data.path), "roots": roots, "threads": threads,
+                           "stretches": [], "results": []}
+    early: dict[int, list[dict[str, Any]]] = {}
+    for start, end in plan:
+        stretch: dict[str, Any] = {"start": start, "end": end, "start_step": entries[start]["step"], "stop_step": entries[end]["step"],
+                                   "run_dir": str(scratch / f"run-{start}"), "out": str(scratch / f"states-{start}"), "start_file": None}
+        Path(stretch["out"]).mkdir()
+        if starts[start] is not None:
+            problem = replay.holds(None, starts[start], entries[start])
+            if problem:
+                early[start] = [replay.verdict(entries, start, start + 1, verdict="differs", detail=f"checkpoints/{starts[start].name} {problem}")] \
+                    + replay.unchecked(entries, start, start + 2, end, "its start state is not the trajectory's")
+                continue
+            stretch["start_file"] = str(scratch / f"start-{start}.pt")
+            shutil.copyfile(starts[start], stretch["start_file"])
+        job["stretches"].append(stretch)
+    results = scratch / "results"
+    results.mkdir()
+    for split, metrics in sorted((record.get("metrics") or {}).items()):
+        ref = metrics.get("trajectory_entry") if isinstance(metrics, dict) else None
+        if not ref or not (run_dir / str(metrics.get("checkpoint"))).is_file():
+            continue
+        copy = results / f"{split}.pt"
+        shutil.copyfile(run_dir / str(metrics["checkpoint"]), copy)
+        job["results"].append({"kind": "metrics", "what": f"metrics.{split}", "split": split, "checkpoint": str(copy), "out": str(results / f"{split}.json"),
+                               "entry": ref["index"], "step": ref["step"]})
+    exported = record.get("export") or {}
+    if exported.get("trajectory_entry") and exported.get("files") and (run_dir / str(exported.get("checkpoint"))).is_file():
+        shutil.copytree(run_dir / "export", results / "export")
+        shutil.copyfile(run_dir / str(exported["checkpoint"]), results / "export.pt")
+        job["results"].append({"kind": "export", "what": "export parity", "checkpoint": str(results / "export.pt"), "export_dir": str(results / "export"),
+                               "files": {name: entry["file"] for name, entry in exported["files"].items()}, "out": str(results / "export.json"),
+                               "entry": exported["trajectory_entry"]["index"], "step": exported["trajectory_entry"]["step"]})
+    baselines = record.get("baselines")
+    if isinstance(baselines, dict) and isinstance(baselines.get("results"), dict):
+        job["results"].append({"kind": "baselines", "what": "baselines", "out": str(results / "baselines.json"), "entry": None, "step": None,
+                               "format": formats.declared(record)})
+    write_atomic(scratch / "job.json", json.dumps(job).encode())
+    return job, early
+
+
+def _judge_stretch(record: Record, stretch: dict[str, Any], failure: list[str]) -> list[dict[str, Any]]:
+    """The verdicts on one stretch's states, handed back by the child and hashed here; the first difference named
+    down to the tensor when the run kept that entry's checkpoint."""
+    from veritrain.train import checkpoint, trajectory as trajectory_module
+
+    out, entries = Path(stretch["out"]), record.get("trajectory") or []
+    failed = out / "failed.txt"
+    why = failed.read_text(encoding="utf-8").strip() if failed.is_file() else (failure[0][:200] if failure else None)
+    verdicts = replay.judge(entries, None, out, stretch["start"], stretch["end"], why)
+    kept = trajectory_module.kept_checkpoints(record.run_dir, record)
+    for item in verdicts:
+        index = item["segment"]
+        if item["verdict"] == "differs" and item.get("replayed_state_sha256") and index in kept:
+            try:
+                where = trajectory_module.first_difference(checkpoint.decode(out / f"entry-{index}.pt", (out / f"entry-{index}.pt").read_bytes()),
+                                                           checkpoint.load(kept[index]))
+            except Exception:  # noqa: BLE001 - the detail is a courtesy; the verdict stands without it
+                continue
+            item.update(detail=f"first differing tensor or value: {where}" if where else "the states differ in what the hash covers",
+                        first_difference=where)
+    return verdicts
 
 
 def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, int]], starts: dict[int, Any],
@@ -172,10 +249,11 @@ def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, i
     final = (record.get("metrics") or {}).get("final")
     finish_at = None
     if isinstance(final, dict) and final.get("trajectory_entry") and record.get("status") == "completed":
-        finish_at = next((start for start, end in plan if end == last), None)
-        if finish_at is None:  # the shortest replay to the end: from the last start (the final state itself, when kept)
-            finish_at = max(k for k in starts if k <= last)
-            plan = sorted({start: end for start, end in [*plan, (finish_at, last)]}.items())  # one stretch per start, on to the end
+        latest = _finish_start(record, starts)
+        finish_at = next((start for start, end in plan if end == last and start <= latest), None)
+        if finish_at is None:  # the shortest replay that re-derives the results
+            finish_at = latest
+            plan = [(start, end) for start, end in plan if start < finish_at] + [(finish_at, last)]  # it covers every later stretch
     verdicts: list[dict[str, Any]] = []
     replays, results = [], []
     with replay.Replay(workspace, record, python, inputs_root) as replaying:
@@ -193,159 +271,69 @@ def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, i
     return verdicts, replays, results
 
 
-def _replay_stretch(opened: OpenRun, entries: list[dict[str, Any]], start: int, end: int, start_file: Optional[Path], threads: int,
-                    workspace: Workspace) -> list[dict[str, Any]]:
-    """Replay entry `start` → entry `end` once in a scratch folder (from the initial state when `start_file` is None)
-    and compare the state hash of every entry on the way: one verdict per segment start+1 … end."""
-    import torch
-
-    from veritrain.core.errors import VeritrainError
-    from veritrain.core.signals import StopFlag
-    from veritrain.train import checkpoint, loop, trajectory as trajectory_module
-
-    def verdict(index: int, **fields: Any) -> dict[str, Any]:
-        return {"segment": index, "from_step": entries[index - 1]["step"], "to_step": entries[index]["step"], "epoch": entries[index]["epoch"],
-                "replayed_from_step": entries[start]["step"], **fields}
-
-    def unchecked(after: int, why: str) -> list[dict[str, Any]]:
-        return [verdict(i, verdict="unchecked", detail=why) for i in range(after, end + 1)]
-
-    scratch_root = workspace.state_dir / "tmp"
-    scratch_root.mkdir(parents=True, exist_ok=True)
-    previous_threads = torch.get_num_threads()
-    resume = start_file is not None
-    carried = 1  # entries the replay starts with: the initial state's, or those the start checkpoint carries
-    with tempfile.TemporaryDirectory(prefix=f"audit-{os.getpid()}-", dir=scratch_root) as scratch:
-        run_dir = Path(scratch)
-        if resume:  # the kept checkpoint (its sidecar is checked when it loads) must hold the entry's state
-            saved = checkpoint.load(start_file)
-            held = trajectory_module.state_sha256(saved)
-            if held != entries[start]["state_sha256"]:
-                return [verdict(start + 1, verdict="differs", detail=f"checkpoints/{start_file.name} holds state {held[:12]}, not entry {start}'s "
-                                                                     f"{entries[start]['state_sha256'][:12]}")] + unchecked(start + 2, "its start state is not the trajectory's")
-            carried = len(saved["loop"].get("trajectory") or [])
-            name = f"step-{entries[start]['step']}.pt"
-            (run_dir / "checkpoints").mkdir()
-            shutil.copyfile(start_file, run_dir / "checkpoints" / name)
-            shutil.copyfile(start_file.with_name(start_file.name + ".sha256"), run_dir / "checkpoints" / (name + ".sha256"))
-        replayed: Optional[loop.ReplayDone] = None
-        failure = None
-        try:
-            if threads:
-                torch.set_num_threads(threads)
-            with _quiet():
-                loop.run(opened.config, opened.data, opened.task, run_dir, StopFlag(), None, resume=resume, events=[],
-                         stop_at_step=entries[end]["step"])
-        except loop.ReplayDone as done:
-            replayed = done
-        except VeritrainError as err:
-            failure = str(err)
-        finally:
-            torch.set_num_threads(previous_threads)
-    if replayed is None:
-        return [verdict(start + 1, verdict="differs", detail=failure or f"the replay ended without a scheduled checkpoint at step {entries[end]['step']}")] \
-            + unchecked(start + 2, "the replay stopped")
-    if not resume and replayed.trajectory[0]["state_sha256"] != entries[0]["state_sha256"]:
-        return [verdict(1, verdict="differs", detail="the initial state rebuilt from the config is not the recorded one (model init or seeding differ)")] \
-            + unchecked(2, "the replay started from another initial state")
-    new = replayed.trajectory[carried:]
-    verdicts = []
-    for index in range(start + 1, end + 1):
-        got = new[index - start - 1] if index - start - 1 < len(new) else None
-        recorded = entries[index]
-        if got is None or got["step"] != recorded["step"]:
-            where = "ended" if got is None else f"reached its checkpoint at step {got['step']}"
-            verdicts.append(verdict(index, verdict="differs", detail=f"the replay {where}, the trajectory says step {recorded['step']}"))
-        elif got["state_sha256"] == recorded["state_sha256"]:
-            verdicts.append(verdict(index, verdict="identical", replayed_state_sha256=got["state_sha256"]))
-            continue
-        else:
-            found = verdict(index, verdict="differs", replayed_state_sha256=got["state_sha256"])
-            recorded_file = opened.run_dir / "checkpoints" / f"step-{recorded['step']}.pt"
-            if index == end and recorded_file.is_file():
-                where_first = trajectory_module.first_difference(replayed.state, checkpoint.load(recorded_file))
-                found.update(detail=f"first differing tensor or value: {where_first}" if where_first else "the states differ in what the hash covers",
-                             first_difference=where_first)
-            else:
-                found["detail"] = f"state hash {got['state_sha256'][:12]} replayed, {recorded['state_sha256'][:12]} recorded"
-            verdicts.append(found)
-        # every later entry of this stretch follows from the differing state: the replay cannot judge it
-        return verdicts + unchecked(index + 1, f"follows segment {index}, which differs")
-    return verdicts
+def _finish_start(record: Record, starts: dict[int, Any]) -> int:
+    """The latest start a replay that re-derives metrics.final can begin at: the final state itself (kept) for a script's
+    own loop, whose run.finish metrics come after its training; for Lightning, whose metrics at the end of fit are the
+    last epoch's (training and validation), a start no later than that epoch's first step."""
+    entries = record.get("trajectory") or []
+    bound = entries[-1]["step"]
+    if (record.get("script") or {}).get("integration") == "lightning":
+        training = record.get("training") or {}
+        steps, epochs = int(training.get("steps") or 0), int(training.get("epochs") or 0)
+        bound = steps - -(-steps // epochs) if epochs else 0
+    return max((k for k in starts if entries[k]["step"] <= bound), default=min(starts))
 
 
 # metrics.json fields that say where a result came from, not what it is: the rest must be equal, bit for bit
 PROVENANCE = ("checkpoint", "trajectory_entry", "predictions")
 
 
-def _check_results(opened: OpenRun, entries: list[dict[str, Any]], workspace: Workspace) -> list[dict[str, Any]]:
-    """Every result the record binds to a trajectory entry, computed again here: each metric set re-evaluated from
-    the entry's checkpoint on the recorded split and compared exactly (evaluation is order-exact), and the exports'
-    parity check re-run against the entry's model."""
-    import torch
+def _judge_result(record: Record, item: dict[str, Any], version: str, failure: list[str]) -> dict[str, Any]:
+    """A result the child computed again from a copy of its entry's checkpoint, compared here with the recorded one:
+    a metric set exactly (evaluation is order-exact), the exports' parity, the baselines value by value."""
+    found = {"what": item["what"], "entry": item["entry"], "step": item["step"]}
+    out = Path(item["out"])
+    if item["kind"] == "metrics" and (record["metrics"][item["split"]].get("data_version") not in (None, version)):
+        data_version = str(record["metrics"][item["split"]].get("data_version"))
+        return {**found, "verdict": "unchecked", "detail": f"evaluated on data version {data_version[:12]} (--allow-data-drift)"}
+    if item["kind"] == "baselines" and item["format"] < 1:  # an earlier veritrain may have fitted them another way: no forgery verdict
+        return {**found, "verdict": "unchecked", "detail": "fitted by a veritrain before record format 1, which this one may not fit alike"}
+    if not out.is_file():
+        return {**found, "verdict": "differs", "detail": f"not computed again: the replay stopped{': ' + failure[0][:200] if failure else ''}"}
+    again = json.loads(out.read_text(encoding="utf-8"))["result"]
+    if item["kind"] == "metrics":
+        return {**found, **_compare_metrics(record["metrics"][item["split"]], again)}
+    if item["kind"] == "export":
+        return {**found, "verdict": "identical" if again["passed"] else "differs",
+                "detail": ", ".join(f"{k} max |Δlogit| {v['max_abs_diff']:.2e}" for k, v in again["formats"].items())
+                + ("" if again["passed"] else f"; {again['reason']}")}
+    if again is None:
+        return {**found, "verdict": "unchecked", "detail": f"the task {record.get('task')} fits no baselines of its own"}
+    return {**found, **_compare_baselines(record, again)}
 
-    from veritrain.results import evaluate, export
-    from veritrain.train.loop import resolve_device
 
-    record, run_dir = opened.record, opened.run_dir
-    found = []
-    scratch_root = workspace.state_dir / "tmp"
-    scratch_root.mkdir(parents=True, exist_ok=True)
-    for split, metrics in sorted((record.get("metrics") or {}).items()):
-        ref = metrics.get("trajectory_entry") if isinstance(metrics, dict) else None
-        if not ref:
-            continue
-        item = {"what": f"metrics.{split}", "entry": ref["index"], "step": ref["step"]}
-        if metrics.get("data_version") not in (None, opened.data.version):
-            found.append({**item, "verdict": "unchecked", "detail": f"evaluated on data version {str(metrics.get('data_version'))[:12]} (--allow-data-drift)"})
-            continue
-        with tempfile.TemporaryDirectory(prefix=f"audit-eval-{os.getpid()}-", dir=scratch_root) as scratch, _quiet():
-            again = evaluate.run(opened.config, opened.data, opened.task, Path(scratch), resolve_device(opened.config.train.device),
-                                 str(run_dir / metrics["checkpoint"]), split)
-        left = json.loads(json.dumps({k: v for k, v in metrics.items() if k not in PROVENANCE}))
-        right = json.loads(json.dumps({k: v for k, v in again.items() if k not in PROVENANCE}))
-        keys = [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
-        if "sums" not in left and "sums" in right:  # evaluated before metrics were summed exactly: reproduce's tolerance holds
-            from veritrain.trust.verify import _compare
+def _compare_metrics(metrics: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
+    left = json.loads(json.dumps({k: v for k, v in metrics.items() if k not in PROVENANCE}))
+    right = json.loads(json.dumps({k: v for k, v in again.items() if k not in PROVENANCE}))
+    keys = [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
+    if "sums" not in left and "sums" in right:  # evaluated before metrics were summed exactly: reproduce's tolerance holds
+        from veritrain.trust.verify import _compare
 
-            keys = [k for k in keys if k != "sums" and _compare(k, left.get(k), right.get(k))["verdict"] == "differs"]
-        found.append({**item, "verdict": "differs" if keys else "identical",
-                      "detail": f"{len(keys)} value(s) differ, first {keys[0]}: recorded {str(left.get(keys[0]))[:40]}, now {str(right.get(keys[0]))[:40]}"
-                      if keys else f"{len(left)} values equal" + ("" if "sums" in left else " (within 1e-6: evaluated before exact sums)")})
-    found.extend(_check_baselines(opened))
-    exported = record.get("export") or {}
-    ref = exported.get("trajectory_entry")
-    if ref and exported.get("files"):
-        item = {"what": "export parity", "entry": ref["index"], "step": ref["step"]}
-        model, _ = evaluate.load_model(opened.config, opened.data, opened.task, run_dir / exported["checkpoint"], torch.device("cpu"))
-        files = {name: entry["file"] for name, entry in exported["files"].items()}
-        with _quiet():
-            parity = export.check_parity(opened.config, opened.data, opened.task, model.float().eval(), run_dir / "export", files, write=False)
-        found.append({**item, "verdict": "identical" if parity["passed"] else "differs",
-                      "detail": ", ".join(f"{k} max |Δlogit| {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items())
-                      + ("" if parity["passed"] else f"; {parity['reason']}")})
-    return found
+        keys = [k for k in keys if k != "sums" and _compare(k, left.get(k), right.get(k))["verdict"] == "differs"]
+    return {"verdict": "differs" if keys else "identical",
+            "detail": f"{len(keys)} value(s) differ, first {keys[0]}: recorded {str(left.get(keys[0]))[:40]}, now {str(right.get(keys[0]))[:40]}"
+            if keys else f"{len(left)} values equal" + ("" if "sums" in left else " (within 1e-6: evaluated before exact sums)")}
 
 
 BASELINE_TOLERANCE = 1e-9  # relative: a baseline's fit sums in BLAS, whose thread count may round the last bits
 
 
-def _check_baselines(opened: OpenRun) -> list[dict[str, Any]]:
+def _compare_baselines(record: Record, again: dict[str, Any]) -> dict[str, Any]:
     """The baselines the record compares the model with (`beats_baseline`), fitted again on the run's data version and
     compared value by value: a forger who lowers a baseline to make a model beat it is caught here."""
-    recorded = opened.record.get("baselines")
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("results"), dict):
-        return []
-    item: dict[str, Any] = {"what": "baselines", "entry": None, "step": None}
-    from veritrain.trust import formats
+    from veritrain.core.config import resolved_from_record
 
-    if formats.declared(opened.record) < 1:  # an earlier veritrain may have fitted them another way: no forgery verdict
-        return [{**item, "verdict": "unchecked", "detail": "fitted by a veritrain before record format 1, which this one may not fit alike"}]
-    fit = getattr(opened.task, "baselines", None)
-    if fit is None:
-        return [{**item, "verdict": "unchecked", "detail": f"the task {opened.record.get('task')} fits no baselines of its own"}]
-    with _quiet():
-        again = fit(opened.data, opened.config)
+    recorded = record["baselines"]
     differing = []
     for name in sorted(set(recorded["results"]) | set(again.get("results") or {})):
         left, right = recorded["results"].get(name) or {}, (again.get("results") or {}).get(name) or {}
@@ -354,9 +342,9 @@ def _check_baselines(opened: OpenRun) -> list[dict[str, Any]]:
             close = isinstance(a, float) and isinstance(b, float) and abs(a - b) <= BASELINE_TOLERANCE * max(1.0, abs(a), abs(b))
             if a != b and not close:
                 differing.append(f"{name}.{key}: recorded {str(a)[:24]}, fitted again {str(b)[:24]}")
-    margin_now = opened.config.eval.baseline_margin
+    margin_now = resolved_from_record(record).config.eval.baseline_margin
     if recorded.get("margin") not in (None, margin_now):
         differing.append(f"margin: recorded {recorded.get('margin')}, the config's eval.baseline_margin {margin_now}")
-    return [{**item, "verdict": "differs" if differing else "identical",
-             "detail": f"{len(differing)} value(s) differ, first {differing[0]}" if differing
-             else f"{sum(len(v) for v in recorded['results'].values() if isinstance(v, dict))} values equal (fitted again on the data version)"}]
+    return {"verdict": "differs" if differing else "identical",
+            "detail": f"{len(differing)} value(s) differ, first {differing[0]}" if differing
+            else f"{sum(len(v) for v in recorded['results'].values() if isinstance(v, dict))} values equal (fitted again on the data version)"}

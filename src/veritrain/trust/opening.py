@@ -43,8 +43,6 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     The data is prepared again from the raw files when they are present (fast when unchanged) and must
     give the recorded version; without raw files the stored version is used as it is.
     """
-    from veritrain.data import prepare
-    from veritrain.data.identity import tokenizer_difference
     from veritrain.tasks import get_task
 
     run_dir = workspace.resolve_run(ref, need)  # `need`: what `latest` must have (workspace.LATEST)
@@ -59,6 +57,19 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
         # raw data that now prepares to another version is judged just below: refused, or recorded with --allow-data-drift
         refuse_unverified(run_dir, workspace, "it is not changed or re-sealed", decided_next=("data_changed",))
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
+    data, drift = open_data(workspace, record, ref, allow_data_drift)
+    return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
+
+
+def open_data(workspace: Workspace, record: Record, ref: str, allow_data_drift: bool = False) -> tuple[DataVersion, Optional[str]]:
+    """(the run's data version, why the data differs from the recorded version when allowed): prepared again from the
+    raw files when they are present (fast when unchanged), which must give the recorded version; without raw files
+    the stored version as it is. Imports no user code."""
+    from veritrain.data import prepare
+    from veritrain.data.identity import tokenizer_difference
+
+    resolved = resolved_from_record(record)
+    cfg = resolved.config
     recorded = (record.get("data") or {}).get("version")
     stored = workspace.state_dir / "data" / str(recorded)
     paths = resolved.data_paths
@@ -82,7 +93,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
             raise UserError(f"{ref}: {tokenizer}; the stored data version was changed: prepare it again from the raw data")
     else:
         raise UserError(f"{ref}: neither the raw data ({paths.get('root')}) nor the stored data version {str(recorded)[:12]} is here")
-    return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
+    return data, drift
 
 
 def require_checkpoint(opened: OpenRun, which: Optional[str]) -> None:

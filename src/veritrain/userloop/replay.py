@@ -159,17 +159,17 @@ class Replay:
         out = Path(tempfile.mkdtemp(prefix="states-", dir=self.scratch))
         copy = None
         if start_file is not None:  # the child gets a copy of a start that holds the entry's state, never the run's file
-            problem = _holds(integration, start_file, entries[start])
+            problem = holds(integration, start_file, entries[start])
             if problem:
-                return [_verdict(entries, start, start + 1, verdict="differs", detail=f"{start_file.name} {problem}")] \
-                    + _unchecked(entries, start, start + 2, end, "its start state is not the trajectory's"), None
+                return [verdict(entries, start, start + 1, verdict="differs", detail=f"{start_file.name} {problem}")] \
+                    + unchecked(entries, start, start + 2, end, "its start state is not the trajectory's"), None
             copy = out.parent / f"start-{start}{start_file.suffix}"
             shutil.copyfile(start_file, copy)
         spec = ReplaySpec("audit", None, start=start, start_file=str(copy) if copy else None, end=end, out=str(out),
                           config_hash=str(self.record.get("config_hash")), to_finish=to_finish)
         done = self.run(spec, quiet=True)
         stopped = (done.stderr or "").strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-        verdicts = _judge(entries, integration, out, start, end, stopped[0][:200] if done.returncode else None)
+        verdicts = judge(entries, integration, out, start, end, stopped[0][:200] if done.returncode else None)
         result = _final_metrics(self.record, out, end, verdicts) if to_finish else None
         shutil.rmtree(out, ignore_errors=True)
         if copy is not None:
@@ -177,7 +177,7 @@ class Replay:
         return verdicts, result
 
 
-def _holds(integration: Optional[str], path: Path, entry: Mapping[str, Any]) -> Optional[str]:
+def holds(integration: Optional[str], path: Path, entry: Mapping[str, Any]) -> Optional[str]:
     """Why the checkpoint at `path` does not hold `entry`'s state (hashed here), or None."""
     try:
         state_hash, _model, step = frameworks.handed_back(integration, path)
@@ -188,20 +188,20 @@ def _holds(integration: Optional[str], path: Path, entry: Mapping[str, Any]) -> 
     return None
 
 
-def _verdict(entries: list[dict[str, Any]], start: int, index: int, **fields: Any) -> dict[str, Any]:
+def verdict(entries: list[dict[str, Any]], start: int, index: int, **fields: Any) -> dict[str, Any]:
     return {"segment": index, "from_step": entries[index - 1]["step"], "to_step": entries[index]["step"],
             "epoch": entries[index]["epoch"], "replayed_from_step": entries[start]["step"], **fields}
 
 
-def _unchecked(entries: list[dict[str, Any]], start: int, first: int, end: int, why: str) -> list[dict[str, Any]]:
-    return [_verdict(entries, start, i, verdict="unchecked", detail=why) for i in range(first, end + 1)]
+def unchecked(entries: list[dict[str, Any]], start: int, first: int, end: int, why: str) -> list[dict[str, Any]]:
+    return [verdict(entries, start, i, verdict="unchecked", detail=why) for i in range(first, end + 1)]
 
 
 def _handed(out: Path, index: int) -> Optional[Path]:
     return next((p for p in (out / f"entry-{index}.pt", out / f"entry-{index}.ckpt") if p.is_file()), None)
 
 
-def _judge(entries: list[dict[str, Any]], integration: Optional[str], out: Path, start: int, end: int,
+def judge(entries: list[dict[str, Any]], integration: Optional[str], out: Path, start: int, end: int,
            failure: Optional[str]) -> list[dict[str, Any]]:
     """The verdicts on the states the child handed back into `out`, each hashed here against the recorded entry
     (its state hash, weights hash and step); the first that differs or is missing ends the stretch."""
@@ -212,7 +212,7 @@ def _judge(entries: list[dict[str, Any]], integration: Optional[str], out: Path,
         recorded = entries[index]
         if file is None:
             why = f"the replayed script stopped: {failure}" if failure else "the replayed script ended before it reached this entry"
-            found = _verdict(entries, start, segment, verdict="differs", detail=why)
+            found = verdict(entries, start, segment, verdict="differs", detail=why)
         else:
             try:
                 state_hash, model_hash, step = frameworks.handed_back(integration, file)
@@ -226,13 +226,13 @@ def _judge(entries: list[dict[str, Any]], integration: Optional[str], out: Path,
                        if recorded.get("model_sha256") and model_hash != recorded["model_sha256"] else "")
             if not why:
                 if index > 0:
-                    verdicts.append(_verdict(entries, start, index, verdict="identical", replayed_state_sha256=state_hash))
+                    verdicts.append(verdict(entries, start, index, verdict="identical", replayed_state_sha256=state_hash))
                 continue
             if index == 0:
                 why = f"the replayed script's initial state is not the recorded one (model init or seeding differ): {why}"
-            found = _verdict(entries, start, segment, verdict="differs", detail=why,
+            found = verdict(entries, start, segment, verdict="differs", detail=why,
                              **({"replayed_state_sha256": state_hash} if state_hash else {}))
-        return verdicts + [found] + _unchecked(entries, start, segment + 1, end, f"follows segment {segment}, which differs")
+        return verdicts + [found] + unchecked(entries, start, segment + 1, end, f"follows segment {segment}, which differs")
     return verdicts
 
 
