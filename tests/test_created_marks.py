@@ -44,7 +44,8 @@ def make(input_shape, num_outputs, hidden=16):
 '''
 ACT = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
 # the forger's module: the same model, and a line that leaves a trace when it is imported
-CANARY = '\nimport os as _os\nif _os.environ.get("VT_MARKS_CANARY"):\n    open(_os.environ["VT_MARKS_CANARY"], "w").write("ran")\n'
+# the forged module's extra line: it writes "ran" to the file named here (a replay's child sees no variable of the test's)
+CANARY = '\nopen({path!r}, "w").write("ran")\n'
 TINY = ["train.epochs=1", "eval.baselines=false", "export.formats=[safetensors]"]
 
 
@@ -110,11 +111,10 @@ def forged(started, tmp_path, monkeypatch):
     kept = tmp_path / "kept"
     shutil.move(str(run_dir), kept)
     shutil.copytree(kept, run_dir)
-    with open(run_dir / "code" / "vtmarks_net.py", "a") as module:
-        module.write(CANARY)
-    reseal_as_a_forger(run_dir)
     canary = tmp_path / "ran"
-    monkeypatch.setenv("VT_MARKS_CANARY", str(canary))
+    with open(run_dir / "code" / "vtmarks_net.py", "a") as module:
+        module.write(CANARY.format(path=str(canary)))
+    reseal_as_a_forger(run_dir)
     yield workdir, run_dir, canary
     shutil.rmtree(run_dir)
     shutil.move(str(kept), run_dir)

@@ -88,24 +88,20 @@ def test_a_replayable_run_verifies_audits_identical_and_reproduces(replayable):
 
 
 def test_an_audit_says_differs_when_the_replayed_training_differs(tmp_path):
-    """A run of the example whose script adds noise to the loss when LT_NOISE is set: a replay under the variable no
-    longer reaches the recorded states."""
+    """A run of the example whose script adds noise to the loss when a file LT_NOISE is in its working directory (the
+    replay's environment is built from nothing, so a variable would not reach it): a replay with the file no longer
+    reaches the recorded states."""
     copy = tmp_path
     noisy = EXAMPLE.read_text().replace("loss = F.cross_entropy(self.net(x), y)\n",
                                         "loss = F.cross_entropy(self.net(x), y)\n"
-                                        "        loss = loss * 1.001 if __import__('os').environ.get('LT_NOISE') else loss\n")
+                                        "        loss = loss * 1.001 if __import__('os').path.exists('LT_NOISE') else loss\n")
     assert noisy != EXAMPLE.read_text()
     (copy / "lightning_module.py").write_text(noisy)
     done = fit(copy, "--epochs", "1")
     assert done.returncode == 0, done.stderr
     (new_id,) = [p.name for p in (copy / "runs").iterdir()]
-    import os
-
-    os.environ["LT_NOISE"] = "1"
-    try:
-        audited = veritrain("audit", new_id, "--segments", "2", "--seed", "4", "--json", cwd=copy)
-    finally:
-        del os.environ["LT_NOISE"]
+    (copy / "LT_NOISE").touch()
+    audited = veritrain("audit", new_id, "--segments", "2", "--seed", "4", "--json", cwd=copy)
     assert audited.code == 1, audited.stderr
     first = next(v for v in audited.json()["segments"] if v["verdict"] != "unchecked")
     assert first["verdict"] == "differs" and "recorded" in first["detail"]

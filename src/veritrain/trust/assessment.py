@@ -96,7 +96,33 @@ def baseline_of(record: Mapping[str, Any]) -> Judgement:
 AUDIT_EVERY_FIX = 1  # the fix for a run a segment of which has no start keeps every scheduled checkpoint for audit
 
 
-def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, with_notes: bool = False) -> Replayability:
+def rederivation(record: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """(the results an audit computes again and compares, the others each with why not): one answer for audit's
+    results and check's row. A run of veritrain's loop: every metric set and the exports' parity, from the entry's
+    checkpoint; a script's replayable run: metrics.final, by replaying on to run.finish. A result bound to no
+    trajectory entry, or a run that is not replayed, is not re-derived."""
+    from veritrain.userloop import replay
+
+    results = [(f"metrics.{split}", m) for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)]
+    if (record.get("export") or {}).get("files"):
+        results.append(("export parity", record["export"]))
+    script = replay.is_script_run(record)
+    level = ((record.get("guarantee") or {}).get("level")) if script else None
+    done, not_done = [], []
+    for what, result in results:
+        why = ("it names no trajectory entry" if not result.get("trajectory_entry")
+               else f"a {level or 'unknown'} run is not replayed" if script and level != "replayable"
+               else "the script's run did not complete" if script and record.get("status") != "completed"
+               else "a script's run re-derives only the metrics passed to run.finish" if script and what != "metrics.final" else None)
+        if why:
+            not_done.append(f"{what} ({why})")
+        else:
+            done.append(what)
+    return done, not_done
+
+
+def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, with_notes: bool = False,
+                  inputs_root: Optional[Path] = None) -> Replayability:
     """Whether audit can replay every segment of the trajectory here: each from the nearest earlier state the run keeps
     (the initial state always counts), exactly. The run itself must allow it (deterministic kernels, no torch.compile,
     one process, a script at the `replayable` level); what a replay needs must be here (the data version, the recorded
@@ -115,10 +141,11 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, wit
         why = replay.refusal(record, "audit")
         if why:
             return Replayability("not_auditable", why, "make the run replayable (docs/api.md: guarantee levels) in a new run")
-        cwd = (record.get("script") or {}).get("cwd")
-        if not cwd or not Path(str(cwd)).is_dir():  # the replay of a script starts in its recorded working directory
-            return Replayability("incomplete", f"{run}: the recorded working directory {cwd} is not here; the replay runs there",
-                                 f"audit it where the script ran (`veritrain runs show {run}`), with its inputs in place")
+        cwd = inputs_root or (record.get("script") or {}).get("cwd")
+        if not cwd or not Path(str(cwd)).is_dir():  # the replay of a script reads its inputs in its recorded working directory
+            return Replayability("incomplete", f"{run}: the {'--inputs-root' if inputs_root else 'recorded working directory'} {cwd} is not here; "
+                                 "the replay reads the inputs there",
+                                 f"audit it where the script ran (`veritrain runs show {run}`), or give --inputs-root DIR where its inputs are")
     blockers = intrinsic_blockers(record)
     world_size = int((record.get("distributed") or {}).get("world_size", 1))
     if blockers or world_size > 1:  # the message names the check that works instead

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.records.record import Record, now_iso, read_record
 from veritrain.records.workspace import Workspace
-from veritrain.trust.assessment import cannot_replay as cannot_replay, escape_probability, replay_blockers as replay_blockers
+from veritrain.trust.assessment import cannot_replay as cannot_replay, escape_probability, rederivation, replay_blockers as replay_blockers
 from veritrain.trust.policy import Policy
 from veritrain.userloop import replay
 
@@ -63,7 +63,7 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
         raise UserError(f"--out {out}: inside the run folder; the audit never writes into the run (it would no longer verify)")
     entries = record.get("trajectory") or []
     script_run = replay.is_script_run(record)
-    replay_facts = replayability(run_dir, record, workspace.state_dir, with_notes=True)
+    replay_facts = replayability(run_dir, record, workspace.state_dir, with_notes=True, inputs_root=inputs_root)
     if replay_facts.status in ("n/a", "not_auditable"):  # nothing a verify could change
         raise UserError(replay_facts.reason)
     # the full `veritrain verify` first (checkpoint states, keep rule, results, data and provenance included, under the
@@ -154,7 +154,11 @@ def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int
                             "segments": end - start, "seconds": round(seconds / max(1, len(job["stretches"])), 3)})
         for start in sorted(set(early) - {s["start"] for s in job["stretches"]}):
             verdicts.extend(early[start])
-        results = [_judge_result(record, item, data.version, failure) for item in job["results"]]
+        lines = (done.stderr or "").strip().splitlines()
+        results = [_judge_result(record, item, data.version, [line for line in lines if line.startswith(f"error: {item['what']}:")][-1:] or failure)
+                   for item in job["results"]]
+    results += [{"what": what.split(" (")[0], "entry": None, "step": None, "verdict": "unchecked", "detail": f"not re-derived: {what}"}
+                for what in rederivation(record)[1]]
     return verdicts, replays, results
 
 
@@ -194,22 +198,30 @@ def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any
         if not ref or not (run_dir / str(metrics.get("checkpoint"))).is_file():
             continue
         copy = results / f"{split}.pt"
-        shutil.copyfile(run_dir / str(metrics["checkpoint"]), copy)
+        _copy_checkpoint(run_dir / str(metrics["checkpoint"]), copy)
         job["results"].append({"kind": "metrics", "what": f"metrics.{split}", "split": split, "checkpoint": str(copy), "out": str(results / f"{split}.json"),
                                "entry": ref["index"], "step": ref["step"]})
-    exported = record.get("export") or {}
-    if exported.get("trajectory_entry") and exported.get("files") and (run_dir / str(exported.get("checkpoint"))).is_file():
-        shutil.copytree(run_dir / "export", results / "export")
-        shutil.copyfile(run_dir / str(exported["checkpoint"]), results / "export.pt")
-        job["results"].append({"kind": "export", "what": "export parity", "checkpoint": str(results / "export.pt"), "export_dir": str(results / "export"),
-                               "files": {name: entry["file"] for name, entry in exported["files"].items()}, "out": str(results / "export.json"),
-                               "entry": exported["trajectory_entry"]["index"], "step": exported["trajectory_entry"]["step"]})
     baselines = record.get("baselines")
     if isinstance(baselines, dict) and isinstance(baselines.get("results"), dict):
         job["results"].append({"kind": "baselines", "what": "baselines", "out": str(results / "baselines.json"), "entry": None, "step": None,
                                "format": formats.declared(record)})
+    exported = record.get("export") or {}
+    if exported.get("trajectory_entry") and exported.get("files") and (run_dir / str(exported.get("checkpoint"))).is_file():
+        shutil.copytree(run_dir / "export", results / "export")
+        _copy_checkpoint(run_dir / str(exported["checkpoint"]), results / "export.pt")
+        job["results"].append({"kind": "export", "what": "export parity", "checkpoint": str(results / "export.pt"), "export_dir": str(results / "export"),
+                               "files": {name: entry["file"] for name, entry in exported["files"].items()}, "out": str(results / "export.json"),
+                               "entry": exported["trajectory_entry"]["index"], "step": exported["trajectory_entry"]["step"]})
     write_atomic(scratch / "job.json", json.dumps(job).encode())
     return job, early
+
+
+def _copy_checkpoint(source: Path, target: Path) -> None:
+    """A copy of one of the run's checkpoints with its sidecar (the child loads it as the run's own)."""
+    shutil.copyfile(source, target)
+    sidecar = source.with_name(source.name + ".sha256")
+    if sidecar.is_file():
+        shutil.copyfile(sidecar, target.with_name(target.name + ".sha256"))
 
 
 def _judge_stretch(record: Record, stretch: dict[str, Any], failure: list[str]) -> list[dict[str, Any]]:
@@ -246,9 +258,8 @@ def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, i
     opening.refuse_untrusted_code(workspace, record.run_dir, record, trust_code)
     entries = record.get("trajectory") or []
     last = len(entries) - 1
-    final = (record.get("metrics") or {}).get("final")
     finish_at = None
-    if isinstance(final, dict) and final.get("trajectory_entry") and record.get("status") == "completed":
+    if "metrics.final" in rederivation(record)[0]:
         latest = _finish_start(record, starts)
         finish_at = next((start for start, end in plan if end == last and start <= latest), None)
         if finish_at is None:  # the shortest replay that re-derives the results
@@ -265,9 +276,8 @@ def _replay_script(workspace: Workspace, record: Record, plan: list[tuple[int, i
                 results.append(result)
             replays.append({"from_step": entries[start]["step"], "to_step": entries[end]["step"], "segments": end - start,
                             "seconds": round(time.perf_counter() - t, 3)})
-    if isinstance(final, dict) and not results:
-        results.append({"what": "metrics.final", "entry": None, "step": None, "verdict": "unchecked",
-                        "detail": "not re-derived: the record binds it to no entry of the trajectory, or the run did not complete"})
+    results += [{"what": what.split(" (")[0], "entry": None, "step": None, "verdict": "unchecked", "detail": f"not re-derived: {what}"}
+                for what in rederivation(record)[1]]
     return verdicts, replays, results
 
 
@@ -299,7 +309,7 @@ def _judge_result(record: Record, item: dict[str, Any], version: str, failure: l
     if item["kind"] == "baselines" and item["format"] < 1:  # an earlier veritrain may have fitted them another way: no forgery verdict
         return {**found, "verdict": "unchecked", "detail": "fitted by a veritrain before record format 1, which this one may not fit alike"}
     if not out.is_file():
-        return {**found, "verdict": "differs", "detail": f"not computed again: the replay stopped{': ' + failure[0][:200] if failure else ''}"}
+        return {**found, "verdict": "differs", "detail": f"not computed again{': ' + failure[0][:200] if failure else ''}"}
     again = json.loads(out.read_text(encoding="utf-8"))["result"]
     if item["kind"] == "metrics":
         return {**found, **_compare_metrics(record["metrics"][item["split"]], again)}

@@ -328,7 +328,11 @@ def _results_row(run: str, record: dict[str, Any], effective_format: int) -> tup
         return "n/a", None, "not checked: the run has no trajectory (made before veritrain kept one)"
     if unbound:
         return "n/a", None, f"not checked: {', '.join(unbound)} name no trajectory entry (made by an earlier veritrain)"
-    return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results)
+    from veritrain.trust.assessment import rederivation
+
+    done, not_done = rederivation(record)
+    return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results) \
+        + (f"; an audit re-derives {', '.join(done)}" if done else "") + (f"; not re-derived: {', '.join(not_done)}" if not_done else "")
 
 
 def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[str], str]:
