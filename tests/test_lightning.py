@@ -83,7 +83,9 @@ def test_a_replayable_run_verifies_audits_identical_and_reproduces(replayable):
     assert reproduced.code == 0, reproduced.stderr
     checks = {c["what"]: c["verdict"] for c in reproduced.json()["checks"]}
     assert checks["final_state_sha256"] == "identical", checks
-    rows = {r["id"]: r for r in veritrain("check", run_id, "--json", cwd=root).json()["items"]}
+    checked = veritrain("check", run_id, "--json", cwd=root)
+    assert checked.stdout.startswith("{"), checked.stderr
+    rows = {r["id"]: r for r in checked.json()["items"]}
     assert rows["auditable"]["status"] == "pass"
 
 

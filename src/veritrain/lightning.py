@@ -203,7 +203,7 @@ def ckpt_path(given: Optional[Union[str, Path]] = None) -> Optional[str]:
     elif spec.mode == "audit":
         answer = spec.start_file
     elif spec.mode == "resume":
-        answer = _newest_checkpoint(spec.run_dir)
+        answer = _newest_checkpoint(spec.run)
     else:
         answer = None
     _fit["ckpt_path"] = {"answer": answer}

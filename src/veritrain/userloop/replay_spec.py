@@ -51,6 +51,12 @@ class ReplaySpec:
     def original(self) -> str:
         return self.run_dir.name if self.run_dir is not None else ""
 
+    @property
+    def run(self) -> Path:
+        """The run a reproduction or a resume replays (an audit names none: from_environment refuses it there)."""
+        assert self.run_dir is not None, "an audit's replay names no run"
+        return self.run_dir
+
     def to_environment(self) -> str:
         return json.dumps({"mode": self.mode, "run": str(self.run_dir) if self.run_dir else None, "start": self.start,
                            "start_file": self.start_file, "end": self.end, "out": self.out,

@@ -217,7 +217,7 @@ class Run:
         if self.replay is not None and self.replay.mode == "audit":
             self._begin_audit()
         elif self.replay is not None and self.replay.mode == "resume":
-            self._continue(self.replay.run_dir)
+            self._continue(self.replay.run)
         elif self.replay is None and self._requested_resume is not None:
             target = self._resume_target()
             if target is not None:
@@ -237,7 +237,7 @@ class Run:
         self.id, self.dir = run_id, run_dir
         workspace.lock_run(run_id)
         # a reproduction runs a copy of the script: it records where the original was
-        origin = Path(str((read_record(self.replay.run_dir).get("script") or {}).get("path"))) if self.replay is not None else self._script
+        origin = Path(str((read_record(self.replay.run).get("script") or {}).get("path"))) if self.replay is not None else self._script
         where = origin.parent if origin is not None and origin.parent.is_dir() else self.cwd
         code = capture_code(where)
         section: dict[str, Any] = {"checkpoints": {"keep_last": self.keep_last, "audit_every": self.audit_every},
