@@ -10,7 +10,9 @@ also pay the same fixed costs (start-up, imports, the environment's package list
 training would measure those rather than the replay. Then, in
 alternation, `--repeat` times each: `veritrain audit RUN --segments S` and `veritrain reproduce RUN`
 (whole processes: start-up, checks and data loading included). Prints the medians and their ratio;
-the target is audit ≤ 15% of reproduce for S = 2 of 20 segments.
+the target is audit ≤ 15% of reproduce for S = 2 of 20 segments. Last, the cost of the state hand-back (the
+audit's child writes every state it reaches, which the auditor loads as data and hashes): one kept checkpoint
+encoded and written, then loaded and hashed, timed over 20 rounds, times the states an audit hands back.
 """
 
 from __future__ import annotations
@@ -74,6 +76,25 @@ def main() -> None:
         audit, reproduce = statistics.median(audits), statistics.median(reproductions)
         print(f"audit of {args.segments} of {segments} segments: median {audit:.1f}s; reproduce: median {reproduce:.1f}s; "
               f"ratio {audit / reproduce:.3f} (target ≤ 0.15); verdicts {sorted(verdicts)}")
+        per_state, size = hand_back_cost(Path(trained["run_dir"]) / "checkpoints" / f"step-{record['trajectory'][1]['step']}.pt", tmp_path)
+        print(f"state hand-back: {size / 1e6:.1f} MB a state, {per_state * 1000:.0f} ms to encode, write, load and hash it; "
+              f"an audit of {args.segments} segments hands back about {args.segments + 1} states: {per_state * (args.segments + 1):.2f}s "
+              f"({per_state * (args.segments + 1) / audit:.1%} of the audit)")
+
+
+def hand_back_cost(checkpoint_file: Path, scratch: Path, rounds: int = 20) -> tuple[float, int]:
+    """(seconds per state, bytes per state) of what the hand-back adds: the child's encoding and write, the auditor's
+    load (weights_only) and state hash."""
+    from veritrain.train import checkpoint
+    from veritrain.userloop import frameworks
+
+    state = checkpoint.load(checkpoint_file)
+    target = scratch / "entry-1.pt"
+    started = time.perf_counter()
+    for _ in range(rounds):
+        target.write_bytes(checkpoint.encode(state))
+        frameworks.handed_back(None, target)
+    return (time.perf_counter() - started) / rounds, target.stat().st_size
 
 
 if __name__ == "__main__":
