@@ -44,8 +44,9 @@ def make(input_shape, num_outputs, hidden=16):
 '''
 ACT = "import torch\n\n\ndef act(x):\n    return torch.relu(x)\n"
 # the forger's module: the same model, and a line that leaves a trace when it is imported
-# the forged module's extra line: it writes "ran" to the file named here (a replay's child sees no variable of the test's)
-CANARY = '\nopen({path!r}, "w").write("ran")\n'
+# the forged module's extra line: it writes the module its process runs as __main__ to the file named here (an audit's
+# child, which sees no variable of the test's, runs veritrain.trust.replay_child)
+CANARY = '\nimport sys as _sys\nopen({path!r}, "w").write(str(getattr(_sys.modules["__main__"].__spec__, "name", None)))\n'
 TINY = ["train.epochs=1", "eval.baselines=false", "export.formats=[safetensors]"]
 
 
@@ -159,7 +160,8 @@ def test_a_forged_run_in_place_of_the_users_needs_trust_code(cli, forged):
         assert not canary.exists(), command  # the forged code never ran
     trusted = veritrain_process("audit", run_dir.name, "--trust-code", "--workdir", str(workdir))
     assert trusted.code == 0, trusted.stdout + trusted.stderr
-    assert canary.read_text() == "ran"  # passed --trust-code: the user chose to run it
+    # passed --trust-code: the user chose to run it, and it ran in the audit's child, never in the verifier's process
+    assert canary.read_text() == "veritrain.trust.replay_child"
 
 
 def test_a_mark_written_into_the_workspace_waives_nothing(cli, started, tmp_path):

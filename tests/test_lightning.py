@@ -77,6 +77,8 @@ def test_a_replayable_run_verifies_audits_identical_and_reproduces(replayable):
     verdicts = audited.json()["segments"]
     assert [v["verdict"] for v in verdicts] == ["identical"] * 6
     assert {v["replayed_from_step"] for v in verdicts} >= {0, 8}
+    # the metrics at the end of fit, re-derived by replaying the last epoch with its validation
+    assert [r["verdict"] for r in audited.json()["results"] if r["what"] == "metrics.final"] == ["identical"]
     after = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and ".veritrain" not in p.parts)
     assert after == [p for p in before if ".veritrain" not in p.parts]  # an audit writes nothing outside its state
     reproduced = veritrain("reproduce", run_id, "--json", cwd=root)
@@ -87,6 +89,33 @@ def test_a_replayable_run_verifies_audits_identical_and_reproduces(replayable):
     assert checked.stdout.startswith("{"), checked.stderr
     rows = {r["id"]: r for r in checked.json()["items"]}
     assert rows["auditable"]["status"] == "pass"
+
+
+def test_lightning_attacks_are_caught_by_the_audit_without_a_key(replayable, tmp_path):
+    """After the honest audit: the forger names a fake interpreter in the record and raises a metric at the end of fit,
+    and re-seals. The audit re-derives the metrics by replaying the last epoch with its validation, and never runs
+    the fake interpreter (a marker file it would write stays absent)."""
+    from test_threat_model import forge
+
+    root, run_id = replayable
+    run = record(root, run_id)
+    assert run["metrics"]["final"]["val_acc"] < 1
+    marker = tmp_path / "ran"
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\ntouch {marker}\nexec {sys.executable} \"$@\"\n")
+    fake.chmod(0o755)
+
+    def forged(record: dict) -> None:
+        record["script"]["executable"] = str(fake)
+        record["metrics"]["final"]["val_acc"] = 1.0
+
+    forge(root / "runs" / run_id, forged)
+    assert veritrain("verify", run_id, cwd=root).code == 0
+    audited = veritrain("audit", run_id, "--segments", "1", "--seed", "3", "--json", cwd=root)
+    assert audited.code == 1, audited.stderr
+    final = [r for r in audited.json()["results"] if r["what"] == "metrics.final"]
+    assert final and final[0]["verdict"] == "differs" and "val_acc" in final[0]["detail"], final
+    assert not marker.exists()
 
 
 def test_an_audit_says_differs_when_the_replayed_training_differs(tmp_path):
