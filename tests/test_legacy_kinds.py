@@ -91,3 +91,19 @@ def test_a_lightning_run_of_the_previous_code_verifies(cli, tmp_path):
     record = imported(cli, tmp_path, "format0-lightning.tar.gz", LIGHTNING)
     assert record["status"] == "completed" and record["guarantee"]["level"] == "replayable"
     verified(cli, tmp_path, LIGHTNING)
+
+
+@pytest.mark.slow  # an import and a full audit each: compatibility, checked in `make test-slow`
+@pytest.mark.parametrize("archive, run_id", [("format0-signed.tar.gz", SIGNED), ("format0-lm.tar.gz", LM)])
+def test_a_run_of_the_previous_code_audits_identical_in_the_replay_child(cli, tmp_path, archive, run_id):
+    """Replayed by the child process that imports the run's code from copies and hands its states back: the states
+    the previous code recorded are reached bit for bit, and its results are computed again alike."""
+    imported(cli, tmp_path, archive, run_id)
+    audited = cli("audit", run_id, "--segments", "2", "--seed", "1", "--workdir", str(tmp_path), "--json")
+    if audited.code == 2 and "this machine cannot replay the run exactly" in audited.stderr:
+        pytest.skip(f"this machine is not the kind the fixture was made on: {audited.stderr.strip().splitlines()[-1]}")
+    assert audited.code == 0, audited.stdout + audited.stderr
+    result = audited.json()
+    assert result["verdict"] == "identical" and result["segments_audited"] >= 2
+    assert {r["verdict"] for r in result["results"]} <= {"identical", "unchecked"}
+    assert any(r["what"].startswith("metrics.") and r["verdict"] == "identical" for r in result["results"])
