@@ -109,9 +109,15 @@ def test_lightning_attacks_are_caught_by_the_audit_without_a_key(replayable, tmp
         record["script"]["executable"] = str(fake)
         record["metrics"]["final"]["val_acc"] = 1.0
 
-    forge(root / "runs" / run_id, forged)
-    assert veritrain("verify", run_id, cwd=root).code == 0
-    audited = veritrain("audit", run_id, "--segments", "1", "--seed", "3", "--json", cwd=root)
+    run_dir = root / "runs" / run_id
+    honest = {name: (run_dir / name).read_bytes() for name in ("record.json", "record.sha256", "provenance.intoto.jsonl")}
+    forge(run_dir, forged)
+    try:
+        assert veritrain("verify", run_id, cwd=root).code == 0
+        audited = veritrain("audit", run_id, "--segments", "1", "--seed", "3", "--json", cwd=root)
+    finally:  # the honest run again, for the other tests of the module
+        for name, content in honest.items():
+            (run_dir / name).write_bytes(content)
     assert audited.code == 1, audited.stderr
     final = [r for r in audited.json()["results"] if r["what"] == "metrics.final"]
     assert final and final[0]["verdict"] == "differs" and "val_acc" in final[0]["detail"], final
