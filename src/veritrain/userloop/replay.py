@@ -17,6 +17,7 @@ recorded copy that fails its hash, or inputs missing or changed, stop it before 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -141,7 +142,7 @@ class Replay:
     def run(self, spec: ReplaySpec, quiet: bool = False) -> subprocess.CompletedProcess[str]:
         """Start the child under `spec`; its console output passes through to stderr (captured with `quiet`)."""
         assert self.scratch is not None and self.launch_file is not None
-        spec = ReplaySpec(**{**spec.__dict__, "workspace": self.workspace.root, "launch": str(self.launch_file)})
+        spec = dataclasses.replace(spec, workspace=self.workspace.root, launch=str(self.launch_file))
         recorded = (self.record.get("env") or {}).get("variables") or {}
         env = child.environment(recorded, {REPLAY_VARIABLE: spec.to_environment()})
         command = child.command(self.python, "veritrain.userloop.launch", self.scratch / "boot")

@@ -30,7 +30,7 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Iterator, Optional, Protocol, Union
+from typing import Any, Callable, Iterator, Optional, Protocol, Union
 
 import numpy as np
 import torch
@@ -603,7 +603,7 @@ class Run:
             self._hand_back(lambda path: path.write_bytes(checkpoint_files.encode(state)), ".pt")
         return entry
 
-    def _hand_back(self, write: Any, suffix: str) -> None:
+    def _hand_back(self, write: Callable[[Path], Any], suffix: str) -> None:
         """An audit replay reached the entry just appended: `write(path)` puts its state, in the run's own format, into
         the parent's folder as entry-<index><suffix> (whole or not at all), and the replay stops at the stretch's end
         (past it, with to_finish, at the first state the record does not have)."""
@@ -628,7 +628,7 @@ class Run:
             raise RunFailed(f"checkpoint: saving at step {self._position} failed ({err.strerror or err}); the previous checkpoint is intact") from None
 
     def enter_checkpoint(self, file: Optional[Path], state_sha256: str, model_sha256: str, step: int, epoch: int,
-                         write: Optional[Any] = None, suffix: str = ".ckpt") -> dict[str, Any]:
+                         write: Optional[Callable[[Path], Any]] = None, suffix: str = ".ckpt") -> dict[str, Any]:
         """Enter a checkpoint a framework wrote (`file`, already complete) in the trajectory: its training state's hash
         (veritrain.train.trajectory.state_sha256 of what the framework saved), its weights' hash, and where the loop
         was. The file is named in the entry when it lies in the run folder, whose seal then covers its bytes. In an
