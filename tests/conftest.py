@@ -75,28 +75,6 @@ def _no_signing_key_of_the_user() -> None:
 _no_signing_key_of_the_user()
 
 
-def _package_list_read_once_per_path() -> None:
-    """The installed package list (`record.package_list`: every distribution's metadata parsed, about 0.4 s) read
-    once per `sys.path` in this process instead of at every run start, run end and verify (hundreds of times in
-    the suite). The packages installed do not change while the tests run, and the list is found along sys.path,
-    so a path that differs reads it afresh: the text each caller gets is the one it would read itself."""
-    from veritrain.records import record
-
-    read = record.package_list
-    lists: dict[tuple[str, ...], str] = {}
-
-    def package_list() -> str:
-        key = tuple(sys.path)
-        if key not in lists:
-            lists[key] = read()
-        return lists[key]
-
-    package_list.__doc__, package_list.__wrapped__ = read.__doc__, read  # type: ignore[attr-defined]
-    record.package_list = package_list
-
-
-_package_list_read_once_per_path()
-
 # A fast digits config for tests: the pipeline is the real one, only smaller.
 FAST = ["--set", "train.epochs=2", "--set", "model.name=mlp", "--set", "model.hidden=[32]"]
 

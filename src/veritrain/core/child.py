@@ -84,3 +84,29 @@ def environment(recorded: Mapping[str, object], extra: Optional[Mapping[str, str
     env.update({name: str(value) for name, value in recorded.items() if name in ENV_ALLOWLIST and value is not None})
     env.update(extra or {})
     return env
+
+
+class Waiting:
+    """A child started before its job is known, so that its start (the interpreter, torch, veritrain) overlaps the
+    parent's own checks: the module is given `-` for its job and reads the job file's path from its stdin.
+    `give(job)` sends it and waits for the child to end; `close()` ends a child never given one (a run that did not
+    verify, a refusal). A context manager: leaving it closes the child."""
+
+    def __init__(self, python: str, module: str, scratch: Path, recorded: Mapping[str, object]):
+        self.process = subprocess.Popen(command(python, module, scratch / "boot", "-"), cwd=scratch, env=environment(recorded),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def give(self, job: Path) -> subprocess.CompletedProcess[str]:
+        out, err = self.process.communicate(str(job) + "\n")
+        return subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+    def __enter__(self) -> Waiting:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -7,6 +7,7 @@ run with its SHA-256 and size, so a changed, missing or added file can be detect
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -588,7 +589,13 @@ def read_record(run_dir: Path) -> Record:
 
 
 def package_list() -> str:
-    """The installed Python packages, one sorted `name==version` line each."""
+    """The installed Python packages, one sorted `name==version` line each (read once per import path in a process:
+    every distribution's metadata is parsed, about half a second)."""
+    return _package_list(tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=4)
+def _package_list(path: tuple[str, ...]) -> str:
     packages = sorted(
         {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata.get("Name")},  # pyright: ignore[reportAttributeAccessIssue]  # an email Message, which has get()
         key=str.lower,

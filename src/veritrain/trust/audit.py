@@ -24,16 +24,16 @@ a forgery verdict).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.records.record import Record, now_iso, read_record
@@ -41,9 +41,6 @@ from veritrain.records.workspace import Workspace
 from veritrain.trust.assessment import cannot_replay as cannot_replay, escape_probability, rederivation, replay_blockers as replay_blockers
 from veritrain.trust.policy import Policy
 from veritrain.userloop import replay
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("veritrain")
 
@@ -53,19 +50,31 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     """Audit a run; returns the result (also written to `out` and to .veritrain/audits/<run>/). Raises
     UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify under `policy`.
     Whether it can start is the assessment's `replayability`, the same fact `check`'s auditable row shows."""
-    from veritrain.train import trajectory as trajectory_module
     from veritrain.trust.assessment import replayability
-    from veritrain.trust.verify import verify_run
 
     run_dir = workspace.resolve_run(ref, "model")
     record = read_record(run_dir)
     if out is not None and (out.resolve().is_relative_to(run_dir.resolve())):
         raise UserError(f"--out {out}: inside the run folder; the audit never writes into the run (it would no longer verify)")
-    entries = record.get("trajectory") or []
     script_run = replay.is_script_run(record)
     replay_facts = replayability(run_dir, record, workspace.state_dir, with_notes=True, inputs_root=inputs_root)
     if replay_facts.status in ("n/a", "not_auditable"):  # nothing a verify could change
         raise UserError(replay_facts.reason)
+    with contextlib.ExitStack() as stack:
+        # a run of veritrain's loop: its replay's child starts now, so that its imports overlap the verify (it is
+        # given its job only once the run verifies, and ended unused otherwise)
+        waiting = stack.enter_context(_waiting_child(workspace, record, python)) if not script_run and replay_facts.can_start else None
+        return _audit(workspace, run_dir, record, replay_facts, segments, seed, out, trust_code, policy, python, inputs_root, waiting)
+
+
+def _audit(workspace: Workspace, run_dir: Path, record: Record, replay_facts: Any, segments: int, seed: Optional[int], out: Optional[Path],
+           trust_code: bool, policy: Optional[Policy], python: Optional[str], inputs_root: Optional[Path],
+           waiting: Optional[tuple[Any, Path]]) -> dict[str, Any]:
+    from veritrain.train import trajectory as trajectory_module
+    from veritrain.trust.verify import verify_run
+
+    entries = record.get("trajectory") or []
+    script_run = replay.is_script_run(record)
     # the full `veritrain verify` first (checkpoint states, keep rule, results, data and provenance included, under the
     # auditor's policy), reading no cache: a run that does not verify has nothing an audit could vouch for
     checked = verify_run(run_dir, workspace.state_dir, policy)
@@ -88,7 +97,8 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     if script_run:
         verdicts, replays, results = _replay_script(workspace, record, plan, starts, trust_code, python, inputs_root)
     else:
-        verdicts, replays, results = _replay_loop(workspace, record, plan, starts, trust_code, python)
+        assert waiting is not None
+        verdicts, replays, results = _replay_loop(workspace, record, plan, starts, trust_code, waiting)
     seconds = time.perf_counter() - started
     training_seconds = float((record.get("timings") or {}).get("train") or 0.0)
     checked_segments = [v for v in verdicts if v["verdict"] in ("identical", "differs")]
@@ -125,44 +135,51 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     return result
 
 
-def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int]], starts: dict[int, Any],
-                 trust_code: bool, python: Optional[str] = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """(segment verdicts, replays, results) of a run of veritrain's loop: one child process (veritrain.trust.replay_child)
-    replays every stretch and computes every result again from copies; the states it hands back are hashed here."""
+@contextlib.contextmanager
+def _waiting_child(workspace: Workspace, record: Record, python: Optional[str]) -> Iterator[tuple[Any, Path]]:
+    """(the child that will replay a run of veritrain's loop, started now and waiting for its job; its scratch folder)."""
     from veritrain.core import child
+
+    root = workspace.state_dir / "tmp"
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"audit-{os.getpid()}-", dir=root) as folder, \
+            child.Waiting(child.interpreter(python), "veritrain.trust.replay_child", Path(folder),
+                          (record.get("env") or {}).get("variables") or {}) as waiting:
+        yield waiting, Path(folder)
+
+
+def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int]], starts: dict[int, Any], trust_code: bool,
+                 waiting: tuple[Any, Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(segment verdicts, replays, results) of a run of veritrain's loop: one child process (veritrain.trust.replay_child,
+    `waiting` for its job) replays every stretch and computes every result again from copies; the states it hands
+    back are hashed here. The data version is the one the verify just checked, read by the child from the store."""
     from veritrain.trust import opening
 
     opening.refuse_untrusted_code(workspace, record.run_dir, record, trust_code)
-    data, _drift = opening.open_data(workspace, record, record.run_id)
-    python = child.interpreter(python)
-    root = workspace.state_dir / "tmp"
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"audit-{os.getpid()}-", dir=root) as folder:
-        scratch = Path(folder)
-        job, early = _loop_job(record, plan, starts, data, scratch)
-        t = time.perf_counter()
-        done = subprocess.run(child.command(python, "veritrain.trust.replay_child", scratch / "boot", str(scratch / "job.json")),
-                              cwd=scratch, env=child.environment((record.get("env") or {}).get("variables") or {}),
-                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        seconds = time.perf_counter() - t
-        failure = (done.stderr or "").strip().splitlines()[-1:] if done.returncode else []
-        verdicts, replays = [], []
-        for stretch in job["stretches"]:
-            start, end = stretch["start"], stretch["end"]
-            verdicts.extend(early.get(start) or _judge_stretch(record, stretch, failure))
-            replays.append({"from_step": record["trajectory"][start]["step"], "to_step": record["trajectory"][end]["step"],
-                            "segments": end - start, "seconds": round(seconds / max(1, len(job["stretches"])), 3)})
-        for start in sorted(set(early) - {s["start"] for s in job["stretches"]}):
-            verdicts.extend(early[start])
-        lines = (done.stderr or "").strip().splitlines()
-        results = [_judge_result(record, item, data.version, [line for line in lines if line.startswith(f"error: {item['what']}:")][-1:] or failure)
-                   for item in job["results"]]
+    version = str((record.get("data") or {}).get("version"))
+    child_process, scratch = waiting
+    job, early = _loop_job(record, plan, starts, workspace.state_dir / "data" / version, scratch)
+    t = time.perf_counter()
+    done = child_process.give(scratch / "job.json")
+    seconds = time.perf_counter() - t
+    lines = [str(line) for line in (done.stderr or "").strip().splitlines()]
+    failure = lines[-1:] if done.returncode else []
+    verdicts, replays = [], []
+    for stretch in job["stretches"]:
+        start, end = stretch["start"], stretch["end"]
+        verdicts.extend(early.get(start) or _judge_stretch(record, stretch, failure))
+        replays.append({"from_step": record["trajectory"][start]["step"], "to_step": record["trajectory"][end]["step"],
+                        "segments": end - start, "seconds": round(seconds / max(1, len(job["stretches"])), 3)})
+    for start in sorted(set(early) - {s["start"] for s in job["stretches"]}):
+        verdicts.extend(early[start])
+    results = [_judge_result(record, item, version, [line for line in lines if line.startswith(f"error: {item['what']}:")][-1:] or failure)
+               for item in job["results"]]
     results += [{"what": what.split(" (")[0], "entry": None, "step": None, "verdict": "unchecked", "detail": f"not re-derived: {what}"}
                 for what in rederivation(record)[1]]
     return verdicts, replays, results
 
 
-def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any], data: Any, scratch: Path) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]]]:
+def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any], data: Path, scratch: Path) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]]]:
     """The child's job (written to scratch/job.json) with copies of everything it reads, and the verdicts of stretches
     whose start checkpoint does not hold its entry's state (decided here, not replayed)."""
     from veritrain.core.files import write_atomic
@@ -175,7 +192,7 @@ def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any
     roots = [str(scratch / "code")] + ([str(Path.cwd())] if only_target else [])
     (scratch / "record.json").write_bytes((run_dir / "record.json").read_bytes())
     threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
-    job: dict[str, Any] = {"record": str(scratch / "record.json"), "data": str(data.path), "roots": roots, "threads": threads,
+    job: dict[str, Any] = {"record": str(scratch / "record.json"), "data": str(data), "roots": roots, "threads": threads,
                            "stretches": [], "results": []}
     early: dict[int, list[dict[str, Any]]] = {}
     for start, end in plan:

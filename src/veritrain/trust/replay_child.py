@@ -1,4 +1,4 @@
-"""`python -P -s -c BOOT … veritrain.trust.replay_child JOB`: the child process of an audit of a run of veritrain's
+"""`python -P -s -c BOOT … veritrain.trust.replay_child JOB|-`: the child process of an audit of a run of veritrain's
 loop (veritrain.trust.audit), started by veritrain.core.child with the auditor's interpreter and veritrain.
 
 Building the run's model imports the code its config names (`model.target`, a user task): that code runs here,
@@ -20,17 +20,25 @@ from typing import Any
 from veritrain.core.errors import VeritrainError
 
 
-def main(job_file: Path) -> int:
+def main(job_file: str) -> int:
+    """Run the job in `job_file`; `-`: import what a replay needs first, then read the job file's path from stdin
+    (veritrain.core.child.Waiting: the auditor starts this process while it verifies the run)."""
     import torch
 
     from veritrain.core import logs
     from veritrain.core.config import resolved_from_record
     from veritrain.data import prepare
     from veritrain.records import usercode
+    from veritrain.results import evaluate, export  # noqa: F401  (imported before the job: their cost overlaps the auditor's checks)
     from veritrain.tasks import get_task
+    from veritrain.train import loop  # noqa: F401
 
     logs.setup_console_logging()
-    job = json.loads(job_file.read_text(encoding="utf-8"))
+    if job_file == "-":
+        job_file = sys.stdin.readline().strip()
+        if not job_file:  # the auditor ended without a job (the run did not verify, or the audit was refused)
+            return 0
+    job = json.loads(Path(job_file).read_text(encoding="utf-8"))
     record = json.loads(Path(job["record"]).read_text(encoding="utf-8"))
     cfg = resolved_from_record(record).config
     data = prepare.load_version(Path(job["data"]))
@@ -106,7 +114,7 @@ def _result(cfg: Any, data: Any, task: Any, item: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(Path(sys.argv[1])))
+        sys.exit(main(sys.argv[1]))
     except VeritrainError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
