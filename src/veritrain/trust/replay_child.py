@@ -13,6 +13,7 @@ auditor loads and hashes the states and compares the results.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,11 @@ def _result(cfg: Any, data: Any, task: Any, item: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1]))
+        code = main(sys.argv[1])
     except VeritrainError as err:
         print(f"error: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        code = err.exit_code
+    # what the auditor reads is written and closed: the interpreter's teardown (about a second with torch) is skipped
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
