@@ -42,6 +42,8 @@ if __name__ == "__main__":
         print(f"error: {err}", file=sys.stderr)
         code = err.exit_code
     except SystemExit as stop:  # the script's own exit, or vt.start's at the end of an audit's stretch
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
         code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
     spec = ReplaySpec.from_environment()
     if spec is not None and spec.mode == "audit":  # the states handed back are written and closed: skip the teardown
