@@ -144,7 +144,10 @@ class Replay:
         assert self.scratch is not None and self.launch_file is not None
         spec = dataclasses.replace(spec, workspace=self.workspace.root, launch=str(self.launch_file))
         recorded = (self.record.get("env") or {}).get("variables") or {}
-        env = child.environment(recorded, {REPLAY_VARIABLE: spec.to_environment()})
+        if spec.mode == "resume":  # the user continues their own run, in their own environment (a check starts from nothing)
+            env = {**os.environ, REPLAY_VARIABLE: spec.to_environment()}
+        else:
+            env = child.environment(recorded, {REPLAY_VARIABLE: spec.to_environment()})
         command = child.command(self.python, "veritrain.userloop.launch", self.scratch / "boot")
         # the script's own output is progress here: stderr, so that a command's report (and --json) alone is on stdout
         return subprocess.run(command, cwd=self.cwd, env=env, text=True,
