@@ -71,13 +71,14 @@ def _audit(workspace: Workspace, run_dir: Path, record: Record, replay_facts: An
            trust_code: bool, policy: Optional[Policy], python: Optional[str], inputs_root: Optional[Path],
            waiting: Optional[tuple[Any, Path]]) -> dict[str, Any]:
     from veritrain.train import trajectory as trajectory_module
-    from veritrain.trust.verify import verify_run
+    from veritrain.trust.verify import state_cache_dir, verify_run
 
     entries = record.get("trajectory") or []
     script_run = replay.is_script_run(record)
     # the full `veritrain verify` first (checkpoint states, keep rule, results, data and provenance included, under the
-    # auditor's policy), reading no cache: a run that does not verify has nothing an audit could vouch for
-    checked = verify_run(run_dir, workspace.state_dir, policy)
+    # auditor's policy): a run that does not verify has nothing an audit could vouch for. Only the state hashes this
+    # user's veritrain kept in its own cache folder are reused, by the SHA-256 of each checkpoint's bytes
+    checked = verify_run(run_dir, workspace.state_dir, policy, state_cache=state_cache_dir())
     if checked["problems"]:
         first = checked["problems"][0]
         raise RunFailed(f"{run_dir.name}: {first['path']}: {first['kind']} ({first.get('detail', '')}); the run does not verify, "

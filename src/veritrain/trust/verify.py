@@ -44,7 +44,7 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     the run is unfinished (veritrain.records.journal) the run does not verify: its files are half switched, and the
     journal that would finish them is a workspace file, which nothing here takes on trust ("interrupted_amend" says so).
     `state_cache`: a folder outside the workspace where the state hashes of checkpoints (and the weights hash of an
-    export) are kept by the SHA-256 of the file's bytes (`state_cache_dir()`); None (audit) loads every file. Nothing is
+    export) are kept by the SHA-256 of the file's bytes (`state_cache_dir()`); None loads every file. Nothing is
     written in the workspace."""
     from veritrain.records.journal import JOURNAL_DIR
 
