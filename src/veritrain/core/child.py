@@ -89,15 +89,22 @@ def environment(recorded: Mapping[str, object], extra: Optional[Mapping[str, str
 class Waiting:
     """A child started before its job is known, so that its start (the interpreter, torch, veritrain) overlaps the
     parent's own checks: the module is given `-` for its job and reads the job file's path from its stdin.
-    `give(job)` sends it and waits for the child to end; `close()` ends a child never given one (a run that did not
-    verify, a refusal). A context manager: leaving it closes the child."""
+    `send(job)` gives it (the child writes little to its pipes until `wait` collects them: its log says warnings
+    only); `close()` ends a child never given one (a run that did not verify, a refusal). A context manager:
+    leaving it closes the child."""
 
     def __init__(self, python: str, module: str, scratch: Path, recorded: Mapping[str, object]):
         self.process = subprocess.Popen(command(python, module, scratch / "boot", "-"), cwd=scratch, env=environment(recorded),
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def give(self, job: Path) -> subprocess.CompletedProcess[str]:
-        out, err = self.process.communicate(str(job) + "\n")
+    def send(self, job: Path) -> None:
+        """Give the child its job; it starts at once (`wait` collects it)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(str(job) + "\n")
+        self.process.stdin.flush()  # one line is all it reads; `wait` closes the pipe
+
+    def wait(self) -> subprocess.CompletedProcess[str]:
+        out, err = self.process.communicate()
         return subprocess.CompletedProcess(self.process.args, self.process.returncode, out, err)
 
     def close(self) -> None:

@@ -159,9 +159,16 @@ def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int
     opening.refuse_untrusted_code(workspace, record.run_dir, record, trust_code)
     version = str((record.get("data") or {}).get("version"))
     child_process, scratch = waiting
-    job, early = _loop_job(record, plan, starts, workspace.state_dir / "data" / version, scratch)
+    job = _loop_job(record, plan, starts, workspace.state_dir / "data" / version, scratch)
     t = time.perf_counter()
-    done = child_process.give(scratch / "job.json")
+    child_process.send(scratch / "job.json")
+    # while the child replays: each start checkpoint must hold its entry's state (the verify checked it too); a
+    # stretch whose start does not is judged here, and what the child made of it is not read
+    entries = record.get("trajectory") or []
+    early = {start: [replay.verdict(entries, start, start + 1, verdict="differs", detail=f"checkpoints/{starts[start].name} {problem}")]
+             + replay.unchecked(entries, start, start + 2, end, "its start state is not the trajectory's")
+             for start, end in plan if starts[start] is not None and (problem := replay.holds(None, starts[start], entries[start]))}
+    done = child_process.wait()
     seconds = time.perf_counter() - t
     lines = [str(line) for line in (done.stderr or "").strip().splitlines()]
     failure = lines[-1:] if done.returncode else []
@@ -171,8 +178,6 @@ def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int
         verdicts.extend(early.get(start) or _judge_stretch(record, stretch, failure))
         replays.append({"from_step": record["trajectory"][start]["step"], "to_step": record["trajectory"][end]["step"],
                         "segments": end - start, "seconds": round(seconds / max(1, len(job["stretches"])), 3)})
-    for start in sorted(set(early) - {s["start"] for s in job["stretches"]}):
-        verdicts.extend(early[start])
     results = [_judge_result(record, item, version, [line for line in lines if line.startswith(f"error: {item['what']}:")][-1:] or failure)
                for item in job["results"]]
     results += [{"what": what.split(" (")[0], "entry": None, "step": None, "verdict": "unchecked", "detail": f"not re-derived: {what}"}
@@ -180,9 +185,8 @@ def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int
     return verdicts, replays, results
 
 
-def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any], data: Path, scratch: Path) -> tuple[dict[str, Any], dict[int, list[dict[str, Any]]]]:
-    """The child's job (written to scratch/job.json) with copies of everything it reads, and the verdicts of stretches
-    whose start checkpoint does not hold its entry's state (decided here, not replayed)."""
+def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any], data: Path, scratch: Path) -> dict[str, Any]:
+    """The child's job (written to scratch/job.json), with copies of everything it reads."""
     from veritrain.core.files import write_atomic
     from veritrain.records import usercode
     from veritrain.trust import formats
@@ -195,17 +199,11 @@ def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any
     threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
     job: dict[str, Any] = {"record": str(scratch / "record.json"), "data": str(data), "roots": roots, "threads": threads,
                            "stretches": [], "results": []}
-    early: dict[int, list[dict[str, Any]]] = {}
     for start, end in plan:
         stretch: dict[str, Any] = {"start": start, "end": end, "start_step": entries[start]["step"], "stop_step": entries[end]["step"],
                                    "run_dir": str(scratch / f"run-{start}"), "out": str(scratch / f"states-{start}"), "start_file": None}
         Path(stretch["out"]).mkdir()
         if starts[start] is not None:
-            problem = replay.holds(None, starts[start], entries[start])
-            if problem:
-                early[start] = [replay.verdict(entries, start, start + 1, verdict="differs", detail=f"checkpoints/{starts[start].name} {problem}")] \
-                    + replay.unchecked(entries, start, start + 2, end, "its start state is not the trajectory's")
-                continue
             stretch["start_file"] = str(scratch / f"start-{start}.pt")
             shutil.copyfile(starts[start], stretch["start_file"])
         job["stretches"].append(stretch)
@@ -231,7 +229,7 @@ def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any
                                "files": {name: entry["file"] for name, entry in exported["files"].items()}, "out": str(results / "export.json"),
                                "entry": exported["trajectory_entry"]["index"], "step": exported["trajectory_entry"]["step"]})
     write_atomic(scratch / "job.json", json.dumps(job).encode())
-    return job, early
+    return job
 
 
 def _copy_checkpoint(source: Path, target: Path) -> None:

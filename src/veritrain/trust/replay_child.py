@@ -13,6 +13,7 @@ auditor loads and hashes the states and compares the results.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ def main(job_file: str) -> int:
     from veritrain.train import loop  # noqa: F401
 
     logs.setup_console_logging()
+    logging.getLogger("veritrain").setLevel(logging.WARNING)  # the replayed loop's own lines stay out of the audit's output
     if job_file == "-":
         job_file = sys.stdin.readline().strip()
         if not job_file:  # the auditor ended without a job (the run did not verify, or the audit was refused)
