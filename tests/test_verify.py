@@ -281,7 +281,7 @@ def test_verify_decodes_nothing_when_the_raw_data_hashes_as_recorded(sealed, mon
     assert again["ok"] and again["raw_data"].startswith("raw data prepared again to compare (decoders changed: pillow")
 
 
-def test_state_hashes_are_kept_by_the_checkpoint_file_hash_and_audit_reads_no_cache(sealed, tmp_path, monkeypatch):
+def test_state_hashes_are_kept_by_the_checkpoint_file_hash_and_audit_reads_only_the_users_cache(sealed, tmp_path, monkeypatch):
     import torch
 
     from veritrain.trust import audit, verify
@@ -319,6 +319,8 @@ def test_state_hashes_are_kept_by_the_checkpoint_file_hash_and_audit_reads_no_ca
         monkeypatch.setattr(verify, "verify_run", spy)
         with pytest.raises(KeyboardInterrupt):
             audit.run(Workspace.open(workdir), run_dir.name)
-        assert seen and "state_cache" not in seen[0]
+        # the user's own cache folder, never the workspace's
+        assert seen and seen[0]["state_cache"] == verify.state_cache_dir()
+        assert not seen[0]["state_cache"].resolve().is_relative_to(workdir.resolve())
     finally:
         shutil.rmtree(workdir / ".veritrain" / "cache" / "states")

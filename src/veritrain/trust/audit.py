@@ -195,9 +195,9 @@ def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any
     listing, only_target = usercode.recorded_listing(record)
     usercode.copy_recorded(run_dir, listing, scratch / "code")
     roots = [str(scratch / "code")] + ([str(Path.cwd())] if only_target else [])
-    (scratch / "record.json").write_bytes((run_dir / "record.json").read_bytes())
+    (scratch / "recorded.json").write_bytes((run_dir / "record.json").read_bytes())  # a copy the child reads the config from
     threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
-    job: dict[str, Any] = {"record": str(scratch / "record.json"), "data": str(data), "roots": roots, "threads": threads,
+    job: dict[str, Any] = {"record": str(scratch / "recorded.json"), "data": str(data), "roots": roots, "threads": threads,
                            "stretches": [], "results": []}
     for start, end in plan:
         stretch: dict[str, Any] = {"start": start, "end": end, "start_step": entries[start]["step"], "stop_step": entries[end]["step"],
