@@ -64,10 +64,7 @@ def test_a_fake_interpreter_in_the_record_and_a_package_planted_in_the_working_d
 def test_a_raised_final_metric_re_signed_by_the_trainer_is_caught_by_re_deriving_it(place, honest, tmp_path):
     from veritrain.core import signing_keys
 
-    run_dir = place.root / "runs" / honest
-    honest_result = audit(place, honest)
-    assert honest_result.code == 0, honest_result.stderr
-    assert [r["verdict"] for r in honest_result.json()["results"] if r["what"] == "metrics.final"] == ["identical"]
+    run_dir = place.root / "runs" / honest  # its honest audit re-derives metrics.final identically (tests/test_api.py)
     key_path = tmp_path / "trainer.pem"
     signing_keys.init(key_path)
 
