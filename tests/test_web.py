@@ -278,6 +278,18 @@ def test_publish_writes_a_relative_site_and_refuses_runs_that_do_not_verify(site
     assert veritrain("verify", site["good"], "--expect", seal, "--workdir", str(elsewhere)).code == 0
 
 
+def test_publish_of_the_workspace_publishes_the_runs_that_verify_and_names_the_one_that_does_not(site, tmp_path):
+    out = tmp_path / "whole"
+    result = veritrain("publish", "--out", str(out), "--json", "--workdir", str(site["workspace"].root))
+    assert result.code == 1, result.stdout + result.stderr
+    summary = result.json()  # one JSON document: what was published and what was skipped
+    assert summary["runs"] == [site["good"]] and [s["run_id"] for s in summary["skipped"]] == [site["forged"]]
+    assert (out / "runs" / f"{site['good']}.html").is_file() and not (out / "runs" / f"{site['forged']}.html").exists()
+    named = [line for line in result.stderr.splitlines() if line.startswith(f"publish: skipped {site['forged']}: ")]
+    assert len(named) == 1 and "does not verify" in named[0]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: publish: 1 run(s) skipped")
+
+
 def test_data_page_tables_gallery_and_limits(tmp_path):
     """A data version's page from its data_report.json: achieved split, quarantine, findings by kind, label issues
     and outliers with the gallery, the card; hostile text escaped, long tables cut at 500 rows."""

@@ -269,9 +269,10 @@ def ui_command(workdir: Optional[str], host: str, port: int, open_browser: bool)
 @workdir_option
 @json_option
 def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdir: Optional[str], as_json: bool) -> int:
-    """Write the run pages as a static site (relative links, no network): runs that do not verify are refused.
+    """Write the run pages as a static site (relative links, no network): runs that do not verify are left out.
 
-    Without RUN, every completed run is published.
+    Without RUN, every completed run that verifies is published, each one that does not is named, and the
+    command exits 1 if it skipped any; a RUN named that does not verify is refused.
 
     \b
     Example:
@@ -298,9 +299,13 @@ def publish_command(refs: tuple[str, ...], out: str, with_archives: bool, workdi
     outside = [d.name for d in run_dirs if d.parent != workspace.runs_dir.resolve()]
     if outside:
         raise UserError(f"publish: {outside[0]} is not a run of this workspace; import it first (`veritrain import`) or pass --workdir")
-    result = publish(workspace, run_dirs, Path(out), with_archives)
+    result = publish(workspace, run_dirs, Path(out), with_archives, named=bool(refs))
     if as_json:
         emit_json(result)
     else:
         render.published(result)
+    for item in result["skipped"]:  # the whole workspace: the runs that do not verify are named, and the command fails
+        click.echo(f"publish: skipped {item['run_id']}: {item['reason']}; the run does not verify, see `veritrain verify {item['run_id']}`", err=True)
+    if result["skipped"]:
+        raise RunFailed(f"publish: {len(result['skipped'])} run(s) skipped because they do not verify; the {len(result['runs'])} that verify are published")
     return 0

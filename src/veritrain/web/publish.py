@@ -34,21 +34,30 @@ def refuse_out_in_workspace(workspace: Workspace, out_dir: Path) -> None:
                             "where the runs and data versions are sealed; publish to a folder outside them, e.g. --out site")
 
 
-def publish(workspace: Workspace, run_dirs: list[Path], out_dir: Path, with_archives: bool = False) -> dict[str, Any]:
+def publish(workspace: Workspace, run_dirs: list[Path], out_dir: Path, with_archives: bool = False, named: bool = True) -> dict[str, Any]:
     """Write index.html, runs/<id>.html, data/<version>.html, experiments.html, compare.html (2 or more
-    runs: the first COMPARE_MAX of them), static/ and the images the pages show into `out_dir`; a run that
-    does not verify is refused before anything is written."""
+    runs: the first COMPARE_MAX of them), static/ and the images the pages show into `out_dir`. Runs the user
+    `named`: one that does not verify is refused before anything is written. The whole workspace (`named` False):
+    every run that verifies is published, and each one skipped is in the result's `skipped` with the reason
+    (the caller fails after saying so); none that verifies is refused."""
     from veritrain.trust.verify import verify_and_keep
 
     refuse_out_in_workspace(workspace, out_dir)
-    verified_runs = {}
+    verified_runs, skipped = {}, []
     for run_dir in run_dirs:
         verified = verify_and_keep(run_dir, workspace.state_dir)  # the CLI's defaults: the raw data is prepared again too
-        verified_runs[run_dir.name] = verified  # the run pages show it and their checklists reuse it: each file is hashed once
         if not verified["ok"]:
             first = (verified["problems"] or [{"path": "the environment", "kind": "drift"}])[0]
-            raise RunFailed(f"publish {run_dir.name}: {first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
-                            + f"; the run does not verify, see `veritrain verify {run_dir.name}`")
+            reason = f"{first['path']}: {first['kind']}" + (f" ({first['detail']})" if first.get("detail") else "")
+            if named:
+                raise RunFailed(f"publish {run_dir.name}: {reason}; the run does not verify, see `veritrain verify {run_dir.name}`")
+            skipped.append({"run_id": run_dir.name, "reason": reason})
+            continue
+        verified_runs[run_dir.name] = verified  # the run pages show it and their checklists reuse it: each file is hashed once
+    run_dirs = [d for d in run_dirs if d.name in verified_runs]
+    if not run_dirs:
+        raise RunFailed(f"publish: none of the {len(skipped)} run(s) verifies, first {skipped[0]['run_id']}: {skipped[0]['reason']}; "
+                        f"see `veritrain verify {skipped[0]['run_id']}`")
     env = environment()
     ids = [d.name for d in run_dirs]
     written: list[str] = []
@@ -117,4 +126,4 @@ def publish(workspace: Workspace, run_dirs: list[Path], out_dir: Path, with_arch
     if STATIC_DIR.is_dir():
         shutil.copytree(STATIC_DIR, out_dir / "static", dirs_exist_ok=True)
         written.append("static/")
-    return {"out": str(out_dir), "runs": ids, "data_versions": versions, "archives": archives, "files": written}
+    return {"out": str(out_dir), "runs": ids, "data_versions": versions, "archives": archives, "files": written, "skipped": skipped}
