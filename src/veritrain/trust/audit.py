@@ -180,8 +180,12 @@ def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int
                         "segments": end - start, "seconds": round(seconds / max(1, len(job["stretches"])), 3)})
     results = [_judge_result(record, item, version, [line for line in lines if line.startswith(f"error: {item['what']}:")][-1:] or failure)
                for item in job["results"]]
+    rederived, not_rederived = rederivation(record)
+    computed = {item["what"] for item in job["results"]}
+    results += [{"what": what, "entry": None, "step": None, "verdict": "unchecked", "detail": "not re-derived: the checkpoint it came from is not here"}
+                for what in rederived if what not in computed]
     results += [{"what": what.split(" (")[0], "entry": None, "step": None, "verdict": "unchecked", "detail": f"not re-derived: {what}"}
-                for what in rederivation(record)[1]]
+                for what in not_rederived]
     return verdicts, replays, results
 
 
