@@ -338,10 +338,29 @@ def verify_findings(result: dict[str, Any]) -> None:
         from veritrain.trust.provenance_check import Signer
 
         logs.report(Signer(**signer).line())
+    amendment_lines(result.get("amendments") or [])
+
+
+def amendment_lines(rows: list[dict[str, Any]]) -> None:
+    """One line per sealed amendment of the run: what wrote it, its seal, its signer, the results it gives, and whether
+    the seal the user expects covers it."""
+    from veritrain.trust.provenance_check import Signer
+
+    for row in rows:
+        gives = f"; gives {', '.join(row['results'])}" if row.get("results") else ""
+        covered = "" if row["covered"] else " (NOT covered by the seal you expect)"
+        logs.report(f"amendment {row['index']:04d} by {row['by']} at {row['at']}: seal {row['seal']}{gives}; "
+                    f"{Signer(**row['signer']).line()}{covered}", style=None if row["covered"] else "yellow")
 
 
 def verified(run_id: str, result: dict[str, Any]) -> None:
-    logs.report(f"run {run_id} verified: seal {result['seal']}")
+    later = [row for row in result.get("amendments") or [] if not row["covered"]]
+    if later:
+        covered = next((row["seal"] for row in reversed(result["amendments"]) if row["covered"]), result.get("base_seal"))
+        logs.report(f"run {run_id} verified: seal {covered} (the one expected) vouches for the run up to it; {len(later)} later "
+                    f"amendment(s), listed above, are not covered by it; newest seal {result['seal']}")
+    else:
+        logs.report(f"run {run_id} verified: seal {result['seal']}")
 
 
 def checklist(result: dict[str, Any]) -> None:

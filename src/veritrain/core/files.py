@@ -63,3 +63,30 @@ def remove_unfinished(folder: Path) -> list[str]:
             path.unlink(missing_ok=True)
             removed.append(path.relative_to(folder).as_posix())
     return removed
+
+
+def sync_tree(folder: Path) -> None:
+    """Flush every file below `folder`, and the folders, to disk (before the rename that makes them visible)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for path in sorted({p.parent for p in folder.rglob("*")} | {folder}):
+        sync_folder(path)
+
+
+def sync_folder(path: Path) -> None:
+    """fsync a folder, so the renames in it are on disk; best effort (some filesystems refuse)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

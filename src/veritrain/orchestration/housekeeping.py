@@ -19,7 +19,7 @@ from typing import Any, Optional
 from veritrain.core import locks
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.errors import RunFailed, UserError
-from veritrain.records import journal
+from veritrain.records import amendments, journal
 from veritrain.records.record import Record, capture_code, read_record
 from veritrain.records.recorder import amending
 from veritrain.records.workspace import Workspace
@@ -88,7 +88,8 @@ LEFTOVER_AGE = 60.0  # seconds: a temp folder or record-less run folder younger 
 
 def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
     """(folder, age in seconds) of what killed commands leave: the temp folders of prepares and of gc's own
-    removals (`.veritrain/data/.tmp-*`), the staging folders of imports (`.veritrain/import-*`), the scratch
+    removals (`.veritrain/data/.tmp-*`), the staging folders of imports (`.veritrain/import-*`) and of amendments
+    (`.veritrain/amending/`), the scratch
     folders of audits and recorded code (`.veritrain/tmp/`) whose process is gone, and run folders that never
     got a record.json, older than a minute, not locked."""
     now = time.time()
@@ -98,6 +99,11 @@ def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
     for folder in temporary:
         age = now - folder.stat().st_mtime
         if folder.is_dir() and age > LEFTOVER_AGE:
+            found.append((folder, age))
+    staging = workspace.state_dir / amendments.STAGING_DIR  # amendments a kill stopped before they were added to their run
+    for folder in sorted(staging.iterdir()) if staging.is_dir() and not staging.is_symlink() else []:
+        age = now - folder.lstat().st_mtime
+        if age > LEFTOVER_AGE and workspace.lock_is_stale(folder.name.split(".", 1)[0]):
             found.append((folder, age))
     scratch = workspace.state_dir / "tmp"  # audit replays (audit-<pid>-*) and imported code copies (code-<pid>-*)
     for folder in sorted(scratch.iterdir()) if scratch.is_dir() else []:
@@ -176,15 +182,18 @@ def _test_splits_carried_over(store: Path, versions: set[str]) -> set[str]:
 
 
 def _remove_and_reseal(workspace: Workspace, run_dir: Path, record: Record, steps: list[Path]) -> None:
-    """Remove `steps` from the run and re-seal it, as one amend (veritrain.records.recorder.amending)."""
-    with amending(workspace, record) as change:
-        for path in steps:
-            change.remove(path.relative_to(run_dir).as_posix())
-        gone = {_step_file_of(p) for p in steps}
-        # `kept`: the entry's step file is in the run
-        change.unkeep_steps({e["step"] for e in record.get("trajectory") or [] if f"step-{e['step']}.pt" in gone})
-        change.add_event("gc", f"removed {len(steps)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept")
-        change.commit(by="gc")
+    """Retire `steps` in a sealed amendment of the run (veritrain.records.recorder.amending), then remove them. Files an
+    earlier gc retired but a kill left behind are removed without another amendment."""
+    artifacts = record.get("artifacts") or {}
+    to_retire = [path for path in steps if path.relative_to(run_dir).as_posix() in artifacts]
+    if to_retire:
+        with amending(workspace, record) as change:
+            for path in to_retire:
+                change.remove(path.relative_to(run_dir).as_posix())
+            change.add_event("gc", f"removed {len(to_retire)} step checkpoint file(s); best.pt, last.pt and the checkpoints kept for audit kept")
+            change.commit(by="gc")
+    for path in steps:  # retired by a sealed amendment now: no longer part of the run
+        path.unlink(missing_ok=True)
 
 
 def _held_locks(workspace: Workspace) -> list[Path]:
@@ -195,9 +204,9 @@ def _held_locks(workspace: Workspace) -> list[Path]:
 
 def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     """Remove step checkpoints of completed runs (best/last and the checkpoints kept for audit stay), data
-    versions no run references, and stale locks; runs that lose files are re-sealed with a `gc` event and
-    their trajectory's `kept` flags cleared for the step files removed, each as one journaled amend. Amends a kill
-    interrupted are completed or rolled back first (veritrain.records.journal), and a data version is renamed to a temp
+    versions no run references, and stale locks; a run that loses files gets a sealed amendment retiring them, with a
+    `gc` event (its trajectory's `kept` flags read cleared for them), before they are removed. Amends an earlier veritrain
+    began and a kill interrupted are completed or rolled back first (veritrain.records.journal), and a data version is renamed to a temp
     folder before it is deleted, so a killed gc never leaves half a version that later commands would trust.
     A journal whose plan reaches outside its run (or is not one veritrain wrote) stops gc before it changes
     anything, with or without `dry_run` (RunFailed naming the journal; `drop_journal` is the way out)."""

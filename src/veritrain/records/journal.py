@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
-from veritrain.core.files import write_atomic
+from veritrain.core.files import sync_folder, sync_tree, write_atomic
 from veritrain.core.signing_keys import sealing_key
 from veritrain.records import provenance
 from veritrain.records.record import PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, now_iso, sealed_bytes, statement_bytes
@@ -110,7 +110,7 @@ class Amend:
         problem = _plan_problem(self.folder, self.run_dir, plan)  # a run or journal holding links: never written through
         if problem:
             raise RunFailed(f"{_printable(self.run_dir.name)}: {problem}; the amend was not applied and the run is as it was")
-        _sync_tree(self.new)
+        sync_tree(self.new)
         write_atomic(self.folder / PLAN_FILE, (json.dumps(plan, indent=1) + "\n").encode())  # the commit point
         self.committed = True
         _apply(self.run_dir, self.folder, plan)
@@ -515,7 +515,7 @@ def _apply(run_dir: Path, folder: Path, plan: dict[str, Any]) -> None:
         os.replace(new / rel, target)
         touched.add(target.parent)
     for path in sorted(touched):
-        _sync_folder(path)
+        sync_folder(path)
 
 
 def _move_aside(path: Path, backup: Path, touched: set[Path]) -> None:
@@ -532,7 +532,7 @@ def _drop(folder: Path) -> None:
     plan.json whose `new/` is half gone, which the next command would roll forward."""
     done = folder.with_name(f".{folder.name}.{uuid.uuid4().hex}{DONE_SUFFIX}")
     os.replace(folder, done)
-    _sync_folder(folder.parent)
+    sync_folder(folder.parent)
     shutil.rmtree(done, ignore_errors=True)  # removes the links inside, never what they point to
 
 
@@ -544,34 +544,8 @@ def _remove_entry(path: Path) -> None:
         return
     if not stat.S_ISDIR(mode):
         os.unlink(path)
-        _sync_folder(path.parent)
+        sync_folder(path.parent)
     elif _is_leftover(path.name):
         shutil.rmtree(path, ignore_errors=True)  # already renamed away: nothing reads it
     else:
         _drop(path)
-
-
-def _sync_tree(folder: Path) -> None:
-    """Flush every file below `folder`, and the folders, to disk (what other modules wrote there did not)."""
-    for path in sorted(folder.rglob("*")):
-        if path.is_file() and not path.is_symlink():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    for path in sorted({p.parent for p in folder.rglob("*")} | {folder}):
-        _sync_folder(path)
-
-
-def _sync_folder(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

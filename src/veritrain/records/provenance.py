@@ -10,8 +10,8 @@ id) with its times, and the byproducts: record.json (its SHA-256 is the seal), r
 Like record.sha256 the file is a detached statement about the seal, so it is not in `artifacts`; the record names it
 (`provenance: {file, key_fingerprint}`, covered by the seal). It is signed with the signing key
 (veritrain.core.signing_keys: `keyid` is the key's fingerprint, the signature is DER ECDSA P-256 over the DSSE
-pre-authentication encoding) or, without one, written unsigned (no signatures). Every seal writes it again: the
-run's final `write_record`, and every amend inside its journaled step (veritrain.records.journal).
+pre-authentication encoding) or, without one, written unsigned (no signatures). The run's final `write_record` writes
+it; each sealed amendment (veritrain.records.amendments) has its own (`amendment_statement`), about the amendment's seal.
 
 Names of files in the run are relative to the run folder (`sha256sum -c` there checks them); a data version's
 files are named `.veritrain/data/<version>/<file>`, relative to the workspace, with their absolute location as `uri`.
@@ -34,6 +34,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://veritrain.dev/provenance/run/v1"
+AMENDMENT_BUILD_TYPE = "https://veritrain.dev/provenance/amendment/v1"
+AMENDMENT_FILE, AMENDMENT_SEAL = "amendment.json", "amendment.sha256"
 BUILDER_ID = "https://veritrain.dev/builder"
 SIGNATURE_FILE = "export/model.sig"  # the export's own signature (OpenSSF model signing): a statement about the export, not a product
 RECORD_FILE, SEAL_FILE, METRICS_FILE, LOCK_FILE = "record.json", "record.sha256", "metrics.jsonl", "env/requirements.lock"
@@ -158,3 +160,39 @@ def envelope_bytes(document: dict[str, Any], key: Optional[SigningKey]) -> bytes
 def field(key: Optional[SigningKey]) -> dict[str, Any]:
     """The record's `provenance` field for a seal made with `key` (None: unsigned)."""
     return {"file": PROVENANCE_FILE, "key_fingerprint": key.public.fingerprint if key is not None else None}
+
+
+def amendment_seal(doc: Mapping[str, Any]) -> str:
+    """The seal of an amendment whose amendment.json is `doc`: the SHA-256 of its canonical bytes."""
+    data = (json.dumps(dict(doc), sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def amendment_statement(doc: Mapping[str, Any], seal: str) -> dict[str, Any]:
+    """The in-toto Statement (SLSA Provenance v1) of a sealed amendment (veritrain.records.amendments): its subjects are
+    the files it adds (every one but export/model.sig; amendment.json itself when it adds none), its one dependency is
+    the seal it extends, and its byproducts are amendment.json (whose SHA-256 is its seal) and amendment.sha256. Names
+    are relative to the amendment's `files/` folder."""
+    files = doc.get("files") or {}
+    subject = [_file(rel, files[rel]["sha256"]) for rel in sorted(files) if rel != SIGNATURE_FILE] or [_file(AMENDMENT_FILE, seal)]
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": subject,
+        "predicateType": PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {
+                "buildType": AMENDMENT_BUILD_TYPE,
+                "externalParameters": {"command": doc.get("by"), "run_id": doc.get("run_id"), "index": doc.get("index")},
+                "internalParameters": {"sets": sorted(doc.get("set") or {}), "retires": list(doc.get("retires") or [])},
+                "resolvedDependencies": [{"name": "extends", "digest": {"sha256": str(doc.get("extends"))},
+                                          "annotations": {"role": "the seal this amendment extends"}}],
+            },
+            "runDetails": {
+                "builder": {"id": BUILDER_ID, "version": {"veritrain": __version__}},
+                "metadata": {"invocationId": f"{doc.get('run_id')}/amendments/{int(doc.get('index') or 0):04d}", "startedOn": doc.get("at")},
+                "byproducts": [_file(AMENDMENT_FILE, seal, mediaType="application/json"),
+                               _file(AMENDMENT_SEAL, hashlib.sha256((seal + "\n").encode()).hexdigest(), mediaType="text/plain")],
+            },
+        },
+    }
+

@@ -540,22 +540,26 @@ def thawed(value: Any) -> Any:
 
 
 class Record(FrozenDict):
-    """A run's record.json as read and validated: read-only, like every mapping and list in it, and typed (`typed`,
-    the validated RunRecord). Only veritrain.records.recorder writes records."""
+    """A run's record as read and validated: its record.json with its sealed amendments applied (veritrain.records.amendments),
+    read-only, like every mapping and list in it, and typed (`typed`, the validated RunRecord). `artifacts` lists every
+    file of the run as it is now, by its name in the run; `path(name)` is where that file lies (an amendment's files
+    lie in its folder). Only veritrain.records.recorder writes records."""
 
     run_dir: Path
     typed: RunRecord
 
-    def __new__(cls, fields: dict[str, Any], run_dir: Path, typed: RunRecord) -> Record:
+    def __new__(cls, fields: dict[str, Any], run_dir: Path, typed: RunRecord, chain: Any = None, applied: Any = None) -> Record:
         return super().__new__(cls)
 
-    def __init__(self, fields: dict[str, Any], run_dir: Path, typed: RunRecord) -> None:
+    def __init__(self, fields: dict[str, Any], run_dir: Path, typed: RunRecord, chain: Any = None, applied: Any = None) -> None:
         dict.__init__(self, ((key, frozen(item)) for key, item in fields.items()))
         self.run_dir = run_dir
         self.typed = typed
+        self.chain = chain  # veritrain.records.amendments.Chain; None for a record not read from a run folder
+        self.applied = applied  # veritrain.records.amendments.Applied when the run has amendments
 
     def __reduce__(self) -> Any:
-        return (Record, (thawed(self), self.run_dir, self.typed))
+        return (Record, (thawed(self), self.run_dir, self.typed, self.chain, self.applied))
 
     @property
     def run_id(self) -> str:
@@ -569,12 +573,36 @@ class Record(FrozenDict):
     def data_version(self) -> Optional[str]:
         return self.typed.data.version if self.typed.data is not None else None
 
+    @property
+    def seal(self) -> Optional[str]:
+        """The newest seal: the last amendment's, else the record's own."""
+        return self.chain.newest if self.chain is not None else None
+
+    @property
+    def amendments(self) -> tuple[Any, ...]:
+        """The run's amendments in order (veritrain.records.amendments.Link)."""
+        return self.chain.links if self.chain is not None else ()
+
+    def path(self, rel: str) -> Path:
+        """Where the run's file `rel` lies: in the run folder, or in the folder of the amendment that added it."""
+        if self.applied is not None and rel in self.applied.files:
+            return Path(self.applied.files[rel])
+        return self.run_dir / rel
+
+    def source(self, result: str) -> Any:
+        """The amendment a result (`metrics.<split>`, `baselines`, `export`) comes from; None when the run's own seal covers it."""
+        return self.applied.sources.get(result) if self.applied is not None else None
+
 
 def read_record(run_dir: Path) -> Record:
-    """The run's record.json, validated and read-only; a missing or damaged one is a RunFailed that says how to look closer."""
+    """The run's record, validated, with its amendments applied, read-only; a missing or damaged one, or a broken chain of
+    amendments, is a RunFailed that says how to look closer."""
+    from veritrain.records import amendments
+
     path = run_dir / RECORD_FILE
     try:
-        fields = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        fields = json.loads(data.decode("utf-8"))
     except OSError as err:
         raise RunFailed(f"{path}: cannot read it ({err.strerror}); `veritrain verify {run_dir.name}` checks the whole run") from None
     except (ValueError, RecursionError) as err:  # JSON or UTF-8, or nested past Python's limit
@@ -582,7 +610,18 @@ def read_record(run_dir: Path) -> Record:
     typed, problem = _validated(fields, run_dir.name)
     if typed is None:
         raise RunFailed(f"{path}: not a valid record ({problem}); `veritrain verify {run_dir.name}` checks the whole run")
-    return Record(fields, run_dir, typed)
+    chain = amendments.read_chain(run_dir, hashlib.sha256(data).hexdigest(), typed.run_id)
+    if chain.problems:
+        first = chain.problems[0]
+        raise RunFailed(f"{run_dir / first['path']}: {first['detail']}; `veritrain verify {run_dir.name}` checks the whole run")
+    if not chain.links:
+        return Record(fields, run_dir, typed, chain)
+    applied = amendments.apply(fields, run_dir, chain.links)
+    typed, problem = _validated(applied.fields, run_dir.name)
+    if typed is None:
+        raise RunFailed(f"{run_dir / amendments.AMENDMENTS_DIR}: the run as amended is not a valid record ({problem}); "
+                        f"`veritrain verify {run_dir.name}` checks the whole run")
+    return Record(applied.fields, run_dir, typed, chain, applied)
 
 
 # ---------------------------------------------------------------- environment and code

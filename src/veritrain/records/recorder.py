@@ -3,23 +3,25 @@
 A run's record changes in two ways only, both here:
 
 - while the run runs, through its `Recorder` (pipeline: `start`, each stage, `finish`, `write` after each);
-- once it is sealed, through `amending` (eval, export, baseline, gc): one journaled transaction
-  (veritrain.records.journal) that stages the new files, re-seals and switches the run, or leaves it as it was.
+- once it is sealed, through `amending` (eval, export, baseline, gc): a sealed amendment beside the record
+  (veritrain.records.amendments), written whole and made part of the run by one rename; the record itself never changes.
 
 Every other module reads records through `veritrain.records.record.read_record`, which validates them and returns
-them read-only. A test holds this: no module outside veritrain.records.record, veritrain.records.journal and this one writes
+them read-only. A test holds this: no module outside veritrain.records.record, veritrain.records.journal, veritrain.records.amendments and this one writes
 record.json or record.sha256 or assigns into a record.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from veritrain.core.errors import UserError
 from veritrain.core.signing_keys import sealing_key
-from veritrain.records import journal
+from veritrain.records import amendments, journal, provenance
 from veritrain.records.record import RECORD_FORMAT, RECORD_VERSION, Record, RunRecord, frozen, now_iso, record_bytes, thawed, write_record
 
 if TYPE_CHECKING:
@@ -165,23 +167,31 @@ class Recorder(Mapping[str, Any]):
 
 
 class Amendment:
-    """One amend of a sealed run under way (see `amending`): the command stages its files under `new` (the run's
-    layout) and records what changed here; `commit` re-seals and switches the run."""
+    """One amendment of a sealed run being written (see `amending`): the command stages its files under `new` (laid out
+    as in the run) and says here what else changed; `commit` seals the amendment and adds it to the run."""
 
-    def __init__(self, change: journal.Amend, record: Record) -> None:
-        self.change = change
-        self.record = record  # the record as the command read it
+    def __init__(self, draft: amendments.Draft, record: Record, key: Any, state_dir: Path) -> None:
+        self.draft = draft
+        self.record = record  # the run as the command read it
+        self.key = key
+        self.state_dir = state_dir
         self._fields = thawed(record)
 
     @property
     def new(self) -> Path:
-        return self.change.new
+        return self.draft.files
 
     def replace_folder(self, rel: str) -> Path:
-        return self.change.replace_folder(rel)
+        """The staging folder for the run's folder `rel`: every file of the run there that the command does not write
+        again is retired (export/: formats not kept)."""
+        self.draft.replaced.append(rel.strip("/"))
+        staged = self.new / rel
+        staged.mkdir(parents=True, exist_ok=True)
+        return staged
 
     def remove(self, rel: str) -> None:
-        self.change.remove(rel)
+        """Retire the run's file `rel` (gc removes it once the amendment is part of the run)."""
+        self.draft.retired.add(rel)
 
     def get(self, key: str, default: Any = None) -> Any:
         return frozen(self._fields.get(key, default))
@@ -195,27 +205,51 @@ class Amendment:
     def set_export(self, export: dict[str, Any]) -> None:
         self._fields["export"] = thawed(export)
 
-    def unkeep_steps(self, steps: set[int]) -> None:
-        """Mark the trajectory entries of `steps` as no longer keeping their step file (gc removed it)."""
-        for entry in self._fields.get("trajectory") or []:
-            if entry.get("kept") and entry["step"] in steps:
-                entry["kept"] = False
-
     def add_event(self, kind: str, detail: str) -> None:
-        self._fields.setdefault("events", []).append({"kind": kind, "step": None, "detail": detail, "at": now_iso()})
+        self.draft.events.append({"kind": kind, "step": None, "detail": detail, "at": now_iso()})
 
     def commit(self, by: str) -> str:
-        """Seal the run as amended (the seal it replaces goes to `seal_history`), switch it, and return the new seal."""
-        return self.change.commit(self._fields, by)
+        """Seal the amendment, with its own signed provenance statement, and add it to the run; returns its seal."""
+        changed = {key: self._fields[key] for key in amendments.AMENDABLE if key in self._fields and self._fields[key] != self.record.get(key)}
+        doc = self.draft.document(by, now_iso(), changed, provenance.field(self.key))
+        chain = self.record.chain
+        links = (*chain.links, amendments.Link(doc["index"], self.draft.folder, "0" * 64, doc))
+        RunRecord.model_validate_json(record_bytes(amendments.apply(_base_fields(self.record), self.record.run_dir, links).fields))
+        seal = provenance.amendment_seal(doc)
+        statement = provenance.envelope_bytes(provenance.amendment_statement(doc, seal), self.key)
+        return self.draft.commit(doc, statement)
+
+
+def _base_fields(record: Record) -> dict[str, Any]:
+    """The run's own record.json (before its amendments)."""
+    import json
+
+    return json.loads((record.run_dir / "record.json").read_text(encoding="utf-8"))
 
 
 @contextmanager
 def amending(workspace: Workspace, record: Record) -> Iterator[Amendment]:
-    """Amend the sealed run `record` was read from, as one journaled step (veritrain.records.journal.amending): an interrupted
-    amend is completed or rolled back first, a record re-sealed meanwhile is refused, and leaving the block without
-    `commit` leaves the run as it was."""
-    with journal.amending(workspace, record.run_dir, record) as change:
-        yield Amendment(change, record)
+    """Amend the sealed run `record` was read from (veritrain.records.amendments): the amendment is staged in
+    `.veritrain/amending/`, and leaving the block without `commit` leaves the run as it was. One amend of a run at a
+    time (its lock); an amendment written meanwhile by another command is refused at commit."""
+    key = sealing_key()  # an unusable key stops the command before it does any work
+    run_dir = record.run_dir
+    staging = amendments.staging_root(workspace.state_dir)
+    staging.mkdir(parents=True, exist_ok=True)
+    if os.stat(staging).st_dev != os.stat(run_dir).st_dev:
+        raise UserError(f"{staging}: not on the filesystem of {run_dir}; an amendment is added to a run by renaming it, "
+                        "so keep runs/ and .veritrain/ in one filesystem")
+    journal.recover(workspace, run_dir)  # an amend an earlier veritrain began, completed or rolled back first
+    workspace.lock_run(record.run_id)
+    draft = None
+    try:
+        amendments.clear_staging(workspace.state_dir, lambda owner: True, record.run_id)  # what a kill left: the lock is ours
+        draft = amendments.Draft(workspace.state_dir, run_dir, record.run_id, record.chain, record.get("artifacts") or {})
+        yield Amendment(draft, record, key, workspace.state_dir)
+    finally:
+        if draft is not None:
+            draft.discard()  # committed: renamed away already, nothing left to remove
+        workspace.unlock_run(record.run_id)
 
 
 def write_smoke_record(folder: Path, document: dict[str, Any]) -> str:

@@ -19,7 +19,9 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain.records.record import NOTES_FILE, RECORD_FILE
+from veritrain.core.errors import RunFailed
+from veritrain.records.amendments import AMENDMENTS_DIR
+from veritrain.records.record import NOTES_FILE, RECORD_FILE, read_record, thawed
 
 COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "config_hash", "data_version",
            "final_state_sha256", "hypothesis", "parent", "reproduced_from", "repeat_group", "error", "seal",
@@ -104,18 +106,22 @@ def changed_params(config: Any) -> dict[str, Any]:
 
 
 def stamp(run_dir: Path | str) -> Optional[str]:
-    """What changes when a run's indexed content changes: record and notes mtimes and sizes. (Plain string paths:
-    a sync stats every run folder, and pathlib's parsing would cost more than the stats.)"""
+    """What changes when a run's indexed content changes: record, notes and amendments folder mtimes and sizes (an
+    amendment is added by a rename into that folder). (Plain string paths: a sync stats every run folder, and
+    pathlib's parsing would cost more than the stats.)"""
     folder = os.fspath(run_dir)
     try:
         record = os.stat(os.path.join(folder, RECORD_FILE))
     except FileNotFoundError:
         return None
-    try:
-        notes = os.stat(os.path.join(folder, NOTES_FILE))
-        return f"{record.st_mtime_ns}:{record.st_size}|{notes.st_mtime_ns}:{notes.st_size}"
-    except FileNotFoundError:
-        return f"{record.st_mtime_ns}:{record.st_size}|-"
+    parts = [f"{record.st_mtime_ns}:{record.st_size}"]
+    for name in (NOTES_FILE, AMENDMENTS_DIR):
+        try:
+            found = os.stat(os.path.join(folder, name))
+            parts.append(f"{found.st_mtime_ns}:{found.st_size}")
+        except FileNotFoundError:
+            parts.append("-")
+    return "|".join(parts)
 
 
 def read_notes(run_dir: Path) -> list[dict[str, Any]]:
@@ -157,6 +163,13 @@ def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
     if problem is not None:  # a forged or damaged record: one line, and the other runs still list
         log.warning("%s: not listed: %s; `veritrain verify %s` says more", run_dir / "record.json", problem, run_dir.name)
         return None
+    if os.path.lexists(run_dir / AMENDMENTS_DIR):  # the run as its amendments leave it
+        try:
+            amended = read_record(run_dir)
+        except RunFailed as err:
+            log.warning("%s: not listed: %s", run_dir, err)
+            return None
+        record, seal = thawed(amended), amended.seal
     values = {
         "run_id": run_dir.name,
         "exp_name": record.get("exp_name"),

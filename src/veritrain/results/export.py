@@ -552,9 +552,10 @@ def open_export(path: Path, public_key: Optional[bytes] = None) -> ExportFiles:
     run_dir = _run_of(path)
     if run_dir is None:
         return export_files_of_folder(find_export(path), public_key)
-    if not (run_dir / "export" / "model.json").exists():
+    record = _sealed_record(run_dir)
+    if not record.path("export/model.json").exists():
         raise UserError(f"{run_dir}: no exported model (export/model.json); run `veritrain export {run_dir.name}` first")
-    opened = export_files_of_run(run_dir, _sealed_record(run_dir))
+    opened = export_files_of_run(run_dir, record)
     if public_key is None:
         return opened  # the record binds every file; `veritrain verify` checks the signature
     line, known = _signer(opened.folder, opened.sha256["model.json"], public_key)
@@ -593,8 +594,9 @@ def export_files_of_run(run_dir: Path, record: Mapping[str, Any]) -> ExportFiles
     files (`export.files`: each format, file and SHA-256, the files the parity check certified), each listed with that
     SHA-256 in `artifacts`; a tokenizer it names must be listed there too and be the one the run trained with. So a
     second model added to export/ and named in model.json is refused even when the record was sealed again over both:
-    the record's export section still names the certified file. RunFailed names the file that differs and the fix."""
-    folder = run_dir / "export"
+    the record's export section still names the certified file. RunFailed names the file that differs and the fix. The
+    folder is the run's export/, or the one of the amendment that wrote it (every export writes the whole folder)."""
+    folder = export_folder(run_dir, record)
     fix = f"export the run again with `veritrain export {run_dir.name}`"
     exported = (record.get("export") or {}).get("files")
     artifacts = record.get("artifacts") or {}
@@ -611,17 +613,23 @@ def export_files_of_run(run_dir: Path, record: Mapping[str, Any]) -> ExportFiles
     named: dict[str, Any] = files if isinstance(files, dict) else {}
     hashes = {"model.json": actual}
     for fmt in sorted(set(named) | set(exported)):
-        hashes.update(_bound_model_file(run_dir, fmt, named.get(fmt), exported.get(fmt), artifacts, fix))
+        hashes.update(_bound_model_file(run_dir, folder, fmt, named.get(fmt), exported.get(fmt), artifacts, fix))
     tokenizer = preprocessing.get("tokenizer") if isinstance(preprocessing, dict) else None
     if tokenizer is not None:
-        hashes.update(_bound_tokenizer(run_dir, tokenizer, record, artifacts, fix))
+        hashes.update(_bound_tokenizer(folder, tokenizer, record, artifacts, fix))
     return ExportFiles(folder, description, hashes, run_dir)
 
 
-def _bound_model_file(run_dir: Path, fmt: str, named: Any, exported: Any, artifacts: Mapping[str, Any], fix: str) -> dict[str, str]:
-    """{file: SHA-256} of the one model file of format `fmt`, when model.json (`named`), the record's export section
-    (`exported`) and its artifacts agree on it; else RunFailed saying which file differs."""
-    folder = run_dir / "export"
+def export_folder(run_dir: Path, record: Mapping[str, Any]) -> Path:
+    """Where the run's export/ lies: in the run folder, or in the folder of the amendment that wrote it."""
+    locate = getattr(record, "path", None)
+    return locate("export/model.json").parent if locate is not None else run_dir / "export"
+
+
+def _bound_model_file(run_dir: Path, folder: Path, fmt: str, named: Any, exported: Any, artifacts: Mapping[str, Any],
+                      fix: str) -> dict[str, str]:
+    """{file: SHA-256} of the one model file of format `fmt` in the export `folder`, when model.json (`named`), the
+    record's export section (`exported`) and its artifacts agree on it; else RunFailed saying which file differs."""
     ours = (named.get("file"), named.get("sha256")) if isinstance(named, dict) else (None, None)
     theirs = (exported.get("file"), exported.get("sha256")) if isinstance(exported, Mapping) else (None, None)
     shown = folder / ours[0] if isinstance(ours[0], str) and PLAIN_NAME.fullmatch(ours[0]) else folder / "model.json"
@@ -641,10 +649,9 @@ def _bound_model_file(run_dir: Path, fmt: str, named: Any, exported: Any, artifa
     return {theirs[0]: theirs[1]}
 
 
-def _bound_tokenizer(run_dir: Path, tokenizer: Any, record: Mapping[str, Any], artifacts: Mapping[str, Any], fix: str) -> dict[str, str]:
+def _bound_tokenizer(folder: Path, tokenizer: Any, record: Mapping[str, Any], artifacts: Mapping[str, Any], fix: str) -> dict[str, str]:
     """{file: SHA-256} of the tokenizer model.json names, when the record lists that file with that SHA-256 and the run
     trained with it (the data version's tokenizer); else RunFailed."""
-    folder = run_dir / "export"
     name, digest = (tokenizer.get("file"), tokenizer.get("sha256")) if isinstance(tokenizer, dict) else (None, None)
     if not (isinstance(name, str) and PLAIN_NAME.fullmatch(name) and isinstance(digest, str)):
         raise RunFailed(f"{folder / 'model.json'}: preprocessing.tokenizer is not a file of export/ and its SHA-256; {fix}")

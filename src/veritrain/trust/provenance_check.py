@@ -279,3 +279,49 @@ def _signature_problems(signer: Signer, payload: bytes, signatures: list[dict[st
     if not any(signing_keys.verify_signature(known.pem, entry["sig"], pae) for entry in mine):
         return [*lines, f"the signature does not verify with key {fingerprint[:16]}…: the statement or its signature was changed"], signer
     return lines, replace(signer, checked=True, key_source=known.source)
+
+
+def amendment_problems(link: Any, files: Mapping[str, Path], policy: Policy,
+                       not_checked: list[dict[str, str]]) -> tuple[list[dict[str, str]], Signer]:
+    """(the problems, the signer) of a sealed amendment's statement (veritrain.records.provenance.amendment_statement):
+    there, one DSSE envelope, signed by the key amendment.json names (judged under `policy` as a run's is), about the
+    amendment's seal, and stating exactly what the amendment says. `files` are the amendment's own files, by their
+    name in the run (export/model.sig is checked with them)."""
+    where = f"amendments/{link.index:04d}/{PROVENANCE_FILE}"
+    required = policy.signature_required
+    fingerprint = link.signer
+    listed = policy.trusted.named(fingerprint) if fingerprint else None
+    signer = Signer("signed" if fingerprint else "unsigned", fingerprint, listed.name if listed else None, required=required)
+    found: list[dict[str, str]] = []
+
+    def problem(kind: str, detail: str) -> None:
+        found.append({"path": where, "kind": kind, "detail": detail})
+
+    if fingerprint is None and required:  # threat: an amendment appended with no key at all
+        problem("signature_required", f"amendment {link.index} ({link.by}) is unsigned; a signature by {policy.required_signer()} is required")
+    path = link.folder / PROVENANCE_FILE
+    try:
+        if path.is_symlink() or not path.is_file():
+            problem("provenance_missing", f"amendment {link.index} has no provenance statement")
+            return found, signer
+        if path.stat().st_size > MAX_STATEMENT_BYTES:
+            raise Malformed(f"more than {MAX_STATEMENT_BYTES} bytes")
+        statement, payload, signatures = read_envelope(path.read_bytes())
+    except Malformed as err:
+        problem("provenance_malformed", str(err))
+        return found, signer
+    except OSError as err:
+        problem("provenance_malformed", f"cannot be read ({err.strerror})")
+        return found, signer
+    lines, signer = _signature_problems(signer, payload, signatures, policy, not_checked)
+    found.extend({"path": where, "kind": "provenance_signature", "detail": f"amendment {link.index}: {line}"} for line in lines)
+    known = policy.key_for(fingerprint) if fingerprint and signer.checked else None
+    found.extend(_export_signature_problems(files, fingerprint, known.pem if known else None, not_checked))
+    expected = provenance.amendment_statement(link.doc, link.seal)
+    if statement != expected:
+        stated = _by_name(statement["predicate"]["runDetails"]["byproducts"]).get(provenance.AMENDMENT_FILE, {}).get("sha256")
+        if stated != link.seal:
+            problem("provenance_stale", f"it states amendment.json {str(stated)[:16]}…, the amendment's seal is {link.seal[:16]}…")
+        else:
+            problem("provenance_mismatch", f"amendment {link.index}: the statement does not state what amendment.json says")
+    return found, signer

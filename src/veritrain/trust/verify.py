@@ -19,13 +19,15 @@ import os
 import platform
 import re
 import threading
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
-from veritrain.records.record import OMITTED_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
+from veritrain.records import amendments
+from veritrain.records.record import OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
 from veritrain.trust import formats, provenance_check
 from veritrain.trust.policy import Policy
 
@@ -49,7 +51,7 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     from veritrain.records.journal import JOURNAL_DIR
 
     policy = policy or Policy()
-    expect, strict = policy.expect, policy.strict
+    expect, strict = (policy.expect.strip().lower() if policy.expect else None), policy.strict
     report: Progress = progress or (lambda stage, done, total: None)
     problems: list[dict[str, Any]] = []
     drift: list[dict[str, Any]] = []
@@ -80,11 +82,9 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     except ValueError as err:  # JSON or UTF-8
         record = None
         problem(RECORD_FILE, "unreadable", str(err))
-    if expect is not None and expect.strip().lower() != seal:
-        history = [h for h in (record or {}).get("seal_history") or [] if isinstance(h, dict) and h.get("seal") == expect.strip().lower()]
-        hint = f"; that seal was replaced when {history[-1].get('by')} re-sealed the run at {history[-1].get('replaced_at')}" if history else ""
-        problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}{hint}")
     if record is None:
+        if expect is not None and expect != seal:
+            problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}")
         return {"ok": False, "seal": seal, "problems": problems, "drift": drift, "interrupted_amend": note}
     from veritrain.records.record import record_problem
 
@@ -92,33 +92,20 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     if malformed is not None:  # nothing below may trust its fields (a data version that is a path, say)
         problem(RECORD_FILE, "unreadable", malformed)
         return {"ok": False, "seal": seal, "problems": problems, "drift": drift, "interrupted_amend": note}
-
-    artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
-    present = {}
-    for rel, path in sorted(listing.items()):
-        if path.is_symlink():
-            problem(rel, "link", "a run directory holds only regular files")
-        elif path.is_file() and rel not in UNSEALED:
-            present[rel] = path
+    base = record
+    layout = _layout(run_dir, base, seal)
+    problems.extend(layout.chain.problems)  # threat: an amendment forged, reordered, cut from its chain or written on another seal
+    record = layout.applied.fields
+    if layout.chain.links and (amended := record_problem(record, None)) is not None:
+        problem(amendments.AMENDMENTS_DIR, "amendment_chain", f"the run as amended is not a valid record ({amended})")
+        return {"ok": False, "seal": layout.chain.newest, "problems": problems, "drift": drift, "interrupted_amend": note}
+    covered = _expected_seal(layout.chain, base, expect, problem)
     omitted = omitted_for_audit(run_dir, record)
-    for done, (rel, entry) in enumerate(artifacts.items()):
-        report("files", done, len(artifacts))
-        path = present.get(rel)
-        if path is None and rel in omitted:
-            continue  # left out of an archive on purpose (made without --with-audit); `veritrain audit` cannot start there
-        if path is None:
-            problem(rel, "missing")
-        elif path.stat().st_size != entry.get("size") or (digest := sha256_file(path)) != entry.get("sha256"):
-            shown = "size differs" if path.stat().st_size != entry.get("size") else f"sha256 {digest[:16]}…"
-            problem(rel, "changed", f"{shown}, recorded {str(entry.get('sha256'))[:16]}…")
-    for rel in sorted(set(present) - set(artifacts)):
-        problem(rel, "added", "not listed in record.json")
-    report("files", len(artifacts), len(artifacts))
-    intact = {rel: path for rel, path in present.items() if rel in artifacts and not any(p["path"] == rel for p in problems)}
+    intact, present = _file_problems(run_dir, layout, listing, omitted, report, problem)
     not_checked: list[dict[str, str]] = []  # checks whose fields the record does not carry (older runs), and why
-    digests = {rel: str(artifacts[rel].get("sha256")) for rel in intact}  # each intact file's bytes hash so, just checked
+    digests = {rel: str(record["artifacts"][rel].get("sha256")) for rel in intact}  # each intact file's bytes hash so, just checked
     checkpoint_formats: dict[str, Optional[int]] = {}  # each checkpoint's record_format, read with its state
-    problems.extend(_trajectory_problems(record, intact, check_states, report, set(present), omitted, not_checked,
+    problems.extend(_trajectory_problems(record, intact, check_states, report, present, omitted, not_checked,
                                          _StateCache(state_cache, digests), checkpoint_formats))
     fmt = formats.facts(record, checkpoint_formats, policy.min_format)
     problems.extend(formats.problems(record, fmt))
@@ -129,15 +116,119 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
         problems.extend(_check_data_version(record, state_dir, rehash_data, drift, report, checked, not_checked))
     if record.get("inputs") and check_data:
         problems.extend(_check_inputs(run_dir, record, intact, report, checked))
-    found, signer = provenance_check.problems(listing, record, seal, state_dir, policy, not_checked)
+    base_listing = {rel: path for rel, path in listing.items() if not rel.startswith(amendments.AMENDMENTS_DIR + "/")}
+    found, signer = provenance_check.problems(base_listing, base, seal, state_dir, policy, not_checked)
     problems.extend(found)
+    chain = _chain_rows(layout, policy, covered, not_checked, problem)
     if fmt.effective == 0:  # what a format-0 record leaves unchecked, said rather than implied
         not_checked.extend({"check": what, "reason": "the record is judged under format 0 (made before records named their format); "
                                                      "require more with --min-format, a signature or --expect"} for what in fmt.unchecked)
     drift.extend(_environment_drift(record))
     fatal = problems + ([{"path": d["what"], "kind": "drift"} for d in drift] if strict else [])
-    return {"ok": not fatal, "seal": seal, "problems": problems, "drift": drift, "strict": strict, "not_checked": not_checked,
-            "interrupted_amend": note, "raw_data": checked[0] if checked else None, "format": fmt.as_dict(), "signer": signer.as_dict()}
+    return {"ok": not fatal, "seal": layout.chain.newest, "base_seal": seal, "amendments": chain, "problems": problems, "drift": drift,
+            "strict": strict, "not_checked": not_checked, "interrupted_amend": note, "raw_data": checked[0] if checked else None,
+            "format": fmt.as_dict(), "signer": signer.as_dict()}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The run's files as its record and amendments lay them out: `expected` maps each file's path in the run folder to
+    (its sealed entry, its name in the run); `unsealed` are the statements beside the seals (record.sha256, an
+    amendment's amendment.json, ...), which no table lists."""
+
+    chain: amendments.Chain
+    applied: amendments.Applied
+    expected: dict[str, tuple[dict[str, Any], str]]
+    unsealed: frozenset[str]
+
+
+def _layout(run_dir: Path, base: dict[str, Any], seal: str) -> _Layout:
+    chain = amendments.read_chain(run_dir, seal, str(base["run_id"]))
+    applied = amendments.apply(base, run_dir, chain.links)
+    expected = {rel: (entry, rel) for rel, entry in (base.get("artifacts") or {}).items()}
+    unsealed = set(UNSEALED)
+    for link in chain.links:
+        prefix = f"{amendments.AMENDMENTS_DIR}/{amendments.folder_name(link.index)}/"
+        unsealed |= {prefix + amendments.AMENDMENT_FILE, prefix + amendments.AMENDMENT_SEAL, prefix + PROVENANCE_FILE}
+        expected.update({f"{prefix}{amendments.FILES_DIR}/{rel}": (entry, rel) for rel, entry in link.doc["files"].items()})
+    return _Layout(chain, applied, expected, frozenset(unsealed))
+
+
+def _file_problems(run_dir: Path, layout: _Layout, listing: dict[str, Path], omitted: set[str], report: Progress,
+                   problem: Callable[[str, str, str], None]) -> tuple[dict[str, Path], set[str]]:
+    """Every file of the run folder against the tables that seal it (the record's and each amendment's): (the run's
+    files found intact, by their name in the run; the names of those present). A file of the record that an
+    amendment retired may be absent (gc removed it); an amendment's own files never."""
+    present: dict[str, Path] = {}
+    for rel, path in sorted(listing.items()):
+        if path.is_symlink():
+            problem(rel, "link", "a run directory holds only regular files")
+        elif path.is_file() and rel not in layout.unsealed:
+            present[rel] = path
+    bad: set[str] = set()
+    for done, (rel, (entry, name)) in enumerate(layout.expected.items()):
+        report("files", done, len(layout.expected))
+        path = present.get(rel)
+        if path is None and (rel in omitted or (rel == name and name in layout.applied.retired)):
+            continue  # left out of an archive on purpose (audit cannot start there), or retired by an amendment
+        if path is None:
+            problem(rel, "missing", "")
+            bad.add(rel)
+        elif path.stat().st_size != entry.get("size") or (digest := sha256_file(path)) != entry.get("sha256"):
+            shown = "size differs" if path.stat().st_size != entry.get("size") else f"sha256 {digest[:16]}…"
+            problem(rel, "changed", f"{shown}, recorded {str(entry.get('sha256'))[:16]}…")
+            bad.add(rel)
+    for rel in sorted(set(present) - set(layout.expected)):
+        where = "not listed in record.json" if not rel.startswith(amendments.AMENDMENTS_DIR + "/") else "not listed in any amendment"
+        problem(rel, "added", where)
+    report("files", len(layout.expected), len(layout.expected))
+    intact, names = {}, set()
+    for name, path in layout.applied.files.items():
+        rel = path.relative_to(run_dir).as_posix()
+        if rel in present:
+            names.add(name)
+            if rel not in bad:
+                intact[name] = path
+    return intact, names
+
+
+def _expected_seal(chain: amendments.Chain, base: dict[str, Any], expect: Optional[str],
+                   problem: Callable[[str, str, str], None]) -> int:
+    """How many amendments the seal the user expects covers (all of them without --expect): the run's own seal covers
+    none, an amendment's seal itself and those before it. A seal in no place of the chain is a problem."""
+    if expect is None:
+        return len(chain.links)
+    seals = chain.seals()
+    if expect in seals:
+        return seals.index(expect)
+    history = [h for h in base.get("seal_history") or [] if isinstance(h, dict) and h.get("seal") == expect]
+    hint = f"; that seal was replaced when {history[-1].get('by')} re-sealed the run at {history[-1].get('replaced_at')}" if history else ""
+    newest = f"; its newest seal (amendment {len(chain.links)}) is {chain.newest}" if chain.links else ""
+    problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {chain.base_seal}, expected {expect}{newest}{hint}")
+    return len(chain.links)
+
+
+def _chain_rows(layout: _Layout, policy: Policy, covered: int, not_checked: list[dict[str, str]],
+                problem: Callable[[str, str, str], None]) -> list[dict[str, Any]]:
+    """One row per amendment: its index, command, time, seal, signer, whether the seal the user expects covers it, and the
+    results it gives. A covered amendment's statement is judged under `policy`; one written after that seal is listed
+    with its signer, its signature checked when its key is known here, and no signature required of it."""
+    from dataclasses import replace
+
+    relaxed = replace(policy, public_key=None, trusted=replace(policy.trusted, enforced=False), require_signature=False)
+    results: dict[int, list[str]] = {}
+    for name, link in layout.applied.sources.items():
+        results.setdefault(link.index, []).append(name)
+    rows = []
+    for link in layout.chain.links:
+        is_covered = link.index <= covered
+        files = {rel: link.file(rel) for rel in link.doc["files"]}
+        found, signer = provenance_check.amendment_problems(link, files, policy if is_covered else relaxed, not_checked)
+        for row in found:
+            problem(row["path"], row["kind"], row["detail"])
+        rows.append({"index": link.index, "by": link.by, "at": link.at, "seal": link.seal, "covered": is_covered,
+                     "signer": signer.as_dict(), "results": sorted(results.get(link.index, []))})
+    return rows
 
 
 def pending_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
@@ -179,20 +270,22 @@ def quick_problems(run_dir: Path) -> list[dict[str, Any]]:
         record, malformed = None, str(err)
     if malformed is not None or not isinstance(record, dict):
         return [*problems, {"path": RECORD_FILE, "kind": "unreadable", "detail": malformed}]
-    artifacts: dict[str, dict[str, Any]] = record.get("artifacts") or {}
-    omitted = omitted_for_audit(run_dir, record)
+    layout = _layout(run_dir, record, seal)
+    problems.extend(layout.chain.problems)
+    omitted = omitted_for_audit(run_dir, layout.applied.fields)
     present = set()
     for path in sorted(run_dir.rglob("*")):
         rel = path.relative_to(run_dir).as_posix()
         if path.is_symlink():
             problems.append({"path": rel, "kind": "link", "detail": "a run directory holds only regular files"})
-        elif path.is_file() and rel not in UNSEALED:
+        elif path.is_file() and rel not in layout.unsealed:
             present.add(rel)
-            if rel not in artifacts:
-                problems.append({"path": rel, "kind": "added", "detail": "not listed in record.json"})
-            elif path.stat().st_size != artifacts[rel].get("size"):
-                problems.append({"path": rel, "kind": "changed", "detail": f"size differs, recorded {str(artifacts[rel].get('sha256'))[:16]}…"})
-    problems.extend({"path": rel, "kind": "missing", "detail": None} for rel in sorted(set(artifacts) - present - set(omitted)))
+            if rel not in layout.expected:
+                problems.append({"path": rel, "kind": "added", "detail": "not listed in record.json or an amendment"})
+            elif path.stat().st_size != layout.expected[rel][0].get("size"):
+                problems.append({"path": rel, "kind": "changed", "detail": f"size differs, recorded {str(layout.expected[rel][0].get('sha256'))[:16]}…"})
+    excused = set(omitted) | {rel for rel, (_, name) in layout.expected.items() if rel == name and name in layout.applied.retired}
+    problems.extend({"path": rel, "kind": "missing", "detail": None} for rel in sorted(set(layout.expected) - present - excused))
     return problems
 
 

@@ -435,7 +435,7 @@ def live_stamp(run_dir: Path) -> Optional[str]:
         return None
     try:
         seal = os.stat(run_dir / "record.sha256")
-        return f"{stamp}|{seal.st_mtime_ns}:{seal.st_size}"
+        return f"{stamp}|{seal.st_mtime_ns}:{seal.st_size}"  # the amendments folder is in the registry's stamp
     except OSError:
         return f"{stamp}|-"
 
@@ -499,9 +499,19 @@ def _csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def _served(record: Any, rel: str) -> str:
+    """The workspace path of the run's file `rel` (in the run folder, or in the amendment that wrote it), as /files serves it."""
+    return f"runs/{record.run_id}/{record.path(rel).relative_to(record.run_dir).as_posix()}"
+
+
 def _seal(run_dir: Path) -> Optional[str]:
+    """The run's newest seal: its last amendment's, else record.sha256 (as written: verify says whether it holds)."""
+    from veritrain.records.amendments import AMENDMENTS_DIR, AMENDMENT_SEAL
+
     try:
-        return (run_dir / "record.sha256").read_text(encoding="utf-8").strip()
+        folder = run_dir / AMENDMENTS_DIR
+        newest = max((p for p in folder.iterdir() if p.name.isdigit()), default=None) if folder.is_dir() else None
+        return ((newest / AMENDMENT_SEAL) if newest is not None else (run_dir / "record.sha256")).read_text(encoding="utf-8").strip()
     except OSError:
         return None
 
@@ -631,14 +641,15 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
     reference, ref_config = _reference_config(workspace, record)
     changed = config_diff(ref_config, record.get("config")) if ref_config is not None else {}
     evals = []
-    eval_dir = run_dir / "eval"
-    if eval_dir.is_dir():
-        for split_dir in sorted(p for p in eval_dir.iterdir() if p.is_dir() and not p.is_symlink()):
-            images = {name.removesuffix(".png"): f"runs/{run_id}/eval/{split_dir.name}/{name}"
+    splits = {rel.split("/")[1]: rel for rel in sorted(record.get("artifacts") or {}) if rel.startswith("eval/") and rel.count("/") == 2}
+    for split, first in sorted(splits.items()):
+        split_dir = record.path(first).parent  # in the run, or in the amendment that wrote it
+        if split_dir.is_dir() and not split_dir.is_symlink():
+            images = {name.removesuffix(".png"): _served(record, f"eval/{split}/{name}")
                       for name in EVAL_IMAGES if (split_dir / name).is_file() and not (split_dir / name).is_symlink()}
             header, rows = _csv_rows(split_dir / "per_class.csv")
-            evals.append({"split": split_dir.name, "images": images, "per_class_header": header, "per_class": rows,
-                          "metrics": (record.get("metrics") or {}).get(split_dir.name) or {},
+            evals.append({"split": split, "images": images, "per_class_header": header, "per_class": rows,
+                          "metrics": (record.get("metrics") or {}).get(split) or {},
                           # a language model's: the samples from the fixed prompts and the documents it scores worst
                           "generations": [{**g, "prompt": visible_text(g.get("prompt")), "text": visible_text(g.get("text"))}
                                           for g in _listed(_read_json(split_dir / "generations.json"), "samples")],
