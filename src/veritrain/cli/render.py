@@ -262,7 +262,7 @@ def eval_written(done: Amended, use_current_code: bool) -> None:
         logs.report(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
                     f"not from the audited training); seal {done.seal}")
     else:
-        logs.report(f"eval written to {done.run_dir / 'eval' / done.result['split']}; run re-sealed: {done.seal}")
+        logs.report(f"eval of {done.result['split']} added to run {done.run_dir.name} as a sealed amendment; its seal: {done.seal}")
 
 
 def metrics_table(metrics: dict[str, Any]) -> None:

@@ -118,7 +118,10 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
     if as_json:
         emit_json(done.result)
     else:
-        render.exported(done.result, done.run_dir / "export")
+        from veritrain.records.record import read_record
+        from veritrain.results.export import export_folder
+
+        render.exported(done.result, export_folder(done.run_dir, read_record(done.run_dir)))
     return 0
 
 
@@ -223,9 +226,11 @@ def _say_signer(opened: ExportFiles) -> None:
     one line): the signer on stderr, or a warning when it is unsigned or signed by a key not known here."""
     import logging
 
+    log = logging.getLogger("veritrain")
+    if opened.origin is not None:
+        log.info("%s", opened.origin)
     if opened.signer is None:
         return
-    log = logging.getLogger("veritrain")
     if opened.signer_known:
         log.info("%s", opened.signer)
     else:

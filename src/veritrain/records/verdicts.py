@@ -59,7 +59,8 @@ def store(run_dir: Path, state_dir: Path, result: dict[str, Any], covered: dict[
     verdict = {"run_id": run_dir.name, "verified_at": verified_at or now_iso(), "seal": result.get("seal"), "ok": bool(result.get("ok")),
                "problems": result.get("problems") or [], "drift": result.get("drift") or [], "expect": expect, "strict": strict,
                "fingerprint": covered, "format": result.get("format"), "signer": result.get("signer"),
-               "not_checked": result.get("not_checked") or []}
+               "not_checked": result.get("not_checked") or [], "amendments": result.get("amendments"),
+               "base_seal": result.get("base_seal")}
     path = path_of(state_dir, run_dir.name)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, (json.dumps(verdict, indent=1, sort_keys=True, default=str) + "\n").encode())
@@ -81,12 +82,13 @@ def latest(run_dir: Path, state_dir: Path) -> Optional[dict[str, Any]]:
         seal_now: Optional[str] = hashlib.sha256((run_dir / RECORD_FILE).read_bytes()).hexdigest()
     except OSError:
         seal_now = None
-    if seal_now != verdict["seal"]:
+    judged = verdict.get("base_seal") if isinstance(verdict.get("base_seal"), str) else verdict["seal"]  # record.json's own seal
+    if seal_now != judged:
         reasons.append(f"the seal changed: record.json now hashes to {seal_now[:16]}…" if seal_now else "the seal changed: record.json is missing")
     now, then = fingerprint(run_dir, state_dir), verdict["fingerprint"]
     before = {e[0]: e[1:] for e in then.get("run") or [] if isinstance(e, list) and len(e) == 3}
     after = {e[0]: e[1:] for e in now["run"]}
-    skip = {RECORD_FILE} if seal_now != verdict["seal"] else set()  # already said
+    skip = {RECORD_FILE} if seal_now != judged else set()  # already said
     changed = sorted(rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel) and rel not in skip)
     if changed:
         reasons.append(f"{len(changed)} file(s) of the run changed since: {', '.join(changed[:3])}" + (", …" if len(changed) > 3 else ""))

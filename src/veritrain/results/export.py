@@ -13,6 +13,8 @@ model.json in their own metadata, so each is usable on its own.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import logging
@@ -91,7 +93,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     model, state = load_model(cfg, data, task, path, torch.device("cpu"))
     model = model.float().eval()
     reference = reference_outputs(cfg, data, task, model)  # refuses NaN/inf outputs before export/ is touched
-    existing = run_dir / "export"
+    existing = export_folder(run_dir, record) if record is not None else run_dir / "export"  # a run's, or its amendment's
     out = out_dir or existing
     out.mkdir(exist_ok=True)
     test_rows = split_rows(task, data, "test")
@@ -509,6 +511,7 @@ class ExportFiles:
     run_dir: Optional[Path] = None  # the run whose record decided the hashes; None: the folder's own model.json did
     signer: Optional[str] = None  # the line that says who signed the folder; None when not asked (a run, no --public-key)
     signer_known: bool = False  # a key known here signed it; else `signer` is a warning
+    origin: Optional[str] = None  # a run's export that an amendment wrote: which, and who signed it (said on stderr)
 
     @property
     def model_files(self) -> dict[str, Path]:
@@ -556,10 +559,15 @@ def open_export(path: Path, public_key: Optional[bytes] = None) -> ExportFiles:
     if not record.path("export/model.json").exists():
         raise UserError(f"{run_dir}: no exported model (export/model.json); run `veritrain export {run_dir.name}` first")
     opened = export_files_of_run(run_dir, record)
+    link = record.source("export")
+    origin = None
+    if link is not None:
+        who = f"signed by key {link.signer[:16]}… (`veritrain verify {run_dir.name}` checks it)" if link.signer else "unsigned"
+        origin = f"{run_dir.name}: the export comes from amendment {link.index:04d} ({link.by} at {link.at}, {who}), not from the run's own seal"
     if public_key is None:
-        return opened  # the record binds every file; `veritrain verify` checks the signature
+        return dataclasses.replace(opened, origin=origin)  # the record binds every file; `veritrain verify` checks the signature
     line, known = _signer(opened.folder, opened.sha256["model.json"], public_key)
-    return ExportFiles(opened.folder, opened.description, opened.sha256, run_dir, line, known)
+    return ExportFiles(opened.folder, opened.description, opened.sha256, run_dir, line, known, origin)
 
 
 def _run_of(path: Path) -> Optional[Path]:

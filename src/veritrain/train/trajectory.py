@@ -205,8 +205,8 @@ def checkpoint_rules(record: dict[str, Any]) -> dict[str, Any]:
 def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[str]) -> list[dict[str, str]]:
     """Where the checkpoints a run holds differ from the rule that kept them, as the commands that ran on the run
     applied it: training keeps best.pt, last.pt, the newest `checkpoint.keep_last` step files (of every save: the
-    trajectory's and the timing saves') and every `audit_every`-th entry; `veritrain gc` (recorded in seal_history)
-    then removes every step file but those kept for audit; an archive made without --with-audit leaves out the
+    trajectory's and the timing saves') and every `audit_every`-th entry; `veritrain gc` (its amendment's `gc` event, or
+    seal_history in runs re-sealed by an earlier veritrain) then removes every step file but those kept for audit; an archive made without --with-audit leaves out the
     audit-only ones (`omitted`, listed by import). `present`: the run's files (relative paths). A checkpoint the
     rule keeps that is not there, or a `kept`/`kept_for_audit` flag that disagrees with the rule or the files, is
     a problem: a forger who deletes the start of a forged segment must also break the rule."""
@@ -228,7 +228,8 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
                                    f"but checkpoint.audit_every {every} {'keeps' if expected else 'does not keep'} it")
     # a timing save without a step (a damaged record) names no checkpoint, and cannot be sorted among the steps
     written = sorted({e["step"] for e in entries[1:]} | {o["step"] for o in record.get("other_saves") or [] if isinstance(o, dict) and o.get("step") is not None}, reverse=True)
-    collected = any(isinstance(h, dict) and h.get("by") == "gc" for h in record.get("seal_history") or [])
+    collected = (any(isinstance(h, dict) and h.get("by") == "gc" for h in record.get("seal_history") or [])  # an earlier gc's re-seal
+                 or any(isinstance(e, dict) and e.get("kind") == "gc" for e in record.get("events") or []))  # a gc amendment's event
     required = audit_steps(entries, every) | (set() if collected else set(written[:keep_last]))
     for step in sorted(required):
         name = f"checkpoints/step-{step}.pt"

@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 import time
@@ -34,6 +35,7 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
 from veritrain.records.record import NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
+from veritrain.records import amendments
 from veritrain.records.workspace import Workspace
 from veritrain.trust.policy import Policy
 from veritrain.trust.verify import verify_run
@@ -91,18 +93,24 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool, with_audi
     if verified.get("interrupted_amend"):  # verify judged the run as it was; its files are half switched
         raise RunFailed(f"archive {run_id}: {verified['interrupted_amend']}; archive it after that")
     record = read_record(run_dir)  # verified just above; read through its validation like every record
-    artifacts = record.get("artifacts") or {}
-    audit_only = [name for name in audit_only_checkpoints(record) if name in artifacts]
-    absent = [rel for rel in sorted(artifacts) if not (run_dir / rel).is_file()]  # only what verify excused: audit-only checkpoints
+    own = json.loads((run_dir / RECORD_FILE).read_bytes()).get("artifacts") or {}  # the files the run's own seal lists
+    retired = record.applied.retired if record.applied is not None else set()
+    audit_only = [name for name in audit_only_checkpoints(record) if name in own]
+    absent = [rel for rel in sorted(own) if not (run_dir / rel).is_file() and rel not in retired]  # only what verify excused: audit-only checkpoints
     if with_audit and absent:
         raise UserError(f"--with-audit: {len(absent)} file(s) of {run_id} kept for audit are not in this workspace (first: {absent[0]}); "
                         "the run was imported from an archive made without --with-audit: archive it without --with-audit, or where the run was trained")
     left_out = [] if with_audit else audit_only
     skipped = set(_with_sidecars(left_out))
-    files = [RECORD_FILE, SEAL_FILE, *(rel for rel in sorted(artifacts) if rel not in skipped)]
+    # the record's own files (those an amendment retired travel only while they are here), then each amendment whole
+    files = [RECORD_FILE, SEAL_FILE, *(rel for rel in sorted(own) if rel not in skipped and (rel not in retired or (run_dir / rel).is_file()))]
     for unsealed in (PROVENANCE_FILE, NOTES_FILE):  # statements about the run outside its seal, as in the run
         if (run_dir / unsealed).exists():
             files.append(unsealed)
+    for link in record.amendments:
+        prefix = link.folder.relative_to(run_dir).as_posix()
+        files += [f"{prefix}/{name}" for name in (amendments.AMENDMENT_FILE, amendments.AMENDMENT_SEAL, PROVENANCE_FILE)]
+        files += [f"{prefix}/{amendments.FILES_DIR}/{rel}" for rel in sorted(link.doc["files"])]
     members: list[tuple[Any, str]] = [(run_dir / rel, f"runs/{run_id}/{rel}") for rel in files]
     if left_out:  # right after the seal: what was left out on purpose, checked against the record by import
         listing = json.dumps({"files": left_out, "reason": OMITTED_REASON}, indent=2).encode() + b"\n"
@@ -126,6 +134,8 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool, with_audi
                     tar.addfile(info, io.BytesIO(source))
                     continue
                 info = tar.gettarinfo(str(source), arcname=name)
+                # an export's kept file may be a hard link to the one before: stored whole, as a regular file
+                info.type, info.linkname, info.size = tarfile.REGTYPE, "", Path(source).stat().st_size
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 with open(source, "rb") as f:
@@ -143,6 +153,26 @@ def _safe_name(name: str) -> PurePosixPath:
             or (path.parts and ":" in path.parts[0])):  # no parts: `.`, as `tar -C dir .` names the top folder
         raise RunFailed(f"import: refused member {name!r}: its path leaves the workspace")
     return path
+
+
+AMENDMENT_MEMBER = re.compile(r"amendments/[0-9]{4,}/(amendment\.json|amendment\.sha256|provenance\.intoto\.jsonl)")
+
+
+def _amendment_files(run_staging: Path, seal_member: str, run_id: str) -> dict[str, dict[str, Any]]:
+    """The files of the amendment whose amendment.sha256 was just unpacked (its amendment.json before it), by their path
+    in the run, once amendment.json matches that seal and is an amendment's; RunFailed otherwise. The chain itself (each
+    amendment extends the seal before it) is checked once the whole run is unpacked."""
+    folder = run_staging / PurePosixPath(seal_member).parent
+    try:
+        data = _read_back(folder / amendments.AMENDMENT_FILE)
+        seal = _read_back(folder / amendments.AMENDMENT_SEAL).decode("ascii").strip()
+        doc = amendments.AmendmentRecord.model_validate(json.loads(data))
+    except (OSError, ValueError, RecursionError):  # not there first, not ASCII, not JSON, not an amendment
+        raise RunFailed(f"import: refused {seal_member!r}: its amendment.json is missing, comes after it, or is not an amendment") from None
+    if hashlib.sha256(data).hexdigest() != seal or doc.run_id != run_id:
+        raise RunFailed(f"import: the amendment {folder.name} of {run_id} does not match its seal")
+    prefix = f"{PurePosixPath(seal_member).parent.as_posix()}/{amendments.FILES_DIR}/"
+    return {prefix + rel: entry.model_dump() for rel, entry in doc.files.items()}
 
 
 def _sealed_record_parts(record_bytes: bytes, run_id: str) -> tuple[dict[str, dict[str, Any]], Optional[str]]:
@@ -295,7 +325,7 @@ def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path,
             allowance, over = MAX_SEAL_BYTES, f"import: the record of {run_id} is missing or does not match its seal"
         elif name.startswith(prefix):
             rel = name[len(prefix):]
-            if rel in (NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE):
+            if rel in (NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE) or AMENDMENT_MEMBER.fullmatch(rel):
                 cap = MAX_OMITTED_BYTES if rel == OMITTED_FILE else UNSIZED_FILE_BYTES
                 pool, allowance = "unsized", min(cap, pools["unsized"])
                 over = f"import: refused member {member.name!r}: more than the {allowance} bytes import accepts for a file whose size nothing declares"
@@ -335,6 +365,12 @@ def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path,
             data_bytes = max(DATA_FALLBACK_FACTOR * run_bytes, DATA_FALLBACK_MIN) if version else 0  # until version.json sizes it
             member_cap = min(MAX_MEMBERS, 2 * (len(artifacts) + len(UNSEALED) + (DATA_MEMBERS if version else 0)) + PRE_RECORD_MEMBERS)
             stream_base = stream.inflated
+            set_stream_limit()
+        elif name.startswith(prefix) and name.endswith("/" + amendments.AMENDMENT_SEAL) and AMENDMENT_MEMBER.fullmatch(name[len(prefix):]):
+            added = _amendment_files(staging / prefix, name[len(prefix):], run_id)  # sizes its files, which follow it
+            artifacts.update(added)
+            run_bytes += sum(entry["size"] for entry in added.values())
+            member_cap = min(MAX_MEMBERS, member_cap + 2 * (len(added) + 3))
             set_stream_limit()
         elif version and name == data_prefix + "version.json" and data_sizes is None and "data" not in pools:
             data_sizes = _declared_data_sizes(_read_back(staging / path))
@@ -392,6 +428,21 @@ def _accepted_omissions(archive: Path, run_staging: Path, artifacts: dict[str, A
     return set(excused)
 
 
+def _chain_checked(run_staging: Path, seal: str, run_id: str) -> set[str]:
+    """The files of the run's own record that its amendments retired (they need not travel), once the unpacked amendments
+    form an unbroken chain on the record's seal and the run as amended is a valid record; RunFailed otherwise."""
+    chain = amendments.read_chain(run_staging, seal, run_id)
+    if chain.problems:
+        first = chain.problems[0]
+        raise RunFailed(f"import: {first['path']} of {run_id}: {first['detail']}")
+    if not chain.links:
+        return set()
+    try:
+        return set(read_record(run_staging).applied.retired)
+    except RunFailed as err:
+        raise RunFailed(f"import: the run {run_id} as amended: {err}") from None
+
+
 def import_archive(archive: Path, workspace: Workspace) -> dict[str, Any]:
     """Check every member, then move the run (and data version) into the workspace. Members are
     unpacked (and hashed) into a staging folder under `.veritrain/`, never held in memory; nothing
@@ -405,10 +456,12 @@ def import_archive(archive: Path, workspace: Workspace) -> dict[str, Any]:
         prefix, data_prefix = f"runs/{run_id}/", f".veritrain/data/{version}/"
         for name, (digest, size) in digests.items():  # unpacking took only the run's listed files and its data version
             rel = name[len(prefix):]
-            if name.startswith(prefix) and rel not in UNSEALED and (digest, size) != (artifacts[rel]["sha256"], artifacts[rel]["size"]):
+            if (name.startswith(prefix) and rel not in UNSEALED and not AMENDMENT_MEMBER.fullmatch(rel)
+                    and (digest, size) != (artifacts[rel]["sha256"], artifacts[rel]["size"])):
                 raise RunFailed(f"import: {name!r} does not match its hash in the record")
+        retired = _chain_checked(staging / prefix, digests[prefix + RECORD_FILE][0], run_id)
         left_out = _accepted_omissions(archive, staging / prefix, artifacts, {n[len(prefix):] for n in digests if n.startswith(prefix)})
-        missing = [rel for rel in artifacts if prefix + rel not in digests and rel not in left_out]
+        missing = [rel for rel in artifacts if prefix + rel not in digests and rel not in left_out and rel not in retired]
         if missing:
             raise RunFailed(f"import: {len(missing)} file(s) of the record are missing from the archive (first: {missing[0]})")
         data_files = {n[len(data_prefix):] for n in digests if version and n.startswith(data_prefix)}

@@ -45,6 +45,7 @@ ROWS = {
     "code_version": "archive: code version recorded",
     "run_verifies": "archive: data, config, logs and model present and verified",
     "provenance_signed": "archive: signed provenance statement (in-toto, SLSA v1)",
+    "results_amended": "archive: results sealed with the run, or amended by the run's signer",
     "auditable": "audit: auditable segments",
     "results_from_trajectory": "audit: metrics and export from the audited training",
 }
@@ -233,6 +234,7 @@ def _trust_rows(run_dir: Path, record: dict[str, Any], state_dir: Path, verified
             rows["run_verifies"] = ("fail", f"veritrain gc (it completes or rolls back the amend), or veritrain gc --drop-journal {run}",
                                     verified["interrupted_amend"])
     rows["provenance_signed"] = _provenance_row(run, record, verified, policy)
+    rows["results_amended"] = _amended_row(run, record, verified)
     rows["auditable"] = _auditable_row(replay)
     effective = ((verified or {}).get("format") or {}).get("effective", formats.declared(record))
     rows["results_from_trajectory"] = _results_row(run, record, effective)
@@ -256,7 +258,7 @@ def _provenance_row(run: str, record: dict[str, Any], verified: Optional[dict[st
     --require-signature) the row passes only for a signature checked by a required key; without, it passes for a signature
     checked with a key known here and is n/a otherwise, naming the signer (a key substituted by a forger is named, never
     passed silently)."""
-    sign = f"; to sign it: veritrain keys init, then re-seal it (veritrain export {run})"
+    sign = f"; its seal stays unsigned: to sign what comes next, veritrain keys init (amendments such as veritrain export {run} are then signed)"
     found = (verified or {}).get("signer")
     if found is None:  # no fresh verdict (the run page): what the record says, unchecked
         fingerprint = (record.get("provenance") or {}).get("key_fingerprint")
@@ -276,6 +278,43 @@ def _provenance_row(run: str, record: dict[str, Any], verified: Optional[dict[st
     if signer.checked and not problems:
         return ("pass", None, signer.line().removeprefix("signer: "))
     return ("n/a", None, signer.line().removeprefix("signer: ") + "; no key is required: give --public-key or --trusted-keys to require one")
+
+
+def amendment_rows(record: Any, verified: Optional[dict[str, Any]] = None) -> list[dict[str, Any]]:
+    """The run's amendments as verify lists them (`verified["amendments"]`), or as the record reads them when there is no
+    verdict (signers then unchecked): index, command, seal, signer and the results each gives."""
+    if verified is not None and verified.get("amendments") is not None:
+        return list(verified["amendments"])
+    results: dict[int, list[str]] = {}
+    for name, link in (record.applied.sources.items() if getattr(record, "applied", None) is not None else ()):
+        results.setdefault(link.index, []).append(name)
+    return [{"index": link.index, "by": link.by, "at": link.at, "seal": link.seal, "covered": True,
+             "signer": {"status": "signed" if link.signer else "unsigned", "fingerprint": link.signer, "checked": False},
+             "results": sorted(results.get(link.index, []))} for link in getattr(record, "amendments", ())]
+
+
+def signed_by(signer: dict[str, Any]) -> str:
+    """Who signed an amendment, in a few words."""
+    if not signer.get("fingerprint"):
+        return "unsigned"
+    return f"signed by {signer.get('name') or 'key ' + str(signer['fingerprint'])[:16] + '…'}" + ("" if signer.get("checked") else ", not checked")
+
+
+def _amended_row(run: str, record: Any, verified: Optional[dict[str, Any]]) -> tuple[str, Optional[str], str]:
+    """Which results come from amendments rather than the run's own seal, and who signed each: the row fails when the run
+    is signed and an amendment that gives a result is not signed by the run's key (threat: someone else appends an
+    amendment with better numbers; the run's own seal never covered them)."""
+    rows = amendment_rows(record, verified)
+    giving = [row for row in rows if row["results"]]
+    if not giving:
+        return "pass", None, "every result is covered by the run's own seal" + (f"; {len(rows)} amendment(s) give no result" if rows else "")
+    parts = [f"{', '.join(row['results'])} from amendment {row['index']:04d} ({row['by']}, {signed_by(row['signer'])})" for row in giving]
+    own = (record.get("provenance") or {}).get("key_fingerprint")
+    foreign = [row for row in giving if own and row["signer"].get("fingerprint") != own]
+    if foreign:
+        return ("fail", f"`veritrain verify {run} --expect SEAL` with the run's own seal says what it vouches for; eval or export the run again with its key",
+                "; ".join(parts) + f": not signed by the run's key {own[:16]}…")
+    return "pass", None, "; ".join(parts)
 
 
 def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:

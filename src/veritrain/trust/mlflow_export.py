@@ -142,18 +142,14 @@ def sealed(workspace: Workspace, record: Record) -> Checked:
     if hashlib.sha256(data).hexdigest() != seal:
         raise RunFailed(f"{run_id}: record.json does not match its seal record.sha256; the run was changed after it was sealed, "
                         f"so it is not exported: see `veritrain verify {run_id}`")
-    try:
-        same = json.loads(data) == record
-    except ValueError:
-        same = False
-    if not same:
+    if record.chain is None or record.chain.base_seal != seal:  # the record read was built on another record.json
         raise RunFailed(f"{run_id}: record.json changed while it was read; export the run again")
     artifacts = record.get("artifacts") or {}
     files = {RECORD_FILE: run_dir / RECORD_FILE, SEAL_FILE: run_dir / SEAL_FILE}
     sha256 = {RECORD_FILE: seal, SEAL_FILE: hashlib.sha256(seal_bytes).hexdigest()}
     for rel in sorted(artifacts):
         if rel in SEALED_FILES or rel.startswith(SEALED_FOLDERS):
-            path = run_dir / rel
+            path = record.path(rel)  # in the run, or in the amendment that wrote it
             found = sha256_file(path) if path.is_file() else None
             if found != artifacts[rel]["sha256"]:
                 raise RunFailed(f"{run_id}: {rel}: {'changed' if found else 'missing'} since the run was sealed, so the run is not exported: "
@@ -161,7 +157,11 @@ def sealed(workspace: Workspace, record: Record) -> Checked:
             files[rel], sha256[rel] = path, str(artifacts[rel]["sha256"])
     if PROVENANCE_FILE not in artifacts and (run_dir / PROVENANCE_FILE).is_file():  # kept beside the seal it signs
         files[PROVENANCE_FILE], sha256[PROVENANCE_FILE] = run_dir / PROVENANCE_FILE, sha256_file(run_dir / PROVENANCE_FILE)
-    return Checked(record, seal, files, sha256)
+    for link in record.amendments:  # each amendment's record and seal, beside the run's own
+        for name in ("amendment.json", "amendment.sha256"):
+            rel = f"{link.folder.relative_to(run_dir).as_posix()}/{name}"
+            files[rel], sha256[rel] = link.folder / name, sha256_file(link.folder / name)
+    return Checked(record, record.seal or seal, files, sha256)
 
 
 # ---------------------------------------------------------------- the MLflow store

@@ -604,7 +604,7 @@ def verdict_shown(run_dir: Path, state_dir: Path, verified: Optional[dict[str, A
     verdict = {**verified, "stale": False, "stale_reasons": []} if verified is not None else verdicts.latest(run_dir, state_dir)
     if verdict is None:
         return {"state": "none", "verdict": None}
-    shown = {k: verdict.get(k) for k in ("ok", "verified_at", "seal", "problems", "drift", "expect", "strict", "stale", "stale_reasons")}
+    shown = {k: verdict.get(k) for k in ("ok", "verified_at", "seal", "problems", "drift", "expect", "strict", "stale", "stale_reasons", "amendments")}
     shown["lines"] = trust_lines(verdict)
     return {"state": "stale" if verdict["stale"] else "ok" if verdict["ok"] else "failed", "verdict": shown}
 
@@ -634,6 +634,7 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
     computed for this page (publish); without it the page shows the verdict kept in the workspace, if any."""
     from veritrain.records.experiments import config_diff, flatten
     from veritrain.records.record import read_record
+    from veritrain.trust.check import amendment_rows, signed_by
 
     run_dir = run_dir_of(workspace, run_id)
     record = read_record(run_dir)
@@ -693,6 +694,8 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
         "exp_name": record.get("exp_name"), "hypothesis": record.get("hypothesis"),
         "started_at": record.get("started_at"), "ended_at": record.get("ended_at"),
         "stamp": live_stamp(run_dir), "error": record.get("error"), "seal": _seal(run_dir), "seal_history": record.get("seal_history") or [],
+        "base_seal": record.chain.base_seal if record.chain is not None else None,
+        "amendments": [{**row, "signed": signed_by(row["signer"])} for row in amendment_rows(record, verdict.get("verdict") if verdict.get("state") in ("ok", "failed") else None)],
         "notes": [n for n in notes if not n.get("conclusion")], "conclusions": [n for n in notes if n.get("conclusion")],
         "reference": reference, "config_changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
         "config_hash": record.get("config_hash"), "data": record.get("data") or {},
