@@ -5,15 +5,13 @@ command can repair: eval, export, baseline, gc, data prepare and import, `--tria
 
 One tiny run is trained once (with its eval, export, baselines, step checkpoints and an archive). Each trial copies
 that workspace (an empty one for prepare and import), starts the command and kills it: after a random delay within
-the command's measured duration, as soon as its journal (or temp folder) appears, or as soon as it commits (plan.json,
-or the renamed store entry). Then:
+the command's measured duration, as soon as its staged amendment (or temp folder) appears, or as soon as it commits
+(the amendment renamed into the run, the renamed store entry, the imported run). Then:
 
-1. without writing, every run verifies but one with a pending amend (an interrupted amend: verify fails with
-   `amend_pending`, its files perhaps half switched, until the next command repairs it), every stored data version
-   passes its check, and every run the registry lists is there;
-2. the same command again exits 0 (import: or says the run is already there), completing or rolling back what the
-   kill left, in one line;
-3. afterwards every run verifies, no journal is left, and the data version loads.
+1. without writing, every run verifies (an amendment is in the run whole or not at all: nothing is half visible),
+   every stored data version passes its check, and every run the registry lists is there;
+2. the same command again exits 0 (import: or says the run is already there);
+3. afterwards every run verifies, nothing staged or journaled is left, and the data version loads.
 
 Prints one line per command (how the kills landed, what the next command did) and exits 1 on any failure, naming the
 trial, its seed and its log. Commands run as forked children of this process, which imports veritrain and torch once
@@ -91,23 +89,23 @@ def argv_of(kind: str, ws: Path, run_id: str, archive: Path) -> list[str]:
 
 
 def started(kind: str, ws: Path, run_id: str) -> bool:
-    """The command has begun writing: its journal, the prepare's temp folder, the import's staging folder."""
+    """The command has begun writing: its staged amendment, the prepare's temp folder, the import's staging folder."""
     state = ws / ".veritrain"
     if kind == "prepare":
         return any((state / "data").glob(".tmp-*"))
     if kind == "import":
         return any(state.glob("import-*"))
-    return any((state / "journal").glob("*/new"))
+    return any((state / "amending").glob("*/files"))
 
 
 def committed(kind: str, ws: Path, run_id: str) -> bool:
-    """The command's one atomic step has happened: the plan of an amend, the store entry, the imported run."""
+    """The command's one atomic step has happened: the amendment in the run, the store entry, the imported run."""
     state = ws / ".veritrain"
     if kind == "prepare":
         return any(p.is_dir() and not p.name.startswith(".") for p in (state / "data").glob("*")) if (state / "data").exists() else False
     if kind == "import":
         return (ws / "runs" / run_id).exists()
-    return any((state / "journal").glob("*/plan.json"))
+    return any((ws / "runs" / run_id / "amendments").glob("*/amendment.json"))
 
 
 def kill_point(pid: int, mode: str, kind: str, ws: Path, run_id: str, duration: float, rng: random.Random) -> str:
@@ -132,8 +130,9 @@ def kill_point(pid: int, mode: str, kind: str, ws: Path, run_id: str, duration: 
 
 def problems(ws: Path, final: bool, version: str) -> list[str]:
     """What is wrong in the workspace: a run that does not verify, a damaged data version or one other than `version`
-    (the one the config prepares to), a registry row without its run; with `final` also an amend still journaled, or
-    `version` missing after a prepare. Reads only (the registry, a cache of the run folders, is brought up to date)."""
+    (the one the config prepares to), a registry row without its run; with `final` also an amendment still staged or a
+    journal, or `version` missing after a prepare. Reads only (the registry, a cache of the run folders, is brought up
+    to date)."""
     from veritrain.data.prepare import load_version
     from veritrain.records import registry
     from veritrain.trust.verify import verify_run
@@ -142,12 +141,8 @@ def problems(ws: Path, final: bool, version: str) -> list[str]:
     runs, state = ws / "runs", ws / ".veritrain"
     for run_dir in sorted(runs.glob("*")) if runs.exists() else []:
         result = verify_run(run_dir, state, rehash_data=False)  # the stored data version is checked; the raw data is not the command's
-        # right after a kill a run with a pending journal does not verify (amend_pending: verify takes no journal on
-        # trust, and the files may be half switched); the next command must repair it, which `final` then judges
-        pending = any(p["kind"] == "amend_pending" for p in result["problems"])
-        wrong = result["problems"] if final or not pending else []
-        if wrong:
-            found.append(f"{run_dir.name} does not verify: {wrong[:3]}")
+        if result["problems"]:
+            found.append(f"{run_dir.name} does not verify: {result['problems'][:3]}")
         if final and result.get("interrupted_amend"):
             found.append(f"{run_dir.name}: {result['interrupted_amend']}")
     stored = [p for p in sorted((state / "data").glob("*")) if p.is_dir() and not p.name.startswith(".")] if (state / "data").exists() else []
@@ -166,6 +161,8 @@ def problems(ws: Path, final: bool, version: str) -> list[str]:
                 found.append(f"the registry lists {row['run_id']}, which is not in runs/")
     if final and any((state / "journal").glob("[!.]*")):
         found.append(f"a journal is left: {sorted(p.name for p in (state / 'journal').iterdir())}")
+    if final and any((state / "amending").glob("*")):
+        found.append(f"a staged amendment is left: {sorted(p.name for p in (state / 'amending').iterdir())}")
     return found
 
 
@@ -219,6 +216,7 @@ def trial(root: Path, base: Path, kind: str, index: int, run_id: str, archive: P
     version = json.loads((base / "runs" / run_id / "record.json").read_text())["data"]["version"]
     found = [f"after the kill: {p}" for p in checked(ws, False, log, version)]
     mark = log.stat().st_size if log.exists() else 0
+    staged = any((ws / ".veritrain" / "amending").glob("*"))
     started_at = time.perf_counter()
     code = run(argv, log)
     duration = time.perf_counter() - started_at
@@ -226,7 +224,7 @@ def trial(root: Path, base: Path, kind: str, index: int, run_id: str, archive: P
     if code != 0 and not (kind == "import" and code == 2 and "already exists" in said):
         found.append(f"the next {kind} exited {code}")
     found += [f"after the next {kind}: {p}" for p in checked(ws, True, log, version)]
-    repaired = ("completed" if "was completed from its journal" in said else "rolled back" if "was rolled back" in said else "nothing to repair")
+    repaired = "cleared a staged amendment" if staged else "nothing to clear"
     if not found:
         shutil.rmtree(ws, ignore_errors=True)
     return f"{mode}: {landed}", repaired, found, duration

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from veritrain.records.record import read_record
+
 from conftest import in_process_run, veritrain
 from veritrain.trust import archive
 from veritrain.records.workspace import Workspace
@@ -30,7 +32,10 @@ AUDIT_ONLY_FILES = sorted([*AUDIT_ONLY, *(name + ".sha256" for name in AUDIT_ONL
 
 
 def record_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+    """The run as its amendments leave it (what every reader sees)."""
+    from veritrain.records.record import read_record, thawed
+
+    return thawed(read_record(run_dir))
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +176,7 @@ def test_gc_keeps_audit_checkpoints_and_the_kept_flags(audited, tmp_path):
     record = record_of(run_dir)
     for entry in record["trajectory"][1:]:
         assert entry["kept"] == (run_dir / "checkpoints" / f"step-{entry['step']}.pt").is_file(), entry["step"]
-    assert record["events"][-1]["kind"] == "gc" and record["seal_history"][-1]["by"] == "gc"
+    assert record["events"][-1]["kind"] == "gc" and read_record(run_dir).amendments[-1].by == "gc"
     assert verify_run(run_dir, workspace.state_dir, rehash_data=False)["ok"]
     assert housekeeping.gc(workspace, dry_run=False)["removed"] == []  # the audit checkpoints stay for good
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from veritrain.records.record import read_record
+
 from conftest import in_process_run
 
 # seed 2: on the digits split of data recipe 4 val accuracy peaks at epoch 2 of 3, so best.pt and last.pt differ
@@ -451,7 +453,7 @@ def test_export_command_fails_with_exit_1_when_parity_fails(cli, tmp_path, monke
     result = cli("export", run_id, "--workdir", str(tmp_path))
     assert result.code == 1
     assert result.stderr.strip().splitlines()[-1].startswith("error: export: parity check failed (onnx: max |Δlogit|")
-    record = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())
+    record = read_record(tmp_path / "runs" / run_id)  # the run as its amendments leave it
     assert record["export"]["parity"]["passed"] is False and record["events"][-1]["kind"] == "export"
 
 
@@ -531,19 +533,19 @@ def test_predict_refuses_a_hostile_export_in_one_line(cli, full_run, tmp_path, l
     assert result.code == 1 and len(errors) == 1 and message in errors[0] and "Traceback" not in result.stderr, (label, result.stderr)
 
 
-def test_eval_command_reseals_and_records(cli, full_run):
+def test_eval_command_adds_a_sealed_amendment_and_records(cli, full_run):
     workdir, run_dir, _ = full_run
-    before = (run_dir / "record.sha256").read_text()
+    before = (run_dir / "record.json").read_bytes(), (run_dir / "record.sha256").read_text()
     result = cli("eval", run_dir.name, "--checkpoint", "last", "--split", "val", "--workdir", str(workdir), "--json")
     assert result.code == 0, result.stderr
     metrics = result.json()
     assert metrics["split"] == "val" and metrics["checkpoint"] == "checkpoints/last.pt"
-    record = json.loads((run_dir / "record.json").read_text())
-    assert record["events"][-1]["kind"] == "eval" and "val" in record["metrics"]
-    assert (run_dir / "record.sha256").read_text() != before
-    import hashlib
-
-    assert (run_dir / "record.sha256").read_text().strip() == hashlib.sha256((run_dir / "record.json").read_bytes()).hexdigest()
+    record = read_record(run_dir)
+    assert record["events"][-1]["kind"] == "eval" and "val" in record["metrics"] and record.source("metrics.val") is not None
+    assert ((run_dir / "record.json").read_bytes(), (run_dir / "record.sha256").read_text()) == before  # never rewritten
+    link = record.amendments[-1]
+    assert link.by == "eval" and (link.folder / "amendment.sha256").read_text().strip() == link.seal == record.seal
+    assert record.path("eval/val/metrics.json") == link.folder / "files" / "eval" / "val" / "metrics.json"
 
 
 def test_eval_refuses_data_drift(cli, tmp_path):
@@ -559,7 +561,7 @@ def test_eval_refuses_data_drift(cli, tmp_path):
     assert refused.code == 2 and last.startswith(f"error: {run_id}: the data now prepares to version") and "--allow-data-drift" in last
     allowed = cli("eval", run_id, "--allow-data-drift", "--workdir", str(tmp_path), "--json")
     assert allowed.code == 0, allowed.stderr
-    record = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())
+    record = read_record(tmp_path / "runs" / run_id)
     assert [e["kind"] for e in record["events"]][-2:] == ["data_drift", "eval"]
 
 

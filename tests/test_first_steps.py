@@ -30,6 +30,7 @@ def test_the_readme_tour_works_in_order_after_the_demo(tmp_path):
         shutil.copytree(ROOT / folder, tmp_path / folder)
     demo = veritrain("run", "--json", cwd=tmp_path, timeout=900)  # what `make demo` runs
     assert demo.code == 0, demo.stderr
+    printed = (Path(demo.json()["run_dir"]) / "record.sha256").read_text().strip()  # the seal the demo printed
     assert "next steps:" in demo.stderr and f"veritrain check {demo.json()['run_id']}" in demo.stderr
     for step in first_steps():
         result = veritrain(*step[1:], cwd=tmp_path, timeout=900)
@@ -54,3 +55,8 @@ def test_the_readme_tour_works_in_order_after_the_demo(tmp_path):
     demo_check = veritrain("check", demo.json()["run_id"], "--json", cwd=tmp_path)
     assert demo_check.code == 0, [i for i in demo_check.json()["items"] if i["status"] != "pass"]
     assert re.search(r"[0-9a-f]{64}", (Path(demo.json()["run_dir"]) / "record.sha256").read_text())
+    # the seal the demo printed still holds after the tour, and says what came after it
+    kept = veritrain("verify", demo.json()["run_id"], "--expect", printed, cwd=tmp_path)
+    assert kept.code == 0, kept.stdout + kept.stderr
+    later = [line for line in kept.stdout.splitlines() if line.startswith("amendment ") and "NOT covered" in line]
+    assert any(" by export " in line for line in later) and any(" by eval " in line for line in later), kept.stdout

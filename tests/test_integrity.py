@@ -34,19 +34,19 @@ def test_a_tampered_run_is_never_re_sealed(cli, workspace_copy, command):
     assert again.code == 1 and "train.log" in again.stderr  # the change is still caught
 
 
-def test_an_older_seal_is_refused_with_what_replaced_it(cli, workspace_copy):
+def test_a_published_seal_keeps_holding_and_names_what_came_after_it(cli, workspace_copy):
     workdir, run_dir, seal = workspace_copy
     exported = cli("export", run_dir.name, "--format", "safetensors", "--workdir", str(workdir))
     assert exported.code == 0, exported.stderr
-    current = (run_dir / "record.sha256").read_text().strip()
-    assert current != seal
-    old = cli("verify", run_dir.name, "--expect", seal, "--workdir", str(workdir), "--json")
-    assert old.code == 1
-    (problem,) = old.json()["problems"]
-    assert problem["kind"] == "seal_differs_from_expected" and "replaced when export re-sealed the run" in problem["detail"]
-    history = json.loads((run_dir / "record.json").read_text())["seal_history"]
-    assert history[-1]["seal"] == seal and history[-1]["by"] == "export"
-    assert cli("verify", run_dir.name, "--expect", current, "--workdir", str(workdir)).code == 0
+    assert (run_dir / "record.sha256").read_text().strip() == seal  # the run itself is never re-sealed
+    old = cli("verify", run_dir.name, "--expect", seal, "--workdir", str(workdir), "--json").json()
+    assert old["ok"] and old["base_seal"] == seal and [(a["by"], a["covered"]) for a in old["amendments"]] == [("export", False)]
+    newest = old["seal"]
+    assert newest != seal and newest == old["amendments"][0]["seal"]
+    assert cli("verify", run_dir.name, "--expect", newest, "--workdir", str(workdir)).code == 0
+    wrong = cli("verify", run_dir.name, "--expect", "a" * 64, "--workdir", str(workdir), "--json")
+    (problem,) = wrong.json()["problems"]
+    assert wrong.code == 1 and problem["kind"] == "seal_differs_from_expected" and newest in problem["detail"]
 
 
 @pytest.mark.parametrize("expect", ["", "   ", "abc", "g" * 64, "0" * 63])

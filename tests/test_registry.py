@@ -143,13 +143,15 @@ def test_dry_run_reuse_completed_and_gc(cli, tmp_path):
     assert preview["dry_run"] and all(Path(tmp_path / p).exists() for p in preview["removed"])
     assert preview["resealed"] == [run_dir.name]  # would be: nothing was re-sealed yet
     said = cli("gc", "--dry-run", "--workdir", str(tmp_path)).stdout
-    assert "would re-seal 1 run(s)" in said and "would remove " in said and "re-sealed" not in said
+    assert "would amend 1 run(s)" in said and "would remove " in said and " amended" not in said
     result = cli("gc", "--workdir", str(tmp_path), "--json").json()
     assert not list((run_dir / "checkpoints").glob("step-*")) and (run_dir / "checkpoints" / "best.pt").exists()
     assert result["resealed"] == [run_dir.name]
-    record = json.loads((run_dir / "record.json").read_text())
-    assert record["events"][-1]["kind"] == "gc"
-    assert cli("verify", run_dir.name, "--workdir", str(tmp_path)).code == 0  # re-sealed, still verifies
+    from veritrain.records.record import read_record
+
+    record = read_record(run_dir)
+    assert record["events"][-1]["kind"] == "gc" and record.amendments[-1].by == "gc"
+    assert cli("verify", run_dir.name, "--workdir", str(tmp_path)).code == 0  # amended, still verifies
 
 
 def test_a_bad_line_in_notes_is_skipped_with_a_warning(cli, workspace, tmp_path):

@@ -22,7 +22,10 @@ STEPS = [0, 10, 20, 23, 30, 40, 46, 50, 60, 69]
 
 
 def record_of(run_dir: Path) -> dict:
-    return json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
+    """The run as its amendments leave it (what every reader sees)."""
+    from veritrain.records.record import read_record, thawed
+
+    return thawed(read_record(run_dir))
 
 
 @pytest.fixture(scope="module")

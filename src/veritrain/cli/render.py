@@ -254,7 +254,7 @@ def search_summary(summary: dict[str, Any]) -> None:
 
 
 def eval_written(done: Amended, use_current_code: bool) -> None:
-    """Where `eval` wrote its result: into the run (re-sealed), or into a new run of its own."""
+    """Where `eval` wrote its result: into a sealed amendment of the run, or into a new run of its own."""
     if done.outside and use_current_code:
         logs.report(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
                     f"built with the current code, not the code recorded with {done.parent}); seal {done.seal}")
@@ -440,11 +440,11 @@ def imported_code(result: dict[str, Any]) -> None:
 
 
 def collected(result: dict[str, Any], dry_run: bool) -> None:
-    """`gc`: each file removed (or that would be), the space freed and the runs re-sealed."""
+    """`gc`: each file removed (or that would be), the space freed and the runs amended."""
     for path in result["removed"]:
         click.echo(("would remove " if dry_run else "removed ") + path)
     click.echo(f"{'would free' if dry_run else 'freed'} {result['bytes_freed'] / 2**20:.1f} MiB; "
-               f"{'would re-seal' if dry_run else 're-sealed'} {len(result['resealed'])} run(s)")
+               f"{'would amend' if dry_run else 'amended'} {len(result['resealed'])} run(s)")
 
 
 # ---------------------------------------------------------------- runs
@@ -465,8 +465,9 @@ def runs_table(rows: list[dict[str, Any]], runs_dir: Path) -> None:
     logs.print_table(table)
 
 
-def run_record(run_dir: Path, record: dict[str, Any]) -> None:
-    """`runs show` for people: what the run was, what it asked, what it gave, and how to check it."""
+def run_record(run_dir: Path, record: dict[str, Any], read: Any = None) -> None:
+    """`runs show` for people: what the run was, what it asked, what it gave, and how to check it (`read`: the record as
+    read, whose amendments are listed under its seal)."""
     from rich.table import Table
 
     from veritrain.core.config import RunConfig
@@ -515,6 +516,12 @@ def run_record(run_dir: Path, record: dict[str, Any]) -> None:
     except OSError:
         seal = "- (no record.sha256)"
     table.add_row("seal", seal)
+    for link in getattr(read, "amendments", ()):  # added after the seal, each sealed (and signed) on its own
+        gives = [name for name, source in read.applied.sources.items() if source.index == link.index]
+        table.add_row(f"  amendment {link.index:04d}", f"{link.seal} ({link.by} at {link.at}; "
+                      f"{'signed by key ' + link.signer[:16] + '…' if link.signer else 'unsigned'}"
+                      + (f"; gives {', '.join(sorted(gives))}" if gives else "") + ")")
+        seal = link.seal
     for old in record.get("seal_history") or []:
         table.add_row("  replaced seal", f"{old['seal']} (re-sealed by {old['by']} at {old['replaced_at']})")
     for event in record.get("events") or []:

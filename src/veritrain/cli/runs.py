@@ -65,11 +65,14 @@ def runs_show(ref: str, workdir: Optional[str], as_json: bool) -> int:
     run_dir = workspace.resolve_run(ref)
     if (pending := interrupted(run_dir, workspace.state_dir)) is not None:  # the record shown may be the old or the new one
         logs.log.warning("%s: %s", run_dir.name, pending.message)
-    shown = {**read_record(run_dir), "notes": read_notes(run_dir)}  # the notes, kept outside the seal, shown with the record
+    record = read_record(run_dir)  # with its amendments applied
+    shown = {**record, "notes": read_notes(run_dir),  # the notes, kept outside the seal, shown with the record
+             "amendments": [{"index": link.index, "by": link.by, "at": link.at, "seal": link.seal, "key_fingerprint": link.signer}
+                            for link in record.amendments]}
     if as_json:
         emit_json(shown)
         return 0
-    render.run_record(run_dir, shown)
+    render.run_record(run_dir, shown, record)
     return 0
 
 
@@ -196,9 +199,9 @@ def runs_export(refs: tuple[str, ...], target: tuple[str, str], workdir: Optiona
 @json_option
 def gc_command(dry_run: bool, drop_journal: Optional[str], workdir: Optional[str], as_json: bool) -> int:
     """Remove step checkpoints of completed runs (best/last and those kept for audit stay), data versions no run references
-    and stale locks; runs that lose files are re-sealed with a `gc` event.
+    and stale locks; a run that loses files gets a sealed amendment that retires them, with a `gc` event.
 
-    Interrupted amends are completed or rolled back first; a journal whose plan reaches outside its run, or is not one
+    Amends an earlier veritrain began and a kill interrupted are completed or rolled back first; a journal whose plan reaches outside its run, or is not one
     veritrain wrote, stops gc (exit 1) before anything is changed: `--drop-journal RUN` removes it.
 
     \b

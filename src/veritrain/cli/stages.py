@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 @json_option
 def eval_command(ref: Optional[str], which: Optional[str], split: Optional[str], predictions: Optional[str], allow_data_drift: bool,
                  trust_code: bool, use_current_code: bool, workdir: Optional[str], as_json: bool) -> int:
-    """Evaluate a run's checkpoint on its fixed split; writes eval/<split>/ and re-seals the run.
+    """Evaluate a run's checkpoint on its fixed split; adds eval/<split>/ to the run in a sealed amendment.
 
     \b
     Examples:

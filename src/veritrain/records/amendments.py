@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import Field, ValidationError
 
-from veritrain.records.record import (Artifact, Event, IsoTime, ProvenanceRef, RunId, RunPath, Sha256, _Part, record_bytes, thawed)
+from veritrain.records.fields import Artifact, Event, IsoTime, ProvenanceRef, RunId, RunPath, Sha256, _Part, record_bytes
 
 AMENDMENTS_DIR = "amendments"
 AMENDMENT_FILE = "amendment.json"
@@ -45,6 +45,11 @@ AMENDMENT_FORMAT = 1
 AMENDABLE = ("metrics", "baselines", "export", "timings")  # the record fields an amendment may set, whole
 FOLDER = re.compile(r"\d{4,}")
 MAX_AMENDMENT_BYTES = 64 << 20  # an amendment lists digests and results only
+
+
+def thawed(value: Any) -> Any:
+    """A plain, deep copy of a record's value (a record as read is read-only)."""
+    return json.loads(json.dumps(value))
 
 
 def _amendable(value: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,10 @@
-"""Amends of a finished run as one recoverable step, journaled in `.veritrain/journal/<run_id>/`.
+"""Amends journaled in `.veritrain/journal/<run_id>/`, as an earlier veritrain wrote them; the next amending command or
+`gc` finishes one a kill interrupted.
 
-`eval`, `export`, `baseline RUN` and `gc` change a sealed run and seal it again. None of them writes into
-the run until the whole new state lies beside it, so a kill at any moment leaves the run as it was or as
-it is after the command:
+`eval`, `export`, `baseline RUN` and `gc` now add sealed amendments beside a run (veritrain.records.amendments) and
+never rewrite it. An earlier veritrain re-sealed the run in place, through a journal; a workspace may still hold one
+that a kill left, so this module still completes or rolls it back, and judges it as hostile input. How such an amend
+was made, none of which writes into the run until the whole new state lies beside it:
 
 1. `amending` takes the run's lock and creates the journal folder (exclusively: one amend of a run at a
    time). The command writes its files into `new/`, laid out as in the run.

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -20,14 +19,28 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from veritrain.core.errors import RunFailed
 from veritrain.core.files import write_atomic
 from veritrain.core.hashing import sha256_file
 from veritrain.core.signing_keys import sealing_key
 from veritrain.core.version import __version__
-from veritrain.records import provenance
+from veritrain.records import amendments, provenance
+from veritrain.records.fields import (
+    NOT_NULL,
+    RUN_ID,
+    Artifact,
+    DataVersionId,
+    Event,
+    IsoTime,
+    ProvenanceRef,
+    RunId,
+    RunPath,
+    Sha256,
+    _Part,
+    record_bytes,
+)
 
 RECORD_VERSION = 1
 # What a record must carry, numbered (docs/record.md, "Formats"): set when a run starts and kept by resumes and amends;
@@ -46,18 +59,15 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def record_bytes(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
-
-
 def artifact_table(run_dir: Path) -> dict[str, dict[str, Any]]:
-    """relative path → {sha256, size} for every file except the record, its seal and the notes."""
+    """relative path → {sha256, size} for every file except the record, its seal, the notes and the amendments (each
+    seals its own files)."""
     table = {}
     for path in sorted(run_dir.rglob("*")):
         if not path.is_file():
             continue
         rel = path.relative_to(run_dir).as_posix()
-        if rel in UNSEALED:
+        if rel in UNSEALED or rel.startswith(amendments.AMENDMENTS_DIR + "/"):
             continue
         table[rel] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     return table
@@ -103,80 +113,10 @@ def sealed_bytes(record: dict[str, Any], files: dict[str, Path]) -> tuple[bytes,
     return data, hashlib.sha256(data).hexdigest()
 
 
-RUN_ID = re.compile(r"\d{8}-\d{6}-\d{3}-[0-9a-f]{6}")  # workspace.new_run_dir: UTC time to the millisecond, 6 random hex digits
-
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-def _sha256(value: str) -> str:
-    if not SHA256_HEX.fullmatch(value):
-        raise ValueError("must be a SHA-256 in hex (64 lowercase hex digits)")
-    return value
-
-
-def _run_id(value: str) -> str:
-    if not RUN_ID.fullmatch(value):
-        raise ValueError("must be a run id (YYYYMMDD-HHMMSS-mmm-xxxxxx)")
-    return value
-
-
-Sha256 = Annotated[str, AfterValidator(_sha256)]
-DataVersionId = Sha256  # data.prepare.version_id; it names a folder, so never a path
-RunId = Annotated[str, AfterValidator(_run_id)]
-
-
-def _inside_run(path: str) -> str:
-    parts = path.split("/")
-    if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
-        raise ValueError("must be a relative path inside the run folder")
-    return path
-
-
-RunPath = Annotated[str, AfterValidator(_inside_run)]
-
-
-def _value_needed(value: Any) -> Any:
-    if value is None:
-        raise ValueError("null where the writer always puts a value (the field may be absent in older records, never null)")
-    return value
-
-
-def _iso_time(value: str) -> str:
-    try:
-        datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError("not an ISO 8601 time such as 2026-01-31T12:00:00.000Z") from None
-    return value
-
-
-# a field that older records may lack but that no writer sets to null: readers use its value when it is there
-NOT_NULL = BeforeValidator(_value_needed)
-IsoTime = Annotated[str, AfterValidator(_iso_time)]
-
-
-class _Part(BaseModel):
-    """A part of a record. Strict JSON types (no "1" for 1, no true for 1); fields added by a later
-    record_version are kept (extra="allow"), so this reader keeps working on newer records."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
-
-
-class Artifact(_Part):
-    sha256: Sha256
-    size: Annotated[int, Field(ge=0)]
-
-
 class SealEntry(_Part):
     seal: Sha256
     replaced_at: str
     by: str
-
-
-class Event(_Part):
-    kind: str
-    step: Optional[int] = None
-    detail: Any = None
-    at: Optional[str] = None
 
 
 class Resume(_Part):
@@ -390,13 +330,6 @@ class Guarantee(_Part):
     reasons: list[str]
 
 
-class ProvenanceRef(_Part):
-    """The run's provenance statement (veritrain.records.provenance) and the key that signed it (null: unsigned)."""
-
-    file: Literal["provenance.intoto.jsonl"]
-    key_fingerprint: Optional[Sha256]
-
-
 class RunRecord(_Part):
     """record.json, field by field (docs/record.md documents each; a test keeps the two in step). The
     writer validates every record before writing it and every reader validates what it reads, so a record
@@ -597,8 +530,6 @@ class Record(FrozenDict):
 def read_record(run_dir: Path) -> Record:
     """The run's record, validated, with its amendments applied, read-only; a missing or damaged one, or a broken chain of
     amendments, is a RunFailed that says how to look closer."""
-    from veritrain.records import amendments
-
     path = run_dir / RECORD_FILE
     try:
         data = path.read_bytes()

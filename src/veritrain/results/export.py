@@ -14,7 +14,6 @@ model.json in their own metadata, so each is usable on its own.
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import logging

@@ -34,8 +34,8 @@ from typing import Any, BinaryIO, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
-from veritrain.records.record import NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
 from veritrain.records import amendments
+from veritrain.records.record import NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
 from veritrain.records.workspace import Workspace
 from veritrain.trust.policy import Policy
 from veritrain.trust.verify import verify_run

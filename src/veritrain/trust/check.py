@@ -309,7 +309,7 @@ def _amended_row(run: str, record: Any, verified: Optional[dict[str, Any]]) -> t
     if not giving:
         return "pass", None, "every result is covered by the run's own seal" + (f"; {len(rows)} amendment(s) give no result" if rows else "")
     parts = [f"{', '.join(row['results'])} from amendment {row['index']:04d} ({row['by']}, {signed_by(row['signer'])})" for row in giving]
-    own = (record.get("provenance") or {}).get("key_fingerprint")
+    own = str((record.get("provenance") or {}).get("key_fingerprint") or "")
     foreign = [row for row in giving if own and row["signer"].get("fingerprint") != own]
     if foreign:
         return ("fail", f"`veritrain verify {run} --expect SEAL` with the run's own seal says what it vouches for; eval or export the run again with its key",

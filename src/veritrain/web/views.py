@@ -506,7 +506,7 @@ def _served(record: Any, rel: str) -> str:
 
 def _seal(run_dir: Path) -> Optional[str]:
     """The run's newest seal: its last amendment's, else record.sha256 (as written: verify says whether it holds)."""
-    from veritrain.records.amendments import AMENDMENTS_DIR, AMENDMENT_SEAL
+    from veritrain.records.amendments import AMENDMENT_SEAL, AMENDMENTS_DIR
 
     try:
         folder = run_dir / AMENDMENTS_DIR
