@@ -217,12 +217,17 @@ def test_a_signed_export_of_a_run_verifies_and_a_changed_card_fails_verify(small
     workdir, run_dir = small_run_copy.workdir, small_run_copy.run_dir
     done = cli("export", run_dir.name, "--workdir", str(workdir))
     assert done.code == 0, done.stderr
-    export = run_dir / "export"
+    from veritrain.records.record import read_record
+
+    amended = read_record(run_dir)
+    export = amended.path("export/model.json").parent  # the export's amendment, signed with the key
+    assert export == amended.amendments[-1].folder / "files" / "export"
     description = json.loads((export / "model.json").read_text())
     assert description["non_model_files"] == ["README.md", "model.sig"]
     code, shown = third_party(export, key.path)
     assert code == 0 and export_signing.SUCCESS_LINE in shown, shown
-    assert "model.sig" not in [s["name"] for s in _subjects(run_dir)] and "export/README.md" in [s["name"] for s in _subjects(run_dir)]
+    subjects = [s["name"] for s in _subjects(amended.amendments[-1].folder)]
+    assert "export/model.sig" not in subjects and "export/README.md" in subjects
     verified = cli("verify", run_dir.name, "--workdir", str(workdir), "--json")
     assert verified.code == 0 and not [n for n in verified.json()["not_checked"] if "signature" in n["check"]], verified.stdout
     (export / "README.md").write_text((export / "README.md").read_text() + "\nanother line\n")

@@ -60,14 +60,10 @@ def key(tmp_path, monkeypatch):
 
 
 def reseal(run_dir: Path, workdir: Path) -> str:
-    """Seal the run again through the journal, as eval, export, baseline and gc do."""
-    from veritrain.records import recorder
-    from veritrain.records.record import read_record
-    from veritrain.records.workspace import Workspace
+    """Seal the run again with the key that is set now, as the run's end seals it (its statement is written again)."""
+    from veritrain.records.record import read_record, thawed, write_record
 
-    with recorder.amending(Workspace.open(workdir), read_record(run_dir)) as change:
-        change.add_event("eval", "sealed again by a test")
-        return change.commit(by="eval")
+    return write_record(run_dir, thawed(read_record(run_dir)))
 
 
 def verified(run_dir: Path, workdir: Path, public_key: bytes | None = None) -> dict:

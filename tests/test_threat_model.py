@@ -75,16 +75,12 @@ def keys(tmp_path, monkeypatch):
 
 @pytest.fixture
 def signed(small_run_copy, keys, tmp_path):
-    """The small run re-sealed by its honest owner with their key (an amend, as eval and export do); the local key pair
-    is then moved away, so only what the checker names decides."""
-    from veritrain.records import recorder
-    from veritrain.records.record import read_record
-    from veritrain.records.workspace import Workspace
+    """The small run sealed by its honest owner with their key (as a run sealed when it ends with the key set); the local
+    key pair is then moved away, so only what the checker names decides."""
+    from veritrain.records.record import read_record, thawed, write_record
 
     run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
-    with recorder.amending(Workspace.open(workdir), read_record(run_dir)) as change:
-        change.add_event("eval", "signed by its owner")
-        seal = change.commit(by="eval")
+    seal = write_record(run_dir, thawed(read_record(run_dir)))
     public = tmp_path / "honest.pub.pem"
     shutil.copy(keys["honest_pub"], public)
     shutil.rmtree(keys["honest_pub"].parent)  # the checker's machine holds no key of its own
