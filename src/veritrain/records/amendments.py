@@ -287,7 +287,9 @@ class Draft:
         (self.folder / "provenance.intoto.jsonl").write_bytes(statement)
         sync_tree(self.folder)
         top = self.run_dir / AMENDMENTS_DIR
-        top.mkdir(exist_ok=True)
+        if not top.is_dir():
+            top.mkdir()
+            sync_folder(self.run_dir)
         try:
             base = hashlib.sha256((self.run_dir / "record.json").read_bytes()).hexdigest()
         except OSError:

@@ -227,7 +227,7 @@ def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any
                                "format": formats.declared(record)})
     exported = record.get("export") or {}
     if exported.get("trajectory_entry") and exported.get("files") and (run_dir / str(exported.get("checkpoint"))).is_file():
-        shutil.copytree(run_dir / "export", results / "export")
+        shutil.copytree(record.path("export/model.json").parent, results / "export")  # the run's export/, or its amendment's
         _copy_checkpoint(run_dir / str(exported["checkpoint"]), results / "export.pt")
         job["results"].append({"kind": "export", "what": "export parity", "checkpoint": str(results / "export.pt"), "export_dir": str(results / "export"),
                                "files": {name: entry["file"] for name, entry in exported["files"].items()}, "out": str(results / "export.json"),
