@@ -201,3 +201,21 @@ def test_an_amendment_may_set_only_results(small_run_copy):
             "amendment_format": 1, "run_id": small_run_copy.run_dir.name, "index": 1, "by": "eval", "at": "2026-01-01T00:00:00+00:00",
             "extends": "0" * 64, "set": {"config": {}}, "events": [], "files": {}, "retires": [],
             "provenance": {"file": "provenance.intoto.jsonl", "key_fingerprint": None}})
+
+
+def test_an_amendments_own_statement_passes_the_standard_check_in_its_folder(small_run_copy, tmp_path, monkeypatch):
+    from test_provenance import doc_script, standard_check
+
+    from veritrain.core import signing_keys
+
+    key = tmp_path / "owner" / "key.pem"
+    signing_keys.init(key)
+    monkeypatch.setenv("VERITRAIN_SIGNING_KEY", str(key))
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+    amend(workdir, run_dir, files={"eval/test/metrics.json": b'{"accuracy": 0.5}', "eval/test/report.md": b"# report\n"})
+    folder = read_record(run_dir).amendments[-1].folder
+    code, shown = standard_check(folder, signing_keys.public_path(key), doc_script(tmp_path))
+    assert code == 0 and shown.count(": OK") == 4, shown  # its two files, amendment.json (its seal) and amendment.sha256
+    (folder / "files" / "eval" / "test" / "report.md").write_text("# another report\n")
+    code, shown = standard_check(folder, signing_keys.public_path(key), doc_script(tmp_path))
+    assert code != 0 and "files/eval/test/report.md: FAILED" in shown, shown

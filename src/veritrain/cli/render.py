@@ -372,7 +372,7 @@ def checklist(result: dict[str, Any]) -> None:
     for column in ("row", "status", "detail", "fix"):
         table.add_column(column, overflow="fold")
     for i in result["items"]:
-        table.add_row(f"{i['item']}\n({i['id']})", i["status"], i["detail"], i["fix"] or "",
+        table.add_row(f"{i['item']} ({i['id']})", i["status"], i["detail"], i["fix"] or "",
                       style=None if i["status"] in PASSING else "yellow")
     logs.print_table(table)
 
@@ -560,7 +560,7 @@ def run_comparison(comparison: dict[str, Any]) -> None:
 
     run_ids = comparison["run_ids"]
     for index, run_id in enumerate(run_ids[1:], start=1):
-        echo(f"{run_id} vs {run_ids[0]}:")
+        echo(f"{run_ids[0]} → {run_id} (changes from the first run to this one):")
         for row in comparison["config"]:
             if row["values"][index] != row["values"][0]:
                 echo(f"  config {row['key']}: {row['values'][0]} → {row['values'][index]}")

@@ -172,9 +172,9 @@ def amendment_statement(doc: Mapping[str, Any], seal: str) -> dict[str, Any]:
     """The in-toto Statement (SLSA Provenance v1) of a sealed amendment (veritrain.records.amendments): its subjects are
     the files it adds (every one but export/model.sig; amendment.json itself when it adds none), its one dependency is
     the seal it extends, and its byproducts are amendment.json (whose SHA-256 is its seal) and amendment.sha256. Names
-    are relative to the amendment's `files/` folder."""
+    are relative to the amendment's folder (`sha256sum -c` there checks them): its files are under `files/`."""
     files = doc.get("files") or {}
-    subject = [_file(rel, files[rel]["sha256"]) for rel in sorted(files) if rel != SIGNATURE_FILE] or [_file(AMENDMENT_FILE, seal)]
+    subject = [_file(f"files/{rel}", files[rel]["sha256"]) for rel in sorted(files) if rel != SIGNATURE_FILE] or [_file(AMENDMENT_FILE, seal)]
     return {
         "_type": STATEMENT_TYPE,
         "subject": subject,

@@ -305,6 +305,7 @@ class Workspace:
             raise UserError(f"latest: no runs in {self.runs_dir}; start one with `veritrain run`")
         if fits is None:
             return runs[-1]
+        newest_script = None
         for run_dir in reversed(runs):
             try:
                 record = read_record(run_dir)
@@ -314,6 +315,13 @@ class Workspace:
                 if run_dir != runs[-1]:
                     log.info("latest: %s, the newest %s; the newest run of all, %s, is not one", run_dir.name, what, runs[-1].name)
                 return run_dir
+            newest_script = newest_script or (record if record.get("kind") == "script" else None)
+        if need == "model" and newest_script is not None:  # the user's own script ran: say why it has no replayable model
+            guarantee = newest_script.get("guarantee") or {}
+            why = "; ".join(guarantee.get("reasons") or []) or "its trajectory holds no trained state"
+            raise UserError(f"latest: no {what} in {self.runs_dir}: the newest script's run, {newest_script['run_id']}, is "
+                            f"{guarantee.get('level', 'not replayable')} ({why}), so it cannot be replayed; `veritrain verify "
+                            f"{newest_script['run_id']}` checks what it recorded")
         raise UserError(f"latest: no {what} in {self.runs_dir}; {LATEST_FIX[need]}")
 
     def resolve_data_version(self, ref: str) -> Path:

@@ -1,0 +1,48 @@
+"""Small surfaces a new user meets: each says what is true, in one line, and never in a form that misleads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+def test_the_checklist_labels_each_row_on_one_line(cli, small_run):
+    shown = cli("check", small_run.run_dir.name, "--workdir", str(small_run.workdir))
+    assert "data: validated and versioned (data_versioned)" in shown.stdout, shown.stdout
+    assert "\\n" not in shown.stdout
+
+
+def test_runs_compare_says_the_direction_its_arrows_go(cli, small_run):
+    first = small_run.run_dir.name
+    other = cli("train", "--set", "train.epochs=1", "--set", "model.name=mlp", "--set", "model.hidden=[16]",
+                "--workdir", str(small_run.workdir), "--json").json()["run_id"]
+    shown = cli("runs", "compare", first, other, "--workdir", str(small_run.workdir)).stdout
+    assert f"{first} → {other} (changes from the first run to this one):" in shown, shown
+    assert "config model.hidden: [32] → [16]" in shown, shown
+
+
+def test_latest_says_why_a_scripts_run_cannot_be_replayed(tmp_path, monkeypatch):
+    from veritrain.core.errors import UserError
+    from veritrain.records import record as record_module
+    from veritrain.records.workspace import Workspace
+
+    workspace = Workspace.open(tmp_path)
+    run_id = "20260101-000000-000-abcdef"
+    (workspace.runs_dir / run_id).mkdir(parents=True)
+    (workspace.runs_dir / run_id / "record.json").write_text("{}")  # read through the stand-in below
+    script_run = {"run_id": run_id, "kind": "script", "trajectory": [{"step": 0}],
+                  "guarantee": {"level": "logged", "reasons": ["no inputs were bound (run.inputs)"]}}
+    monkeypatch.setattr(record_module, "read_record", lambda run_dir: script_run)
+    with pytest.raises(UserError) as refused:
+        workspace.resolve_run("latest", "model")
+    assert f"the newest script's run, {run_id}, is logged (no inputs were bound (run.inputs)), so it cannot be replayed" in str(refused.value)
+
+
+def test_the_provenance_check_keeps_the_public_key_outside_the_run_folder():
+    text = (ROOT / "docs" / "provenance.md").read_text(encoding="utf-8")
+    commands = text.split("<!-- provenance-commands -->", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    assert "../../signing-key.pub.pem" in commands and "> ../../subjects.sha256" in commands
+    assert Path("signing-key.pub.pem").name not in commands.replace("../../signing-key.pub.pem", "")
