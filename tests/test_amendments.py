@@ -219,3 +219,23 @@ def test_an_amendments_own_statement_passes_the_standard_check_in_its_folder(sma
     (folder / "files" / "eval" / "test" / "report.md").write_text("# another report\n")
     code, shown = standard_check(folder, signing_keys.public_path(key), doc_script(tmp_path))
     assert code != 0 and "files/eval/test/report.md: FAILED" in shown, shown
+
+
+def test_the_run_page_shows_the_chain_and_the_amended_eval(cli, small_run_copy):
+    pytest.importorskip("starlette")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    from veritrain.web.server import create_app
+
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+    assert cli("eval", run_dir.name, "--split", "val", "--workdir", str(workdir)).code == 0
+    link = read_record(run_dir).amendments[-1]
+    client = TestClient(create_app(Workspace.open(workdir)), base_url="http://127.0.0.1:8765")
+    html = client.get(f"/runs/{run_dir.name}").text
+    assert "amendment 0001" in html and link.seal in html and "gives metrics.val" in html and small_run_copy.seal in html
+    assert 'id="provenance"><code>provenance.intoto.jsonl</code>, unsigned' in html  # words, not a raw object
+    image = f"runs/{run_dir.name}/amendments/0001/files/eval/val/confusion_matrix.png"
+    assert image in html and client.get(f"/files/{image}").status_code == 200
