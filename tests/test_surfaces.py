@@ -46,3 +46,34 @@ def test_the_provenance_check_keeps_the_public_key_outside_the_run_folder():
     commands = text.split("<!-- provenance-commands -->", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     assert "../../signing-key.pub.pem" in commands and "> ../../subjects.sha256" in commands
     assert Path("signing-key.pub.pem").name not in commands.replace("../../signing-key.pub.pem", "")
+
+
+def test_a_fifo_in_a_run_hangs_no_page_and_fails_verify(cli, small_run_copy):
+    import os
+    import threading
+    import warnings
+
+    pytest.importorskip("starlette")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from starlette.testclient import TestClient
+    from veritrain.records.workspace import Workspace
+    from veritrain.web.server import create_app
+
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+    (run_dir / "metrics.jsonl").unlink()
+    os.mkfifo(run_dir / "metrics.jsonl")  # nothing ever writes to it: a blocking read would wait forever
+    os.mkfifo(run_dir / "notes.jsonl")
+    client = TestClient(create_app(Workspace.open(workdir)), base_url="http://127.0.0.1:8765")
+    answers: dict[str, int] = {}
+
+    def visit() -> None:
+        for url in (f"/api/runs/{run_dir.name}/live?metrics=0&steps=0", f"/runs/{run_dir.name}", "/", "/api/runs"):
+            answers[url] = client.get(url).status_code
+
+    visitor = threading.Thread(target=visit, daemon=True)
+    visitor.start()
+    visitor.join(timeout=60)
+    assert not visitor.is_alive() and len(answers) == 4 and set(answers.values()) == {200}, answers
+    verified = cli("verify", run_dir.name, "--workdir", str(workdir), "--json").json()
+    assert {"path": "metrics.jsonl", "kind": "special", "detail": "a run directory holds only regular files; remove it"} in verified["problems"]

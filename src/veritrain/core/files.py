@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 TEMP_SUFFIX = ".tmp"  # `.<name>.tmp`: the hidden temp file a write goes to before its rename
 
@@ -88,5 +89,39 @@ def sync_folder(path: Path) -> None:
         os.fsync(fd)
     except OSError:
         pass
+    finally:
+        os.close(fd)
+
+
+MAX_READ_BYTES = 32 << 20  # what one read of a run's file for a page or a listing takes at most: far above a long run's logs
+
+
+def read_regular(path: Path, start: int = 0, limit: int = MAX_READ_BYTES, tail: bool = False) -> Optional[tuple[bytes, int, int]]:
+    """(bytes, the offset they start at, the file's size) of the regular file `path`, from `start`, at most `limit` of
+    them (with `tail`, the last `limit` from `start` on); None for anything else. The file is opened without following a
+    link and without blocking, and refused before a byte is read when it is not a regular file, so a FIFO or a device
+    planted in a run never hangs the reader, and no file is read whole into memory past `limit`."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        begin = max(start, info.st_size - limit) if tail else start
+        os.lseek(fd, begin, os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), begin, info.st_size
+    except OSError:
+        return None
     finally:
         os.close(fd)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from veritrain.core.errors import RunFailed
+from veritrain.core.files import MAX_READ_BYTES, read_regular
 from veritrain.records.amendments import AMENDMENTS_DIR
 from veritrain.records.record import NOTES_FILE, RECORD_FILE, read_record, thawed
 
@@ -128,13 +129,13 @@ def read_notes(run_dir: Path) -> list[dict[str, Any]]:
     """The run's notes, one JSON object with a `text` a line. People edit notes.jsonl by hand (it is
     outside the seal), so a line that is not a note is skipped with a warning, not fatal to the listing."""
     path = run_dir / NOTES_FILE
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         return []
-    except OSError as err:
-        log.warning("%s: cannot read it (%s); the run is shown without notes", path, err.strerror)
+    found = read_regular(path)  # a regular file only: a FIFO planted there never hangs a listing
+    if found is None or found[2] > MAX_READ_BYTES:
+        log.warning("%s: not a regular file of at most %d bytes; the run is shown without notes", path, MAX_READ_BYTES)
         return []
+    text = found[0].decode("utf-8", errors="replace")
     notes = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -154,10 +155,13 @@ def read_notes(run_dir: Path) -> list[dict[str, Any]]:
 def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
     from veritrain.records.record import record_problem
 
+    found, sealed = read_regular(run_dir / "record.json"), read_regular(run_dir / "record.sha256", limit=1024)
     try:
-        record = json.loads((run_dir / "record.json").read_text(encoding="utf-8"))
-        seal = (run_dir / "record.sha256").read_text().strip() if (run_dir / "record.sha256").exists() else None
-    except (OSError, ValueError, RecursionError):
+        if found is None or found[2] > MAX_READ_BYTES:
+            raise ValueError("not a regular file of a record's size")  # a FIFO or a device never hangs the listing
+        record = json.loads(found[0].decode("utf-8"))
+        seal = sealed[0].decode("ascii").strip() if sealed is not None else None
+    except (ValueError, RecursionError):
         return None  # a run being written right now, or damaged: `veritrain verify` is the place to say so
     problem = record_problem(record, run_dir.name)
     if problem is not None:  # a forged or damaged record: one line, and the other runs still list

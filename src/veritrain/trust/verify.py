@@ -163,6 +163,8 @@ def _file_problems(run_dir: Path, layout: _Layout, listing: dict[str, Path], omi
     for rel, path in sorted(listing.items()):
         if path.is_symlink():
             problem(rel, "link", "a run directory holds only regular files")
+        elif not path.is_file() and not path.is_dir():  # a FIFO, socket or device: a reader of it could hang
+            problem(rel, "special", "a run directory holds only regular files; remove it")
         elif path.is_file() and rel not in layout.unsealed:
             present[rel] = path
     bad: set[str] = set()
@@ -278,6 +280,8 @@ def quick_problems(run_dir: Path) -> list[dict[str, Any]]:
         rel = path.relative_to(run_dir).as_posix()
         if path.is_symlink():
             problems.append({"path": rel, "kind": "link", "detail": "a run directory holds only regular files"})
+        elif not path.is_file() and not path.is_dir():
+            problems.append({"path": rel, "kind": "special", "detail": "a run directory holds only regular files; remove it"})
         elif path.is_file() and rel not in layout.unsealed:
             present.add(rel)
             if rel not in layout.expected:

@@ -331,7 +331,12 @@ def create_app(workspace: Workspace, host: str = "127.0.0.1", port: int = 8765) 
     return Guard(app, allowed_hosts(host, port))
 
 
+SHUTDOWN_GRACE = 3  # seconds open requests get to finish when `veritrain ui` is asked to stop
+
+
 def serve(workspace: Workspace, host: str, port: int) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(workspace, host, port), host=host, port=port, log_level="warning", server_header=False)
+    # SIGTERM stops it: requests still open after SHUTDOWN_GRACE seconds are cut
+    uvicorn.run(create_app(workspace, host, port), host=host, port=port, log_level="warning", server_header=False,
+                timeout_graceful_shutdown=SHUTDOWN_GRACE)

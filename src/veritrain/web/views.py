@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import heapq
+import io
 import json
 import logging
 import math
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from veritrain.core.errors import UserError
+from veritrain.core.files import MAX_READ_BYTES, read_regular
 from veritrain.records import registry
 from veritrain.records.record import RUN_ID  # the id shape every reader of a record enforces
 
@@ -300,14 +302,10 @@ def progress(run_dir: Path) -> dict[str, Any]:
 
 
 def _last_line(path: Path, window: int = 8192) -> Optional[dict[str, Any]]:
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - window))
-            lines = f.read().splitlines()
-    except OSError:
+    found = read_regular(path, limit=window, tail=True)
+    if found is None:
         return None
-    for line in reversed(lines):
+    for line in reversed(found[0].splitlines()):
         try:
             row = json.loads(line)
         except ValueError:
@@ -370,24 +368,28 @@ def _lookup(values: Any, path: str) -> Any:
 
 
 def _read_json(path: Path) -> Any:
+    found = read_regular(path)
+    if found is None or found[2] > MAX_READ_BYTES:
+        return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        return json.loads(found[0].decode("utf-8"))
+    except (ValueError, RecursionError):
         return None
 
 
 def _lines_from(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int, bool]:
     """The JSON objects of the complete lines of `path` after byte `offset`, the offset after the last complete line,
     and whether the file was cut below `offset` (a resumed run rewinds its logs): then it is read from the start."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, 2)
-            reset = size < offset
-            start = 0 if reset else offset
-            f.seek(start)
-            data = f.read()
-    except OSError:
+    found = read_regular(path, max(0, offset), tail=True)  # a regular file only, at most its last MAX_READ_BYTES
+    reset = found is not None and found[2] < offset
+    if reset:  # cut below the offset (a resumed run rewinds its logs): read again from the start
+        found = read_regular(path, 0, tail=True)
+    if found is None:
         return [], offset, False
+    data, start, _ = found
+    if start > (0 if reset else offset):  # only the tail was read: its first line is cut
+        cut = data.find(b"\n") + 1
+        data, start = data[cut:], start + cut
     end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
     text = data[:end].decode("utf-8", errors="replace")
     lines = [line for line in text.splitlines() if line.strip()]
@@ -489,12 +491,14 @@ def _finite(value: Any) -> Optional[float]:
 
 
 def _csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+    found = read_regular(path)
+    if found is None:
+        return [], []
+    reader = csv.reader(io.StringIO(found[0].decode("utf-8", errors="replace"), newline=""))
     try:
-        with path.open(encoding="utf-8", errors="replace", newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, [])
-            rows = [row for _, row in zip(range(MAX_CSV_ROWS), reader)]
-    except OSError:
+        header = next(reader, [])
+        rows = [row for _, row in zip(range(MAX_CSV_ROWS), reader)]
+    except csv.Error:
         return [], []
     return header, rows
 
@@ -842,10 +846,8 @@ def data_page(workspace: Workspace, version: str) -> dict[str, Any]:
     folder = data_dir_of(workspace, version)
     report = _read_json(folder / "data_report.json")
     report = report if isinstance(report, dict) else {}
-    try:
-        report_md = (folder / "data_report.md").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        report_md = None
+    found = read_regular(folder / "data_report.md")
+    report_md = found[0].decode("utf-8", errors="replace") if found is not None else None
     findings = [f for f in report.get("findings") or [] if isinstance(f, dict)] if isinstance(report.get("findings"), list) else []
     quarantined = [q for q in report.get("quarantined") or [] if isinstance(q, dict)] if isinstance(report.get("quarantined"), list) else []
     summary = report["summary"] if isinstance(report.get("summary"), dict) else {}
