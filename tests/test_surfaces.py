@@ -77,3 +77,38 @@ def test_a_fifo_in_a_run_hangs_no_page_and_fails_verify(cli, small_run_copy):
     assert not visitor.is_alive() and len(answers) == 4 and set(answers.values()) == {200}, answers
     verified = cli("verify", run_dir.name, "--workdir", str(workdir), "--json").json()
     assert {"path": "metrics.jsonl", "kind": "special", "detail": "a run directory holds only regular files; remove it"} in verified["problems"]
+
+
+def test_data_order_is_clamped_to_the_steps_the_run_trained(cli, small_run):
+    run, workdir = small_run.run_dir.name, str(small_run.workdir)
+    trained = small_run.record["training"]["steps"]
+    shown = cli("data", "order", run, "--steps", f"{trained - 2}:100000000", "--workdir", workdir, "--json")
+    assert shown.code == 0 and [s["step"] for s in shown.json()["steps"]] == [trained - 2, trained - 1]
+    assert f"were never trained (the run has {trained})" in shown.stderr
+    past = cli("data", "order", run, "--steps", f"{trained}:{trained + 5}", "--workdir", workdir)
+    assert past.code == 2 and past.stderr.strip().splitlines()[-1] == (f"error: --steps {trained}:{trained + 5}: the run trained {trained} optimizer steps "
+                                                      f"(0 … {trained - 1}); give A below {trained}")
+
+
+def test_an_out_that_is_not_a_regular_file_is_one_line_exit_2(cli, small_run, tmp_path):
+    import os
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    for target in (fifo, tmp_path):
+        refused = cli("audit", small_run.run_dir.name, "--out", str(target), "--workdir", str(small_run.workdir))
+        assert refused.code == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert refused.stderr.startswith("error: ") and "--out" in refused.stderr and "Traceback" not in refused.stderr
+    fifo_said = cli("audit", small_run.run_dir.name, "--out", str(fifo), "--workdir", str(small_run.workdir)).stderr
+    assert fifo_said.strip() == f"error: --out {fifo}: not a regular file (a FIFO, socket or device); give a file"
+
+
+def test_a_relative_checkpoint_path_is_read_from_the_current_folder(cli, small_run_copy):
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+    step = sorted((run_dir / "checkpoints").glob("step-*.pt"))[0]
+    relative = step.relative_to(workdir).as_posix()  # runs/RUN/checkpoints/step-N.pt, as tab completion gives it
+    done = cli("eval", run_dir.name, "--checkpoint", relative, "--split", "val", "--workdir", str(workdir), "--json", cwd=workdir)
+    assert done.code == 0, done.stderr
+    assert done.json()["checkpoint"] == f"checkpoints/{step.name}"
+    inside = cli("eval", run_dir.name, "--checkpoint", f"checkpoints/{step.name}", "--split", "val", "--workdir", str(workdir), cwd=workdir)
+    assert inside.code == 0, inside.stderr  # relative to the run, as before

@@ -105,6 +105,7 @@ def data_croissant(ref: str, out: str, base: Optional[str], workdir: Optional[st
     Example:
       veritrain data croissant latest --out croissant.json
     """
+    from veritrain.core.files import output_file_problem
     from veritrain.data import croissant
     from veritrain.data.identity import load_version
     from veritrain.records.workspace import Workspace
@@ -114,6 +115,8 @@ def data_croissant(ref: str, out: str, base: Optional[str], workdir: Optional[st
     target = Path(out).expanduser()
     if target.resolve().is_relative_to(path.resolve()):
         raise UserError(f"--out: {out}: inside the data version's folder, which is never changed; write it elsewhere")
+    if (problem := output_file_problem(target)) is not None:
+        raise UserError(f"--out: {out}: {problem}")
     warnings = croissant.write(path, target, base=base)
     result = {"data_version": path.name, "out": str(target), "warnings": warnings}
     if as_json:

@@ -125,3 +125,22 @@ def read_regular(path: Path, start: int = 0, limit: int = MAX_READ_BYTES, tail: 
         return None
     finally:
         os.close(fd)
+
+
+def output_file_problem(path: Path) -> Optional[str]:
+    """Why `path` cannot take a file a command writes (`--out FILE`), or None: what is there must be a regular file (a
+    FIFO would block the write, a device would be written into), and the folder it goes in must not be a file."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        parent = path.parent
+        return f"{parent} is not a folder" if parent.exists() and not parent.is_dir() else None
+    except OSError as err:
+        return f"cannot be checked ({err.strerror})"
+    if stat.S_ISDIR(mode):
+        return "a folder; give a file"
+    if not stat.S_ISREG(mode):
+        return "not a regular file (a FIFO, socket or device); give a file"
+    return None

@@ -324,6 +324,11 @@ def data_order(opened: Any, first: int, last: int) -> dict[str, Any]:
     total = int((opened.record.get("training") or {}).get("steps") or 0)
     if first < 0 or last <= first:
         raise UserError(f"--steps {first}:{last}: give A:B with 0 ≤ A < B (optimizer steps, 0-based, B excluded)")
+    if total and first >= total:
+        raise UserError(f"--steps {first}:{last}: the run trained {total} optimizer steps (0 … {total - 1}); give A below {total}")
+    if total and last > total:  # clamped to the run: steps it never trained have no rows to show
+        log.warning("data order: steps %d … %d were never trained (the run has %d); showing %d … %d", total, last - 1, total, first, total - 1)
+        last = total
     steps, digest = [], hashlib.sha256()
     for step in range(first, last):
         epoch, batches = step_rows(cfg.seed, train, cfg.train.batch_size, cfg.train.accumulate_steps, step, world)

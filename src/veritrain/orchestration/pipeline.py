@@ -711,7 +711,10 @@ def _in_run_checkpoint(opened: OpenRun, which: Optional[str]) -> tuple[Optional[
     from veritrain.results.evaluate import checkpoint_path
     from veritrain.train import checkpoint, trajectory
 
-    path = checkpoint_path(opened.config, opened.run_dir, which)
+    given = Path(which).expanduser() if which not in (None, "best", "last") else None
+    if given is not None and not given.is_absolute() and given.exists():  # as the shell gave it: relative to the current folder
+        which = str(given.absolute())
+    path = checkpoint_path(opened.config, opened.run_dir, which)  # else relative to the run, as checkpoints/step-N.pt
     if not path.exists():
         raise UserError(f"--checkpoint: {path}: no such checkpoint; give best, last or the path of a .pt file")
     run_dir = opened.run_dir.resolve()

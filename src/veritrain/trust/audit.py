@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.files import output_file_problem
 from veritrain.records.record import Record, now_iso, read_record
 from veritrain.records.workspace import Workspace
 from veritrain.trust.assessment import cannot_replay as cannot_replay, escape_probability, rederivation, replay_blockers as replay_blockers
@@ -56,6 +57,8 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     record = read_record(run_dir)
     if out is not None and (out.resolve().is_relative_to(run_dir.resolve())):
         raise UserError(f"--out {out}: inside the run folder; the audit never writes into the run (it would no longer verify)")
+    if out is not None and (problem := output_file_problem(out)) is not None:
+        raise UserError(f"--out {out}: {problem}")
     script_run = replay.is_script_run(record)
     replay_facts = replayability(run_dir, record, workspace.state_dir, with_notes=True, inputs_root=inputs_root)
     if replay_facts.status in ("n/a", "not_auditable"):  # nothing a verify could change
