@@ -112,3 +112,12 @@ def test_a_relative_checkpoint_path_is_read_from_the_current_folder(cli, small_r
     assert done.json()["checkpoint"] == f"checkpoints/{step.name}"
     inside = cli("eval", run_dir.name, "--checkpoint", f"checkpoints/{step.name}", "--split", "val", "--workdir", str(workdir), cwd=workdir)
     assert inside.code == 0, inside.stderr  # relative to the run, as before
+
+
+def test_check_reads_a_checkpoint_folder_as_a_folder(tmp_path):
+    from veritrain.trust.check import _has_optimizer
+
+    artifacts = {"checkpoints/checkpoint-20/model.safetensors": {}, "checkpoints/checkpoint-20/optimizer.pt": {},
+                 "checkpoints/checkpoint-40/model.safetensors": {}}
+    assert _has_optimizer(tmp_path, artifacts, ["checkpoints/checkpoint-20"])
+    assert not _has_optimizer(tmp_path, artifacts, ["checkpoints/checkpoint-40"])

@@ -400,8 +400,12 @@ def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[
 
 
 def _has_optimizer(run_dir: Path, artifacts: dict[str, Any], names: tuple[str, ...] | list[str] = ("checkpoints/last.pt", "checkpoints/best.pt")) -> bool:
-    """Whether a checkpoint holds optimizer state (read from its zip index, without unpickling)."""
+    """Whether a checkpoint holds optimizer state (read from its zip index, without unpickling); a framework's checkpoint
+    folder (a Hugging Face Trainer's checkpoint-N/) holds it as a file of its own (optimizer.pt)."""
     for name in names:
+        inside = [rel for rel in artifacts if rel.startswith(name.rstrip("/") + "/")]
+        if inside:  # a folder
+            return any(rel.rsplit("/", 1)[-1].startswith("optimizer.") for rel in inside)
         if name in artifacts:
             try:
                 with zipfile.ZipFile(run_dir / name) as archive:
