@@ -121,3 +121,14 @@ def test_check_reads_a_checkpoint_folder_as_a_folder(tmp_path):
                  "checkpoints/checkpoint-40/model.safetensors": {}}
     assert _has_optimizer(tmp_path, artifacts, ["checkpoints/checkpoint-20"])
     assert not _has_optimizer(tmp_path, artifacts, ["checkpoints/checkpoint-40"])
+
+
+def test_a_baseline_that_did_not_converge_is_said_where_it_is_compared():
+    from veritrain.core.baselines import judge
+
+    baselines = {"judged_by": {"metric": "accuracy", "goal": "max", "baseline": "logistic_regression"}, "margin": 0.01,
+                 "results": {"logistic_regression": {"accuracy": 0.9, "converged": False}}}
+    judged = judge({"accuracy": 0.95}, baselines)
+    assert judged.status == "beats" and "did not converge (raise eval.baseline_max_iter)" in judged.detail
+    baselines["results"]["logistic_regression"]["converged"] = True
+    assert "converge" not in judge({"accuracy": 0.95}, baselines).detail

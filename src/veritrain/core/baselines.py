@@ -65,8 +65,12 @@ def judge(metrics: Optional[Mapping[str, Any]], baselines: Optional[Mapping[str,
                          rule["metric"], rule["goal"], baseline=rule["baseline"], margin=margin)
     value, reference = float(found), float(recorded)
     beats = value >= reference + margin if rule["goal"] == "max" else value <= reference - margin
+    # a baseline fit that stopped before it converged is weaker than it should be: the comparison says so
+    unconverged = ((baselines.get("results") or {}).get(rule["baseline"]) or {}).get("converged") is False
     return Judgement("beats" if beats else "does_not_beat", f"{rule['metric']} {value:.4f} vs {rule['baseline']} {reference:.4f}"
-                     + (f" (margin {margin:g})" if margin else ""), rule["metric"], rule["goal"], value, rule["baseline"], reference, margin)
+                     + (f" (margin {margin:g})" if margin else "")
+                     + (f"; the {rule['baseline']} baseline did not converge (raise eval.baseline_max_iter): a stronger one may score better"
+                        if unconverged else ""), rule["metric"], rule["goal"], value, rule["baseline"], reference, margin)
 
 
 def _number(value: Any) -> bool:
