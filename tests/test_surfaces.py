@@ -132,3 +132,13 @@ def test_a_baseline_that_did_not_converge_is_said_where_it_is_compared():
     assert judged.status == "beats" and "did not converge (raise eval.baseline_max_iter)" in judged.detail
     baselines["results"]["logistic_regression"]["converged"] = True
     assert "converge" not in judge({"accuracy": 0.95}, baselines).detail
+
+
+def test_compare_leaves_out_the_built_in_model_settings_of_a_users_model():
+    from veritrain.records.experiments import compare
+
+    built_in = {"run_id": "a", "config": {"model": {"name": "mlp", "widths": [32], "target": None}, "seed": 0}}
+    own = {"run_id": "b", "config": {"model": {"name": "cnn", "widths": [256], "target": "net:make"}, "seed": 0}}
+    rows = {row["key"]: row["values"] for row in compare([built_in, own])["config"]}
+    assert rows == {"model.name": ["mlp", None], "model.widths": [[32], None], "model.target": [None, "net:make"]}
+    assert compare([own, {**own, "run_id": "c"}])["config"] == []
