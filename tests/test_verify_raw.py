@@ -82,6 +82,25 @@ def test_one_changed_raw_file_is_named(folder, tmp_path):
     try:
         assert prepare.raw_data_check(folder["cfg"], folder["paths"], folder["current"].path, folder["state"] / "data").unchanged
         raw = prepare.raw_data_check(folder["cfg"], folder["paths"], folder["earlier"].path, folder["state"] / "data")
-        assert raw.changed == "cat/notes.md: new in the raw data, not in the manifest"
+        assert raw.unchanged and raw.grown == 1 and "1 sample(s) added since" in raw.not_compared  # growth is not a change
     finally:
         (folder["root"] / "cat" / "notes.md").unlink()
+
+
+def test_a_run_verifies_after_new_raw_files_are_added_and_fails_when_one_it_used_changes(cli, tmp_path):
+    from datafixtures import good_imagefolder, save, structured_image
+
+    root = good_imagefolder(tmp_path / "images", per_class=15)
+    config = tmp_path / "c.yaml"
+    config.write_text("data:\n  source: imagefolder\n  root: images\nmodel:\n  name: mlp\n  hidden: [8]\ntrain:\n  epochs: 1\n")
+    run_id = cli("train", str(config), "--workdir", str(tmp_path), "--json").json()["run_id"]
+    for index in range(3):  # the user's folder grows, as docs/own-data.md says to add data
+        save(structured_image(900 + index), root / "cat" / f"new_{index}.png")
+    grown = cli("verify", run_id, "--workdir", str(tmp_path), "--json")
+    assert grown.code == 0, grown.stdout
+    assert "3 added since, which data version" in grown.json()["raw_data"] and "(growth, not a change)" in grown.json()["raw_data"]
+    used = sorted((root / "dog").glob("*.png"))[0]
+    used.write_bytes(used.read_bytes() + b"\x00")
+    changed = cli("verify", run_id, "--workdir", str(tmp_path), "--json").json()
+    assert not changed["ok"] and [p["kind"] for p in changed["problems"]] == ["data_changed"]
+    assert f"dog/{used.name}: its bytes hash to" in changed["problems"][0]["detail"]

@@ -121,6 +121,7 @@ class RawCheck:
     changed: Optional[str] = None  # the first difference, naming the sample or file; None: as recorded
     undecided: Optional[str] = None  # why the hashes cannot decide (decoders or hash algorithm differ): decode again to compare
     not_compared: Optional[str] = None  # what the version's recipe did not record, so was not compared
+    grown: int = 0  # samples in the raw data now that the version does not hold (added since): growth, not a change
 
     @property
     def unchanged(self) -> bool:
@@ -152,8 +153,8 @@ def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, v
         row, i = rows.get(sid), now.get(sid)
         if i is None:
             found.changed = f"{sid}: in the manifest, no longer in the raw data"
-        elif row is None:
-            found.changed = f"{sid}: new in the raw data, not in the manifest"
+        elif row is None:  # added since: the version's own samples are what is compared
+            found.grown += 1
         elif (row[algorithm] or None) != table.hashes[i]:
             recorded = row[algorithm][:12] or "no hash (it could not be read then)"
             found.changed = (f"{sid}: its bytes hash to {str(table.hashes[i])[:12]}, the manifest records {recorded}"
@@ -166,6 +167,9 @@ def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, v
             return found
     if (info.get("preprocessing") or {}).get("source") != source.preprocessing:
         found.changed = "the source describes its preprocessing differently now"
+    elif found.grown:  # the listing now covers the new samples too: its hash cannot be compared
+        found.not_compared = (f"groups, fixed splits, timestamps and listing findings: the raw data holds {found.grown} sample(s) "
+                              "added since the version was prepared")
     elif recipe >= BOUND_INFO_SINCE["listing_sha256"]:
         if info.get("listing_sha256") != listing_sha256(table, source):
             found.changed = "the listing's groups, fixed splits, timestamps or findings differ from those recorded (listing_sha256)"

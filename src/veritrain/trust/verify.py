@@ -625,13 +625,18 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
                       "now": "that version is not in this workspace, so the raw data cannot be re-prepared to compare"})
     elif rehash and (raw := _raw_by_hashes(record, paths, folder, state_dir, carried, report)) is not None and raw.unchanged:
         what = "raw files" if raw.files else "raw samples"
-        checked.append(f"{raw.samples:,} {what} hash as recorded (decoders unchanged): not re-decoded")
+        held = raw.samples - raw.grown
+        checked.append(f"{held:,} {what} hash as recorded (decoders unchanged): not re-decoded"
+                       + (f"; {raw.grown:,} added since, which data version {version[:12]} does not hold (growth, not a change)" if raw.grown else ""))
         if raw.not_compared:
             not_checked.append({"check": "raw data listing", "reason": raw.not_compared})
     elif raw is not None and raw.changed:
         problems.append({"path": str(paths.get("root", "data")), "kind": "data_changed",
                          "detail": f"the raw data is not what data version {version[:12]} was prepared from: {raw.changed}"})
         checked.append(f"raw data hashed: {raw.changed}")
+    elif raw is not None and raw.grown and raw.undecided:  # preparing again would take in the new samples too
+        drift.append({"what": "raw data", "recorded": f"data version {version[:12]}",
+                      "now": f"{raw.undecided}, and {raw.grown:,} sample(s) were added since, so it cannot be prepared again to compare"})
     elif rehash and recipe is not None and recipe != current_recipe:
         why = f"{raw.undecided}, and " if raw is not None and raw.undecided else ""
         drift.append({"what": "raw data", "recorded": f"prepared by data recipe {recipe}",
