@@ -142,3 +142,54 @@ def test_compare_leaves_out_the_built_in_model_settings_of_a_users_model():
     rows = {row["key"]: row["values"] for row in compare([built_in, own])["config"]}
     assert rows == {"model.name": ["mlp", None], "model.widths": [[32], None], "model.target": [None, "net:make"]}
     assert compare([own, {**own, "run_id": "c"}])["config"] == []
+
+
+CREDENTIAL_KEYS = ["password ", "api-key", "clientSecret", "private_key", "credentials", "wandb_key", "Api.Key", "DB_PASSWORD"]
+ORDINARY_KEYS = ["label_key", "sort_key", "primary_key_column", "max_tokens", "key_dim", "eos_token", "tokenizer", "num_tokens"]
+
+
+def test_credential_keys_are_read_in_any_spelling_and_ordinary_names_are_not():
+    from veritrain.core.secrets import config_secret, is_credential_key, secret_in_command_line
+
+    assert [k for k in CREDENTIAL_KEYS if not is_credential_key(k)] == []
+    assert [k for k in ORDINARY_KEYS if is_credential_key(k)] == []
+    assert config_secret({"credentials": ["user", "pw"]}) == (["credentials"], "a credential written out (its key names one)")
+    assert config_secret({"credentials": ["${env:PW}"]}) is None
+    assert config_secret({"note": "--password=hunter2"}) == (["note"], "a credential written out (its key names one)")
+    assert secret_in_command_line(["train.py", "--api-key=xyzzysecretvalue123"]) == "--api-key (a credential written out: the flag names one)"
+    assert secret_in_command_line(["train.py", "--password", "hunter2"]) == "--password (a credential written out: the flag names one)"
+    assert secret_in_command_line(["train.py", "--api-key=${env:KEY}", "--label-key", "y", "--max-tokens=64"]) is None
+
+
+def test_a_config_key_spelled_as_a_credential_is_refused_in_one_line(cli, tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  name: mlp\n  kwargs:\n    clientSecret: abc\n")
+    refused = cli("train", str(config), "--workdir", str(tmp_path))
+    assert refused.code == 2 and refused.stderr.strip() == (
+        f"error: {config}: model.kwargs.clientSecret: holds a credential written out (its key names one), and a run records its "
+        "config as written; write the secret as ${env:NAME} and export NAME before running")
+
+
+def test_a_secret_logged_by_a_script_is_written_as_stars_with_one_warning(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "leak.py"
+    script.write_text(
+        "import os\nimport veritrain as vt\n"
+        "with vt.start(config={'lr': 0.1}) as run:\n"
+        "    for step in range(3):\n"
+        "        run.log(step, loss=1.0 / (step + 1), note=os.environ['LEAKME'], api_key='abc')\n"
+        "    run.finish()\n")
+    token = "ghp_" + "A1b2C3d4E5" * 4  # a GitHub token's shape
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LEAKME": token, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["note"], r["api_key"], r["redacted"]) for r in rows] == [("***", "***", ["note", "api_key"])] * 3
+    assert token not in (run_dir / "metrics.jsonl").read_text() and token not in done.stderr
+    warned = [line for line in done.stderr.splitlines() if "holds a secret" in line]
+    assert len(warned) == 2 and "run.log: api_key" in warned[0] + warned[1], done.stderr

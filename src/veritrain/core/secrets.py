@@ -22,8 +22,14 @@ from typing import Any, Optional
 
 REDACTED = "***"
 # keys whose value is a credential, whatever it looks like: these exact names, and names ending in the suffixes
-CREDENTIAL_KEYS = frozenset({"password", "passwd", "secret", "api_key", "apikey", "access_key", "secret_key", "access_token", "auth_token"})
-CREDENTIAL_SUFFIXES = ("_password", "_secret", "_api_key")
+CREDENTIAL_KEYS = frozenset({"password", "passwd", "secret", "api_key", "apikey", "access_key", "secret_key", "access_token", "auth_token",
+                             "private_key", "credential", "credentials", "client_secret", "token"})
+CREDENTIAL_SUFFIXES = ("_password", "_passwd", "_secret", "_api_key", "_apikey", "_access_key", "_secret_key", "_access_token",
+                       "_auth_token", "_private_key", "_credential", "_credentials")
+# `<service>_key` / `<service>_token` of services whose keys are credentials (`wandb_key`); `label_key`, `sort_key` are not
+SERVICE_KEY = re.compile(r"(?:wandb|openai|anthropic|hf|huggingface|github|gitlab|aws|azure|gcp|google|comet|neptune|slack|"
+                         r"stripe|mlflow|clearml|dagshub|replicate|cohere|pinecone)_(?:key|token)")
+CAMEL_BOUNDARY = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 # Any run of non-space characters holding `://`; its userinfo is redacted by `_url_password_redacted`.
 URL_TOKEN = re.compile(r"(?<!\S)\S*://\S*")  # starts only where a run starts: each run is scanned once
 # `Authorization: Bearer x`, `'Authorization': 'Basic x'`, `authorization=x`: the credential after the scheme word
@@ -57,9 +63,9 @@ SECRET_HINT = re.compile(r"://|private key|authorization|bearer|hf_|gh[pousr]_|g
 # A literal under a credential-named key in free text, in any form a note or hypothesis may hold: `password=x`,
 # `api_key: x`, JSON `{"api_key": "x"}`, `secret:"two words"`. The key is checked with `is_credential_key`.
 CREDENTIAL_ASSIGNMENT = re.compile(
-    r"""(?<![A-Za-z0-9_-])["']?(?P<key>[A-Za-z][A-Za-z0-9_-]*)["']?\s*[:=]\s*"""
+    r"""(?<![A-Za-z0-9_])(?:--?)?["']?(?P<key>[A-Za-z][A-Za-z0-9_-]*)["']?\s*[:=]\s*"""
     r"""(?P<value>\$\{env:[A-Za-z_][A-Za-z0-9_]*\}|"(?:[^"\\]|\\.)*"?|'[^']*'?|[^\s"',;)}\]]+)""")
-CREDENTIAL_HINT = re.compile(r"passw|secret|api_?key|api-key|access_key|access_token|auth_token")  # in text.lower()
+CREDENTIAL_HINT = re.compile(r"passw|secret|api_?key|api-key|access_key|access_token|auth_token|private|credential|token|_key")  # in text.lower()
 NO_LITERAL = frozenset({"", "null", "none", "~", "true", "false", REDACTED})  # values that hold no credential
 ENV_REFERENCE = re.compile(r"\$\{env:(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -123,16 +129,27 @@ def text_secret(text: str) -> Optional[str]:
     return None
 
 
+def normalized_key(key: str) -> str:
+    """A key name as the credential rules read it: camelCase split, lower case, every run of separators (`-`, `.`,
+    spaces) one `_`, none at the ends: `clientSecret` → `client_secret`, `"api-key "` → `api_key`."""
+    return re.sub(r"[^a-z0-9]+", "_", CAMEL_BOUNDARY.sub("_", key.strip()).lower()).strip("_")
+
+
 def is_credential_key(key: str) -> bool:
-    """`password`, `api_key`, `db_password`, ... (any case); `max_tokens` or `key_dim` are not."""
-    key = key.lower()
-    return key in CREDENTIAL_KEYS or key.endswith(CREDENTIAL_SUFFIXES)
+    """`password`, `api_key`, `db_password`, `clientSecret`, `api-key`, `"password "`, `private_key`, `credentials`,
+    `wandb_key`, ... (any case and spelling of separators); `max_tokens`, `key_dim`, `label_key`, `sort_key` or
+    `primary_key_column` are not."""
+    key = normalized_key(key)
+    return key in CREDENTIAL_KEYS or key.endswith(CREDENTIAL_SUFFIXES) or SERVICE_KEY.fullmatch(key) is not None
 
 
 def config_secret(value: Any, path: tuple[str, ...] = ()) -> Optional[tuple[list[str], str]]:
     """The first value of a config-like structure that would record a secret: (key path, what it is), or None.
     A string holding a secret by its shape anywhere, or a literal (text or a number, not a `${env:NAME}`
     reference) under a credential key; booleans, null and empty text are no secret."""
+    named = bool(path) and is_credential_key(path[-1])
+    if named and isinstance(value, (dict, list)) and _holds_literal(value):  # `credentials: [...]`: every leaf is one
+        return list(path), "a credential written out (its key names one)"
     if isinstance(value, dict):
         for key, item in value.items():
             found = config_secret(item, (*path, str(key)))
@@ -141,7 +158,6 @@ def config_secret(value: Any, path: tuple[str, ...] = ()) -> Optional[tuple[list
         return None
     if isinstance(value, list):
         return next((found for i, item in enumerate(value) if (found := config_secret(item, (*path, str(i)))) is not None), None)
-    named = bool(path) and is_credential_key(path[-1])
     if isinstance(value, str):
         kind = text_secret(value)  # also a credential written inside the text (`{"api_key": "x"}` in exp_name)
         if kind is not None:
@@ -151,6 +167,18 @@ def config_secret(value: Any, path: tuple[str, ...] = ()) -> Optional[tuple[list
     elif named and isinstance(value, (int, float)) and not isinstance(value, bool):
         return list(path), "a credential written out (its key names one)"
     return None
+
+
+def _holds_literal(value: Any) -> bool:
+    """Whether a structure holds a value that could be a credential: text that is not empty nor a `${env:NAME}`
+    reference, or a number."""
+    if isinstance(value, dict):
+        return any(_holds_literal(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_holds_literal(item) for item in value)
+    if isinstance(value, str):
+        return bool(value.strip()) and value.strip().lower() not in NO_LITERAL and not ENV_REFERENCE.search(value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _url_password_redacted(match: re.Match[str]) -> str:
@@ -179,9 +207,14 @@ def _url_password(run: str) -> Optional[tuple[int, int]]:
 
 
 def secret_in_command_line(argv: list[str]) -> Optional[str]:
-    """Where a command line that a record keeps holds a secret by its shape, as "--hypothesis (a bearer token)",
-    or None."""
+    """Where a command line that a record keeps holds a secret, as "--hypothesis (a bearer token)", or None: a secret
+    by its shape anywhere, or a value given to a credential-named flag (`--api-key=x`, `--password x`)."""
     for index, argument in enumerate(argv):
+        flag, equals, given = argument.partition("=")
+        if argument.startswith("--") and is_credential_key(flag.lstrip("-")):
+            value = given if equals else (argv[index + 1] if index + 1 < len(argv) else "")
+            if value.strip() and not ENV_REFERENCE.fullmatch(value.strip()):
+                return f"{flag} (a credential written out: the flag names one)"
         kind = find_secret(argument)
         if kind is None:
             continue

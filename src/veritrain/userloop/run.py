@@ -38,7 +38,7 @@ import torch
 from veritrain.core import logs
 from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.hashing import sha256_json, state_dict_sha256
-from veritrain.core.secrets import allowed_environment, config_secret, secret_in_command_line
+from veritrain.core.secrets import REDACTED, allowed_environment, config_secret, is_credential_key, secret_in_command_line, text_secret
 from veritrain.data.for_scripts import Data
 from veritrain.records.record import capture_code, capture_env, frozen, read_record, save_code, thawed
 from veritrain.records.recorder import Recorder
@@ -121,7 +121,8 @@ class Run:
     def __init__(self, config: object, name: Optional[str], inputs: Optional[list[Union[str, Path, Data]]], workdir: Path, resume: Optional[str],
                  deterministic: bool, tensorboard: bool, keep_last: int, audit_every: int, integration: Optional[str] = None) -> None:
         self._config = canonical_config(config)
-        found = config_secret(self._config)
+        # a replay, or a resume, runs a config recorded already: rules added since it was recorded never refuse it
+        found = config_secret(self._config) if ReplaySpec.from_environment() is None and resume is None else None
         if found is not None:
             keys, kind = found
             raise UsageError(f"config: {'.'.join(keys)}: holds a secret ({kind}); a run records its config as given, "
@@ -176,6 +177,7 @@ class Run:
         self._board: Any = None
         self._finished = False
         self._previous_signal: Any = None
+        self._redacted_keys: set[str] = set()  # run.log keys whose secret was written as *** (each warned about once)
         self._audit: Optional[Path] = None  # an audit replay: the parent's folder the states reached are handed back into
 
     # ------------------------------------------------------------ reading
@@ -198,7 +200,7 @@ class Run:
     def _begin(self) -> None:
         logs.setup_console_logging()
         argv = list(sys.argv)
-        found = secret_in_command_line(argv)
+        found = secret_in_command_line(argv) if self.replay is None and self._requested_resume is None else None
         if found is not None:
             raise UsageError(f"{found}: a run records its command line as given; leave the secret out")
         script, not_recorded = script_module.main_script()
@@ -510,15 +512,23 @@ class Run:
         if self.dir is None:
             return  # an audit replay writes nothing
         row: dict[str, Any] = {"step": _whole(step, "run.log: step")}
-        bad = []
+        bad, hidden = [], []
         for key, value in metrics.items():
             value = _plain(value, f"run.log: {key}")
             if isinstance(value, float) and not np.isfinite(value):
                 bad.append(key)
                 value = None
+            if isinstance(value, str) and (text_secret(value) or (is_credential_key(key) and value.strip())):
+                hidden.append(key)  # metrics.jsonl is sealed, archived and published: the secret never reaches it
+                value = REDACTED
             row[key] = value
         if bad:
             row["non_finite"] = bad
+        if hidden:
+            row["redacted"] = hidden
+            for key in sorted(set(hidden) - self._redacted_keys):
+                log.warning("run.log: %s holds a secret; it is written as %s in metrics.jsonl (log no credentials)", key, REDACTED)
+            self._redacted_keys |= set(hidden)
         with open(self.dir / METRICS, "a", encoding="utf-8") as out:
             out.write(json.dumps(row, sort_keys=True, allow_nan=False) + "\n")
         if self._board is not None:
