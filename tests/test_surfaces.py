@@ -193,3 +193,38 @@ def test_a_secret_logged_by_a_script_is_written_as_stars_with_one_warning(tmp_pa
     assert token not in (run_dir / "metrics.jsonl").read_text() and token not in done.stderr
     warned = [line for line in done.stderr.splitlines() if "holds a secret" in line]
     assert len(warned) == 2 and "run.log: api_key" in warned[0] + warned[1], done.stderr
+
+
+def test_test_is_evaluated_once_on_the_selected_model(cli, small_run_copy):
+    from veritrain.records import recorder
+    from veritrain.records.record import read_record, thawed
+    from veritrain.records.workspace import Workspace
+    from veritrain.trust.check import check_run
+
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+    entries = small_run_copy.record["trajectory"]
+    other = f"checkpoints/step-{entries[1]['step']}.pt"  # an epoch validation did not select (the best is the last)
+    assert small_run_copy.record["training"]["best_epoch"] == 2
+    before = read_record(run_dir).seal
+    child = cli("eval", run_dir.name, "--checkpoint", other, "--split", "test", "--workdir", str(workdir))
+    assert child.code == 0, child.stderr
+    assert "(kind eval, parent" in child.stdout and "not the selected model" in child.stdout
+    assert read_record(run_dir).seal == before  # the run's final report is untouched
+    (made,) = [p for p in (workdir / "runs").iterdir() if p.name != run_dir.name]
+    rows = {i["id"]: i for i in check_run(made, workdir / ".veritrain")["items"]}
+    assert rows["results_from_trajectory"]["status"] == "fail" and "not the selected model" in rows["results_from_trajectory"]["detail"]
+    assert cli("eval", run_dir.name, "--checkpoint", other, "--split", "val", "--workdir", str(workdir)).code == 0  # val: any entry
+    assert read_record(run_dir).seal != before
+
+    # a test report from another entry, written into the run (a forger's amendment, or an earlier veritrain)
+    record = read_record(run_dir)
+    with recorder.amending(Workspace.open(workdir), record) as change:
+        test = thawed(record["metrics"]["test"])
+        change.set_metrics("test", {**test, "checkpoint": other, "trajectory_entry": {**test["trajectory_entry"], "index": 1,
+                                                                                        "step": entries[1]["step"], "state_sha256": entries[1]["state_sha256"]}})
+        change.add_event("eval", f"{other} on test: accuracy 0.9")
+        change.commit(by="eval")
+    rows = {i["id"]: i for i in check_run(run_dir, workdir / ".veritrain")["items"]}
+    selection = rows["selection_on_validation"]
+    assert selection["status"] == "fail" and "metrics.test come from trajectory entry 1" in selection["detail"], selection
+    assert f"test evaluated on {other}" in selection["detail"]

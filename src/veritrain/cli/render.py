@@ -258,6 +258,9 @@ def eval_written(done: Amended, use_current_code: bool) -> None:
     if done.outside and use_current_code:
         logs.report(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
                     f"built with the current code, not the code recorded with {done.parent}); seal {done.seal}")
+    elif done.outside and done.why == "not_selected":
+        logs.report(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
+                    f"not the selected model); seal {done.seal}")
     elif done.outside:
         logs.report(f"eval written to new run {done.run_dir.name} (kind eval, parent {done.parent}: "
                     f"not from the audited training); seal {done.seal}")

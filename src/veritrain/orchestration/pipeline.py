@@ -703,6 +703,7 @@ class Amended:
     result: dict[str, Any]  # the metrics, or the export's description
     outside: bool = False
     parent: Optional[str] = None  # with `outside`: the run whose checkpoint was not used
+    why: Optional[str] = None  # with `outside`: outside_checkpoint, current_code or not_selected
 
 
 def _in_run_checkpoint(opened: OpenRun, which: Optional[str]) -> tuple[Optional[str], Optional[Path]]:
@@ -750,21 +751,26 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
     from veritrain.results import evaluate
     from veritrain.train.loop import resolve_device
 
+    from veritrain.trust.assessment import selected_checkpoints
+
     opened = open_run(workspace, ref, allow_data_drift, trust_code=trust_code, need="model")
     require_checkpoint(opened, which)
     inside, outside = _in_run_checkpoint(opened, which)
     device = resolve_device(opened.config.train.device)
+    chosen = selected_checkpoints(opened.record)
+    # test is the final report of the model validation selected: another checkpoint of it is evaluated in a child run
+    unselected = (split or opened.config.eval.split) == "test" and inside is not None and bool(chosen) and inside not in chosen
     with code_session(workspace, opened.run_dir, opened.record, "eval", use_current_code) as code:
         if opened.config.model.target:
             code.import_target(opened.config.model.target)
-        if outside is not None or use_current_code:
+        if outside is not None or use_current_code or unselected:
             def stage(run_dir: Path, record: Recorder) -> dict[str, Any]:
                 metrics = evaluate.run(opened.config, opened.data, opened.task, run_dir, device, INPUT_CHECKPOINT, split)
                 record.set_metrics(metrics["split"], metrics)
                 return metrics
 
-            return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "eval", argv, stage, code,
-                                current_code=use_current_code)
+            why = "current_code" if use_current_code else "not_selected" if outside is None else "outside_checkpoint"
+            return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "eval", argv, stage, code, why=why)
         with amending(workspace, opened.record) as change:  # eval/<split>/ is written beside the run
             metrics = evaluate.run(opened.config, opened.data, opened.task, opened.run_dir, device, inside, split,
                                    baselines=thawed(opened.record.get("baselines")), out_root=change.new)
@@ -799,7 +805,7 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
                 return description
 
             return _outside_run(workspace, opened, outside or opened.run_dir / str(inside), "export", argv, stage, code,
-                                current_code=use_current_code)
+                                why="current_code" if use_current_code else "outside_checkpoint")
         with amending(workspace, opened.record) as change:  # the new export/ is written beside the run
             try:
                 description = export.run(opened.config, opened.data, opened.task, opened.run_dir, inside, formats,
@@ -818,7 +824,7 @@ INPUT_CHECKPOINT = "checkpoints/input.pt"  # an eval or export run's outside che
 
 def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str, argv: list[str],
                  stage: Callable[[Path, Recorder], dict[str, Any]],
-                 code: usercode.CodeSession, current_code: bool = False) -> Amended:
+                 code: usercode.CodeSession, why: str = "outside_checkpoint") -> Amended:
     """A new run of `kind` (eval or export) with `parent` = the opened run, for a checkpoint outside its trajectory
     (or, with `current_code`, any checkpoint of it built with today's code): the checkpoint is copied in
     (checkpoints/input.pt, hashed) and the code it is built with is recorded (`code`), so the new run verifies on its
@@ -826,6 +832,9 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     from the recorded code), and say so."""
     from veritrain.train import checkpoint, trajectory
 
+    from veritrain.trust.assessment import selected_checkpoints
+
+    current_code = why == "current_code"
     try:
         data, state = checkpoint.load_outside(source)
     except checkpoint.CheckpointError as err:
@@ -844,6 +853,10 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     if current_code:
         event = {"kind": "current_code", "step": None, "at": now_iso(),
                  "detail": f"{source} (state {state_hash[:12]}) of run {parent}, built with the current code rather than the code recorded with it"}
+    elif why == "not_selected":
+        event = {"kind": "not_selected", "step": None, "at": now_iso(),
+                 "detail": f"{source} (state {state_hash[:12]}) of run {parent} on test: not the selected model (validation selected "
+                           f"{', '.join(sorted(selected_checkpoints(opened.record)))}); test is the final report of that one only"}
     else:
         event = {"kind": "outside_checkpoint", "step": None, "at": now_iso(),
                  "detail": f"{source} (state {state_hash[:12]}) is not a state of the trajectory of run {parent}: not from the audited training"}
@@ -875,6 +888,9 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     if current_code:
         log.warning("%s: run %s is built with the current code in a new run %s (kind %s), and %s is left as it was",
                     kind, parent, run_id, kind, parent)
+    elif why == "not_selected":
+        log.warning("%s: %s is not the checkpoint validation selected, and test is the final report of that one only; it is "
+                    "evaluated on test in a new run %s (kind %s, not the selected model), and %s is left as it was", kind, source, run_id, kind, parent)
     else:
         log.warning("%s: %s is not a state of run %s's trajectory; it is evaluated in a new run %s (kind %s, not from the audited "
                     "training), and %s is left as it was", kind, source, parent, run_id, kind, parent)
@@ -897,4 +913,4 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
         update_experiments(workspace)
     if error is not None:
         raise error
-    return Amended(run_dir, seal, result, outside=True, parent=parent)
+    return Amended(run_dir, seal, result, outside=True, parent=parent, why=why)

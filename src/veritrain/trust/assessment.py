@@ -121,6 +121,64 @@ def rederivation(record: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     return done, not_done
 
 
+def selected_entry(record: Mapping[str, Any]) -> Optional[int]:
+    """The trajectory entry the run's test report must come from: the one validation selected (best.pt's, the best
+    epoch's last entry), else the final one; None for a run without a trajectory."""
+    from veritrain.train import trajectory
+
+    entries = record.get("trajectory") or []
+    if len(entries) < 2:
+        return None
+    if isinstance((record.get("selection") or {}).get("best_checkpoint"), Mapping) or (record.get("training") or {}).get("best_epoch"):
+        best = trajectory.best_entry(entries, (record.get("training") or {}).get("best_epoch"))
+        if best is not None:
+            return best
+    return len(entries) - 1
+
+
+def selected_checkpoints(record: Mapping[str, Any]) -> set[str]:
+    """The names of the run's checkpoints that hold the entry validation selected (`selected_entry`); empty without one."""
+    entries = record.get("trajectory") or []
+    selected = selected_entry(record)
+    if selected is None:
+        return set()
+    names = {f"checkpoints/step-{entries[selected]['step']}.pt"}
+    if isinstance((record.get("selection") or {}).get("best_checkpoint"), Mapping) or (record.get("training") or {}).get("best_epoch"):
+        names.add("checkpoints/best.pt")
+    if selected == len(entries) - 1:
+        names.add("checkpoints/last.pt")
+    if entries[selected].get("file"):
+        names.add(str(entries[selected]["file"]))
+    return names
+
+
+def test_history(record: Mapping[str, Any]) -> tuple[list[str], Optional[str]]:
+    """Every evaluation of the test split over the run's life (its own, and each `eval` of it since, as its events
+    say), in words, and why they break "test: final report only", or None: the test metrics must come from the entry
+    validation selected (`selected_entry`), and no other checkpoint may have been evaluated on test (threat: evaluate
+    several checkpoints on test and keep the best; each is in the run's history, which its seals keep)."""
+    entries = record.get("trajectory") or []
+    selected = selected_entry(record)
+    if selected is None:
+        return [], None
+    allowed = selected_checkpoints(record)
+    history = []
+    for event in record.get("events") or []:
+        detail = str(event.get("detail") or "") if isinstance(event, Mapping) else ""
+        if event.get("kind") == "eval" and " on test: " in detail:
+            history.append(detail.split(" on test: ", 1)[0])
+    test = (record.get("metrics") or {}).get("test")
+    entry = (test.get("trajectory_entry") or {}).get("index") if isinstance(test, Mapping) else None
+    shown = [f"test evaluated on {name}" for name in history]
+    others = sorted({name for name in history if name not in allowed})
+    if isinstance(entry, int) and entry != selected:
+        return shown, (f"metrics.test come from trajectory entry {entry} (step {entries[entry]['step']}), but validation selected "
+                       f"entry {selected} (step {entries[selected]['step']})")
+    if others:
+        return shown, f"test was evaluated on {', '.join(others)} too, a checkpoint validation did not select"
+    return shown, None
+
+
 def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, with_notes: bool = False,
                   inputs_root: Optional[Path] = None) -> Replayability:
     """Whether audit can replay every segment of the trajectory here: each from the nearest earlier state the run keeps

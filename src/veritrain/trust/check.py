@@ -347,6 +347,9 @@ def _results_row(run: str, record: dict[str, Any], effective_format: int) -> tup
     outside = record.get("input_checkpoint")
     if outside or record.get("kind") in ("eval", "export"):
         parent = record.get("parent") or "the parent run"
+        if any(event.get("kind") == "not_selected" for event in record.get("events") or []):
+            return "fail", f"veritrain eval {parent}", \
+                f"not the selected model: {(outside or {}).get('source', 'its checkpoint')} is a checkpoint of {parent} that validation did not select, evaluated on test"
         if any(event.get("kind") == "current_code" for event in record.get("events") or []):
             return "fail", f"veritrain {record.get('kind') or 'eval'} {parent}", \
                 f"not from the recorded code: {parent}'s checkpoint was built with the code current when this run was made"
@@ -379,6 +382,7 @@ def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[
     split only, as the record's `selection` says, and training picked best.pt by the metric it names. n/a for a run
     that trains nothing and for one made before records said it."""
     from veritrain.core.selection import SELECTION_SPLIT, selected_on
+    from veritrain.trust.assessment import test_history
 
     if "train" not in (record.get("stages") or ()):
         return "n/a", None, "trains nothing: nothing is selected"
@@ -387,11 +391,17 @@ def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[
     picked = record.get("selection") or {}
     chosen = selected_on(picked)
     if not chosen:
+        history, broken = test_history(record)
+        if broken is not None:
+            return "fail", new_run, f"{broken} ({'; '.join(history) or 'the run evaluated test itself'})"
         return "pass", None, "nothing selected: the last checkpoint is evaluated"
     fix = f"{new_run} --set checkpoint.best_metric=null --set checkpoint.best_mode=null"  # null: the task's val metric
     elsewhere = [f"{what} on {metric} ({split or 'no'} split)" for what, split, metric in chosen if split != SELECTION_SPLIT]
     if elsewhere:
         return "fail", fix, f"not on validation: {'; '.join(elsewhere)}"
+    history, broken = test_history(record)
+    if broken is not None:
+        return "fail", new_run, f"{broken} ({'; '.join(history) or 'the run evaluated test itself'})"
     trained_on = ((record.get("training") or {}).get("best_metric") or {}).get("name")
     recorded = (picked.get("best_checkpoint") or {}).get("metric")
     if recorded and trained_on and trained_on != recorded:
