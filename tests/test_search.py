@@ -175,6 +175,22 @@ def test_the_search_page_shows_each_trial_the_val_metric_that_selected_and_the_s
         assert 'id="sweep-seal" data-ok="false"' in html and "summary.json changed since the search sealed it" in html
     finally:
         (folder / "summary.json").write_bytes(original)
+    assert page["recomputed"]["agrees"] and page["recomputed"]["best"] == summary["best"]["number"]
+    # a forged winner with its seal made again: the seal holds, the best recomputed from the trials' records does not agree
+    from veritrain.orchestration.search.summary import seal
+
+    loser = next(t for t in summary["trials"] if t["state"] == "completed" and t["number"] != summary["best"]["number"])
+    forged = json.loads(original)
+    forged["best"] = {**forged["best"], "number": loser["number"], "run_id": loser["run_id"]}
+    try:
+        (folder / "summary.json").write_text(json.dumps(forged))
+        seal(folder)
+        html = client.get(f"/sweeps/{summary['id']}").text
+        assert 'id="sweep-seal" data-ok="true"' in html and 'id="sweep-recomputed" data-agrees="false"' in html
+        assert f"summary.json names trial {loser['number']} as the best, the trials&#39; run records give trial {summary['best']['number']}" in html
+    finally:
+        (folder / "summary.json").write_bytes(original)
+        seal(folder)
     assert client.get("/sweeps/%2e%2e").status_code == 404 and client.get("/sweeps/nope").status_code == 404
 
 

@@ -985,6 +985,40 @@ def _sweep_view(summary: dict[str, Any]) -> dict[str, Any]:
 SWEEP_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+def recomputed_best(workspace: Workspace, trials: list[dict[str, Any]], metric: str, mode: str) -> dict[str, Any]:
+    """The best trial computed again from the trials' own run records (the val metric of each completed run, the mean
+    over a trial's seeds; the first of equals), never from summary.json, and whether the summary agrees: {"best", "value",
+    "agrees", "detail"} (threat: a summary edited, and its SHA256SUMS made again, to name another winner)."""
+    from veritrain.core.errors import RunFailed
+    from veritrain.records.record import read_record
+
+    values: dict[Any, float] = {}
+    for trial in trials:
+        if trial["state"] != "completed" or not trial["run_ids"]:
+            continue
+        found = []
+        for run_id in trial["run_ids"]:
+            try:
+                record = read_record(run_dir_of(workspace, run_id))
+            except (RunFailed, UserError):
+                continue
+            value = ((record.get("metrics") or {}).get("val") or {}).get(metric)
+            if record.status == "completed" and _finite(value) is not None:
+                found.append(float(value))
+        if found and len(found) == len(trial["run_ids"]):
+            values[trial["number"]] = statistics.fmean(found)
+    if not values:
+        return {"best": None, "value": None, "agrees": True, "detail": "no completed trial's run record is here to recompute it from"}
+    best = (max if mode == "max" else min)(values, key=lambda number: values[number])
+    named = next((t for t in trials if t["best"]), None)
+    disagree = [f"summary.json names trial {named['number'] if named else 'none'} as the best, the trials' run records give trial "
+                f"{best} (val {metric} {values[best]:.4f})"] if named is None or named["number"] != best else []
+    disagree += [f"trial {t['number']}: summary.json says {t['value']:.4f}, its run records {values[t['number']]:.4f}" for t in trials
+                 if t["number"] in values and t["value"] is not None and not math.isclose(t["value"], values[t["number"]], rel_tol=1e-9, abs_tol=1e-12)]
+    return {"best": best, "value": values[best], "agrees": not disagree,
+            "detail": "; ".join(disagree[:4]) if disagree else f"trial {best}, recomputed from the trials' run records"}
+
+
 def _summary_of(workspace: Workspace, sweep_id: str) -> tuple[str, Path, dict[str, Any]]:
     """("search" or "sweep", its folder, its summary.json) for a sweep or search named by its exact id."""
     if SWEEP_ID.fullmatch(sweep_id or ""):
@@ -1072,7 +1106,7 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
 
         problems = check_seal(folder)
         seal = {"ok": not problems, "problems": problems}
-    return {"id": sweep_id, "kind": kind, "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
+    return {"id": sweep_id, "kind": kind, "recomputed": recomputed_best(workspace, trials, metric, mode), "exp_name": _text(summary.get("exp_name")), "status": _text(summary.get("status")),
             "split": _text(selection.get("split") or "val"), "metric": metric, "mode": mode, "trials": trials, "varied": keys,
             "best": next((t for t in trials if t["best"]), None), "plot": plot, "seal": seal, "counts": summary.get("counts") or {},
             "sampler": (summary.get("sampler") or {}) if kind == "search" else None,
