@@ -228,3 +228,20 @@ def test_test_is_evaluated_once_on_the_selected_model(cli, small_run_copy):
     selection = rows["selection_on_validation"]
     assert selection["status"] == "fail" and "metrics.test come from trajectory entry 1" in selection["detail"], selection
     assert f"test evaluated on {other}" in selection["detail"]
+
+
+def test_weights_anywhere_in_a_run_are_bound_or_named(small_run_copy):
+    import shutil
+
+    from veritrain.records.record import read_record, thawed, write_record
+    from veritrain.trust.verify import verify_run
+
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+    other = run_dir / "checkpoints" / "step-23.pt"
+    for planted in ("checkpoints/best.pth", "checkpoints/final.PT", "model/deploy.pt", "export/extra.safetensors"):
+        (run_dir / planted).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(other, run_dir / planted)
+    write_record(run_dir, thawed(read_record(run_dir)))  # the forger seals them in
+    found = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
+    unbound = sorted(p["path"] for p in found["problems"] if p["kind"] == "unbound_weights")
+    assert not found["ok"] and unbound == ["checkpoints/best.pth", "checkpoints/final.PT", "export/extra.safetensors", "model/deploy.pt"]

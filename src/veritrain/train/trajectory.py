@@ -20,6 +20,7 @@ Byte encodings (docs/record.md repeats them):
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
@@ -328,3 +329,31 @@ def audit_only_checkpoints(record: dict[str, Any]) -> list[str]:
         return []
     newest = {f"checkpoints/step-{e.get('step')}.pt" for e in entries[1:][-keep_last:]}
     return sorted({f"checkpoints/step-{e.get('step')}.pt" for e in entries[1:] if e.get("kept_for_audit") is True} - newest)
+
+
+WEIGHT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors", ".bin", ".onnx")  # files that can hold a model's weights, in any case
+STATE_CHECKED = re.compile(r"checkpoints/[^/]+\.pt")  # each is loaded and matched with the trajectory by verify
+
+
+def unbound_weights(record: dict[str, Any], names: set[str]) -> list[dict[str, str]]:
+    """The files of the run (`names`, by their name in the run) that can hold weights and that nothing binds: not a
+    checkpoint verify matches with the trajectory (`checkpoints/*.pt`), not a file or folder a trajectory entry names
+    (a framework's checkpoint), not a file of the export the record certifies, not a Lightning run's `last.ckpt` (matched
+    with the trajectory too). Threat: other weights shipped in a run (`checkpoints/best.pth`, `model/deploy.pt`) that a
+    reader could load while verify passes."""
+    entries = [e for e in record.get("trajectory") or [] if isinstance(e, dict)]
+    named = {str(e["file"]) for e in entries if e.get("file")}
+    exported = {f"export/{f['file']}" for f in ((record.get("export") or {}).get("files") or {}).values() if isinstance(f, dict) and f.get("file")}
+    integration = (record.get("script") or {}).get("integration") if record.get("kind") == "script" else None
+    problems = []
+    for name in sorted(names):
+        if not name.lower().endswith(WEIGHT_SUFFIXES) or STATE_CHECKED.fullmatch(name) or name in exported or name in named:
+            continue
+        if any(name.startswith(folder + "/") for folder in named):  # inside a framework's checkpoint folder
+            continue
+        if integration == "lightning" and name == "checkpoints/last.ckpt":
+            continue
+        problems.append({"path": name, "kind": "unbound_weights",
+                         "detail": "a file that can hold weights, bound to no trajectory entry and not the export the record "
+                                   "certifies: remove it (a model a run ships is its export or a checkpoint of its trajectory)"})
+    return problems

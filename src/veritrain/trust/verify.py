@@ -107,6 +107,9 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     checkpoint_formats: dict[str, Optional[int]] = {}  # each checkpoint's record_format, read with its state
     problems.extend(_trajectory_problems(record, intact, check_states, report, present, omitted, not_checked,
                                          _StateCache(state_cache, digests), checkpoint_formats))
+    from veritrain.train.trajectory import unbound_weights
+
+    problems.extend(unbound_weights(record, present))
     fmt = formats.facts(record, checkpoint_formats, policy.min_format)
     problems.extend(formats.problems(record, fmt))
 
@@ -508,6 +511,14 @@ def _framework_file_problems(record: dict[str, Any], entries: list[dict[str, Any
         if (state_hash, model_hash) != (entry.get("state_sha256"), entry.get("model_sha256")):
             problems.append({"path": rel, "kind": "not_in_trajectory",
                              "detail": f"it holds state {state_hash[:12]}, not entry {index}'s {str(entry.get('state_sha256'))[:12]}"})
+    last = "checkpoints/last.ckpt"  # Lightning's copy of its latest save: it must hold a state of the trajectory
+    if integration == "lightning" and last in files and not any(e.get("file") == last for e in entries):
+        try:
+            state_hash, model_hash = file_hashes(str(integration), files[last])
+        except ValueError as err:
+            return [*problems, {"path": last, "kind": "not_in_trajectory", "detail": str(err)}]
+        if (state_hash, model_hash) not in {(e.get("state_sha256"), e.get("model_sha256")) for e in entries}:
+            problems.append({"path": last, "kind": "not_in_trajectory", "detail": f"it holds state {state_hash[:12]}, which no trajectory entry has"})
     return problems
 
 
