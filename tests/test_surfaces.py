@@ -245,3 +245,15 @@ def test_weights_anywhere_in_a_run_are_bound_or_named(small_run_copy):
     found = verify_run(run_dir, workdir / ".veritrain", rehash_data=False)
     unbound = sorted(p["path"] for p in found["problems"] if p["kind"] == "unbound_weights")
     assert not found["ok"] and unbound == ["checkpoints/best.pth", "checkpoints/final.PT", "export/extra.safetensors", "model/deploy.pt"]
+
+
+def test_predict_warns_for_an_image_unlike_the_training_data(cli, small_run, tmp_path):
+    from PIL import Image
+
+    photo, digit = tmp_path / "photo.png", tmp_path / "digit.png"
+    Image.new("RGB", (64, 64), (200, 120, 40)).save(photo)
+    Image.new("L", (8, 8), 3).save(digit)
+    done = cli("predict", small_run.run_dir.name, str(photo), str(digit), "--workdir", str(small_run.workdir))
+    assert done.code == 0 and done.stdout.count(": ") == 2, done.stdout + done.stderr
+    warned = [line for line in done.stderr.splitlines() if "its prediction is a guess" in line]
+    assert len(warned) == 1 and f"{photo}: a 64×64 RGB image; the model was trained on 8×8 L images" in warned[0], done.stderr

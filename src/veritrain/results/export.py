@@ -885,8 +885,10 @@ def _differences(signed: Mapping[str, str], folder: Path) -> str:
 # ---------------------------------------------------------------- predict
 
 
-def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
-    """Decode one image file and apply the recorded preprocessing; returns C×H×W float32."""
+def preprocess(path: Path, description: dict[str, Any], unlike: Optional[list[str]] = None) -> np.ndarray:
+    """Decode one image file and apply the recorded preprocessing; returns C×H×W float32. `unlike` gets one line when
+    the file is not like the training data (another mode or size): it is converted and resized, and its prediction
+    is a guess the model was never trained to make."""
     from PIL import Image, ImageFile
 
     ImageFile.LOAD_TRUNCATED_IMAGES = False
@@ -897,7 +899,11 @@ def preprocess(path: Path, description: dict[str, Any]) -> np.ndarray:
     refuse_non_regular(path)
     with Image.open(path) as img:
         img.load()
-        image = img.convert("L" if c == 1 else "RGB")
+        mode = "L" if c == 1 else "RGB"
+        if unlike is not None and (img.mode != mode or (img.height, img.width) != (h, w)):
+            unlike.append(f"{path}: a {img.width}×{img.height} {img.mode} image; the model was trained on {w}×{h} {mode} images "
+                          "(the data gate converts or quarantines such a file as bad_shape): its prediction is a guess")
+        image = img.convert(mode)
     if (image.height, image.width) != (h, w):
         image = image.resize((w, h), Image.Resampling.BILINEAR)
     array = np.asarray(image, dtype=np.float32).reshape(h, w, c) / 255.0
@@ -990,9 +996,10 @@ def predict(export: Path | ExportFiles, files: Sequence[str], top: int = 1) -> l
     classes = description["classes"]
     results: list[dict[str, Any]] = []
     batch, positions = [], []
+    unlike: list[str] = []
     for i, name in enumerate(files):
         try:
-            batch.append(preprocess(Path(name), description))
+            batch.append(preprocess(Path(name), description, unlike))
             positions.append(i)
             results.append({"file": name, "ok": True, "top": [], "error": None})
         except FileNotFoundError:
@@ -1008,6 +1015,8 @@ def predict(export: Path | ExportFiles, files: Sequence[str], top: int = 1) -> l
         for i, row in zip(positions, probabilities):
             order = np.argsort(-row, kind="stable")[: max(1, top)]
             results[i]["top"] = [{"label": classes[k], "prob": float(row[k])} for k in order]
+    for line in unlike:  # on stderr; predict still answers (exit 0)
+        log.warning("predict: %s", line)
     return results
 
 
