@@ -257,3 +257,12 @@ def test_predict_warns_for_an_image_unlike_the_training_data(cli, small_run, tmp
     assert done.code == 0 and done.stdout.count(": ") == 2, done.stdout + done.stderr
     warned = [line for line in done.stderr.splitlines() if "its prediction is a guess" in line]
     assert len(warned) == 1 and f"{photo}: a 64×64 RGB image; the model was trained on 8×8 L images" in warned[0], done.stderr
+
+
+def test_a_reproduction_counts_epochs_not_rows():
+    from veritrain.trust.verify import _rows_shown
+
+    lightning = [{"epoch": 0, "train_loss": 1.0}, {"epoch": 0, "val_loss": 1.1}, {"epoch": 1, "train_loss": 0.9}, {"epoch": 1, "val_loss": 1.0},
+                 {"epoch": 2, "train_loss": 0.8}, {"epoch": 2, "val_loss": 0.9}]
+    assert _rows_shown(lightning) == "6 rows over 3 epochs"
+    assert _rows_shown([{"epoch": 1}, {"epoch": 2}]) == "2 epochs" and _rows_shown([{"step": 1}]) == "1 rows"

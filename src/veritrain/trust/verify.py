@@ -776,8 +776,7 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
                 if first is None:
                     first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
                 worst = "differs" if "differs" in (verdict, worst) else "within tolerance"
-    unit = "epochs" if all("epoch" in row for row in epochs_a) else "rows"  # a script's run logs a row per run.log call
-    checks.append({"what": f"metrics.jsonl ({len(epochs_a)} {unit})", "verdict": worst, "first_divergence": first})
+    checks.append({"what": f"metrics.jsonl ({_rows_shown(epochs_a)})", "verdict": worst, "first_divergence": first})
     for split, metrics in (ra.get("metrics") or {}).items():
         other = (rb.get("metrics") or {}).get(split, {})
         keys = sorted(k for k, v in metrics.items() if isinstance(v, float))
@@ -788,6 +787,15 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
     order = {"identical": 0, "within tolerance": 1, "differs": 2}
     overall = max((c["verdict"] for c in checks), key=order.__getitem__)
     return {"original": a.name, "reproduction": b.name, "verdict": overall, "checks": checks}
+
+
+def _rows_shown(rows: list[dict[str, Any]]) -> str:
+    """How many epochs metrics.jsonl covers, in words: a script's run logs a row per `run.log` call, and a framework
+    several per epoch (Lightning: one for training, one for validation), so rows are epochs only when one row is one."""
+    if not rows or not all("epoch" in row for row in rows):
+        return f"{len(rows)} rows"
+    epochs = len({json.dumps(row["epoch"]) for row in rows})
+    return f"{epochs} epochs" if epochs == len(rows) else f"{len(rows)} rows over {epochs} epochs"
 
 
 def _compare(what: str, x: Any, y: Any) -> dict[str, Any]:
