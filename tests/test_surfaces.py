@@ -266,3 +266,27 @@ def test_a_reproduction_counts_epochs_not_rows():
                  {"epoch": 2, "train_loss": 0.8}, {"epoch": 2, "val_loss": 0.9}]
     assert _rows_shown(lightning) == "6 rows over 3 epochs"
     assert _rows_shown([{"epoch": 1}, {"epoch": 2}]) == "2 epochs" and _rows_shown([{"step": 1}]) == "1 rows"
+
+
+def test_prepare_says_when_samples_of_an_earlier_test_split_moved_to_train(tmp_path):
+    import csv
+    import json
+
+    from veritrain.core.hashing import DATA_HASH_ALGORITHM
+    from veritrain.data.prepare import _moved_out_of_test
+
+    store = tmp_path / "data"
+    previous = store / ("a" * 64)
+    previous.mkdir(parents=True)
+    (previous / "version.json").write_text(json.dumps({"preprocessing": {"data": {"source": "imagefolder", "root": "images"}}}))
+    with open(previous / "manifest.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["sample_id", DATA_HASH_ALGORITHM, "split"])
+        writer.writerows([["cat/1.png", "h1", "test"], ["cat/2.png", "h2", "test"], ["dog/1.png", "h3", "train"]])
+    preprocessing = {"data": {"source": "imagefolder", "root": "images"}}
+    now = [("cat/1.png", "h1", "cat", "train"), ("cat/2.png", "h2", "cat", "test"), ("dog/1.png", "h3", "dog", "train"),
+           ("cat/1-shifted.png", "h9", "cat", "test")]
+    said = _moved_out_of_test(store, "b" * 64, preprocessing, now)
+    assert said is not None and said.startswith(f"1 sample(s) that data version {'a' * 12} of this data config had in test are in train or val now")
+    assert "(first: cat/1.png;" in said and said.endswith(f"set data.test_from: {'a' * 12}")
+    assert _moved_out_of_test(store, "b" * 64, {"data": {"source": "csv"}}, now) is None  # another data config

@@ -325,7 +325,39 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     loaded = load_version(final)
     _remember(memo, version)
     _refuse_skew(data_cfg, loaded)
+    if former_dir is None and (moved := _moved_out_of_test(store, version, preprocessing, samples)) is not None:
+        log.warning("data: %s", moved)
     return loaded
+
+
+def _moved_out_of_test(store: Path, version: str, preprocessing: dict[str, Any], samples: list[tuple[str, Any, str, str]]) -> Optional[str]:
+    """One line when samples that the newest earlier version of the same data config had in test are in train or val
+    now (matched by the hash of their bytes; new samples, or a new near-copy of one, can move them), with the fix; None
+    otherwise. Without data.test_from a test split is only as stable as the data: this says when it moved."""
+    earlier = []
+    for folder in store.iterdir() if store.is_dir() else []:
+        if folder.name == version or folder.name.startswith(".") or not (folder / "version.json").is_file():
+            continue
+        try:
+            info = json.loads((folder / "version.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and (info.get("preprocessing") or {}).get("data") == preprocessing.get("data"):
+            earlier.append(((folder / "version.json").stat().st_mtime_ns, folder))
+    if not earlier:
+        return None
+    previous = max(earlier)[1]
+    try:
+        with open(previous / "manifest.csv", newline="", encoding="utf-8") as f:
+            tested = {row[DATA_HASH_ALGORITHM] for row in csv.DictReader(f) if row.get("split") == "test" and row.get(DATA_HASH_ALGORITHM)}
+    except (OSError, KeyError, csv.Error):
+        return None
+    moved = sorted({sid for sid, digest, _, split in samples if digest in tested and split in ("train", "val")})
+    if not moved:
+        return None
+    return (f"{len(moved)} sample(s) that data version {previous.name[:12]} of this data config had in test are in train or val now "
+            f"(first: {moved[0]}; new samples, or a new near-copy of one, moved them): a model trained on this version has seen "
+            f"them; to keep that test split, set data.test_from: {previous.name[:12]}")
 
 
 def _remembered_version(memo: Path, data_cfg: DataConfig, source: Source, table: _Table, workspace_state: Path) -> Optional[DataVersion]:
