@@ -750,7 +750,6 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
     checkpoint is evaluated in a new run of kind `eval` whose parent is RUN."""
     from veritrain.results import evaluate
     from veritrain.train.loop import resolve_device
-
     from veritrain.trust.assessment import selected_checkpoints
 
     opened = open_run(workspace, ref, allow_data_drift, trust_code=trust_code, need="model")
@@ -831,7 +830,6 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     own, and the opened run is left byte for byte as it was. Its results are not from the audited training (or not
     from the recorded code), and say so."""
     from veritrain.train import checkpoint, trajectory
-
     from veritrain.trust.assessment import selected_checkpoints
 
     current_code = why == "current_code"

@@ -1002,9 +1002,9 @@ def recomputed_best(workspace: Workspace, trials: list[dict[str, Any]], metric: 
                 record = read_record(run_dir_of(workspace, run_id))
             except (RunFailed, UserError):
                 continue
-            value = ((record.get("metrics") or {}).get("val") or {}).get(metric)
-            if record.status == "completed" and _finite(value) is not None:
-                found.append(float(value))
+            value = _finite(((record.get("metrics") or {}).get("val") or {}).get(metric))
+            if record.status == "completed" and value is not None:
+                found.append(value)
         if found and len(found) == len(trial["run_ids"]):
             values[trial["number"]] = statistics.fmean(found)
     if not values:
