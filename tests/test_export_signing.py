@@ -227,7 +227,7 @@ def test_a_signed_export_of_a_run_verifies_and_a_changed_card_fails_verify(small
     code, shown = third_party(export, key.path)
     assert code == 0 and export_signing.SUCCESS_LINE in shown, shown
     subjects = [s["name"] for s in _subjects(amended.amendments[-1].folder)]
-    assert "export/model.sig" not in subjects and "export/README.md" in subjects
+    assert "files/export/model.sig" not in subjects and "files/export/README.md" in subjects
     verified = cli("verify", run_dir.name, "--workdir", str(workdir), "--json")
     assert verified.code == 0 and not [n for n in verified.json()["not_checked"] if "signature" in n["check"]], verified.stdout
     (export / "README.md").write_text((export / "README.md").read_text() + "\nanother line\n")

@@ -23,7 +23,7 @@ from typing import Any, Optional
 REDACTED = "***"
 # keys whose value is a credential, whatever it looks like: these exact names, and names ending in the suffixes
 CREDENTIAL_KEYS = frozenset({"password", "passwd", "secret", "api_key", "apikey", "access_key", "secret_key", "access_token", "auth_token",
-                             "private_key", "credential", "credentials", "client_secret", "token"})
+                             "private_key", "credential", "credentials", "client_secret"})
 CREDENTIAL_SUFFIXES = ("_password", "_passwd", "_secret", "_api_key", "_apikey", "_access_key", "_secret_key", "_access_token",
                        "_auth_token", "_private_key", "_credential", "_credentials")
 # `<service>_key` / `<service>_token` of services whose keys are credentials (`wandb_key`); `label_key`, `sort_key` are not

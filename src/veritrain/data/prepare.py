@@ -214,17 +214,10 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     `.veritrain/` (data versions in `data/`, hash and decode caches in `cache/`). `recorded` is the version
     a run already used (resume, reproduce, eval, export): when an earlier recipe prepared it and it is
     stored here, it is the one returned, since this recipe would prepare the same data to another id.
-    `versions` is where data.test_from's version is looked up (default: `workspace_state/data`).
-    """
-    if recorded is not None:
-        stored = workspace_state / "data" / recorded
-        recipe = stored_recipe(stored)
-        if recipe is not None and recipe < identity.FORMAT_VERSION:
-            log.info("data: using the stored data version %s, prepared by data recipe %d (this veritrain prepares with recipe %d)",
-                     recorded[:12], recipe, identity.FORMAT_VERSION)
-            loaded = load_version(stored)
-            loaded.reused = True
-            return loaded
+    `versions` is where data.test_from's version is looked up (default: `workspace_state/data`)."""
+    kept = _stored_by_an_earlier_recipe(workspace_state, recorded) if recorded is not None else None
+    if kept is not None:
+        return kept
     timings: dict[str, float] = {}
     started = time.perf_counter()
     former_dir = former_version(data_cfg, versions or workspace_state / "data")
@@ -325,15 +318,28 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     loaded = load_version(final)
     _remember(memo, version)
     _refuse_skew(data_cfg, loaded)
-    if former_dir is None and (moved := _moved_out_of_test(store, version, preprocessing, samples)) is not None:
-        log.warning("data: %s", moved)
+    if former_dir is None:  # without data.test_from: say when a test split moved
+        _moved_out_of_test(store, version, preprocessing, samples)
+    return loaded
+
+
+def _stored_by_an_earlier_recipe(workspace_state: Path, recorded: str) -> Optional[DataVersion]:
+    """The stored version a run used, when an earlier data recipe prepared it (this recipe would give another id)."""
+    stored = workspace_state / "data" / recorded
+    recipe = stored_recipe(stored)
+    if recipe is None or recipe >= identity.FORMAT_VERSION:
+        return None
+    log.info("data: using the stored data version %s, prepared by data recipe %d (this veritrain prepares with recipe %d)",
+             recorded[:12], recipe, identity.FORMAT_VERSION)
+    loaded = load_version(stored)
+    loaded.reused = True
     return loaded
 
 
 def _moved_out_of_test(store: Path, version: str, preprocessing: dict[str, Any], samples: list[tuple[str, Any, str, str]]) -> Optional[str]:
-    """One line when samples that the newest earlier version of the same data config had in test are in train or val
-    now (matched by the hash of their bytes; new samples, or a new near-copy of one, can move them), with the fix; None
-    otherwise. Without data.test_from a test split is only as stable as the data: this says when it moved."""
+    """One line, logged and returned, when samples that the newest earlier version of the same data config had in test
+    are in train or val now (matched by the hash of their bytes; new samples, or a new near-copy of one, can move them),
+    with the fix; None otherwise. Without data.test_from a test split is only as stable as the data: this says when it moved."""
     earlier = []
     for folder in store.iterdir() if store.is_dir() else []:
         if folder.name == version or folder.name.startswith(".") or not (folder / "version.json").is_file():
@@ -355,9 +361,11 @@ def _moved_out_of_test(store: Path, version: str, preprocessing: dict[str, Any],
     moved = sorted({sid for sid, digest, _, split in samples if digest in tested and split in ("train", "val")})
     if not moved:
         return None
-    return (f"{len(moved)} sample(s) that data version {previous.name[:12]} of this data config had in test are in train or val now "
+    said = (f"{len(moved)} sample(s) that data version {previous.name[:12]} of this data config had in test are in train or val now "
             f"(first: {moved[0]}; new samples, or a new near-copy of one, moved them): a model trained on this version has seen "
             f"them; to keep that test split, set data.test_from: {previous.name[:12]}")
+    log.warning("data: %s", said)
+    return said
 
 
 def _remembered_version(memo: Path, data_cfg: DataConfig, source: Source, table: _Table, workspace_state: Path) -> Optional[DataVersion]:
