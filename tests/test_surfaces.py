@@ -290,3 +290,12 @@ def test_prepare_says_when_samples_of_an_earlier_test_split_moved_to_train(tmp_p
     assert said is not None and said.startswith(f"1 sample(s) that data version {'a' * 12} of this data config had in test are in train or val now")
     assert "(first: cat/1.png;" in said and said.endswith(f"set data.test_from: {'a' * 12}")
     assert _moved_out_of_test(store, "b" * 64, {"data": {"source": "csv"}}, now) is None  # another data config
+
+
+@pytest.mark.parametrize("text", ['clientSecret: "s3cr3t-value"', "--api-key=xyzzysecretvalue123", 'the wandb_key=abcdef123456 we used'])
+def test_notes_and_hypotheses_refuse_credentials_in_any_spelling(text):
+    from veritrain.core.secrets import text_secret
+
+    assert text_secret(text) == "a credential written out (its key names one)"
+    for ordinary in ("sorted by label_key: 3 groups", "max_tokens: 512", "eos_token: <|end|>", "token=plain makes no difference"):
+        assert text_secret(ordinary) is None, ordinary
