@@ -63,6 +63,22 @@ def test_a_trainer_run_is_bound_verifies_and_is_refused_a_replay(tmp_path):
     rng.write_bytes(content[:-1] + bytes([content[-1] ^ 1]))
     verified = veritrain("verify", run_dir.name, "--json", cwd=tmp_path)
     assert verified.code == 1 and any(p["path"].endswith("rng_state.pth") for p in verified.json()["problems"])
+    rng.write_bytes(content)
+
+    # config.json changes what from_pretrained builds from the same weights: HF state recipe 2 hashes it with the state
+    from veritrain.records.record import read_record, thawed, write_record
+    from veritrain.userloop import frameworks
+
+    assert run["script"]["state_recipe"] == frameworks.HF_STATE_RECIPE == 2
+    config = json.loads((last / "config.json").read_text())
+    (last / "config.json").write_text(json.dumps({**config, "hidden_act": "relu", "layer_norm_eps": 1.0}))
+    write_record(run_dir, thawed(read_record(run_dir)))  # the forger seals the edit in
+    forged = veritrain("verify", run_dir.name, "--json", cwd=tmp_path)
+    assert forged.code == 1 and {"path": run["trajectory"][-1]["file"], "kind": "not_in_trajectory"} in [
+        {k: p[k] for k in ("path", "kind")} for p in forged.json()["problems"]], forged.stdout
+    files = {p.name: p for p in last.iterdir() if p.is_file()}  # recipe 1, as runs made before it were hashed: config.json left out
+    before = frameworks.hf_hashes({k: v for k, v in files.items() if k != "config.json"}, recipe=1)
+    assert frameworks.hf_hashes(files, recipe=1) == before and frameworks.hf_hashes(files, recipe=2) != before
 
 
 def test_a_resume_from_a_checkpoint_folder_after_kill_9_continues_the_same_run(tmp_path):

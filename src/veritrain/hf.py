@@ -79,7 +79,7 @@ class Callback(TrainerCallback):
             run._facts.other.append(f"its checkpoints are in output_dir {args.output_dir}, outside the run folder, so the run's seal "
                                     "does not cover them (leave output_dir at its default to keep them in the run)")
         if resumed and folder is not None:
-            state_hash, model_hash = _hashes(folder)
+            state_hash, model_hash = _hashes(folder, run.state_recipe)
             entries = list(resumed.get("trajectory") or [])
             entry = trajectory.entry(entries, run.config_hash, run._binding, state.global_step, int(state.epoch or 0), state_hash, model_hash)
             if folder.resolve().is_relative_to(run.dir.resolve()):
@@ -102,7 +102,7 @@ class Callback(TrainerCallback):
         if run._entries and run._entries[-1]["step"] == state.global_step:
             return  # saved at this step already
         (folder / MARK).write_text(json.dumps({"run_id": run.id, "trajectory": list(run._entries)}, indent=2) + "\n", encoding="utf-8")
-        state_hash, model_hash = _hashes(folder)
+        state_hash, model_hash = _hashes(folder, run.state_recipe)
         run.enter_checkpoint(folder, state_hash, model_hash, state.global_step, int(state.epoch or 0))
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: Optional[dict[str, Any]] = None,
@@ -119,9 +119,9 @@ class Callback(TrainerCallback):
         run.finish(metrics=_numbers({k: v for k, v in last.items() if k not in ("step", "epoch") and k not in TIMINGS}))
 
 
-def _hashes(folder: Path) -> tuple[str, str]:
+def _hashes(folder: Path, recipe: int) -> tuple[str, str]:
     try:
-        return frameworks.hf_hashes({p.name: p for p in folder.iterdir() if p.is_file()})
+        return frameworks.hf_hashes({p.name: p for p in folder.iterdir() if p.is_file()}, recipe)
     except (OSError, ValueError) as err:
         raise RunFailed(f"vt.hf: {folder}: cannot hash the checkpoint ({err})") from None
 

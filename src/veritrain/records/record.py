@@ -311,6 +311,7 @@ class ScriptInfo(_Part):
     checkpoints: dict[str, int]
     api: Optional[dict[str, Any]] = None  # what the script used: batches, checkpoints (count), state_registered
     integration: Optional[str] = None  # lightning, hf: a framework's callback made the run, and owns its loop and checkpoints
+    state_recipe: Annotated[Optional[int], Field(ge=1), NOT_NULL] = None  # hf: how its checkpoint folders are hashed (absent: 1)
 
 
 class InputsInfo(_Part):

@@ -490,6 +490,7 @@ def _framework_file_problems(record: dict[str, Any], entries: list[dict[str, Any
         return []
     from veritrain.userloop.frameworks import file_hashes
 
+    recipe = int((record.get("script") or {}).get("state_recipe") or 1)  # how the run hashed its checkpoint folders
     problems = []
     for index, entry in enumerate(entries):
         rel = entry.get("file")
@@ -502,7 +503,7 @@ def _framework_file_problems(record: dict[str, Any], entries: list[dict[str, Any
             state_hash, model_hash = kept["state_sha256"], kept["model_sha256"]
         else:
             try:
-                state_hash, model_hash = file_hashes(str(integration), where)
+                state_hash, model_hash = file_hashes(str(integration), where, recipe)
             except ValueError as err:
                 problems.append({"path": rel, "kind": "not_in_trajectory", "detail": str(err)})
                 continue

@@ -42,17 +42,25 @@ def lightning_hashes(checkpoint: dict[str, Any]) -> tuple[str, str]:
 # is the Trainer's own record of the RNG states, trainer_state.json the loop's progress and log
 HF_STATE_FILES = ("model.safetensors", "pytorch_model.bin", "optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth", "trainer_state.json")
 HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+# HF state recipe 2 (the record's `script.state_recipe`; absent: 1): the files that decide what `from_pretrained` builds
+# and how text becomes ids join the state, since an edited config.json (another activation, another epsilon) changes
+# the logits of the same weights
+HF_STATE_RECIPE = 2
+HF_MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                  "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "spiece.model", "tokenizer.model",
+                  "sentencepiece.bpe.model", "preprocessor_config.json", "chat_template.jinja")
 
 
-def hf_hashes(files: dict[str, Path]) -> tuple[str, str]:
+def hf_hashes(files: dict[str, Path], recipe: int = HF_STATE_RECIPE) -> tuple[str, str]:
     """(state_sha256, model_sha256) of a Trainer checkpoint folder (`files`: file name → path): the state hash is the
-    SHA-256 of the sorted `name TAB sha256` lines of its state files, the weights hash that of its weights
-    (`state_dict_sha256`). ValueError when it holds no weights."""
+    SHA-256 of the sorted `name TAB sha256` lines of its state files (with `recipe` 2, its model and tokenizer files
+    too), the weights hash that of its weights (`state_dict_sha256`). ValueError when it holds no weights."""
     import hashlib
 
     from veritrain.core.hashing import sha256_file
 
-    present = sorted(name for name in HF_STATE_FILES if name in files)
+    named = HF_STATE_FILES + (HF_MODEL_FILES if recipe >= 2 else ())
+    present = sorted(name for name in named if name in files)
     weights = next((name for name in HF_WEIGHTS if name in files), None)
     if weights is None:
         raise ValueError("not a Trainer checkpoint (no model.safetensors or pytorch_model.bin)")
@@ -68,14 +76,15 @@ def hf_hashes(files: dict[str, Path]) -> tuple[str, str]:
     return hashlib.sha256(lines.encode()).hexdigest(), state_dict_sha256(state_dict)
 
 
-def file_hashes(integration: str, path: Path) -> tuple[str, str]:
+def file_hashes(integration: str, path: Path, recipe: int = 1) -> tuple[str, str]:
     """(state_sha256, model_sha256) of the checkpoint a framework wrote (a file, or a Trainer's folder), loaded as data
-    (weights_only): what its trajectory entry must say. ValueError when it cannot be read as one."""
+    (weights_only): what its trajectory entry must say. `recipe`: a Trainer folder's state recipe, as the run's record
+    names it. ValueError when it cannot be read as one."""
     import torch
 
     if integration == "hf":
         try:
-            return hf_hashes({p.name: p for p in path.iterdir() if p.is_file()})
+            return hf_hashes({p.name: p for p in path.iterdir() if p.is_file()}, recipe)
         except (OSError, ValueError, RuntimeError) as err:
             raise ValueError(f"cannot be read as a Trainer checkpoint ({str(err)[:120]})") from None
     if integration != "lightning":

@@ -45,7 +45,7 @@ from veritrain.records.recorder import Recorder
 from veritrain.records.workspace import Workspace
 from veritrain.train import checkpoint as checkpoint_files, trajectory
 from veritrain.train.checkpointer import rng_state, set_rng_state
-from veritrain.userloop import inputs as inputs_module, script as script_module
+from veritrain.userloop import frameworks, inputs as inputs_module, script as script_module
 from veritrain.userloop.canonical import canonical_config
 from veritrain.userloop.levels import Facts, level_of
 from veritrain.userloop.order import Order
@@ -162,6 +162,7 @@ class Run:
         self.dir: Optional[Path] = None
         self._record: Optional[Recorder] = None
         self.integration = integration  # "lightning", "hf": a framework's callback made this run (start_for)
+        self.state_recipe = 1  # how a framework's checkpoint folders are hashed: set when the run begins or is resumed
         self.epochs_done = 0  # completed epochs, when a framework's loop (not run.batches) keeps count
         self._facts = Facts(deterministic=deterministic, integration=integration)
         self._state: Optional[dict[str, Any]] = None  # what run.resume registered
@@ -246,6 +247,8 @@ class Run:
                                    "deterministic": self.deterministic}
         if self.integration is not None:  # its checkpoints are the framework's files, kept by the framework's rule
             section.update(integration=self.integration, checkpoints={"keep_last": 0, "audit_every": 0})
+        if self.integration == "hf":  # how its checkpoint folders are hashed (veritrain.userloop.frameworks)
+            section["state_recipe"] = self.state_recipe = frameworks.HF_STATE_RECIPE
         if self._script is not None:
             section.update(script_module.record_script(run_dir, self._script, argv, self.cwd, recorded_path=origin))
             self._facts.reads_file_variable = section["reads_file"]
@@ -382,6 +385,7 @@ class Run:
         self._record = Recorder.resume(record, list(sys.argv))
         self._facts.reads_file_variable = bool((record.get("script") or {}).get("reads_file"))
         section = record.get("script") or {}
+        self.state_recipe = int(section.get("state_recipe") or 1)  # a run goes on hashing as it began
         self.keep_last = int((section.get("checkpoints") or {}).get("keep_last", self.keep_last))
         self.audit_every = int((section.get("checkpoints") or {}).get("audit_every", self.audit_every))
         self._open_files(run_dir)
