@@ -195,3 +195,16 @@ def test_digits_fall_back_to_load_digits_when_the_bundled_file_reads_otherwise(m
     values, labels, _ = sources.bundled_digits()
     bunch = load_digits()
     assert np.array_equal(values, bunch.images) and np.array_equal(labels, bunch.target)
+
+
+def test_a_move_under_one_split_rule_is_put_down_to_its_group_not_the_rule(tmp_path):
+    """A text version's manifest holds no units: a test sample pulled into train by a new near-copy moved with its group,
+    and the split rule (unchanged) is not named as the cause."""
+    from veritrain.data import report
+
+    header = ["sample_id", "size", "blake3", "label", "split", "status"]
+    old = _manifest(tmp_path / "old", header, [["a", "1", "h1", "", "test", "ok"], ["b", "1", "h2", "", "train", "ok"]])
+    new = _manifest(tmp_path / "new", header, [["a", "1", "h1", "", "train", "ok"], ["b", "1", "h2", "", "train", "ok"],
+                                               ["a2", "1", "h3", "", "train", "ok"]])
+    result = report.diff(old, new)
+    assert result["split_rule_changed"] == {} and result["moved_by_cause"] == {"key": 0, "group": 1, "quarantine": 0, "placement": 0}

@@ -354,6 +354,10 @@ def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
             return "\0" + row["sample_id"]
         return (row["key"] if keyed else "") or row[algorithm] or "\0" + row["sample_id"]
 
+    rule = {name: [(info.get("preprocessing") or {}).get("data", {}).get(name) for info in (old_info, new_info)]
+            for name in ("split_seed", "split_ratios", "split_by", "test_from")}
+    rule["recipe"] = [old_info.get("format"), new_info.get("format")]
+    rule_changed = any(a != b for a, b in rule.values())
     pairs = _matched_rows(old, new, lambda r: key_of(r, old_hash), lambda r: key_of(r, new_hash))
     relabelled, moved = [], []
     for old_id, new_id in pairs:
@@ -368,13 +372,10 @@ def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
                 why = "key"
             elif keyed and (before["unit"] or key_of(before, old_hash)) != (after["unit"] or key_of(after, new_hash)):
                 why = "group"
-            else:
-                why = "placement"
+            else:  # under one rule a sample moves only with its group (a manifest without units, as a text version's, cannot show it)
+                why = "placement" if rule_changed else "group"
             moved.append({**named, "old": where(before), "new": where(after), "why": why})
     matched_old, matched_new = {a for a, _ in pairs}, {b for _, b in pairs}
-    rule = {name: [(info.get("preprocessing") or {}).get("data", {}).get(name) for info in (old_info, new_info)]
-            for name in ("split_seed", "split_ratios", "split_by", "test_from")}
-    rule["recipe"] = [old_info.get("format"), new_info.get("format")]
     return {
         "old": old_dir.name,
         "new": new_dir.name,
