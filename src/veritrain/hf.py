@@ -137,7 +137,7 @@ def _resumed_from(args: TrainingArguments, state: TrainerState, model: Optional[
     weights = state_dict_sha256(model.state_dict())
     for folder in marked:
         try:
-            if _hashes(folder)[1] == weights:
+            if _hashes(folder, frameworks.HF_STATE_RECIPE)[1] == weights:  # the weights' hash: the same under every recipe
                 return folder
         except RunFailed:
             continue
