@@ -239,3 +239,14 @@ def test_the_run_page_shows_the_chain_and_the_amended_eval(cli, small_run_copy):
     assert 'id="provenance"><code>provenance.intoto.jsonl</code>, unsigned' in html  # words, not a raw object
     image = f"runs/{run_dir.name}/amendments/0001/files/eval/val/confusion_matrix.png"
     assert image in html and client.get(f"/files/{image}").status_code == 200
+
+
+def test_a_staging_folder_that_is_a_link_is_refused(small_run_copy, tmp_path):
+    from veritrain.core.errors import UserError
+
+    run_dir, workdir = small_run_copy.run_dir, small_run_copy.workdir
+    (tmp_path / "elsewhere").mkdir()
+    (workdir / ".veritrain" / amendments.STAGING_DIR).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UserError, match="a link, not a folder"):
+        amend(workdir, run_dir, test={"accuracy": 1.0})
+    assert not list((tmp_path / "elsewhere").iterdir()) and not (run_dir / amendments.AMENDMENTS_DIR).exists()

@@ -235,6 +235,8 @@ def amending(workspace: Workspace, record: Record) -> Iterator[Amendment]:
     key = sealing_key()  # an unusable key stops the command before it does any work
     run_dir = record.run_dir
     staging = amendments.staging_root(workspace.state_dir)
+    if staging.is_symlink():  # an amendment is written there before it joins the run: never through a link
+        raise UserError(f"{staging}: a link, not a folder; veritrain never makes it a link: remove the link itself and run the command again")
     staging.mkdir(parents=True, exist_ok=True)
     if os.stat(staging).st_dev != os.stat(run_dir).st_dev:
         raise UserError(f"{staging}: not on the filesystem of {run_dir}; an amendment is added to a run by renaming it, "
