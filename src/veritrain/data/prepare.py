@@ -122,18 +122,23 @@ class RawCheck:
     undecided: Optional[str] = None  # why the hashes cannot decide (decoders or hash algorithm differ): decode again to compare
     not_compared: Optional[str] = None  # what the version's recipe did not record, so was not compared
     grown: int = 0  # samples in the raw data now that the version does not hold (added since): growth, not a change
+    basis: str = "(decoders unchanged): not re-decoded"  # what else was compared, so preparing again would give the same
 
     @property
     def unchanged(self) -> bool:
         return self.changed is None and self.undecided is None
 
 
-def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, versions: Path) -> RawCheck:
+def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, versions: Path) -> Optional[RawCheck]:
     """Whether the raw data is what the stored version in `folder` was prepared from, told from hashes alone: the
     source is listed as the version's recipe lists it, every sample's bytes are hashed (never a stat cache) and
     compared with the manifest's id, hash, label and key, the listing's groups, fixed splits, timestamps and findings
     with `listing_sha256` (recipe 5 on), and the decoders with those recorded. When all hold, preparing again would
     give the same version (preparing is a function of these), so nothing needs to be decoded. Nothing is written."""
+    from veritrain.core.source_registry import TEXT_SOURCES
+
+    if data_cfg.source in TEXT_SOURCES:
+        return _text_raw_check(data_cfg, paths, folder)
     info = json.loads((folder / "version.json").read_text(encoding="utf-8"))
     recipe = recipe_of(info) or 0
     former_dir = former_version(data_cfg, versions)
@@ -180,6 +185,16 @@ def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, v
         found.undecided = "decoders changed: " + ", ".join(f"{name} {recorded.get(name)} → {version}" for name, version in identity.decoder_versions().items()
                                                            if recorded.get(name) != version)
     return found
+
+
+def _text_raw_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path) -> Optional[RawCheck]:
+    """raw_data_check of a text data version: its raw files by their hashes (text_prepare.raw_files_check)."""
+    from veritrain.data import text_prepare
+
+    files = text_prepare.raw_files_check(data_cfg, paths, folder)
+    if files is None:
+        return None
+    return RawCheck(files.files, True, changed=files.changed, undecided=files.undecided, grown=files.grown, basis="(source settings and tokenizer library unchanged): not prepared again")
 
 
 def run(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, rehash: bool = False, recorded: Optional[str] = None,

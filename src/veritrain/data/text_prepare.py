@@ -4,15 +4,18 @@ pictures. The stages run in this order:
 
 1. **validate**: what the source could not read (invalid UTF-8, empty, over `data.text.max_chars`, a JSONL line
    that is not a document) is a finding; `data.on_bad_file` says whether it quarantines (default), warns or stops.
-2. **duplicates**: exact duplicates (the same text after `text_dedup.normalize`) and near duplicates (MinHash + LSH
-   over word shingles, confirmed by exact Jaccard ≥ `data.text.near_duplicates.threshold`) are grouped: a group
+2. **duplicates**: texts are compared in `text_dedup.match_form` (NFKD, case folded, zero-width and format
+   characters, accents and punctuation dropped, confusables folded to their UTS #39 prototypes), for matching only:
+   what is stored and trained on stays as given. Exact duplicates (the same match form) and near duplicates
+   (MinHash + LSH over word shingles, confirmed by exact Jaccard ≥ `data.text.near_duplicates.threshold`) are grouped: a group
    stays in one split. A group whose members the data fixes to different splits is a `split_leak`: its members
    outside the group's most protected split (test, then val) are quarantined.
 3. **split**: every unit (a document, or a group) is placed by the hash of `data.split_seed` and its key (the
    JSONL `id`, else the content hash; a group by its smallest member key), with no class strata; a JSONL `split`
    fixes a document.
-4. **decontaminate**: each val and test document's `data.text.ngram_words`-word n-grams against every train
-   document; a train document sharing one is `contamination`: removed from train by `data.text.on_contamination:
+4. **decontaminate**: each val and test document's `data.text.ngram_words`-word n-grams, in order and as bags of
+   words, against every train document, and against the train documents read as one stream (in source order and in
+   token-file order, so text cut into short documents is found); a train document sharing one is `contamination`: removed from train by `data.text.on_contamination:
    quarantine` (val and test documents are never removed), reported by `warn`, stopping the prepare by `fail`.
 5. **tokenizer**: byte-level, or BPE trained on the train split after decontamination (veritrain.data.tokenizer).
 6. **tokenize**: each split's documents, in id order, each followed by <|endoftext|>, into `tokens/<split>.bin`
@@ -159,6 +162,51 @@ def prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path,
     return identity.load_version(final)  # type: ignore[return-value]
 
 
+@dataclass
+class RawFiles:
+    """The raw files of a text source against those a stored text version read (`raw_files`), every byte hashed again."""
+
+    files: int  # raw files the source reads now
+    changed: Optional[str] = None  # the first file the version read that changed or vanished; None: all as recorded
+    grown: int = 0  # files added since, which the version does not hold: growth, not a change
+    undecided: Optional[str] = None  # what else the version was made with that differs now (the tokenizer library)
+
+
+def raw_files_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path) -> Optional[RawFiles]:
+    """Whether the raw files are those the stored text version in `folder` was prepared from, told from their
+    hashes (each file read and hashed again, never a stat cache) and the source's settings; None when the version
+    lists no raw files. Files added since are growth: the version's own files are what is compared."""
+    info = json.loads((folder / "version.json").read_text(encoding="utf-8"))
+    if not info.get("raw_files"):
+        return None
+    recorded = {entry["path"]: entry["sha256"] for entry in info["raw_files"]}
+    listing = load_text_source(data_cfg, paths)
+    now = {entry["path"]: entry["sha256"] for entry in listing.files}
+    found = RawFiles(len(now))
+    for path in sorted(set(recorded) | set(now)):
+        if path not in now:
+            found.changed = f"{path}: read for the version, no longer in the raw data"
+        elif path not in recorded:
+            found.grown += 1
+        elif now[path] != recorded[path]:
+            found.changed = f"{path}: its bytes hash to {now[path][:12]}, the version read {recorded[path][:12]}"
+        if found.changed:
+            return found
+    if (info.get("preprocessing") or {}).get("source") != listing.preprocessing:
+        found.changed = "the source describes its preprocessing differently now"
+    elif (info.get("tokenizer") or {}).get("kind") == "bpe":
+        recorded_library = info["tokenizer"].get("trained_with")
+        try:
+            import tokenizers
+
+            library: Optional[str] = f"tokenizers {tokenizers.__version__}"
+        except ImportError:
+            library = None
+        if library != recorded_library:
+            found.undecided = f"the tokenizer was trained with {recorded_library}, this environment has {library or 'no tokenizers'}"
+    return found
+
+
 def text_preprocessing(data_cfg: DataConfig, source_preprocessing: dict[str, Any]) -> dict[str, Any]:
     """What shapes a text data version besides its documents: the data config without file locations, the card and
     workers (keys added at their default left out, as for images), the source's normalization, the text recipe."""
@@ -233,7 +281,10 @@ def _decontaminate(data_cfg: DataConfig, found: _Documents, texts: list[str]) ->
     """Train documents sharing an n-gram with a val or test document, handled as data.text.on_contamination says."""
     train = [i for i, name in enumerate(found.split) if name == "train"]
     held_out = [i for i, name in enumerate(found.split) if name in ("val", "test")]
-    report = text_dedup.contamination([texts[i] for i in held_out], [texts[i] for i in train], data_cfg.text.ngram_words, TOP_PAIRS)
+    # the train documents read as one stream in the order of the source and in the order of the token file
+    token_order = sorted(range(len(train)), key=lambda k: found.docs[train[k]].doc_id)
+    report = text_dedup.contamination([texts[i] for i in held_out], [texts[i] for i in train], data_cfg.text.ngram_words, TOP_PAIRS,
+                                      streams=[range(len(train)), token_order])
     policy = data_cfg.text.on_contamination
     for index in report.train_indices:
         i = train[index]

@@ -638,7 +638,7 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     elif rehash and (raw := _raw_by_hashes(record, paths, folder, state_dir, carried, report)) is not None and raw.unchanged:
         what = "raw files" if raw.files else "raw samples"
         held = raw.samples - raw.grown
-        checked.append(f"{held:,} {what} hash as recorded (decoders unchanged): not re-decoded"
+        checked.append(f"{held:,} {what} hash as recorded {raw.basis}"
                        + (f"; {raw.grown:,} added since, which data version {version[:12]} does not hold (growth, not a change)" if raw.grown else ""))
         if raw.not_compared:
             not_checked.append({"check": "raw data listing", "reason": raw.not_compared})
