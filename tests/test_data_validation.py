@@ -16,6 +16,7 @@ from veritrain.core.config import load_config
 from veritrain.data import prepare
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import blake3_file
+from veritrain.data.split import SPLITS
 
 
 def prepare_config(config_text: str, tmp_path: Path, overrides=(), name="data.yaml", rehash=False):
@@ -258,6 +259,65 @@ def test_time_split_puts_latest_in_test(tmp_path):
     latest_train = max(sid for sid, s in in_splits.items() if s == "train").split("_")[-1]
     earliest_test = min(sid.split("_")[-1] for sid, s in in_splits.items() if s == "test")
     assert latest_train < earliest_test
+
+
+# (timestamp as written, the instant it names in UTC, the format recorded): mixed formats and offsets, listed in
+# an order that text comparison would get wrong
+TIMESTAMPS = [
+    ("2024-01-05T10:00:00+02:00", "2024-01-05T08:00:00", "iso8601_offset"),
+    ("1704445200", "2024-01-05T09:00:00", "epoch_seconds"),
+    ("2024-01-05T07:30:00Z", "2024-01-05T07:30:00", "iso8601_offset"),
+    ("2024-01-05", "2024-01-05T00:00:00", "date"),
+    ("2024-01-04T23:00:00-05:00", "2024-01-05T04:00:00", "iso8601_offset"),
+    ("2024-01-05 06:00:00", "2024-01-05T06:00:00", "iso8601_no_offset"),
+    ("1704412800.5", "2024-01-05T00:00:00.500000", "epoch_seconds"),
+    ("2024-01-04T20:00:00+00:00", "2024-01-04T20:00:00", "iso8601_offset"),
+    ("2024-01-06T01:00:00+09:00", "2024-01-05T16:00:00", "iso8601_offset"),
+]
+
+
+@pytest.mark.parametrize("written, instant, kind", TIMESTAMPS)
+def test_timestamps_parse_to_the_instant_they_name(written, instant, kind):
+    from datetime import datetime, timezone
+
+    from veritrain.data.split import parse_instant
+
+    micros, parsed_kind = parse_instant(written)
+    expected = datetime.fromisoformat(instant).replace(tzinfo=timezone.utc)
+    assert (micros, parsed_kind) == (round(expected.timestamp() * 1_000_000), kind)
+
+
+@pytest.mark.parametrize("written", ["yesterday", "2024-13-01", "5 Jan 2024", "1e9", "", "99999999999999"])
+def test_what_is_not_a_timestamp_is_refused_with_the_formats(written):
+    from veritrain.data.split import parse_instant
+
+    with pytest.raises(ValueError, match=r"give ISO 8601 .* a date \(2024-01-05\) or epoch seconds"):
+        parse_instant(written)
+
+
+def test_a_time_split_orders_mixed_formats_by_instant_and_quarantines_what_is_not_a_timestamp(tmp_path):
+    from veritrain.data.split import parse_instant
+
+    good_imagefolder(tmp_path / "raw", per_class=10)
+    stamps = [written for written, _, _ in TIMESTAMPS]
+    stamps += [f"2024-01-0{day}T12:00:00+01:00" for day in range(1, 10)] + ["yesterday", "1704470401"]
+    rows = [(f"{c}/{c}_{i:02d}.png", c) for c in ("cat", "dog") for i in range(10)]
+    with open(tmp_path / "list.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["path", "label", "timestamp"])
+        writer.writerows([path, label, stamp] for (path, label), stamp in zip(rows, stamps))
+    data = prepare_config("data:\n  source: csv\n  root: raw\n  csv: list.csv\n  split_by: time\n  split_ratios: [0.6, 0.2, 0.2]\n", tmp_path)
+    written = dict((path, stamp) for (path, _), stamp in zip(rows, stamps))
+    in_splits = splits_of(data)
+    assert "dog/dog_08.png" not in in_splits  # "yesterday"
+    (bad,) = [f for f in data.report()["findings"] if f["kind"] == "bad_timestamp"]
+    assert bad["samples"] == ["dog/dog_08.png"] and "'yesterday' is not a timestamp" in bad["reason"]
+    instant = {sid: parse_instant(written[sid])[0] for sid in in_splits}
+    latest = {name: max((instant[s] for s, n in in_splits.items() if n == name), default=None) for name in SPLITS}
+    earliest = {name: min((instant[s] for s, n in in_splits.items() if n == name), default=None) for name in SPLITS}
+    assert latest["train"] < earliest["val"] and latest["val"] < earliest["test"]
+    assert sorted(in_splits, key=written.__getitem__) != sorted(in_splits, key=instant.__getitem__)  # text order is not time
+    assert data.info["achieved_split"]["timestamps"]["formats"] == {"date": 1, "epoch_seconds": 3, "iso8601_no_offset": 1, "iso8601_offset": 14}
 
 
 def test_too_small_class_exits_1(tmp_path):

@@ -64,7 +64,7 @@ def test_record_holds_the_contract_fields(fast_run):
 # giving the same config hash and data version id, or every earlier run would stop reusing and comparing.
 PINNED_DEFAULT_CONFIG_HASH = "57a87ab75d2a4e3991b425ccc551b3832587d1d44c44191293ea037d929636b7"
 PINNED_SMALL_RUN_CONFIG_HASH = "111d0325f8583bbdb1e95f7d1d6595f743f07eac05a8efb51dbb92e68051e631"
-PINNED_DIGITS_DATA_VERSION = "5ea5f8aa54f7d70af49aeb683c9cc0a208de20f1c8e77137274f4c796908d901"  # data recipe 5
+PINNED_DIGITS_DATA_VERSION = "b84e2e83237b19c3b86cefff36f184045c8da8d88bdeea041f980d022e80e460"  # data recipe 6
 
 
 def test_config_hash_and_data_version_id_are_unchanged_for_the_same_inputs(fast_run):

@@ -303,6 +303,31 @@ def test_the_csv_id_column_places_a_sample_whatever_its_content(tmp_path):
         prepare_csv()
 
 
+def test_test_from_matches_by_content_so_renamed_ids_cannot_move_former_test_samples(tmp_path):
+    """Renaming the csv ids of the former version's test samples would place them anew by the new ids; matched by
+    content hash as well, every one stays in test and the outcome counts them."""
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=30, classes=range(2))
+    paths = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.png"))
+    (tmp_path / "d.yaml").write_text(f"data:\n  source: csv\n  root: {root}\n  csv: list.csv\n  on_split_skew: warn\n", encoding="utf-8")
+
+    def prepare_csv(ids: dict[str, str], *overrides: str):
+        (tmp_path / "list.csv").write_text("path,label,id\n" + "".join(f"{p},{p[0]},{ids[p]}\n" for p in paths), encoding="utf-8")
+        resolved = load_config(tmp_path / "d.yaml", list(overrides))
+        return prepare.run(resolved.config.data, resolved.data_paths, tmp_path / ".veritrain")
+
+    ids = {p: f"scan-{k}" for k, p in enumerate(paths)}
+    first = prepare_csv(ids)
+    tested = [p for p, row in manifest(first).items() if row["split"] == "test"]
+    assert len(tested) >= 4
+    renamed = {**ids, **{p: f"renamed-{k}" for k, p in enumerate(tested)}}
+    assert [place(renamed[p], RATIOS, 0) for p in tested].count("test") < len(tested)  # by the new ids most would leave test
+    carried = prepare_csv(renamed, f"data.test_from={first.version}")
+    now = manifest(carried)
+    assert [p for p in tested if now[p]["split"] != "test"] == []
+    outcome = carried.info["achieved_split"]["test_from"]
+    assert outcome["former_test_samples"] == outcome["kept_in_test"] == len(tested) and outcome["matched_by"] == "key and blake3"
+
+
 def test_test_from_is_checked_where_it_is_written(tmp_path):
     from veritrain.core.errors import ConfigError
 

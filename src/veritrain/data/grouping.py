@@ -36,6 +36,7 @@ def _duplicates_and_units(cfg: DataConfig, table: _Table, classes: Optional[list
 
     from veritrain.data.dedup import exact_duplicate_groups
 
+    instants = _instants(cfg, table)
     included = table.included()
     # exact duplicates: same content, same label → kept together; different labels → all quarantined
     links: list[list[int]] = []
@@ -96,7 +97,7 @@ def _duplicates_and_units(cfg: DataConfig, table: _Table, classes: Optional[list
                               f"a copy (or group member) of {table.ids[keepers[0]]} in the fixed {winner} split, fixed to {table.fixed[i]}; quarantined so nothing leaks",
                               exclude=True)
             members = keepers
-        timestamps = [stamp for stamp in (table.timestamps[i] for i in members) if stamp]
+        timestamps = [instants[i] for i in members if i in instants]
         units.append(splitting.Unit(
             members=sorted(members),
             labels=[class_index.get(table.labels[i]) if classes else None for i in members],
@@ -150,6 +151,26 @@ def _near_duplicates(cfg: DataConfig, table: _Table, links: list[list[int]]) -> 
     return pairs
 
 
+def _instants(cfg: DataConfig, table: _Table) -> dict[int, int]:
+    """Under data.split_by: time, each included sample's timestamp as an instant (split.parse_instant), the count
+    of each format it was written in kept on the table (`timestamp_formats`, recorded with the achieved split); a
+    value that is not a timestamp is a `bad_timestamp` finding that quarantines its sample."""
+    instants: dict[int, int] = {}
+    if cfg.split_by != "time":
+        return instants
+    for i in table.included():
+        value = table.timestamps[i]
+        if not value:
+            continue
+        try:
+            instants[i], kind = splitting.parse_instant(value)
+        except ValueError as err:
+            table.add("bad_timestamp", [i], f"{err}; the sample is quarantined, since it cannot be placed in time", exclude=True)
+            continue
+        table.timestamp_formats[kind] += 1
+    return instants
+
+
 def former_version(cfg: DataConfig, versions: Path) -> Optional[Path]:
     """The stored data version data.test_from names (full id or unique prefix), checked like every open; None
     when the key is not set. A missing or ambiguous one is a usage error naming the key."""
@@ -173,13 +194,14 @@ class _Former:
     """What data.test_from's version says about today's samples."""
 
     version: str
-    matched_by: str  # "key" (recipe 4 on: the manifest's key column) or the content hash (earlier recipes)
+    matched_by: str  # "key and <hash>": by either (its manifest has a key column, recipe 4 on), or the content hash only
     split_of: dict[int, str]  # sample index → its split in that version (samples it placed; quarantined ones are new)
 
 
 def _mark_former_splits(folder: Path, table: _Table, units: list[splitting.Unit]) -> _Former:
     """Give each unit the splits its members had in data.test_from's version (`Unit.former`), matching samples by
-    key; a version of recipe 3 or before has no key column, so there the content hash matches (same algorithm)."""
+    key and by content hash (the most protected split where they disagree), so a sample whose id was renamed keeps
+    its former split; a version of recipe 3 or before has no key column, so there the content hash alone matches."""
     info = json.loads((folder / "version.json").read_text(encoding="utf-8"))
     if info.get("hash_algorithm") != DATA_HASH_ALGORITHM:
         raise UserError(f"data.test_from: {folder.name[:12]}: hashes samples with {info.get('hash_algorithm')!r}, not {DATA_HASH_ALGORITHM}; "
@@ -187,21 +209,25 @@ def _mark_former_splits(folder: Path, table: _Table, units: list[splitting.Unit]
     with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     by_key = bool(rows) and "key" in rows[0]
-    former: dict[str, str] = {}
+    former_by_key: dict[str, str] = {}
+    former_by_content: dict[str, str] = {}
     for row in rows:
         if row["status"] == "ok" and row["split"] in SPLITS:
-            key = (row["key"] if by_key else "") or row[DATA_HASH_ALGORITHM]
             # copies of one content share a key and a split; should they not, the most protected split counts
-            if key not in former or SPLIT_PRIORITY[row["split"]] < SPLIT_PRIORITY[former[key]]:
-                former[key] = row["split"]
+            for table_of, key in ((former_by_key, (row["key"] if by_key else "") or row[DATA_HASH_ALGORITHM]),
+                                  (former_by_content, row[DATA_HASH_ALGORITHM])):
+                if key and (key not in table_of or SPLIT_PRIORITY[row["split"]] < SPLIT_PRIORITY[table_of[key]]):
+                    table_of[key] = row["split"]
     split_of = {}
     for unit in units:
         for i in unit.members:
-            found = former.get(table.key(i) if by_key else table.hashes[i] or "")
-            if found is not None:
-                split_of[i] = found
+            # by key, and by content as well: a renamed id does not move a former test sample (recipe 6 on)
+            found = [split for split in (former_by_key.get(table.key(i)), former_by_content.get(table.hashes[i] or ""))
+                     if split is not None]
+            if found:
+                split_of[i] = min(found, key=SPLIT_PRIORITY.__getitem__)
         unit.former = frozenset(split_of[i] for i in unit.members if i in split_of)
-    return _Former(folder.name, "key" if by_key else DATA_HASH_ALGORITHM, split_of)
+    return _Former(folder.name, f"key and {DATA_HASH_ALGORITHM}" if by_key else DATA_HASH_ALGORITHM, split_of)
 
 
 def _test_from_outcome(cfg: DataConfig, former: _Former, table: _Table, units: list[splitting.Unit],
@@ -267,6 +293,9 @@ def _achieved_split(cfg: DataConfig, table: _Table, units: list[splitting.Unit],
     result: dict[str, Any] = {"asked": dict(zip(SPLITS, cfg.split_ratios)), "wanted_for_free_samples": dict(zip(SPLITS, wanted)),
                               "judged": cfg.split_by == "random" and classes is not None, "per_class": {}, "whole": None, "skewed": [],
                               "bound": "max(data.split_tolerance, 3 sigma), sigma = sqrt(p (1 - p) / n)"}
+    if cfg.split_by == "time":  # how the timestamps were read, so the order can be checked (recipe 6 on)
+        result["timestamps"] = {"formats": dict(sorted(table.timestamp_formats.items())), "ordered_by": "instant (UTC)",
+                                "without_timestamp": sum(1 for i in assigned if not table.timestamps[i])}
     if not result["judged"]:
         return result
     unit_of = {i: unit for unit in units for i in unit.members}

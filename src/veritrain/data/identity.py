@@ -36,9 +36,12 @@ if TYPE_CHECKING:
 # achieved-split check against 3σ of chance, data.test_from, the manifest's `key` and `unit` columns. 5: a file
 # found by walking data.root (imagefolder; labelmap, unless the map labels it) is a sample only when its name ends
 # in one of IMAGE_EXTENSIONS, the rest are listed as ignored (README.txt, Thumbs.db); version.json binds
-# `listing_sha256`, so `verify` can tell unchanged raw data from its hashes alone. Runs made with an earlier recipe
+# `listing_sha256`, so `verify` can tell unchanged raw data from its hashes alone. 6: data.test_from matches the
+# former version's samples by content hash as well as by key (a renamed id keeps its former split); time splits
+# order samples by the instant each timestamp parses to (split.parse_instant; a value that is not a timestamp is a
+# `bad_timestamp` finding), the formats read recorded with the achieved split. Runs made with an earlier recipe
 # keep the version it prepared (see `run`'s `recorded`).
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 
 
 BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "inputs.npy", "targets.npy")

@@ -7,7 +7,8 @@ is placed by its key alone (data recipe 4, "stable splits"): u = the first 8 byt
 SHA-256(split_seed ‖ key) / 2⁶⁴ against the cumulative `data.split_ratios` (train, val, test), where a
 sample's key is its content hash or the source's explicit id and a unit's key is its smallest member
 key. So adding or removing samples moves no other sample, except members of groups the change merges
-or splits. With `data.split_by: time` the test split holds the latest samples instead.
+or splits. With `data.split_by: time` the test split holds the latest samples instead, ordered by the instant
+each timestamp parses to (`parse_instant`: ISO 8601 with or without an offset, a date, or epoch seconds).
 
     from veritrain.data.split import place
     place("9f2c…", (0.8, 0.1, 0.1), seed=0)   # 'train', 'val' or 'test'
@@ -17,7 +18,10 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Iterable, Optional, Sequence
 
 from veritrain.core.errors import RunFailed
@@ -31,9 +35,47 @@ class Unit:
     members: list[int]  # sample indices
     labels: list[Optional[int]] = field(default_factory=list)  # class index per member (None: no classes)
     fixed: Optional[str] = None  # a split the data itself prescribes
-    timestamp: Optional[str] = None  # latest member timestamp, for time splits
+    timestamp: Optional[int] = None  # the latest member instant (parse_instant: µs since the epoch), for time splits
     key: str = ""  # the smallest member key: what places the unit
     former: frozenset[str] = frozenset()  # data.test_from: the splits its members had in that version
+
+
+TIMESTAMP_FORMATS = {
+    "iso8601_offset": "ISO 8601 date and time with a UTC offset or Z",
+    "iso8601_no_offset": "ISO 8601 date and time without an offset, read as UTC",
+    "date": "ISO 8601 date (YYYY-MM-DD), read as its midnight UTC",
+    "epoch_seconds": "seconds since 1970-01-01T00:00:00Z (digits only, an optional fraction)",
+}
+TIMESTAMP_HELP = ("give ISO 8601 (2024-01-05T10:00:00+02:00 or …Z; without an offset it is read as UTC), a date "
+                  "(2024-01-05) or epoch seconds (1704448800)")
+_EPOCH_SECONDS = re.compile(r"[+-]?[0-9]+(\.[0-9]+)?")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_INSTANT_RANGE = ((datetime(1, 1, 2, tzinfo=timezone.utc) - _EPOCH) // timedelta(microseconds=1),
+                  (datetime(9999, 12, 31, tzinfo=timezone.utc) - _EPOCH) // timedelta(microseconds=1))
+
+
+def parse_instant(value: str) -> tuple[int, str]:
+    """(microseconds since 1970-01-01T00:00:00Z, the format's name in TIMESTAMP_FORMATS) of a timestamp, so that
+    values in different formats and offsets are ordered by the instant they name. A value of digits only is epoch
+    seconds (write a date as 2024-01-05); anything else that is not ISO 8601 raises ValueError saying what is."""
+    text = value.strip()
+    if _EPOCH_SECONDS.fullmatch(text):
+        micros, kind = int(Decimal(text) * 1_000_000), "epoch_seconds"
+    else:
+        try:
+            moment, kind = datetime.combine(date.fromisoformat(text), datetime.min.time()), "date"
+        except ValueError:
+            try:  # Python 3.10's fromisoformat does not read Z
+                moment = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in ("Z", "z") else text)
+            except ValueError:
+                raise ValueError(f"{value!r} is not a timestamp: {TIMESTAMP_HELP}") from None
+            kind = "iso8601_no_offset" if moment.tzinfo is None else "iso8601_offset"
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        micros = (moment - _EPOCH) // timedelta(microseconds=1)
+    if not _INSTANT_RANGE[0] <= micros <= _INSTANT_RANGE[1]:
+        raise ValueError(f"{value!r} is outside the years 1 to 9999 (as {TIMESTAMP_FORMATS[kind]}): {TIMESTAMP_HELP}")
+    return micros, kind
 
 
 def placement_value(seed: int, key: str) -> int:
@@ -135,7 +177,7 @@ def _targets(total: int, ratios: Sequence[float]) -> tuple[int, int]:
 
 def _assign_by_time(units: list[Unit], free: list[int], ratios: Sequence[float], result: list[Optional[str]]) -> None:
     """Chronological: the latest samples form test, the ones before them val, the rest train."""
-    order = sorted(free, key=lambda i: (units[i].timestamp or "", i), reverse=True)
+    order = sorted(free, key=lambda i: (units[i].timestamp if units[i].timestamp is not None else -math.inf, i), reverse=True)
     total = sum(len(units[i].members) for i in order)
     n_val, n_test = _targets(total, ratios)
     filled = 0

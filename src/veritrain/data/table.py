@@ -69,6 +69,7 @@ class _Table:
     thumbs: dict[int, np.ndarray] = field(default_factory=dict)  # label issues and outliers: dedup.thumbnail
     units_of: dict[int, str] = field(default_factory=dict)  # sample index → why it is tied to others (for split_skew)
     ignored: list[str] = field(default_factory=list)  # files under data.root that are not images (recipe 5 on), by relpath
+    timestamp_formats: Counter[str] = field(default_factory=Counter)  # data.split_by: time: values parsed per format
 
     def add(self, kind: str, indices: list[int], reason: str, exclude: bool = False) -> Finding:
         finding = Finding(kind, [self.ids[i] for i in indices], reason)

@@ -45,6 +45,7 @@ FINDING_SEVERITY = {
     "label_issue": "warning",
     "outlier": "warning",
     "leak_duplicate": "quarantine",
+    "bad_timestamp": "quarantine",
     "imbalance": "warning",
     "too_small": "error",
     "duplicate_entry": "warning",

@@ -235,7 +235,8 @@ class DataConfig(Section):
     )
     split_by: Literal["random", "time"] = Field(
         "random", description="`random`: each sample (or group) placed by the hash of data.split_seed and its key, so adding samples moves "
-        "no others; `time`: chronological by the csv timestamp column (test = latest)"
+        "no others; `time`: chronological by the csv timestamp column, each value read as the instant it names (ISO 8601 with or "
+        "without an offset, a date, or epoch seconds; anything else is a `bad_timestamp` finding), test = latest"
     )
     split_seed: Annotated[int, Limit(2**63 - 1)] = Field(
         0, ge=0, description="seed of the train/val/test split; separate from `seed` so a new training seed keeps the data version"
@@ -246,7 +247,7 @@ class DataConfig(Section):
     )
     test_from: Optional[str] = Field(
         None, description="a data version of this workspace (id or unique prefix, at least 4 hex digits) whose test split carries over: "
-        "its test samples still here (same key) stay in test, its train/val samples never enter test (where the hash says test they keep "
+        "its test samples still here (same key or same content) stay in test, its train/val samples never enter test (where the hash says test they keep "
         "their former split); a group mixing both is a `test_from_leak`, handled as data.on_split_skew says. Needs split_by: random"
     )
     workers: Optional[Annotated[int, Limit(4096)]] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
