@@ -292,7 +292,8 @@ def test_prepare_says_when_samples_of_an_earlier_test_split_moved_to_train(tmp_p
     assert _moved_out_of_test(store, "b" * 64, {"data": {"source": "csv"}}, now) is None  # another data config
 
 
-@pytest.mark.parametrize("text", ['clientSecret: "s3cr3t-value"', "--api-key=xyzzysecretvalue123", 'the wandb_key=abcdef123456 we used'])
+@pytest.mark.parametrize("text", ['clientSecret: "s3cr3t-value"', "--api-key=xyzzysecretvalue123", 'the wandb_key=abcdef123456 we used',
+                                  '{"password ": "hunter2"}', "'Api Key': 'zzz-123'", "private_key = xyzzy", "credentials: [a, b]"])
 def test_notes_and_hypotheses_refuse_credentials_in_any_spelling(text):
     from veritrain.core.secrets import text_secret
 

@@ -63,9 +63,9 @@ SECRET_HINT = re.compile(r"://|private key|authorization|bearer|hf_|gh[pousr]_|g
 # A literal under a credential-named key in free text, in any form a note or hypothesis may hold: `password=x`,
 # `api_key: x`, JSON `{"api_key": "x"}`, `secret:"two words"`. The key is checked with `is_credential_key`.
 CREDENTIAL_ASSIGNMENT = re.compile(
-    r"""(?<![A-Za-z0-9_])(?:--?)?["']?(?P<key>[A-Za-z][A-Za-z0-9_-]*)["']?\s*[:=]\s*"""
+    r"""(?<![A-Za-z0-9_])(?:--?)?(?:"(?P<double>[^"\n]{1,64})"|'(?P<single>[^'\n]{1,64})'|(?P<bare>[A-Za-z][A-Za-z0-9_-]*))\s*[:=]\s*"""
     r"""(?P<value>\$\{env:[A-Za-z_][A-Za-z0-9_]*\}|"(?:[^"\\]|\\.)*"?|'[^']*'?|[^\s"',;)}\]]+)""")
-CREDENTIAL_HINT = re.compile(r"passw|secret|api_?key|api-key|access_key|access_token|auth_token|private|credential|token|_key")  # in text.lower()
+CREDENTIAL_HINT = re.compile(r"passw|secret|api[ _-]?key|access_key|access_token|auth_token|private|credential|token|_key")  # in text.lower()
 NO_LITERAL = frozenset({"", "null", "none", "~", "true", "false", REDACTED})  # values that hold no credential
 ENV_REFERENCE = re.compile(r"\$\{env:(?P<name>[A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -124,7 +124,8 @@ def text_secret(text: str) -> Optional[str]:
         return None
     for match in CREDENTIAL_ASSIGNMENT.finditer(text):
         value = match["value"].strip("\"'").strip()
-        if is_credential_key(match["key"].replace("-", "_")) and value.lower() not in NO_LITERAL and not ENV_REFERENCE.fullmatch(value):
+        key = match["double"] or match["single"] or match["bare"]  # a quoted key may hold spaces: "password "
+        if is_credential_key(key) and value.lower() not in NO_LITERAL and not ENV_REFERENCE.fullmatch(value):
             return "a credential written out (its key names one)"
     return None
 
