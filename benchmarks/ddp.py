@@ -68,8 +68,9 @@ def worker(steps: int, batch: int, threads: int, out: Path) -> None:
 
     from veritrain import models
     from veritrain.core.config import OptimConfig
+    from veritrain.core.seeding import seed_everything
     from veritrain.train import distributed
-    from veritrain.train.loop import build_optimizer, seed_everything
+    from veritrain.train.loop import build_optimizer
 
     torch.set_num_threads(threads)
     seed_everything(0, True)  # the default config: seed and deterministic kernels

@@ -296,13 +296,13 @@ def _execute(record: Recorder, run_dir: Path, resolved: ResolvedConfig, workspac
         with interruptible() as stop:
             import torch  # noqa: F401  (imported here so the environment below names its version)
 
+            from veritrain.core.seeding import seed_everything
             from veritrain.data import prepare
             from veritrain.tasks import get_task
-            from veritrain.train.loop import seed_everything
 
             # every entry point (run, train, resume, reproduce) sets the deterministic environment
             # (CUBLAS_WORKSPACE_CONFIG) before recording it, so their records compare equal
-            seed_everything(cfg.seed, cfg.train.deterministic)
+            seed_everything(cfg.seed, cfg.train.deterministic, compiler=cfg.train.compile)
             env, package_list = capture_env()
             if resume and record.get("env"):
                 drift = {k: (record["env"].get(k), v) for k, v in env.items() if k in ("python", "torch", "packages_sha256") and record["env"].get(k) != v}

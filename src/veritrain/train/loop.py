@@ -25,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
-import random
 import resource
 import time
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from rich.console import Console
 
 from veritrain.core.errors import Interrupted, RunFailed
 from veritrain.core.hashing import state_dict_sha256
+from veritrain.core.seeding import seed_everything
 from veritrain.core.signals import StopFlag
 from veritrain.records.record import RECORD_FORMAT
 from veritrain.results.evaluate import forward_split
@@ -81,17 +80,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-    if deterministic:
-        # cuBLAS needs a fixed workspace for deterministic results; must be set before its first use
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
 
 
 def epoch_generator(seed: int, epoch: int, stream: int, rank: int = 0) -> torch.Generator:
@@ -257,7 +245,7 @@ def _setup(cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Rank
     tcfg = cfg.train
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
-    seed_everything(cfg.seed, tcfg.deterministic)
+    seed_everything(cfg.seed, tcfg.deterministic, compiler=tcfg.compile)
     ranks, device = rank_group.join_for_training(ranks, tcfg, resolve_device(tcfg.device))
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
@@ -295,7 +283,7 @@ def _data_parallel(model: torch.nn.Module, ranks: rank_group.Ranks, cfg: RunConf
     trainer = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if not ranks.is_main:  # dropout differs per rank (the weights are rank 0's): reseed the global generators
         seed_everything(int(np.random.SeedSequence([cfg.seed % 2**63, ranks.rank]).generate_state(1, dtype=np.uint64)[0] % 2**63),
-                        cfg.train.deterministic)
+                        cfg.train.deterministic, compiler=cfg.train.compile)
     return model, trainer
 
 

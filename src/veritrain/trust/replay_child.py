@@ -35,9 +35,6 @@ def main(job_file: str) -> int:
     from veritrain.tasks import get_task
     from veritrain.train import loop  # noqa: F401
 
-    if job_file == "-":  # torch.use_deterministic_algorithms imports this on its first call (about 1.5 s): before the job
-        import torch._inductor  # noqa: F401
-
     logs.setup_console_logging()
     logging.getLogger("veritrain").setLevel(logging.WARNING)  # the replayed loop's own lines stay out of the audit's output
     if job_file == "-":

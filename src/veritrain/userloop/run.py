@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import signal
 import sys
 import threading
@@ -39,6 +38,7 @@ from veritrain.core import logs
 from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.hashing import sha256_json, state_dict_sha256
 from veritrain.core.secrets import REDACTED, allowed_environment, config_secret, is_credential_key, secret_in_command_line, text_secret
+from veritrain.core.seeding import seed_everything
 from veritrain.data.for_scripts import Data
 from veritrain.records.record import capture_code, capture_env, frozen, read_record, save_code, thawed
 from veritrain.records.recorder import Recorder
@@ -232,7 +232,7 @@ class Run:
                 self._say_if_interrupted_exists()
             self._new(argv)
         if self.integration is None:  # a framework seeds as its user told it to
-            _seed(self.seed, self.deterministic)
+            seed_everything(self.seed, self.deterministic)  # the compiler's flag too when the script loaded it
 
     def _new(self, argv: list[str]) -> None:
         workspace = self.workspace
@@ -780,16 +780,6 @@ class Run:
 
 
 # ---------------------------------------------------------------- helpers
-
-
-def _seed(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it before its first use
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
