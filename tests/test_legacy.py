@@ -10,6 +10,8 @@ import pytest
 
 from conftest import veritrain_process
 
+from veritrain.data.identity import FORMAT_VERSION
+
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 COMPLETED = "20261130-064052-598-fd2b78"
 INTERRUPTED = "20261130-064101-650-a3203a"
@@ -70,7 +72,7 @@ def test_an_interrupted_run_of_the_previous_code_resumes_to_completion(cli, tmp_
     fresh = cli("train", str(tmp_path / "runs" / INTERRUPTED / "config.yaml"), "--set", "train.epochs=1", "--workdir", str(tmp_path), "--json")
     assert fresh.code == 0, fresh.stderr
     fresh_record = json.loads((Path(fresh.json()["run_dir"]) / "record.json").read_text())
-    assert fresh_record["data"]["recipe"] == 5 and fresh_record["data"]["version"] != after["data"]["version"]
+    assert fresh_record["data"]["recipe"] == FORMAT_VERSION and fresh_record["data"]["version"] != after["data"]["version"]
     assert after["data"]["recipe"] == 2
 
 

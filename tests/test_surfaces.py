@@ -135,13 +135,21 @@ def test_a_baseline_that_did_not_converge_is_said_where_it_is_compared():
 
 
 def test_compare_leaves_out_the_built_in_model_settings_of_a_users_model():
+    """A user's model (`model.target`) does not use the built-in models' settings: they never tell it apart, in a
+    comparison as in the runs table's parameter columns (one rule: registry.changed_params)."""
     from veritrain.records.experiments import compare
+    from veritrain.records.registry import changed_params, default_leaves
 
-    built_in = {"run_id": "a", "config": {"model": {"name": "mlp", "widths": [32], "target": None}, "seed": 0}}
+    widths = default_leaves()["model.widths"]
+    built_in = {"run_id": "a", "config": {"model": {"name": "cnn", "widths": widths, "target": None}, "seed": 0}}
     own = {"run_id": "b", "config": {"model": {"name": "cnn", "widths": [256], "target": "net:make"}, "seed": 0}}
-    rows = {row["key"]: row["values"] for row in compare([built_in, own])["config"]}
-    assert rows == {"model.name": ["mlp", None], "model.widths": [[32], None], "model.target": [None, "net:make"]}
-    assert compare([own, {**own, "run_id": "c"}])["config"] == []
+    assert compare([built_in, own])["config"] == [{"key": "model.target", "values": [None, "net:make"]}]
+    assert changed_params(own["config"]) == {"model.target": "net:make"} | ({} if default_leaves()["seed"] == 0 else {"seed": 0})
+    assert compare([own, {**own, "run_id": "c", "config": {"model": {"name": "mlp", "widths": [8], "target": "net:make"}}}])["config"] == []
+    mlp = {"run_id": "d", "config": {"model": {"name": "mlp", "widths": [32], "target": None}, "seed": 0}}
+    other_mlp = {"run_id": "e", "config": {"model": {"name": "mlp", "widths": [64], "target": None}, "seed": 0}}
+    rows = {row["key"]: row["values"] for row in compare([mlp, own, other_mlp])["config"]}  # compared among the runs using them
+    assert rows == {"model.widths": [[32], None, [64]], "model.target": [None, "net:make", None]}  # None: not used
 
 
 CREDENTIAL_KEYS = ["password ", "api-key", "clientSecret", "private_key", "credentials", "wandb_key", "Api.Key", "DB_PASSWORD"]

@@ -315,7 +315,46 @@ def test_compare_page_overlays_the_runs(server: str, workspace: dict[str, Any], 
     legend = page.locator('#compare-curves .chart[data-chart="accuracy"] .u-legend').inner_text()
     assert "seed=1" in legend and "seed=2" in legend, "one line per run, named by what changed"
     assert page.locator("#compare-change").bounding_box()["y"] < page.locator("#compare-metrics").bounding_box()["y"]
+    _assert_compare_fits(page)
     _shot(page, screenshots, "compare-page", full_page=False)
+    # the two runs and the search's three trials: five run columns, and long names of what changed (export formats,
+    # learning rates, …) in the metrics table's header and the legends
+    trials = [t["run_id"] for t in workspace["search"]["trials"] if t.get("run_id")]
+    assert len(trials) == 3
+    page.goto(f"{server}/compare?runs={','.join([a, b, *trials])}")
+    page.locator("#compare-metrics").wait_for()
+    _assert_charts(page, "#compare-curves", 2)
+    assert page.locator("#compare-metrics thead th").count() == 6
+    _assert_compare_fits(page)
+
+
+def _intersect(a: dict[str, float], b: dict[str, float]) -> bool:
+    return a["left"] < b["right"] and b["left"] < a["right"] and a["top"] < b["bottom"] and b["top"] < a["bottom"]
+
+
+def _assert_compare_fits(page: Any) -> None:
+    """The compare page in the 1400 px window: nothing wider than the window, the last run's column (header and values) of
+    each table within it, and each chart's legend under its plot and inside its chart's box, overlapping no other
+    legend and no plot."""
+    width = VIEWPORT["width"]
+    assert page.evaluate("document.documentElement.scrollWidth") <= width, "nothing wider than the window"
+    for table in ("#compare-config", "#compare-metrics"):
+        rights = page.locator(f"{table} tr > :last-child").evaluate_all("cells => cells.map(c => c.getBoundingClientRect().right)")
+        assert rights and max(rights) <= width, f"{table}: the last run's column ends at {max(rights or [0])} px"
+    charts = page.locator("#compare-curves .chart").evaluate_all(
+        "charts => charts.filter(c => c.querySelector('.u-legend')).map(c => Object.fromEntries("
+        "[['chart', c], ['legend', c.querySelector('.u-legend')], ['plot', c.querySelector('.u-over')]]"
+        ".map(([k, e]) => [k, e.getBoundingClientRect().toJSON()])))")
+    assert len(charts) >= 2
+    for chart in charts:
+        legend, plot, box = chart["legend"], chart["plot"], chart["chart"]
+        assert legend["top"] >= plot["bottom"], "the legend is under its plot"
+        assert box["left"] <= legend["left"] and legend["right"] <= box["right"] + 0.5, (legend, box)
+        assert legend["right"] <= width
+    for i, chart in enumerate(charts):
+        for other in charts[i + 1:]:
+            assert not _intersect(chart["legend"], other["legend"]), "two legends overlap"
+            assert not _intersect(chart["legend"], other["plot"]) and not _intersect(other["legend"], chart["plot"]), "a legend over a plot"
 
 
 @pytest.mark.slow  # a browser: checked in `make test-slow`
@@ -497,6 +536,7 @@ def test_published_site_works_offline(site: Path, workspace: dict[str, Any], bro
         _assert_charts(page, "#compare-curves", 2)
         legend = page.locator('#compare-curves .chart[data-chart="accuracy"] .u-legend').inner_text()
         assert "seed=1" in legend and "seed=2" in legend, "one line per run, named by what changed"
+        _assert_compare_fits(page)
         _shot(page, screenshots, "site-compare-page")
 
         page.goto((site / "data" / f"{run['data_version']}.html").as_uri())

@@ -717,6 +717,32 @@ def test_parameter_columns_are_exactly_the_config_keys_that_differ(site, tmp_pat
     assert f'<td class="param" data-param="optim.lr" title="0.01">0.01</td>' in html
 
 
+def test_the_compare_page_lists_only_the_config_keys_that_differ(site, tmp_path):
+    """A run of a user's model (`model.target`) against one of a built-in model: the built-in models' keys
+    (model.widths, model.hidden, model.layers, …) are compared only among the runs that use them, so the config diff
+    lists model.target alone, by the rule of the runs table's parameter columns; the experiment name, which the table
+    shows in a column of its own, is a row of the diff."""
+    from veritrain.web import views
+    from veritrain.web.server import create_app
+
+    workspace, ids = _copies(site, tmp_path, [{}, {"config": {"model.target": "mypkg.models:build"}},
+                                              {"config": {"model.name": "cnn", "optim.lr": 0.01}},
+                                              {"config": {"exp_name": "other"}, "exp_name": "other"}])
+
+    def keys(run_ids: list[str]) -> list[str]:
+        return [row["key"] for row in views.compare_page(workspace, run_ids)["config"]]
+
+    # the mlp's own settings (name, hidden) tell it from no run that uses them: only model.target is listed
+    assert views.compare_page(workspace, ids[:2])["config"] == [{"key": "model.target", "values": [None, "mypkg.models:build"]}]
+    assert keys(ids[:2]) == views.runs_table(workspace, {}, only=ids[:2])["param_keys"]
+    assert keys(ids[1:3]) == ["model.target", "optim.lr"]
+    assert keys(ids[1:3]) == views.runs_table(workspace, {}, only=ids[1:3])["param_keys"]
+    assert keys([ids[0], ids[3]]) == ["exp_name"]
+    html = TestClient(create_app(workspace), base_url=BASE).get(f"/compare?runs={ids[0]},{ids[1]}").text
+    assert "<tr><td>model.target</td>" in html
+    assert "model.widths" not in html and "model.hidden" not in html and "model.layers" not in html
+
+
 def test_metric_columns_come_from_the_url_and_groups_show_mean_and_sd(site, tmp_path):
     import statistics
 

@@ -28,27 +28,14 @@ def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, 
 HEADLINE_METRICS = ("accuracy", "macro_f1", "log_loss", "ece", "loss", "top5_accuracy")  # what `runs compare` prints
 
 
-# the built-in models' own settings: a run whose model is the user's (`model.target`) does not use them
-BUILT_IN_MODEL_KEYS = ("model.name", "model.widths", "model.hidden", "model.dropout", "model.layers", "model.width", "model.heads",
-                       "model.tied_embeddings")
-
-
-def _applying(flat: dict[str, Any]) -> dict[str, Any]:
-    """A flattened config without the keys its run did not use (a user's model ignores the built-in models' settings)."""
-    if not flat.get("model.target"):
-        return flat
-    return {k: v for k, v in flat.items() if not any(k == key or k.startswith(key + ".") for key in BUILT_IN_MODEL_KEYS)}
-
-
 def compare(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Runs side by side against the first: the config keys that differ (every run's value), every numeric metric
+    """Runs side by side against the first: the config keys that differ (registry.differing_params: the runs table's
+    rule, every run's value, a setting a run does not use left out), every numeric metric
     with its delta from the first run (`headline` for the ones `runs compare` prints), the data versions, and the
     environment keys that differ from the first run's. The one comparison behind `veritrain runs compare` and the
     web compare page."""
     base = records[0]
-    flat_configs = [_applying(flatten(r.get("config"))) for r in records]
-    config_rows = [{"key": k, "values": [c.get(k) for c in flat_configs]} for k in sorted(set().union(*flat_configs))
-                   if any(c.get(k) != flat_configs[0].get(k) for c in flat_configs)]
+    config_rows = registry.differing_params([r.get("config") for r in records])
     flat_metrics = [{k: v for k, v in flatten(r.get("metrics")).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
                     for r in records]
     metric_rows = []

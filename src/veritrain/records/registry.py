@@ -30,7 +30,7 @@ COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "se
 # `params`: the config's leaves that differ from the default config, {"optim.lr": 0.01}: the runs table finds the keys
 # that differ among thousands of runs from these few values instead of every run's whole config
 JSON_COLUMNS = ("metrics", "config", "notes", "params")
-SCHEMA_VERSION = 2  # 2: world_size, sweep, sweep_kind and params
+SCHEMA_VERSION = 3  # 2: world_size, sweep, sweep_kind and params; 3: params without the settings a run does not use
 
 log = logging.getLogger("veritrain")
 
@@ -100,10 +100,44 @@ def _schema() -> str:
     return f"{SCHEMA_VERSION}:{digest}"
 
 
+# the built-in models' own settings: a run whose model is the user's (`model.target`) does not use them
+BUILT_IN_MODEL_KEYS = ("model.name", "model.widths", "model.hidden", "model.dropout", "model.layers", "model.width", "model.heads",
+                       "model.tied_embeddings")
+
+
 def changed_params(config: Any) -> dict[str, Any]:
-    """The leaves of `config` that differ from the default config (a key the defaults lack counts as changed)."""
+    """The leaves of `config` that differ from the default config (a key the defaults lack counts as changed), left
+    out the settings its run does not use (a user's model ignores the built-in models' settings). The one rule of
+    which config keys tell runs apart: the runs table's parameter columns and every comparison of runs read it."""
     defaults, missing = default_leaves(), object()
-    return {k: v for k, v in flatten(config if isinstance(config, dict) else {}).items() if defaults.get(k, missing) != v}
+    flat = flatten(config if isinstance(config, dict) else {})
+    return {k: v for k, v in flat.items() if defaults.get(k, missing) != v and not _unused(k, flat)}
+
+
+def _unused(key: str, changed: dict[str, Any]) -> bool:
+    """Whether a run with these config leaves does not use setting `key` (a user's model and the built-in models' keys)."""
+    return bool(changed.get("model.target")) and any(key == k or key.startswith(k + ".") for k in BUILT_IN_MODEL_KEYS)
+
+
+def param_value(changed: dict[str, Any], key: str) -> Any:
+    """A run's value of config `key` from its changed_params: its own where it changed it, None for a setting it does
+    not use, else the default."""
+    if key in changed:
+        return changed[key]
+    return None if _unused(key, changed) else default_leaves().get(key)
+
+
+def differing_params(configs: list[Any]) -> list[dict[str, Any]]:
+    """The config keys whose value is not the same in all the configs that use them (changed_params: a key a config
+    leaves out is at its default), sorted, each with every config's value as param_value shows it (None: not used):
+    what the runs table's parameter columns show for these runs (views.differing_keys, the same rule in SQL)."""
+    changed = [changed_params(config) for config in configs]
+    rows = []
+    for key in sorted(set().union(*changed)):
+        compared = [c.get(key, default_leaves().get(key)) for c in changed if not _unused(key, c)]
+        if len({json.dumps(v, sort_keys=True, default=str) for v in compared}) > 1:
+            rows.append({"key": key, "values": [param_value(c, key) for c in changed]})
+    return rows
 
 
 def stamp(run_dir: Path | str) -> Optional[str]:

@@ -135,18 +135,21 @@ def _canonical(value: Any) -> str:
 
 
 def differing_keys(db: sqlite3.Connection, clause: str, args: list[Any]) -> list[str]:
-    """The config keys whose value is not the same in every run the table lists (all its pages), from each run's
-    `params` (its leaves that differ from the defaults): a key no run changed has the default everywhere, and a
-    key some runs changed and others did not differs."""
-    runs = db.execute(f"SELECT COUNT(*) FROM runs {clause}", args).fetchone()[0]
+    """The config keys whose value is not the same in every run the table lists (all its pages) that uses them, from
+    each run's `params` (its leaves that differ from the defaults, registry.changed_params): a key no run changed has
+    the default everywhere, and a key some runs changed and others did not differs (registry.differing_params is
+    the same rule in Python)."""
+    runs, own_models = db.execute(f"SELECT COUNT(*), COUNT(json_extract(params, '$.\"model.target\"')) FROM runs {clause}", args).fetchone()
     counted = db.execute(f"SELECT j.key, COUNT(*), COUNT(DISTINCT j.type || ':' || j.value) "
                          f"FROM (SELECT params FROM runs {clause}) AS r, json_each(r.params) AS j GROUP BY j.key", args)
-    return sorted(key for key, present, distinct in counted if (distinct > 1 or present < runs) and key not in OWN_COLUMNS)
+
+    def using(key: str) -> int:  # a run of a user's model does not use the built-in models' settings (registry.changed_params)
+        return runs - own_models if any(key == k or key.startswith(k + ".") for k in registry.BUILT_IN_MODEL_KEYS) else runs
+
+    return sorted(key for key, present, distinct in counted if (distinct > 1 or present < using(key)) and key not in OWN_COLUMNS)
 
 
-def param_value(changed: dict[str, Any], key: str) -> Any:
-    """A run's value of config `key`: its own where it changed it, else the default."""
-    return changed[key] if key in changed else registry.default_leaves().get(key)
+param_value = registry.param_value
 
 
 def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int = PAGE_SIZE,
