@@ -110,24 +110,6 @@ def test_weight_decay_goes_to_linear_matrices_only():
         torch.optim.AdamW(groups, lr=1e-3)  # accepted as they are
 
 
-def test_lr_warmup_then_cosine():
-    lr = lambda step: gpt.lr_at(step, base_lr=1e-3, warmup_steps=10, total_steps=110, min_lr_fraction=0.1)  # noqa: E731
-    assert lr(0) == pytest.approx(1e-4)  # warmup start: base/warmup, not 0
-    assert lr(4) == pytest.approx(5e-4)
-    assert lr(9) == pytest.approx(1e-3)  # warmup end
-    assert lr(10) == pytest.approx(1e-3)  # cosine start
-    # of 111 steps, the cosine runs from step 10 to step 110: at step 60, halfway, the midpoint of base and min
-    assert gpt.lr_at(60, 1e-3, 10, 111, 0.1) == pytest.approx(0.55e-3)
-    assert lr(109) == pytest.approx(1e-4)  # the last step: base · min_lr_fraction
-    assert lr(500) == pytest.approx(1e-4)
-    assert all(lr(s) >= lr(s + 1) for s in range(10, 120))
-    assert gpt.lr_at(0, 1e-3, 0, 1, 0.0) == 1e-3  # no warmup, one step
-    with pytest.raises(UserError, match="warmup_steps: expected 0 … total_steps"):
-        gpt.lr_at(0, 1e-3, 20, 10, 0.1)
-    with pytest.raises(UserError, match="min_lr_fraction"):
-        gpt.lr_at(0, 1e-3, 0, 10, 1.5)
-
-
 def _repeating_text() -> tuple[torch.Tensor, int]:
     text = "the cat sat on the mat. " * 20
     alphabet = sorted(set(text))
@@ -218,24 +200,6 @@ def test_generate_crops_to_the_context():
         gpt.generate(model, [], 5, 1.0, 0)
     with pytest.raises(UserError, match="temperature"):
         gpt.generate(model, [1], 5, -1.0, 0)
-
-
-# ---------------------------------------------------------------- export
-
-
-def test_onnx_export_matches_torch(tmp_path):
-    import onnxruntime
-
-    model = GPT(TINY, seed=3)
-    parity = gpt.export_onnx(model, tmp_path / "model.onnx")
-    assert parity.tokens == TINY.context and parity.max_abs_diff <= 1e-4
-    assert model.training
-    # batch and time are dynamic: a shorter window of two sequences gives torch's logits too
-    session = onnxruntime.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
-    idx = _ids((2, 5), seed=4)
-    with torch.no_grad():
-        expected = model.eval()(idx).numpy()
-    np.testing.assert_allclose(session.run(None, {"idx": idx.numpy()})[0], expected, atol=1e-4, rtol=0)
 
 
 # ---------------------------------------------------------------- metrics

@@ -2,29 +2,24 @@
 
 Token and learned position embeddings, `layers` pre-LayerNorm blocks (causal self-attention through
 `scaled_dot_product_attention`, then a 4× GELU MLP, each added to the residual stream), a final LayerNorm and a
-linear head, tied to the token embedding by default. Around it: the AdamW parameter groups, the warmup + cosine
-learning rate, seeded sampling and the ONNX export with its parity check. Building a model with the same config
+linear head, tied to the token embedding by default. Around it: the AdamW parameter groups and seeded sampling (the
+learning-rate schedule is the training loop's, the ONNX export the export stage's). Building a model with the same config
 and seed gives bit-identical weights, and neither building nor sampling touches torch's global RNG.
 """
 
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import Any, Optional, Sequence, Union, cast
+from typing import Any, Optional, Sequence, Union
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.errors import UserError
 
 INIT_STD = 0.02  # standard deviation of every weight matrix and embedding at initialization
-ONNX_OPSET = 17  # the first opset with LayerNormalization as one operator
-ONNX_TOLERANCE = 1e-4  # largest |torch - onnxruntime| accepted on a logit, float32
 
 
 @dataclass(frozen=True)
@@ -215,34 +210,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     ]
 
 
-def lr_at(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_lr_fraction: float) -> float:
-    """Learning rate of optimizer step `step` (0-based, the step about to be taken) of `total_steps`.
-
-    Warmup: linear from base_lr/warmup_steps at step 0 to base_lr at step warmup_steps-1 (the first step already
-    moves the weights). Then a half cosine from base_lr at step warmup_steps down to base_lr·min_lr_fraction at the
-    last step, total_steps-1; any later step stays there."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise UserError(f"lr step: expected a step number ≥ 0, got {step!r}")
-    if total_steps < 1:
-        raise UserError(f"total_steps: expected a positive number of optimizer steps, got {total_steps}")
-    if not 0 <= warmup_steps <= total_steps:
-        raise UserError(f"warmup_steps: expected 0 … total_steps ({total_steps}), got {warmup_steps}")
-    if not 0.0 <= min_lr_fraction <= 1.0:
-        raise UserError(f"min_lr_fraction: expected a fraction of the base rate in [0, 1], got {min_lr_fraction}")
-    if step < warmup_steps:
-        return base_lr * (step + 1) / warmup_steps
-    decay_steps = total_steps - 1 - warmup_steps  # steps after the first one at base_lr
-    if decay_steps > 0:
-        progress = min(1.0, (step - warmup_steps) / decay_steps)
-    else:  # at most one step after warmup: that step at base_lr, any later one at the minimum
-        progress = 0.0 if step == warmup_steps else 1.0
-    min_lr = base_lr * min_lr_fraction
-    return min_lr + (base_lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-# ---------------------------------------------------------------- sampling
-
-
 def generate(model: GPT, prompt_ids: Union[Sequence[int], torch.Tensor], tokens: int, temperature: float, seed: int,
              top_k: Optional[int] = None) -> list[int]:
     """The `tokens` ids that follow `prompt_ids` (at least one id), one at a time from the model's last `context` ids.
@@ -300,54 +267,3 @@ def _sample(logits: torch.Tensor, top_k: Optional[int], generator: torch.Generat
     u = torch.rand((), generator=generator, dtype=torch.float64) * cumulative[-1]
     position = min(int(torch.searchsorted(cumulative, u, right=True)), len(candidates) - 1)
     return int(candidates[position])
-
-
-# ---------------------------------------------------------------- export
-
-
-@dataclass(frozen=True)
-class OnnxParity:
-    path: Path  # the ONNX file written
-    tokens: int  # length of the window compared (the model's context)
-    max_abs_diff: float  # largest |torch - onnxruntime| over every logit of the window
-    tolerance: float  # what max_abs_diff had to stay within
-
-
-def export_onnx(model: GPT, path: Path, seed: int = 0, opset: int = ONNX_OPSET) -> OnnxParity:
-    """Writes `model` as ONNX (TorchScript exporter, input `idx` (batch, time) int64, output `logits`, batch and time
-    dynamic) and checks it: onnxruntime's logits for one window of `context` ids drawn with `seed` must equal torch's
-    within ONNX_TOLERANCE, or RunFailed. The model is exported and compared in eval mode (put back in the mode it was
-    in afterwards), float32, on the CPU: a model elsewhere is moved there, in place, as `Module.to` does."""
-    was_training = model.training
-    model = model.float().cpu().eval()
-    try:
-        return _export_and_compare(model, path, seed, opset)
-    finally:
-        model.train(was_training)
-
-
-def _export_and_compare(model: GPT, path: Path, seed: int, opset: int) -> OnnxParity:
-    import onnxruntime
-
-    cfg = model.cfg
-    idx = torch.randint(0, cfg.vocab_size, (1, cfg.context), generator=torch.Generator().manual_seed(seed))
-    with warnings.catch_warnings():
-        # the TorchScript exporter warns that it is deprecated on every call, and the tracer about the context check
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, (idx,), str(path), input_names=["idx"], output_names=["logits"],
-                          dynamic_axes={"idx": {0: "batch", 1: "time"}, "logits": {0: "batch", 1: "time"}},
-                          opset_version=opset, dynamo=False)
-    with torch.no_grad():
-        expected = model(idx).numpy()
-    options = onnxruntime.SessionOptions()
-    options.log_severity_level = 4  # errors are raised with their message, not also logged on stderr
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    # typed as any output kind (sparse, sequence, map); `logits` is a dense tensor, an ndarray
-    got = cast(np.ndarray, session.run(["logits"], {"idx": idx.numpy()})[0])
-    if got.shape != expected.shape:
-        raise RunFailed(f"{path}: onnxruntime gave logits of shape {got.shape}, torch {expected.shape}")
-    diff = float(np.abs(got.astype(np.float64) - expected.astype(np.float64)).max())
-    if not diff <= ONNX_TOLERANCE:  # NaN fails too
-        raise RunFailed(f"{path}: ONNX logits differ from torch's by {diff:.3g} (tolerance {ONNX_TOLERANCE:g})")
-    return OnnxParity(path=path, tokens=cfg.context, max_abs_diff=diff, tolerance=ONNX_TOLERANCE)
-

@@ -299,16 +299,6 @@ def longest_stretch(trajectory: list[dict[str, Any]], starts: set[int]) -> Optio
     return longest
 
 
-def auditable_segments(trajectory: list[dict[str, Any]], available: Optional[set[int]] = None) -> list[int]:
-    """Indices i of the entries whose segment (entry i−1 → entry i) can be replayed: entry i−1 is the
-    initial state (index 0, rebuilt from the config) or its checkpoint is there (`available` steps, else
-    the record's `kept`)."""
-    def start_present(item: dict[str, Any]) -> bool:
-        return item["step"] in available if available is not None else bool(item.get("kept"))
-
-    return [i for i in range(1, len(trajectory)) if starts_at_initial_state(trajectory, i) or start_present(trajectory[i - 1])]
-
-
 def starts_at_initial_state(trajectory: list[dict[str, Any]], index: int) -> bool:
     """Whether segment `index` starts at the initial state (a run resumed from a checkpoint made before
     trajectories has no entry for it)."""
