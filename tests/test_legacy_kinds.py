@@ -18,6 +18,7 @@ SIGNED = "20261206-174154-618-9ebe6f"
 LM = "20261206-174424-312-173755"
 RESEALED = "20261206-174218-765-1763bf"
 LIGHTNING = "20261206-174503-173-0bfcf5"
+HF = "20261207-020118-156-354f65"  # format1-hf.tar.gz: before Hugging Face state recipe 2
 
 try:
     import lightning  # noqa: F401
@@ -83,6 +84,26 @@ def test_a_run_the_previous_code_sealed_again_verifies_against_its_current_seal_
         result = cli("verify", RESEALED, "--workdir", str(tmp_path), "--json", "--expect", replaced)
         assert result.code == 1, result.stdout + result.stderr
         assert result.json()["ok"] is False
+
+
+def test_a_hugging_face_run_made_before_state_recipe_2_verifies_by_the_recipe_it_was_made_with(cli, tmp_path):
+    """Its checkpoint folders were hashed without config.json: read by recipe 1, they still match the trajectory, and
+    a weight changed in one of them is still caught."""
+    record = imported(cli, tmp_path, "format1-hf.tar.gz", HF)
+    assert record["script"]["integration"] == "hf" and "state_recipe" not in record["script"]
+    verified(cli, tmp_path, HF)
+    folder = tmp_path / "runs" / HF / record["trajectory"][-1]["file"]
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(folder / "model.safetensors"))
+    name = sorted(weights)[0]
+    weights[name] = weights[name] + 1
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    from veritrain.records.record import read_record, thawed, write_record
+
+    write_record(tmp_path / "runs" / HF, thawed(read_record(tmp_path / "runs" / HF)))  # the forger seals the change in
+    forged = cli("verify", HF, "--workdir", str(tmp_path), "--json")
+    assert forged.code == 1 and any(p["kind"] == "not_in_trajectory" for p in forged.json()["problems"]), forged.stdout
 
 
 @pytest.mark.slow  # imports lightning: compatibility, checked in `make test-slow`
