@@ -287,7 +287,9 @@ def test_best_trial_is_the_val_best_even_where_test_ranks_them_the_other_way():
     ("data.split_seed: {int: [0, 3]}\n", [], "error: {space}: data.split_seed: a search compares its trials on one data version and its val split; "
      "data keys change them: search the other keys, and give the data with --set or the config"),
     ("optim.lr: {uniform: [0.01, 0.1]}\n", ["--metric", "val.macro_f1"], "error: --pruner: median: val.macro_f1 is computed once, at evaluation, "
-     "not after every epoch, so the pruner has nothing to judge; prune on val.accuracy, val.log_loss, val.bits_per_byte, or give --pruner none"),
+     "not after every epoch, so the pruner has nothing to judge; prune on val.accuracy, or give --pruner none"),
+    ("optim.lr: {uniform: [0.01, 0.1]}\n", ["--metric", "val.log_loss"], "error: --pruner: median: val.log_loss is computed once, at evaluation, "
+     "not after every epoch, so the pruner has nothing to judge; prune on val.accuracy, or give --pruner none"),
     ("optim.lr: {uniform: [0.01, 0.1]}\n", ["--enqueue", "{optim.lr: 0.5}"],
      "error: --enqueue: optim.lr: 0.5 is outside the space (uniform [0.01, 0.1]); widen the space or give a value inside it"),
 ])

@@ -28,7 +28,7 @@ def fabricated(index: int, val: float, test: float, test_checkpoint: str = SHIPP
     def metrics(accuracy: float, checkpoint: str) -> dict:
         return {"accuracy": accuracy, "log_loss": 1.0 - accuracy, "checkpoint_sha256": checkpoint}
 
-    return {"run_id": RUN.format(index), "status": "completed", "data": {"version": "d" * 64},
+    return {"run_id": RUN.format(index), "status": "completed", "data": {"version": "d" * 64}, "config": {"task": "classification"},
             "metrics": {"val": metrics(val, SHIPPED), "test": metrics(test, test_checkpoint)}}
 
 
@@ -162,8 +162,10 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
     ("test.accuracy", "error: --metric: test.accuracy: the test split is for the final report only, never for selection; "
                       "select on validation: --metric val.accuracy"),
     ("train.accuracy", "error: --metric: train.accuracy: a sweep selects its best trial on the val split; give --metric val.accuracy"),
-    ("val.acc", "error: --metric: val.acc: unknown metric; give one of val.accuracy, val.top5_accuracy, val.macro_f1, val.f1_weighted, "
-                "val.log_loss, val.ece, val.mae, val.rmse, val.bits_per_byte, val.perplexity"),
+    ("val.acc", "error: --metric: val.acc: task classification declares no such metric; give one of val.accuracy, val.top5_accuracy, "
+                "val.macro_f1, val.f1_weighted, val.log_loss, val.ece"),
+    ("val.rmse", "error: --metric: val.rmse: task classification declares no such metric; give one of val.accuracy, val.top5_accuracy, "
+                 "val.macro_f1, val.f1_weighted, val.log_loss, val.ece"),
 ])
 def test_sweep_metric_on_test_or_unknown_is_exit_2(tmp_path, capsys, metric, message):
     code, err = run_cli(["sweep", "--vary", "optim.lr=0.1", "--metric", metric, "--workdir", str(tmp_path)], capsys)
@@ -171,8 +173,16 @@ def test_sweep_metric_on_test_or_unknown_is_exit_2(tmp_path, capsys, metric, mes
     assert not (tmp_path / ".veritrain" / "sweeps").exists()
 
 
-def test_a_sweep_metric_names_a_val_metric():
-    assert selection.sweep_metric("val.log_loss") == ("log_loss", "min") and selection.sweep_metric("accuracy") == ("accuracy", "max")
+def test_a_sweep_metric_is_one_its_task_declares():
+    from veritrain.core.task_registry import task_spec
+
+    classification, lm = task_spec("classification"), task_spec("lm")
+    declared = selection.sweep_metric("val.log_loss", classification)
+    assert (declared.name, declared.goal, declared.epoch_key) == ("log_loss", "min", None)  # val_loss is the smoothed criterion
+    assert (selection.sweep_metric("accuracy", classification).goal, selection.sweep_metric("accuracy", classification).epoch_key) == ("max", "val_acc")
+    assert selection.sweep_metric("val.bits_per_byte", lm).epoch_key == "val_bits_per_byte"
+    with pytest.raises(ConfigError, match=r"task lm declares no such metric; give one of val.bits_per_byte, val.perplexity, val.loss"):
+        selection.sweep_metric("val.accuracy", lm)
 
 
 def test_best_metric_on_test_is_exit_2(tmp_path, capsys):

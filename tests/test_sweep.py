@@ -78,7 +78,8 @@ def test_one_change_at_a_time_each_trial_linked_to_one_parent(local_sweep):
         # val (selection) and test (the final report) from the same checkpoint, the one the run exports
         assert record["metrics"]["val"]["checkpoint_sha256"] == record["metrics"]["test"]["checkpoint_sha256"]
         assert record["metrics"]["test"]["checkpoint"] == record["export"]["checkpoint"]
-        assert record["selection"]["sweep"] == {"id": summary["id"], "split": "val", "metric": None, "mode": None}
+        # no --metric: the task's headline metric (its TaskSpec), named when the sweep is planned
+        assert record["selection"]["sweep"] == {"id": summary["id"], "split": "val", "metric": "accuracy", "mode": "max"}
         assert record["selection"]["best_checkpoint"] == {"split": "val", "metric": "val_acc", "mode": "max"}
 
 

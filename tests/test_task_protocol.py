@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from conftest import in_process_run
 from veritrain import models
 from veritrain.data import sources
+from veritrain.core.task_spec import MetricSpec, TaskSpec
 from veritrain.tasks import TASKS, Task
 
 
@@ -37,6 +38,7 @@ def toy_tabular_source(cfg, data_root):
 
 class RegressionTask:
     name = "regression"
+    spec = TaskSpec("regression", metrics=(MetricSpec("rmse", "min", (0.0, None), headline=True), MetricSpec("mae", "min", (0.0, None))))
     epoch_metrics = ("abs_err",)
     best_metric = ("val_loss", "min")
 
@@ -88,6 +90,20 @@ def test_regression_runs_through_the_whole_pipeline(regression_registered, tmp_p
     assert record["training"]["best_metric"]["name"] == "val_loss"
     again = in_process_run(tmp_path, overrides)
     assert again.record["final_state_sha256"] == record["final_state_sha256"]
+
+
+def test_a_sweep_of_the_regression_task_selects_on_the_metric_it_declares(regression_registered, tmp_path):
+    from veritrain.core.errors import ConfigError
+    from veritrain.orchestration.sweep import plan
+    from veritrain.records.workspace import Workspace
+
+    workspace = Workspace.open(tmp_path / "ws")
+    base = ["task=regression", "data.source=toy_tabular", "model.name=mlp", "model.hidden=[16]", "train.epochs=1"]
+    assert plan(None, base, ["optim.lr=0.01,0.02"], False, 1, 1, "local", None, workspace, "val.rmse").selection == {
+        "split": "val", "metric": "rmse", "mode": "min"}
+    assert plan(None, base, ["optim.lr=0.01"], False, 1, 1, "local", None, workspace).selection["metric"] == "rmse"  # its headline
+    with pytest.raises(ConfigError, match="task regression declares no such metric; give one of val.rmse, val.mae"):
+        plan(None, base, ["optim.lr=0.01"], False, 1, 1, "local", None, workspace, "val.accuracy")
 
 
 def test_unregistered_task_is_a_config_error():

@@ -179,7 +179,7 @@ def _finish_run(outcome: RunOutcome, as_json: bool) -> int:
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Seeds per trial and parent (seed, seed+1, …).")
 @click.option("--parent", default=None, metavar="RUN", help="A completed run of the base config to compare with, instead of running it first.")
 @click.option("--metric", default=None, metavar="val.NAME",
-              help="The val metric that picks the best trial, e.g. val.log_loss (default: val accuracy; task lm: val bits per byte); never a test metric.")
+              help="The val metric that picks the best trial, e.g. val.log_loss: one the task declares (default: its headline metric, val accuracy for classification); never a test metric.")
 @click.option("--no-smoke", is_flag=True, help="Skip the smoke test of the base config that runs first.")
 @click.option("--dry-run", is_flag=True, help="Print the planned trials; run nothing.")
 @click.option("--resume", "resume_id", default=None, metavar="SWEEP_ID", help="Continue an interrupted sweep (id, unique prefix or `latest`).")

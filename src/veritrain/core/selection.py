@@ -2,8 +2,8 @@
 trial — reads the val split; the test split is read only for the final report, after everything is chosen.
 
 A run records what selected what in `selection` (docs/record.md); `veritrain check`'s
-`selection_on_validation` row reads it. A leaf module (it imports no other veritrain module but the errors),
-so the config's validation, the pipeline, the sweep and the checks share one set of rules.
+`selection_on_validation` row reads it. A leaf module (it imports no other veritrain module but the errors and the
+task declarations' types), so the config's validation, the pipeline, the sweep and the checks share one set of rules.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from typing import TYPE_CHECKING, Any, Optional
 
 from veritrain.core.errors import ConfigError, RunFailed
+from veritrain.core.task_spec import MetricSpec, TaskSpec
 
 if TYPE_CHECKING:  # the config's validation imports this module
     from veritrain.core.config.schema import DataConfig, RunConfig
@@ -20,9 +21,6 @@ SPLITS = ("train", "val", "test")
 SELECTION_SPLIT = "val"  # what every selection reads
 REPORT_SPLIT = "test"  # what only the final report reads
 
-# The metrics of eval/val/metrics.json a sweep can select its best trial by, with the direction that is better.
-SWEEP_METRICS = {"accuracy": "max", "top5_accuracy": "max", "macro_f1": "max", "f1_weighted": "max",
-                 "log_loss": "min", "ece": "min", "mae": "min", "rmse": "min", "bits_per_byte": "min", "perplexity": "min"}
 NOT_USED_FOR_SELECTION = "not used for selection"  # the label of every test result shown beside a selection
 
 
@@ -67,9 +65,9 @@ def validation_problem(config: RunConfig) -> Optional[tuple[str, str]]:
     return None
 
 
-def sweep_metric(text: str) -> tuple[str, str]:
-    """`--metric val.accuracy` (or `accuracy`) → ("accuracy", "max"); a test or train metric, or an unknown one, is a
-    ConfigError (exit 2) that names the fix."""
+def selection_name(text: str) -> str:
+    """The metric name of `--metric val.NAME` (or `NAME`); a test or train metric is a ConfigError (exit 2) that names
+    the fix. Checked before anything else: which names a task declares is for `sweep_metric`."""
     split, dot, name = text.strip().partition(".")
     if not dot:
         split, name = SELECTION_SPLIT, split
@@ -77,9 +75,18 @@ def sweep_metric(text: str) -> tuple[str, str]:
         raise ConfigError("--metric", text, f"the test split is for the final report only, never for selection; select on validation: --metric val.{name}")
     if split != SELECTION_SPLIT:
         raise ConfigError("--metric", text, f"a sweep selects its best trial on the val split; give --metric val.{name}")
-    if name not in SWEEP_METRICS:
-        raise ConfigError("--metric", text, f"unknown metric; give one of {', '.join('val.' + n for n in SWEEP_METRICS)}")
-    return name, SWEEP_METRICS[name]
+    return name
+
+
+def sweep_metric(text: str, spec: TaskSpec) -> MetricSpec:
+    """`--metric val.accuracy` (or `accuracy`) → the task's declaration of it (name, goal, epoch key); a test or train
+    metric, or one the task does not declare, is a ConfigError (exit 2) that names the fix."""
+    name = selection_name(text)
+    declared = spec.metric(name)
+    if declared is None:
+        raise ConfigError("--metric", text, f"task {spec.name} declares no such metric; give one of "
+                          f"{', '.join('val.' + m.name for m in spec.metrics)}")
+    return declared
 
 
 def for_run(config: RunConfig, task_best_metric: tuple[str, str], stages: list[str],

@@ -1,7 +1,8 @@
 """The registry of tasks by name: name → factory(run config) → Task (the protocol in `veritrain.tasks`).
 
 A leaf module, so that config validation (`task:` must name a registered task) and the tasks package
-share one registry without importing each other. Add a task with `veritrain.tasks.register_task`.
+share one registry without importing each other. Add a task with `veritrain.tasks.register_task`; what it declares
+about its metrics (its TaskSpec) is read with `task_spec`.
 """
 
 from __future__ import annotations
@@ -27,3 +28,24 @@ def _builtin(target: str) -> Callable[[Any], Any]:
 
 TASKS: dict[str, Callable[[Any], Any]] = {"classification": _builtin("veritrain.tasks.classification:ClassificationTask"),
                                           "lm": _builtin("veritrain.tasks.lm:LanguageModelTask")}
+
+# Each task's TaskSpec (veritrain.core.task_spec), by task name: the object, or where a built-in declares it
+# ("module:NAME", imported when first asked for: the declarations are torch-free)
+SPECS: dict[str, Any] = {"classification": "veritrain.tasks.classification_spec:SPEC", "lm": "veritrain.tasks.lm_spec:SPEC"}
+
+
+def task_spec(name: str) -> Any:
+    """The TaskSpec task `name` declares: given to `register_task`, the factory's own `spec` attribute (a task class
+    declaring it), or a built-in's declaration. A task that declares none is a UserError naming the fix."""
+    from veritrain.core.errors import UserError
+
+    found = SPECS.get(name)
+    if isinstance(found, str):
+        module, _, attribute = found.partition(":")
+        found = SPECS[name] = getattr(importlib.import_module(module), attribute)
+    if found is None:
+        found = getattr(TASKS.get(name), "spec", None)
+    if found is None:
+        raise UserError(f"task {name!r} declares no TaskSpec: give register_task(name, factory, spec=TaskSpec(...)) or a `spec` "
+                        "attribute on the task class (veritrain.core.task_spec)")
+    return found

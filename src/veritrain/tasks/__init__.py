@@ -5,9 +5,10 @@ model) plugs in with `register_task` without touching the core.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-from veritrain.core.task_registry import TASKS  # the one registry, shared with config validation
+from veritrain.core.task_registry import SPECS, TASKS, task_spec as task_spec  # the one registry, shared with config validation
+from veritrain.core.task_spec import MetricSpec as MetricSpec, TaskSpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 # (veritrain.core.task_registry holds the registry they share); the task modules themselves type it.
 class Task(Protocol):
     name: str
+    spec: TaskSpec  # its metrics, their goals and bounds, which one is the headline (veritrain.core.task_spec)
     # per-epoch metrics besides the loss, summed by `batch_stats` and divided by the sample count;
     # logged as train_<name> and val_<name> in metrics.jsonl
     epoch_metrics: tuple[str, ...]
@@ -61,8 +63,11 @@ def split_rows(task: Task, data: "DataVersion", split: str) -> "np.ndarray":
     return rows(data, split) if rows is not None else data.splits[split]
 
 
-def register_task(name: str, factory: Callable[[Any], Task]) -> None:
+def register_task(name: str, factory: Callable[[Any], Task], spec: Optional[TaskSpec] = None) -> None:
+    """Make `task: NAME` build its task with `factory(run config)`. `spec` is what the task declares about its metrics
+    (veritrain.core.task_spec); without it, the factory's own `spec` attribute (a task class declaring it) is read."""
     TASKS[name] = factory
+    SPECS[name] = spec
 
 
 def get_task(cfg: Any) -> Task:

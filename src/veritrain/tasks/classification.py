@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from veritrain import models
+from veritrain.tasks.classification_spec import SPEC
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,6 +57,7 @@ def mean_loss(outputs: torch.Tensor, targets: torch.Tensor) -> float:
 
 class ClassificationTask:
     name = "classification"
+    spec = SPEC  # what it declares about its metrics (tasks/classification_spec.py, torch-free)
     epoch_metrics = ("acc",)
     best_metric = ("val_acc", "max")
 

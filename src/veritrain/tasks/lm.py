@@ -23,6 +23,7 @@ import torch
 
 from veritrain.core.errors import UserError
 from veritrain.tasks import gpt, lm_eval, lm_metrics
+from veritrain.tasks.lm_spec import SPEC
 
 if TYPE_CHECKING:
     from veritrain.core.config import ModelConfig, RunConfig
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 
 class LanguageModelTask:
     name = "lm"
+    spec = SPEC  # what it declares about its metrics (tasks/lm_spec.py, torch-free)
     epoch_metrics: tuple[str, ...] = ()
     best_metric = ("val_loss", "min")
 

@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 from veritrain.core.config import ResolvedConfig, load_config
 from veritrain.core.errors import ConfigError, UserError
-from veritrain.core.selection import REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, sweep_metric
+from veritrain.core.selection import REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, selection_name, sweep_metric
+from veritrain.core.task_registry import task_spec
 from veritrain.orchestration.search.space import Space, enqueued, load_space
 
 log = logging.getLogger("veritrain")
@@ -24,9 +25,6 @@ PRUNERS = ("median", "none")
 # Optuna's MedianPruner: no trial is pruned before this many have completed, and every epoch is judged
 MEDIAN_STARTUP_TRIALS = 5
 MEDIAN_WARMUP_EPOCHS = 0
-# The metrics.jsonl key (written after every epoch) that stands for each --metric the pruner can judge: the final
-# metric comes from eval/val/metrics.json, these from the epoch's own validation pass (val_loss is the log loss).
-EPOCH_KEYS = {"accuracy": "val_acc", "log_loss": "val_loss", "bits_per_byte": "val_bits_per_byte"}
 
 
 @dataclass
@@ -39,6 +37,7 @@ class SearchPlan:
     trials: int
     metric: str  # a val metric of eval/val/metrics.json, e.g. accuracy
     mode: str  # max or min
+    epoch_key: Optional[str]  # the metrics.jsonl key of the same quantity after every epoch (the task declares it)
     sampler: str
     pruner: str
     parallel: int
@@ -66,7 +65,7 @@ class SearchPlan:
             "exp_name": self.base.config.exp_name,
             "space": self.space.as_dict(),
             "trials": self.trials,
-            "metric": {"split": SELECTION_SPLIT, "name": self.metric, "mode": self.mode, "epoch_key": EPOCH_KEYS.get(self.metric)},
+            "metric": {"split": SELECTION_SPLIT, "name": self.metric, "mode": self.mode, "epoch_key": self.epoch_key},
             "report_split": REPORT_SPLIT,  # evaluated from the same checkpoint, never used for selection
             "sampler": {"name": self.sampler, "seed": self.seed, "seeding": "sha256(seed:trial number)"},
             "pruner": ({"name": "median", "n_startup_trials": MEDIAN_STARTUP_TRIALS, "n_warmup_steps": MEDIAN_WARMUP_EPOCHS,
@@ -88,7 +87,7 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
     an enqueued configuration outside the space, a config without a val split, or a missing Optuna is exit 2."""
     from veritrain.orchestration.sweep.planning import _pinned_threads, require_ray
 
-    name, mode = sweep_metric(metric)  # --metric test.* is refused here
+    selection_name(metric)  # --metric test.* is refused here, before anything else
     require_optuna()
     if backend == "ray":
         require_ray()
@@ -96,10 +95,13 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
         raise ConfigError("--sampler", sampler, f"unknown; give one of {', '.join(SAMPLERS)}")
     if pruner not in PRUNERS:
         raise ConfigError("--pruner", pruner, f"unknown; give one of {', '.join(PRUNERS)}")
-    if pruner == "median" and name not in EPOCH_KEYS:
-        raise ConfigError("--pruner", "median", f"val.{name} is computed once, at evaluation, not after every epoch, so the pruner has "
-                          f"nothing to judge; prune on {', '.join('val.' + n for n in EPOCH_KEYS)}, or give --pruner none")
     base = load_config(config, overrides)
+    spec = task_spec(base.config.task)
+    declared = sweep_metric(metric, spec)
+    name, mode = declared.name, declared.goal
+    if pruner == "median" and declared.epoch_key is None:
+        raise ConfigError("--pruner", "median", f"val.{name} is computed once, at evaluation, not after every epoch, so the pruner has "
+                          f"nothing to judge; prune on {', '.join('val.' + m.name for m in spec.epoch_metrics())}, or give --pruner none")
     if not has_validation_share(base.config.data):
         raise ConfigError(config or "<default>", "data.split_ratios", f"{list(base.config.data.split_ratios)} gives the val split no samples, "
                           "and a search selects on val (the test split is for the final report only); give val a share, e.g. "
@@ -126,7 +128,7 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
         raise UserError(f"--enqueue-after {after}: {len(configurations)} enqueued configuration(s) after trial {after} need --trials "
                         f"{after + len(configurations)} or more (given {trials})")
     return SearchPlan(config_path=str(Path(config).resolve()) if config else None, cwd=os.getcwd(), base=base, base_overrides=base_overrides,
-                      space=space, trials=trials, metric=name, mode=mode, sampler=sampler, pruner=pruner, parallel=parallel, backend=backend,
+                      space=space, trials=trials, metric=name, mode=mode, epoch_key=declared.epoch_key, sampler=sampler, pruner=pruner, parallel=parallel, backend=backend,
                       seed=seed, threads=threads, threads_reason=threads_reason, enqueue=configurations, enqueue_after=after)
 
 

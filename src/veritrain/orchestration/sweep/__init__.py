@@ -34,10 +34,10 @@ from veritrain.orchestration.sweep.planning import (
     require_ray,
     split_values,
 )
-from veritrain.orchestration.sweep.summary import HEADLINE, planned_selection, select_best, summarize, summary_from_records
+from veritrain.orchestration.sweep.summary import planned_selection, select_best, summarize, summary_from_records
 
 __all__ = [
-    "GRID", "HEADLINE", "ONE_AT_A_TIME", "POLL_SECONDS", "SWEEP_VERSION", "TRIAL_ENTRY", "LocalTrials", "PlannedTrial", "RayTrials", "Slot",
+    "GRID", "ONE_AT_A_TIME", "POLL_SECONDS", "SWEEP_VERSION", "TRIAL_ENTRY", "LocalTrials", "PlannedTrial", "RayTrials", "Slot",
     "SlotState", "SweepOutcome", "SweepPlan", "TrialBackend", "change_text", "parse_vary", "plan", "planned_selection", "require_ray",
     "resolve_sweep", "resume", "select_best", "split_values", "start", "summarize", "summary_from_records",
 ]

@@ -13,7 +13,8 @@ from typing import Any, Optional
 
 from veritrain.core.config import ResolvedConfig, load_config, without_added_defaults
 from veritrain.core.errors import ConfigError, RunFailed, UserError
-from veritrain.core.selection import REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, sweep_metric
+from veritrain.core.selection import REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, selection_name, sweep_metric
+from veritrain.core.task_registry import task_spec
 from veritrain.records.record import read_record
 from veritrain.records.workspace import Workspace
 
@@ -155,10 +156,13 @@ def plan(config: Optional[str], overrides: tuple[str, ...] | list[str], varies: 
     if not varies:
         raise UserError("sweep: give at least one --vary KEY=V1,V2,..., e.g. --vary optim.lr=0.01,0.001")
     parsed = parse_vary(varies)
-    chosen = sweep_metric(metric) if metric is not None else (None, None)
+    if metric is not None:
+        selection_name(metric)  # --metric test.* is refused here, before anything else
     if backend == "ray":
         require_ray()
     base = load_config(config, overrides)
+    spec = task_spec(base.config.task)
+    chosen = sweep_metric(metric, spec) if metric is not None else spec.headline  # without --metric: the task's headline
     if not has_validation_share(base.config.data):
         origin = "--set" if any(o.split("=", 1)[0].strip() in ("data", "data.split_ratios") for o in overrides) else (config or "<default>")
         raise ConfigError(origin, "data.split_ratios", f"{list(base.config.data.split_ratios)} gives the val split no samples, and a sweep "
@@ -209,7 +213,7 @@ def plan(config: Optional[str], overrides: tuple[str, ...] | list[str], varies: 
         mode=GRID if grid else ONE_AT_A_TIME, varied=varied,
         trials=trials, skipped=skipped, threads=threads, threads_reason=threads_reason, repeat=repeat, parallel=parallel,
         backend=backend, parent_run=parent_record["run_id"] if parent_record else None, parent_seeds=parent_seeds, parent_hashes=parent_hashes,
-        selection={"split": SELECTION_SPLIT, "metric": chosen[0], "mode": chosen[1]},
+        selection={"split": SELECTION_SPLIT, "metric": chosen.name, "mode": chosen.goal},
     )
 
 

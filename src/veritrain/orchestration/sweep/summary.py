@@ -17,10 +17,6 @@ from veritrain.orchestration.sweep.planning import SWEEP_VERSION, Slot, SlotStat
 from veritrain.records.record import now_iso, read_record
 from veritrain.records.workspace import Workspace
 
-# The metric that picks the best trial without --metric: the first of these the runs report on val, with the
-# direction that is better.
-HEADLINE = (("accuracy", "max"), ("bits_per_byte", "min"), ("macro_f1", "max"), ("rmse", "min"), ("mae", "min"), ("log_loss", "min"))
-
 
 def _runs_of(workspace: Workspace, spec: dict[str, Any]) -> dict[Slot, dict[str, Any]]:
     """The runs whose record names this sweep, one per slot: the records are the truth, whatever summary.json
@@ -117,7 +113,7 @@ def summary_from_records(spec: dict[str, Any], states: dict[Slot, SlotState], re
         by_index[trial["index"]] = group_states
     parent["group"] = f"sweep-{spec['id']}-parent" if spec["repeat"] > 1 and not spec["parent"]["run"] else None
     planned = planned_selection(spec)
-    headline = (planned["metric"], planned["mode"]) if planned["metric"] else _headline([parent, *trials])
+    headline = (planned["metric"], planned["mode"]) if planned["metric"] else _headline(records)
     best = None
     top = select_best(trials, *headline) if headline else None
     if top is not None and headline:
@@ -210,8 +206,17 @@ def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dic
     return entry
 
 
-def _headline(groups: list[dict[str, Any]]) -> Optional[tuple[str, str]]:
-    for name, mode in HEADLINE:
-        if any(name in g["metrics"] for g in groups):
-            return name, mode
+def _headline(records: dict[str, dict[str, Any]]) -> Optional[tuple[str, str]]:
+    """What picks the best trial of a sweep planned before its spec named one: the headline metric its runs' task
+    declares (None when no run of a known task is there)."""
+    from veritrain.core.task_registry import task_spec
+
+    for record in records.values():
+        task = (record.get("config") or {}).get("task")
+        try:
+            headline = task_spec(str(task)).headline if task else None
+        except UserError:
+            continue
+        if headline is not None:
+            return headline.name, headline.goal
     return None

@@ -1,0 +1,59 @@
+"""What a task declares about its numbers, torch-free, so that shared code reads the declaration instead of keeping
+tables of metric names (`veritrain.tasks.register_task` takes it; the built-in tasks declare theirs beside their
+code). A metric is named as its task writes it in `eval/<split>/metrics.json`.
+
+    from veritrain.core.task_spec import MetricSpec, TaskSpec
+    SPEC = TaskSpec("regression", metrics=(MetricSpec("rmse", "min", bounds=(0.0, None), headline=True),
+                                           MetricSpec("mae", "min", bounds=(0.0, None))))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+Goal = Literal["max", "min"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # its key in eval/<split>/metrics.json
+    goal: Goal  # which direction is better
+    bounds: tuple[Optional[float], Optional[float]] = (None, None)  # the values it can take (None: unbounded)
+    epoch_key: Optional[str] = None  # the metrics.jsonl key holding the same quantity on val after every epoch
+    headline: bool = False  # what picks a sweep's best trial when no --metric is given (one per task)
+
+    def __post_init__(self) -> None:
+        if self.goal not in ("max", "min"):
+            raise ValueError(f"metric {self.name!r}: goal must be 'max' or 'min', got {self.goal!r}")
+
+    @property
+    def range(self) -> tuple[float, float]:
+        """bounds with -inf/inf for the open ends."""
+        low, high = self.bounds
+        return (-math.inf if low is None else low, math.inf if high is None else high)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    metrics: tuple[MetricSpec, ...]  # the metrics its evaluation writes that a selection may read, headline first
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.metrics]
+        if len(set(names)) != len(names):
+            raise ValueError(f"task {self.name!r}: a metric is declared twice in {names}")
+        if sum(m.headline for m in self.metrics) != 1:
+            raise ValueError(f"task {self.name!r}: declare exactly one headline metric (MetricSpec(..., headline=True))")
+
+    def metric(self, name: str) -> Optional[MetricSpec]:
+        return next((m for m in self.metrics if m.name == name), None)
+
+    @property
+    def headline(self) -> MetricSpec:
+        return next(m for m in self.metrics if m.headline)
+
+    def epoch_metrics(self) -> tuple[MetricSpec, ...]:
+        """The metrics also measured on val after every epoch (a pruner can judge them)."""
+        return tuple(m for m in self.metrics if m.epoch_key is not None)

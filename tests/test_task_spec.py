@@ -1,0 +1,63 @@
+"""What a task declares about its metrics (veritrain.core.task_spec): the built-in tasks' declarations are read
+without torch, a task registered from outside declares its own, and selection reads the declaration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from veritrain.core.errors import ConfigError, UserError
+from veritrain.core.selection import sweep_metric
+from veritrain.core.task_spec import MetricSpec, TaskSpec
+from veritrain.tasks import SPECS, TASKS, register_task, task_spec
+
+
+def test_the_built_in_declarations_are_read_without_torch():
+    probe = ("import sys\nfrom veritrain.core.task_registry import task_spec\n"
+             "print(task_spec('classification').headline.name, task_spec('lm').headline.name, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["accuracy", "bits_per_byte", "False"]
+
+
+def test_the_task_classes_carry_the_same_declaration():
+    from veritrain.tasks.classification import ClassificationTask
+    from veritrain.tasks.lm import LanguageModelTask
+
+    assert ClassificationTask.spec is task_spec("classification") and LanguageModelTask.spec is task_spec("lm")
+
+
+def test_a_declaration_is_checked_when_it_is_made():
+    with pytest.raises(ValueError, match="goal must be 'max' or 'min'"):
+        MetricSpec("rmse", "lower")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="declare exactly one headline metric"):
+        TaskSpec("t", metrics=(MetricSpec("a", "max"), MetricSpec("b", "min")))
+    with pytest.raises(ValueError, match="a metric is declared twice"):
+        TaskSpec("t", metrics=(MetricSpec("a", "max", headline=True), MetricSpec("a", "min")))
+    assert MetricSpec("rmse", "min", (0.0, None)).range == (0.0, float("inf"))
+
+
+class Regression:  # a task from outside declares its metrics on its class
+    spec = TaskSpec("regression", metrics=(MetricSpec("rmse", "min", (0.0, None), headline=True), MetricSpec("mae", "min", (0.0, None))))
+
+
+def test_a_task_from_outside_declares_its_own_metrics_and_a_sweep_can_select_on_them(monkeypatch):
+    monkeypatch.setitem(TASKS, "regression", Regression)
+    monkeypatch.setitem(SPECS, "regression", None)
+    assert task_spec("regression") is Regression.spec
+    declared = sweep_metric("val.rmse", task_spec("regression"))
+    assert (declared.name, declared.goal) == ("rmse", "min")
+    with pytest.raises(ConfigError, match="task regression declares no such metric; give one of val.rmse, val.mae"):
+        sweep_metric("val.accuracy", task_spec("regression"))
+    given = TaskSpec("regression", metrics=(MetricSpec("r2", "max", (None, 1.0), headline=True),))
+    register_task("regression", Regression, spec=given)  # given to register_task: it wins over the class's
+    assert task_spec("regression") is given
+
+
+def test_a_task_that_declares_nothing_is_refused_with_the_fix(monkeypatch):
+    monkeypatch.setitem(TASKS, "bare", lambda cfg: None)
+    monkeypatch.setitem(SPECS, "bare", None)
+    with pytest.raises(UserError, match=r"task 'bare' declares no TaskSpec: give register_task\(name, factory, spec=TaskSpec"):
+        task_spec("bare")
