@@ -49,3 +49,17 @@ def task_spec(name: str) -> Any:
         raise UserError(f"task {name!r} declares no TaskSpec: give register_task(name, factory, spec=TaskSpec(...)) or a `spec` "
                         "attribute on the task class (veritrain.core.task_spec)")
     return found
+
+
+def spec_of_record(record: Any) -> Any:
+    """The TaskSpec of a run record's task, or None when this process knows no declaration of it (a task registered
+    by code that is not loaded here): what reads records then shows their numbers without the task's goals."""
+    from veritrain.core.errors import UserError
+
+    task = ((record or {}).get("config") or {}).get("task") if isinstance(record, dict) else None
+    if not isinstance(task, str):
+        return None
+    try:
+        return task_spec(task)
+    except UserError:
+        return None

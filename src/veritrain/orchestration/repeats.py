@@ -17,26 +17,14 @@ from typing import Any, Optional
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.display import HEADLINE_KEYS
 from veritrain.core.selection import REPORT_SPLIT
+from veritrain.core.task_registry import task_spec
 from veritrain.orchestration import pipeline
 from veritrain.records.workspace import Workspace
-
-SUMMARIZED = ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "log_loss", "ece", "mae", "rmse", "bits_per_byte", "perplexity")
-
-# The values each metric can take: shares of samples (and ECE, a weighted mean of |accuracy − confidence|)
-# lie in [0, 1]; losses and errors in [0, ∞). A metric not listed is left unclipped.
-UNIT = (0.0, 1.0)
-NON_NEGATIVE = (0.0, math.inf)
-RANGES: dict[str, tuple[float, float]] = {
-    **{name: UNIT for name in ("accuracy", "top5_accuracy", "macro_f1", "f1_macro", "f1_weighted", "precision_macro",
-                               "recall_macro", "precision_weighted", "recall_weighted", "ece")},
-    **{name: NON_NEGATIVE for name in ("log_loss", "loss", "mae", "rmse", "bits_per_byte")},
-    "perplexity": (1.0, math.inf),  # e^loss, loss ≥ 0
-}
 
 
 def spread(values: list[float], valid: tuple[float, float] = (-math.inf, math.inf)) -> dict[str, Any]:
     """Mean, sample standard deviation and the 95% interval mean ± t(0.975, n − 1) · std / √n, clipped to
-    `valid`, the range the metric can take.
+    `valid`, the range the metric can take (its task declares it: `MetricSpec.range`).
 
     Why clip: Student's t interval is symmetric because it assumes the metric is normally distributed
     across seeds. A metric bounded by 0 or 1 is not, least of all near its bound: with few seeds and a
@@ -71,10 +59,11 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
     completed = [o for o in outcomes if o.record["status"] == "completed"]
     split = REPORT_SPLIT  # each seed's run evaluates test (pipeline.evaluation_splits), whatever eval.split says
     summary = {}
-    for name in SUMMARIZED:
-        values = [o.record["metrics"][split][name] for o in completed if isinstance(o.record["metrics"].get(split, {}).get(name), float)]
+    for metric in task_spec(resolved.config.task).metrics:  # what the task declares, clipped to the bounds it declares
+        values = [o.record["metrics"][split][metric.name] for o in completed
+                  if isinstance(o.record["metrics"].get(split, {}).get(metric.name), float)]
         if values:
-            summary[name] = spread(values, RANGES.get(name, (-math.inf, math.inf)))
+            summary[metric.name] = spread(values, metric.range)
     baselines = {}
     first = completed[0].record.get("baselines") if completed else None
     if first:

@@ -168,9 +168,11 @@ def select_best(trials: list[dict[str, Any]], metric: str, mode: str) -> Optiona
 def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dict[str, Any]], split: str = SELECTION_SPLIT) -> dict[str, Any]:
     """The runs of one trial (or the parent), one per seed: status, metrics of `split` (the mean over seeds), spread,
     error. A run counts only when its val and test metrics come from the same checkpoint (the one it ships)."""
-    from veritrain.orchestration.repeats import RANGES, SUMMARIZED, spread
+    from veritrain.core.task_registry import spec_of_record
+    from veritrain.orchestration.repeats import spread
 
     statuses, errors, values, versions, notes = [], [], {}, set(), []
+    ranges: dict[str, tuple[float, float]] = {}
     for state in states:
         record = records.get(state.run_id) if state.run_id else None
         status = record["status"] if record and state.status != "running" else state.status  # a resumed run says so once it runs
@@ -187,9 +189,11 @@ def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dic
                              f"evaluate both from the one it ships: veritrain eval {record['run_id']} --split {SELECTION_SPLIT}")
                 continue
             metrics = evaluated.get(split) or {}
-            for name in SUMMARIZED:
+            declared = spec_of_record(record)  # a task unknown here: every number of the split, unbounded
+            for name in [m.name for m in declared.metrics] if declared else sorted(metrics):
                 if isinstance(metrics.get(name), (int, float)) and not isinstance(metrics.get(name), bool):
                     values.setdefault(name, []).append(float(metrics[name]))
+                    ranges[name] = declared.metric(name).range if declared else (float("-inf"), float("inf"))
             versions.add((record.get("data") or {}).get("version"))
     overall = ("completed" if statuses and all(s == "completed" for s in statuses) else "failed" if "failed" in statuses
                else "interrupted" if "interrupted" in statuses else "running" if "running" in statuses else "pending")
@@ -197,7 +201,7 @@ def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dic
         "run_ids": [s.run_id for s in states if s.run_id],
         "status": overall,
         "metrics": {name: statistics.fmean(v) for name, v in values.items()},
-        "spread": {name: spread(v, RANGES.get(name, (float("-inf"), float("inf")))) for name, v in values.items()} if spec["repeat"] > 1 else None,
+        "spread": {name: spread(v, ranges[name]) for name, v in values.items()} if spec["repeat"] > 1 else None,
         "data_version": next(iter(versions)) if len(versions) == 1 else None,
         "error": errors[0] if errors else None,
     }
