@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 JSON_WRITTEN = {"done": False}  # whether this command printed its JSON document (a failure after it adds none)
 
-HEADLINE_METRICS = ("accuracy", "top5_accuracy", "macro_f1", "log_loss", "ece", "mae", "rmse", "bits_per_byte", "perplexity")
 
 
 def emit_json(payload: dict[str, Any]) -> None:
@@ -85,7 +84,7 @@ def run_summary(outcome: RunOutcome) -> None:
     table.add_row("experiment", str(record.get("exp_name")))
     seeds = "single seed" if not record.get("repeat") else f"seed {record['seed']}, {record['repeat']['index'] + 1} of {record['repeat']['of']}"
     for split, metrics in summary["metrics"].items():
-        for name in HEADLINE_METRICS:
+        for name in _shown_metrics(record, metrics):
             if isinstance(metrics.get(name), float):
                 table.add_row(f"{split} {name}", f"{metrics[name]:.4f} ({seeds})")
     for name, result in ((record.get("baselines") or {}).get("results") or {}).items():
@@ -162,6 +161,17 @@ def sweep_plan(plan: SweepPlan) -> None:
         logs.report(f"left out {note}")
 
 
+def _shown_metrics(record: dict[str, Any], metrics: dict[str, Any]) -> list[str]:
+    """The metrics of a split a summary shows: those the run's task declares (veritrain.core.task_spec), in its order;
+    every number of the split when this process knows no declaration of the task."""
+    from veritrain.core.task_registry import spec_of_record
+
+    spec = spec_of_record(record)
+    if spec is not None:
+        return [m.name for m in spec.metrics]
+    return [k for k, v in metrics.items() if isinstance(v, float)]
+
+
 def sweep_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
@@ -169,8 +179,8 @@ def sweep_summary(summary: dict[str, Any]) -> None:
 
     headline = (summary.get("headline") or {}).get("metric")
     split = summary["split"]  # the trials' metrics: the split the best trial is chosen on
-    names = [n for n in dict.fromkeys([headline, "accuracy", "macro_f1", "log_loss", "rmse"]) if n and
-             any(n in g["metrics"] for g in (summary["parent"], *summary["trials"]))][:3]
+    present = [n for g in (summary["parent"], *summary["trials"]) for n in g["metrics"]]  # in the order the task declares them
+    names = [n for n in dict.fromkeys([headline, *present]) if n and n in present][:3]
     best = (summary.get("best") or {}).get("trial")
 
     def cells(group: dict[str, Any], with_delta: bool) -> list[str]:
@@ -505,7 +515,7 @@ def run_record(run_dir: Path, record: dict[str, Any], read: Any = None) -> None:
         table.add_row("training", f"{training.get('epochs')} epochs, {training.get('steps')} steps; best epoch {training.get('best_epoch')}"
                       + (f" ({best.get('name')} {best['value']:.4f})" if isinstance(best.get("value"), float) else ""))
     for split, metrics in (record.get("metrics") or {}).items():
-        names = HEADLINE_METRICS if record.get("kind") != "script" else [k for k, v in metrics.items() if isinstance(v, float)]
+        names = _shown_metrics(record, metrics) if record.get("kind") != "script" else [k for k, v in metrics.items() if isinstance(v, float)]
         shown = ", ".join(f"{name} {metrics[name]:.4f}" for name in names if isinstance(metrics.get(name), float))
         table.add_row(f"{split} metrics", shown or "-")
     for name, result in ((record.get("baselines") or {}).get("results") or {}).items():

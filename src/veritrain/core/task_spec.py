@@ -38,7 +38,9 @@ class MetricSpec:
 @dataclass(frozen=True)
 class TaskSpec:
     name: str
-    metrics: tuple[MetricSpec, ...]  # the metrics its evaluation writes that a selection may read, headline first
+    # the metrics its evaluation writes that a selection may read, in the order they are shown (a line about a run
+    # names the first few)
+    metrics: tuple[MetricSpec, ...]
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.metrics]
@@ -46,6 +48,10 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: a metric is declared twice in {names}")
         if sum(m.headline for m in self.metrics) != 1:
             raise ValueError(f"task {self.name!r}: declare exactly one headline metric (MetricSpec(..., headline=True))")
+
+    def names(self, limit: Optional[int] = None) -> list[str]:
+        """The declared metrics' names in their order, the first `limit` of them."""
+        return [m.name for m in self.metrics][:limit]
 
     def metric(self, name: str) -> Optional[MetricSpec]:
         return next((m for m in self.metrics if m.name == name), None)

@@ -17,7 +17,16 @@ from typing import Any, Optional
 from veritrain.records import registry
 from veritrain.records.registry import flatten  # noqa: F401  (a name of this module too: `experiments.flatten`)
 
-HEADLINE = ("accuracy", "macro_f1", "log_loss", "mae", "rmse")
+SHOWN = 3  # the metrics a line about a run names: the first its task declares (veritrain.core.task_spec)
+
+
+def shown_metrics(row: Mapping[str, Any]) -> list[str]:
+    """The names of the metrics a line about this run (a record or an index row) shows: the first SHOWN its task
+    declares; none when this process knows no declaration of its task."""
+    from veritrain.core.task_registry import spec_of_record
+
+    spec = spec_of_record(dict(row))
+    return spec.names(SHOWN) if spec is not None else []
 
 
 def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
@@ -25,29 +34,44 @@ def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, 
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
-HEADLINE_METRICS = ("accuracy", "macro_f1", "log_loss", "ece", "loss", "top5_accuracy")  # what `runs compare` prints
 
 
 def compare(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Runs side by side against the first: the config keys that differ (registry.differing_params: the runs table's
     rule, every run's value, a setting a run does not use left out), every numeric metric
-    with its delta from the first run (`headline` for the ones `runs compare` prints), the data versions, and the
+    with its delta from the first run (`headline` and its `goal` for the ones the runs' task declares: what `runs
+    compare` prints and the page colours), the data versions, and the
     environment keys that differ from the first run's. The one comparison behind `veritrain runs compare` and the
     web compare page."""
     base = records[0]
     config_rows = registry.differing_params([r.get("config") for r in records])
     flat_metrics = [{k: v for k, v in flatten(r.get("metrics")).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
                     for r in records]
+    goals = _declared_goals(records)
     metric_rows = []
     for k in sorted(set().union(*flat_metrics)):
         first = flat_metrics[0].get(k)
-        metric_rows.append({"key": k, "headline": k.split(".")[-1] in HEADLINE_METRICS,
+        goal = goals.get(k.split(".")[-1]) if "per_class" not in k.split(".") else None
+        metric_rows.append({"key": k, "headline": goal is not None, "goal": goal,
                             "values": [{"value": m.get(k), "delta": (m[k] - first) if k in m and first is not None else None}
                                        for m in flat_metrics]})
     env_rows = [{"run_id": other["run_id"], "key": k, "base": a, "this": b}
                 for other in records[1:] for k, (a, b) in config_diff(base.get("env"), other.get("env")).items()]
     return {"run_ids": [r["run_id"] for r in records], "config": config_rows, "metrics": metric_rows, "env": env_rows,
             "data_versions": [(r.get("data") or {}).get("version") for r in records]}
+
+
+def _declared_goals(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Metric name → max or min, as the runs' tasks declare it (veritrain.core.task_spec); a name the tasks of these
+    runs declare with different goals, or that no task known here declares, has none."""
+    from veritrain.core.task_registry import spec_of_record
+
+    found: dict[str, set[str]] = {}
+    for record in records:
+        spec = spec_of_record(dict(record))
+        for metric in spec.metrics if spec is not None else ():
+            found.setdefault(metric.name, set()).add(metric.goal)
+    return {name: next(iter(goals)) for name, goals in found.items() if len(goals) == 1}
 
 
 def comparison_by_run(comparison: dict[str, Any]) -> dict[str, Any]:
@@ -111,15 +135,17 @@ def write(state_dir: Path, runs_dir: Path, out: Path) -> Path:
                 same = row["final_state_sha256"] and row["final_state_sha256"] == reference["final_state_sha256"]
                 lines.append(f"- reproduces {reference['run_id']}: final weights {'identical' if same else 'differ'}"
                              f" (`veritrain runs compare {reference['run_id']} {row['run_id']}`)")
+        names = shown_metrics(row)
         for split, metrics in (row["metrics"] or {}).items():
-            shown = ", ".join(f"{k} {metrics[k]:.4f}" for k in HEADLINE if k in metrics)
+            shown = ", ".join(f"{k} {metrics[k]:.4f}" for k in names if isinstance(metrics.get(k), (int, float)))
             if shown:
                 spread_split, spread = spreads.get(row.get("repeat_group") or "", (None, None))
                 spread = spread if spread_split in (None, split) else None  # a group's spread is of one split
                 extra = ""
-                if spread and "accuracy" in spread:
-                    s = spread["accuracy"]
-                    extra = f" — group of {s['n']} seeds: accuracy {s['mean']:.4f} ± {s['std']:.4f} (95% [{s['ci95'][0]:.4f}, {s['ci95'][1]:.4f}])"
+                if spread and names[0] in spread:  # the task's headline metric
+                    s = spread[names[0]]
+                    extra = (f" — group of {s['n']} seeds: {names[0]} {s['mean']:.4f} ± {s['std']:.4f} "
+                             f"(95% [{s['ci95'][0]:.4f}, {s['ci95'][1]:.4f}])")
                 else:
                     extra = " (single seed)"
                 lines.append(f"- {split}: {shown}{extra}")

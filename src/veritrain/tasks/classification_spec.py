@@ -9,10 +9,10 @@ UNIT = (0.0, 1.0)
 
 SPEC = TaskSpec("classification", metrics=(
     MetricSpec("accuracy", "max", UNIT, epoch_key="val_acc", headline=True),
-    MetricSpec("top5_accuracy", "max", UNIT),
     MetricSpec("macro_f1", "max", UNIT),
-    MetricSpec("f1_weighted", "max", UNIT),
     # val_loss after every epoch is the training criterion (with label smoothing when set), not the log loss: no epoch key
     MetricSpec("log_loss", "min", (0.0, None)),
+    MetricSpec("top5_accuracy", "max", UNIT),
+    MetricSpec("f1_weighted", "max", UNIT),
     MetricSpec("ece", "min", UNIT),
 ))

@@ -724,13 +724,14 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
     }
 
 
-HEADLINE_ROWS = ("accuracy", "macro_f1", "log_loss", "bits_per_byte", "rmse", "mae")  # the overview's metrics, when the run has them
 BASELINE_ALIASES = {"macro_f1": "f1_macro"}  # a baseline names macro F1 as scikit-learn does
 
 
 def headline(record: dict[str, Any]) -> dict[str, Any]:
-    """The overview's metrics: for each split evaluated, the headline metrics it has, each beside every baseline's
-    value of the same metric (baselines are scored on the test split)."""
+    """The overview's metrics: for each split evaluated, the first metrics the run's task declares that it has, each
+    beside every baseline's value of the same metric (baselines are scored on the test split)."""
+    from veritrain.records.experiments import shown_metrics
+
     metrics = record.get("metrics") or {}
     results = ((record.get("baselines") or {}).get("results") or {}) if isinstance(record.get("baselines"), dict) else {}
     names = [n for n, r in results.items() if isinstance(r, dict)]
@@ -738,7 +739,7 @@ def headline(record: dict[str, Any]) -> dict[str, Any]:
     for split, values in metrics.items():
         if not isinstance(values, dict):
             continue
-        for key in HEADLINE_ROWS:
+        for key in shown_metrics(record):  # the first metrics the run's task declares
             value = _finite(values.get(key))
             if value is None:
                 continue
@@ -787,14 +788,11 @@ def compare_page(workspace: Workspace, run_ids: list[str]) -> dict[str, Any]:
     labels = change_labels(comparison)
     comparison["labels"] = labels
     comparison["curves"] = {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}, "labels": labels}
-    for m in comparison["metrics"]:  # whether a rise is an improvement: the page colours deltas by better and worse
-        m["lower_is_better"] = m["key"].rsplit(".", 1)[-1] in LOWER_IS_BETTER
     comparison["headline_metrics"] = [m for m in comparison["metrics"] if ".per_class." not in f".{m['key']}." and "per_class" not in m["key"]]
     comparison["per_class_metrics"] = [m for m in comparison["metrics"] if m not in comparison["headline_metrics"]]
     return comparison
 
 
-LOWER_IS_BETTER = ("log_loss", "loss", "ece", "bits_per_byte", "rmse", "mae", "val_loss", "train_loss")
 LABEL_KEYS = 3  # config keys a curve's label names, before `…`
 
 
@@ -903,7 +901,7 @@ def data_page(workspace: Workspace, version: str) -> dict[str, Any]:
 def experiments_page(workspace: Workspace, only: Optional[list[str]] = None) -> dict[str, Any]:
     """The experiment log (what experiments.md shows), built from the index: newest first, each entry with
     its hypothesis, config changes against its reference run, headline metrics and notes."""
-    from veritrain.records.experiments import HEADLINE, config_diff, reference_of
+    from veritrain.records.experiments import config_diff, reference_of, shown_metrics
 
     rows = registry.query(workspace.state_dir, workspace.runs_dir)
     if only is not None:
@@ -914,8 +912,9 @@ def experiments_page(workspace: Workspace, only: Optional[list[str]] = None) -> 
     for row in reversed(ordered):
         reference = reference_of(row, by_id, ordered)
         changed = config_diff(reference["config"], row["config"]) if reference else {}
+        shown = shown_metrics(row)
         metrics = [(f"{split}.{name}", value) for split, values in (row["metrics"] or {}).items()
-                   for name, value in values.items() if name in HEADLINE]
+                   for name, value in values.items() if name in shown]
         entries.append({"row": row, "reference": reference["run_id"] if reference else None,
                         "changed": [{"key": k, "reference": a, "value": b} for k, (a, b) in changed.items()],
                         "metrics": metrics, "notes": row["notes"] or []})
