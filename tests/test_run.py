@@ -58,6 +58,9 @@ def test_record_holds_the_contract_fields(fast_run):
     assert set(record["metrics"]["test"]) >= {"accuracy", "macro_f1"}
     assert record["config_hash"] == load_config(None, FAST_OVERRIDES).hash
     assert record["error"] is None
+    from veritrain.core.task_registry import task_spec
+
+    assert record["task_spec"] == task_spec("classification").to_json()  # what its task declares, kept with the run
 
 
 # Computed by the code as it was before the modules moved into their layers: the same inputs must keep

@@ -61,3 +61,18 @@ def test_a_task_that_declares_nothing_is_refused_with_the_fix(monkeypatch):
     monkeypatch.setitem(SPECS, "bare", None)
     with pytest.raises(UserError, match=r"task 'bare' declares no TaskSpec: give register_task\(name, factory, spec=TaskSpec"):
         task_spec("bare")
+
+
+def test_a_record_keeps_its_declaration_so_its_readers_need_no_task_code():
+    from veritrain.core.task_registry import spec_of_record
+    from veritrain.records.experiments import compare
+
+    outside = TaskSpec("outside", metrics=(MetricSpec("dice", "max", (0.0, 1.0), headline=True), MetricSpec("hd95", "min", (0.0, None))))
+    assert TaskSpec.from_json(outside.to_json()) == outside
+    assert spec_of_record({"config": {"task": "outside"}, "task_spec": outside.to_json()}) == outside
+    assert spec_of_record({"config": {"task": "outside"}}) is None  # a task not loaded here, a record without it
+    assert spec_of_record({"config": {"task": "classification"}}) is task_spec("classification")  # records made before it
+    a = {"run_id": "a", "config": {"task": "outside"}, "task_spec": outside.to_json(), "metrics": {"test": {"dice": 0.5, "hd95": 3.0}}}
+    b = {**a, "run_id": "b", "metrics": {"test": {"dice": 0.7, "hd95": 4.0}}}
+    rows = {row["key"]: (row["headline"], row["goal"]) for row in compare([a, b])["metrics"]}
+    assert rows == {"test.dice": (True, "max"), "test.hd95": (True, "min")}

@@ -52,10 +52,18 @@ def task_spec(name: str) -> Any:
 
 
 def spec_of_record(record: Any) -> Any:
-    """The TaskSpec of a run record's task, or None when this process knows no declaration of it (a task registered
-    by code that is not loaded here): what reads records then shows their numbers without the task's goals."""
+    """The TaskSpec of a run record's task: the declaration the record keeps (`task_spec`), else the one this process
+    knows by the task's name (records made before they kept it), else None (a task registered by code that is not
+    loaded here): what reads records then shows their numbers without the task's goals."""
     from veritrain.core.errors import UserError
+    from veritrain.core.task_spec import TaskSpec
 
+    kept = record.get("task_spec") if isinstance(record, dict) else None
+    if isinstance(kept, dict):
+        try:
+            return TaskSpec.from_json(kept)
+        except ValueError:
+            pass
     task = ((record or {}).get("config") or {}).get("task") if isinstance(record, dict) else None
     if not isinstance(task, str):
         return None

@@ -10,8 +10,8 @@ code). A metric is named as its task writes it in `eval/<split>/metrics.json`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal, Optional
+from dataclasses import asdict, dataclass
+from typing import Any, Literal, Optional
 
 Goal = Literal["max", "min"]
 
@@ -59,6 +59,20 @@ class TaskSpec:
     @property
     def headline(self) -> MetricSpec:
         return next(m for m in self.metrics if m.headline)
+
+    def to_json(self) -> dict[str, Any]:
+        """What a run record keeps as `task_spec` (docs/record.md)."""
+        return {"name": self.name, "metrics": [{**asdict(m), "bounds": list(m.bounds)} for m in self.metrics]}
+
+    @classmethod
+    def from_json(cls, document: dict[str, Any]) -> TaskSpec:
+        """The declaration a record kept (`to_json`); ValueError when it is not one."""
+        try:
+            metrics = tuple(MetricSpec(m["name"], m["goal"], (m["bounds"][0], m["bounds"][1]), m.get("epoch_key"), bool(m.get("headline")))
+                            for m in document["metrics"])
+            return cls(str(document["name"]), metrics)
+        except (KeyError, IndexError, TypeError) as err:
+            raise ValueError(f"not a task declaration: {err}") from None
 
     def epoch_metrics(self) -> tuple[MetricSpec, ...]:
         """The metrics also measured on val after every epoch (a pruner can judge them)."""

@@ -30,6 +30,7 @@ from veritrain.core.hashing import sha256_file
 from veritrain.core.secrets import allowed_environment, secret_in_command_line, text_secret
 from veritrain.core.signals import StopFlag, interruptible
 from veritrain.core.signing_keys import sealing_key
+from veritrain.core.task_registry import task_spec
 from veritrain.data.identity import data_summary, tokenizer_difference
 from veritrain.records import journal, usercode
 from veritrain.records.record import Record, capture_code, capture_env, now_iso, read_record, save_code, thawed
@@ -313,6 +314,7 @@ def _execute(record: Recorder, run_dir: Path, resolved: ResolvedConfig, workspac
             (run_dir / "env").mkdir(exist_ok=True)
             (run_dir / "env" / "requirements.lock").write_text(package_list, encoding="utf-8")
             record.set(selection=selection.for_run(cfg, get_task(cfg).best_metric, record["stages"], (record.get("selection") or {}).get("sweep")))
+            record.set(task_spec=task_spec(cfg.task).to_json())  # what its task declares, so readers need not load the task
             _log_header(record, resolved, run_dir, resume)
             record.write()
 

@@ -183,6 +183,23 @@ class SweepSelection(_Part):
     mode: Optional[Literal["max", "min"]] = None
 
 
+class DeclaredMetric(_Part):
+    """A metric as its task declares it (veritrain.core.task_spec.MetricSpec)."""
+
+    name: str
+    goal: Literal["max", "min"]
+    bounds: Annotated[list[Optional[float]], Field(min_length=2, max_length=2)]
+    epoch_key: Optional[str] = None
+    headline: bool = False
+
+
+class DeclaredTask(_Part):
+    """What the run's task declares about its metrics (veritrain.core.task_spec.TaskSpec), as it trained."""
+
+    name: str
+    metrics: list[DeclaredMetric]
+
+
 class Selection(_Part):
     """Which split selected what (veritrain.core.selection); absent in records made before it."""
 
@@ -367,6 +384,7 @@ class RunRecord(_Part):
     sweep: Optional[SweepLink] = None
     pruned: Optional[PrunedInfo] = None  # status pruned only: the search's verdict
     selection: Optional[Selection] = None  # absent in records made before it
+    task_spec: Annotated[Optional[DeclaredTask], NOT_NULL] = None  # runs of a task (not a script's); absent in records made before it
     distributed: Optional[Distributed] = None
     final_state_sha256: Optional[Sha256] = None
     trajectory: Annotated[Optional[list[TrajectoryEntry]], NOT_NULL] = None

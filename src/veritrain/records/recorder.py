@@ -35,7 +35,7 @@ _EMPTY_RUN_FIELDS: dict[str, Any] = {
 
 
 # what the stages of a run produce (Recorder.set): everything else has its own method or is set when the run starts
-STAGE_FIELDS = frozenset({"env", "selection", "data", "distributed", "training", "trajectory", "other_saves",
+STAGE_FIELDS = frozenset({"env", "selection", "task_spec", "data", "distributed", "training", "trajectory", "other_saves",
                           "final_state_sha256", "baselines", "export", "guarantee"})
 
 
