@@ -61,6 +61,8 @@ def test_record_holds_the_contract_fields(fast_run):
     from veritrain.core.task_registry import task_spec
 
     assert record["task_spec"] == task_spec("classification").to_json()  # what its task declares, kept with the run
+    if record.get("baselines"):  # the rule its task declares is named in the document it judges
+        assert record["baselines"]["judged_by"] == task_spec("classification").baseline_rule()
 
 
 # Computed by the code as it was before the modules moved into their layers: the same inputs must keep

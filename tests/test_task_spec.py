@@ -76,3 +76,20 @@ def test_a_record_keeps_its_declaration_so_its_readers_need_no_task_code():
     b = {**a, "run_id": "b", "metrics": {"test": {"dice": 0.7, "hd95": 4.0}}}
     rows = {row["key"]: (row["headline"], row["goal"]) for row in compare([a, b])["metrics"]}
     assert rows == {"test.dice": (True, "max"), "test.hd95": (True, "min")}
+
+
+def test_the_baseline_rule_is_declared_by_the_task_and_judges_documents_that_do_not_name_one():
+    from veritrain.core.baselines import judge
+    from veritrain.core.task_spec import BaselineRule
+
+    with pytest.raises(ValueError, match="its baseline is judged by 'r2', which it does not declare"):
+        TaskSpec("t", metrics=(MetricSpec("rmse", "min", headline=True),), baseline=BaselineRule("r2", "mean"))
+    rule = task_spec("classification").baseline_rule()
+    assert rule == {"metric": "accuracy", "goal": "max", "baseline": "logistic_regression"}
+    assert task_spec("lm").baseline_rule() == {"metric": "bits_per_byte", "goal": "min", "baseline": "bigram"}
+    older = {"results": {"logistic_regression": {"accuracy": 0.9}}, "margin": 0.01}  # a document written before judged_by
+    assert judge({"accuracy": 0.95}, older, rule).status == "beats"
+    assert judge({"accuracy": 0.905}, older, rule).status == "does_not_beat"
+    assert judge({"accuracy": 0.95}, older).status == "unknown"  # no rule named and none declared: never a pass
+    other = {"results": {"mean": {"rmse": 1.0}}, "margin": 0.0}  # the declared baseline is not in the document
+    assert judge({"accuracy": 0.95}, other, rule).status == "unknown"

@@ -2,19 +2,16 @@
 reports, `check`'s `beats_baseline` row and the run page, so none of them can say otherwise than another.
 
 A baselines document (`eval/baselines.json`, the record's `baselines`) names the rule that judges it in `judged_by`:
-the metric, its goal (`max` or `min`) and the baseline it is compared with. Documents written before it said so are
-judged by the rule of the baselines they hold (a logistic regression by accuracy, a byte bigram by bits per byte); a
-document neither names nor holds is `unknown`, never a pass.
+the metric, its goal (`max` or `min`) and the baseline it is compared with, as the run's task declares them
+(veritrain.core.task_spec.BaselineRule). Documents written before they named it are judged by the rule the task
+declares (`declared`, given by the caller from the run's task); a document judged by neither is `unknown`, never a
+pass.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
-
-# the rules of documents written before `judged_by`, by the baseline they hold
-LEGACY_RULES = ({"baseline": "bigram", "metric": "bits_per_byte", "goal": "min"},
-                {"baseline": "logistic_regression", "metric": "accuracy", "goal": "max"})
 
 
 @dataclass(frozen=True)
@@ -38,24 +35,28 @@ class Judgement:
                 f"{self.baseline_value:.4f} (eval.baseline_margin)")
 
 
-def rule_of(baselines: Mapping[str, Any]) -> Optional[dict[str, str]]:
-    """The rule that judges a baselines document: the one it names, else the legacy rule of the baselines it holds."""
-    named = baselines.get("judged_by")
-    if isinstance(named, Mapping) and named.get("goal") in ("max", "min") and isinstance(named.get("metric"), str) \
-            and isinstance(named.get("baseline"), str):
-        return {"metric": named["metric"], "goal": named["goal"], "baseline": named["baseline"]}
-    found = baselines.get("results")
-    results: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    return next((dict(rule) for rule in LEGACY_RULES if isinstance(results.get(rule["baseline"]), Mapping)), None)
+def rule_of(baselines: Mapping[str, Any], declared: Optional[Mapping[str, str]] = None) -> Optional[dict[str, str]]:
+    """The rule that judges a baselines document: the one it names, else the one the run's task declares when the
+    document holds that baseline (TaskSpec.baseline_rule)."""
+    for rule in (baselines.get("judged_by"), declared):
+        if isinstance(rule, Mapping) and rule.get("goal") in ("max", "min") and isinstance(rule.get("metric"), str) \
+                and isinstance(rule.get("baseline"), str):
+            found = baselines.get("results")
+            if rule is declared and not (isinstance(found, Mapping) and isinstance(found.get(rule["baseline"]), Mapping)):
+                return None
+            return {"metric": rule["metric"], "goal": rule["goal"], "baseline": rule["baseline"]}
+    return None
 
 
-def judge(metrics: Optional[Mapping[str, Any]], baselines: Optional[Mapping[str, Any]]) -> Judgement:
-    """The judgement of `metrics` (one split's) against `baselines`, by the document's rule and margin."""
+def judge(metrics: Optional[Mapping[str, Any]], baselines: Optional[Mapping[str, Any]],
+          declared: Optional[Mapping[str, str]] = None) -> Judgement:
+    """The judgement of `metrics` (one split's) against `baselines`, by the document's rule (else the one the run's
+    task declares, `declared`) and margin."""
     if not metrics or not baselines:
         return Judgement("missing", "no test metrics" if not metrics else "no baselines")
-    rule = rule_of(baselines)
+    rule = rule_of(baselines, declared)
     if rule is None:
-        return Judgement("unknown", "the baselines name no rule that judges them (judged_by), and hold none veritrain knows")
+        return Judgement("unknown", "the baselines name no rule that judges them (judged_by), and the run's task declares none they hold")
     margin = baselines.get("margin", 0.0)
     margin = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) else 0.0
     found = metrics.get(rule["metric"])

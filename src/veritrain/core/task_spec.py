@@ -36,11 +36,21 @@ class MetricSpec:
 
 
 @dataclass(frozen=True)
+class BaselineRule:
+    """What judges whether a model beats its baseline: one of the task's metrics (its goal is the metric's) against
+    the baseline of this name in the baselines document (`eval/baselines.json`), by `eval.baseline_margin`."""
+
+    metric: str
+    baseline: str
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     # the metrics its evaluation writes that a selection may read, in the order they are shown (a line about a run
     # names the first few)
     metrics: tuple[MetricSpec, ...]
+    baseline: Optional[BaselineRule] = None  # None: its runs fit no baseline
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.metrics]
@@ -48,6 +58,16 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: a metric is declared twice in {names}")
         if sum(m.headline for m in self.metrics) != 1:
             raise ValueError(f"task {self.name!r}: declare exactly one headline metric (MetricSpec(..., headline=True))")
+        if self.baseline is not None and self.baseline.metric not in names:
+            raise ValueError(f"task {self.name!r}: its baseline is judged by {self.baseline.metric!r}, which it does not declare")
+
+    def baseline_rule(self) -> Optional[dict[str, str]]:
+        """The baselines document's `judged_by` (veritrain.core.baselines): metric, goal and baseline."""
+        if self.baseline is None:
+            return None
+        metric = self.metric(self.baseline.metric)
+        assert metric is not None  # checked when declared
+        return {"metric": metric.name, "goal": metric.goal, "baseline": self.baseline.baseline}
 
     def names(self, limit: Optional[int] = None) -> list[str]:
         """The declared metrics' names in their order, the first `limit` of them."""
@@ -62,7 +82,8 @@ class TaskSpec:
 
     def to_json(self) -> dict[str, Any]:
         """What a run record keeps as `task_spec` (docs/record.md)."""
-        return {"name": self.name, "metrics": [{**asdict(m), "bounds": list(m.bounds)} for m in self.metrics]}
+        return {"name": self.name, "metrics": [{**asdict(m), "bounds": list(m.bounds)} for m in self.metrics],
+                "baseline": asdict(self.baseline) if self.baseline is not None else None}
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> TaskSpec:
@@ -70,8 +91,10 @@ class TaskSpec:
         try:
             metrics = tuple(MetricSpec(m["name"], m["goal"], (m["bounds"][0], m["bounds"][1]), m.get("epoch_key"), bool(m.get("headline")))
                             for m in document["metrics"])
-            return cls(str(document["name"]), metrics)
-        except (KeyError, IndexError, TypeError) as err:
+            kept = document.get("baseline")
+            baseline = BaselineRule(str(kept["metric"]), str(kept["baseline"])) if isinstance(kept, dict) else None
+            return cls(str(document["name"]), metrics, baseline)
+        except (KeyError, IndexError, TypeError, ValueError) as err:
             raise ValueError(f"not a task declaration: {err}") from None
 
     def epoch_metrics(self) -> tuple[MetricSpec, ...]:

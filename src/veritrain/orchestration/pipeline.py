@@ -576,10 +576,11 @@ def update_experiments(workspace: Workspace) -> None:
 
 
 def fit_baselines(run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> dict[str, Any]:
-    """The task's baselines on the run's splits, written to eval/baselines.json (with the margin) below `run_dir`
-    (a new run, or the staging folder of an amend)."""
+    """The task's baselines on the run's splits, written to eval/baselines.json (with the margin and the rule that
+    judges them) below `run_dir` (a new run, or the staging folder of an amend)."""
     baselines = task.baselines(data, cfg)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: the caller checks hasattr
     baselines["margin"] = cfg.eval.baseline_margin
+    baselines["judged_by"] = task_spec(cfg.task).baseline_rule()  # the rule its task declares (veritrain.core.baselines)
     (run_dir / "eval").mkdir(exist_ok=True)
     (run_dir / "eval" / "baselines.json").write_text(json.dumps(baselines, indent=2) + "\n", encoding="utf-8")
     return baselines

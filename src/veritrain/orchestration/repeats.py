@@ -14,6 +14,7 @@ import secrets
 import statistics
 from typing import Any, Optional
 
+from veritrain.core.baselines import judge, rule_of
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.display import HEADLINE_KEYS
 from veritrain.core.selection import REPORT_SPLIT
@@ -69,11 +70,13 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
     if first:
         baselines = {name: {k: v for k, v in r.items() if k in HEADLINE_KEYS} for name, r in first["results"].items()}
     warning = None
-    if first and "accuracy" in summary:
-        linear = first["results"]["logistic_regression"]["accuracy"]
-        if summary["accuracy"]["ci95"][0] < linear + first["margin"]:
-            warning = (f"the 95% interval of accuracy starts at {summary['accuracy']['ci95'][0]:.4f}, not above the "
-                       f"logistic-regression baseline {linear:.4f} + margin {first['margin']:g}")
+    rule = rule_of(first, task_spec(resolved.config.task).baseline_rule()) if first else None
+    if rule is not None and rule["metric"] in summary:  # the whole interval must beat the baseline, by the one judgement
+        name, interval = rule["metric"], summary[rule["metric"]]["ci95"]
+        worst = interval[0] if rule["goal"] == "max" else interval[1]
+        judged = judge({name: worst}, first, rule)
+        if judged.status == "does_not_beat":
+            warning = f"the 95% interval of {name} reaches {worst:.4f}: {judged.detail}"
     result = {
         "group": group,
         "split": split,

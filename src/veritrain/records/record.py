@@ -193,11 +193,19 @@ class DeclaredMetric(_Part):
     headline: bool = False
 
 
+class DeclaredBaseline(_Part):
+    """The metric and baseline that judge whether the model beats its baseline (veritrain.core.task_spec.BaselineRule)."""
+
+    metric: str
+    baseline: str
+
+
 class DeclaredTask(_Part):
     """What the run's task declares about its metrics (veritrain.core.task_spec.TaskSpec), as it trained."""
 
     name: str
     metrics: list[DeclaredMetric]
+    baseline: Optional[DeclaredBaseline] = None
 
 
 class Selection(_Part):

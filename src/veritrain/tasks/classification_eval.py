@@ -294,8 +294,9 @@ def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]
         for name, result in baselines.get("results", {}).items():
             lines.append(f"| {name} | {result['accuracy']:.4f} | {result['f1_macro']:.4f} |")
         from veritrain.core.baselines import judge
+        from veritrain.tasks import classification_spec
 
-        warning = judge(metrics, baselines).warning
+        warning = judge(metrics, baselines, classification_spec.SPEC.baseline_rule()).warning
         if warning:
             lines += ["", f"**warning:** {warning}"]
     lines += ["", "## Per class", "", "| class | precision | recall | F1 | support |", "|---|---|---|---|---|"]

@@ -3,7 +3,7 @@ code through `veritrain.core.task_registry.task_spec("classification")`."""
 
 from __future__ import annotations
 
-from veritrain.core.task_spec import MetricSpec, TaskSpec
+from veritrain.core.task_spec import BaselineRule, MetricSpec, TaskSpec
 
 UNIT = (0.0, 1.0)
 
@@ -15,4 +15,4 @@ SPEC = TaskSpec("classification", metrics=(
     MetricSpec("top5_accuracy", "max", UNIT),
     MetricSpec("f1_weighted", "max", UNIT),
     MetricSpec("ece", "min", UNIT),
-))
+), baseline=BaselineRule("accuracy", "logistic_regression"))

@@ -142,8 +142,9 @@ def fit_baselines(data: TextVersion, split: str, tokenizer: Tokenizer) -> dict[s
 def baseline_warning(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
     """A warning when the model's bits per byte are not `margin` below the bigram's (veritrain.core.baselines judges)."""
     from veritrain.core.baselines import judge
+    from veritrain.tasks import lm_spec
 
-    return judge(metrics, baselines).warning
+    return judge(metrics, baselines, lm_spec.SPEC.baseline_rule()).warning
 
 
 def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str, cases: list[dict[str, Any]],

@@ -90,7 +90,10 @@ def assess(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, *, v
 
 def baseline_of(record: Mapping[str, Any]) -> Judgement:
     """The judgement of the run's test metrics against its baselines."""
-    return judge((record.get("metrics") or {}).get("test"), record.get("baselines"))
+    from veritrain.core.task_registry import spec_of_record
+
+    declared = spec_of_record(record)
+    return judge((record.get("metrics") or {}).get("test"), record.get("baselines"), declared.baseline_rule() if declared else None)
 
 
 AUDIT_EVERY_FIX = 1  # the fix for a run a segment of which has no start keeps every scheduled checkpoint for audit
