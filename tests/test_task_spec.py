@@ -93,3 +93,13 @@ def test_the_baseline_rule_is_declared_by_the_task_and_judges_documents_that_do_
     assert judge({"accuracy": 0.95}, older).status == "unknown"  # no rule named and none declared: never a pass
     other = {"results": {"mean": {"rmse": 1.0}}, "margin": 0.0}  # the declared baseline is not in the document
     assert judge({"accuracy": 0.95}, other, rule).status == "unknown"
+
+
+def test_a_document_that_names_a_weaker_baseline_is_not_believed_where_the_task_is_installed():
+    from veritrain.core.baselines import judge
+
+    rule = task_spec("classification").baseline_rule()
+    forged = {"results": {"logistic_regression": {"accuracy": 0.99}, "majority_class": {"accuracy": 0.1}}, "margin": 0.0,
+              "judged_by": {"metric": "accuracy", "goal": "max", "baseline": "majority_class"}}
+    assert judge({"accuracy": 0.5}, forged, rule).status == "does_not_beat"  # the installed declaration judges
+    assert judge({"accuracy": 0.5}, forged).status == "beats"  # a task not loaded here: only the document's rule is there

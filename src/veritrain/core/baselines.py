@@ -3,9 +3,9 @@ reports, `check`'s `beats_baseline` row and the run page, so none of them can sa
 
 A baselines document (`eval/baselines.json`, the record's `baselines`) names the rule that judges it in `judged_by`:
 the metric, its goal (`max` or `min`) and the baseline it is compared with, as the run's task declares them
-(veritrain.core.task_spec.BaselineRule). Documents written before they named it are judged by the rule the task
-declares (`declared`, given by the caller from the run's task); a document judged by neither is `unknown`, never a
-pass.
+(veritrain.core.task_spec.BaselineRule). Where the task's code is installed, its declaration judges (`declared`, given
+by the caller), whatever the document names; the document's own rule judges the runs of a task not loaded here. A
+document judged by neither is `unknown`, never a pass.
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ class Judgement:
 
 
 def rule_of(baselines: Mapping[str, Any], declared: Optional[Mapping[str, str]] = None) -> Optional[dict[str, str]]:
-    """The rule that judges a baselines document: the one it names, else the one the run's task declares when the
-    document holds that baseline (TaskSpec.baseline_rule)."""
-    for rule in (baselines.get("judged_by"), declared):
+    """The rule that judges a baselines document: the one the run's task declares in the installed code (`declared`,
+    TaskSpec.baseline_rule) when the document holds that baseline, so a document that names a weaker baseline is not
+    believed; else the one it names (a task whose code is not loaded here)."""
+    for rule in (declared, baselines.get("judged_by")):
         if isinstance(rule, Mapping) and rule.get("goal") in ("max", "min") and isinstance(rule.get("metric"), str) \
                 and isinstance(rule.get("baseline"), str):
             found = baselines.get("results")

@@ -90,10 +90,14 @@ def assess(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, *, v
 
 def baseline_of(record: Mapping[str, Any]) -> Judgement:
     """The judgement of the run's test metrics against its baselines."""
-    from veritrain.core.task_registry import spec_of_record
+    from veritrain.core.errors import UserError
+    from veritrain.core.task_registry import task_spec
 
-    declared = spec_of_record(record)
-    return judge((record.get("metrics") or {}).get("test"), record.get("baselines"), declared.baseline_rule() if declared else None)
+    try:  # the installed declaration of the run's task, never the record's copy of it
+        declared = task_spec(str((record.get("config") or {}).get("task"))).baseline_rule()
+    except UserError:
+        declared = None
+    return judge((record.get("metrics") or {}).get("test"), record.get("baselines"), declared)
 
 
 AUDIT_EVERY_FIX = 1  # the fix for a run a segment of which has no start keeps every scheduled checkpoint for audit

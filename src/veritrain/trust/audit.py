@@ -361,6 +361,13 @@ def _compare_metrics(metrics: dict[str, Any], again: dict[str, Any]) -> dict[str
 BASELINE_TOLERANCE = 1e-9  # relative: a baseline's fit sums in BLAS, whose thread count may round the last bits
 
 
+def _declared_rule(record: Record) -> Any:
+    """The baseline rule the run's task declares in the installed code (None when it declares none)."""
+    from veritrain.core.task_registry import task_spec
+
+    return task_spec(str(record["config"].get("task"))).baseline_rule()
+
+
 def _compare_baselines(record: Record, again: dict[str, Any]) -> dict[str, Any]:
     """The baselines the record compares the model with (`beats_baseline`), fitted again on the run's data version and
     compared value by value: a forger who lowers a baseline to make a model beat it is caught here."""
@@ -376,6 +383,9 @@ def _compare_baselines(record: Record, again: dict[str, Any]) -> dict[str, Any]:
             if a != b and not close:
                 differing.append(f"{name}.{key}: recorded {str(a)[:24]}, fitted again {str(b)[:24]}")
     margin_now = resolved_from_record(record).config.eval.baseline_margin
+    declared = _declared_rule(record)
+    if recorded.get("judged_by") is not None and recorded.get("judged_by") != declared:
+        differing.append(f"judged_by: recorded {recorded.get('judged_by')}, the task declares {declared}")
     if recorded.get("margin") not in (None, margin_now):
         differing.append(f"margin: recorded {recorded.get('margin')}, the config's eval.baseline_margin {margin_now}")
     return {"verdict": "differs" if differing else "identical",
