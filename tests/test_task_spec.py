@@ -103,3 +103,19 @@ def test_a_document_that_names_a_weaker_baseline_is_not_believed_where_the_task_
               "judged_by": {"metric": "accuracy", "goal": "max", "baseline": "majority_class"}}
     assert judge({"accuracy": 0.5}, forged, rule).status == "does_not_beat"  # the installed declaration judges
     assert judge({"accuracy": 0.5}, forged).status == "beats"  # a task not loaded here: only the document's rule is there
+
+
+def test_check_judges_a_record_by_the_installed_rule_not_by_what_the_record_says():
+    """A forger who names the majority class as the baseline to beat, in the baselines document and in the record's
+    copy of the declaration, for a model that does not beat the logistic regression: `check` (the one assessment)
+    judges by the installed classification task's rule."""
+    from veritrain.core.task_spec import BaselineRule
+    from veritrain.trust.assessment import baseline_of
+
+    results = {"logistic_regression": {"accuracy": 0.95}, "majority_class": {"accuracy": 0.10}}
+    weaker = {"metric": "accuracy", "goal": "max", "baseline": "majority_class"}
+    copy = TaskSpec("classification", metrics=task_spec("classification").metrics, baseline=BaselineRule("accuracy", "majority_class"))
+    record = {"config": {"task": "classification"}, "metrics": {"test": {"accuracy": 0.5}}, "task_spec": copy.to_json(),
+              "baselines": {"results": results, "margin": 0.0, "judged_by": weaker}}
+    judged = baseline_of(record)
+    assert judged.status == "does_not_beat" and judged.baseline == "logistic_regression"
