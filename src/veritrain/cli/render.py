@@ -88,7 +88,7 @@ def run_summary(outcome: RunOutcome) -> None:
             if isinstance(metrics.get(name), float):
                 table.add_row(f"{split} {name}", f"{metrics[name]:.4f} ({seeds})")
     for name, result in ((record.get("baselines") or {}).get("results") or {}).items():
-        table.add_row(f"baseline {name}", headline(result))
+        table.add_row(f"baseline {name}", headline(result, _shown_metrics(record, {})))
     if (record.get("baselines") or {}).get("warning"):
         table.add_row("warning", record["baselines"]["warning"], style="yellow")
     parity = (record.get("export") or {}).get("parity")
@@ -138,7 +138,7 @@ def repeat_summary(result: dict[str, Any]) -> None:
     for name, s in result["summary"].items():
         table.add_row(name, f"{s['mean']:.4f} ± {s['std']:.4f}", f"[{s['ci95'][0]:.4f}, {s['ci95'][1]:.4f}]", str(s["n"]))
     for name, s in result.get("baselines", {}).items():
-        table.add_row(f"baseline {name}", headline(s), "-", "-")
+        table.add_row(f"baseline {name}", headline(s, list(result["summary"])), "-", "-")
     if result.get("warning"):
         table.add_row("warning", result["warning"], "", "", style="yellow")
     logs.print_table(table)
@@ -293,11 +293,10 @@ def metrics_table(metrics: dict[str, Any]) -> None:
 
 
 def baselines(result: dict[str, Any]) -> None:
+    judged = [result["judged_by"]["metric"]] if isinstance(result.get("judged_by"), dict) else []  # the rule's metric
     for name, r in result["results"].items():
-        if "f1_macro" in r:
-            click.echo(f"{name}: accuracy {r['accuracy']:.4f}, macro F1 {r['f1_macro']:.4f} ({r['samples']} {result['split']} samples)")
-        else:
-            click.echo(f"{name}: {headline(r)} ({result['split']} split)")
+        samples = f"{r['samples']} {result['split']} samples" if isinstance(r.get("samples"), int) else f"{result['split']} split"
+        click.echo(f"{name}: {headline(r, judged)} ({samples})")
 
 
 def export_written(done: Amended, use_current_code: bool) -> None:
@@ -519,7 +518,7 @@ def run_record(run_dir: Path, record: dict[str, Any], read: Any = None) -> None:
         shown = ", ".join(f"{name} {metrics[name]:.4f}" for name in names if isinstance(metrics.get(name), float))
         table.add_row(f"{split} metrics", shown or "-")
     for name, result in ((record.get("baselines") or {}).get("results") or {}).items():
-        table.add_row(f"baseline {name}", headline(result))
+        table.add_row(f"baseline {name}", headline(result, _shown_metrics(record, {})))
     parity = (record.get("export") or {}).get("parity")
     if parity:
         table.add_row("export", ", ".join((record.get("export") or {}).get("files") or {}) + f"; parity {'passed' if parity.get('passed') else 'FAILED'}")

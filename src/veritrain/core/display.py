@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -55,16 +55,17 @@ def finite_json(payload: Any) -> tuple[Any, list[str]]:
     return walk(payload, ""), found
 
 
-# the one number that sums up a result or a baseline, by task: classification's accuracy, a language model's bits per byte
-HEADLINE_KEYS = ("accuracy", "bits_per_byte", "rmse")
+def headline_key(result: Any, names: Sequence[str]) -> Optional[str]:
+    """The number that sums up a result (metrics, a baseline): the first of `names` (what the run's task declares,
+    headline first; a baselines document's `judged_by` metric) it holds as a number, else its first number (a task
+    not known here), else None."""
+    if not isinstance(result, dict):
+        return None
+    numbers = [k for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return next((k for k in names if k in numbers), numbers[0] if numbers else None)
 
 
-def headline(result: Any) -> str:
-    """`accuracy 0.9444` or `bits_per_byte 2.3712`: the first of HEADLINE_KEYS a result (metrics, a baseline) holds as a
-    number, or `-`."""
-    if isinstance(result, dict):
-        for key in HEADLINE_KEYS:
-            value = result.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return f"{key} {value:.4f}"
-    return "-"
+def headline(result: Any, names: Sequence[str]) -> str:
+    """`accuracy 0.9444` or `bits_per_byte 2.3712` (headline_key and its value), or `-`."""
+    key = headline_key(result, names)
+    return f"{key} {result[key]:.4f}" if key is not None else "-"

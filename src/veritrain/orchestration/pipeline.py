@@ -512,7 +512,8 @@ def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: Da
         baselines = fit_baselines(run_dir, cfg, data, task)
         record.set(baselines=baselines)
         record.time("baselines", time.perf_counter() - t)
-        log.info("baselines: %s", "  ".join(f"{name} {display.headline(r)}" for name, r in baselines["results"].items()))
+        names = task_spec(cfg.task).names()
+        log.info("baselines: %s", "  ".join(f"{name} {display.headline(r, names)}" for name, r in baselines["results"].items()))
     if "eval" in stages:
         t = time.perf_counter()
         for split in evaluation_splits(record, cfg, run_dir.parent):  # each from the same checkpoint: the one export ships
@@ -650,7 +651,8 @@ def baselines_run(opened: OpenRun, workspace: Workspace) -> dict[str, Any]:
     with amending(workspace, opened.record) as change:
         result = fit_baselines(change.new, opened.config, opened.data, opened.task)
         change.set_baselines(result)
-        amend(opened, workspace, change, "baselines", ", ".join(f"{k} {display.headline(v)}" for k, v in result["results"].items()))
+        names = task_spec(opened.config.task).names()
+        amend(opened, workspace, change, "baselines", ", ".join(f"{k} {display.headline(v, names)}" for k, v in result["results"].items()))
     return result
 
 
@@ -779,7 +781,7 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
             metrics["trajectory_entry"] = result_entry(opened.record, metrics["checkpoint"], metrics["checkpoint_state_sha256"])
             change.set_metrics(metrics["split"], metrics)
             seal = amend(opened, workspace, change, "eval",
-                         f"{metrics['checkpoint']} on {metrics['split']}: {display.headline(metrics)}")
+                         f"{metrics['checkpoint']} on {metrics['split']}: {display.headline(metrics, task_spec(opened.config.task).names())}")
     return Amended(opened.run_dir, seal, metrics)
 
 

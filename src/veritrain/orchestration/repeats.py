@@ -16,7 +16,6 @@ from typing import Any, Optional
 
 from veritrain.core.baselines import judge, rule_of
 from veritrain.core.config import ResolvedConfig
-from veritrain.core.display import HEADLINE_KEYS
 from veritrain.core.selection import REPORT_SPLIT
 from veritrain.core.task_registry import task_spec
 from veritrain.orchestration import pipeline
@@ -68,7 +67,8 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], count: 
     baselines = {}
     first = completed[0].record.get("baselines") if completed else None
     if first:
-        baselines = {name: {k: v for k, v in r.items() if k in HEADLINE_KEYS} for name, r in first["results"].items()}
+        declared = task_spec(resolved.config.task).names()
+        baselines = {name: {k: v for k, v in r.items() if k in declared} for name, r in first["results"].items()}
     warning = None
     rule = rule_of(first, task_spec(resolved.config.task).baseline_rule()) if first else None
     if rule is not None and rule["metric"] in summary:  # the whole interval must beat the baseline, by the one judgement

@@ -465,11 +465,11 @@ def run_live(workspace: Workspace, run_id: str, metrics_offset: int, steps_offse
     return answer
 
 
-def _headline_key(result: Any) -> str:
-    """The number a baseline's result is shown by (accuracy; a language model's bits per byte)."""
-    from veritrain.core.display import HEADLINE_KEYS
+def _headline_key(result: Any, names: list[str]) -> Optional[str]:
+    """The number a baseline's result is shown by: the first the run's task declares that it holds (display.headline_key)."""
+    from veritrain.core.display import headline_key
 
-    return next((k for k in HEADLINE_KEYS if isinstance(result, dict) and isinstance(result.get(k), (int, float))), "accuracy")
+    return headline_key(result, names)
 
 
 def visible_text(value: Any) -> str:
@@ -662,8 +662,10 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
                           "generations": [{**g, "prompt": visible_text(g.get("prompt")), "text": visible_text(g.get("text"))}
                                           for g in _listed(_read_json(split_dir / "generations.json"), "samples")],
                           "bad_documents": [{**d, "excerpt": visible_text(d.get("excerpt"))} for d in _listed(_read_json(split_dir / "bad_cases.json"))]})
-    baselines = [{"name": name, "accuracy": (result or {}).get("accuracy"), "metric": _headline_key(result),
-                  "value": (result or {}).get(_headline_key(result))}
+    from veritrain.records.experiments import shown_metrics
+
+    names = shown_metrics(record)
+    baselines = [{"name": name, "metric": _headline_key(result, names), "value": (result or {}).get(_headline_key(result, names) or "")}
                  for name, result in ((record.get("baselines") or {}).get("results") or {}).items()]
     export = record.get("export") or {}
     parity = export.get("parity") or None
