@@ -466,14 +466,14 @@ def runs_table(rows: list[dict[str, Any]], runs_dir: Path) -> None:
     from rich.table import Table
 
     table = Table(title=f"{len(rows)} run(s) in {runs_dir}", title_justify="left")
-    for column in ("run", "experiment", "kind", "status", "test accuracy", "data", "started"):
+    for column in ("run", "experiment", "kind", "status", "test result", "data", "started"):
         table.add_column(column, overflow="fold")
     for r in rows:
-        accuracy = ((r["metrics"] or {}).get("test") or {}).get("accuracy")
-        # a run of an outside checkpoint says so where its kind is: its accuracy is not the audited training's
+        test = ((r["metrics"] or {}).get("test") or {})
+        result = headline(test, _shown_metrics(r, test)) if test else "-"  # its task's headline metric
+        # a run of an outside checkpoint says so where its kind is: its result is not the audited training's
         kind = f"{r['kind']} (not from the audited training)" if r["kind"] in ("eval", "export") else str(r["kind"])
-        table.add_row(r["run_id"], str(r["exp_name"]), kind, str(r["status"]),
-                      f"{accuracy:.4f}" if isinstance(accuracy, float) else "-", (r["data_version"] or "-")[:12], str(r["started_at"])[:19])
+        table.add_row(r["run_id"], str(r["exp_name"]), kind, str(r["status"]), result, (r["data_version"] or "-")[:12], str(r["started_at"])[:19])
     logs.print_table(table)
 
 
