@@ -252,7 +252,7 @@ def search_summary(summary: dict[str, Any]) -> None:
         b = summary["best"]
         logs.report(f"best: trial {b['number']} (run {b['run_id']}), chosen on {b['split']} {b['metric']}: {b['value']:.4f}")
         report = b.get("test") or {}
-        shown = ", ".join(f"{name} {value:.4f}" for name, value in (report.get("metrics") or {}).items() if name in ("accuracy", "macro_f1", "log_loss", "rmse"))
+        shown = ", ".join(f"{name} {value:.4f}" for name, value in list((report.get("metrics") or {}).items())[:3])  # its task's first
         if shown:
             logs.report(f"  its test result, {report['label']}: {shown}")
     if not summary["reproducible"]["proposals"]:

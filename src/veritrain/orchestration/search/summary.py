@@ -13,6 +13,7 @@ from typing import Any, Optional
 from veritrain.core.errors import RunFailed as Damaged
 from veritrain.core.files import write_atomic
 from veritrain.core.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT
+from veritrain.core.task_registry import spec_of_record
 from veritrain.orchestration.search.planning import SEARCH_VERSION
 from veritrain.orchestration.sweep.summary import _json_bytes
 from veritrain.records.record import now_iso, read_record
@@ -90,8 +91,10 @@ def summary_from_study(spec: dict[str, Any], trials: list[dict[str, Any]], recor
         if state == "failed" and not entry["error"]:
             entry["error"] = errors.get(number)
         test = ((record or {}).get("metrics") or {}).get(REPORT_SPLIT) if state == "completed" else None
+        declared = spec_of_record(record)  # the metrics its task declares, in its order; every number for a task unknown here
+        names = declared.names() if declared is not None else sorted(test or {})
         entry["test"] = ({"split": REPORT_SPLIT, "used_for_selection": False, "label": NOT_USED_FOR_SELECTION,
-                          "metrics": {k: v for k, v in test.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}}
+                          "metrics": {k: test[k] for k in names if isinstance(test.get(k), (int, float)) and not isinstance(test.get(k), bool)}}
                          if isinstance(test, dict) else None)
         entries.append(entry)
     best = select_best_trial(entries, spec["metric"]["mode"])
