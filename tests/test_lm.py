@@ -103,9 +103,11 @@ def test_the_windows_are_the_rows_and_a_batch_is_their_tokens(trained):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["task=lm"], "data: task lm trains on text, but data.source is 'digits'; use text, jsonl or pydoc_topics"),
-    (["model.name=gpt"], "model: model.name gpt is a language model; it needs task: lm (task is 'classification')"),
-    (["task=lm", "data.source=pydoc_topics", "model.name=cnn"], "model: task lm trains model.name: gpt, not 'cnn'"),
+    (["task=lm"], "data: task lm learns from tokens, but data.source 'digits' gives image and label; use a source that gives them "
+                  "(jsonl, pydoc_topics, text) or a task that learns from image and label (task: classification)"),
+    (["model.name=gpt"], "model: task classification trains model.name cnn or mlp or resnet18 (or a user model as model.target), "
+                         "not 'gpt'; model gpt is trained by task lm"),
+    (["task=lm", "data.source=pydoc_topics", "model.name=cnn"], "model: task lm trains model.name gpt, not 'cnn'"),
     (["task=lm", "data.source=pydoc_topics", "model.name=gpt", "model.width=30"], "model.width 30 is not a multiple of model.heads 4"),
 ])
 def test_configs_that_cannot_train_a_language_model_are_one_line(overrides, message, tmp_path):

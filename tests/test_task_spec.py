@@ -34,7 +34,7 @@ def test_a_declaration_is_checked_when_it_is_made():
         MetricSpec("rmse", "lower")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="declare exactly one headline metric"):
         TaskSpec("t", metrics=(MetricSpec("a", "max"), MetricSpec("b", "min")))
-    with pytest.raises(ValueError, match="a metric is declared twice"):
+    with pytest.raises(ValueError, match="a metric name or alias is declared twice"):
         TaskSpec("t", metrics=(MetricSpec("a", "max", headline=True), MetricSpec("a", "min")))
     assert MetricSpec("rmse", "min", (0.0, None)).range == (0.0, float("inf"))
 
@@ -119,3 +119,19 @@ def test_check_judges_a_record_by_the_installed_rule_not_by_what_the_record_says
               "baselines": {"results": results, "margin": 0.0, "judged_by": weaker}}
     judged = baseline_of(record)
     assert judged.status == "does_not_beat" and judged.baseline == "logistic_regression"
+
+
+def test_a_task_names_its_own_model_and_data_fields():
+    from pydantic import ValidationError
+
+    from veritrain.core.config import RunConfig, config_hash
+
+    lm = RunConfig.model_validate({"task": "lm", "data": {"source": "jsonl"}})
+    assert lm.model.name == "gpt"  # the task's default model: `task: lm` alone trains the GPT
+    written = RunConfig.model_validate({"task": "lm", "data": {"source": "jsonl"}, "model": {"name": "gpt"}})
+    assert config_hash(lm) == config_hash(written)  # filled as if written: the same config, the same hash
+    assert config_hash(RunConfig.model_validate({})) == config_hash(RunConfig())
+    with pytest.raises(ValidationError, match="task lm trains model.name gpt, not a user model"):
+        RunConfig.model_validate({"task": "lm", "data": {"source": "jsonl"}, "model": {"target": "pkg.mod:build"}})
+    with pytest.raises(ValidationError, match="task classification learns from image and label, but data.source 'text' gives tokens"):
+        RunConfig.model_validate({"data": {"source": "text"}})

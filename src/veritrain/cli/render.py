@@ -13,6 +13,7 @@ import click
 
 from veritrain.core import logs
 from veritrain.core.display import headline
+from veritrain.core.task_registry import serving_command
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -110,15 +111,20 @@ def run_summary(outcome: RunOutcome) -> None:
     logs.print_table(table)
 
 
+# what each command that uses an export (a TaskSpec's serves_with) does with a run's, as a next step
+SERVING = {"predict": ("veritrain predict {run} IMAGE.png --top 3", "classify your own image files with the exported model"),
+           "generate": ("veritrain generate {run} \"PROMPT\" --tokens 64", "continue a text with the exported model")}
+
+
 def next_steps(outcome: RunOutcome) -> None:
     """What to do with a finished run, with its real id: check it, see what is missing, use and compare it."""
     run_id, record = outcome.summary["run_id"], outcome.record
     steps = [(f"veritrain verify {run_id} --expect {outcome.seal}", "re-hash every file against this seal (publish the seal with the result)"),
              (f"veritrain check {run_id}", "the completion checklist, with the fix for each missing row")]
-    if (record.get("export") or {}).get("files", {}).get("onnx") and record.get("task") == "lm":
-        steps.append((f"veritrain generate {run_id} \"PROMPT\" --tokens 64", "continue a text with the exported model"))
-    elif (record.get("export") or {}).get("files", {}).get("onnx"):
-        steps.append((f"veritrain predict {run_id} IMAGE.png --top 3", "classify your own image files with the exported model"))
+    serves = serving_command(record.get("task"))
+    if (record.get("export") or {}).get("files", {}).get("onnx") and serves in SERVING:
+        command, what = SERVING[serves]
+        steps.append((command.format(run=run_id), what))
     elif "train" in (record.get("stages") or ()):
         steps.append((f"veritrain eval {run_id}", "evaluate it on the fixed test split"))
     steps.append((f"veritrain runs compare {run_id} OTHER_RUN", "config, metrics and environment against another run (`veritrain runs list`)"))

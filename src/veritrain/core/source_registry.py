@@ -35,5 +35,10 @@ SOURCES: dict[str, Callable[..., Any]] = {
 TEXT_SOURCES: set[str] = {"text", "jsonl", "pydoc_topics"}
 SOURCES.update({name: _builtin("veritrain.data.text_prepare:load_text_source") for name in sorted(TEXT_SOURCES)})
 
+# the fields each source's samples give (a task's TaskSpec.fields must be among them); a source not listed (one a
+# user registers without saying) is not checked
+FIELDS: dict[str, tuple[str, ...]] = {**{name: ("image", "label") for name in ("digits", "cifar10", "imagefolder", "csv", "labelmap")},
+                                      **{name: ("tokens",) for name in sorted(TEXT_SOURCES)}}
+
 # sources whose samples carry a timestamp: the only ones `data.split_by: time` accepts
 TIMESTAMPED_SOURCES: set[str] = {"csv"}

@@ -8,7 +8,7 @@ about its metrics (its TaskSpec) is read with `task_spec`.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 if TYPE_CHECKING:  # the config's validation imports this module
     from veritrain.core.config.schema import RunConfig
@@ -26,12 +26,14 @@ def _builtin(target: str) -> Callable[[Any], Any]:
     return factory
 
 
-TASKS: dict[str, Callable[[Any], Any]] = {"classification": _builtin("veritrain.tasks.classification:ClassificationTask"),
-                                          "lm": _builtin("veritrain.tasks.lm:LanguageModelTask")}
+# name → factory(run config) → Task; the built-in tasks are added below, from veritrain.tasks.builtin
+TASKS: dict[str, Callable[[Any], Any]] = {}
 
 # Each task's TaskSpec (veritrain.core.task_spec), by task name: the object, or where a built-in declares it
 # ("module:NAME", imported when first asked for: the declarations are torch-free)
-SPECS: dict[str, Any] = {"classification": "veritrain.tasks.classification_spec:SPEC", "lm": "veritrain.tasks.lm_spec:SPEC"}
+SPECS: dict[str, Any] = {}
+
+BUILT_IN = "veritrain.tasks.builtin"  # the table of the tasks veritrain ships (names and where their code is)
 
 
 def task_spec(name: str) -> Any:
@@ -71,3 +73,30 @@ def spec_of_record(record: Any) -> Any:
         return task_spec(task)
     except UserError:
         return None
+
+
+def serving_command(task: Any) -> Optional[str]:
+    """The veritrain command that uses an export of task `task` (its TaskSpec's serves_with), None when no command
+    does or the task is not known here (an export folder names its task: a name from anywhere)."""
+    from veritrain.core.errors import UserError
+
+    if not isinstance(task, str) or task not in TASKS and task not in SPECS:
+        return None
+    try:
+        return task_spec(task).serves_with
+    except UserError:
+        return None
+
+
+def _add_built_in() -> str:
+    """The tasks veritrain ships, read from their table (a module of strings: importing it loads no task's code);
+    the name of the default task."""
+    table = importlib.import_module(BUILT_IN)
+    for name, target in table.TASKS.items():
+        TASKS.setdefault(name, _builtin(target))
+    for name, target in table.SPECS.items():
+        SPECS.setdefault(name, target)
+    return str(table.DEFAULT)
+
+
+DEFAULT_TASK = _add_built_in()  # the config's `task` when it names none

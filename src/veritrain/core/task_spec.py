@@ -15,6 +15,11 @@ from typing import Any, Literal, Optional
 
 Goal = Literal["max", "min"]
 
+# What the training engine writes for every task, whatever it learns (steps.jsonl: loss, lr, grad_norm; metrics.jsonl:
+# train_loss, val_loss: the task's criterion on val, lr): shared code may name these; a task's metric may use one as
+# its epoch key (a language model's criterion is its loss) but names its own metrics otherwise.
+ENGINE_KEYS = ("loss", "train_loss", "val_loss", "lr", "grad_norm", "epoch", "step", "seconds", "samples_per_s")
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -23,10 +28,29 @@ class MetricSpec:
     bounds: tuple[Optional[float], Optional[float]] = (None, None)  # the values it can take (None: unbounded)
     epoch_key: Optional[str] = None  # the metrics.jsonl key holding the same quantity on val after every epoch
     headline: bool = False  # what picks a sweep's best trial when no --metric is given (one per task)
+    label: str = ""  # how pages and the model card name it ("" : the name, underscores as spaces)
+    aliases: tuple[str, ...] = ()  # names older records hold the same value under (read, never written)
+    # the Hugging Face model-index metric `type` and `args` the model card reports it as (None: the name, no args)
+    hub_type: Optional[str] = None
+    hub_args: Optional[tuple[tuple[str, str], ...]] = None
 
     def __post_init__(self) -> None:
         if self.goal not in ("max", "min"):
             raise ValueError(f"metric {self.name!r}: goal must be 'max' or 'min', got {self.goal!r}")
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.name.replace("_", " ")
+
+    def value(self, metrics: Any) -> Any:
+        """This metric's value in a metrics mapping (a split's metrics.json, a baseline's result): under its name, or
+        under an older name a record of an earlier veritrain holds it by; None when neither is there."""
+        if not isinstance(metrics, dict):
+            return None
+        for key in (self.name, *self.aliases):
+            if key in metrics:
+                return metrics[key]
+        return None
 
     @property
     def range(self) -> tuple[float, float]:
@@ -45,17 +69,38 @@ class BaselineRule:
 
 
 @dataclass(frozen=True)
+class CardText:
+    """What a model card (export/README.md) says a task's model is: `what` its noun ("An image classifier"), `gives`
+    what it does, where {input} becomes the export's input shape (" of shape `[...]`") and {classes} its classes
+    (" over N classes"); `pipeline_tag` and `hub_name` the Hugging Face task it is listed under."""
+
+    what: str
+    gives: str
+    pipeline_tag: Optional[str] = None
+    hub_name: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     name: str
     # the metrics its evaluation writes that a selection may read, in the order they are shown (a line about a run
     # names the first few)
     metrics: tuple[MetricSpec, ...]
     baseline: Optional[BaselineRule] = None  # None: its runs fit no baseline
+    # the data fields a sample must give it (checked against data.source's at config validation); empty: not checked
+    fields: tuple[str, ...] = ()
+    # the built-in model names (model.name) it trains, the first by default; empty: any. user_models: model.target too
+    models: tuple[str, ...] = ()
+    user_models: bool = True
+    # the veritrain command that uses its export (predict, generate), named in a run's next steps; None: none does
+    serves_with: Optional[str] = None
+    card: Optional[CardText] = None  # what the model card says the model is
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.metrics]
-        if len(set(names)) != len(names):
-            raise ValueError(f"task {self.name!r}: a metric is declared twice in {names}")
+        known = [*names, *(a for m in self.metrics for a in m.aliases)]
+        if len(set(known)) != len(known):
+            raise ValueError(f"task {self.name!r}: a metric name or alias is declared twice in {known}")
         if sum(m.headline for m in self.metrics) != 1:
             raise ValueError(f"task {self.name!r}: declare exactly one headline metric (MetricSpec(..., headline=True))")
         if self.baseline is not None and self.baseline.metric not in names:
@@ -74,7 +119,18 @@ class TaskSpec:
         return [m.name for m in self.metrics][:limit]
 
     def metric(self, name: str) -> Optional[MetricSpec]:
-        return next((m for m in self.metrics if m.name == name), None)
+        """The metric declared as `name` or, for a record of an earlier veritrain, holding it as an alias."""
+        return next((m for m in self.metrics if m.name == name), None) or next((m for m in self.metrics if name in m.aliases), None)
+
+    def as_recorded(self, again: dict[str, Any], recorded: dict[str, Any]) -> dict[str, Any]:
+        """Metrics computed now (`again`), also under the older names `recorded` (a record of an earlier veritrain)
+        holds them by, so that audit and reproduce compare them under the names that run recorded."""
+        out = dict(again)
+        for metric in self.metrics:
+            for alias in metric.aliases:
+                if alias in recorded and alias not in out and metric.name in out:
+                    out[alias] = out[metric.name]
+        return out
 
     @property
     def headline(self) -> MetricSpec:
@@ -82,14 +138,15 @@ class TaskSpec:
 
     def to_json(self) -> dict[str, Any]:
         """What a run record keeps as `task_spec` (docs/record.md)."""
-        return {"name": self.name, "metrics": [{**asdict(m), "bounds": list(m.bounds)} for m in self.metrics],
+        return {"name": self.name, "metrics": [_metric_json(m) for m in self.metrics],
                 "baseline": asdict(self.baseline) if self.baseline is not None else None}
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> TaskSpec:
         """The declaration a record kept (`to_json`); ValueError when it is not one."""
         try:
-            metrics = tuple(MetricSpec(m["name"], m["goal"], (m["bounds"][0], m["bounds"][1]), m.get("epoch_key"), bool(m.get("headline")))
+            metrics = tuple(MetricSpec(m["name"], m["goal"], (m["bounds"][0], m["bounds"][1]), m.get("epoch_key"), bool(m.get("headline")),
+                                       str(m.get("label") or ""), tuple(str(a) for a in m.get("aliases") or ()))
                             for m in document["metrics"])
             kept = document.get("baseline")
             baseline = BaselineRule(str(kept["metric"]), str(kept["baseline"])) if isinstance(kept, dict) else None
@@ -100,3 +157,9 @@ class TaskSpec:
     def epoch_metrics(self) -> tuple[MetricSpec, ...]:
         """The metrics also measured on val after every epoch (a pruner can judge them)."""
         return tuple(m for m in self.metrics if m.epoch_key is not None)
+
+
+def _metric_json(metric: MetricSpec) -> dict[str, Any]:
+    """A metric as the record keeps it: what reads records needs (not how the model card reports it)."""
+    return {"name": metric.name, "goal": metric.goal, "bounds": list(metric.bounds), "epoch_key": metric.epoch_key,
+            "headline": metric.headline, "label": metric.label, "aliases": list(metric.aliases)}

@@ -342,10 +342,15 @@ def _split_lists(split_dir: Path) -> dict[str, str]:
 SourceLoader = Callable[[Any, dict[str, Path]], Source]
 SOURCES = source_registry.SOURCES  # one registry with config validation (veritrain.core.source_registry)
 
-def register_source(name: str, loader: SourceLoader, timestamps: bool = False) -> None:
+def register_source(name: str, loader: SourceLoader, timestamps: bool = False, fields: Optional[tuple[str, ...]] = None) -> None:
     """Make `data.source: <name>` available (used by tasks and tests that bring their own data);
-    `timestamps`: its FileSamples carry a timestamp, so `data.split_by: time` may be used with it."""
+    `timestamps`: its FileSamples carry a timestamp, so `data.split_by: time` may be used with it; `fields`: what
+    its samples give (image, label, tokens, ...), checked against a task's TaskSpec.fields (None: not checked)."""
     SOURCES[name] = loader
+    if fields is None:
+        source_registry.FIELDS.pop(name, None)
+    else:
+        source_registry.FIELDS[name] = tuple(fields)
     if timestamps:
         source_registry.TIMESTAMPED_SOURCES.add(name)
     else:

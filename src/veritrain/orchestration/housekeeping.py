@@ -309,8 +309,8 @@ def _journal_named(workspace: Workspace, ref: str) -> bool:
 
 def data_order(opened: Any, first: int, last: int) -> dict[str, Any]:
     """`veritrain data order RUN --steps A:B`: the training rows of optimizer steps A … B−1 of the run, recomputed from
-    its recorded seed, data and sizes (veritrain.train.loop.step_rows): a language model's window starts (in tokens of
-    the train split), another task's sample ids; and the SHA-256 of the rows as little-endian int64, in order."""
+    its recorded seed, data and sizes (veritrain.train.loop.step_rows), shown as the task shows its rows (Task.show_rows:
+    sample ids, a language model's window starts); and the SHA-256 of the rows as little-endian int64, in order."""
     import hashlib
 
     import numpy as np
@@ -334,11 +334,7 @@ def data_order(opened: Any, first: int, last: int) -> dict[str, Any]:
         epoch, batches = step_rows(cfg.seed, train, cfg.train.batch_size, cfg.train.accumulate_steps, step, world)
         rows = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
         digest.update(np.ascontiguousarray(rows, dtype="<i8").tobytes())
-        entry: dict[str, Any] = {"step": step, "epoch": epoch, "rows": len(rows)}
-        if cfg.task == "lm":
-            entry["window_starts"] = [int(r) * cfg.model.context for r in rows]
-        else:
-            entry["sample_ids"] = [data.sample_ids[int(r)] for r in rows]
-        steps.append(entry)
+        unit, shown = task.show_rows(data, rows)
+        steps.append({"step": step, "epoch": epoch, "rows": len(rows), **shown})
     return {"run_id": opened.run_dir.name, "steps": steps, "sha256": digest.hexdigest(), "trained_steps": total,
-            "unit": "window start (tokens of the train split)" if cfg.task == "lm" else "sample id"}
+            "unit": task.show_rows(data, np.zeros(0, dtype=np.int64))[0]}

@@ -33,6 +33,7 @@ import numpy as np
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.core.signing_keys import sealing_key
+from veritrain.core.task_registry import serving_command
 from veritrain.tasks import split_rows
 
 if TYPE_CHECKING:
@@ -936,10 +937,11 @@ def read_description(opened: ExportFiles) -> dict[str, Any]:
         files: Files
 
     path, description = opened.folder / "model.json", opened.description
-    if description.get("task") == "lm":
+    serves = serving_command(description.get("task"))
+    if serves not in (None, "predict"):
         shown = opened.run_dir or opened.folder
-        raise UserError(f"{shown}: a language model's export classifies nothing; continue a text with "
-                        f"`veritrain generate {shown} \"PROMPT\"`")
+        raise UserError(f"{shown}: an export of task {description.get('task')!r} is not for predict; the task's exports "
+                        f"are used with `veritrain {serves} {shown}`")
     try:
         Description.model_validate(description)
     except (ValueError, RecursionError) as err:  # the shape (ValidationError is a ValueError)

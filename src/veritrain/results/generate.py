@@ -19,6 +19,7 @@ from typing import Any, Optional, cast
 import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.task_registry import serving_command
 from veritrain.results.export import ExportFiles, open_export, refuse_external_data
 
 MAX_TOKENS = 100_000  # the most ids one command draws
@@ -29,9 +30,10 @@ def read_lm_export(opened: ExportFiles) -> dict[str, Any]:
     the SHA-256 decided for it (a run's: the record's); the tokenizer is checked the same way before it is parsed."""
     path = opened.folder / "model.json"
     description = opened.description
-    if description.get("task") != "lm":
-        raise UserError(f"{opened.run_dir or opened.folder}: the export is not a language model's (task {description.get('task')!r}); "
-                        "`veritrain predict` classifies images with an image model's export")
+    serves = serving_command(description.get("task"))
+    if serves != "generate":
+        use = f"; the task's exports are used with `veritrain {serves}`" if serves else ""
+        raise UserError(f"{opened.run_dir or opened.folder}: the export is not a text generator's (task {description.get('task')!r}){use}")
     try:
         onnx_entry = description["files"]["onnx"]
         tokenizer_entry = description["preprocessing"]["tokenizer"]

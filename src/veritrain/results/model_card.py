@@ -75,25 +75,8 @@ _SPDX_SPELLINGS = {"cc0": "cc0-1.0", "odbl-1.0": "odbl", "odc-by-1.0": "odc-by",
                    "gfdl-1.2": "gfdl", "gfdl-1.3": "gfdl", "bsd-2-clause-simplified": "bsd-2-clause", "bsd-3-clause-new": "bsd-3-clause"}
 _LICENSE_FILLER = {"license", "the", "version", "international"}  # words a license's name may carry or leave out
 
-# per record task: the Hub's task (huggingface.js pipelines), and the test metrics reported as
-# (metrics.json key, model-index type, shown name, metric args)
-HUB_TASKS = {"classification": ("image-classification", "Image Classification"), "lm": ("text-generation", "Text Generation")}
-TEST_METRICS: dict[str, tuple[tuple[str, str, str, Optional[dict[str, Any]]], ...]] = {
-    "classification": (
-        ("accuracy", "accuracy", "Test accuracy", None),
-        ("top5_accuracy", "top_5_accuracy", "Test top-5 accuracy", None),
-        ("f1_macro", "f1", "Test macro F1", {"average": "macro"}),
-        ("precision_macro", "precision", "Test macro precision", {"average": "macro"}),
-        ("recall_macro", "recall", "Test macro recall", {"average": "macro"}),
-        ("log_loss", "log_loss", "Test log loss (nats per sample)", None),
-        ("ece", "ece", "Test expected calibration error", None),
-    ),
-    "lm": (
-        ("bits_per_byte", "bits_per_byte", "Test bits per byte", None),
-        ("perplexity", "perplexity", "Test perplexity (per token)", None),
-        ("loss", "loss", "Test loss (nats per token)", None),
-    ),
-}
+# The Hub's task (huggingface.js pipelines) and the test metrics a card reports come from the run's task declaration
+# (its TaskSpec: `card`, and each metric's label, hub_type and hub_args).
 FORMAT_TAGS = {"onnx": "onnx", "safetensors": "safetensors", "torchscript": "torchscript", "torch_export": "torch-export"}
 
 _PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._+/-]{0,199}")  # text YAML may write unquoted (if it does not read as a number, bool...)
@@ -124,7 +107,8 @@ def card_metadata(record: Mapping[str, Any], description: Mapping[str, Any]) -> 
     card = _mapping(data.get("card"))
     metadata: dict[str, Any] = hub_license(card.get("license"))
     metadata["library_name"] = LIBRARY_NAME
-    hub_task = HUB_TASKS.get(task)
+    said = _card_text(record, description)
+    hub_task = (said.pipeline_tag, said.hub_name or said.pipeline_tag) if said is not None and said.pipeline_tag else None
     if hub_task:
         metadata["pipeline_tag"] = hub_task[0]
     formats = [FORMAT_TAGS[name] for name in FORMAT_TAGS if name in _mapping(description.get("files"))]
@@ -132,7 +116,7 @@ def card_metadata(record: Mapping[str, Any], description: Mapping[str, Any]) -> 
     metadata["tags"] = list(dict.fromkeys(["veritrain", task_tag, LIBRARY_NAME, *formats]))
     dataset = _dataset_id(data)
     metadata["datasets"] = [dataset]
-    results = _model_index_metrics(task, _mapping(_mapping(record.get("metrics")).get("test")))
+    results = _model_index_metrics(record, description, _mapping(_mapping(record.get("metrics")).get("test")))
     if hub_task and results:
         version = str(data.get("version") or description.get("data_version") or "")
         dataset_entry: dict[str, Any] = {"name": _dataset_name(data, version), "type": dataset, "split": "test"}
@@ -217,15 +201,34 @@ def _dataset_name(data: Mapping[str, Any], version: str) -> str:
     return f"{_dataset_id(data)} (veritrain data version {version[:12]})" if version else _dataset_id(data)
 
 
-def _model_index_metrics(task: str, test: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _spec(record: Mapping[str, Any], description: Mapping[str, Any]) -> Any:
+    """The TaskSpec of the run's task (veritrain.core.task_spec): the installed one, else the record's own; None when
+    neither is known (the card then reports no metric and says the task's name)."""
+    from veritrain.core.task_registry import spec_of_record
+
+    task = record.get("task") or description.get("task")
+    return spec_of_record({"config": {"task": task}}) or spec_of_record(dict(record))
+
+
+def _card_text(record: Mapping[str, Any], description: Mapping[str, Any]) -> Any:
+    spec = _spec(record, description)
+    return getattr(spec, "card", None)
+
+
+def _test_rows(record: Mapping[str, Any], description: Mapping[str, Any], test: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    """(declared metric, its test value) for each metric the task declares that the test split has a number for."""
+    spec = _spec(record, description)
+    rows = [(metric, metric.value(dict(test))) for metric in (spec.metrics if spec is not None else ())]
+    return [(metric, value) for metric, value in rows if _is_number(value)]
+
+
+def _model_index_metrics(record: Mapping[str, Any], description: Mapping[str, Any], test: Mapping[str, Any]) -> list[dict[str, Any]]:
     metrics: list[dict[str, Any]] = []
-    for key, metric_type, name, args in TEST_METRICS.get(task, ()):
-        value = test.get(key)
-        if _is_number(value):
-            metric: dict[str, Any] = {"type": metric_type, "value": value, "name": name}
-            if args:
-                metric["args"] = dict(args)
-            metrics.append(metric)
+    for declared, value in _test_rows(record, description, test):
+        metric: dict[str, Any] = {"type": declared.hub_type or declared.name, "value": value, "name": f"Test {declared.shown}"}
+        if declared.hub_args:
+            metric["args"] = dict(declared.hub_args)
+        metrics.append(metric)
     return metrics
 
 
@@ -294,34 +297,35 @@ def _body(record: Mapping[str, Any], description: Mapping[str, Any], key_fingerp
     run_id = str(record["run_id"])
     task = str(record.get("task") or description.get("task") or "")
     title = _inline(record.get("exp_name")) if record.get("exp_name") else f"veritrain run {run_id}"
-    parts = [f"# {title}\n\n{_what_it_is(task, description)}\n",
+    parts = [f"# {title}\n\n{_what_it_is(record, task, description)}\n",
              _run_section(record, description, key_fingerprint),
-             _metrics_section(task, record, description),
+             _metrics_section(record, description),
              _data_section(record, description, metadata),
              _files_section(files),
              _checks_section(run_id, files, key_fingerprint)]
     return "\n".join(parts)
 
 
-def _what_it_is(task: str, description: Mapping[str, Any]) -> str:
+def _what_it_is(record: Mapping[str, Any], task: str, description: Mapping[str, Any]) -> str:
     architecture = _mapping(description.get("architecture"))
     model = _code(description.get("model") or architecture.get("name") or "a user model")
     parameters = architecture.get("parameters")
     size = f", {parameters:,} parameters" if _is_number(parameters) else ""
-    if task == "lm":
-        tokenizer = _mapping(_mapping(description.get("preprocessing")).get("tokenizer"))
-        context = _mapping(description.get("preprocessing")).get("context")
-        vocabulary = f"a {_inline(tokenizer.get('kind'))} tokenizer of {tokenizer.get('vocab_size')} tokens (`tokenizer.json`)" if tokenizer else "its tokenizer"
-        window = f", a context of {context} tokens" if _is_number(context) else ""
-        return (f"A language model ({model}{size}) trained and exported by veritrain: given token ids, it gives at each "
-                f"position the logits of the next token; {vocabulary}{window}.")
+    said = _card_text(record, description)
+    preprocessing = _mapping(description.get("preprocessing"))
+    tokenizer = _mapping(preprocessing.get("tokenizer"))
     classes = description.get("classes")
     shape = _mapping(description.get("input")).get("shape")
-    given = f" of shape `{_shape(shape)}`" if isinstance(shape, list) else ""
-    kind = "An image classifier" if task == "classification" else f"A model for the task {_code(task)}"
-    over = f" over {len(classes)} classes" if isinstance(classes, list) else ""
-    return (f"{kind} ({model}{size}) trained and exported by veritrain: it takes float32 input{given} "
-            f"(`model.json` says how an image becomes it) and gives logits{over}.")
+    fills = {"input": f" of shape `{_shape(shape)}`" if isinstance(shape, list) else "",
+             "classes": f" over {len(classes)} classes" if isinstance(classes, list) else ""}
+    what = said.what if said is not None else f"A model for the task {_code(task)}"
+    gives = said.gives.format(**fills) if said is not None else "it takes float32 input{input} and gives logits{classes}".format(**fills)
+    if tokenizer or "tokenizer" in preprocessing:
+        context = preprocessing.get("context")
+        vocabulary = f"a {_inline(tokenizer.get('kind'))} tokenizer of {tokenizer.get('vocab_size')} tokens (`tokenizer.json`)" if tokenizer else "its tokenizer"
+        window = f", a context of {context} tokens" if _is_number(context) else ""
+        gives = f"{gives}; {vocabulary}{window}"
+    return f"{what} ({model}{size}) trained and exported by veritrain: {gives}."
 
 
 def _run_section(record: Mapping[str, Any], description: Mapping[str, Any], key_fingerprint: Optional[str]) -> str:
@@ -347,9 +351,9 @@ def _run_section(record: Mapping[str, Any], description: Mapping[str, Any], key_
     return f"## Where it comes from\n\n| | |\n|---|---|\n{table}\n"
 
 
-def _metrics_section(task: str, record: Mapping[str, Any], description: Mapping[str, Any]) -> str:
+def _metrics_section(record: Mapping[str, Any], description: Mapping[str, Any]) -> str:
     test = _mapping(_mapping(record.get("metrics")).get("test"))
-    rows = [(name, test[key]) for key, _, name, _ in TEST_METRICS.get(task, ()) if _is_number(test.get(key))]
+    rows = [(f"Test {declared.shown}", value) for declared, value in _test_rows(record, description, test)]
     if not rows:
         return "## Test metrics\n\nThe run's record holds no test metrics.\n"
     table = "\n".join(f"| {name} | {_number(value)} |" for name, value in rows)

@@ -55,6 +55,16 @@ class Task(Protocol):
         """Final evaluation metrics from all outputs of a split (e.g. accuracy, macro_f1, loss)."""
         ...
 
+    def show_rows(self, data: "DataVersion", rows: "np.ndarray") -> tuple[str, dict[str, list[Any]]]:
+        """What these training rows are, for `veritrain data order`: the unit in words and {key: a value per row}
+        (`sample_rows` for rows that are the data version's samples)."""
+        ...
+
+
+def sample_rows(data: "DataVersion", rows: "np.ndarray") -> tuple[str, dict[str, list[Any]]]:
+    """Task.show_rows for a task whose rows are the data version's samples: their sample ids."""
+    return "sample id", {"sample_ids": [data.sample_ids[int(r)] for r in rows]}
+
 
 def split_rows(task: Task, data: "DataVersion", split: str) -> "np.ndarray":
     """The rows of `split` that the task trains or evaluates on: the data version's split (a sample per row), or

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from veritrain import models
+from veritrain.tasks import sample_rows
 from veritrain.tasks.classification_spec import SPEC
 
 if TYPE_CHECKING:
@@ -177,6 +178,9 @@ class ClassificationTask:
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(outputs, targets, label_smoothing=self.label_smoothing)
+
+    def show_rows(self, data: DataVersion, rows: np.ndarray) -> tuple[str, dict[str, list[Any]]]:
+        return sample_rows(data, rows)
 
     def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         hard = targets.argmax(dim=1) if targets.dim() == 2 else targets  # mixed batches: the dominant label

@@ -97,6 +97,10 @@ class LanguageModelTask:
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return gpt.lm_loss(outputs, targets)
 
+    def show_rows(self, data: DataVersion, rows: np.ndarray) -> tuple[str, dict[str, list[Any]]]:
+        """A training row is a window: its first token, counted in the train split's tokens."""
+        return "window start (tokens of the train split)", {"window_starts": [int(r) * self.context for r in rows]}
+
     def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         return {}
 

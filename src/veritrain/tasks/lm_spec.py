@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
-from veritrain.core.task_spec import BaselineRule, MetricSpec, TaskSpec
+from veritrain.core.task_spec import BaselineRule, CardText, MetricSpec, TaskSpec
 
 SPEC = TaskSpec("lm", metrics=(
     MetricSpec("bits_per_byte", "min", (0.0, None), epoch_key="val_bits_per_byte", headline=True),
-    MetricSpec("perplexity", "min", (1.0, None)),
-    MetricSpec("loss", "min", (0.0, None), epoch_key="val_loss"),  # nats per token; the LM's criterion has no smoothing
-), baseline=BaselineRule("bits_per_byte", "bigram"))
+    MetricSpec("perplexity", "min", (1.0, None), label="perplexity (per token)"),
+    # nats per token; the LM's criterion has no smoothing, so the validation loss after every epoch is the same number
+    MetricSpec("loss", "min", (0.0, None), epoch_key="val_loss", label="loss (nats per token)"),
+), baseline=BaselineRule("bits_per_byte", "bigram"),
+    fields=("tokens",), models=("gpt",), user_models=False, serves_with="generate",
+    card=CardText("A language model", "given token ids, it gives at each position the logits of the next token",
+                  "text-generation", "Text Generation"))

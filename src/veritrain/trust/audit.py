@@ -335,7 +335,8 @@ def _judge_result(record: Record, item: dict[str, Any], version: str, failure: l
         return {**found, "verdict": "differs", "detail": f"not computed again{': ' + failure[0][:200] if failure else ''}"}
     again = json.loads(out.read_text(encoding="utf-8"))["result"]
     if item["kind"] == "metrics":
-        return {**found, **_compare_metrics(record["metrics"][item["split"]], again)}
+        recorded = record["metrics"][item["split"]]
+        return {**found, **_compare_metrics(recorded, _as_recorded(record, again, recorded))}
     if item["kind"] == "export":
         return {**found, "verdict": "identical" if again["passed"] else "differs",
                 "detail": ", ".join(f"{k} max |Δlogit| {v['max_abs_diff']:.2e}" for k, v in again["formats"].items())
@@ -343,6 +344,16 @@ def _judge_result(record: Record, item: dict[str, Any], version: str, failure: l
     if again is None:
         return {**found, "verdict": "unchecked", "detail": f"the task {record.get('task')} fits no baselines of its own"}
     return {**found, **_compare_baselines(record, again)}
+
+
+def _as_recorded(record: Record, again: dict[str, Any], recorded: Any) -> dict[str, Any]:
+    """Metrics computed now under the older names the record holds them by (TaskSpec.as_recorded): a run of an
+    earlier veritrain is compared under the names it recorded. The renames are the task's declaration (the
+    installed one's first): they say which names mean the same number, and a forged value still differs."""
+    from veritrain.core.task_registry import spec_of_record
+
+    spec = spec_of_record({"config": record.get("config")}) or spec_of_record(dict(record))
+    return spec.as_recorded(again, recorded) if spec is not None and isinstance(recorded, dict) else again
 
 
 def _compare_metrics(metrics: dict[str, Any], again: dict[str, Any]) -> dict[str, Any]:
@@ -376,7 +387,8 @@ def _compare_baselines(record: Record, again: dict[str, Any]) -> dict[str, Any]:
     recorded = record["baselines"]
     differing = []
     for name in sorted(set(recorded["results"]) | set(again.get("results") or {})):
-        left, right = recorded["results"].get(name) or {}, (again.get("results") or {}).get(name) or {}
+        left = recorded["results"].get(name) or {}
+        right = _as_recorded(record, (again.get("results") or {}).get(name) or {}, left)
         for key in sorted(set(left) | set(right)):
             a, b = left.get(key), right.get(key)
             close = isinstance(a, float) and isinstance(b, float) and abs(a - b) <= BASELINE_TOLERANCE * max(1.0, abs(a), abs(b))

@@ -778,8 +778,13 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
                     first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
                 worst = "differs" if "differs" in (verdict, worst) else "within tolerance"
     checks.append({"what": f"metrics.jsonl ({_rows_shown(epochs_a)})", "verdict": worst, "first_divergence": first})
+    from veritrain.core.task_registry import spec_of_record
+
+    spec = spec_of_record(dict(rb))  # a reproduction by this veritrain of an earlier one's run: compared under its names
     for split, metrics in (ra.get("metrics") or {}).items():
         other = (rb.get("metrics") or {}).get(split, {})
+        if spec is not None and isinstance(other, dict) and isinstance(metrics, dict):
+            other = spec.as_recorded(other, metrics)
         keys = sorted(k for k, v in metrics.items() if isinstance(v, float))
         verdicts = [_compare(k, metrics.get(k), other.get(k)) for k in keys]
         bad = [v for v in verdicts if v["verdict"] != "identical"]

@@ -20,7 +20,7 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from veritrain.core.errors import UserError
 from veritrain.core.files import MAX_READ_BYTES, read_regular
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from veritrain.records.workspace import Workspace
 
 PAGE_SIZE = 100
-TABLE_METRICS = ("test.accuracy", "test.macro_f1", "test.log_loss")  # the metric columns until the user picks others
+TABLE_METRICS = 3  # metric columns of the most common task among the listed runs until the user picks others (and each other task's headline)
 MAX_METRIC_COLUMNS = 12
 FILTER_COLUMNS = ("status", "exp_name", "kind", "data_version", "sweep", "repeat_group")
 SORT_COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "data_version", "world_size")
@@ -42,7 +42,7 @@ DURATION_SQL = "ROUND((julianday(ended_at) - julianday(started_at)) * 86400.0, 1
 VERSION_ID = re.compile(r"[0-9a-f]{8,64}")
 METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 EVAL_IMAGES = ("confusion_matrix.png", "confusion_matrix_normalized.png", "bad_cases.png", "curves.png")
-CURVE_KEYS = ("train_loss", "val_loss", "train_acc", "val_acc", "val_bits_per_byte", "lr")  # a language model has no acc, and val bits per byte
+NOT_CURVES = ("epoch", "step", "seconds")  # metrics.jsonl keys that are no curve: every other number in it is one
 STEP_KEYS = ("loss", "lr", "grad_norm")  # the columns of steps.jsonl the charts draw (samples_per_s is in the file)
 OUTSIDE_KINDS = ("eval", "export")  # runs of a checkpoint from outside the run (`eval/export --checkpoint FILE`): not from the audited training
 MAX_CSV_ROWS = 1000  # per-class rows shown on a page
@@ -52,7 +52,7 @@ MAX_CSV_ROWS = 1000  # per-class rows shown on a page
 INDEX_REFRESH_SECONDS = 3.0
 _refreshed: dict[Path, float] = {}  # state folder → when its index was last brought up to date (monotonic)
 # (workspace, the index's generation, filter) → (parameter keys, filter choices)
-_listing_cache: dict[tuple[Any, ...], tuple[list[str], dict[str, list[Any]]]] = {}
+_listing_cache: dict[tuple[Any, ...], tuple[list[str], dict[str, list[Any]], list[str]]] = {}
 
 
 def run_dir_of(workspace: Workspace, run_id: str) -> Path:
@@ -90,14 +90,30 @@ def _number(text: Optional[str], name: str) -> Optional[float]:
 
 
 def metric_columns(text: Optional[str]) -> list[str]:
-    """The metric columns a user picked (`cols=test.accuracy,val.accuracy` in the URL), TABLE_METRICS when none."""
+    """The metric columns a user picked (`cols=test.accuracy,val.accuracy` in the URL); none: the listed runs' tasks'
+    (`default_columns`)."""
     picked = [m.strip() for m in (text or "").split(",") if m.strip()]
     for m in picked:
         if not METRIC_KEY.fullmatch(m) or "." not in m:
             raise UserError(f"cols: {m!r} is not a metric path such as test.accuracy; list them with commas")
     if len(picked) > MAX_METRIC_COLUMNS:
         raise UserError(f"cols: {len(picked)} metric columns; pick at most {MAX_METRIC_COLUMNS}")
-    return list(dict.fromkeys(picked)) or list(TABLE_METRICS)
+    return list(dict.fromkeys(picked))
+
+
+def default_columns(db: sqlite3.Connection, clause: str, args: list[Any]) -> list[str]:
+    """The test metrics the runs table shows until the user picks: the first TABLE_METRICS the most common task among
+    the listed runs declares, then each other task's headline (veritrain.core.task_spec)."""
+    from veritrain.core.task_registry import spec_of_record
+
+    tasks = db.execute(f"SELECT json_extract(config, '$.task') AS task, COUNT(*) AS n FROM runs {clause} "
+                       "GROUP BY task ORDER BY n DESC, task LIMIT 20", args).fetchall()
+    columns: list[str] = []
+    for rank, (task, _) in enumerate(tasks):
+        spec = spec_of_record({"config": {"task": task}}) if isinstance(task, str) else None
+        if spec is not None:
+            columns += [f"test.{name}" for name in (spec.names(TABLE_METRICS) if rank == 0 else [spec.headline.name])]
+    return list(dict.fromkeys(columns))[:MAX_METRIC_COLUMNS]
 
 
 def _where(params: Mapping[str, str], only: Optional[list[str]]) -> tuple[str, list[Any]]:
@@ -186,8 +202,9 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
                 _listing_cache.clear()
             choices = {c: [v for (v,) in db.execute(f"SELECT DISTINCT {c} FROM runs WHERE {c} IS NOT NULL ORDER BY {c} LIMIT 200")]
                        for c in ("status", "exp_name")}
-            _listing_cache[cache_key] = (differing_keys(db, clause, args), choices)
-        param_keys, choices = _listing_cache[cache_key]
+            _listing_cache[cache_key] = (differing_keys(db, clause, args), choices, default_columns(db, clause, args))
+        param_keys, choices, defaults = _listing_cache[cache_key]
+        columns = columns or defaults
         if not key:
             order = "started_at DESC, run_id DESC"
         elif key in SORT_COLUMNS:
@@ -301,7 +318,7 @@ def progress(run_dir: Path) -> dict[str, Any]:
     """A running run's latest step and epoch: the last lines of steps.jsonl and metrics.jsonl (read from their ends)."""
     step_row, epoch_row = _last_line(run_dir / "steps.jsonl"), _last_line(run_dir / "metrics.jsonl")
     return {"step": (step_row or epoch_row or {}).get("step"), "epoch": (epoch_row or {}).get("epoch"),
-            "loss": _finite((step_row or {}).get("loss")), "val_acc": _finite((epoch_row or {}).get("val_acc"))}
+            "loss": _finite((step_row or {}).get("loss"))}
 
 
 def _last_line(path: Path, window: int = 8192) -> Optional[dict[str, Any]]:
@@ -410,7 +427,8 @@ def _lines_from(path: Path, offset: int = 0) -> tuple[list[dict[str, Any]], int,
 
 def epoch_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for r in rows if type(r.get("epoch")) in (int, float)]
-    return {"epochs": [r["epoch"] for r in rows], "series": {k: _series(rows, k) for k in CURVE_KEYS}}
+    keys = dict.fromkeys(k for r in rows for k, v in r.items() if k not in NOT_CURVES and type(v) in (int, float))
+    return {"epochs": [r["epoch"] for r in rows], "series": {k: _series(rows, k) for k in keys}}
 
 
 def step_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -424,13 +442,40 @@ def _series(rows: list[dict[str, Any]], key: str) -> list[Optional[float]]:
     return [float(v) if type(v) in (int, float) and math.isfinite(v) else None for v in values]
 
 
-def curves(run_dir: Path) -> dict[str, Any]:
-    """{"epochs": [...], "series": {train_loss, val_loss, train_acc, val_acc, val_bits_per_byte, lr}} from metrics.jsonl,
+def curves(run_dir: Path, record: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """{"epochs": [...], "series": {train_loss: [...], val_loss, lr, and every other number}} from metrics.jsonl,
     {"steps": [...], "step_series": {loss, lr, grad_norm}} from steps.jsonl (empty when the run wrote
-    none), and "offsets": the bytes of each file read, where a live page's next read starts."""
+    none), "offsets": the bytes of each file read, where a live page's next read starts, and "charts": the charts of
+    the metrics the run's task measures after every epoch (`task_charts`)."""
     epoch_rows, metrics_offset, _ = _lines_from(run_dir / "metrics.jsonl")
     step_rows, steps_offset, _ = _lines_from(run_dir / "steps.jsonl")
-    return {**epoch_points(epoch_rows), **step_points(step_rows), "offsets": {"metrics": metrics_offset, "steps": steps_offset}}
+    return {**epoch_points(epoch_rows), **step_points(step_rows), "offsets": {"metrics": metrics_offset, "steps": steps_offset},
+            "charts": task_charts([record] if record is not None else [])}
+
+
+ENGINE_CURVES = ("val_loss",)  # the epoch keys the engine's own loss chart draws (every task's criterion on val)
+ENGINE_CHARTS = ("loss", "lr", "step_loss", "step_lr", "step_grad_norm")  # the charts charts.js draws for every run
+
+
+def task_charts(records: Sequence[Optional[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One chart per metric the runs' tasks measure on val after every epoch (TaskSpec epoch keys), as charts.js
+    draws them: the val line and, where the run logged it, the train line of the same quantity (`train_` for `val_`);
+    the compare page draws one val line per run. `bounds` keep the axis within the values the metric can take."""
+    from veritrain.core.task_registry import spec_of_record
+
+    charts: dict[str, dict[str, Any]] = {}
+    for record in records:
+        spec = spec_of_record(dict(record)) if record is not None else None
+        for metric in spec.epoch_metrics() if spec is not None else ():
+            key = str(metric.epoch_key)
+            chart = metric.name if metric.name not in ENGINE_CHARTS else f"task-{metric.name}"
+            if key in ENGINE_CURVES or chart in charts:
+                continue
+            train = f"train_{key[4:]}" if key.startswith("val_") else None
+            lines = ([[train, f"train {metric.shown}"]] if train else []) + [[key, f"val {metric.shown}"]]
+            charts[chart] = {"id": chart, "title": f"{metric.shown} per epoch", "x": "epoch", "run": lines,
+                             "compare": key, "bounds": list(metric.bounds)}
+    return list(charts.values())
 
 
 def live_stamp(run_dir: Path) -> Optional[str]:
@@ -710,7 +755,7 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
         "config_hash": record.get("config_hash"), "data": record.get("data") or {},
         "metrics": {split: {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
                     for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)},
-        "training": record.get("training") or {}, "curves": curves(run_dir), "evals": evals, "baselines": baselines,
+        "training": record.get("training") or {}, "curves": curves(run_dir, record), "evals": evals, "baselines": baselines,
         "export_files": sorted(export.get("files") or {}), "parity": parity, "events": record.get("events") or [],
         "env": env, "code": record.get("code") or {}, "artifacts": artifacts, "check": check,
         "trajectory": trajectory(run_dir, record, audited), "audits": audited, "verdict": verdict,
@@ -726,14 +771,13 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
     }
 
 
-BASELINE_ALIASES = {"macro_f1": "f1_macro"}  # a baseline names macro F1 as scikit-learn does
-
-
 def headline(record: dict[str, Any]) -> dict[str, Any]:
     """The overview's metrics: for each split evaluated, the first metrics the run's task declares that it has, each
     beside every baseline's value of the same metric (baselines are scored on the test split)."""
-    from veritrain.records.experiments import shown_metrics
+    from veritrain.core.task_registry import spec_of_record
+    from veritrain.records.experiments import SHOWN
 
+    spec = spec_of_record(record)
     metrics = record.get("metrics") or {}
     results = ((record.get("baselines") or {}).get("results") or {}) if isinstance(record.get("baselines"), dict) else {}
     names = [n for n, r in results.items() if isinstance(r, dict)]
@@ -741,12 +785,12 @@ def headline(record: dict[str, Any]) -> dict[str, Any]:
     for split, values in metrics.items():
         if not isinstance(values, dict):
             continue
-        for key in shown_metrics(record):  # the first metrics the run's task declares
-            value = _finite(values.get(key))
+        for declared in spec.metrics[:SHOWN] if spec is not None else ():  # the first metrics the run's task declares
+            value = _finite(declared.value(values))
             if value is None:
                 continue
-            base = [_finite(results[n].get(key, results[n].get(BASELINE_ALIASES.get(key, key)))) if split == "test" else None for n in names]
-            rows.append({"split": split, "key": key, "value": value, "baselines": base})
+            base = [_finite(declared.value(results[n])) if split == "test" else None for n in names]
+            rows.append({"split": split, "key": declared.name, "value": value, "baselines": base})
     return {"rows": rows, "baselines": names}
 
 
@@ -789,7 +833,8 @@ def compare_page(workspace: Workspace, run_ids: list[str]) -> dict[str, Any]:
     comparison = compare(records)
     labels = change_labels(comparison)
     comparison["labels"] = labels
-    comparison["curves"] = {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"]) for r in records}, "labels": labels}
+    comparison["curves"] = {"runs": {r["run_id"]: curves(workspace.runs_dir / r["run_id"], r) for r in records}, "labels": labels,
+                            "charts": task_charts(records)}
     comparison["headline_metrics"] = [m for m in comparison["metrics"] if ".per_class." not in f".{m['key']}." and "per_class" not in m["key"]]
     comparison["per_class_metrics"] = [m for m in comparison["metrics"] if m not in comparison["headline_metrics"]]
     return comparison

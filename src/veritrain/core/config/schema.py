@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from veritrain.core import source_registry
 from veritrain.core.config.quoting import _key_text, _quoted, _shown
 from veritrain.core.hashing import canonical_json
 from veritrain.core.selection import test_key_problem
-from veritrain.core.task_registry import TASKS
+from veritrain.core.task_registry import DEFAULT_TASK, TASKS, task_spec
 
 
 @dataclass(frozen=True)
@@ -502,7 +502,7 @@ class RunConfig(Section):
         default=None, description="experiment family this run belongs to; null: the config file's name (`digits` for the built-in default)"
     )
     seed: Annotated[int, INT64] = Field(default=0, description="seed of model init, data order and augmentation")
-    task: str = Field(default="classification", description="what is learned: `classification`, or `lm` (a language model on a text data source)")
+    task: str = Field(default=DEFAULT_TASK, description="what is learned: `classification`, or `lm` (a language model on a text data source)")
     # default_factory: pyright reads Field's positional defaults as required fields (see DataConfig.card)
     data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")  # pyright: ignore[reportArgumentType]
     model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")  # pyright: ignore[reportArgumentType]
@@ -520,28 +520,60 @@ class RunConfig(Section):
     def _known_task(cls, value: str) -> str:
         return _registered(value, TASKS)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, value: Any) -> Any:
+        """The task's own default model (TaskSpec.models[0]) where the config names none: `task: lm` alone trains
+        the GPT. Only what the config leaves out is filled, so every config that names its model hashes as before."""
+        spec = _declared(value.get("task")) if isinstance(value, dict) else None
+        model = value.get("model", {}) if isinstance(value, dict) else None
+        if spec is None or not spec.models or not isinstance(model, dict) or "name" in model or "target" in model:
+            return value
+        return {**value, "model": {**model, "name": spec.models[0]}}
+
     @field_validator("data")
     @classmethod
-    def _text_for_a_language_model(cls, value: DataConfig, info: ValidationInfo) -> DataConfig:
+    def _fields_the_task_learns_from(cls, value: DataConfig, info: ValidationInfo) -> DataConfig:
         task = info.data.get("task")
-        text = value.source in source_registry.TEXT_SOURCES
-        if task == "lm" and not text:
-            raise ValueError(f"task lm trains on text, but data.source is {value.source!r}; use text, jsonl or pydoc_topics")
-        if task is not None and task != "lm" and text:
-            raise ValueError(f"data.source {value.source!r} holds text documents, which task {task!r} cannot learn from; set task: lm")
-        return value
+        spec = _declared(task)
+        given = source_registry.FIELDS.get(value.source)
+        if spec is None or not spec.fields or given is None or set(spec.fields) <= set(given):
+            return value
+        sources = sorted(name for name, fields in source_registry.FIELDS.items() if set(spec.fields) <= set(fields))
+        tasks = sorted(name for name in TASKS if (other := _declared(name)) is not None and other.fields and set(other.fields) <= set(given))
+        raise ValueError(f"task {task} learns from {' and '.join(spec.fields)}, but data.source {value.source!r} gives {' and '.join(given)}; "
+                         f"use a source that gives them ({', '.join(sources) or 'none is registered'})"
+                         + (f" or a task that learns from {' and '.join(given)} (task: {' or '.join(tasks)})" if tasks else ""))
 
     @field_validator("model")
     @classmethod
-    def _gpt_for_a_language_model(cls, value: ModelConfig, info: ValidationInfo) -> ModelConfig:
+    def _a_model_the_task_trains(cls, value: ModelConfig, info: ValidationInfo) -> ModelConfig:
         task = info.data.get("task")
-        if task == "lm" and (value.name != "gpt" or value.target is not None):
-            raise ValueError(f"task lm trains model.name: gpt, not {value.target or value.name!r}")
-        if task is not None and task != "lm" and value.name == "gpt" and value.target is None:
-            raise ValueError(f"model.name gpt is a language model; it needs task: lm (task is {task!r})")
+        spec = _declared(task)
+        if spec is not None and spec.models:
+            names = " or ".join(spec.models) + (" (or a user model as model.target)" if spec.user_models else "")
+            if value.target is not None and not spec.user_models:
+                raise ValueError(f"task {task} trains model.name {names}, not a user model ({value.target!r}); remove model.target")
+            if value.target is None and value.name not in spec.models:
+                others = sorted(name for name in TASKS if (other := _declared(name)) is not None and value.name in other.models)
+                trained_by = f"; model {value.name} is trained by task {' or '.join(others)}" if others else ""
+                raise ValueError(f"task {task} trains model.name {names}, not {value.name!r}{trained_by}")
         if value.name == "gpt" and value.width % value.heads:
             raise ValueError(f"model.width {value.width} is not a multiple of model.heads {value.heads}; choose a width the heads divide")
         return value
+
+
+def _declared(task: Any) -> Any:
+    """The TaskSpec of a registered task, None for a name that is not one (its own validator says so) or a task that
+    declares none (its run fails when it starts)."""
+    from veritrain.core.errors import UserError
+
+    if not isinstance(task, str) or task not in TASKS:
+        return None
+    try:
+        return task_spec(task)
+    except UserError:
+        return None
 
 
 def _section_type(annotation: Any) -> Optional[type[BaseModel]]:

@@ -26,14 +26,13 @@
   var IDLE_POLL_MS = 2000; // a finished run's page: only whether it was deleted or re-sealed
   var TABLE_POLL_MS = 1500;
   // Which series each chart shows on a run page (x: "epoch" from metrics.jsonl, "step" from steps.jsonl), and the
-  // one per run it shows on the compare page.
+  // one per run it shows on the compare page: the engine's charts, which every run has. The charts of the metrics a
+  // task measures after every epoch come with the data ("charts": [{id, title, x, run, compare, bounds}]).
   var CHARTS = {
     step_loss: { title: "loss per step", x: "step", run: [["loss", "train loss"]] },
     step_lr: { title: "learning rate per step", x: "step", run: [["lr", "lr"]] },
     step_grad_norm: { title: "gradient norm per step", x: "step", run: [["grad_norm", "grad norm"]] },
     loss: { title: "loss per epoch", x: "epoch", run: [["train_loss", "train loss"], ["val_loss", "val loss"]], compare: "val_loss" },
-    accuracy: { title: "accuracy per epoch", x: "epoch", run: [["train_acc", "train accuracy"], ["val_acc", "val accuracy"]], compare: "val_acc" },
-    bits_per_byte: { title: "bits per byte per epoch", x: "epoch", run: [["val_bits_per_byte", "val bits per byte"]], compare: "val_bits_per_byte" },
     lr: { title: "learning rate per epoch", x: "epoch", run: [["lr", "lr"]], compare: "lr" }
   };
 
@@ -170,7 +169,12 @@
       axes: [xAxis, { size: 60, values: function (u, ticks) { return ticks.map(shortNumber); } }],
       series: series
     };
-    if (kind === "accuracy") opts.scales.y = { range: function (u, min, max) { return [Math.max(0, Math.min(min, 1) - 0.05), Math.min(1, max + 0.05)]; } };
+    var bounds = spec.bounds || [];
+    if (typeof bounds[0] === "number" && typeof bounds[1] === "number") {
+      // within the values the metric can take, with a margin of 5% of that range
+      var low = bounds[0], high = bounds[1], pad = (high - low) * 0.05;
+      opts.scales.y = { range: function (u, min, max) { return [Math.max(low, Math.min(min, high) - pad), Math.min(high, max + pad)]; } };
+    }
     var plot = new window.uPlot(opts, table.data, el);
     plot.root.setAttribute("data-chart-kind", kind);
     plot.root.setAttribute("data-points", String(points));
@@ -178,6 +182,12 @@
   }
 
   var charts = []; // {el, kind, spec, plot, labels}
+
+  function taskChart(curves, kind) {
+    var declared = curves.charts || [];
+    for (var i = 0; i < declared.length; i++) if (declared[i].id === kind) return declared[i];
+    return null;
+  }
 
   function tableFor(curves, spec) {
     return curves.runs ? compareTable(curves, spec) : runTable(curves, spec);
@@ -192,7 +202,7 @@
     for (var i = 0; i < nodes.length; i++) {
       var el = nodes[i];
       var kind = el.getAttribute("data-chart");
-      var spec = CHARTS[kind];
+      var spec = CHARTS[kind] || taskChart(curves, kind);
       if (!spec) continue;
       var table = tableFor(curves, spec);
       charts.push({ el: el, kind: kind, spec: spec, plot: draw(el, table, spec, kind), labels: table.labels.join("\n") });
@@ -232,6 +242,11 @@
     for (var i = 0; i < keys.length; i++) {
       var old = series[keys[i]] || clean(null, length);
       series[keys[i]] = old.concat(rows[seriesKey][keys[i]]);
+    }
+    // a series the new rows do not have stays as long as the others
+    var all = Object.keys(series);
+    for (var j = 0; j < all.length; j++) {
+      if (series[all[j]].length < target[xKey].length) series[all[j]] = series[all[j]].concat(clean(null, target[xKey].length - series[all[j]].length));
     }
     return rows[xKey].length;
   }
