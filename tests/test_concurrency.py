@@ -18,7 +18,7 @@ import pytest
 from conftest import veritrain
 from veritrain.core import locks
 from veritrain.core.errors import UserError
-from veritrain.orchestration.smoke import stratified
+from veritrain.tasks import stratified
 from veritrain.records.workspace import Workspace, process_identity
 
 # the smallest digits run with every stage of `veritrain run`: 2 optimizer steps (1,437 train samples, batches of 1,024)

@@ -89,7 +89,7 @@ def test_metrics_equal_scikit_learn_from_predictions_csv(full_run):
     for average in ("macro", "weighted"):
         assert metrics[f"precision_{average}"] == pytest.approx(sk.precision_score(labels, predicted, labels=k, average=average, zero_division=0), abs=1e-12)
         assert metrics[f"recall_{average}"] == pytest.approx(sk.recall_score(labels, predicted, labels=k, average=average, zero_division=0), abs=1e-12)
-        assert metrics[f"f1_{average}"] == pytest.approx(sk.f1_score(labels, predicted, labels=k, average=average, zero_division=0), abs=1e-12)
+        assert metrics["macro_f1" if average == "macro" else "f1_weighted"] == pytest.approx(sk.f1_score(labels, predicted, labels=k, average=average, zero_division=0), abs=1e-12)
     assert metrics["log_loss"] == pytest.approx(sk.log_loss(labels, probabilities, labels=k), abs=1e-12)
     assert metrics["ece"] == pytest.approx(reference_ece(probabilities, labels), abs=1e-12)
     per_class = sk.precision_recall_fscore_support(labels, predicted, labels=k, zero_division=0)
@@ -104,7 +104,7 @@ def test_eval_from_predictions_file_recomputes_every_metric(cli, full_run):
     assert result.code == 0, result.stderr
     recomputed = result.json()
     stored = json.loads((out / "metrics.json").read_text())
-    for key in ("accuracy", "top5_accuracy", "f1_macro", "f1_weighted", "precision_macro", "recall_weighted", "log_loss", "ece", "per_class"):
+    for key in ("accuracy", "top5_accuracy", "macro_f1", "f1_weighted", "precision_macro", "recall_weighted", "log_loss", "ece", "per_class"):
         assert recomputed[key] == stored[key], key
 
 

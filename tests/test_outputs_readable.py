@@ -37,19 +37,44 @@ def _write_checkpoint(path, model: torch.nn.Module) -> None:
 # ---------------------------------------------------------------- non-finite outputs
 
 
-def test_require_finite_counts_the_samples_with_nan_or_inf():
-    from veritrain.results.evaluate import require_finite
+class _Table(torch.nn.Module):
+    """A model that gives row i of `table` for input i."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.table[x]
+
+
+class _Rows:
+    """The task side of a split of five rows: the rows are their own inputs and targets."""
+
+    def rows(self, data, split):
+        return np.arange(5)
+
+    def batch(self, data, rows, device, train, generator):
+        return torch.as_tensor(rows), torch.as_tensor(rows)
+
+
+def test_evaluation_counts_the_samples_with_nan_or_inf_across_batches():
+    from veritrain.tasks.evaluation import OutputsEvaluator, stream
 
     outputs = torch.zeros(5, 3)
     outputs[1, 2] = float("nan")
     outputs[3, 0] = float("inf")
     outputs[3, 1] = float("-inf")  # one sample, however many of its outputs
+    seen = OutputsEvaluator(lambda o, t: {"rows": len(o)})
     with pytest.raises(RunFailed) as caught:
-        require_finite(outputs, "val", "checkpoints/best.pt")
+        stream(_Table(outputs), _Rows(), None, "val", torch.device("cpu"), 2, seen, "checkpoints/best.pt")  # type: ignore[arg-type]
     message = str(caught.value)
     assert message.startswith("eval: the model gives non-finite outputs (NaN or inf) for 2 of 5 val samples at checkpoints/best.pt; ")
     assert "optim.lr" in message and "train.grad_clip" in message and "\n" not in message
-    require_finite(torch.full((4, 3), 3e38), "val", "checkpoints/best.pt")  # huge but finite passes
+    assert seen.compute() == {"rows": 0}  # no batch reached the evaluator from the first bad one on
+    huge = OutputsEvaluator(lambda o, t: {"rows": len(o)})
+    assert stream(_Table(torch.full((5, 3), 3e38)), _Rows(), None, "val", torch.device("cpu"), 2, huge, "best.pt") == 5  # type: ignore[arg-type]
+    assert huge.compute() == {"rows": 5}  # huge but finite passes
 
 
 def test_eval_refuses_a_checkpoint_whose_outputs_are_nan(digits, tmp_path):

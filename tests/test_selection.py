@@ -163,9 +163,9 @@ def run_cli(args: list[str], capsys) -> tuple[int, str]:
                       "select on validation: --metric val.accuracy"),
     ("train.accuracy", "error: --metric: train.accuracy: a sweep selects its best trial on the val split; give --metric val.accuracy"),
     ("val.acc", "error: --metric: val.acc: task classification declares no such metric; give one of val.accuracy, val.macro_f1, "
-                "val.log_loss, val.top5_accuracy, val.f1_weighted, val.ece"),
+                "val.log_loss, val.top5_accuracy, val.f1_weighted, val.precision_macro, val.recall_macro, val.ece"),
     ("val.rmse", "error: --metric: val.rmse: task classification declares no such metric; give one of val.accuracy, val.macro_f1, "
-                 "val.log_loss, val.top5_accuracy, val.f1_weighted, val.ece"),
+                 "val.log_loss, val.top5_accuracy, val.f1_weighted, val.precision_macro, val.recall_macro, val.ece"),
 ])
 def test_sweep_metric_on_test_or_unknown_is_exit_2(tmp_path, capsys, metric, message):
     code, err = run_cli(["sweep", "--vary", "optim.lr=0.1", "--metric", metric, "--workdir", str(tmp_path)], capsys)

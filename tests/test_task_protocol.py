@@ -18,7 +18,8 @@ from conftest import in_process_run
 from veritrain import models
 from veritrain.data import sources
 from veritrain.core.task_spec import MetricSpec, TaskSpec
-from veritrain.tasks import TASKS, Task
+from veritrain.tasks import TASKS, ExportSpec, Task, plain_report, sample_rows, sample_slice, sample_split
+from veritrain.tasks.evaluation import OutputsEvaluator, validate_with_criterion
 
 
 def toy_tabular_source(cfg, data_root):
@@ -37,6 +38,8 @@ def toy_tabular_source(cfg, data_root):
 
 
 class RegressionTask:
+    """Every member of the Task protocol; where it does what most tasks do, it calls the default."""
+
     name = "regression"
     spec = TaskSpec("regression", metrics=(MetricSpec("rmse", "min", (0.0, None), headline=True), MetricSpec("mae", "min", (0.0, None))))
     epoch_metrics = ("abs_err",)
@@ -44,6 +47,18 @@ class RegressionTask:
 
     def __init__(self, cfg=None):
         self.cfg = cfg
+
+    def rows(self, data, split):
+        return sample_split(data, split)
+
+    def prepare(self, data):
+        pass
+
+    def show_rows(self, data, rows):
+        return sample_rows(data, rows)
+
+    def smoke_slice(self, data, counts):
+        return sample_slice(data, counts)
 
     def build_model(self, cfg, data):
         return models.build("mlp", data.info["input_shape"], 1, [], cfg.hidden, cfg.dropout)
@@ -59,9 +74,27 @@ class RegressionTask:
     def batch_stats(self, outputs, targets):
         return {"abs_err": float((outputs.squeeze(1) - targets).abs().sum())}
 
-    def metrics(self, outputs, targets, data):
+    def validation_metrics(self, model, data, device, batch_size):
+        return validate_with_criterion(self, model, data, device, batch_size)
+
+    def evaluator(self, model, data, split, cfg):
+        return OutputsEvaluator(self.metrics)
+
+    def metrics(self, outputs, targets):
         err = outputs.squeeze(1) - targets
         return {"mae": float(err.abs().mean()), "rmse": float(err.pow(2).mean().sqrt()), "loss": float(err.pow(2).mean())}
+
+    def write_report(self, path, metrics, baselines, run_id):
+        plain_report(path, metrics, self.spec, run_id)
+
+    def plot_curves(self, path, history):
+        pass
+
+    def baselines(self, data, cfg):
+        return None
+
+    def export_spec(self, cfg, model, data, example):
+        return ExportSpec(example, agreement=False)
 
 
 @pytest.fixture
@@ -112,3 +145,16 @@ def test_unregistered_task_is_a_config_error():
 
     with pytest.raises(ConfigError, match="task: expected one of 'classification', 'lm', got 'regression'"):
         load_config(None, ["task=regression"])
+
+
+def test_a_task_without_every_member_of_the_protocol_is_refused_when_built(monkeypatch):
+    from veritrain.core.config import load_config
+    from veritrain.core.errors import UserError
+    from veritrain.tasks import get_task, protocol_members
+
+    assert "evaluator" in protocol_members() and "spec" in protocol_members() and "export_spec" in protocol_members()
+    partial = type("Partial", (), {k: v for k, v in vars(RegressionTask).items() if k not in ("evaluator", "baselines")})
+    monkeypatch.setitem(TASKS, "regression", partial)
+    monkeypatch.setitem(sources.SOURCES, "toy_tabular", toy_tabular_source)
+    with pytest.raises(UserError, match=r"task: 'regression' \(.*Partial\) lacks baselines, evaluator of the Task protocol"):
+        get_task(load_config(None, ["task=regression", "data.source=toy_tabular", "model.name=mlp"]).config)

@@ -507,7 +507,7 @@ def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: Da
 
     stages = record["stages"]
     baselines = None
-    if "baselines" in stages and (cfg.eval.baselines or "train" not in stages) and hasattr(task, "baselines"):
+    if "baselines" in stages and (cfg.eval.baselines or "train" not in stages) and task.spec.baseline is not None:
         t = time.perf_counter()
         baselines = fit_baselines(run_dir, cfg, data, task)
         record.set(baselines=baselines)
@@ -579,7 +579,10 @@ def update_experiments(workspace: Workspace) -> None:
 def fit_baselines(run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) -> dict[str, Any]:
     """The task's baselines on the run's splits, written to eval/baselines.json (with the margin and the rule that
     judges them) below `run_dir` (a new run, or the staging folder of an amend)."""
-    baselines = task.baselines(data, cfg)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: the caller checks hasattr
+    baselines = task.baselines(data, cfg)
+    if baselines is None:
+        raise RunFailed(f"baselines: task {cfg.task} declares the baseline rule {task.spec.baseline_rule()} but fits no baselines "
+                        "(Task.baselines gave None); return its baselines document, or declare no baseline in its TaskSpec")
     baselines["margin"] = cfg.eval.baseline_margin
     baselines["judged_by"] = task_spec(cfg.task).baseline_rule()  # the rule its task declares (veritrain.core.baselines)
     (run_dir / "eval").mkdir(exist_ok=True)

@@ -1,7 +1,7 @@
 """The smoke test: a tiny slice of a config through every stage, in seconds, before a long run.
 
 Prepare (the real data version), then on ≤ 64 train samples (taken class by class in turn, so every class is
-in the slice however the files sort; see `stratified`): 2 optimizer steps with a checkpoint
+in the slice however the files sort; see `veritrain.tasks.stratified`): 2 optimizer steps with a checkpoint
 after each, a resume from the first checkpoint that must end bit-identical to the uninterrupted
 2 steps, evaluation on ≤ 64 test samples, and export with its parity check. The result is recorded
 (sealed) in `.veritrain/smoke/<key>/`, where the key is the config hash, data version and code
@@ -14,7 +14,6 @@ The folder keeps its own `train.log` (debug lines included, and the traceback of
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import shutil
 import time
@@ -31,30 +30,12 @@ from veritrain.records.usercode import current_listing, fresh
 from veritrain.records.workspace import Workspace
 
 if TYPE_CHECKING:
-    import numpy as np
 
     from veritrain.data.identity import DataVersion
 
 log = logging.getLogger("veritrain")
 
 TRAIN_SAMPLES, EVAL_SAMPLES, STEPS = 64, 64, 2
-def stratified(rows: np.ndarray, targets: np.ndarray, count: int, classes: Optional[list[str]]) -> np.ndarray:
-    """`count` of a split's rows, taken class by class in turn (class index order; within a class, the split's
-    order), so a slice of a folder sorted by class still holds every class; a class that runs out drops out of
-    the turn. Without classes (a regression or language-model task) the split's first `count` rows."""
-    import numpy as np
-
-    rows = np.asarray(rows)
-    if not classes or len(rows) <= count or targets.ndim != 1 or not np.issubdtype(targets.dtype, np.integer):
-        return rows[:count]
-    labels = np.asarray(targets)[rows]
-    by_class = [rows[labels == label] for label in np.unique(labels)]
-    # round r takes the r-th row of every class that has one: sort the rows by (round, class)
-    turn = np.concatenate([np.arange(len(group)) for group in by_class])
-    order = np.lexsort((np.concatenate([np.full(len(g), i) for i, g in enumerate(by_class)]), turn))
-    return np.concatenate(by_class)[order][:count]
-
-
 def run(resolved: ResolvedConfig, workspace: Workspace, data: Optional[DataVersion] = None,
         code: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Run the smoke test of a config; returns its summary (raises RunFailed when a stage fails).
@@ -94,15 +75,7 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code
         "export": cfg.export.model_copy(update={"parity_samples": min(cfg.export.parity_samples, 16)}),
     })
     batch = tiny.train.batch_size
-    cut = getattr(get_task(tiny), "smoke_slice", None)  # a task whose rows are not samples (a language model's windows) cuts its own
-    if cut is not None:
-        sliced = cut(data, {"train": batch * STEPS, "val": EVAL_SAMPLES, "test": EVAL_SAMPLES})
-    else:
-        sliced = dataclasses.replace(data, splits={
-            "train": stratified(data.splits["train"], data.targets, batch * STEPS, data.classes),
-            "val": stratified(data.splits["val"], data.targets, EVAL_SAMPLES, data.classes),
-            "test": stratified(data.splits["test"], data.targets, EVAL_SAMPLES, data.classes),
-        })
+    sliced = get_task(tiny).smoke_slice(data, {"train": batch * STEPS, "val": EVAL_SAMPLES, "test": EVAL_SAMPLES})
     # the smoke folder's own record: the checks, how it ended; written by veritrain.records.recorder at the end
     outcome: dict[str, Any] = {
         "record_version": RECORD_VERSION, "run_id": key, "kind": "smoke", "status": "running", "started_at": now_iso(),

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.errors import UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.tasks import split_rows
+from veritrain.tasks.evaluation import stream
 from veritrain.train import checkpoint, trajectory
 
 if TYPE_CHECKING:
@@ -26,34 +27,6 @@ if TYPE_CHECKING:
     from veritrain.tasks import Task
 
 log = logging.getLogger("veritrain")
-
-
-@torch.no_grad()
-def forward_split(model: torch.nn.Module, task: Task, data: DataVersion, split: str, device: torch.device, batch_size: int,
-                  limit: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """All outputs and targets of one split (its first `limit` samples) in eval mode, in split-file order."""
-    model.eval()
-    rows = split_rows(task, data, split)[:limit]
-    outputs, targets = [], []
-    generator = torch.Generator().manual_seed(0)  # unused without augmentation; required by the protocol
-    for start in range(0, len(rows), batch_size):
-        x, y = task.batch(data, rows[start : start + batch_size], device, False, generator)
-        outputs.append(model(x).float().cpu())
-        targets.append(y.cpu())
-    if not outputs:
-        return torch.empty(0), torch.empty(0)
-    return torch.cat(outputs), torch.cat(targets)
-
-
-def require_finite(outputs: torch.Tensor, split: str, checkpoint_shown: str) -> None:
-    """RunFailed when any sample's outputs hold NaN or inf: no metric of such outputs means anything,
-    and the libraries that compute them would fail with a message about their own input instead."""
-    if outputs.numel() == 0:
-        return
-    bad = int((~torch.isfinite(outputs.reshape(len(outputs), -1))).any(dim=1).sum())
-    if bad:
-        raise RunFailed(f"eval: the model gives non-finite outputs (NaN or inf) for {bad} of {len(outputs)} {split} samples at "
-                        f"{checkpoint_shown}; training likely diverged: lower optim.lr (or, with optim.name=sgd, set train.grad_clip)")
 
 
 def checkpoint_path(cfg: RunConfig, run_dir: Path, which: Optional[str]) -> Path:
@@ -98,16 +71,11 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, device: to
     except ValueError:
         shown_path = str(path)
     out_dir = (out_root or run_dir) / "eval" / split
-    evaluate_split = getattr(task, "evaluate_split", None)  # optional: a task that scores a split without holding its outputs
-    write_files = getattr(task, "write_evaluation", None)  # optional: a task that writes files of its own from the outputs
-    if evaluate_split is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        metrics = evaluate_split(model, data, split, device, cfg, out_dir)
-    else:
-        outputs, targets = forward_split(model, task, data, split, device, cfg.eval.batch_size)
-        require_finite(outputs, split, shown_path)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        metrics = write_files(out_dir, outputs, targets, data, split, cfg) if write_files is not None else task.metrics(outputs, targets, data)
+    evaluator = task.evaluator(model, data, split, cfg)
+    stream(model, task, data, split, device, cfg.eval.batch_size, evaluator, shown_path)
+    metrics = evaluator.compute()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    evaluator.write(out_dir, metrics)
     metrics.update(
         split=split,
         data_version=data.version,
@@ -117,12 +85,12 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, device: to
         checkpoint_state_sha256=trajectory.state_sha256(state),  # which trajectory entry it is (record.json names it)
     )
     history_path = run_dir / "metrics.jsonl"
-    if history_path.exists() and hasattr(task, "plot_curves"):
+    if history_path.exists():
         history = [json.loads(l) for l in history_path.read_text().splitlines() if l.strip()]
-        task.plot_curves(out_dir / "curves.png", history)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
+        task.plot_curves(out_dir / "curves.png", history)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    if hasattr(task, "write_report"):
-        task.write_report(out_dir / "report.md", metrics, baselines, run_dir.name)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
+    task.write_report(out_dir / "report.md", metrics, baselines, run_dir.name)
+    if (out_dir / "report.md").is_file():
         _lead_with_data(out_dir / "report.md", data)
     log.info(
         "eval: %s split, %s (epoch %d): %s",

@@ -101,8 +101,8 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
                             torch.device("cpu"), False, torch.Generator())
     with torch.no_grad():
         example_logits = model(example)
-    # a task whose model is not an image classifier describes its own input, output and what rebuilds it
-    spec: dict[str, Any] = task.export_spec(cfg, model, data) if hasattr(task, "export_spec") else {}  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
+    spec = task.export_spec(cfg, model, data, example)  # what the task says its export is; None: the defaults below
+    example = spec.example
     description: dict[str, Any] = {
         "format_version": MODEL_JSON_VERSION,
         "source_run": run_dir.name,
@@ -110,19 +110,18 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
         "config_hash": config_hash(cfg),
         "task": cfg.task,
         "model": cfg.model.target or cfg.model.name,
-        "architecture": spec.get("architecture") or architecture(cfg.model, model, list(example.shape[1:]), int(example_logits.shape[1])),
+        "architecture": spec.architecture or architecture(cfg.model, model, list(example.shape[1:]), int(example_logits.shape[1])),
         "checkpoint": path.relative_to(run_dir).as_posix() if path.is_relative_to(run_dir) else str(path),
         "checkpoint_sha256": sha256_file(path),
         "checkpoint_epoch": state["loop"]["epochs_done"],
         "checkpoint_state_sha256": trajectory.state_sha256(state),  # which trajectory entry it is (record.json names it)
         "classes": data.classes,
-        "input": spec.get("input") or {"name": "input", "shape": [None, *example.shape[1:]], "dtype": "float32", "batch": "dynamic"},
-        "output": spec.get("output") or {"name": "logits", "shape": [None, *example_logits.shape[1:]], "dtype": "float32"},
+        "input": spec.input or {"name": "input", "shape": [None, *example.shape[1:]], "dtype": "float32", "batch": "dynamic"},
+        "output": spec.output or {"name": "logits", "shape": [None, *example_logits.shape[1:]], "dtype": "float32"},
         # how the source's raw values became the uint8 images `preprocessing` starts from
-        "source_mapping": spec.get("source_mapping") or source_mapping(data),
+        "source_mapping": spec.source_mapping or source_mapping(data),
         # how raw inputs become the model's input; only the task knows (images: decode, resize, normalize)
-        "preprocessing": spec["preprocessing"] if "preprocessing" in spec else task.export_preprocessing(data)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
-        if hasattr(task, "export_preprocessing") else {"normalization": data.info["normalization"]},
+        "preprocessing": spec.preprocessing if spec.preprocessing is not None else {"normalization": data.info["normalization"]},
     }
     metadata = file_metadata(description, data)
     previous = previous_description(existing)
@@ -133,7 +132,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     if "onnx" in formats:
         torch.onnx.export(
             model, (example,), str(out / FILES["onnx"]), input_names=["input"], output_names=["logits"],
-            dynamic_axes=spec.get("dynamic_axes") or {"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=cfg.export.opset, dynamo=False,
+            dynamic_axes=spec.dynamic_axes or {"input": {0: "batch"}, "logits": {0: "batch"}}, opset_version=cfg.export.opset, dynamo=False,
         )
         set_onnx_metadata(out / FILES["onnx"], metadata)
         written["onnx"] = FILES["onnx"]
@@ -152,7 +151,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
         write_safetensors(out / FILES["safetensors"], model.state_dict(), metadata)
         written["safetensors"] = FILES["safetensors"]
 
-    for name, source in (spec.get("companions") or {}).items():  # files the model is used with (a tokenizer), copied beside it
+    for name, source in spec.companions.items():  # files the model is used with (a tokenizer), copied beside it
         shutil.copyfile(source, out / name)
     files = {name: file for name, file in FILES.items() if name in written or name in kept}  # FILES order: stable model.json
     kept_formats = [name for name in files if name not in written]
@@ -164,7 +163,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     key = sealing_key() if shipped else None
     # the files beside the model files: the card, and the signature over every file of the folder but itself
     description["non_model_files"] = [name for name in (CARD_FILE, SIGNATURE_FILE) if shipped and (name != SIGNATURE_FILE or key is not None)]
-    description["companions"] = sorted(spec.get("companions") or {})
+    description["companions"] = sorted(spec.companions)
     (out / "model.json").write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     parity = description["parity"]
     if shipped and record is not None:
@@ -399,6 +398,8 @@ def check_parity(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.
     import torch
 
     split, inputs, reference_logits = reference or reference_outputs(cfg, data, task, model)
+    # the task's parity rule: whether the largest output must agree too (scores of classes or tokens)
+    agreement = task.export_spec(cfg, model, data, inputs[:2]).agreement
     outputs: dict[str, np.ndarray] = {}
     if "onnx" in files:
         outputs["onnx"] = onnx_logits(out / files["onnx"], inputs.numpy())
@@ -434,14 +435,15 @@ def check_parity(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.
     scale = float(np.abs(ref).max()) if ref.size else 0.0
     tolerance = cfg.export.parity_atol + cfg.export.parity_rtol * scale
     failures = [f"{n}: max |Δlogit| {r['max_abs_diff']:.3g} > {tolerance:.3g}" for n, r in results.items() if not r["max_abs_diff"] <= tolerance]
-    failures += [f"{n}: argmax agreement {r['agreement']:.4f} < {cfg.export.parity_min_agreement:g}" for n, r in results.items() if r["agreement"] < cfg.export.parity_min_agreement]
+    failures += [f"{n}: argmax agreement {r['agreement']:.4f} < {cfg.export.parity_min_agreement:g}" for n, r in results.items()
+                 if agreement and r["agreement"] < cfg.export.parity_min_agreement]
     parity = {
         "samples": int(len(ref)),
         "split": split,
         "atol": cfg.export.parity_atol,
         "rtol": cfg.export.parity_rtol,
         "tolerance": tolerance,  # atol + rtol × the largest |logit| of the trained model
-        "min_agreement": cfg.export.parity_min_agreement,
+        "min_agreement": cfg.export.parity_min_agreement if agreement else None,  # None: the task's rule asks for no agreement
         "formats": results,
         "passed": not failures,
         "reason": "; ".join(failures) or None,

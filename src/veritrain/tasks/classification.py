@@ -16,8 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from veritrain import models
-from veritrain.tasks import sample_rows
+from veritrain.core.task_spec import TaskSpec
+from veritrain.tasks import ExportSpec, sample_rows, sample_slice, sample_split
 from veritrain.tasks.classification_spec import SPEC
+from veritrain.tasks.evaluation import Evaluator, OutputsEvaluator, validate_with_criterion
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -35,7 +37,7 @@ DECODE_CHUNK_ROWS = 4096  # rows converted at a time while decoding, to bound th
 def class_probabilities(outputs: torch.Tensor) -> np.ndarray:
     """N×K logits → N×K float64 class probabilities. torch's softmax subtracts each row's largest logit
     before exponentiating, so finite logits of any size (1e30 apart) give probabilities in [0, 1] that
-    sum to 1; non-finite outputs are refused before this (evaluate.require_finite). The formula is the
+    sum to 1; non-finite outputs are refused before this (veritrain.tasks.evaluation.stream). The formula is the
     one every recorded run was evaluated with, so re-evaluations and reproductions stay bit-identical."""
     return torch.softmax(outputs.double(), dim=1).numpy()
 
@@ -57,10 +59,10 @@ def mean_loss(outputs: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 class ClassificationTask:
-    name = "classification"
-    spec = SPEC  # what it declares about its metrics (tasks/classification_spec.py, torch-free)
-    epoch_metrics = ("acc",)
-    best_metric = ("val_acc", "max")
+    name: str = "classification"
+    spec: TaskSpec = SPEC  # what it declares about its metrics (tasks/classification_spec.py, torch-free)
+    epoch_metrics: tuple[str, ...] = ("acc",)
+    best_metric: tuple[str, str] = ("val_acc", "max")
 
     def __init__(self, cfg: RunConfig):
         self.augment = cfg.augment
@@ -182,11 +184,21 @@ class ClassificationTask:
     def show_rows(self, data: DataVersion, rows: np.ndarray) -> tuple[str, dict[str, list[Any]]]:
         return sample_rows(data, rows)
 
+    def rows(self, data: DataVersion, split: str) -> np.ndarray:
+        return sample_split(data, split)
+
+    def smoke_slice(self, data: DataVersion, counts: dict[str, int]) -> DataVersion:
+        return sample_slice(data, counts)
+
     def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         hard = targets.argmax(dim=1) if targets.dim() == 2 else targets  # mixed batches: the dominant label
         return {"acc": float((outputs.argmax(dim=1) == hard).sum())}
 
+    def validation_metrics(self, model: torch.nn.Module, data: DataVersion, device: torch.device, batch_size: int) -> dict[str, float]:
+        return validate_with_criterion(self, model, data, device, batch_size)
+
     def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: DataVersion) -> dict[str, Any]:
+        """Every metric of a split's outputs (classification_eval.compute) and the mean loss without smoothing."""
         from veritrain.tasks import classification_eval
 
         probabilities = class_probabilities(outputs)
@@ -194,29 +206,14 @@ class ClassificationTask:
         metrics["loss"] = mean_loss(outputs, targets)
         return metrics
 
-    # ---- optional parts of the Task protocol, used by the evaluation stage
+    # ---- evaluation, baselines, export
 
-    def write_evaluation(self, out_dir: Path, outputs: torch.Tensor, targets: torch.Tensor, data: DataVersion, split: str,
-                         cfg: RunConfig) -> dict[str, Any]:
-        """metrics plus predictions.csv, per_class.csv, confusion matrices and bad cases in `out_dir`."""
-        from veritrain.tasks import classification_eval as ce
+    def evaluator(self, model: torch.nn.Module, data: DataVersion, split: str, cfg: RunConfig) -> Evaluator:
+        return ClassificationEvaluation(self, data, split, cfg)
 
-        rows = data.splits[split]
-        classes = cast(list[str], data.classes)  # build_model refused data without classes
-        sample_ids = [data.sample_ids[r] for r in rows]
-        probabilities = class_probabilities(outputs)
-        labels = targets.cpu().numpy()
-        metrics = self.metrics(outputs, targets, data)
-        ce.write_predictions(out_dir / "predictions.csv", sample_ids, labels, probabilities, classes)
-        ce.write_per_class(out_dir / "per_class.csv", metrics["per_class"])
-        predicted = probabilities.argmax(axis=1)
-        ce.plot_confusion(out_dir / "confusion_matrix.png", labels, predicted, classes, normalized=False)
-        ce.plot_confusion(out_dir / "confusion_matrix_normalized.png", labels, predicted, classes, normalized=True)
-        cases = ce.bad_cases(sample_ids, labels, probabilities, classes, cfg.eval.bad_cases)
-        ce.write_bad_cases_csv(out_dir / "bad_cases.csv", cases)
-        images = np.asarray(data.inputs[rows]) if data.inputs.dtype == np.uint8 and data.inputs.ndim == 4 else None
-        ce.plot_bad_cases(out_dir / "bad_cases.png", cases, images)
-        return metrics
+    def export_spec(self, cfg: RunConfig, model: torch.nn.Module, data: DataVersion, example: torch.Tensor) -> ExportSpec:
+        """A float32 image batch in, logits out (the defaults), and how an image file becomes the input."""
+        return ExportSpec(example, preprocessing=self.export_preprocessing(data))
 
     def export_preprocessing(self, data: DataVersion) -> dict[str, Any]:
         """How `veritrain predict` (or anyone with model.json) turns an image file into the model's input."""
@@ -247,3 +244,32 @@ class ClassificationTask:
         from veritrain.tasks.classification_eval import report_markdown
 
         path.write_text(report_markdown(metrics, baselines, run_id), encoding="utf-8")
+
+
+class ClassificationEvaluation(OutputsEvaluator):
+    """Keeps a split's outputs (the metrics rank and calibrate over all of them), then writes predictions.csv,
+    per_class.csv, the confusion matrices and the bad cases."""
+
+    def __init__(self, task: ClassificationTask, data: DataVersion, split: str, cfg: RunConfig) -> None:
+        super().__init__(lambda outputs, targets: task.metrics(outputs, targets, data))
+        self.data, self.split, self.cfg = data, split, cfg
+
+    def write(self, out_dir: Path, metrics: dict[str, Any]) -> None:
+        from veritrain.tasks import classification_eval as ce
+
+        outputs, targets = self.gathered()
+        data = self.data
+        rows = data.splits[self.split]
+        classes = cast(list[str], data.classes)  # build_model refused data without classes
+        sample_ids = [data.sample_ids[r] for r in rows]
+        probabilities = class_probabilities(outputs)
+        labels = targets.cpu().numpy()
+        ce.write_predictions(out_dir / "predictions.csv", sample_ids, labels, probabilities, classes)
+        ce.write_per_class(out_dir / "per_class.csv", metrics["per_class"])
+        predicted = probabilities.argmax(axis=1)
+        ce.plot_confusion(out_dir / "confusion_matrix.png", labels, predicted, classes, normalized=False)
+        ce.plot_confusion(out_dir / "confusion_matrix_normalized.png", labels, predicted, classes, normalized=True)
+        cases = ce.bad_cases(sample_ids, labels, probabilities, classes, self.cfg.eval.bad_cases)
+        ce.write_bad_cases_csv(out_dir / "bad_cases.csv", cases)
+        images = np.asarray(data.inputs[rows]) if data.inputs.dtype == np.uint8 and data.inputs.ndim == 4 else None
+        ce.plot_bad_cases(out_dir / "bad_cases.png", cases, images)

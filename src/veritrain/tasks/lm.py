@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING, Any, Optional, cast
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from veritrain.core.errors import UserError
-from veritrain.tasks import gpt, lm_eval, lm_metrics
+from veritrain.core.task_spec import TaskSpec
+from veritrain.tasks import ExportSpec, gpt, lm_eval
+from veritrain.tasks.evaluation import Evaluator, stream
 from veritrain.tasks.lm_spec import SPEC
 
 if TYPE_CHECKING:
@@ -31,10 +34,10 @@ if TYPE_CHECKING:
 
 
 class LanguageModelTask:
-    name = "lm"
-    spec = SPEC  # what it declares about its metrics (tasks/lm_spec.py, torch-free)
+    name: str = "lm"
+    spec: TaskSpec = SPEC  # what it declares about its metrics (tasks/lm_spec.py, torch-free)
     epoch_metrics: tuple[str, ...] = ()
-    best_metric = ("val_loss", "min")
+    best_metric: tuple[str, str] = ("val_loss", "min")
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
@@ -104,46 +107,20 @@ class LanguageModelTask:
     def batch_stats(self, outputs: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         return {}
 
-    def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: DataVersion) -> dict[str, Any]:
-        nats = gpt.summed_nats(outputs, targets)
-        spelled = int(self._byte_lengths(data)[targets.numpy()].sum())
-        score = lm_metrics.lm_score(nats, int(targets.numel()), spelled)
-        return {"loss": score.loss_per_token, "perplexity": score.perplexity, "bits_per_byte": score.bits_per_byte,
-                "tokens": int(targets.numel()), "bytes": spelled, "windows": int(targets.shape[0])}
-
-    def _byte_lengths(self, data: DataVersion) -> np.ndarray:
-        return byte_lengths(_text(data))
+    def validation_metrics(self, model: torch.nn.Module, data: DataVersion, device: torch.device, batch_size: int) -> dict[str, float]:
+        """metrics.jsonl's val_loss (mean nats per predicted token) and val_bits_per_byte: the evaluation's own numbers
+        on val, one batch of logits at a time."""
+        was_training = model.training
+        scoring = LanguageModelEvaluation(self, model, data, "val", None)
+        stream(model, self, data, "val", device, batch_size, scoring, "the model being trained")
+        model.train(was_training)
+        scored = scoring.compute()
+        return {"val_loss": scored["loss"], "val_bits_per_byte": scored["bits_per_byte"]}
 
     # ------------------------------------------------------------ evaluation (veritrain.tasks.lm_eval)
 
-    def evaluate_split(self, model: torch.nn.Module, data: DataVersion, split: str, device: torch.device, cfg: RunConfig,
-                       out_dir: Path) -> dict[str, Any]:
-        """Score every window of `split`, one batch of logits at a time; writes bad_cases.json (the documents with the
-        most bits per byte) and generations.json (samples from the fixed prompts) to `out_dir`; returns the metrics."""
-        from veritrain.data.tokenizer import load_tokenizer
-
-        text = _text(data)
-        assert text.tokenizer_file is not None
-        tokenizer = load_tokenizer(text.tokenizer_file)
-        tokens = text.tokens[split]
-        nats = lm_eval.position_nats(model, tokens, self.context, device, cfg.eval.batch_size)
-        lengths = byte_lengths(text)
-        metrics = lm_eval.split_metrics(tokens, nats, lengths, self.context)
-        cases = lm_eval.bad_cases(text, split, tokens, nats, lengths, tokenizer, cfg.eval.bad_cases)
-        generated = lm_eval.generations(cast(gpt.GPT, model), cfg.eval.generation, lm_eval.prompts(cfg.eval.generation, text, split, tokens, tokenizer),
-                                        tokenizer)
-        (out_dir / "bad_cases.json").write_text(json.dumps(cases, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        (out_dir / "generations.json").write_text(json.dumps(generated, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        return metrics
-
-    def validation_metrics(self, model: torch.nn.Module, data: DataVersion, device: torch.device, batch_size: int) -> dict[str, float]:
-        """metrics.jsonl's val_loss (mean nats per predicted token) and val_bits_per_byte, one batch of logits at a time."""
-        text = _text(data)
-        was_training = model.training
-        nats = lm_eval.position_nats(model, text.tokens["val"], self.context, device, batch_size)
-        model.train(was_training)
-        scored = lm_eval.split_metrics(text.tokens["val"], nats, byte_lengths(text), self.context)
-        return {"val_loss": scored["loss"], "val_bits_per_byte": scored["bits_per_byte"]}
+    def evaluator(self, model: torch.nn.Module, data: DataVersion, split: str, cfg: RunConfig) -> Evaluator:
+        return LanguageModelEvaluation(self, model, data, split, cfg)
 
     def write_report(self, path: Path, metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str) -> None:
         cases = json.loads((path.parent / "bad_cases.json").read_text(encoding="utf-8"))
@@ -163,15 +140,15 @@ class LanguageModelTask:
 
     # ------------------------------------------------------------ smoke test and export
 
-    def smoke_slice(self, data: DataVersion, windows: dict[str, int]) -> DataVersion:
-        """The data version cut to the first `windows[split]` windows of each split (the smoke test's tiny slice)."""
+    def smoke_slice(self, data: DataVersion, counts: dict[str, int]) -> DataVersion:
+        """The data version cut to the first `counts[split]` windows of each split (the smoke test's tiny slice)."""
         import dataclasses
 
         text = _text(data)
-        return dataclasses.replace(text, tokens={name: array[: windows.get(name, 0) * self.context + 1] if len(array) else array
+        return dataclasses.replace(text, tokens={name: array[: counts.get(name, 0) * self.context + 1] if len(array) else array
                                                  for name, array in text.tokens.items()})
 
-    def export_spec(self, cfg: RunConfig, model: torch.nn.Module, data: DataVersion) -> dict[str, Any]:
+    def export_spec(self, cfg: RunConfig, model: torch.nn.Module, data: DataVersion, example: torch.Tensor) -> ExportSpec:
         """What model.json says of a GPT export: token ids in, next-token logits out (batch and time dynamic, time at
         most the context), the tokenizer (copied beside the model, its SHA-256 bound), and the GPTConfig that rebuilds it."""
         import dataclasses
@@ -179,26 +156,58 @@ class LanguageModelTask:
         text = _text(data)
         assert text.tokenizer_file is not None and isinstance(model, gpt.GPT)
         tokenizer = dict(text.info["tokenizer"])
-        return {
-            "architecture": {"name": "gpt", "module": "veritrain.tasks.gpt.GPT", "config": dataclasses.asdict(model.cfg),
-                             "parameters": gpt.parameter_count(model),
-                             "rebuild": "veritrain.tasks.gpt.GPT(veritrain.tasks.gpt.GPTConfig(**config)), then load model.safetensors"},
-            "input": {"name": "input", "shape": [None, None], "dtype": "int64", "batch": "dynamic",
-                      "time": f"dynamic, 1 … {model.cfg.context} token ids"},
-            "output": {"name": "logits", "shape": [None, None, model.cfg.vocab_size], "dtype": "float32",
-                       "meaning": "at each position, the logits of the token that follows"},
-            "dynamic_axes": {"input": {0: "batch", 1: "time"}, "logits": {0: "batch", 1: "time"}},
-            "preprocessing": {"tokenizer": {**tokenizer, "file": "tokenizer.json"}, "context": model.cfg.context,
-                              "generation": "veritrain generate RUN \"prompt\": encode with tokenizer.json, feed the last `context` ids, "
-                                            "sample the next id from the last position's logits"},
-            "source_mapping": {"source": cfg.data.source, "result": "UTF-8 text, normalized as the data version recorded "
-                               "(docs/data.md: text data versions), encoded by tokenizer.json",
-                               "recorded": (text.info.get("preprocessing") or {}).get("source")},
-            "companions": {"tokenizer.json": text.tokenizer_file},
-        }
+        return ExportSpec(
+            example,
+            architecture={"name": "gpt", "module": "veritrain.tasks.gpt.GPT", "config": dataclasses.asdict(model.cfg),
+                          "parameters": gpt.parameter_count(model),
+                          "rebuild": "veritrain.tasks.gpt.GPT(veritrain.tasks.gpt.GPTConfig(**config)), then load model.safetensors"},
+            input={"name": "input", "shape": [None, None], "dtype": "int64", "batch": "dynamic",
+                   "time": f"dynamic, 1 … {model.cfg.context} token ids"},
+            output={"name": "logits", "shape": [None, None, model.cfg.vocab_size], "dtype": "float32",
+                    "meaning": "at each position, the logits of the token that follows"},
+            dynamic_axes={"input": {0: "batch", 1: "time"}, "logits": {0: "batch", 1: "time"}},
+            preprocessing={"tokenizer": {**tokenizer, "file": "tokenizer.json"}, "context": model.cfg.context,
+                           "generation": "veritrain generate RUN \"prompt\": encode with tokenizer.json, feed the last `context` ids, "
+                                         "sample the next id from the last position's logits"},
+            source_mapping={"source": cfg.data.source, "result": "UTF-8 text, normalized as the data version recorded "
+                            "(docs/data.md: text data versions), encoded by tokenizer.json",
+                            "recorded": (text.info.get("preprocessing") or {}).get("source")},
+            companions={"tokenizer.json": text.tokenizer_file},
+        )
 
-    def baseline_warning(self, metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
-        return lm_eval.baseline_warning(metrics, baselines)
+
+class LanguageModelEvaluation:
+    """The nats the model gives each token of a split from the tokens before it in its window, filled in batch by batch
+    (a window at a time: only one batch of logits is held); then bits per byte, perplexity and loss over every scored
+    token (lm_eval.split_metrics), and with a run config the documents with the most bits per byte and samples from
+    the fixed prompts."""
+
+    def __init__(self, task: LanguageModelTask, model: torch.nn.Module, data: DataVersion, split: str, cfg: Optional[RunConfig]) -> None:
+        self.model, self.text, self.split, self.cfg, self.context = model, _text(data), split, cfg, task.context
+        self.tokens = self.text.tokens[split]
+        self.first = task._layout(data)[split][0]  # the split's first row
+        self.nats = np.full(len(self.tokens), np.nan)  # NaN where no window predicts the token
+
+    def update(self, outputs: torch.Tensor, targets: torch.Tensor, rows: np.ndarray) -> None:
+        lost = F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1), reduction="none")
+        starts = (np.asarray(rows, dtype=np.int64) - self.first) * self.context
+        self.nats[(starts[:, None] + 1 + np.arange(self.context)).reshape(-1)] = lost.double().cpu().numpy()
+
+    def compute(self) -> dict[str, Any]:
+        return lm_eval.split_metrics(self.tokens, self.nats, byte_lengths(self.text), self.context)
+
+    def write(self, out_dir: Path, metrics: dict[str, Any]) -> None:
+        """bad_cases.json (the documents with the most bits per byte) and generations.json (samples from the fixed prompts)."""
+        from veritrain.data.tokenizer import load_tokenizer
+
+        assert self.cfg is not None and self.text.tokenizer_file is not None
+        tokenizer = load_tokenizer(self.text.tokenizer_file)
+        cases = lm_eval.bad_cases(self.text, self.split, self.tokens, self.nats, byte_lengths(self.text), tokenizer, self.cfg.eval.bad_cases)
+        generation = self.cfg.eval.generation
+        generated = lm_eval.generations(cast(gpt.GPT, self.model), generation,
+                                        lm_eval.prompts(generation, self.text, self.split, self.tokens, tokenizer), tokenizer)
+        (out_dir / "bad_cases.json").write_text(json.dumps(cases, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out_dir / "generations.json").write_text(json.dumps(generated, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def window_count(tokens: np.ndarray, context: int) -> int:

@@ -1,7 +1,7 @@
 """The language model's evaluation (task lm, veritrain.tasks.lm): a split scored window by window without holding its
 logits, per-document bits per byte for the bad cases, samples from fixed prompts, the byte baselines fit on train, and
 the files of eval/<split>/ (metrics.json is the stage's; this writes bad_cases.json, generations.json, curves.png and
-report.md, through the task's `evaluate_split` and `write_report`).
+report.md, through the task's evaluator (LanguageModelEvaluation) and `write_report`).
 
 Every position of a split's token array that a window predicts counts once: window k predicts tokens
 k·context + 1 … (k+1)·context, so the split's first token and the tail after its last full window are not scored
@@ -17,9 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from veritrain.core.errors import RunFailed
 from veritrain.tasks import gpt, lm_metrics
 
 if TYPE_CHECKING:
@@ -32,25 +30,6 @@ EXCERPT_CHARS = 240  # of a bad case's text in bad_cases.json
 
 
 @torch.no_grad()
-def position_nats(model: torch.nn.Module, tokens: np.ndarray, context: int, device: torch.device, batch_size: int) -> np.ndarray:
-    """Nats the model assigns to each token of `tokens` given the ones before it in its window (float64, one per token;
-    NaN where no window predicts the token). Batches of `batch_size` windows; only one batch's logits are held."""
-    windows = max(0, (len(tokens) - 1) // context)
-    nats = np.full(len(tokens), np.nan)
-    model.eval()
-    offsets = np.arange(context + 1)
-    for first in range(0, windows, batch_size):
-        starts = np.arange(first, min(first + batch_size, windows)) * context
-        block = torch.from_numpy(np.asarray(tokens[starts[:, None] + offsets], dtype=np.int64)).to(device)
-        logits = model(block[:, :-1]).float()
-        if not bool(torch.isfinite(logits).all()):
-            raise RunFailed(f"eval: the model gives non-finite logits (NaN or inf) for windows {first}…{first + len(starts) - 1}; "
-                            "training likely diverged: lower optim.lr or set train.grad_clip")
-        lost = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), block[:, 1:].reshape(-1), reduction="none")
-        nats[(starts[:, None] + 1 + np.arange(context)).reshape(-1)] = lost.double().cpu().numpy()
-    return nats
-
-
 def document_scores(tokens: np.ndarray, nats: np.ndarray, lengths: np.ndarray, end_of_text: int) -> tuple[np.ndarray, np.ndarray]:
     """(scored bytes, scored nats) of each document of a split's token array (a document ends with its end-of-text id)."""
     ends = np.asarray(tokens) == end_of_text

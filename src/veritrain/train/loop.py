@@ -40,7 +40,6 @@ from veritrain.core.hashing import state_dict_sha256
 from veritrain.core.seeding import seed_everything
 from veritrain.core.signals import StopFlag
 from veritrain.records.record import RECORD_FORMAT
-from veritrain.results.evaluate import forward_split
 from veritrain.tasks import split_rows
 from veritrain.train import ranks as rank_group
 from veritrain.train.checkpointer import Checkpointer, LoopState, ReplayDone as ReplayDone, Trained
@@ -250,8 +249,7 @@ def _setup(cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Rank
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
     model = task.build_model(cfg.model, data).to(device)
-    if hasattr(task, "prepare"):
-        task.prepare(data)  # pyright: ignore[reportAttributeAccessIssue]  # optional Task method: checked with hasattr
+    task.prepare(data)
     if tcfg.channels_last:
         # Module.to takes memory_format (documented), which its typed overloads leave out
         model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
@@ -454,13 +452,8 @@ def _epoch_row(t: Training, steplog: StepLog) -> dict[str, Any]:
     state, task = t.state, t.task
     row: dict[str, Any] = {"epoch": state.epoch, "step": state.step, "train_loss": state.loss_sum / max(1, state.seen)}
     row.update({f"train_{name}": total / max(1, state.seen) for name, total in state.stat_sums.items()})
-    validate = getattr(task, "validation_metrics", None)  # optional: a task that scores val without holding its outputs
-    if len(split_rows(task, t.data, "val")) > 0 and t.ranks.is_main and validate is not None:
-        row.update(validate(t.trained.model, t.data, t.device, t.cfg.eval.batch_size))
-    elif len(split_rows(task, t.data, "val")) > 0 and t.ranks.is_main:
-        val_out, val_y = forward_split(t.trained.model, task, t.data, "val", t.device, t.cfg.eval.batch_size)
-        row["val_loss"] = float(task.loss(val_out, val_y))
-        row.update({f"val_{name}": total / len(val_y) for name, total in task.batch_stats(val_out, val_y).items()})
+    if len(task.rows(t.data, "val")) > 0 and t.ranks.is_main:
+        row.update(task.validation_metrics(t.trained.model, t.data, t.device, t.cfg.eval.batch_size))
     row["lr"] = t.trained.optimizer.param_groups[0]["lr"]
     row["seconds"] = steplog.epoch_seconds()
     return row

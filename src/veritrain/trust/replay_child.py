@@ -110,8 +110,7 @@ def _result(cfg: Any, data: Any, task: Any, item: dict[str, Any]) -> None:
         found = {"passed": bool(parity["passed"]), "reason": parity.get("reason"),
                  "formats": {k: {"max_abs_diff": float(v["max_abs_diff"])} for k, v in parity["formats"].items()}}
     else:
-        fit = getattr(task, "baselines", None)
-        found = fit(data, cfg) if fit is not None else None
+        found = task.baselines(data, cfg) if task.spec.baseline is not None else None
     out.write_text(json.dumps({"result": found}, default=str) + "\n", encoding="utf-8")
 
 
