@@ -153,6 +153,59 @@ def long_functions(root: Path = SRC, limit: int = MAX_FUNCTION_LINES) -> list[tu
     return sorted(found, reverse=True)
 
 
+ARCHITECTURE = SRC.parent / "docs" / "architecture.md"
+MAP_START = "<!-- the module map: generated from the code by `python tests/test_layers.py --write-map` -->"
+MAP_END = "<!-- end of the module map -->"
+
+
+def summary_of(path: Path) -> str:
+    """A module's docstring's first sentence, on one line."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    first = " ".join(doc.split("\n\n")[0].split())
+    sentence = first.split(". ")[0].rstrip(".")
+    return sentence.replace("|", "\\|")
+
+
+def module_map(root: Path = SRC) -> str:
+    """docs/architecture.md's module map: every module by layer (top layer first), with what its docstring says."""
+    by_layer: dict[str, list[str]] = {name: [] for name, _ in LAYERS}
+    for path in sorted((root / "veritrain").rglob("*.py")):
+        module = module_name(path, root)
+        layer = layer_of(module)
+        if layer is not None:
+            by_layer[layer].append(f"| `{module}` | {summary_of(path) or '-'} |")
+    parts = []
+    for name, _ in reversed(LAYERS):
+        parts.append(f"### {name}\n\n| module | what it is |\n|---|---|\n" + "\n".join(by_layer[name]) + "\n")
+    return "\n".join(parts)
+
+
+def documented_map() -> str:
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    return text.split(MAP_START, 1)[1].split(MAP_END, 1)[0].strip("\n") + "\n" if MAP_START in text and MAP_END in text else ""
+
+
+def test_the_architecture_map_is_the_code():
+    """Every module, in its layer, with its docstring's first sentence: docs/architecture.md says what is there."""
+    assert documented_map() == module_map(), "docs/architecture.md's module map is out of date: run python tests/test_layers.py --write-map"
+
+
+def test_the_layers_table_names_every_layers_packages():
+    rows = {}
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0] in LEVEL:
+            rows[cells[0]] = cells[1]
+    assert list(rows) == [name for name, _ in reversed(LAYERS)]
+    for name, prefixes in LAYERS:
+        assert all(f"`{prefix}`" in rows[name] for prefix in prefixes), (name, rows[name])
+
+
+def test_every_module_says_what_it_is():
+    missing = [module_name(p) for p in sorted((SRC / "veritrain").rglob("*.py")) if not summary_of(p)]
+    assert not missing, "modules without a docstring: " + ", ".join(missing)
+
+
 def test_every_module_is_in_a_layer_and_imports_only_from_below():
     problems = upward_imports(import_graph())
     assert not problems, "\n".join(problems)
@@ -189,6 +242,12 @@ def test_no_function_is_longer_than_120_lines():
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--write-map"]:
+        text = ARCHITECTURE.read_text(encoding="utf-8")
+        head, _, rest = text.partition(MAP_START)
+        _, _, tail = rest.partition(MAP_END)
+        ARCHITECTURE.write_text(f"{head}{MAP_START}\n\n{module_map()}\n{MAP_END}{tail}", encoding="utf-8")
+        sys.exit(0)
     graph = import_graph()
     for module in sorted(graph):
         print(f"{layer_of(module) or '?':14s} {module}")

@@ -174,7 +174,8 @@ def data_order(ref: str, steps: str, workdir: Optional[str], as_json: bool) -> i
     first, sep, last = steps.partition(":")
     if not sep or not first.strip().isdigit() or not last.strip().isdigit():
         raise UserError(f"--steps: {steps!r}; give A:B, two whole numbers (optimizer steps, 0-based, B excluded), e.g. 0:10")
-    result = order_of(open_run(Workspace.open(workdir), ref), int(first), int(last))
+    workspace = Workspace.open(workdir)
+    result = order_of(workspace, open_run(workspace, ref), int(first), int(last))
     if as_json:
         emit_json(result)
         return 0

@@ -20,7 +20,10 @@ def _builtin(target: str) -> Callable[[Any], Any]:
 
     def factory(cfg: RunConfig) -> Any:
         module, _, name = target.partition(":")
-        return getattr(importlib.import_module(module), name)(cfg)
+        built: Any = importlib.import_module(module)
+        for part in name.split("."):
+            built = getattr(built, part)
+        return built(cfg)
 
     factory.__qualname__ = f"task {target}"
     return factory
@@ -35,16 +38,66 @@ SPECS: dict[str, Any] = {}
 
 BUILT_IN = "veritrain.tasks.builtin"  # the table of the tasks veritrain ships (names and where their code is)
 
+# The entry-point group an installed package names its tasks in, as `NAME = "module:Class"` (pyproject.toml:
+# [project.entry-points."veritrain.tasks"]); the class carries its TaskSpec as `spec`. Read once, the first time a
+# name is not registered otherwise (a registered or built-in name wins).
+ENTRY_POINTS = "veritrain.tasks"
+FROM_ENTRY_POINTS: dict[str, str] = {}  # name → "module:Class" of the tasks found there
+_entry_points_read = False
+
+
+def _read_entry_points() -> None:
+    global _entry_points_read
+    if _entry_points_read:
+        return
+    _entry_points_read = True
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINTS):
+        if point.name not in TASKS and ":" in point.value:
+            add_task_target(point.name, point.value)
+
+
+def add_task_target(name: str, target: str) -> None:
+    """Register task `name` as the class "module:Class" names (imported when first built or asked for its `spec`), as
+    an entry point of that name does."""
+    TASKS[name] = _builtin(target)
+    SPECS.setdefault(name, f"{target}.spec")
+    FROM_ENTRY_POINTS[name] = target
+
+
+def known(name: str) -> bool:
+    """Whether `task: NAME` names a task: built in, registered, or an installed package's entry point."""
+    if name not in TASKS:
+        _read_entry_points()
+    return name in TASKS
+
+
+def task_names() -> list[str]:
+    _read_entry_points()
+    return sorted(TASKS)
+
+
+def task_target(name: str) -> Optional[str]:
+    """"module:Class" of a task an entry point names (its module is the user's code when its file is the user's:
+    a run imports it in its code session, which records it), None for any other task."""
+    known(name)
+    return FROM_ENTRY_POINTS.get(name)
+
 
 def task_spec(name: str) -> Any:
     """The TaskSpec task `name` declares: given to `register_task`, the factory's own `spec` attribute (a task class
     declaring it), or a built-in's declaration. A task that declares none is a UserError naming the fix."""
     from veritrain.core.errors import UserError
 
+    known(name)
     found = SPECS.get(name)
     if isinstance(found, str):
         module, _, attribute = found.partition(":")
-        found = SPECS[name] = getattr(importlib.import_module(module), attribute)
+        found = importlib.import_module(module)
+        for part in attribute.split("."):
+            found = getattr(found, part, None)
+        SPECS[name] = found
     if found is None:
         found = getattr(TASKS.get(name), "spec", None)
     if found is None:
@@ -80,7 +133,7 @@ def serving_command(task: Any) -> Optional[str]:
     does or the task is not known here (an export folder names its task: a name from anywhere)."""
     from veritrain.core.errors import UserError
 
-    if not isinstance(task, str) or task not in TASKS and task not in SPECS:
+    if not isinstance(task, str) or not known(task) and task not in SPECS:
         return None
     try:
         return task_spec(task).serves_with

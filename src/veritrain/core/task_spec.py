@@ -95,6 +95,9 @@ class TaskSpec:
     # the veritrain command that uses its export (predict, generate), named in a run's next steps; None: none does
     serves_with: Optional[str] = None
     card: Optional[CardText] = None  # what the model card says the model is
+    # the file of eval/<split>/ its evaluation writes the worst-scored samples to (check's "bad cases recorded");
+    # None: it writes none
+    bad_cases: Optional[str] = None
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.metrics]
@@ -139,7 +142,7 @@ class TaskSpec:
     def to_json(self) -> dict[str, Any]:
         """What a run record keeps as `task_spec` (docs/record.md)."""
         return {"name": self.name, "metrics": [_metric_json(m) for m in self.metrics],
-                "baseline": asdict(self.baseline) if self.baseline is not None else None}
+                "baseline": asdict(self.baseline) if self.baseline is not None else None, "bad_cases": self.bad_cases}
 
     @classmethod
     def from_json(cls, document: dict[str, Any]) -> TaskSpec:
@@ -150,7 +153,8 @@ class TaskSpec:
                             for m in document["metrics"])
             kept = document.get("baseline")
             baseline = BaselineRule(str(kept["metric"]), str(kept["baseline"])) if isinstance(kept, dict) else None
-            return cls(str(document["name"]), metrics, baseline)
+            bad_cases = document.get("bad_cases")
+            return cls(str(document["name"]), metrics, baseline, bad_cases=str(bad_cases) if isinstance(bad_cases, str) else None)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise ValueError(f"not a task declaration: {err}") from None
 

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from veritrain.core import locks
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.task_registry import task_target
 from veritrain.records import amendments, journal
 from veritrain.records.record import Record, capture_code, read_record
 from veritrain.records.recorder import amending
@@ -33,7 +34,7 @@ def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_ver
     from veritrain.records.usercode import current_listing
 
     code = capture_code(workspace.root)
-    now = current_listing(resolved.path, resolved.config.model.target)  # what importing the target loads today
+    now = current_listing(resolved.path, resolved.config.model.target, task_target(resolved.config.task))  # what importing the target loads today
     for row in registry.query(workspace.state_dir, workspace.runs_dir, status=("completed",)):
         if row["kind"] != "run" or row["config_hash"] != resolved.hash or row["data_version"] != data_version:
             continue
@@ -307,19 +308,26 @@ def _journal_named(workspace: Workspace, ref: str) -> bool:
     return os.path.lexists(journal.folder_of(workspace.state_dir, ref))
 
 
-def data_order(opened: Any, first: int, last: int) -> dict[str, Any]:
+def data_order(workspace: Workspace, opened: Any, first: int, last: int) -> dict[str, Any]:
     """`veritrain data order RUN --steps A:B`: the training rows of optimizer steps A … B−1 of the run, recomputed from
     its recorded seed, data and sizes (veritrain.train.loop.step_rows), shown as the task shows its rows (Task.show_rows:
     sample ids, a language model's window starts); and the SHA-256 of the rows as little-endian int64, in order."""
+    from veritrain.trust.opening import code_session
+
+    with code_session(workspace, opened.run_dir, opened.record, "data order") as code:  # the task's code as the run recorded it
+        code.import_config(opened.config)
+        return _data_order(opened, opened.task, first, last)
+
+
+def _data_order(opened: Any, task: Any, first: int, last: int) -> dict[str, Any]:
     import hashlib
 
     import numpy as np
 
-    from veritrain.tasks import split_rows
     from veritrain.train.loop import step_rows
 
-    cfg, data, task = opened.config, opened.data, opened.task
-    train = split_rows(task, data, "train")
+    cfg, data = opened.config, opened.data
+    train = task.rows(data, "train")
     world = int(((opened.record.get("distributed") or {}).get("world_size")) or 1)
     total = int((opened.record.get("training") or {}).get("steps") or 0)
     if first < 0 or last <= first:
@@ -334,7 +342,7 @@ def data_order(opened: Any, first: int, last: int) -> dict[str, Any]:
         epoch, batches = step_rows(cfg.seed, train, cfg.train.batch_size, cfg.train.accumulate_steps, step, world)
         rows = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
         digest.update(np.ascontiguousarray(rows, dtype="<i8").tobytes())
-        unit, shown = task.show_rows(data, rows)
+        _, shown = task.show_rows(data, rows)
         steps.append({"step": step, "epoch": epoch, "rows": len(rows), **shown})
     return {"run_id": opened.run_dir.name, "steps": steps, "sha256": digest.hexdigest(), "trained_steps": total,
             "unit": task.show_rows(data, np.zeros(0, dtype=np.int64))[0]}

@@ -92,8 +92,7 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
            sweep_selection: Optional[dict[str, Any]] = None, epoch_judge: Optional[EpochJudge] = None) -> RunOutcome:
     cfg = resolved.config
     refuse_to_start(argv, hypothesis)
-    if cfg.model.target:  # a module or factory that is missing is a config problem: exit 2 before a run exists
-        code.import_target(cfg.model.target)
+    code.import_config(cfg)  # a module or factory that is missing is a config problem: exit 2 before a run exists
     if parent is not None:
         parent = workspace.resolve_run(parent).name  # fails before anything starts when it does not exist
     ranks = distributed.join_from_environment()  # rank 0 of `torchrun … -m veritrain run|train` (the others `follow`)
@@ -190,8 +189,7 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     if use_current_code:
         return _resume_in_new_run(workspace, run_dir, record, resolved, argv)
     with code_session(workspace, run_dir, record, "resume") as code:
-        if cfg.model.target:
-            code.import_target(cfg.model.target)
+        code.import_config(cfg)
         return _execute(Recorder.resume(record, argv), run_dir, resolved, workspace, resume=True, code=code, epoch_judge=epoch_judge)
 
 
@@ -227,8 +225,7 @@ def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: Record, 
 
     cfg = resolved.config
     with code_session(workspace, old_dir, old_record, "resume", use_current=True) as code:
-        if cfg.model.target:
-            code.import_target(cfg.model.target)
+        code.import_config(cfg)
         run_id, run_dir = workspace.new_run_dir()
         for source in sorted(old_dir.rglob("*")):
             relative = source.relative_to(old_dir)
@@ -670,9 +667,11 @@ def baselines(workspace: Workspace, ref: str, overrides: tuple[str, ...] = (), t
     if overrides:
         raise UserError("--set: a run's baselines use its recorded config; drop --set")
     opened = open_run(workspace, ref, trust_code=trust_code)
-    if not hasattr(opened.task, "baselines"):
-        raise UserError(f"{ref}: the task {opened.config.task!r} has no baselines")
-    return {**baselines_run(opened, workspace), "run_id": opened.run_dir.name}
+    if task_spec(opened.config.task).baseline is None:
+        raise UserError(f"{ref}: the task {opened.config.task!r} declares no baseline (its TaskSpec's `baseline`)")
+    with code_session(workspace, opened.run_dir, opened.record, "baseline") as code:  # the task's code as the run recorded it
+        code.import_config(opened.config)
+        return {**baselines_run(opened, workspace), "run_id": opened.run_dir.name}
 
 
 # ---------------------------------------------------------------- results of an existing run, and outside checkpoints
@@ -768,8 +767,7 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
     # test is the final report of the model validation selected: another checkpoint of it is evaluated in a child run
     unselected = (split or opened.config.eval.split) == "test" and inside is not None and bool(chosen) and inside not in chosen
     with code_session(workspace, opened.run_dir, opened.record, "eval", use_current_code) as code:
-        if opened.config.model.target:
-            code.import_target(opened.config.model.target)
+        code.import_config(opened.config)
         if outside is not None or use_current_code or unselected:
             def stage(run_dir: Path, record: Recorder) -> dict[str, Any]:
                 metrics = evaluate.run(opened.config, opened.data, opened.task, run_dir, device, INPUT_CHECKPOINT, split)
@@ -799,8 +797,7 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
     require_checkpoint(opened, which)
     inside, outside = _in_run_checkpoint(opened, which)
     with code_session(workspace, opened.run_dir, opened.record, "export", use_current_code) as code:
-        if opened.config.model.target:
-            code.import_target(opened.config.model.target)
+        code.import_config(opened.config)
         if outside is not None or use_current_code:
             def stage(run_dir: Path, record: Recorder) -> dict[str, Any]:
                 try:

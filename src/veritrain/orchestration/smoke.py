@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from veritrain.core import locks, logs
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.errors import RunFailed
+from veritrain.core.task_registry import task_target
 from veritrain.records.record import RECORD_VERSION, capture_code, now_iso
 from veritrain.records.recorder import write_smoke_record
 from veritrain.records.smoke_results import passed_before, smoke_key
@@ -124,7 +125,7 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code
 def _code_now(resolved: ResolvedConfig, workspace: Workspace) -> dict[str, Any]:
     """The code a run of this config would record: veritrain and git version, and the user's model files."""
     code = capture_code(workspace.root)
-    code["user_files"] = current_listing(resolved.path, resolved.config.model.target)
+    code["user_files"] = current_listing(resolved.path, resolved.config.model.target, task_target(resolved.config.task))
     return code
 
 

@@ -285,13 +285,14 @@ class CodeSession:
         """User modules imported since the session began."""
         return {name: found for name, found in user_modules().items() if self._before.get(name) is not found[0]}
 
-    def import_target(self, target: str) -> Any:
+    def import_target(self, target: str, what: str = "model.target") -> Any:
         """The attribute `package.module:factory` names, imported now. UserError (exit 2, one line) when the
-        module or attribute is missing, or when a user module's name shadows another module."""
+        module or attribute is missing, or when a user module's name shadows another module; `what` names where the
+        target comes from in those messages (model.target, or a task's entry point)."""
         module_name, _, attribute = target.partition(":")
         if not MODULE_NAME.fullmatch(module_name) or not attribute.isidentifier():
-            raise UserError(f"model.target: expected 'package.module:factory', got {target!r}")
-        self._refuse_shadowing(module_name)
+            raise UserError(f"{what}: expected 'package.module:factory', got {target!r}")
+        self._refuse_shadowing(module_name, what)
         top = module_name.partition(".")[0]
         for name, module in list(sys.modules.items()):  # imported before the session: import it afresh, to record it
             if (name == top or name.startswith(top + ".")) and module is not None and self._before.get(name) is module \
@@ -303,25 +304,38 @@ class CodeSession:
         except ModuleNotFoundError as err:
             if err.name and (module_name == err.name or module_name.startswith(err.name + ".")):
                 if self.scratch is not None:
-                    raise UserError(f"model.target: no module {module_name!r} in {self.describe}; `veritrain verify` says what is "
+                    raise UserError(f"{what}: no module {module_name!r} in {self.describe}; `veritrain verify` says what is "
                                     "missing, or pass --use-current-code to build it from the current code") from None
-                raise UserError(f"model.target: no module {module_name!r} in {self._places()}; put {module_name.replace('.', '/')}.py "
+                raise UserError(f"{what}: no module {module_name!r} in {self._places()}; put {module_name.replace('.', '/')}.py "
                                 "beside the config, in the working directory, or on PYTHONPATH") from None
-            raise UserError(f"model.target: {module_name} imports {err.name!r}, which is not installed or not found in "
+            raise UserError(f"{what}: {module_name} imports {err.name!r}, which is not installed or not found in "
                             f"{self._places()}") from None
         except ImportError as err:
-            raise UserError(f"model.target: importing {module_name} failed: {err}") from None
+            raise UserError(f"{what}: importing {module_name} failed: {err}") from None
         except SyntaxError as err:
-            raise UserError(f"model.target: {err.filename}:{err.lineno}: syntax error in the model code: {err.msg}") from None
+            raise UserError(f"{what}: {err.filename}:{err.lineno}: syntax error in the model code: {err.msg}") from None
         except Exception as err:  # the module's own code raised while it loaded
-            raise UserError(f"model.target: importing {module_name} raised {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
+            raise UserError(f"{what}: importing {module_name} raised {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
         self._check_recorded()
         self.refuse_shadowing_loaded()
         if not hasattr(module, attribute):
             where = _module_file(module)
-            raise UserError(f"model.target: {module_name} ({where or 'no file'}) has no {attribute!r}; name a function of it "
-                            "that returns a torch.nn.Module")
+            raise UserError(f"{what}: {module_name} ({where or 'no file'}) has no {attribute!r}; name a function of it "
+                            "that returns a torch.nn.Module" if what == "model.target" else f"{what}: {module_name} ({where or 'no file'}) "
+                            f"has no {attribute!r}; name the task's class")
         return getattr(module, attribute)
+
+    def import_config(self, cfg: Any) -> None:
+        """The user code run config `cfg` names, imported now in this session (so a new run records it and a later
+        command runs the recorded copies): its task's class when an installed package's entry point names the task
+        (veritrain.core.task_registry.task_target), and model.target."""
+        from veritrain.core.task_registry import ENTRY_POINTS, task_target
+
+        target = task_target(cfg.task)
+        if target:
+            self.import_target(target, f"task {cfg.task} (entry point {target} of {ENTRY_POINTS})")
+        if cfg.model.target:
+            self.import_target(cfg.model.target)
 
     def _check_recorded(self) -> None:
         """In a session of copies: every listed module must have come from the copies (RunFailed otherwise), so a
@@ -340,7 +354,7 @@ class CodeSession:
             return self.describe
         return ", ".join(str(root) for root in self.roots) + (", or sys.path" if self.roots else "sys.path")
 
-    def _refuse_shadowing(self, module_name: str) -> None:
+    def _refuse_shadowing(self, module_name: str, what: str = "model.target") -> None:
         """A target whose top-level name is also a standard-library or installed module would import that one."""
         top = module_name.partition(".")[0]
         other = shadowed(top)
@@ -348,8 +362,8 @@ class CodeSession:
             return
         mine = next((root / name for root in self.roots for name in (f"{top}.py", f"{top}/__init__.py") if (root / name).exists()), None)
         if mine is not None:
-            raise UserError(f"model.target: the user module {top} ({mine}) has the name of {other}; rename {mine.name} "
-                            "(and model.target with it)")
+            raise UserError(f"{what}: the user module {top} ({mine}) has the name of {other}; rename {mine.name} "
+                            f"(and {what} with it)")
 
     def refuse_shadowing_loaded(self) -> None:
         """UserError when a loaded user module shadows another module, or when user code imports a name that both
@@ -550,11 +564,15 @@ def listing_sha256(entries: list[dict[str, Any]]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def current_listing(config_path: Optional[Path], model_target: Optional[str]) -> list[dict[str, Any]]:
-    """The user files a new run of this config would record now (the target and what it imports); [] without a
-    target. What --reuse-completed and the smoke test's cache compare, so an edit of the model is never reused."""
-    if not model_target:
+def current_listing(config_path: Optional[Path], model_target: Optional[str], task_target: Optional[str] = None) -> list[dict[str, Any]]:
+    """The user files a new run of this config would record now (the model's target, a task's from an entry point,
+    and what they import); [] without either. What --reuse-completed and the smoke test's cache compare, so an edit of
+    the model or the task is never reused."""
+    if not model_target and not task_target:
         return []
     with fresh(config_path) as session:
-        session.import_target(model_target)
+        if task_target:
+            session.import_target(task_target, f"task (entry point {task_target})")
+        if model_target:
+            session.import_target(model_target)
         return session.listing()

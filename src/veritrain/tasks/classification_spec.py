@@ -20,6 +20,6 @@ SPEC = TaskSpec("classification", metrics=(
     MetricSpec("recall_macro", "max", UNIT, label="macro recall", hub_type="recall", hub_args=MACRO),
     MetricSpec("ece", "min", UNIT, label="expected calibration error"),
 ), baseline=BaselineRule("accuracy", "logistic_regression"),
-    fields=("image", "label"), models=("cnn", "mlp", "resnet18"), serves_with="predict",
+    fields=("image", "label"), models=("cnn", "mlp", "resnet18"), serves_with="predict", bad_cases="bad_cases.csv",
     card=CardText("An image classifier", "it takes float32 input{input} (`model.json` says how an image becomes it) and gives logits{classes}",
                   "image-classification", "Image Classification"))

@@ -37,6 +37,7 @@ from typing import Any, Iterator, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.files import output_file_problem
+from veritrain.core.task_registry import task_target
 from veritrain.records.record import Record, now_iso, read_record
 from veritrain.records.workspace import Workspace
 from veritrain.trust.assessment import cannot_replay as cannot_replay, escape_probability, rederivation, replay_blockers as replay_blockers
@@ -204,8 +205,11 @@ def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any
     roots = [str(scratch / "code")] + ([str(Path.cwd())] if only_target else [])
     (scratch / "recorded.json").write_bytes((run_dir / "record.json").read_bytes())  # a copy the child reads the config from
     threads = int(((record.get("training") or {}).get("settings") or {}).get("threads") or 0)
+    # a task an installed package's entry point names: where its class is, as this process's installation says (the
+    # child sees no import path but the copies, nor the packages' entry points outside its site-packages)
+    task = str(record["config"].get("task"))
     job: dict[str, Any] = {"record": str(scratch / "recorded.json"), "data": str(data), "roots": roots, "threads": threads,
-                           "stretches": [], "results": []}
+                           "task_target": task_target(task), "stretches": [], "results": []}
     for start, end in plan:
         stretch: dict[str, Any] = {"start": start, "end": end, "start_step": entries[start]["step"], "stop_step": entries[end]["step"],
                                    "run_dir": str(scratch / f"run-{start}"), "out": str(scratch / f"states-{start}"), "start_file": None}
@@ -360,13 +364,14 @@ def _compare_metrics(metrics: dict[str, Any], again: dict[str, Any]) -> dict[str
     left = json.loads(json.dumps({k: v for k, v in metrics.items() if k not in PROVENANCE}))
     right = json.loads(json.dumps({k: v for k, v in again.items() if k not in PROVENANCE}))
     keys = [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
-    if "sums" not in left and "sums" in right:  # evaluated before metrics were summed exactly: reproduce's tolerance holds
+    before_exact_sums = "sums" not in left and "sums" in right
+    if before_exact_sums:  # evaluated before metrics were summed exactly: reproduce's tolerance holds
         from veritrain.trust.verify import _compare
 
         keys = [k for k in keys if k != "sums" and _compare(k, left.get(k), right.get(k))["verdict"] == "differs"]
     return {"verdict": "differs" if keys else "identical",
             "detail": f"{len(keys)} value(s) differ, first {keys[0]}: recorded {str(left.get(keys[0]))[:40]}, now {str(right.get(keys[0]))[:40]}"
-            if keys else f"{len(left)} values equal" + ("" if "sums" in left else " (within 1e-6: evaluated before exact sums)")}
+            if keys else f"{len(left)} values equal" + (" (within 1e-6: evaluated before exact sums)" if before_exact_sums else "")}
 
 
 BASELINE_TOLERANCE = 1e-9  # relative: a baseline's fit sums in BLAS, whose thread count may round the last bits

@@ -15,7 +15,7 @@ import json
 import shlex
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from veritrain.core.baselines import Judgement
 from veritrain.core.errors import RunFailed
@@ -129,7 +129,7 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     metrics = (record.get("metrics") or {}).get("test")
     rows["test_metrics"] = ("pass" if metrics and metrics.get("data_version") in (None, data.get("version")) else "missing", eval_fix, "")
     rows["selection_on_validation"] = _selection_row(record, new_run)
-    rows["bad_cases"] = ("pass" if {"eval/test/bad_cases.csv", "eval/test/bad_cases.json"} & set(artifacts) else "missing", eval_fix, "")
+    rows["bad_cases"] = _bad_cases_row(record, artifacts, eval_fix)
     rows["beats_baseline"] = _baseline_row(run, baseline_of(record), failed, eval_fix)
     parity = (record.get("export") or {}).get("parity")
     rows["export_parity"] = (
@@ -375,6 +375,16 @@ def _results_row(run: str, record: dict[str, Any], effective_format: int) -> tup
     done, not_done = rederivation(record)
     return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results) \
         + (f"; an audit re-derives {', '.join(done)}" if done else "") + (f"; not re-derived: {', '.join(not_done)}" if not_done else "")
+
+
+def _bad_cases_row(record: Mapping[str, Any], artifacts: Any, eval_fix: str) -> tuple[str, Optional[str], str]:
+    """Whether the test evaluation wrote its worst-scored samples, to the file the run's task declares (TaskSpec.bad_cases)."""
+    from veritrain.core.task_registry import spec_of_record
+
+    spec = spec_of_record({"config": record.get("config")}) or spec_of_record(dict(record))
+    if spec is None or spec.bad_cases is None:
+        return ("n/a", None, f"the task {record.get('task')} declares no file of bad cases")
+    return ("pass" if f"eval/test/{spec.bad_cases}" in set(artifacts) else "missing", eval_fix, "")
 
 
 def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[str], str]:

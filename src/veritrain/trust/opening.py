@@ -32,8 +32,18 @@ class OpenRun:
     record: Record
     config: RunConfig
     data: DataVersion
-    task: Task
     drift: Optional[str] = None  # why the data differs from the recorded version, when allowed
+    built: Optional[Task] = None
+
+    @property
+    def task(self) -> Task:
+        """The run's task, built when first asked for: a command asks inside the run's code session, after importing
+        the code the config names, so a task an entry point names is the recorded copy."""
+        if self.built is None:
+            from veritrain.tasks import get_task
+
+            self.built = get_task(self.config)
+        return self.built
 
 
 def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, trust_code: bool = False, need: str = "any",
@@ -43,8 +53,6 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
     The data is prepared again from the raw files when they are present (fast when unchanged) and must
     give the recorded version; without raw files the stored version is used as it is.
     """
-    from veritrain.tasks import get_task
-
     run_dir = workspace.resolve_run(ref, need)  # `need`: what `latest` must have (workspace.LATEST)
     if not verified:  # an amend a kill interrupted is completed or rolled back before anything reads the run
         journal.recover(workspace, run_dir)
@@ -58,7 +66,7 @@ def open_run(workspace: Workspace, ref: str, allow_data_drift: bool = False, tru
         refuse_unverified(run_dir, workspace, "it is not changed or re-sealed", decided_next=("data_changed",))
     refuse_untrusted_code(workspace, run_dir, record, trust_code)
     data, drift = open_data(workspace, record, ref, allow_data_drift)
-    return OpenRun(run_dir, record, cfg, data, get_task(cfg), drift)
+    return OpenRun(run_dir, record, cfg, data, drift)
 
 
 def open_data(workspace: Workspace, record: Record, ref: str, allow_data_drift: bool = False) -> tuple[DataVersion, Optional[str]]:

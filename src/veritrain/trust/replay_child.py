@@ -29,6 +29,7 @@ def main(job_file: str) -> int:
 
     from veritrain.core import logs
     from veritrain.core.config import resolved_from_record
+    from veritrain.core.task_registry import add_task_target
     from veritrain.data import prepare
     from veritrain.records import usercode
     from veritrain.results import evaluate, export  # noqa: F401  (imported before the job: their cost overlaps the auditor's checks)
@@ -43,11 +44,13 @@ def main(job_file: str) -> int:
             return 0
     job = json.loads(Path(job_file).read_text(encoding="utf-8"))
     record = json.loads(Path(job["record"]).read_text(encoding="utf-8"))
-    cfg = resolved_from_record(record).config
     data = prepare.load_version(Path(job["data"]))
     if job.get("threads"):
         torch.set_num_threads(int(job["threads"]))
     with usercode.CodeSession([Path(p) for p in job["roots"]], describe="the code recorded with the run"):
+        if job.get("task_target"):  # a task an entry point names: its class, imported from the copies
+            add_task_target(str(record["config"]["task"]), str(job["task_target"]))
+        cfg = resolved_from_record(record).config
         task = get_task(cfg)
         for stretch in job["stretches"]:
             _stretch(cfg, data, task, stretch, record)

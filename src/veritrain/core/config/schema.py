@@ -20,7 +20,7 @@ from veritrain.core import source_registry
 from veritrain.core.config.quoting import _key_text, _quoted, _shown
 from veritrain.core.hashing import canonical_json
 from veritrain.core.selection import test_key_problem
-from veritrain.core.task_registry import DEFAULT_TASK, TASKS, task_spec
+from veritrain.core.task_registry import DEFAULT_TASK, TASKS, known, task_names, task_spec
 
 
 @dataclass(frozen=True)
@@ -518,7 +518,9 @@ class RunConfig(Section):
     @field_validator("task")
     @classmethod
     def _known_task(cls, value: str) -> str:
-        return _registered(value, TASKS)
+        if not known(value):
+            raise ValueError(f"expected one of {_quoted(task_names())}, got {value!r}")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -568,7 +570,7 @@ def _declared(task: Any) -> Any:
     declares none (its run fails when it starts)."""
     from veritrain.core.errors import UserError
 
-    if not isinstance(task, str) or task not in TASKS:
+    if not isinstance(task, str) or not known(task):
         return None
     try:
         return task_spec(task)

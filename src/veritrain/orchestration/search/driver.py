@@ -128,6 +128,7 @@ def _record_code(folder: Path, search_plan: SearchPlan) -> dict[str, Any]:
             targets.extend(param.choices or ())
     listed: dict[str, Any] = {"user_files": []}
     with usercode.fresh(Path(search_plan.config_path) if search_plan.config_path else None, Path(search_plan.cwd)) as session:
+        session.import_config(search_plan.base.config)  # its task's code too, when an entry point names the task
         for target in sorted({str(t) for t in targets if t}):
             session.import_target(target)
         session.save(folder, listed)

@@ -96,6 +96,7 @@ def _record_code(folder: Path, sweep_plan: SweepPlan) -> dict[str, Any]:
     targets = [sweep_plan.base.config.model.target, *(trial.change.get("model.target") for trial in sweep_plan.trials)]
     listed: dict[str, Any] = {"user_files": []}
     with usercode.fresh(Path(sweep_plan.config_path) if sweep_plan.config_path else None, Path(sweep_plan.cwd)) as session:
+        session.import_config(sweep_plan.base.config)  # its task's code too, when an entry point names the task
         for target in sorted({str(t) for t in targets if t}):
             session.import_target(target)
         session.save(folder, listed)
