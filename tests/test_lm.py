@@ -282,3 +282,17 @@ def test_the_published_page_shows_bits_per_byte_curves_samples_and_worst_documen
         assert f"<pre>{escape(shown)}</pre>" in page  # shown as text, never as markup
         assert not CONTROL.search(shown.replace("\n", "").replace("\t", ""))  # control characters as their escapes
     assert "test bits per byte" in page.split('id="headline"')[1][:800]  # beside the baselines' values
+
+
+def test_task_lm_with_only_a_jsonl_source_prepares_and_trains(tmp_path):
+    """No model section, no tokenizer, no split settings: the task's own defaults (its model, the GPT) train it."""
+    topics = embedded_topics()
+    lines = [json.dumps({"text": topics[name]}) for name in sorted(topics)[:16]]
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp_path / "lm.yaml").write_text("task: lm\ndata:\n  source: jsonl\n  root: docs.jsonl\n", encoding="utf-8")
+    done = veritrain("train", "lm.yaml", "--set", "train.epochs=1", "--set", "model.context=16", "--set", "model.width=16",
+                     "--set", "model.layers=1", "--json", cwd=tmp_path)
+    assert done.code == 0, done.stderr
+    record = json.loads((tmp_path / "runs" / json.loads(done.stdout)["run_id"] / "record.json").read_text())
+    assert record["status"] == "completed" and record["config"]["model"]["name"] == "gpt" and record["data"]["source"] == "jsonl"
+    assert "val_bits_per_byte" in (tmp_path / "runs" / record["run_id"] / "metrics.jsonl").read_text()

@@ -179,7 +179,7 @@ class SweepSelection(_Part):
 
     id: str
     split: Literal["train", "val", "test"]
-    metric: Optional[str] = None  # null: the sweep's headline metric (the first of accuracy, macro_f1, rmse, mae, log_loss its runs report)
+    metric: Optional[str] = None  # null: the sweep's headline metric (its task's headline; an earlier sweep: the first of a fixed list its runs report)
     mode: Optional[Literal["max", "min"]] = None
 
 
