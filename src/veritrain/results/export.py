@@ -174,11 +174,12 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
             from veritrain.results import export_signing
 
             export_signing.sign(out, key.private_path)
-    log.info("export: %s in %s%s; parity %s (max |Δlogit| %s, argmax agreement %s)", ", ".join(written), existing,
+    agreement = ", ".join(f"{k} {v['agreement']:.4f}" for k, v in parity["formats"].items()) or "-"
+    log.info("export: %s in %s%s; parity %s (max |Δlogit| %s%s)", ", ".join(written), existing,
              f" (kept from the same checkpoint: {', '.join(kept_formats)})" if kept_formats else "",
              "passed" if parity["passed"] else "FAILED",
              ", ".join(f"{k} {v['max_abs_diff']:.2e}" for k, v in parity["formats"].items()) or "-",
-             ", ".join(f"{k} {v['agreement']:.4f}" for k, v in parity["formats"].items()) or "-")
+             f", argmax agreement {agreement}" if parity.get("min_agreement") is not None else "")
     if not parity["passed"]:
         raise ParityFailed(f"export: parity check failed ({parity['reason']}); see {existing / 'parity.json'}", parity)
     return {**description, "kept": kept_formats, "removed": removed}
