@@ -58,11 +58,13 @@ def run_once(workdir: Path, rng: random.Random, duration: float) -> tuple[str, l
                 proc.kill()
                 kills += 1
         proc.wait()
-        (run_dir,) = (workdir / "runs").iterdir()
-        if not (run_dir / "record.json").exists():  # killed before anything was recorded: start over
-            shutil.rmtree(run_dir)
+        made = list((workdir / "runs").iterdir()) if (workdir / "runs").is_dir() else []
+        if not made or not (made[0] / "record.json").exists():  # killed before anything was recorded: start over
+            for run_dir in made:
+                shutil.rmtree(run_dir)
             proc = start(workdir, "train", *CHAOS)
             continue
+        (run_dir,) = made
         status = json.loads((run_dir / "record.json").read_text())["status"]
         if status == "completed":
             return (*outcome(run_dir), kills)

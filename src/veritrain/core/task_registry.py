@@ -153,3 +153,36 @@ def _add_built_in() -> str:
 
 
 DEFAULT_TASK = _add_built_in()  # the config's `task` when it names none
+
+
+def foreign_setting(written: Any, task: str) -> Optional[tuple[str, str]]:
+    """(key, the task it belongs to) of the first key in `written` (a config as the user wrote it, before defaults) that
+    another task declares as its own setting (TaskSpec.settings) and task `task` does not: nothing would read it.
+    Only declarations this process has without importing a task's module are consulted (the built-in ones, and
+    those given to register_task)."""
+    from veritrain.core.errors import UserError
+
+    def keys(node: Any, prefix: str = "") -> list[str]:
+        if not isinstance(node, dict):
+            return [prefix[:-1]] if prefix else []
+        return [prefix + str(k) for k in node] + [key for k, v in node.items() if isinstance(v, dict) for key in keys(v, f"{prefix}{k}.")]
+
+    def covers(setting: str, key: str) -> bool:
+        return key == setting or key.startswith(setting + ".")
+
+    try:
+        own = task_spec(task).settings
+    except UserError:
+        return None
+    for name in sorted(SPECS):
+        declared = SPECS[name]
+        if name == task or not (isinstance(declared, str) and declared.startswith("veritrain.") or hasattr(declared, "settings")):
+            continue
+        try:
+            settings = task_spec(name).settings
+        except UserError:
+            continue
+        for key in keys(written):
+            if any(covers(s, key) for s in settings) and not any(covers(s, key) or covers(key, s) for s in own):
+                return key, name
+    return None

@@ -92,6 +92,9 @@ class TaskSpec:
     # the built-in model names (model.name) it trains, the first by default; empty: any. user_models: model.target too
     models: tuple[str, ...] = ()
     user_models: bool = True
+    # the config keys only it reads ("augment": a whole section, "train.label_smoothing": one key): a config of another
+    # task that writes one is refused, since nothing would read it
+    settings: tuple[str, ...] = ()
     # the veritrain command that uses its export (predict, generate), named in a run's next steps; None: none does
     serves_with: Optional[str] = None
     card: Optional[CardText] = None  # what the model card says the model is

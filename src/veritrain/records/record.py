@@ -593,11 +593,12 @@ def package_list() -> str:
 
 @functools.lru_cache(maxsize=4)
 def _package_list(path: tuple[str, ...]) -> str:
-    packages = sorted(
-        {f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions() if d.metadata.get("Name")},  # pyright: ignore[reportAttributeAccessIssue]  # an email Message, which has get()
-        key=str.lower,
-    )
-    return "".join(p + "\n" for p in packages)
+    found = set()
+    for distribution in metadata.distributions():
+        fields = distribution.metadata  # parsed on every access: once per distribution (its version is fields["Version"])
+        if fields.get("Name"):  # pyright: ignore[reportAttributeAccessIssue]  # an email Message, which has get()
+            found.add(f"{fields['Name']}=={fields['Version']}")
+    return "".join(p + "\n" for p in sorted(found, key=str.lower))
 
 
 def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:

@@ -20,6 +20,7 @@ SPEC = TaskSpec("classification", metrics=(
     MetricSpec("recall_macro", "max", UNIT, label="macro recall", hub_type="recall", hub_args=MACRO),
     MetricSpec("ece", "min", UNIT, label="expected calibration error"),
 ), baseline=BaselineRule("accuracy", "logistic_regression"),
-    fields=("image", "label"), models=("cnn", "mlp", "resnet18"), serves_with="predict", bad_cases="bad_cases.csv",
+    fields=("image", "label"), models=("cnn", "mlp", "resnet18"),
+    settings=("augment", "train.label_smoothing", "eval.baseline_max_samples", "eval.baseline_max_iter"), serves_with="predict", bad_cases="bad_cases.csv",
     card=CardText("An image classifier", "it takes float32 input{input} (`model.json` says how an image becomes it) and gives logits{classes}",
                   "image-classification", "Image Classification"))

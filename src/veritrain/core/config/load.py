@@ -17,6 +17,7 @@ from veritrain.core.config.schema import RunConfig
 from veritrain.core.errors import ConfigError, UserError
 from veritrain.core.secrets import config_secret, expand_env
 from veritrain.core.selection import validation_problem
+from veritrain.core.task_registry import foreign_setting
 
 # The built-in default config is the one shipped as configs/digits.yaml; its experiment name
 # follows the same rule as a file's (the file name without extension).
@@ -67,6 +68,13 @@ def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]
         config = RunConfig.model_validate(raw)
     except ValidationError as err:
         raise _config_error(err, raw, source, overridden) from None
+
+    foreign = foreign_setting(raw, config.task)  # a setting only another task reads would be silently ignored
+    if foreign is not None:
+        key, owner = foreign
+        from_set = any(key == o or key.startswith(o + ".") or o.startswith(key + ".") for o in overridden)
+        raise ConfigError("--set" if from_set else source, key, f"a setting of task {owner}, which task {config.task} does not read; "
+                          f"remove it (or set task: {owner})")
 
     no_validation = validation_problem(config)  # best.pt or early stopping on a val split the ratios leave empty
     if no_validation is not None:
