@@ -140,10 +140,10 @@ def test_a_task_names_its_own_model_and_data_fields():
 def test_a_setting_only_another_task_reads_is_refused_where_it_was_written(tmp_path):
     from veritrain.core.config import load_config, resolved_from_record
 
-    with pytest.raises(ConfigError, match=r"^--set: augment: a setting of task classification, which task lm does not read; remove it"):
+    with pytest.raises(ConfigError, match=r"^--set: augment.hflip: a setting of task classification, which task lm does not read; remove it"):
         load_config(None, ["task=lm", "data.source=jsonl", "augment.hflip=true"])
-    (tmp_path / "c.yaml").write_text("eval:\n  generation:\n    tokens: 8\n")
-    with pytest.raises(ConfigError, match=r"c.yaml: eval.generation: a setting of task lm, which task classification does not read"):
+    (tmp_path / "c.yaml").write_text("eval:\n  generation:\n    tokens: 8\n    seed: 0\n")  # seed at its default: no matter
+    with pytest.raises(ConfigError, match=r"c.yaml: eval.generation.tokens: a setting of task lm, which task classification does not read"):
         load_config(tmp_path / "c.yaml")
     lm = load_config(None, ["task=lm", "data.source=jsonl", "eval.generation.tokens=8", "eval.batch_size=32"])  # its own, and shared
     assert lm.config.eval.generation.tokens == 8

@@ -94,7 +94,10 @@ def task_spec(name: str) -> Any:
     found = SPECS.get(name)
     if isinstance(found, str):
         module, _, attribute = found.partition(":")
-        found = importlib.import_module(module)
+        try:
+            found = importlib.import_module(module)
+        except Exception as err:  # an installed package's module that does not import: one line, not a traceback
+            raise UserError(f"task {name!r}: importing {module} for its TaskSpec failed: {type(err).__name__}: {' '.join(str(err).split())[:300]}") from None
         for part in attribute.split("."):
             found = getattr(found, part, None)
         SPECS[name] = found
@@ -155,17 +158,12 @@ def _add_built_in() -> str:
 DEFAULT_TASK = _add_built_in()  # the config's `task` when it names none
 
 
-def foreign_setting(written: Any, task: str) -> Optional[tuple[str, str]]:
-    """(key, the task it belongs to) of the first key in `written` (a config as the user wrote it, before defaults) that
-    another task declares as its own setting (TaskSpec.settings) and task `task` does not: nothing would read it.
-    Only declarations this process has without importing a task's module are consulted (the built-in ones, and
-    those given to register_task)."""
+def foreign_setting(written: dict[str, Any], defaults: dict[str, Any], task: str) -> Optional[tuple[str, str]]:
+    """(key, the task it belongs to) of the first leaf of `written` (a config as the user wrote it, flattened to dotted
+    keys) that another task declares as its own setting (TaskSpec.settings), that task `task` does not, and whose value
+    is not its default (`defaults`, flattened): nothing would read it, so it would change nothing. Only declarations this
+    process has without importing a task's module are consulted (the built-in ones, and those given to register_task)."""
     from veritrain.core.errors import UserError
-
-    def keys(node: Any, prefix: str = "") -> list[str]:
-        if not isinstance(node, dict):
-            return [prefix[:-1]] if prefix else []
-        return [prefix + str(k) for k in node] + [key for k, v in node.items() if isinstance(v, dict) for key in keys(v, f"{prefix}{k}.")]
 
     def covers(setting: str, key: str) -> bool:
         return key == setting or key.startswith(setting + ".")
@@ -174,6 +172,7 @@ def foreign_setting(written: Any, task: str) -> Optional[tuple[str, str]]:
         own = task_spec(task).settings
     except UserError:
         return None
+    missing = object()
     for name in sorted(SPECS):
         declared = SPECS[name]
         if name == task or not (isinstance(declared, str) and declared.startswith("veritrain.") or hasattr(declared, "settings")):
@@ -182,7 +181,24 @@ def foreign_setting(written: Any, task: str) -> Optional[tuple[str, str]]:
             settings = task_spec(name).settings
         except UserError:
             continue
-        for key in keys(written):
-            if any(covers(s, key) for s in settings) and not any(covers(s, key) or covers(key, s) for s in own):
+        for key, value in written.items():
+            if any(covers(s, key) for s in settings) and not any(covers(s, key) for s in own) and defaults.get(key, missing) != value:
                 return key, name
     return None
+
+
+def declared_models() -> set[str]:
+    """The model names (model.name) the tasks declare (TaskSpec.models) among the declarations this process has without
+    importing a task's module: the built-in ones, those given to register_task, and those already read."""
+    from veritrain.core.errors import UserError
+
+    names: set[str] = set()
+    for name in sorted(SPECS):
+        declared = SPECS[name]
+        if isinstance(declared, str) and not declared.startswith("veritrain.") or declared is None:
+            continue
+        try:
+            names.update(task_spec(name).models)
+        except UserError:
+            continue
+    return names

@@ -93,7 +93,7 @@ class TaskSpec:
     models: tuple[str, ...] = ()
     user_models: bool = True
     # the config keys only it reads ("augment": a whole section, "train.label_smoothing": one key): a config of another
-    # task that writes one is refused, since nothing would read it
+    # task that sets one away from its default is refused, since nothing would read it
     settings: tuple[str, ...] = ()
     # the veritrain command that uses its export (predict, generate), named in a run's next steps; None: none does
     serves_with: Optional[str] = None

@@ -42,6 +42,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(_one_line(err.source), _one_line(err.key) if err.key else None, _one_line(err.problem, 1000)) from None
 
 
+def _leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"augment": {"hflip": True}} → {"augment.hflip": True}; a list is one leaf."""
+    found: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            found.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
 def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]) -> ResolvedConfig:
     source = str(path) if path is not None else "<default>"
     raw: dict[str, Any] = {}
@@ -69,7 +80,8 @@ def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]
     except ValidationError as err:
         raise _config_error(err, raw, source, overridden) from None
 
-    foreign = foreign_setting(raw, config.task)  # a setting only another task reads would be silently ignored
+    # a setting only another task reads, away from its default, would be silently ignored
+    foreign = foreign_setting(_leaves(raw), _leaves(RunConfig().model_dump(mode="json")), config.task)
     if foreign is not None:
         key, owner = foreign
         from_set = any(key == o or key.startswith(o + ".") or o.startswith(key + ".") for o in overridden)

@@ -20,7 +20,7 @@ from veritrain.core import source_registry
 from veritrain.core.config.quoting import _key_text, _quoted, _shown
 from veritrain.core.hashing import canonical_json
 from veritrain.core.selection import test_key_problem
-from veritrain.core.task_registry import DEFAULT_TASK, TASKS, known, task_names, task_spec
+from veritrain.core.task_registry import DEFAULT_TASK, TASKS, declared_models, known, task_names, task_spec
 
 
 @dataclass(frozen=True)
@@ -313,8 +313,9 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    name: Literal["mlp", "cnn", "resnet18", "gpt"] = Field(
-        "cnn", description="`cnn`: blocks of Conv3×3 (no bias) → BatchNorm → ReLU → MaxPool(2), global average pooling, linear head; "
+    name: str = Field(
+        "cnn", description="a model a task declares (its TaskSpec's `models`; the task's first when the config names none): "
+        "`cnn`: blocks of Conv3×3 (no bias) → BatchNorm → ReLU → MaxPool(2), global average pooling, linear head; "
         "`mlp`: fully connected layers on flattened inputs; `resnet18`: ResNet-18, CIFAR variant (3×3 stem, no max-pool); "
         "`gpt` (task: lm): a decoder-only transformer (veritrain.tasks.gpt). Ignored when `target` is set"
     )
@@ -334,6 +335,14 @@ class ModelConfig(Section):
     heads: Annotated[int, Limit(1024)] = Field(4, ge=1, description="gpt: attention heads per block")
     context: Annotated[int, Limit(1 << 20)] = Field(128, ge=2, description="gpt: tokens per training window (and the most a prediction sees)")
     tied_embeddings: bool = Field(True, description="gpt: the output layer shares the token embedding's weights")
+
+    @field_validator("name")
+    @classmethod
+    def _a_declared_model(cls, value: str) -> str:
+        names = declared_models()
+        if names and value not in names:
+            raise ValueError(f"expected one of {_quoted(sorted(names))} (the models the tasks declare), got {value!r}")
+        return value
 
     @field_validator("kwargs")
     @classmethod
