@@ -66,6 +66,7 @@ def test_a_run_trains_evaluates_fits_its_baseline_and_exports(outside):
     assert [f["module"] for f in record["code"]["user_files"]] == ["digit_value"]  # recorded as the user's code
     assert set(record["metrics"]["test"]) >= {"rmse", "mae", "samples"}
     assert record["baselines"]["judged_by"] == {"metric": "rmse", "goal": "min", "baseline": "train_mean"}
+    assert record["baselines"]["margin"] == record["config"]["eval"]["baseline_margin"] == 0.05  # the margin it declares
     assert record["metrics"]["test"]["rmse"] < record["baselines"]["results"]["train_mean"]["rmse"]
     assert record["export"]["parity"]["passed"] and "onnx" in record["export"]["files"]
     assert record["export"]["parity"]["min_agreement"] is None  # its parity rule: one output, no agreement of a largest one

@@ -151,3 +151,17 @@ def test_a_setting_only_another_task_reads_is_refused_where_it_was_written(tmp_p
     # a recorded config holds every key: it is not what the user wrote, and rebuilds as it was
     record = {"config": classifier.config.model_dump(mode="json"), "config_hash": classifier.hash}
     assert resolved_from_record(record).hash == classifier.hash
+
+
+def test_the_baseline_margin_a_config_leaves_out_is_the_tasks(monkeypatch):
+    from veritrain.core.config import RunConfig, config_hash
+    from veritrain.core.task_spec import BaselineRule
+
+    spec = TaskSpec("wide", metrics=(MetricSpec("rmse", "min", (0.0, None), headline=True),), baseline=BaselineRule("rmse", "mean", margin=0.5))
+    monkeypatch.setitem(TASKS, "wide", lambda cfg: None)
+    monkeypatch.setitem(SPECS, "wide", spec)
+    assert RunConfig.model_validate({"task": "wide"}).eval.baseline_margin == 0.5
+    assert RunConfig.model_validate({"task": "wide", "eval": {"baseline_margin": 0.2}}).eval.baseline_margin == 0.2  # written: kept
+    # the built-in tasks declare the margin every config had: their configs hash as before
+    assert config_hash(RunConfig.model_validate({"task": "lm", "data": {"source": "jsonl"}})) == config_hash(
+        RunConfig.model_validate({"task": "lm", "data": {"source": "jsonl"}, "model": {"name": "gpt"}, "eval": {"baseline_margin": 0.01}}))

@@ -62,10 +62,12 @@ class MetricSpec:
 @dataclass(frozen=True)
 class BaselineRule:
     """What judges whether a model beats its baseline: one of the task's metrics (its goal is the metric's) against
-    the baseline of this name in the baselines document (`eval/baselines.json`), by `eval.baseline_margin`."""
+    the baseline of this name in the baselines document (`eval/baselines.json`), by `eval.baseline_margin`, whose
+    value where a config leaves it out is `margin` (in the metric's units)."""
 
     metric: str
     baseline: str
+    margin: float = 0.01
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ class TaskSpec:
                                        str(m.get("label") or ""), tuple(str(a) for a in m.get("aliases") or ()))
                             for m in document["metrics"])
             kept = document.get("baseline")
-            baseline = BaselineRule(str(kept["metric"]), str(kept["baseline"])) if isinstance(kept, dict) else None
+            baseline = BaselineRule(str(kept["metric"]), str(kept["baseline"]), float(kept.get("margin", 0.01))) if isinstance(kept, dict) else None
             bad_cases = document.get("bad_cases")
             return cls(str(document["name"]), metrics, baseline, bad_cases=str(bad_cases) if isinstance(bad_cases, str) else None)
         except (KeyError, IndexError, TypeError, ValueError) as err:

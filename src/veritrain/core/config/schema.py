@@ -486,7 +486,9 @@ class EvalConfig(Section):
     bad_cases: Annotated[int, Limit(10**6)] = Field(25, ge=0, description="how many of the most confident wrong predictions bad_cases.csv/png show (task lm: the documents with the most bits per byte, bad_cases.json)")
     baselines: bool = Field(True, description="`veritrain run` also fits the majority-class and logistic-regression baselines on the same splits (task lm: a byte unigram and a byte bigram interpolated with it)")
     baseline_margin: float = Field(
-        0.01, ge=0.0, description="warn when the model's accuracy does not beat the logistic-regression baseline by at least this much (task lm: when its bits per byte are not this much below the bigram's)"
+        0.01, ge=0.0, description="warn when the model does not beat the baseline its task's rule names by at least this much, in that "
+        "metric's units (classification: accuracy against logistic regression; lm: bits per byte below the bigram's); where a config leaves "
+        "it out, the margin the task declares (0.01 for both)"
     )
     baseline_max_samples: Annotated[int, Limit(MANY)] = Field(10_000, ge=10, description="logistic regression trains on at most this many train samples (a seeded, recorded subsample)")
     baseline_max_iter: Annotated[int, Limit(10**7)] = Field(200, ge=1, description="iterations cap of the logistic-regression solver")
@@ -534,13 +536,19 @@ class RunConfig(Section):
     @model_validator(mode="before")
     @classmethod
     def _task_defaults(cls, value: Any) -> Any:
-        """The task's own default model (TaskSpec.models[0]) where the config names none: `task: lm` alone trains
-        the GPT. Only what the config leaves out is filled, so every config that names its model hashes as before."""
+        """The task's own defaults where the config leaves them out: its model (TaskSpec.models[0]: `task: lm` alone
+        trains the GPT) and its baseline margin (its BaselineRule's, in its metric's units). Only what the config leaves
+        out is filled, and the built-in tasks' defaults are the values these keys had for every task, so every
+        existing config hashes as before."""
         spec = _declared(value.get("task")) if isinstance(value, dict) else None
-        model = value.get("model", {}) if isinstance(value, dict) else None
-        if spec is None or not spec.models or not isinstance(model, dict) or "name" in model or "target" in model:
+        if spec is None:
             return value
-        return {**value, "model": {**model, "name": spec.models[0]}}
+        model, evaluation = value.get("model", {}), value.get("eval", {})
+        if spec.models and isinstance(model, dict) and "name" not in model and "target" not in model:
+            value = {**value, "model": {**model, "name": spec.models[0]}}
+        if spec.baseline is not None and isinstance(evaluation, dict) and "baseline_margin" not in evaluation:
+            value = {**value, "eval": {**evaluation, "baseline_margin": spec.baseline.margin}}
+        return value
 
     @field_validator("data")
     @classmethod
