@@ -94,7 +94,10 @@ def test_config_validation_and_the_tasks_package_share_one_registry(monkeypatch)
     from veritrain.core.config import load_config
     from veritrain.tasks import TASKS, register_task
 
-    monkeypatch.setitem(TASKS, "other", lambda cfg: None)  # restored afterwards
+    from veritrain.tasks import SPECS
+
+    monkeypatch.setitem(TASKS, "other", lambda cfg: None)  # restored afterwards, as the declaration below
+    monkeypatch.setitem(SPECS, "other", None)
     register_task("other", lambda cfg: None)
     assert load_config(None, ["task=other"]).config.task == "other"
 
