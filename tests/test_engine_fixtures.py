@@ -1,0 +1,53 @@
+"""Runs interrupted mid-epoch by the training engines as they were before the built-in training became a recipe over
+the public primitives (tests/fixtures/legacy/README.md: engine0-*): a cnn run kept for audit, a language model and a
+user's own loop (examples/own_loop.py). Each resumes to the weights an uninterrupted run of that code reached, then
+audits and reproduces identically: a run keeps the engine that trained it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import veritrain_process
+
+pytestmark = pytest.mark.slow
+
+LEGACY = Path(__file__).parent / "fixtures" / "legacy"
+# archive, run id, the final state an uninterrupted run of the same command reached with that code, its working folder
+FIXTURES = {
+    "cnn": ("engine0-cnn.tar.gz", "20261207-053537-974-0407bb", "5f05e6b33c3d4bc600b3b0ced72ff6ec311bb7dd37a2a7ee7bb3dfa2fa4164b8", None),
+    "lm": ("engine0-lm.tar.gz", "20261207-053604-730-fbfd64", "5980ef6b74c52f4a207140f370bfca3855ef30d7e9d218b579b60b029b656307", None),
+    "script": ("engine0-script.tar.gz", "20261207-053634-286-24d3c2", "b814bf474460c5a6377d1ccf55c589bc340786c3cbc29b2c02e13f514b64bfb6",
+               "/tmp/fx/script"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FIXTURES))
+def test_an_interrupted_run_of_the_previous_engine_resumes_audits_and_reproduces_identically(kind, tmp_path):
+    archive, run_id, uninterrupted, cwd = FIXTURES[kind]
+    if cwd is not None:  # a script's run is replayed in the folder it was started in (its inputs are absolute paths)
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+    done = veritrain_process("import", str(LEGACY / archive), "--workdir", str(tmp_path), "--json")
+    assert done.code == 0, done.stderr
+    before = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())
+    assert before["status"] == "interrupted"
+    done = veritrain_process("train", "--resume", run_id, "--trust-code", "--workdir", str(tmp_path), "--json", timeout=600)
+    assert done.code == 0, done.stderr
+    resumed = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())
+    assert resumed["status"] == "completed"
+
+    done = veritrain_process("reproduce", run_id, "--trust-code", "--workdir", str(tmp_path), "--json", timeout=600)
+    comparison = json.loads(done.stdout)
+    fresh = json.loads((tmp_path / "runs" / comparison["reproduction"] / "record.json").read_text())
+    if fresh["final_state_sha256"] != uninterrupted and comparison["verdict"] != "identical":
+        pytest.skip(f"this machine's kernels round unlike the fixture's ({comparison['verdict']}): "
+                    f"{[c for c in comparison['checks'] if c['verdict'] != 'identical'][:1]}")
+    assert done.code == 0 and comparison["verdict"] == "identical", comparison
+    assert resumed["final_state_sha256"] == fresh["final_state_sha256"] == uninterrupted
+
+    done = veritrain_process("audit", run_id, "--trust-code", "--workdir", str(tmp_path), "--json", timeout=600)
+    assert done.code == 0, done.stdout + done.stderr
+    audited = json.loads(done.stdout)
+    assert audited["verdict"] == "identical" and all(s["verdict"] == "identical" for s in audited["segments"]), audited
