@@ -327,13 +327,13 @@ def test_a_file_changed_between_hashing_and_decoding_is_never_stored(tmp_path, m
 
     root = write_mnist_imagefolder(tmp_path / "raw", per_class=20, classes=range(2))
     victim = sorted((root / "0").iterdir())[3]
-    write_arrays = prepare._write_arrays
+    write_arrays = prepare.write_arrays
 
     def changing_first(*args, **kwargs):
         victim.write_bytes(png_bytes(mnist_arrays()[0][4999]))  # another digit, after the manifest hashed the file
         return write_arrays(*args, **kwargs)
 
-    monkeypatch.setattr(prepare, "_write_arrays", changing_first)
+    monkeypatch.setattr(prepare, "write_arrays", changing_first)
     with pytest.raises(RunFailed, match=f"0/{victim.name} changed while preparing"):
         prepare_folder(root, tmp_path)
     assert not list((tmp_path / ".veritrain" / "data").glob("[0-9a-f]*"))

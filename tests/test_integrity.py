@@ -233,7 +233,7 @@ def test_a_full_disk_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys, failu
     def full(*args, **kwargs):
         raise failure
 
-    monkeypatch.setattr(prepare, "_write_version", full)
+    monkeypatch.setattr(prepare, "write_version", full)
     with pytest.raises(SystemExit) as exited:
         cli.main(["data", "prepare", "--workdir", str(tmp_path)])
     assert exited.value.code == 1

@@ -201,6 +201,22 @@ def test_the_layers_table_names_every_layers_packages():
         assert all(f"`{prefix}`" in rows[name] for prefix in prefixes), (name, rows[name])
 
 
+def private_imports(root: Path = SRC) -> list[str]:
+    """`from veritrain.x import _name`: a private name used outside its module."""
+    found = []
+    for path in sorted((root / "veritrain").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("veritrain") and not node.level:
+                found += [f"{path.relative_to(root)}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module():
+    found = private_imports()
+    assert not found, "a private name used outside its module (make it public, or keep the code in its module):\n" + "\n".join(found)
+
+
 def test_every_module_says_what_it_is():
     missing = [module_name(p) for p in sorted((SRC / "veritrain").rglob("*.py")) if not summary_of(p)]
     assert not missing, "modules without a docstring: " + ", ".join(missing)

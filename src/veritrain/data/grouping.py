@@ -20,7 +20,7 @@ from veritrain.core.hashing import DATA_HASH_ALGORITHM
 from veritrain.data import split as splitting
 from veritrain.data.identity import check_version
 from veritrain.data.split import SPLITS
-from veritrain.data.table import _Table
+from veritrain.data.table import Table
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # where copies disagree, the most protected split wins
 
 
-def _duplicates_and_units(cfg: DataConfig, table: _Table, classes: Optional[list[str]]) -> tuple[list[splitting.Unit], np.ndarray]:
+def duplicates_and_units(cfg: DataConfig, table: Table, classes: Optional[list[str]]) -> tuple[list[splitting.Unit], np.ndarray]:
     """Exact duplicates, confirmed near-duplicates and groups, joined into the units the split keeps whole.
     Returns the units and the confirmed near-duplicate pairs (sample indices), which the leakage count checks."""
     from scipy.sparse import coo_matrix
@@ -109,7 +109,7 @@ def _duplicates_and_units(cfg: DataConfig, table: _Table, classes: Optional[list
     return units, near_pairs
 
 
-def _near_duplicates(cfg: DataConfig, table: _Table, links: list[list[int]]) -> np.ndarray:
+def _near_duplicates(cfg: DataConfig, table: Table, links: list[list[int]]) -> np.ndarray:
     """Confirmed near-duplicate pairs among the included samples with pictures (dedup.near_duplicates),
     reported one finding per group; groups with different labels are quarantined like conflicting
     duplicates. Appends each kept group to `links`; returns the confirmed pairs as sample indices."""
@@ -151,7 +151,7 @@ def _near_duplicates(cfg: DataConfig, table: _Table, links: list[list[int]]) -> 
     return pairs
 
 
-def _instants(cfg: DataConfig, table: _Table) -> dict[int, int]:
+def _instants(cfg: DataConfig, table: Table) -> dict[int, int]:
     """Under data.split_by: time, each included sample's timestamp as an instant (split.parse_instant), the count
     of each format it was written in kept on the table (`timestamp_formats`, recorded with the achieved split); a
     value that is not a timestamp is a `bad_timestamp` finding that quarantines its sample."""
@@ -198,7 +198,7 @@ class _Former:
     split_of: dict[int, str]  # sample index → its split in that version (samples it placed; quarantined ones are new)
 
 
-def _mark_former_splits(folder: Path, table: _Table, units: list[splitting.Unit]) -> _Former:
+def mark_former_splits(folder: Path, table: Table, units: list[splitting.Unit]) -> _Former:
     """Give each unit the splits its members had in data.test_from's version (`Unit.former`), matching samples by
     key and by content hash (the most protected split where they disagree), so a sample whose id was renamed keeps
     its former split; a version of recipe 3 or before has no key column, so there the content hash alone matches."""
@@ -230,7 +230,7 @@ def _mark_former_splits(folder: Path, table: _Table, units: list[splitting.Unit]
     return _Former(folder.name, f"key and {DATA_HASH_ALGORITHM}" if by_key else DATA_HASH_ALGORITHM, split_of)
 
 
-def _test_from_outcome(cfg: DataConfig, former: _Former, table: _Table, units: list[splitting.Unit],
+def test_from_outcome(cfg: DataConfig, former: _Former, table: Table, units: list[splitting.Unit],
                        assigned: dict[int, str]) -> dict[str, Any]:
     """What data.test_from did, bound with the achieved split: former test samples kept in test, former train/val
     samples kept out of the test split the hash gave them, and each group that mixes the two (`test_from_leak`:
@@ -259,12 +259,12 @@ def _test_from_outcome(cfg: DataConfig, former: _Former, table: _Table, units: l
     return outcome
 
 
-def _split(cfg: DataConfig, table: _Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> dict[int, str]:
+def assign_splits(cfg: DataConfig, table: Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> dict[int, str]:
     splits = splitting.assign(units, cfg.split_ratios, cfg.split_seed, by_time=cfg.split_by == "time", class_names=classes)
     return {i: s for unit, s in zip(units, splits) for i in unit.members if i not in table.excluded}
 
 
-def _leakage_pairs(table: _Table, assigned: dict[int, str], near_pairs: np.ndarray) -> int:
+def count_leakage_pairs(table: Table, assigned: dict[int, str], near_pairs: np.ndarray) -> int:
     """Pairs of identical samples, or confirmed near-duplicate pairs, that sit in different splits."""
     by_hash: dict[str, Counter] = defaultdict(Counter)
     for i, s in assigned.items():
@@ -279,7 +279,7 @@ def _leakage_pairs(table: _Table, assigned: dict[int, str], near_pairs: np.ndarr
     return pairs
 
 
-def _achieved_split(cfg: DataConfig, table: _Table, units: list[splitting.Unit], assigned: dict[int, str],
+def measure_achieved_split(cfg: DataConfig, table: Table, units: list[splitting.Unit], assigned: dict[int, str],
                     classes: Optional[list[str]]) -> dict[str, Any]:
     """Each class's achieved train/val/test fractions over the samples the split was free to place, against the
     ratios they were meant to follow, and the same over all those samples together (`whole`). Each sample's place
@@ -362,7 +362,7 @@ def _shown_gaps(judged: dict[str, Any]) -> str:
     return "gaps " + " / ".join(f"{judged['gap_sigma'][s]:+.1f}σ" for s in SPLITS)
 
 
-def _check_balance(cfg: DataConfig, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> None:
+def check_balance(cfg: DataConfig, table: Table, assigned: dict[int, str], classes: Optional[list[str]]) -> None:
     """`imbalance` when the largest class has at least data.imbalance_ratio times the samples of the smallest,
     over the whole set and within each split."""
     if not classes:
@@ -384,7 +384,7 @@ def _check_balance(cfg: DataConfig, table: _Table, assigned: dict[int, str], cla
                       f"(ratio {ratio:.1f} ≥ data.imbalance_ratio {cfg.imbalance_ratio:g})")
 
 
-def _label_issues_and_outliers(cfg: DataConfig, table: _Table, assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
+def label_issues_and_outliers(cfg: DataConfig, table: Table, assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
     """`label_issue` and `outlier` findings over the placed samples' thumbnails (data.label_issues).
 
     With data.on_label_issue: quarantine (and data.on_bad_file other than warn, which keeps every usable
@@ -428,7 +428,7 @@ def _label_issues_and_outliers(cfg: DataConfig, table: _Table, assigned: dict[in
     return found.method
 
 
-def _apply_policy(cfg: DataConfig, table: _Table) -> None:
+def apply_policy(cfg: DataConfig, table: Table) -> None:
     """data.on_bad_file: fail stops here, listing what would have been quarantined."""
     bad = [f for f in table.findings if f.severity == "quarantine"]
     if cfg.on_bad_file == "fail" and bad:

@@ -28,7 +28,7 @@ log = logging.getLogger("veritrain")
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
     from veritrain.data.sources import Source
-    from veritrain.data.table import _Table
+    from veritrain.data.table import Table
 
 # The data recipe: how a data version is prepared and laid out; part of the version id. 3: near-duplicates
 # confirmed by pixels, achieved-split check, label issues and outliers, exact normalization, every file of the
@@ -125,7 +125,7 @@ def content_hash(info: dict[str, Any]) -> str:
     return sha256_json({key: info.get(key) for key in keys})
 
 
-def listing_sha256(table: _Table, source: Source) -> str:
+def listing_sha256(table: Table, source: Source) -> str:
     """SHA-256 of what the listing gives each sample beyond the manifest's columns (group, fixed split, timestamp)
     and of the listing's own findings: with the manifest and the source's preprocessing it binds every input of
     preparing (recipe 5 on), so that unchanged raw data can be told from its hashes without decoding it again."""

@@ -27,16 +27,16 @@ from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_json
 from veritrain.data import identity
 from veritrain.data.grouping import (
     SPLIT_PRIORITY,
-    _achieved_split,
-    _apply_policy,
-    _check_balance,
-    _duplicates_and_units,
-    _label_issues_and_outliers,
-    _leakage_pairs,
-    _mark_former_splits,
-    _split,
-    _test_from_outcome,
+    apply_policy,
+    assign_splits,
+    check_balance,
+    count_leakage_pairs,
+    duplicates_and_units,
     former_version,
+    label_issues_and_outliers,
+    mark_former_splits,
+    measure_achieved_split,
+    test_from_outcome,
 )
 from veritrain.data.identity import (
     BOUND_FILES,
@@ -62,27 +62,27 @@ from veritrain.data.sources import FileListing, load_source
 from veritrain.data.store import (
     ARRAY_CHUNK,
     MANIFEST_COLUMNS,
-    _fingerprint,
-    _made_from,
-    _picture_lookup,
-    _remember,
-    _seal_version,
-    _write_arrays,
-    _write_card,
-    _write_version,
+    made_from,
     merged_card,
     normalization_stats,
+    picture_lookup,
+    prepare_fingerprint,
+    remember,
+    seal_version,
+    write_arrays,
+    write_data_card,
+    write_version,
 )
 from veritrain.data.table import (
     IMAGE_EXTENSIONS,
     NEAR_DUPLICATE_MIN_SIDE,
     Finding,
-    _array_target,
-    _check_labels,
-    _sample_table,
-    _Table,
-    _validate_files,
+    Table,
+    array_target,
+    check_labels,
     is_image_name,
+    sample_table,
+    validate_files,
 )
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, v
     if former_dir is not None:
         data_cfg = data_cfg.model_copy(update={"test_from": former_dir.name})
     source = load_source(data_cfg, paths)
-    table = _sample_table(data_cfg, source, paths, None, True, {}, recipe)
+    table = sample_table(data_cfg, source, paths, None, True, {}, recipe)
     found = RawCheck(len(table.ids), isinstance(source, FileListing))
     algorithm = info.get("hash_algorithm")
     if algorithm != DATA_HASH_ALGORITHM:
@@ -245,42 +245,42 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     cache_dir = workspace_state / "cache"
     workers = data_cfg.workers or _default_workers()
 
-    table = _sample_table(data_cfg, source, paths, cache_dir, rehash, timings)
+    table = sample_table(data_cfg, source, paths, cache_dir, rehash, timings)
     classes = source.classes
 
     # Everything the version depends on is known now; a prepare of the same inputs that already
     # ran maps them to its version, so unchanged data skips decoding, deduplication and splitting.
-    fingerprint = _fingerprint(data_cfg, source, table)
+    fingerprint = prepare_fingerprint(data_cfg, source, table)
     memo = cache_dir / "prepared" / fingerprint
     reused = _remembered_version(memo, data_cfg, source, table, workspace_state)
     if reused is not None:
         return reused
 
     if isinstance(source, FileListing):
-        target, headers = _validate_files(data_cfg, table, cache_dir, workers, timings)
+        target, headers = validate_files(data_cfg, table, cache_dir, workers, timings)
     else:
-        target, headers = _array_target(data_cfg, source, table, cache_dir, timings)
+        target, headers = array_target(data_cfg, source, table, cache_dir, timings)
     origin = source.origin
     source_preprocessing = source.preprocessing
 
     t = time.perf_counter()
     table.keep_usable = data_cfg.on_bad_file == "warn"
-    _check_labels(table, classes)
-    units, near_pairs = _duplicates_and_units(data_cfg, table, classes)
-    _apply_policy(data_cfg, table)
-    earlier = _mark_former_splits(former_dir, table, units) if former_dir is not None else None
-    assigned = _split(data_cfg, table, units, classes)
-    achieved = _achieved_split(data_cfg, table, units, assigned, classes)  # the split's own placement, before label quarantine
+    check_labels(table, classes)
+    units, near_pairs = duplicates_and_units(data_cfg, table, classes)
+    apply_policy(data_cfg, table)
+    earlier = mark_former_splits(former_dir, table, units) if former_dir is not None else None
+    assigned = assign_splits(data_cfg, table, units, classes)
+    achieved = measure_achieved_split(data_cfg, table, units, assigned, classes)  # the split's own placement, before label quarantine
     if earlier is not None:
-        achieved["test_from"] = _test_from_outcome(data_cfg, earlier, table, units, assigned)
+        achieved["test_from"] = test_from_outcome(data_cfg, earlier, table, units, assigned)
     timings["validate_split"] = time.perf_counter() - t
     t = time.perf_counter()
-    label_method = _label_issues_and_outliers(data_cfg, table, assigned, classes)
+    label_method = label_issues_and_outliers(data_cfg, table, assigned, classes)
     timings["label_issues"] = time.perf_counter() - t
-    leakage_pairs = _leakage_pairs(table, assigned, near_pairs)
+    leakage_pairs = count_leakage_pairs(table, assigned, near_pairs)
     if leakage_pairs:  # cannot happen by construction; refuse rather than train on a leaking split
         raise RunFailed(f"data: {leakage_pairs} duplicate pair(s) cross splits after splitting; this is a bug, please report it")
-    _check_balance(data_cfg, table, assigned, classes)
+    check_balance(data_cfg, table, assigned, classes)
 
     preprocessing = preprocessing_config(data_cfg, source_preprocessing, target)
     if data_cfg.on_label_issue == "quarantine":  # the method then decides which samples train: part of the id
@@ -299,9 +299,9 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     (tmp / "splits").mkdir(parents=True)
     try:
         t = time.perf_counter()
-        _write_arrays(tmp, rows, table, source, data_cfg, target, classes, workers)
+        write_arrays(tmp, rows, table, source, data_cfg, target, classes, workers)
         timings["decode"] = time.perf_counter() - t
-        info = _write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin, units)
+        info = write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin, units)
         info["achieved_split"] = achieved
         if identity.FORMAT_VERSION >= BOUND_INFO_SINCE["listing_sha256"]:
             info["listing_sha256"] = listing_sha256(table, source)
@@ -320,8 +320,8 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
             report.write(tmp, info, [f.as_dict() for f in table.findings],
                          [{"sample_id": table.ids[i], "kind": f.kind, "reason": f.reason} for i, f in sorted(table.excluded.items())],
                          headers, leakage_pairs, achieved, label_method, {k: round(v, 4) for k, v in timings.items()}, card,
-                         _picture_lookup(tmp, table, rows))
-            _seal_version(tmp, info, card)
+                         picture_lookup(tmp, table, rows))
+            seal_version(tmp, info, card)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -329,9 +329,9 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _write_card(final, card)
+    write_data_card(final, card)
     loaded = load_version(final)
-    _remember(memo, version)
+    remember(memo, version)
     _refuse_skew(data_cfg, loaded)
     if former_dir is None:  # without data.test_from: say when a test split moved
         _moved_out_of_test(store, version, preprocessing, samples)
@@ -383,16 +383,16 @@ def _moved_out_of_test(store: Path, version: str, preprocessing: dict[str, Any],
     return said
 
 
-def _remembered_version(memo: Path, data_cfg: DataConfig, source: Source, table: _Table, workspace_state: Path) -> Optional[DataVersion]:
-    """The stored version the memo names for these inputs, when it was made from them (see `_made_from`), loaded
+def _remembered_version(memo: Path, data_cfg: DataConfig, source: Source, table: Table, workspace_state: Path) -> Optional[DataVersion]:
+    """The stored version the memo names for these inputs, when it was made from them (see `made_from`), loaded
     and marked reused; None when there is none, so the data is prepared."""
     remembered = memo.read_text().strip() if memo.exists() else None
     if remembered and (workspace_state / "data" / remembered / "version.json").exists():
         final = workspace_state / "data" / remembered
         loaded = load_version(final)
-        if _made_from(loaded, data_cfg, source, table):
+        if made_from(loaded, data_cfg, source, table):
             log.info("data: reusing data version %s (%d samples, unchanged)", remembered[:12], len(table.ids))
-            _write_card(final, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
+            write_data_card(final, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
             loaded.reused = True
             _refuse_skew(data_cfg, loaded)
             return loaded
@@ -425,8 +425,8 @@ def plan(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path) ->
         data_cfg = data_cfg.model_copy(update={"test_from": former_dir.name})
     source = load_source(data_cfg, paths)
     timings: dict[str, float] = {}
-    table = _sample_table(data_cfg, source, paths, workspace_state / "cache", False, timings)
-    fingerprint = _fingerprint(data_cfg, source, table)
+    table = sample_table(data_cfg, source, paths, workspace_state / "cache", False, timings)
+    fingerprint = prepare_fingerprint(data_cfg, source, table)
     memo = workspace_state / "cache" / "prepared" / fingerprint
     remembered = memo.read_text().strip() if memo.exists() else None
     if remembered and (workspace_state / "data" / remembered / "version.json").exists():

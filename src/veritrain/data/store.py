@@ -21,7 +21,7 @@ from veritrain.data import identity, split as splitting
 from veritrain.data.identity import BOUND_FILES, CARD_FILE, DataVersion, preprocessing_config
 from veritrain.data.sources import FileListing, Source
 from veritrain.data.split import SPLITS
-from veritrain.data.table import _Table
+from veritrain.data.table import Table
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -32,7 +32,7 @@ MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", 
 ARRAY_CHUNK = 4096  # rows copied or summed at a time (bounds memory)
 
 
-def _fingerprint(cfg: DataConfig, source: Source, table: _Table) -> str:
+def prepare_fingerprint(cfg: DataConfig, source: Source, table: Table) -> str:
     """Hash of every input of the stage: data config (minus locations and card), the source's
     preprocessing, each sample's id, content hash, label, group, fixed split and timestamp, the
     listing's findings, and the versions of veritrain and the decoders."""
@@ -48,14 +48,14 @@ def _fingerprint(cfg: DataConfig, source: Source, table: _Table) -> str:
     })
 
 
-def _remember(memo: Path, version: str) -> None:
+def remember(memo: Path, version: str) -> None:
     memo.parent.mkdir(parents=True, exist_ok=True)
     tmp = memo.with_name(f".{memo.name}.{uuid.uuid4().hex}")
     tmp.write_text(version + "\n")
     os.replace(tmp, memo)
 
 
-def _made_from(data: DataVersion, data_cfg: DataConfig, source: Source, table: _Table) -> bool:
+def made_from(data: DataVersion, data_cfg: DataConfig, source: Source, table: Table) -> bool:
     """Whether a stored version was prepared from this config and these samples (the cache that maps inputs to
     a version is a file in the workspace, so what it names is checked against the version's bound manifest)."""
     stored = data.info["preprocessing"]
@@ -67,7 +67,7 @@ def _made_from(data: DataVersion, data_cfg: DataConfig, source: Source, table: _
     return rows == list(zip(table.ids, table.hashes, table.labels, table.source_ids))
 
 
-def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Callable[[str], Optional[np.ndarray]]:
+def picture_lookup(folder: Path, table: Table, rows: list[int]) -> Callable[[str], Optional[np.ndarray]]:
     """sample id → its picture for the report's gallery: the decoded row, or the thumbnail of a quarantined one."""
     inputs = np.load(folder / "inputs.npy", mmap_mode="r")
     row_of = {table.ids[i]: k for k, i in enumerate(rows)}
@@ -80,7 +80,7 @@ def _picture_lookup(folder: Path, table: _Table, rows: list[int]) -> Callable[[s
     return picture
 
 
-def _write_arrays(out: Path, rows: list[int], table: _Table, source: Source, cfg: DataConfig, target: dict[str, Any],
+def write_arrays(out: Path, rows: list[int], table: Table, source: Source, cfg: DataConfig, target: dict[str, Any],
                   classes: Optional[list[str]], workers: int) -> None:
     """inputs.npy and targets.npy of the placed rows, written through a memory map: file samples are decoded
     straight into it by worker processes, array samples copied in chunks, so memory holds no second copy."""
@@ -109,7 +109,7 @@ def _write_arrays(out: Path, rows: list[int], table: _Table, source: Source, cfg
     np.save(out / "targets.npy", targets)
 
 
-def _write_version(out: Path, cfg: DataConfig, table: _Table, classes: Optional[list[str]], assigned: dict[int, str],
+def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[list[str]], assigned: dict[int, str],
                    rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit]) -> dict[str, Any]:
     """manifest.csv, quarantine.csv and the split lists beside the arrays; returns version.json's content
     (without the id, which hashes it)."""
@@ -162,7 +162,7 @@ def _write_version(out: Path, cfg: DataConfig, table: _Table, classes: Optional[
     }
 
 
-def _seal_version(out: Path, info: dict[str, Any], card: dict[str, Any]) -> None:
+def seal_version(out: Path, info: dict[str, Any], card: dict[str, Any]) -> None:
     """version.json, with the table of the report files written beside the bound ones (checked on every open,
     though outside the id: reports hold timings and drawings that differ between machines)."""
     seal_reports(out, info, set(BOUND_FILES) | {"version.json", CARD_FILE}, card)
@@ -195,7 +195,7 @@ def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dic
     return {key: redact_text(value) if isinstance(value, str) else value for key, value in merged.items()}
 
 
-def _write_card(version_dir: Path, card: dict[str, Any]) -> None:
+def write_data_card(version_dir: Path, card: dict[str, Any]) -> None:
     """The data card sits beside the version (not inside its hash): editing it keeps the version."""
     if not version_dir.exists():
         return

@@ -49,7 +49,7 @@ class Finding:
 
 
 @dataclass
-class _Table:
+class Table:
     """Every sample of the source, in sample-id order, as the stage works on it."""
 
     ids: list[str]
@@ -95,15 +95,15 @@ class _Table:
         return digest
 
     def label(self, i: int) -> str:
-        """The label of sample `i`, one still included: with data.classes, _check_labels excludes the unlabelled;
+        """The label of sample `i`, one still included: with data.classes, check_labels excludes the unlabelled;
         array sources label every sample."""
         label = self.labels[i]
         assert label is not None, f"{self.ids[i]}: included without a label"
         return label
 
 
-def _sample_table(cfg: DataConfig, source: Source, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool,
-                  timings: dict[str, float], recipe: Optional[int] = None) -> _Table:
+def sample_table(cfg: DataConfig, source: Source, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool,
+                  timings: dict[str, float], recipe: Optional[int] = None) -> Table:
     """Every sample of the source with its content hash (as `recipe` lists them), and the fixed test split of data.test_split_file."""
     table = _list_files(cfg, source, cache_dir, rehash, timings, recipe) if isinstance(source, FileListing) else _table_from_arrays(source)
     if cfg.split_by == "time" and table.ids and not any(table.timestamps):  # config refuses known sources; this catches registered ones
@@ -114,9 +114,9 @@ def _sample_table(cfg: DataConfig, source: Source, paths: dict[str, Path], cache
     return table
 
 
-def _table_from_arrays(source: SourceData) -> _Table:
+def _table_from_arrays(source: SourceData) -> Table:
     n = len(source.sample_ids)
-    table = _Table(
+    table = Table(
         ids=list(source.sample_ids),
         paths=[None] * n,
         sizes=list(source.sizes),
@@ -130,7 +130,7 @@ def _table_from_arrays(source: SourceData) -> _Table:
     return table
 
 
-def _array_target(cfg: DataConfig, source: SourceData, table: _Table, cache_dir: Path,
+def array_target(cfg: DataConfig, source: SourceData, table: Table, cache_dir: Path,
                   timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     shape = list(source.inputs.shape[1:])
     if source.inputs.dtype == np.uint8 and source.inputs.ndim == 4:
@@ -140,7 +140,7 @@ def _array_target(cfg: DataConfig, source: SourceData, table: _Table, cache_dir:
     return {"shape": shape, "dtype": str(source.inputs.dtype)}, {"shape": {"×".join(map(str, shape)): len(table.ids)}}
 
 
-def _array_features(inputs: np.ndarray, table: _Table, near_duplicates: bool, cache_dir: Path) -> None:
+def _array_features(inputs: np.ndarray, table: Table, near_duplicates: bool, cache_dir: Path) -> None:
     """Perceptual hash, comparison picture and thumbnail of each array sample, cached by content hash."""
     from veritrain.data import dedup
     from veritrain.data.validate import Check, CheckCache, CheckParams
@@ -164,7 +164,7 @@ def _array_features(inputs: np.ndarray, table: _Table, near_duplicates: bool, ca
         cache.close()
 
 
-def _take_features(table: _Table, i: int, check: Check) -> None:
+def _take_features(table: Table, i: int, check: Check) -> None:
     if check.phash is not None:
         table.phash[i] = check.phash
     if check.picture is not None:
@@ -184,7 +184,7 @@ def is_image_name(name: str) -> bool:
 
 
 def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path], rehash: bool, timings: dict[str, float],
-                recipe: Optional[int] = None) -> _Table:
+                recipe: Optional[int] = None) -> Table:
     """The sample table of a file source with every file hashed (stat cache first; none when `cache_dir` is None:
     every byte is read). Under `recipe` (default: this one) 5 on, files found by walking data.root that are not
     images are left out."""
@@ -195,7 +195,7 @@ def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path],
     skipped = set(ignored)
     samples = sorted((s for s in source.samples if s.sample_id not in skipped), key=lambda s: s.sample_id)
     n = len(samples)
-    table = _Table(
+    table = Table(
         ids=[s.sample_id for s in samples],
         paths=[s.path for s in samples],
         sizes=[0] * n,
@@ -238,7 +238,7 @@ def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path],
     return table
 
 
-def _validate_files(cfg: DataConfig, table: _Table, cache_dir: Path, workers: int,
+def validate_files(cfg: DataConfig, table: Table, cache_dir: Path, workers: int,
                     timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode and check every distinct content once (cached by content hash); returns the target
     shape and a summary of sizes, modes and formats."""
@@ -282,7 +282,7 @@ def _validate_files(cfg: DataConfig, table: _Table, cache_dir: Path, workers: in
     return target, summary
 
 
-def _apply_test_split_file(path: Path, table: _Table) -> None:
+def _apply_test_split_file(path: Path, table: Table) -> None:
     """Fix the samples listed in `path` (the resolved data.test_split_file) to the test split."""
     try:
         listed = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -301,7 +301,7 @@ def _apply_test_split_file(path: Path, table: _Table) -> None:
             table.fixed[index_of[sid]] = "test"
 
 
-def _check_labels(table: _Table, classes: Optional[list[str]]) -> None:
+def check_labels(table: Table, classes: Optional[list[str]]) -> None:
     if classes is None:
         return
     known = set(classes)

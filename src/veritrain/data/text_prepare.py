@@ -158,7 +158,7 @@ def prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path,
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    _write_card(final, data_cfg, listing)
+    write_data_card(final, data_cfg, listing)
     return identity.load_version(final)  # type: ignore[return-value]
 
 
@@ -462,7 +462,7 @@ def _card(data_cfg: DataConfig, listing: TextListing) -> dict[str, Any]:
     return merged_card(data_cfg.card.model_dump(), listing.card)
 
 
-def _write_card(final: Path, data_cfg: DataConfig, listing: TextListing) -> None:
-    from veritrain.data.store import _write_card as write_card
+def write_data_card(final: Path, data_cfg: DataConfig, listing: TextListing) -> None:
+    from veritrain.data.store import write_data_card as write_card
 
     write_card(final, _card(data_cfg, listing))

@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import Field, ValidationError
 
-from veritrain.records.fields import Artifact, Event, IsoTime, ProvenanceRef, RunId, RunPath, Sha256, _Part, record_bytes
+from veritrain.records.fields import Artifact, Event, IsoTime, Part, ProvenanceRef, RunId, RunPath, Sha256, record_bytes
 
 AMENDMENTS_DIR = "amendments"
 AMENDMENT_FILE = "amendment.json"
@@ -59,7 +59,7 @@ def _amendable(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-class AmendmentRecord(_Part):
+class AmendmentRecord(Part):
     """amendment.json, field by field (docs/record.md, "Amendments")."""
 
     amendment_format: Literal[1]

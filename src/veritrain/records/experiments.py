@@ -170,14 +170,14 @@ def _repeat_spreads(state_dir: Path) -> dict[str, tuple[Optional[str], dict[str,
                 spreads[data["group"]] = (data.get("split"), data["summary"])
             except (OSError, json.JSONDecodeError, KeyError):
                 continue
-    for summary in _sweep_summaries(state_dir):  # the seeds of a sweep's trial (--repeat) are a group too
+    for summary in sweep_summaries(state_dir):  # the seeds of a sweep's trial (--repeat) are a group too
         for group in (summary.get("parent") or {}, *(summary.get("trials") or [])):
             if isinstance(group, dict) and group.get("group") and group.get("spread"):
                 spreads[group["group"]] = (summary.get("split"), group["spread"])
     return spreads
 
 
-def _sweep_summaries(state_dir: Path) -> list[dict[str, Any]]:
+def sweep_summaries(state_dir: Path) -> list[dict[str, Any]]:
     """`.veritrain/sweeps/<id>/summary.json`, newest sweep first; one that cannot be read is left out."""
     summaries = []
     for path in sorted((state_dir / "sweeps").glob("*/summary.json"), reverse=True):
@@ -198,7 +198,7 @@ def sweep_sections(state_dir: Path) -> list[str]:
     """One section per `veritrain sweep`, newest first: each trial's change, runs, status and headline metric with
     its delta against the parent run, the best trial marked, failed ones with their reason."""
     lines: list[str] = []
-    for s in _sweep_summaries(state_dir):
+    for s in sweep_summaries(state_dir):
         try:
             lines.extend(_sweep_section(s))
         except (KeyError, TypeError, ValueError):  # a summary of another shape: the runs are still listed below

@@ -66,26 +66,26 @@ NOT_NULL = BeforeValidator(_value_needed)
 IsoTime = Annotated[str, AfterValidator(_iso_time)]
 
 
-class _Part(BaseModel):
+class Part(BaseModel):
     """A part of a record. Strict JSON types (no "1" for 1, no true for 1); fields added by a later
     record_version are kept (extra="allow"), so this reader keeps working on newer records."""
 
     model_config = ConfigDict(strict=True, extra="allow")
 
 
-class Artifact(_Part):
+class Artifact(Part):
     sha256: Sha256
     size: Annotated[int, Field(ge=0)]
 
 
-class Event(_Part):
+class Event(Part):
     kind: str
     step: Optional[int] = None
     detail: Any = None
     at: Optional[str] = None
 
 
-class ProvenanceRef(_Part):
+class ProvenanceRef(Part):
     """The run's provenance statement (veritrain.records.provenance) and the key that signed it (null: unsigned)."""
 
     file: Literal["provenance.intoto.jsonl"]

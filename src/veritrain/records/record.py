@@ -34,11 +34,11 @@ from veritrain.records.fields import (
     DataVersionId,
     Event,
     IsoTime,
+    Part,
     ProvenanceRef,
     RunId,
     RunPath,
     Sha256,
-    _Part,
     record_bytes,
 )
 
@@ -113,30 +113,30 @@ def sealed_bytes(record: dict[str, Any], files: dict[str, Path]) -> tuple[bytes,
     return data, hashlib.sha256(data).hexdigest()
 
 
-class SealEntry(_Part):
+class SealEntry(Part):
     seal: Sha256
     replaced_at: str
     by: str
 
 
-class Resume(_Part):
+class Resume(Part):
     at: str
     argv: list[str]
     previous_status: Optional[str] = None
 
 
-class RunError(_Part):
+class RunError(Part):
     type: str
     message: str
 
 
-class Repeat(_Part):
+class Repeat(Part):
     group: str
     index: Annotated[int, Field(ge=0)]
     of: Annotated[int, Field(ge=1)]
 
 
-class Distributed(_Part):
+class Distributed(Part):
     world_size: Annotated[int, Field(ge=1)]
     nodes: Annotated[int, Field(ge=1)]
     backend: str
@@ -144,14 +144,14 @@ class Distributed(_Part):
     launch: list[str]
 
 
-class SweepLink(_Part):
+class SweepLink(Part):
     id: str
     trial: Optional[int] = None  # null for the sweep's parent run; a search's trial number
     change: dict[str, Any] = {}
     kind: Literal["sweep", "search"] = "sweep"  # written for a search's trials only (`.veritrain/searches/<id>/`)
 
 
-class PrunedInfo(_Part):
+class PrunedInfo(Part):
     """Why a search stopped a trial early (status `pruned`): the epoch its verdict was on and the value judged."""
 
     epoch: Annotated[int, Field(ge=0)]
@@ -162,7 +162,7 @@ class PrunedInfo(_Part):
     trial: Optional[int] = None  # the trial's number in it
 
 
-class Picked(_Part):
+class Picked(Part):
     """A metrics.jsonl key that chose something during training, the split it is computed on and its direction."""
 
     split: Optional[Literal["train", "val", "test"]] = None  # null: the key names no split
@@ -174,7 +174,7 @@ class EarlyStopping(Picked):
     patience: Annotated[int, Field(ge=1)]  # epochs without improvement
 
 
-class SweepSelection(_Part):
+class SweepSelection(Part):
     """What the sweep a run belongs to picks its best trial by: a metric of eval/<split>/metrics.json."""
 
     id: str
@@ -183,7 +183,7 @@ class SweepSelection(_Part):
     mode: Optional[Literal["max", "min"]] = None
 
 
-class DeclaredMetric(_Part):
+class DeclaredMetric(Part):
     """A metric as its task declares it (veritrain.core.task_spec.MetricSpec)."""
 
     name: str
@@ -193,14 +193,14 @@ class DeclaredMetric(_Part):
     headline: bool = False
 
 
-class DeclaredBaseline(_Part):
+class DeclaredBaseline(Part):
     """The metric and baseline that judge whether the model beats its baseline (veritrain.core.task_spec.BaselineRule)."""
 
     metric: str
     baseline: str
 
 
-class DeclaredTask(_Part):
+class DeclaredTask(Part):
     """What the run's task declares about its metrics (veritrain.core.task_spec.TaskSpec), as it trained."""
 
     name: str
@@ -208,7 +208,7 @@ class DeclaredTask(_Part):
     baseline: Optional[DeclaredBaseline] = None
 
 
-class Selection(_Part):
+class Selection(Part):
     """Which split selected what (veritrain.core.selection); absent in records made before it."""
 
     best_checkpoint: Optional[Picked] = None  # null: checkpoint.best is off, nothing picks best.pt
@@ -216,7 +216,7 @@ class Selection(_Part):
     sweep: Optional[SweepSelection] = None  # null: not a run of a sweep
 
 
-class TrajectoryEntry(_Part):
+class TrajectoryEntry(Part):
     step: Annotated[int, Field(ge=0)]
     epoch: Annotated[int, Field(ge=0)]
     state_sha256: Sha256
@@ -227,14 +227,14 @@ class TrajectoryEntry(_Part):
     file: Optional[RunPath] = None  # a checkpoint a framework wrote (a script's run through veritrain.lightning or veritrain.hf)
 
 
-class OtherSave(_Part):
+class OtherSave(Part):
     step: Annotated[int, Field(ge=0)]
     reason: str
     state_sha256: Sha256
     after_step: Optional[int] = None  # the step of the trajectory entry it follows (absent in older records)
 
 
-class EntryRef(_Part):
+class EntryRef(Part):
     """A trajectory entry a result came from: its index, step and state hash (verify checks all three)."""
 
     index: Annotated[int, Field(ge=0)]
@@ -242,7 +242,7 @@ class EntryRef(_Part):
     state_sha256: Sha256
 
 
-class FileRef(_Part):
+class FileRef(Part):
     file: RunPath
     sha256: Sha256
 
@@ -251,7 +251,7 @@ class ModelSource(FileRef):
     target: str
 
 
-class UserFile(_Part):
+class UserFile(Part):
     """One user module the run imported, copied to `code/<path>` (its package layout)."""
 
     module: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=1000)]
@@ -259,7 +259,7 @@ class UserFile(_Part):
     sha256: Sha256
 
 
-class Code(_Part):
+class Code(Part):
     veritrain: Optional[str] = None
     git_commit: Optional[str] = None
     git_dirty: Optional[bool] = None
@@ -269,7 +269,7 @@ class Code(_Part):
     user_files: Optional[Annotated[list[UserFile], Field(max_length=10_000)]] = None  # None: a record from before the full listing (model_source only)
 
 
-class ConfigSource(_Part):
+class ConfigSource(Part):
     path: Optional[str] = None
     overrides: list[str] = []
     data_root: Optional[str] = None
@@ -277,7 +277,7 @@ class ConfigSource(_Part):
     data_paths_resolved: dict[str, str] = {}
 
 
-class DataInfo(_Part):
+class DataInfo(Part):
     version: Optional[DataVersionId] = None
     path: Optional[str] = None
     source: Optional[str] = None
@@ -296,7 +296,7 @@ class DataInfo(_Part):
     tokens: Optional[dict[str, int]] = None  # a text data version's tokens per split
 
 
-class Training(_Part):
+class Training(Part):
     epochs: int
     steps: int
     best_epoch: Optional[int] = None
@@ -307,7 +307,7 @@ class Training(_Part):
     settings: Optional[dict[str, Any]] = None
 
 
-class ExportInfo(_Part):
+class ExportInfo(Part):
     files: Optional[dict[str, FileRef]] = None
     parity: Optional[dict[str, Any]] = None
     checkpoint: Optional[str] = None  # the checkpoint exported, as model.json names it
@@ -321,7 +321,7 @@ class InputCheckpoint(FileRef):
     state_sha256: Sha256
 
 
-class ScriptInfo(_Part):
+class ScriptInfo(Part):
     """A script's run (kind `script`, veritrain.userloop): the script and how it was started, and the checkpoint rule."""
 
     file: Optional[RunPath] = None  # null: no script file could be recorded (stdin, -c, a notebook)
@@ -339,7 +339,7 @@ class ScriptInfo(_Part):
     state_recipe: Annotated[Optional[int], Field(ge=1), NOT_NULL] = None  # hf: how its checkpoint folders are hashed (absent: 1)
 
 
-class InputsInfo(_Part):
+class InputsInfo(Part):
     """A script's inputs, bound by content: the manifest `inputs.json` in the run."""
 
     file: RunPath
@@ -349,14 +349,14 @@ class InputsInfo(_Part):
     bytes: Annotated[int, Field(ge=0)]
 
 
-class Guarantee(_Part):
+class Guarantee(Part):
     """What a script's run can prove (veritrain.userloop.levels) and why it is not more."""
 
     level: Literal["replayable", "bound", "logged"]
     reasons: list[str]
 
 
-class RunRecord(_Part):
+class RunRecord(Part):
     """record.json, field by field (docs/record.md documents each; a test keeps the two in step). The
     writer validates every record before writing it and every reader validates what it reads, so a record
     from an archive, a copy or a hand edit is refused in one line before any field of it is trusted."""
@@ -609,7 +609,7 @@ def capture_env(device: Optional[str] = None) -> tuple[dict[str, Any], str]:
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "packages_sha256": hashlib.sha256(packages.encode()).hexdigest(),
         "device": device,
@@ -637,7 +637,7 @@ def _gpu_driver() -> Optional[str]:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -292,7 +292,7 @@ def intrinsic_blockers(record: Mapping[str, Any]) -> list[str]:
 def machine_blockers(record: Mapping[str, Any], run_dir: Path, with_notes: bool = True) -> tuple[list[str], list[str]]:
     """(why this machine cannot replay the run exactly, differences shown but not blocking; with `with_notes` False the
     second is empty, and only the packages that decide a replay's numbers are compared)."""
-    from veritrain.records.record import _cpu_name, package_list
+    from veritrain.records.record import cpu_name, package_list
 
     env, training = record.get("env") or {}, record.get("training") or {}
     blockers, notes = [], []
@@ -306,8 +306,8 @@ def machine_blockers(record: Mapping[str, Any], run_dir: Path, with_notes: bool 
         if env.get(key) and env[key] != now:
             blockers.append(f"{key} {env[key]} recorded, {now} here")
     recorded_cpu = env.get("cpu")
-    if recorded_cpu and recorded_cpu != _cpu_name() and not device.startswith("cuda"):
-        blockers.append(f"CPU {recorded_cpu!r} recorded, {_cpu_name()!r} here (kernels may round differently)")
+    if recorded_cpu and recorded_cpu != cpu_name() and not device.startswith("cuda"):
+        blockers.append(f"CPU {recorded_cpu!r} recorded, {cpu_name()!r} here (kernels may round differently)")
     lock = run_dir / "env" / "requirements.lock"
     if lock.exists():
         recorded = _versions(lock.read_text(encoding="utf-8"))

@@ -366,9 +366,9 @@ def _compare_metrics(metrics: dict[str, Any], again: dict[str, Any]) -> dict[str
     keys = [k for k in sorted(set(left) | set(right)) if left.get(k) != right.get(k)]
     before_exact_sums = "sums" not in left and "sums" in right
     if before_exact_sums:  # evaluated before metrics were summed exactly: reproduce's tolerance holds
-        from veritrain.trust.verify import _compare
+        from veritrain.trust.verify import compare_values
 
-        keys = [k for k in keys if k != "sums" and _compare(k, left.get(k), right.get(k))["verdict"] == "differs"]
+        keys = [k for k in keys if k != "sums" and compare_values(k, left.get(k), right.get(k))["verdict"] == "differs"]
     return {"verdict": "differs" if keys else "identical",
             "detail": f"{len(keys)} value(s) differ, first {keys[0]}: recorded {str(left.get(keys[0]))[:40]}, now {str(right.get(keys[0]))[:40]}"
             if keys else f"{len(left)} values equal" + (" (within 1e-6: evaluated before exact sums)" if before_exact_sums else "")}

@@ -763,7 +763,7 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
 
     ra, rb = read_record(a), read_record(b)
     checks = []
-    checks.append(_compare("final_state_sha256", ra.get("final_state_sha256"), rb.get("final_state_sha256")))
+    checks.append(compare_values("final_state_sha256", ra.get("final_state_sha256"), rb.get("final_state_sha256")))
     epochs_a, epochs_b = _rows(a, "metrics.jsonl"), _rows(b, "metrics.jsonl")
     first = None
     worst = "identical"
@@ -772,7 +772,7 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
         first = {"where": "metrics.jsonl", "detail": f"{len(epochs_a)} {'epochs' if all('epoch' in r for r in epochs_a) else 'rows'} vs {len(epochs_b)}"}
     for row_a, row_b in zip(epochs_a, epochs_b):
         for key in sorted((set(row_a) | set(row_b)) - TIMING_KEYS):
-            verdict = _compare(key, row_a.get(key), row_b.get(key))["verdict"]
+            verdict = compare_values(key, row_a.get(key), row_b.get(key))["verdict"]
             if verdict != "identical":
                 if first is None:
                     first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
@@ -786,7 +786,7 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
         if spec is not None and isinstance(other, dict) and isinstance(metrics, dict):
             other = spec.as_recorded(other, metrics)
         keys = sorted(k for k, v in metrics.items() if isinstance(v, float))
-        verdicts = [_compare(k, metrics.get(k), other.get(k)) for k in keys]
+        verdicts = [compare_values(k, metrics.get(k), other.get(k)) for k in keys]
         bad = [v for v in verdicts if v["verdict"] != "identical"]
         checks.append({"what": f"metrics.{split}", "verdict": bad[0]["verdict"] if bad else "identical",
                        "first_divergence": bad[0] if bad else None})
@@ -804,7 +804,7 @@ def _rows_shown(rows: list[dict[str, Any]]) -> str:
     return f"{epochs} epochs" if epochs == len(rows) else f"{len(rows)} rows over {epochs} epochs"
 
 
-def _compare(what: str, x: Any, y: Any) -> dict[str, Any]:
+def compare_values(what: str, x: Any, y: Any) -> dict[str, Any]:
     if x == y:
         verdict = "identical"
     elif isinstance(x, float) and isinstance(y, float) and abs(x - y) <= TOLERANCE * max(1.0, abs(x), abs(y)):

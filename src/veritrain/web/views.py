@@ -991,10 +991,10 @@ def sweeps_of(state_dir: Path, only: Optional[list[str]] = None) -> list[dict[st
     """Each sweep's summary.json as the experiments page shows it, newest first: the trials with their val metric and
     delta, the best trial (chosen on val) and its test result, labelled as not used for selection. With `only` (what
     `publish` includes), a sweep only when all its runs are among them; a summary of another shape is left out."""
-    from veritrain.records.experiments import _sweep_summaries
+    from veritrain.records.experiments import sweep_summaries
 
     shown = []
-    for summary in _sweep_summaries(state_dir):
+    for summary in sweep_summaries(state_dir):
         try:
             shown.append(_sweep_view(summary))
         except (KeyError, TypeError, ValueError, AttributeError):

@@ -8,11 +8,11 @@ from typing import Any, Optional
 
 from pydantic import ValidationError
 
-from veritrain.core.config.messages import _config_error
-from veritrain.core.config.overrides import _apply_override, _parse_override
-from veritrain.core.config.quoting import _key_text, _one_line, _shown
+from veritrain.core.config.messages import config_error
+from veritrain.core.config.overrides import apply_override, parse_override
+from veritrain.core.config.quoting import key_text, one_line, shown_value
 from veritrain.core.config.resolved import ResolvedConfig
-from veritrain.core.config.safe_yaml import _read_yaml
+from veritrain.core.config.safe_yaml import read_yaml
 from veritrain.core.config.schema import RunConfig
 from veritrain.core.errors import ConfigError, UserError
 from veritrain.core.secrets import config_secret, expand_env
@@ -36,10 +36,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     try:
         return _load_config(path, overrides)
     except ConfigError as err:
-        if all(_one_line(part) == part for part in (err.source, err.key or "", err.problem)):
+        if all(one_line(part) == part for part in (err.source, err.key or "", err.problem)):
             raise
         # a file name, key or value can hold a newline or a lone surrogate: the message stays one printable line
-        raise ConfigError(_one_line(err.source), _one_line(err.key) if err.key else None, _one_line(err.problem, 1000)) from None
+        raise ConfigError(one_line(err.source), one_line(err.key) if err.key else None, one_line(err.problem, 1000)) from None
 
 
 def _leaves(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -59,12 +59,12 @@ def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]
     file_path: Optional[Path] = None
     if path is not None:
         file_path = Path(path)
-        raw = _read_yaml(file_path)
+        raw = read_yaml(file_path)
 
     overridden: set[str] = set()
     for item in overrides:
-        key, value = _parse_override(item)
-        _apply_override(raw, key, value)
+        key, value = parse_override(item)
+        apply_override(raw, key, value)
         overridden.add(key)
 
     secret = config_secret(raw)  # before validation, whose messages quote values
@@ -72,13 +72,13 @@ def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]
         where, kind = secret
         dotted = ".".join(where)
         origin = "--set" if any(dotted == o or dotted.startswith(o + ".") for o in overridden) else source
-        raise ConfigError(origin, _key_text(where), f"holds {kind}, and a run records its config as written; write the secret "
+        raise ConfigError(origin, key_text(where), f"holds {kind}, and a run records its config as written; write the secret "
                           "as ${env:NAME} and export NAME before running")
 
     try:
         config = RunConfig.model_validate(raw)
     except ValidationError as err:
-        raise _config_error(err, raw, source, overridden) from None
+        raise config_error(err, raw, source, overridden) from None
 
     # a setting only another task reads, away from its default, would be silently ignored
     foreign = foreign_setting(_leaves(raw), _leaves(RunConfig().model_dump(mode="json")), config.task)
@@ -114,5 +114,5 @@ def _load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...]
         except UserError as err:  # ${env:NAME} of a variable that is not set
             raise ConfigError("--set" if from_set else source, f"data.{name}", str(err)) from None
         except (ValueError, OSError, RuntimeError) as err:  # a NUL byte, an unknown ~user, a name too long
-            raise ConfigError("--set" if from_set else source, f"data.{name}", f"expected a path, got {_shown(value)} ({err}); fix the path") from None
+            raise ConfigError("--set" if from_set else source, f"data.{name}", f"expected a path, got {shown_value(value)} ({err}); fix the path") from None
     return ResolvedConfig(config=config, path=file_path, overrides=list(overrides), data_paths=data_paths)

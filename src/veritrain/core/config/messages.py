@@ -11,12 +11,12 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from veritrain.core.config.quoting import _key_text, _quoted, _shown
-from veritrain.core.config.schema import Limit, RunConfig, _section_type
+from veritrain.core.config.quoting import key_text, quoted_list, shown_value
+from veritrain.core.config.schema import Limit, RunConfig, section_type
 from veritrain.core.errors import ConfigError
 
 
-def _config_error(err: ValidationError, raw: dict[str, Any], source: str, overridden: set[str]) -> ConfigError:
+def config_error(err: ValidationError, raw: dict[str, Any], source: str, overridden: set[str]) -> ConfigError:
     first = err.errors()[0]
     loc = [str(p) for p in first["loc"]]  # a YAML key can be a number; list indices come after a non-section and stop the walk
     # report at the level of a declared field: `model.widths`, not `model.widths.1`
@@ -25,7 +25,7 @@ def _config_error(err: ValidationError, raw: dict[str, Any], source: str, overri
     field_info = None
     for part in loc:
         if field_info is not None:
-            sub = _section_type(field_info.annotation)
+            sub = section_type(field_info.annotation)
             if sub is None:
                 break
             model = sub
@@ -37,14 +37,14 @@ def _config_error(err: ValidationError, raw: dict[str, Any], source: str, overri
         field_info = model.model_fields[part]
     dotted = ".".join(field_path)
     origin = "--set" if any(dotted == o or dotted.startswith(o + ".") or o.startswith(dotted + ".") for o in overridden) else source
-    key = _key_text(field_path) or "(top level)"
+    key = key_text(field_path) or "(top level)"
 
     if first["type"] in ("extra_forbidden", "invalid_key"):
         valid = list(model.model_fields)
-        scope = _key_text(field_path[:-1]) or "the top level"
+        scope = key_text(field_path[:-1]) or "the top level"
         if first["type"] == "invalid_key":  # YAML reads `1:`, `true:` and `~:` as a number, a boolean and null
-            key = _key_text(field_path[:-1] + [_shown(first["input"])])
-            return ConfigError(origin, key, f"expected a key name, got {_shown(first['input'])}; valid keys in {scope}: {', '.join(valid)}")
+            key = key_text(field_path[:-1] + [shown_value(first["input"])])
+            return ConfigError(origin, key, f"expected a key name, got {shown_value(first['input'])}; valid keys in {scope}: {', '.join(valid)}")
         close = difflib.get_close_matches(field_path[-1], valid, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return ConfigError(origin, key, f"unknown key; {hint}valid keys in {scope}: {', '.join(valid)}")
@@ -54,11 +54,11 @@ def _config_error(err: ValidationError, raw: dict[str, Any], source: str, overri
         message = str(first["ctx"]["error"]) if "ctx" in first else first["msg"]
         return ConfigError(origin, key, message)
     if field_info is not None and first["type"] == "out_of_limit":
-        return ConfigError(origin, key, f"expected {describe_field(field_info, limits=True)}, got {_shown(value)}")
+        return ConfigError(origin, key, f"expected {describe_field(field_info, limits=True)}, got {shown_value(value)}")
     if field_info is not None and first["type"] == "finite_number":
-        return ConfigError(origin, key, f"expected {describe_field(field_info).replace('number', 'finite number', 1)}, got {_shown(value)}")
+        return ConfigError(origin, key, f"expected {describe_field(field_info).replace('number', 'finite number', 1)}, got {shown_value(value)}")
     if field_info is not None:
-        return ConfigError(origin, key, f"expected {describe_field(field_info)}, got {_shown(value)}")
+        return ConfigError(origin, key, f"expected {describe_field(field_info)}, got {shown_value(value)}")
     return ConfigError(origin, key, first["msg"])
 
 
@@ -103,7 +103,7 @@ def _describe(annotation: Any, limits: bool = False) -> str:
     if origin is typing.Annotated:
         return _describe(args[0], limits) + _constraints(list(args[1:]), limits)
     if origin is Literal:
-        return f"one of {_quoted(args)}"
+        return f"one of {quoted_list(args)}"
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         text = " or ".join(_describe(a, limits) for a in inner)
@@ -112,7 +112,7 @@ def _describe(annotation: Any, limits: bool = False) -> str:
         return f"a list of {_plural(args[0], limits)}"
     if origin is tuple:
         return f"a list of {len(args)} {_plural(args[0], limits)}"
-    if _section_type(annotation):
+    if section_type(annotation):
         return f"a section (mapping) with keys {', '.join(annotation.model_fields)}"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(annotation, str(annotation))
 

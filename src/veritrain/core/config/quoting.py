@@ -7,15 +7,15 @@ import json
 from typing import Any, Iterable
 
 
-def _quoted(values: Iterable[object]) -> str:
+def quoted_list(values: Iterable[object]) -> str:
     return ", ".join(repr(v) for v in values)
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
     return {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(type(value), type(value).__name__)
 
 
-def _shown(value: Any, width: int = 80) -> str:
+def shown_value(value: Any, width: int = 80) -> str:
     """A value as a message quotes it: JSON-like, on one line, cut to about `width` characters."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
         return f"an integer of {value.bit_length()} bits"  # str() refuses past 4,300 digits, and nobody reads them
@@ -29,7 +29,7 @@ def _shown(value: Any, width: int = 80) -> str:
     return text if len(text) <= width else f"{text[: width - 20]}… ({len(text):,} characters)"
 
 
-def _key_text(parts: list[str], width: int = 60) -> str:
+def key_text(parts: list[str], width: int = 60) -> str:
     """A key path for a message: non-printable characters escaped, each part cut to `width` characters."""
     shown = []
     for part in parts:
@@ -38,5 +38,5 @@ def _key_text(parts: list[str], width: int = 60) -> str:
     return ".".join(shown)
 
 
-def _one_line(text: str, width: int = 200) -> str:
-    return _key_text([text], width) if not text.isprintable() or len(text) > width else text
+def one_line(text: str, width: int = 200) -> str:
+    return key_text([text], width) if not text.isprintable() or len(text) > width else text

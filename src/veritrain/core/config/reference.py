@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel
 
 from veritrain.core.config.messages import describe_field
-from veritrain.core.config.schema import Limit, RunConfig, _section_type
+from veritrain.core.config.schema import Limit, RunConfig, section_type
 
 
 def reference_rows(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
@@ -18,7 +18,7 @@ def reference_rows(model: type[BaseModel] = RunConfig, prefix: str = "") -> list
     rows = []
     for name, info in model.model_fields.items():
         path = prefix + name
-        sub = _section_type(info.annotation)
+        sub = section_type(info.annotation)
         if sub is not None:
             rows.extend(reference_rows(sub, path + "."))
             continue

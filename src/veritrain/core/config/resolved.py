@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import yaml
 
-from veritrain.core.config.quoting import _key_text
+from veritrain.core.config.quoting import key_text
 from veritrain.core.config.schema import RunConfig
 from veritrain.core.errors import UserError
 from veritrain.core.hashing import sha256_json
@@ -104,7 +104,7 @@ def _values_not_recorded(value: Any, path: list[str]) -> list[str]:
         return [key for name, item in value.items() for key in _values_not_recorded(item, path + [str(name)])]
     if isinstance(value, list):
         return [key for i, item in enumerate(value) for key in _values_not_recorded(item, path + [str(i)])]
-    return [_key_text(path)] if isinstance(value, str) and NOT_RECORDED in value else []
+    return [key_text(path)] if isinstance(value, str) and NOT_RECORDED in value else []
 
 
 # Keys added after runs were first recorded, with the default each was added at. A config that leaves such a

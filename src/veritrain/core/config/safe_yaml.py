@@ -11,7 +11,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from veritrain.core.config.quoting import _key_text, _kind, _shown
+from veritrain.core.config.quoting import key_text, kind, shown_value
 from veritrain.core.errors import ConfigError
 
 # What a config file may be and make. A config is a few KiB with a few levels of nesting; these limits refuse,
@@ -22,7 +22,7 @@ MAX_NESTING = 32  # levels of mappings and lists, aliases expanded; configs use 
 MAX_VALUES = 20_000  # keys and values in a file or --set value, aliases expanded (a class list of 10,000 fits)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path) -> dict[str, Any]:
     where = str(path)
     try:
         info = os.stat(path)  # follows a symlink: what counts is what would be read
@@ -49,7 +49,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if len(content) > MAX_CONFIG_BYTES:
         raise ConfigError(where, None, f"is larger than {MAX_CONFIG_BYTES:,} bytes (1 MiB); a config is a few KiB, keep data out of it")
     try:
-        data = _parse_yaml(text, where, [])
+        data = parse_yaml(text, where, [])
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         location = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "YAML"
@@ -58,7 +58,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(where, None, f"expected a mapping of keys (seed, data, model, ...) at the top level, got {_kind(data)}")
+        raise ConfigError(where, None, f"expected a mapping of keys (seed, data, model, ...) at the top level, got {kind(data)}")
     return data
 
 
@@ -80,7 +80,7 @@ class _ConfigLoader(yaml.SafeLoader):
         self.composed_nodes = 0
 
     def refuse(self, path: list[str], problem: str) -> ConfigError:
-        return ConfigError(self.config_source, _key_text(self.key_prefix + path) or None, problem)
+        return ConfigError(self.config_source, key_text(self.key_prefix + path) or None, problem)
 
     def compose_node(self, parent: Optional[yaml.Node], index: Union[yaml.Node, int, None]) -> Optional[yaml.Node]:
         if parent is None:
@@ -103,8 +103,8 @@ class _ConfigLoader(yaml.SafeLoader):
         except (ValueError, OverflowError) as err:  # e.g. int() past 4,300 digits, a date that does not exist
             mark = node.start_mark
             reason = str(err).partition(";")[0]
-            location = f"line {mark.line + 1}, column {mark.column + 1}" if self.config_source != "--set" else _key_text(self.key_prefix)
-            raise ConfigError(self.config_source, location, f"cannot read {_shown(str(node.value))} as {node.tag.rpartition(':')[2]} ({reason}); fix the value, or quote it if it is text") from None
+            location = f"line {mark.line + 1}, column {mark.column + 1}" if self.config_source != "--set" else key_text(self.key_prefix)
+            raise ConfigError(self.config_source, location, f"cannot read {shown_value(str(node.value))} as {node.tag.rpartition(':')[2]} ({reason}); fix the value, or quote it if it is text") from None
 
     def check_tree(self, node: yaml.Node) -> None:
         """Walk the composed nodes as the built value will be, aliases expanded, within the limits."""
@@ -121,7 +121,7 @@ class _ConfigLoader(yaml.SafeLoader):
                 try:
                     node.value.encode("utf-8")
                 except UnicodeEncodeError:  # "\ud800" is a valid YAML escape but no character
-                    raise self.refuse(path, f"{_shown(node.value)} is not text: an escape makes a lone surrogate; write the character itself") from None
+                    raise self.refuse(path, f"{shown_value(node.value)} is not text: an escape makes a lone surrogate; write the character itself") from None
             if isinstance(node, yaml.MappingNode):
                 seen = set()
                 for key, value in node.value:
@@ -139,7 +139,7 @@ class _ConfigLoader(yaml.SafeLoader):
         visit(node, [])
 
 
-def _parse_yaml(text: str, source: str, prefix: list[str]) -> Any:
+def parse_yaml(text: str, source: str, prefix: list[str]) -> Any:
     """yaml.safe_load within the limits of _ConfigLoader; `prefix` is the key path of a --set value."""
     loader = _ConfigLoader(text, source, prefix)
     try:
@@ -154,13 +154,13 @@ def _parse_yaml(text: str, source: str, prefix: list[str]) -> Any:
 
 def read_yaml_file(path: str | Path) -> dict[str, Any]:
     """A YAML file other than a config (a search space), read within the same limits: a mapping, or ConfigError."""
-    return _read_yaml(Path(path))
+    return read_yaml(Path(path))
 
 
 def load_yaml_text(text: str, source: str) -> Any:
     """A short YAML text given on the command line (`--enqueue '{optim.lr: 0.01}'`), within the same limits."""
     try:
-        return _parse_yaml(text, source, [])
+        return parse_yaml(text, source, [])
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(source, None, f"invalid YAML: {problem}") from None

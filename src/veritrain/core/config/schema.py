@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, Validat
 from pydantic_core import PydanticCustomError, core_schema
 
 from veritrain.core import source_registry
-from veritrain.core.config.quoting import _key_text, _quoted, _shown
+from veritrain.core.config.quoting import key_text, quoted_list, shown_value
 from veritrain.core.hashing import canonical_json
 from veritrain.core.selection import test_key_problem
 from veritrain.core.task_registry import DEFAULT_TASK, TASKS, declared_models, known, task_names, task_spec
@@ -74,13 +74,13 @@ def _plain_values(annotation: Any, value: Any) -> Any:
     if origin in (Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
         return value if value is None or len(inner) != 1 else _plain_values(inner[0], value)
-    if _section_type(annotation):
+    if section_type(annotation):
         return value  # the section checks its own keys
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise ValueError(f"expected text, got {_shown(value)}, which has bytes that are not UTF-8; fix the encoding") from None
+            raise ValueError(f"expected text, got {shown_value(value)}, which has bytes that are not UTF-8; fix the encoding") from None
     if annotation is int or (origin is Literal and all(type(a) is int for a in args)):
         if isinstance(value, (bool, str)) or (isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
             raise PydanticCustomError("int_type", "not an integer")
@@ -282,7 +282,7 @@ class DataConfig(Section):
         if value is None:
             return value
         if not re.fullmatch(r"[0-9a-f]{4,64}", value):
-            raise ValueError(f"expected a data version id or a prefix of it (4 to 64 lowercase hex digits), got {_shown(value)}")
+            raise ValueError(f"expected a data version id or a prefix of it (4 to 64 lowercase hex digits), got {shown_value(value)}")
         if info.data.get("split_by") == "time":
             raise ValueError("carries a test split over by sample key, which a chronological split does not follow; use split_by: random or drop data.test_from")
         return value
@@ -306,7 +306,7 @@ class DataConfig(Section):
                 warnings.simplefilter("ignore")
                 pattern = re.compile(value)
         except (re.error, RecursionError, OverflowError) as err:  # 5,000 nested groups; (a){4294967295}
-            raise ValueError(f"expected a regular expression, got {_shown(value)} ({err})") from None
+            raise ValueError(f"expected a regular expression, got {shown_value(value)} ({err})") from None
         if pattern.groups != 1:
             raise ValueError(f"expected a regular expression with exactly one capture group, got {value!r} ({pattern.groups} groups)")
         return value
@@ -341,7 +341,7 @@ class ModelConfig(Section):
     def _a_declared_model(cls, value: str) -> str:
         names = declared_models()
         if names and value not in names:
-            raise ValueError(f"expected one of {_quoted(sorted(names))} (the models the tasks declare), got {value!r}")
+            raise ValueError(f"expected one of {quoted_list(sorted(names))} (the models the tasks declare), got {value!r}")
         return value
 
     @field_validator("kwargs")
@@ -350,7 +350,7 @@ class ModelConfig(Section):
         found = _unrecordable(value, [])  # the config hash and the run record keep kwargs as JSON
         if found is not None:
             where, what = found  # only the offending part is shown: the rest may hold a token
-            raise ValueError(f"expected text, finite numbers, true/false, null, lists and mappings with text keys; {_key_text(where) or 'a value'} is {what}")
+            raise ValueError(f"expected text, finite numbers, true/false, null, lists and mappings with text keys; {key_text(where) or 'a value'} is {what}")
         return value
 
 
@@ -359,7 +359,7 @@ def _unrecordable(value: Any, path: list[str]) -> Optional[tuple[list[str], str]
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):  # JSON would turn 1 into "1", next to a "1" perhaps
-                return path, f"a mapping with the key {_shown(key)}"
+                return path, f"a mapping with the key {shown_value(key)}"
             found = _unrecordable(item, path + [key])
             if found is not None:
                 return found
@@ -369,7 +369,7 @@ def _unrecordable(value: Any, path: list[str]) -> Optional[tuple[list[str], str]
     try:
         canonical_json(value)
     except (TypeError, ValueError):  # .inf, .nan, a date, bytes, a set, an integer of thousands of digits
-        return path, {bytes: "binary data", set: "a set"}.get(type(value)) or _shown(value)
+        return path, {bytes: "binary data", set: "a set"}.get(type(value)) or shown_value(value)
     return None
 
 
@@ -530,7 +530,7 @@ class RunConfig(Section):
     @classmethod
     def _known_task(cls, value: str) -> str:
         if not known(value):
-            raise ValueError(f"expected one of {_quoted(task_names())}, got {value!r}")
+            raise ValueError(f"expected one of {quoted_list(task_names())}, got {value!r}")
         return value
 
     @model_validator(mode="before")
@@ -595,12 +595,12 @@ def _declared(task: Any) -> Any:
         return None
 
 
-def _section_type(annotation: Any) -> Optional[type[BaseModel]]:
+def section_type(annotation: Any) -> Optional[type[BaseModel]]:
     return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
 
 
 def _registered(value: str, registry: dict[str, Any]) -> str:
     """Names that plugins can add to (sources, tasks) are checked against the registry, not a Literal."""
     if value not in registry:
-        raise ValueError(f"expected one of {_quoted(sorted(registry))}, got {value!r}")
+        raise ValueError(f"expected one of {quoted_list(sorted(registry))}, got {value!r}")
     return value

@@ -23,9 +23,9 @@ from veritrain.core.signals import StopFlag, interruptible
 from veritrain.orchestration.search.planning import SEARCH_VERSION, SearchPlan, grid_points, pruner_for, require_optuna, sampler_for
 from veritrain.orchestration.search.space import Space
 from veritrain.orchestration.search.summary import search_runs, write_summary
-from veritrain.orchestration.sweep.backends import TrialBackend, _open_backend
+from veritrain.orchestration.sweep.backends import TrialBackend, open_backend
 from veritrain.orchestration.sweep.planning import Slot, require_ray
-from veritrain.orchestration.sweep.summary import _json_bytes
+from veritrain.orchestration.sweep.summary import json_bytes
 from veritrain.orchestration.sweep_trial import working_dir
 from veritrain.records.record import RUN_ID, now_iso, read_record
 from veritrain.records.workspace import Workspace, by_prefix
@@ -103,12 +103,12 @@ def start(search_plan: SearchPlan, workspace: Workspace, argv: list[str], smoke:
                 "workspace": str(workspace.root), "smoke": smoke_result, **search_plan.as_dict()}
         try:
             spec["code"] = _record_code(folder, search_plan)
-            backend = _open_backend(search_plan.backend, spec, folder, search_plan.parallel, ray_address)
+            backend = open_backend(search_plan.backend, spec, folder, search_plan.parallel, ray_address)
         except UserError:
             shutil.rmtree(folder, ignore_errors=True)  # nothing ran: no search to resume
             raise
         (folder / "verdicts").mkdir()
-        write_atomic(folder / "spec.json", _json_bytes(spec))
+        write_atomic(folder / "spec.json", json_bytes(spec))
         log.info("search %s: %d trial(s), %s sampler (seed %d), %s pruner, of %s; threads %d; plan in %s", search_id, search_plan.trials,
                  search_plan.sampler, search_plan.seed, search_plan.pruner, ", ".join(p.key for p in search_plan.space.params),
                  search_plan.threads, folder / "spec.json")
@@ -208,7 +208,7 @@ def _resume_driving(workspace: Workspace, spec: dict[str, Any], folder: Path, re
         jobs.append((number, job))
     counts = _state_counts(study)
     log.info("search %s: resuming (%d of %d trials finished, %d told now, %d to continue)", spec["id"], counts["finished"], spec["trials"], told, len(jobs))
-    return _drive(workspace, spec, folder, argv, study, _open_backend(backend, spec, folder, parallel, ray_address), parallel, jobs)
+    return _drive(workspace, spec, folder, argv, study, open_backend(backend, spec, folder, parallel, ray_address), parallel, jobs)
 
 
 def _state_counts(study: Any) -> dict[str, int]:

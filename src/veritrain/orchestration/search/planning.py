@@ -85,7 +85,7 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
          parallel: int, backend: str, seed: int, enqueue: list[str], enqueue_after: Optional[int]) -> SearchPlan:
     """Everything a search will run, checked first: a test metric, a bad space, a grid over a continuous range,
     an enqueued configuration outside the space, a config without a val split, or a missing Optuna is exit 2."""
-    from veritrain.orchestration.sweep.planning import _pinned_threads, require_ray
+    from veritrain.orchestration.sweep.planning import pinned_threads, require_ray
 
     selection_name(metric)  # --metric test.* is refused here, before anything else
     require_optuna()
@@ -106,7 +106,7 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
         raise ConfigError(config or "<default>", "data.split_ratios", f"{list(base.config.data.split_ratios)} gives the val split no samples, "
                           "and a search selects on val (the test split is for the final report only); give val a share, e.g. "
                           "--set data.split_ratios=[0.8,0.1,0.1]")
-    threads, threads_reason = _pinned_threads(base, parallel, None)
+    threads, threads_reason = pinned_threads(base, parallel, None)
     base_overrides = list(overrides)
     if base.config.train.threads is None:
         base_overrides.append(f"train.threads={threads}")

@@ -15,7 +15,7 @@ from veritrain.core.files import write_atomic
 from veritrain.core.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT
 from veritrain.core.task_registry import spec_of_record
 from veritrain.orchestration.search.planning import SEARCH_VERSION
-from veritrain.orchestration.sweep.summary import _json_bytes
+from veritrain.orchestration.sweep.summary import json_bytes
 from veritrain.records.record import now_iso, read_record
 from veritrain.records.workspace import Workspace
 
@@ -58,7 +58,7 @@ def write_summary(workspace: Workspace, spec: dict[str, Any], folder: Path, stud
     stale = {number for number, record in records.items() if record["status"] == "running" and workspace.lock_is_stale(record["run_id"])}
     summary = summary_from_study(spec, _trials_of(study), records, errors, status, stale)
     summary["folder"] = str(folder)
-    write_atomic(folder / "summary.json", _json_bytes(summary))
+    write_atomic(folder / "summary.json", json_bytes(summary))
     seal(folder)
     return summary
 

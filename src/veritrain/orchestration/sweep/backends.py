@@ -46,7 +46,7 @@ def _trial_environment(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), DEFER_INDEX_VARIABLE: "1"}
 
 
-def _open_backend(name: str, spec: dict[str, Any], folder: Path, parallel: int, ray_address: Optional[str]) -> TrialBackend:
+def open_backend(name: str, spec: dict[str, Any], folder: Path, parallel: int, ray_address: Optional[str]) -> TrialBackend:
     if name == "ray":
         return RayTrials(spec, parallel, ray_address)
     return LocalTrials(spec, folder)
@@ -123,7 +123,7 @@ class LocalTrials:
         pass  # every process has ended (or was passed the signal) by now
 
 
-def _one_line(text: str, width: int) -> str:
+def one_line(text: str, width: int) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
@@ -133,7 +133,7 @@ def _last_line(path: Path) -> str:
         lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     except OSError:
         return "no console output"
-    return _one_line(lines[-1], 200) if lines else "no console output"
+    return one_line(lines[-1], 200) if lines else "no console output"
 
 
 class RayTrials:
@@ -156,7 +156,7 @@ class RayTrials:
                 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
                 ray.init(num_cpus=parallel * spec["threads"], include_dashboard=False, **options)
         except Exception as err:  # a cluster that cannot be reached, a local Ray that cannot start
-            raise UserError(f"--backend ray: Ray did not start{' at ' + address if address else ''} ({_one_line(str(err), 200)})") from None
+            raise UserError(f"--backend ray: Ray did not start{' at ' + address if address else ''} ({one_line(str(err), 200)})") from None
         self.task = ray.remote(
             num_cpus=spec["threads"], max_calls=1, max_retries=0,  # a retried task would start a second run of the slot
             runtime_env={"env_vars": _trial_environment(spec["threads"])},
@@ -182,7 +182,7 @@ class RayTrials:
         except exceptions.TaskCancelledError:
             return {"run_id": None, "status": "interrupted", "error": "its Ray task was cancelled"}
         except exceptions.RayError as err:
-            return {"run_id": None, "status": "failed", "error": f"its Ray task failed: {_one_line(str(err), 300)}"}
+            return {"run_id": None, "status": "failed", "error": f"its Ray task failed: {one_line(str(err), 300)}"}
 
     def interrupt(self, running: dict[Slot, Any], signum: int, again: bool) -> None:
         for ref in running.values():

@@ -19,18 +19,18 @@ from veritrain.core.config import load_config
 from veritrain.core.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.files import write_atomic
 from veritrain.core.signals import StopFlag, interruptible
-from veritrain.orchestration.sweep.backends import TrialBackend, _one_line, _open_backend
+from veritrain.orchestration.sweep.backends import TrialBackend, one_line, open_backend
 from veritrain.orchestration.sweep.planning import (
     SWEEP_VERSION,
     Slot,
     SlotState,
     SweepPlan,
-    _planned_hashes,
-    _slot_overrides,
     change_text,
+    planned_hashes,
     require_ray,
+    slot_overrides,
 )
-from veritrain.orchestration.sweep.summary import _json_bytes, _runs_of, _write_summary, planned_selection
+from veritrain.orchestration.sweep.summary import json_bytes, planned_selection, runs_of, write_summary
 from veritrain.orchestration.sweep_trial import working_dir
 from veritrain.records.record import now_iso
 from veritrain.records.workspace import Workspace, by_prefix
@@ -74,11 +74,11 @@ def _start_driving(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str],
             "workspace": str(workspace.root), "smoke": smoke_result, **sweep_plan.as_dict()}
     try:
         spec["code"] = _record_code(folder, sweep_plan)
-        backend = _open_backend(sweep_plan.backend, spec, folder, sweep_plan.parallel, ray_address)
+        backend = open_backend(sweep_plan.backend, spec, folder, sweep_plan.parallel, ray_address)
     except UserError:
         shutil.rmtree(folder, ignore_errors=True)  # nothing ran: no sweep to resume
         raise
-    write_atomic(folder / "spec.json", _json_bytes(spec))
+    write_atomic(folder / "spec.json", json_bytes(spec))
     log.info("sweep %s: %d trial(s) (%s) of %s, %d seed(s) each, threads %d; plan in %s", sweep_id, len(sweep_plan.trials),
              sweep_plan.mode, ", ".join(sweep_plan.varied), sweep_plan.repeat, sweep_plan.threads, folder / "spec.json")
     for note in sweep_plan.skipped:
@@ -157,18 +157,18 @@ def _resume_driving(workspace: Workspace, spec: dict[str, Any], folder: Path, re
     parallel = parallel or spec["parallel"]
     if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
         raise UserError(f"--resume {ref}: spec.json says parallel {str(parallel)[:20]}; give --parallel K (K ≥ 1)")
-    found = _runs_of(workspace, spec)
+    found = runs_of(workspace, spec)
     for slot, record in found.items():
         if record["status"] == "running" and not workspace.lock_is_stale(record["run_id"]):
             raise UserError(f"--resume {ref}: run {record['run_id']} of the sweep is still running (its lock is held by a live process); wait for it")
     overrides = {None: spec["config"]["overrides"], **{t["index"]: t["overrides"] for t in spec["trials"]}}
     _check_unchanged(spec, found, overrides, ref, trust_code)
     finished = sum(1 for record in found.values() if record["status"] in ("completed", "failed"))
-    if finished == len(_planned_hashes(spec)):
+    if finished == len(planned_hashes(spec)):
         log.info("sweep %s: every run has finished (failed runs are kept: they would fail the same way); nothing to resume", sweep_id)
     else:
-        log.info("sweep %s: resuming (%d of its %d runs have finished)", sweep_id, finished, len(_planned_hashes(spec)))
-    return _drive(workspace, spec, folder, argv, overrides, found, _open_backend(backend, spec, folder, parallel, ray_address), parallel)
+        log.info("sweep %s: resuming (%d of its %d runs have finished)", sweep_id, finished, len(planned_hashes(spec)))
+    return _drive(workspace, spec, folder, argv, overrides, found, open_backend(backend, spec, folder, parallel, ray_address), parallel)
 
 
 def _check_unchanged(spec: dict[str, Any], found: dict[Slot, dict[str, Any]], overrides: dict[Optional[int], list[str]], ref: str,
@@ -178,12 +178,12 @@ def _check_unchanged(spec: dict[str, Any], found: dict[Slot, dict[str, Any]], ov
     cwd = spec["config"]["cwd"]
     if not Path(cwd).is_dir():
         raise UserError(f"--resume {ref}: {cwd}, the folder the sweep started in, is gone; relative paths of its config resolve against it")
-    for slot, expected in _planned_hashes(spec).items():
+    for slot, expected in planned_hashes(spec).items():
         if slot in found:
             continue
         with working_dir(cwd):
             try:
-                resolved = load_config(spec["config"]["path"], _slot_overrides(spec, overrides, slot))
+                resolved = load_config(spec["config"]["path"], slot_overrides(spec, overrides, slot))
             except ConfigError as err:
                 raise UserError(f"--resume {ref}: the sweep's config no longer loads ({err}); start a new sweep") from None
         target = resolved.config.model.target
@@ -204,7 +204,7 @@ def _drive(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[
     from veritrain.orchestration import pipeline
 
     repeat = spec["repeat"]
-    states: dict[Slot, SlotState] = {slot: SlotState() for slot in _planned_hashes(spec)}
+    states: dict[Slot, SlotState] = {slot: SlotState() for slot in planned_hashes(spec)}
     for slot, record in found.items():
         if slot in states:  # a run the plan does not name (a hand-made link) is not the sweep's
             states[slot] = SlotState(run_id=record["run_id"], status=record["status"])
@@ -215,7 +215,7 @@ def _drive(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[
 
     def on_started(slot: Slot) -> None:
         states[slot].status = "running"
-        _write_summary(workspace, spec, folder, states, "running")
+        write_summary(workspace, spec, folder, states, "running")
 
     def on_finished(slot: Slot, result: dict[str, Any]) -> None:
         state = states[slot]
@@ -226,7 +226,7 @@ def _drive(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[
             log.info(line)
         else:
             log.warning("%s: %s", line, state.error or "see its train.log")
-        _write_summary(workspace, spec, folder, states, "running")
+        write_summary(workspace, spec, folder, states, "running")
         pipeline.update_experiments(workspace)  # the trials leave the index to this process
 
     try:
@@ -246,10 +246,10 @@ def _drive(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[
     finally:
         backend.close()
         workspace.unlock_run(_lock_name(spec["id"]))
-    for slot, record in _runs_of(workspace, spec).items():  # runs whose process never reported back (a second signal)
+    for slot, record in runs_of(workspace, spec).items():  # runs whose process never reported back (a second signal)
         if slot in states and (states[slot].run_id is None or states[slot].status == "running"):
             states[slot] = SlotState(run_id=record["run_id"], status=record["status"])
-    summary = _write_summary(workspace, spec, folder, states, "interrupted" if isinstance(error, Interrupted) else None)
+    summary = write_summary(workspace, spec, folder, states, "interrupted" if isinstance(error, Interrupted) else None)
     pipeline.update_experiments(workspace)
     if error is None:
         error = _trial_failures(summary)
@@ -262,7 +262,7 @@ def _parent_unfinished(sweep_id: str, state: SlotState) -> RunFailed:
     what = f"the parent run {state.run_id}" if state.run_id else "the parent run's process"
     if state.status == "interrupted":
         return RunFailed(f"sweep {sweep_id}: {what} was interrupted, so no trial started; continue with: veritrain sweep --resume {sweep_id}")
-    return RunFailed(f"sweep {sweep_id}: {what} {state.status} ({_one_line(state.error or 'see its train.log', 300)}), so no trial started; "
+    return RunFailed(f"sweep {sweep_id}: {what} {state.status} ({one_line(state.error or 'see its train.log', 300)}), so no trial started; "
                      "fix the base config and start a new sweep")
 
 
@@ -272,7 +272,7 @@ def _trial_failures(summary: dict[str, Any]) -> Optional[RunFailed]:
     unfinished = [t for t in trials if t["status"] not in ("completed", "failed")]
     if failed:
         reasons = "; ".join(f"trial {t['index']} ({change_text(t['change'])})" + (f", run {', '.join(t['run_ids'])}" if t["run_ids"] else "")
-                            + f": {_one_line(t['error'] or 'failed', 160)}" for t in failed[:3])
+                            + f": {one_line(t['error'] or 'failed', 160)}" for t in failed[:3])
         return RunFailed(f"sweep {summary['id']}: {len(failed)} of {len(trials)} trials failed: {reasons}" + ("; ..." if len(failed) > 3 else ""))
     if unfinished:
         return RunFailed(f"sweep {summary['id']}: {len(unfinished)} of {len(trials)} trials did not finish ({unfinished[0]['status']}); "
@@ -308,7 +308,7 @@ def _jobs(spec: dict[str, Any], states: dict[Slot, SlotState], overrides: dict[O
                 ids = parent_ids or [None]
                 parent = ids[slot.seed_index] if slot.seed_index < len(ids) else ids[0]  # a --parent run: one for every seed
             job.update({
-                "config_path": spec["config"]["path"], "overrides": _slot_overrides(spec, overrides, slot), "config_hash": hashes[slot.seed_index],
+                "config_path": spec["config"]["path"], "overrides": slot_overrides(spec, overrides, slot), "config_hash": hashes[slot.seed_index],
                 "hypothesis": hypothesis, "parent": parent, "smoke": smoke,
                 "repeat": {"group": f"sweep-{spec['id']}-{'parent' if trial is None else trial['index']}", "index": slot.seed_index, "of": repeat}
                 if repeat > 1 else None,

@@ -169,7 +169,7 @@ def plan(config: Optional[str], overrides: tuple[str, ...] | list[str], varies: 
                           "picks its best trial on val (the test split is for the final report only); give val a share, e.g. "
                           "--set data.split_ratios=[0.8,0.1,0.1]")
     parent_record = _given_parent(workspace, parent) if parent else None
-    threads, threads_reason = _pinned_threads(base, parallel, parent_record)
+    threads, threads_reason = pinned_threads(base, parallel, parent_record)
     base_overrides = list(overrides)
     if base.config.train.threads is None:
         base_overrides.append(f"train.threads={threads}")
@@ -225,7 +225,7 @@ def _seeded(config: Optional[str], overrides: list[str], resolved: ResolvedConfi
     return seeds, [load_config(config, [*overrides, f"seed={seed}"]).hash for seed in seeds]
 
 
-def _pinned_threads(base: ResolvedConfig, parallel: int, parent_record: Optional[dict[str, Any]]) -> tuple[int, str]:
+def pinned_threads(base: ResolvedConfig, parallel: int, parent_record: Optional[dict[str, Any]]) -> tuple[int, str]:
     """train.threads for every run of the sweep: a run's weights are bit-exact only for the same count, so a
     trial's final hash must not depend on which machine or worker ran it."""
     if base.config.train.threads is not None:
@@ -293,13 +293,13 @@ class SlotState:
     error: Optional[str] = None
 
 
-def _planned_hashes(spec: dict[str, Any]) -> dict[Slot, str]:
+def planned_hashes(spec: dict[str, Any]) -> dict[Slot, str]:
     hashes = {Slot(None, i): h for i, h in enumerate(spec["parent"]["config_hashes"])}
     for trial in spec["trials"]:
         hashes.update({Slot(trial["index"], i): h for i, h in enumerate(trial["config_hashes"])})
     return hashes
 
 
-def _slot_overrides(spec: dict[str, Any], overrides: dict[Optional[int], list[str]], slot: Slot) -> list[str]:
+def slot_overrides(spec: dict[str, Any], overrides: dict[Optional[int], list[str]], slot: Slot) -> list[str]:
     seeds = spec["parent"]["seeds"] if slot.trial is None else spec["trials"][slot.trial]["seeds"]
     return [*overrides[slot.trial], *([f"seed={seeds[slot.seed_index]}"] if spec["repeat"] > 1 else [])]

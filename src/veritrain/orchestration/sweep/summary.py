@@ -13,12 +13,12 @@ from typing import Any, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.files import write_atomic
 from veritrain.core.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT
-from veritrain.orchestration.sweep.planning import SWEEP_VERSION, Slot, SlotState, _planned_hashes
+from veritrain.orchestration.sweep.planning import SWEEP_VERSION, Slot, SlotState, planned_hashes
 from veritrain.records.record import now_iso, read_record
 from veritrain.records.workspace import Workspace
 
 
-def _runs_of(workspace: Workspace, spec: dict[str, Any]) -> dict[Slot, dict[str, Any]]:
+def runs_of(workspace: Workspace, spec: dict[str, Any]) -> dict[Slot, dict[str, Any]]:
     """The runs whose record names this sweep, one per slot: the records are the truth, whatever summary.json
     (written by a process that may have been killed) says. A record counts only with the config hash planned for
     its slot (a copied or imported run that claims the slot does not). Of several runs of one slot the one that
@@ -26,7 +26,7 @@ def _runs_of(workspace: Workspace, spec: dict[str, Any]) -> dict[Slot, dict[str,
     are read: run ids begin with their start time."""
     if not workspace.runs_dir.exists():
         return {}
-    sweep_id, planned = spec["id"], _planned_hashes(spec)
+    sweep_id, planned = spec["id"], planned_hashes(spec)
     try:
         started = datetime.strptime(sweep_id[:15], "%Y%m%d-%H%M%S")
         since = (started - timedelta(hours=1)).strftime("%Y%m%d-%H%M%S")
@@ -52,13 +52,13 @@ def _runs_of(workspace: Workspace, spec: dict[str, Any]) -> dict[Slot, dict[str,
     return best
 
 
-def _write_summary(workspace: Workspace, spec: dict[str, Any], folder: Path, states: dict[Slot, SlotState], status: Optional[str]) -> dict[str, Any]:
+def write_summary(workspace: Workspace, spec: dict[str, Any], folder: Path, states: dict[Slot, SlotState], status: Optional[str]) -> dict[str, Any]:
     summary = summarize(workspace, spec, states, status)
-    write_atomic(folder / "summary.json", _json_bytes(summary))
+    write_atomic(folder / "summary.json", json_bytes(summary))
     return summary
 
 
-def _json_bytes(document: dict[str, Any]) -> bytes:
+def json_bytes(document: dict[str, Any]) -> bytes:
     return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
 
 
