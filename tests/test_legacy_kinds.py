@@ -128,3 +128,11 @@ def test_a_run_of_the_previous_code_audits_identical_in_the_replay_child(cli, tm
     assert result["verdict"] == "identical" and result["segments_audited"] >= 2
     assert {r["verdict"] for r in result["results"]} <= {"identical", "unchecked"}
     assert any(r["what"].startswith("metrics.") and r["verdict"] == "identical" for r in result["results"])
+
+
+def test_a_scripts_run_has_no_data_version_to_archive_and_says_so(cli, tmp_path):
+    imported(cli, tmp_path, "format0-script.tar.gz", SCRIPT)
+    out = tmp_path / "again.tar.gz"
+    refused = cli("archive", SCRIPT, "-o", str(out), "--with-data", "--workdir", str(tmp_path))
+    assert refused.code == 2 and f"--with-data: run {SCRIPT} has no data version" in refused.stderr and "None" not in refused.stderr
+    assert cli("archive", SCRIPT, "-o", str(out), "--workdir", str(tmp_path)).code == 0

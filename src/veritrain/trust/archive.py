@@ -116,6 +116,9 @@ def create(run_dir: Path, state_dir: Path, out: Path, with_data: bool, with_audi
         listing = json.dumps({"files": left_out, "reason": OMITTED_REASON}, indent=2).encode() + b"\n"
         members.insert(2, (listing, f"runs/{run_id}/{OMITTED_FILE}"))
     version = (record.get("data") or {}).get("version")
+    if with_data and not version:  # a script's run reads its own inputs (inputs.json names them): there is no version to carry
+        raise UserError(f"--with-data: run {run_id} has no data version (a script's run names its inputs in inputs.json); "
+                        "archive it without --with-data")
     if with_data:
         folder = state_dir / "data" / str(version)
         if not (folder / "version.json").exists():
