@@ -513,7 +513,8 @@ class RunConfig(Section):
         default=None, description="experiment family this run belongs to; null: the config file's name (`digits` for the built-in default)"
     )
     seed: Annotated[int, INT64] = Field(default=0, description="seed of model init, data order and augmentation")
-    task: str = Field(default=DEFAULT_TASK, description="what is learned: `classification`, or `lm` (a language model on a text data source)")
+    task: str = Field(default=DEFAULT_TASK, description="what is learned: `classification`, `lm` (a language model on a text data source), or a task "
+                      "registered with veritrain.tasks.register_task or named by an installed package's entry point (group `veritrain.tasks`, docs/code.md)")
     # default_factory: pyright reads Field's positional defaults as required fields (see DataConfig.card)
     data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")  # pyright: ignore[reportArgumentType]
     model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")  # pyright: ignore[reportArgumentType]
