@@ -6,6 +6,7 @@ audits and reproduces identically: a run keeps the engine that trained it."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 FIXTURES = {
     "cnn": ("engine0-cnn.tar.gz", "20261207-053537-974-0407bb", "5f05e6b33c3d4bc600b3b0ced72ff6ec311bb7dd37a2a7ee7bb3dfa2fa4164b8", None),
     "lm": ("engine0-lm.tar.gz", "20261207-053604-730-fbfd64", "5980ef6b74c52f4a207140f370bfca3855ef30d7e9d218b579b60b029b656307", None),
-    "script": ("engine0-script.tar.gz", "20261207-053634-286-24d3c2", "b814bf474460c5a6377d1ccf55c589bc340786c3cbc29b2c02e13f514b64bfb6",
+    "script": ("engine0-script.tar.gz", "20261207-054859-206-74bf7f", "b814bf474460c5a6377d1ccf55c589bc340786c3cbc29b2c02e13f514b64bfb6",
                "/tmp/fx/script"),
 }
 
@@ -27,8 +28,11 @@ FIXTURES = {
 @pytest.mark.parametrize("kind", sorted(FIXTURES))
 def test_an_interrupted_run_of_the_previous_engine_resumes_audits_and_reproduces_identically(kind, tmp_path):
     archive, run_id, uninterrupted, cwd = FIXTURES[kind]
-    if cwd is not None:  # a script's run is replayed in the folder it was started in (its inputs are absolute paths)
+    if cwd is not None:  # a script's run is replayed in the folder it was started in, where its input is (by a relative path)
+        import sklearn.datasets
+
         Path(cwd).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(sklearn.datasets.__file__).parent / "data" / "digits.csv.gz", Path(cwd) / "digits.csv.gz")
     done = veritrain_process("import", str(LEGACY / archive), "--workdir", str(tmp_path), "--json")
     assert done.code == 0, done.stderr
     before = json.loads((tmp_path / "runs" / run_id / "record.json").read_text())
