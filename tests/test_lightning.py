@@ -221,7 +221,7 @@ def test_the_loader_draws_run_batches_order_and_resumes_at_its_position():
     from torch.utils.data import TensorDataset
 
     import veritrain as vt
-    from veritrain.userloop.order import Order
+    from veritrain.train.order import Order
 
     data = TensorDataset(torch.arange(50).float())
     loader = vt.lightning.loader(data, batch_size=8, seed=7)

@@ -17,7 +17,7 @@ from veritrain.core.hashing import sha256_json
 from veritrain.userloop import inputs
 from veritrain.userloop.canonical import canonical_config
 from veritrain.userloop.levels import Facts, level_of
-from veritrain.userloop.order import Order
+from veritrain.train.order import Order
 from veritrain.userloop.script import reads_file_variable
 
 

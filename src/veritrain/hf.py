@@ -81,7 +81,7 @@ class Callback(TrainerCallback):
         if resumed and folder is not None:
             state_hash, model_hash = _hashes(folder, run.state_recipe)
             entries = list(resumed.get("trajectory") or [])
-            entry = trajectory.entry(entries, run.config_hash, run._binding, state.global_step, int(state.epoch or 0), state_hash, model_hash)
+            entry = trajectory.entry(entries, run.config_hash, run.engine.binding, state.global_step, int(state.epoch or 0), state_hash, model_hash)
             if folder.resolve().is_relative_to(run.dir.resolve()):
                 entry["file"] = folder.resolve().relative_to(run.dir.resolve()).as_posix()
             run.continue_trajectory(entries + [entry], state.global_step)
@@ -99,9 +99,9 @@ class Callback(TrainerCallback):
         if run is None:
             return
         folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
-        if run._entries and run._entries[-1]["step"] == state.global_step:
+        if run.engine.entries and run.engine.entries[-1]["step"] == state.global_step:
             return  # saved at this step already
-        (folder / MARK).write_text(json.dumps({"run_id": run.id, "trajectory": list(run._entries)}, indent=2) + "\n", encoding="utf-8")
+        (folder / MARK).write_text(json.dumps({"run_id": run.id, "trajectory": list(run.engine.entries)}, indent=2) + "\n", encoding="utf-8")
         state_hash, model_hash = _hashes(folder, run.state_recipe)
         run.enter_checkpoint(folder, state_hash, model_hash, state.global_step, int(state.epoch or 0))
 

@@ -45,7 +45,7 @@ from veritrain.train.checkpointer import rng_state, set_rng_state
 from veritrain.userloop import frameworks, run as run_module
 from veritrain.userloop.canonical import canonical_config
 from veritrain.userloop.frameworks import KEY
-from veritrain.userloop.order import Order
+from veritrain.train.order import Order
 from veritrain.userloop.replay_spec import ReplaySpec
 from veritrain.userloop.run import Run, UsageError
 
@@ -74,7 +74,7 @@ def state_hashes(checkpoint: dict[str, Any]) -> tuple[str, str]:
 
 class Loader:
     """The training batches of a map-style `dataset` (len() and [i]) in veritrain's order: epoch e permutes the rows
-    with a generator seeded from (seed, e) alone, as `run.batches` does (veritrain.userloop.order), and batch b is the
+    with a generator seeded from (seed, e) alone, as `run.batches` does (veritrain.train.order), and batch b is the
     b-th `batch_size` rows of it, collated by `collate_fn` (torch's default_collate). The position is (epoch,
     batches of it trained); `state_dict`/`load_state_dict` carry it through a checkpoint. `seed`: None takes the
     run's seed (the config's `seed`). One process: a Trainer on several devices needs its own sampler."""
@@ -289,8 +289,8 @@ class Callback(pl.Callback):
         for callback in trainer.checkpoint_callbacks:
             if folder is not None and isinstance(callback, ModelCheckpoint) and callback.dirpath in (None, _default_dirpath(trainer)):
                 callback.dirpath = str(folder)  # into the run, whose seal then covers them (an audit: its scratch folder)
-        if loaded and (resume or run._audit is not None):
-            entry = trajectory.entry(loaded["trajectory"], run.config_hash, run._binding, loaded["step"], loaded["epoch"],
+        if loaded and (resume or run.replaying_audit):
+            entry = trajectory.entry(loaded["trajectory"], run.config_hash, run.engine.binding, loaded["step"], loaded["epoch"],
                                      loaded["state_sha256"], loaded["model_sha256"])
             path = Path(fit_from).resolve() if fit_from else None
             if path is not None and run.dir is not None and path.is_relative_to(run.dir.resolve()):
@@ -298,7 +298,7 @@ class Callback(pl.Callback):
                 _discard_later_checkpoints(run.dir, loaded["trajectory"] + [entry])
             run.continue_trajectory(loaded["trajectory"] + [entry], loaded["step"])
             _fit["resume_at"] = loaded.get("loader")
-        elif not run._entries:  # a new run (or one continued before its first checkpoint): the initial state is entry 0
+        elif not run.engine.entries:  # a new run (or one continued before its first checkpoint): the initial state is entry 0
             if run.dir is not None and replay is not None and replay.mode == "resume":
                 run.continue_trajectory([], 0)
                 _discard_later_checkpoints(run.dir, [])
@@ -345,7 +345,7 @@ class Callback(pl.Callback):
             if len(loaders) == 1:
                 position["loader"] = loaders[0].state_dict()
             rng = self._rng_after_train if self._rng_after_train is not None else rng_state()  # what the next batch starts from
-            checkpoint[KEY] = {"run_id": self.run.id, "rng": rng, "trajectory": list(self.run._entries), "position": position,
+            checkpoint[KEY] = {"run_id": self.run.id, "rng": rng, "trajectory": list(self.run.engine.entries), "position": position,
                                "recipe": frameworks.LIGHTNING_STATE_RECIPE}
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -360,7 +360,7 @@ class Callback(pl.Callback):
         run = self.run
         if run is None or not trainer.is_global_zero:
             return
-        if not run._entries or run._entries[-1]["step"] != trainer.global_step:  # the final state, as the trajectory's last entry
+        if not run.engine.entries or run.engine.entries[-1]["step"] != trainer.global_step:  # the final state, as the trajectory's last entry
             folder = run.dir / "checkpoints" if run.dir is not None else Path(str(run.replay.out)).parent if run.replay and run.replay.out else None
             assert folder is not None
             trainer.save_checkpoint(str(folder / "last.ckpt"))
@@ -374,7 +374,7 @@ class Callback(pl.Callback):
         _fit.clear()
         if run is None:
             return
-        if run._audit is not None:  # an audit replay stops here (its stretch's end, or the fit's): the parent judges what came back
+        if run.replaying_audit:  # an audit replay stops here (its stretch's end, or the fit's): the parent judges what came back
             run_module._active.clear()
         elif not run._finished:
             run._end("interrupted" if isinstance(exception, KeyboardInterrupt) else "failed", error=exception)
@@ -396,7 +396,7 @@ class CheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Optional[Any] = None) -> None:
         run = run_module.active()
-        if run is None or run.integration != "lightning" or run._audit is None:
+        if run is None or run.integration != "lightning" or not run.replaying_audit:
             super().save_checkpoint(checkpoint, path, storage_options)
         if run is not None and run.integration == "lightning":
             state_hash, model_hash = state_hashes(checkpoint)

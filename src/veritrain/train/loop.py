@@ -44,6 +44,7 @@ from veritrain.tasks import split_rows
 from veritrain.train import ranks as rank_group
 from veritrain.train.checkpointer import Checkpointer, LoopState, ReplayDone as ReplayDone, Trained
 from veritrain.train.guard import NonFiniteGuard, RolledBack
+from veritrain.train.order import epoch_generator as epoch_generator
 from veritrain.train.steplog import StepLog, read_metrics
 
 if TYPE_CHECKING:
@@ -79,15 +80,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
-
-
-def epoch_generator(seed: int, epoch: int, stream: int, rank: int = 0) -> torch.Generator:
-    """A generator for one epoch and purpose (0: data order, 1: augmentation), independent of how
-    many random numbers earlier epochs drew — so an epoch can be replayed from its number alone.
-    Ranks after the first draw their own augmentation (`rank`); rank 0 draws what one process draws."""
-    entropy = [seed % 2**63, epoch, stream] + ([rank] if rank else [])
-    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]
-    return torch.Generator().manual_seed(int(state))
 
 
 def build_optimizer(cfg: OptimConfig, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from veritrain.core import logs
-from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
-from veritrain.core.hashing import sha256_json, state_dict_sha256
+from veritrain.core.errors import Interrupted, RunFailed, VeritrainError
+from veritrain.core.hashing import sha256_json
 from veritrain.core.secrets import REDACTED, allowed_environment, config_secret, is_credential_key, secret_in_command_line, text_secret
 from veritrain.core.seeding import seed_everything
 from veritrain.data.for_scripts import Data
@@ -44,18 +44,17 @@ from veritrain.records.record import capture_code, capture_env, frozen, read_rec
 from veritrain.records.recorder import Recorder
 from veritrain.records.workspace import Workspace
 from veritrain.train import checkpoint as checkpoint_files, trajectory
-from veritrain.train.checkpointer import rng_state, set_rng_state
+from veritrain.train.engine import Best as Best, Engine, Guard, HandBack, UsageError as UsageError
+from veritrain.train.order import Order
 from veritrain.userloop import frameworks, inputs as inputs_module, script as script_module
 from veritrain.userloop.canonical import canonical_config
 from veritrain.userloop.levels import Facts, level_of
-from veritrain.userloop.order import Order
 from veritrain.userloop.replay_spec import ReplaySpec, ReplayStop
 
 log = logging.getLogger("veritrain")
 
 KIND = "script"
 METRICS = "metrics.jsonl"
-FORMAT_VERSION = 1
 Every = Union[int, str, None]  # run.checkpoint(every=): a number of steps, "epoch", or None (every call)
 
 _active: dict[str, Run] = {}  # the run this process has started and not yet ended (one at a time)
@@ -71,19 +70,19 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: Any, /) -> Any: ...
 
 
-class UsageError(UserError):
-    """A call of the API that cannot work as made (one line: what and how to fix it); exit 2 when a script leaves it uncaught."""
-
-
 def start(config: object, name: Optional[str] = None, inputs: Optional[list[Union[str, Path, Data]]] = None, workdir: Union[str, Path] = ".",
           resume: Optional[str] = None, deterministic: bool = True, tensorboard: bool = False, keep_last: int = 2,
-          audit_every: int = 0) -> Run:
+          audit_every: int = 0, on_nonfinite: Optional[str] = None, max_rollbacks: int = 3, rollback_lr_factor: float = 0.5) -> Run:
     """Start (or, with `resume`, continue) a recorded run of this script. `resume`: None (a new run), "auto" (the newest
     interrupted or killed run of this script and config, else a new one) or a run id. `keep_last`: the newest step
     checkpoints kept; `audit_every` K: every K-th trajectory entry also keeps its checkpoint, for `veritrain audit`.
-    `inputs`: paths (files and folders, hashed into a manifest), and at most one data version from `veritrain.data`."""
+    `inputs`: paths (files and folders, hashed into a manifest), and at most one data version from `veritrain.data`.
+    `on_nonfinite`: what `run.guard(loss)` does with a NaN or infinite value, as the built-in loop's `train.on_nonfinite`
+    ("stop", "skip_batch", or "rollback" to the last checkpoint with the learning rates × `rollback_lr_factor`, at most
+    `max_rollbacks` times); None: stop, and the checkpoints hold no guard state."""
     install_excepthook()
-    return _begin(Run(config, name, inputs, Path(workdir), resume, deterministic, tensorboard, keep_last, audit_every))
+    guard = Guard(on_nonfinite, max_rollbacks, rollback_lr_factor) if on_nonfinite is not None else None
+    return _begin(Run(config, name, inputs, Path(workdir), resume, deterministic, tensorboard, keep_last, audit_every, guard=guard))
 
 
 def start_for(integration: str, config: object, name: Optional[str], inputs: Optional[list[Union[str, Path, Data]]], workdir: Union[str, Path],
@@ -119,7 +118,8 @@ class Run:
     writes nothing); `level` is the guarantee it can prove, final once it is sealed; `config` the canonical config."""
 
     def __init__(self, config: object, name: Optional[str], inputs: Optional[list[Union[str, Path, Data]]], workdir: Path, resume: Optional[str],
-                 deterministic: bool, tensorboard: bool, keep_last: int, audit_every: int, integration: Optional[str] = None) -> None:
+                 deterministic: bool, tensorboard: bool, keep_last: int, audit_every: int, integration: Optional[str] = None,
+                 guard: Optional[Guard] = None) -> None:
         self._config = canonical_config(config)
         # a replay, or a resume, runs a config recorded already: rules added since it was recorded never refuse it
         found = config_secret(self._config) if ReplaySpec.from_environment() is None and resume is None else None
@@ -163,23 +163,18 @@ class Run:
         self._record: Optional[Recorder] = None
         self.integration = integration  # "lightning", "hf": a framework's callback made this run (start_for)
         self.state_recipe = 1  # how a framework's checkpoint folders are hashed: set when the run begins or is resumed
-        self.epochs_done = 0  # completed epochs, when a framework's loop (not run.batches) keeps count
         self._facts = Facts(deterministic=deterministic, integration=integration)
-        self._state: Optional[dict[str, Any]] = None  # what run.resume registered
-        self._order: Optional[Order] = None
-        self._saved_order: Optional[dict[str, Any]] = None
-        self._position = 0  # batches trained
-        self._current: Optional[int] = None  # the step run.batches last gave
-        self._entries: list[dict[str, Any]] = []  # the trajectory so far
+        self.guard_policy = guard
+        # the state, order, trajectory and checkpoints; its binding (what the chain binds besides the config: the
+        # inputs manifest or the data version) and folder are set when the run begins
+        self.engine = Engine(seed, self.config_hash, "None", None, keep_last, audit_every, guard=guard)
         self._resumed_from: Optional[dict[str, Any]] = None  # the checkpoint run.resume restores (a resumed run)
-        self._binding = "None"  # what the trajectory's chain binds besides the config: the inputs manifest
         self._started = time.perf_counter()
         self._log_file: Optional[logging.Handler] = None
         self._board: Any = None
         self._finished = False
         self._previous_signal: Any = None
         self._redacted_keys: set[str] = set()  # run.log keys whose secret was written as *** (each warned about once)
-        self._audit: Optional[Path] = None  # an audit replay: the parent's folder the states reached are handed back into
 
     # ------------------------------------------------------------ reading
 
@@ -213,10 +208,10 @@ class Run:
         self._manifest = manifest
         if manifest is not None:
             self._facts.inputs_bound = True
-            self._binding = inputs_module.manifest_sha256(manifest)
+            self.engine.binding = inputs_module.manifest_sha256(manifest)
         if self._data is not None:  # the chain binds the data version, as a run of veritrain's loop does
             self._facts.inputs_bound = True
-            self._binding = self._data.version
+            self.engine.binding = self._data.version
         if self.replay is not None and self.replay.mode == "audit":
             self._begin_audit()
         elif self.replay is not None and self.replay.mode == "resume":
@@ -239,12 +234,15 @@ class Run:
         run_id, run_dir = workspace.new_run_dir()
         self.id, self.dir = run_id, run_dir
         workspace.lock_run(run_id)
+        self.engine.folder = run_dir / "checkpoints"
         # a reproduction runs a copy of the script: it records where the original was
         origin = Path(str((read_record(self.replay.run).get("script") or {}).get("path"))) if self.replay is not None else self._script
         where = origin.parent if origin is not None and origin.parent.is_dir() else self.cwd
         code = capture_code(where)
         section: dict[str, Any] = {"checkpoints": {"keep_last": self.keep_last, "audit_every": self.audit_every},
                                    "deterministic": self.deterministic}
+        if self.guard_policy is not None:
+            section["guard"] = self.guard_policy.as_dict()
         if self.integration is not None:  # its checkpoints are the framework's files, kept by the framework's rule
             section.update(integration=self.integration, checkpoints={"keep_last": 0, "audit_every": 0})
         if self.integration == "hf":  # how its checkpoint folders are hashed (veritrain.userloop.frameworks)
@@ -273,7 +271,7 @@ class Run:
             return None
         data = json.dumps(self._manifest, indent=2, sort_keys=True).encode() + b"\n"
         (run_dir / inputs_module.FILE).write_bytes(data)
-        return {"file": inputs_module.FILE, "manifest_sha256": self._binding, "paths": list(self._manifest["paths"]),
+        return {"file": inputs_module.FILE, "manifest_sha256": self.engine.binding, "paths": list(self._manifest["paths"]),
                 "files": len(self._manifest["files"]), "bytes": self._manifest["bytes"]}
 
     def _write_env(self) -> None:
@@ -388,18 +386,19 @@ class Run:
         self.state_recipe = int(section.get("state_recipe") or 1)  # a run goes on hashing as it began
         self.keep_last = int((section.get("checkpoints") or {}).get("keep_last", self.keep_last))
         self.audit_every = int((section.get("checkpoints") or {}).get("audit_every", self.audit_every))
+        if section.get("guard"):  # the guard the run began with
+            self.guard_policy = Guard(**section["guard"])
+        self.engine = Engine(self.seed, self.config_hash, self.engine.binding, run_dir / "checkpoints", self.keep_last, self.audit_every,
+                             guard=self.guard_policy)
         self._open_files(run_dir)
         if self.integration is not None:  # the framework restores its own checkpoint (continue_trajectory)
             self._record.add_events([{"kind": "resume", "step": None, "detail": f"from a checkpoint of {self.integration}"}])
             self._write_env()
             self._record.write()
             return
-        path, saved, problems = checkpoint_files.newest_valid(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else (None, None, [])
-        for problem in problems:
-            log.warning("checkpoint: %s; falling back to an older one", problem)
+        found = self.engine.newest()
+        path, saved = found if found is not None else (None, None)
         if saved is not None and path is not None:
-            if saved.get("config_hash") != self.config_hash or saved.get("data_version") != self._binding:
-                raise RunFailed(f"resume: {path.name} was saved with another config or other inputs; start a new run")
             self._resumed_from = {"path": path, "state": saved}
             log.info("run %s: resuming from checkpoints/%s (step %d)", run_dir.name, path.name, int(saved["loop"]["step"]))
         else:
@@ -424,10 +423,12 @@ class Run:
     def _begin_audit(self) -> None:
         """An audit replay: nothing is written but the states handed back (the parent judges them); a config that
         hashes otherwise than the run's stops it at once, saying so."""
-        assert self.replay is not None and self.replay.out is not None
-        if self.replay.config_hash is not None and self.replay.config_hash != self.config_hash:
-            raise RunFailed(f"audit: the replayed script's config hashes to {self.config_hash[:12]}, the run's to {self.replay.config_hash[:12]}")
-        self._audit = Path(self.replay.out)
+        replay = self.replay
+        assert replay is not None and replay.out is not None
+        if replay.config_hash is not None and replay.config_hash != self.config_hash:
+            raise RunFailed(f"audit: the replayed script's config hashes to {self.config_hash[:12]}, the run's to {replay.config_hash[:12]}")
+        self.engine.hand_back = HandBack(Path(replay.out), lambda index, step: index > replay.end or (index >= replay.end and not replay.to_finish),
+                                         lambda entries, state: ReplayStop())
 
     # ------------------------------------------------------------ the calls in the loop
 
@@ -436,78 +437,58 @@ class Run:
         """Register every piece of training state `run.checkpoint` saves, and restore it when the run continues (a
         resume, or a replay from a checkpoint). Returns whether state was restored. On a new run the initial state
         is hashed as trajectory entry 0."""
-        if self._state is not None:
+        if self.engine.state is not None:
             raise UsageError("run.resume: called twice; register all state (model, optimizer, scheduler, scaler, extra) in one call")
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"run.resume: model is a {type(model).__name__}; give the torch.nn.Module being trained")
-        parts: dict[str, Any] = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler}
-        for name, value in {**{k: v for k, v in parts.items() if k != "model"}, **(extra or {})}.items():
-            if value is not None and not (callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))):
-                raise UsageError(f"run.resume: {name} is a {type(value).__name__} without state_dict()/load_state_dict(); "
-                                 "give an object that has both")
-        self._state = {**parts, "extra": dict(extra or {})}
+        self.engine.register(model, optimizer, scheduler, scaler, extra)
         self._facts.state_registered = True
-        start = self._start_state()
-        if start is not None:
-            self._restore(start)
-            return True
-        initial = self._gather("initial")
-        self._commit(initial)
-        return False
+        self.engine.record_format = self._record.get("record_format") if self._record is not None else None
+        if self.dir is not None:  # a restored state's later rows are logged again
+            metrics = self.dir / METRICS
+            self.engine.on_restore.append(lambda saved: _truncate_metrics(metrics, int(saved["loop"]["step"])))
+        return self.engine.start(self._start_state())
 
     def _start_state(self) -> Optional[dict[str, Any]]:
         """The state to restore: the resumed run's checkpoint, or an audit replay's start (None: from the beginning)."""
         if self._resumed_from is not None:
             return self._resumed_from["state"]
-        if self._audit is not None and self.replay is not None and self.replay.start_file is not None:
+        if self.engine.hand_back is not None and self.replay is not None and self.replay.start_file is not None:
             path = Path(self.replay.start_file)  # the parent's copy, which it found to hold the start's state
             return checkpoint_files.decode(path, path.read_bytes())
         return None
 
-    def _restore(self, saved: dict[str, Any]) -> None:
-        assert self._state is not None
-        state = self._state
-        state["model"].load_state_dict(saved["model"])
-        for name in ("optimizer", "scheduler", "scaler"):
-            if state[name] is not None:
-                if saved.get(name) is None:
-                    raise RunFailed(f"resume: the checkpoint holds no {name} state, and run.resume was given one; register the same state as the run did")
-                state[name].load_state_dict(saved[name])
-        for name, value in state["extra"].items():
-            if name not in (saved.get("extra") or {}):
-                raise RunFailed(f"resume: the checkpoint holds no extra[{name!r}]; register the same state as the run did")
-            value.load_state_dict(saved["extra"][name])
-        set_rng_state(saved["rng"])
-        loop = saved["loop"]
-        self._position = int(loop["step"])
-        self._saved_order = loop.get("order")
-        self._entries = list(loop.get("trajectory") or [])
-        if self.dir is not None:
-            checkpoint_files.discard_after(self.dir / "checkpoints", self._position)
-            _truncate_metrics(self.dir / METRICS, self._position)
-
     def batches(self, n: int, batch_size: int, epochs: int, drop_last: bool = False) -> Iterator[tuple[int, np.ndarray]]:
         """(step, row indices) for every batch of the run from the resumed position: the order is a pure function of
-        (seed, epoch, batch) (veritrain.userloop.order), so a run resumed mid-epoch draws what it would have drawn."""
+        (seed, epoch, batch) (veritrain.train.order), so a run resumed mid-epoch draws what it would have drawn. After
+        a rollback (`run.guard`) the next batch is the first after the restored checkpoint."""
         order = Order(n, batch_size, epochs, bool(drop_last), self.seed)
-        if self._saved_order is not None and order.difference(self._saved_order):
-            raise UsageError(f"run.batches: the run was saved with other batches ({order.difference(self._saved_order)}); "
+        saved = self.engine.saved_order
+        if saved is not None and order.difference(saved):
+            raise UsageError(f"run.batches: the run was saved with other batches ({order.difference(saved)}); "
                              "give the same n, batch_size, epochs and drop_last")
-        if self._resumed_from is not None and self._state is None:
+        if self._resumed_from is not None and self.engine.state is None:
             raise UsageError("run.batches: the run continues from a checkpoint; call run.resume(model=..., ...) before run.batches")
-        self._order = order
         self._facts.batches_used = True
-        return self._iterate(order)
+        return self.engine.batches(order)
 
-    def _iterate(self, order: Order) -> Iterator[tuple[int, np.ndarray]]:
-        permutation, permuted_epoch = None, None
-        for step in range(self._position, order.total):
-            epoch = step // order.per_epoch
-            if permuted_epoch != epoch:
-                permutation, permuted_epoch = order.permutation(epoch + 1), epoch
-            self._current = step
-            yield step, order.rows(step, permutation)
-            self._position = step + 1
+    def generator(self, step: int, stream: int = 1) -> torch.Generator:
+        """A torch.Generator for batch `step` (augmentation, sampling), seeded from (seed, step, stream) alone: a resumed
+        run or a replay draws what the uninterrupted run drew. Stream 0 is the data order's."""
+        return self.engine.generator(_whole(step, "run.generator: step"), stream)
+
+    def guard(self, value: Any, what: str = "loss") -> bool:
+        """True when `value` (the loss, a gradient norm: a number or one-element tensor) is finite; otherwise what
+        `vt.start(on_nonfinite=...)` says: "skip_batch" returns False (leave the batch out), "stop" (the default) fails
+        the run, "rollback" restores the last checkpoint with lower learning rates and returns False, and run.batches
+        goes on from there. Call it before backward():
+
+            if not run.guard(loss):
+                continue
+        """
+        if self.engine.state is None and (self.guard_policy is not None and self.guard_policy.on_nonfinite == "rollback"):
+            raise UsageError("run.guard: a rollback needs the training state; call run.resume(model=..., optimizer=...) first")
+        return self.engine.guard(value, what)
 
     def log(self, step: int, **metrics: Any) -> None:
         """Append {"step", **metrics} to metrics.jsonl (and TensorBoard when asked). Values: numbers, bools, strings,
@@ -544,102 +525,33 @@ class Run:
         """Save the training state after batch `step` when it is due (`every` steps, every "epoch" of run.batches, or
         always): atomic, hashed, entered in the trajectory. Returns whether it saved."""
         step = _whole(step, "run.checkpoint: step")
-        if self._state is None:
+        engine = self.engine
+        if engine.state is None:
             raise UsageError("run.checkpoint: no training state is registered; call run.resume(model=..., optimizer=...) first")
-        if self._current is not None and step != self._current:
-            raise UsageError(f"run.checkpoint: step {step}, but run.batches last gave step {self._current}; pass the step it gave")
+        if engine.current is not None and step != engine.current:
+            raise UsageError(f"run.checkpoint: step {step}, but run.batches last gave step {engine.current}; pass the step it gave")
+        if engine.rewound:
+            raise UsageError(f"run.checkpoint: step {step} was rolled back by run.guard; skip the rest of that step (continue)")
         position = step + 1
         if not self._due(position, every):
             return False
-        if self._entries and self._entries[-1]["step"] == position:
+        if engine.entries and engine.entries[-1]["step"] == position:
             return False  # saved at this step already
-        self._position = position
+        engine.position = position
         self._facts.checkpoints += 1
-        self._save(self._gather("step"))
+        engine.save("step")
         return True
 
     def _due(self, position: int, every: Every) -> bool:
         if every is None:
             return True
         if every == "epoch":
-            if self._order is None:
+            if self.engine.order is None:
                 raise UsageError("run.checkpoint: every=\"epoch\" needs run.batches (it knows where an epoch ends); give every=<steps>")
-            return position % self._order.per_epoch == 0
+            return position % self.engine.order.per_epoch == 0
         if type(every) is not int or every < 1:
             raise UsageError(f"run.checkpoint: every={every!r}; give a number of steps, \"epoch\" or None")
         return position % every == 0
-
-    # ------------------------------------------------------------ the state
-
-    def _gather(self, reason: str) -> dict[str, Any]:
-        assert self._state is not None
-        state = self._state
-        order = self._order.as_dict() if self._order is not None else self._saved_order
-        per_epoch = self._order.per_epoch if self._order is not None else None
-        epochs_done = self._position // per_epoch if per_epoch else 0
-        gathered = {
-            "format_version": FORMAT_VERSION,
-            # the record's format, outside the state hash: it witnesses the format the record is judged under
-            **({"record_format": self._record.get("record_format")} if self._record is not None and self._record.get("record_format") else {}),
-            "reason": reason,
-            "model": state["model"].state_dict(),
-            "optimizer": state["optimizer"].state_dict() if state["optimizer"] is not None else None,
-            "scheduler": state["scheduler"].state_dict() if state["scheduler"] is not None else None,
-            "scaler": state["scaler"].state_dict() if state["scaler"] is not None else None,
-            "extra": {name: value.state_dict() for name, value in state["extra"].items()},
-            "rng": rng_state(),
-            "loop": {"step": self._position, "epochs_done": epochs_done, "order": order,
-                     "trajectory": list(self._entries), "other_saves": []},
-            "settings": {"device": _device_of(state["model"]), "threads": torch.get_num_threads()},
-            "config_hash": self.config_hash,
-            "data_version": self._binding,
-        }
-        try:
-            gathered["state_sha256"] = trajectory.state_sha256(gathered)
-        except TypeError as err:
-            raise UsageError(f"run.checkpoint: {err}; give state_dict()s of tensors, numbers and strings") from None
-        return gathered
-
-    def _epoch_of_position(self) -> int:
-        if self._order is None:
-            return self.epochs_done  # a framework's loop says (0 when nothing does)
-        done, within = divmod(self._position, self._order.per_epoch)
-        return done if within == 0 else done + 1
-
-    def _commit(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Enter `state` in the trajectory (or, in an audit replay, check it against the recorded entry)."""
-        digest = state.pop("state_sha256")
-        entry = trajectory.entry(self._entries, self.config_hash, self._binding, self._position, self._epoch_of_position(),
-                                 digest, state_dict_sha256(state["model"]))
-        self._entries.append(entry)
-        state["loop"] = {**state["loop"], "trajectory": list(self._entries)}
-        if self._audit is not None:
-            self._hand_back(lambda path: path.write_bytes(checkpoint_files.encode(state)), ".pt")
-        return entry
-
-    def _hand_back(self, write: Callable[[Path], Any], suffix: str) -> None:
-        """An audit replay reached the entry just appended: `write(path)` puts its state, in the run's own format, into
-        the parent's folder as entry-<index><suffix> (whole or not at all), and the replay stops at the stretch's end
-        (past it, with to_finish, at the first state the record does not have)."""
-        assert self._audit is not None and self.replay is not None
-        index = len(self._entries) - 1
-        partial = self._audit / f".entry-{index}{suffix}.partial"
-        write(partial)
-        partial.replace(self._audit / f"entry-{index}{suffix}")
-        if index > self.replay.end or (index >= self.replay.end and not self.replay.to_finish):
-            raise ReplayStop()
-
-    def _save(self, state: dict[str, Any], final: bool = False) -> None:
-        self._commit(state)
-        if self.dir is None:
-            return
-        data = checkpoint_files.encode(state)
-        names = [f"step-{self._position}.pt"] + (["last.pt"] if final else [])
-        try:
-            checkpoint_files.write(self.dir / "checkpoints", data, names, self.keep_last,
-                                   keep=trajectory.audit_steps(self._entries, self.audit_every))
-        except OSError as err:
-            raise RunFailed(f"checkpoint: saving at step {self._position} failed ({err.strerror or err}); the previous checkpoint is intact") from None
 
     def enter_checkpoint(self, file: Optional[Path], state_sha256: str, model_sha256: str, step: int, epoch: int,
                          write: Optional[Callable[[Path], Any]] = None, suffix: str = ".ckpt") -> dict[str, Any]:
@@ -647,23 +559,33 @@ class Run:
         (veritrain.train.trajectory.state_sha256 of what the framework saved), its weights' hash, and where the loop
         was. The file is named in the entry when it lies in the run folder, whose seal then covers its bytes. In an
         audit replay `write(path)` writes that state for the parent to hash (`suffix`: the file's kind)."""
-        self._position = step
-        entry = trajectory.entry(self._entries, self.config_hash, self._binding, step, epoch, state_sha256, model_sha256)
-        if file is not None and self.dir is not None and file.resolve().is_relative_to(self.dir.resolve()):
-            entry["file"] = file.resolve().relative_to(self.dir.resolve()).as_posix()
+        entry = self.engine.enter(file, self.dir, state_sha256, model_sha256, step, epoch)
         self._facts.checkpoints += 1
-        self._entries.append(entry)
-        if self._audit is not None and write is not None:  # an audit replay: the state goes to the parent, which judges it
-            self._hand_back(write, suffix)
+        if self.engine.hand_back is not None and write is not None:  # an audit replay: the state goes to the parent, which judges it
+            self.engine.hand_back_entry(write, suffix)
         return entry
 
     def continue_trajectory(self, entries: list[dict[str, Any]], step: int) -> None:
         """A framework resumed from one of this run's checkpoints: the trajectory up to it, and the step it holds (the
         metrics logged after it are logged again)."""
-        self._entries = [dict(entry) for entry in entries]
-        self._position = step
+        self.engine.entries = [dict(entry) for entry in entries]
+        self.engine.position = step
         if self.dir is not None:
             _truncate_metrics(self.dir / METRICS, step + 1)
+
+    @property
+    def epochs_done(self) -> int:
+        """Completed epochs, when a framework's loop (not run.batches) keeps count."""
+        return self.engine.epochs_done
+
+    @epochs_done.setter
+    def epochs_done(self, value: int) -> None:
+        self.engine.epochs_done = value
+
+    @property
+    def replaying_audit(self) -> bool:
+        """Whether this is an audit replay (its states go back to the auditor, and nothing is written)."""
+        return self.engine.hand_back is not None
 
     # ------------------------------------------------------------ the end
 
@@ -673,28 +595,17 @@ class Run:
         if self._finished:
             raise UsageError("run.finish: the run is already finished")
         values = {key: _plain(value, f"run.finish: metrics[{key!r}]") for key, value in (metrics or {}).items()}
-        if self._current is not None:
-            self._position = max(self._position, self._current + 1)
-        if self._state is not None:
-            self._final_save()
-        if self._audit is not None:  # an audit replay that went on to the end: the metrics go to the parent, which compares them
+        engine = self.engine
+        if engine.current is not None and not engine.rewound:
+            engine.position = max(engine.position, engine.current + 1)
+        if engine.state is not None:
+            engine.save_final()
+        if engine.hand_back is not None:  # an audit replay that went on to the end: the metrics go to the parent, which compares them
             assert self.replay is not None
             if self.replay.to_finish:
-                (self._audit / "finish.json").write_text(json.dumps({"metrics": values}, allow_nan=True) + "\n", encoding="utf-8")
+                (engine.hand_back.out / "finish.json").write_text(json.dumps({"metrics": values}, allow_nan=True) + "\n", encoding="utf-8")
             raise ReplayStop()
         self._end("completed", values)
-
-    def _final_save(self) -> None:
-        state = self._gather("final")
-        if self._entries and self._entries[-1]["step"] == self._position and self._entries[-1]["state_sha256"] == state["state_sha256"] \
-                and len(self._entries) > 1:
-            state.pop("state_sha256")
-            state["loop"] = {**state["loop"], "trajectory": list(self._entries)}
-            if self.dir is not None:
-                checkpoint_files.write(self.dir / "checkpoints", checkpoint_files.encode(state), ["last.pt"], self.keep_last,
-                                       keep=trajectory.audit_steps(self._entries, self.audit_every) | {self._position})
-            return
-        self._save(state, final=True)
 
     def _end(self, status: str, metrics: Optional[dict[str, Any]] = None, error: Optional[BaseException] = None) -> None:
         """Record how the run ended and seal it."""
@@ -711,17 +622,18 @@ class Run:
                 script_module.save_modules(self.dir, record.code)  # modules imported while it ran
                 if marked:
                     self.workspace.mark_created(self.dir, record)
-            if self._entries:
-                record.set(trajectory=trajectory.for_record(self._entries, self.dir / "checkpoints", self.audit_every), other_saves=[],
-                           training={"epochs": self._epoch_of_position(), "steps": self._position,
+            entries = self.engine.entries
+            if entries:
+                record.set(trajectory=trajectory.for_record(entries, self.dir / "checkpoints", self.audit_every), other_saves=[],
+                           training={"epochs": self.engine.epoch_of_position(), "steps": self.engine.position,
                                      "loop_seconds": round(time.perf_counter() - self._started, 3)},
-                           final_state_sha256=self._entries[-1]["model_sha256"])
+                           final_state_sha256=entries[-1]["model_sha256"])
             if status == "completed":
                 if metrics is not None:
-                    last = len(self._entries) - 1
-                    ref = {"index": last, "step": self._entries[last]["step"], "state_sha256": self._entries[last]["state_sha256"]} if self._entries else None
+                    last = len(entries) - 1
+                    ref = {"index": last, "step": entries[last]["step"], "state_sha256": entries[last]["state_sha256"]} if entries else None
                     # the file holding that state: veritrain's last.pt, or the framework's own checkpoint
-                    held = (self._entries[last].get("file") if self.integration else "checkpoints/last.pt") if self._entries else None
+                    held = (entries[last].get("file") if self.integration else "checkpoints/last.pt") if entries else None
                     record.set_metrics("final", {**metrics, **({"trajectory_entry": ref} if ref else {}), **({"checkpoint": held} if held else {})})
                 record.completed()
             elif status == "interrupted":
@@ -762,7 +674,7 @@ class Run:
         if isinstance(error, ReplayStop):
             _active.clear()
             raise SystemExit(0)
-        if self._audit is not None:  # the script ended or failed before the stretch's end: the parent sees what came back
+        if self.engine.hand_back is not None:  # the script ended or failed before the stretch's end: the parent sees what came back
             _active.clear()
             return False
         if self._finished:
@@ -805,12 +717,6 @@ def _plain(value: Any, what: str) -> Any:
         if isinstance(item, (bool, int, float)):
             return item
     raise UsageError(f"{what}: a {type(value).__name__} is not a metric; give a number (float(x)), a bool or a string")
-
-
-def _device_of(model: torch.nn.Module) -> str:
-    for parameter in model.parameters():
-        return str(parameter.device)
-    return "cpu"
 
 
 def _truncate_metrics(path: Path, position: int) -> None:

@@ -3,7 +3,7 @@ an epoch, or a replay that starts at a checkpoint, draws exactly the rows the un
 loader state to save.
 
 Epoch e (1-based) permutes the n row indices with a generator seeded from (seed, e) alone
-(`veritrain.train.loop.epoch_generator`, stream 0, as the built-in loop orders its batches); batch b of it is rows
+(`epoch_generator`, stream 0, as veritrain's earlier loop ordered its batches); batch b of it is rows
 [b·batch_size, (b+1)·batch_size) of that permutation. `drop_last` drops an epoch's last, shorter batch.
 A *position* is the number of batches trained so far (the global step count): batch `step` of the run is
 batch `step mod per_epoch` of epoch `step div per_epoch + 1`.
@@ -15,8 +15,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from veritrain.core.errors import UserError
+
+
+def epoch_generator(seed: int, epoch: int, stream: int, rank: int = 0) -> torch.Generator:
+    """A generator for one epoch and purpose (0: data order, 1: augmentation), independent of how
+    many random numbers earlier epochs drew — so an epoch can be replayed from its number alone.
+    Ranks after the first draw their own augmentation (`rank`); rank 0 draws what one process draws."""
+    entropy = [seed % 2**63, epoch, stream] + ([rank] if rank else [])
+    state = np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(state))
 
 
 @dataclass(frozen=True)
@@ -54,10 +64,6 @@ class Order:
         return ", ".join(f"{k} {other.get(k)!r} → {v!r}" for k, v in mine.items() if other.get(k) != v)
 
     def permutation(self, epoch: int) -> np.ndarray:
-        import torch
-
-        from veritrain.train.loop import epoch_generator
-
         return torch.randperm(self.n, generator=epoch_generator(self.seed, epoch, 0)).numpy().astype(np.int64)
 
     def rows(self, step: int, permutation: np.ndarray | None = None) -> np.ndarray:
