@@ -167,6 +167,32 @@ def test_kill_9_then_both_ways_of_continuing_end_bit_identical(place, own_run):
     assert veritrain("verify", run_id, cwd=place.root).code == 0
 
 
+def test_a_script_whose_loss_turns_nonfinite_rolls_back_and_continues_as_the_built_in_loop_does(place):
+    done = place.run("--guard", "rollback", "--nan-at", "3")
+    run_id = run_id_of(done)
+    record = place.record(run_id)
+    assert record["status"] == "completed" and record["script"]["guard"]["on_nonfinite"] == "rollback"
+    rollbacks = [e for e in record["events"] if e["kind"] == "rollback"]
+    # the loss of step 3 was NaN: back to the checkpoint after step 2 (3 steps trained), every learning rate halved
+    assert len(rollbacks) == 1 and rollbacks[0]["step"] == 4 and "restored step 3, lr × 0.5" in rollbacks[0]["detail"], record["events"]
+    rows = [json.loads(line) for line in (place.root / "runs" / run_id / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == list(range(12)) and all(np.isfinite(row["loss"]) for row in rows)
+    # the replay meets the same NaN and rolls back alike: every segment identical
+    audit = veritrain("audit", run_id, "--segments", "6", "--json", cwd=place.root)
+    assert audit.code == 0 and audit.json()["verdict"] == "identical", audit.stdout
+    # killed after the rollback and resumed: the same run, bit for bit (the rollback count is in the checkpoint)
+    killed = place.run("--guard", "rollback", "--nan-at", "3", env={"TINY_KILL_AT": "7"})
+    assert killed.returncode == -signal.SIGKILL
+    killed_id = sorted((place.root / "runs").iterdir())[-1].name
+    assert veritrain("train", "--resume", killed_id, cwd=place.root).code == 0
+    assert place.record(killed_id)["final_state_sha256"] == record["final_state_sha256"]
+    # the other policies: a skipped batch, and a stop that fails the run with one line
+    skipped = place.record(run_id_of(place.run("--guard", "skip_batch", "--nan-at", "3")))
+    assert [e["kind"] for e in skipped["events"] if e["kind"] != "resume"] == ["skip_batch"]
+    stopped = place.run("--guard", "stop", "--nan-at", "3")
+    assert stopped.returncode == 1 and "loss became nan at step 4" in stopped.stderr and "Traceback" not in stopped.stderr
+
+
 def test_sigterm_ends_the_run_interrupted_with_exit_143_and_it_resumes(place, own_run):
     proc = subprocess.Popen([sys.executable, str(place.script)], cwd=place.root, env={**os.environ, "TINY_PAUSE_AT": "5"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -42,10 +42,10 @@ from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.train import trajectory
 from veritrain.train.checkpointer import rng_state, set_rng_state
+from veritrain.train.order import Order
 from veritrain.userloop import frameworks, run as run_module
 from veritrain.userloop.canonical import canonical_config
 from veritrain.userloop.frameworks import KEY
-from veritrain.train.order import Order
 from veritrain.userloop.replay_spec import ReplaySpec
 from veritrain.userloop.run import Run, UsageError
 

@@ -3,7 +3,9 @@ a two-layer MLP, 6 batches an epoch, a checkpoint every 3 steps.
 
 Options pick what the script does: --own-order (its own shuffling: a `bound` run), --no-inputs (a `logged` run),
 --vt-data (96 training rows of veritrain's digits data version instead of the CSV), --bad-config, --nested,
---hashed (the loss depends on hash() of a string, so on PYTHONHASHSEED). Environment variables (never recorded, so a replay does not see them) plant faults:
+--hashed (the loss depends on hash() of a string, so on PYTHONHASHSEED), --guard POLICY (vt.start's on_nonfinite;
+the loss goes through run.guard) with --nan-at STEP (the loss of that step is NaN while the learning rate is above
+half the configured one, as a diverging run's would be). Environment variables (never recorded, so a replay does not see them) plant faults:
 TINY_KILL_AT=STEP kills the process (SIGKILL) after that step, TINY_FAIL_AT=STEP raises, TINY_NOISE=1 (or a file
 TINY_NOISE in the working directory, which a replay's child, whose environment is built from nothing, sees) changes
 the training (an audit or reproduction must then differ), TINY_PAUSE_AT=STEP writes `paused` beside the script and
@@ -32,8 +34,12 @@ parser.add_argument("--bad-config", action="store_true")
 parser.add_argument("--nested", action="store_true")
 parser.add_argument("--vt-data", action="store_true")
 parser.add_argument("--hashed", action="store_true")  # the training depends on str hashes: PYTHONHASHSEED decides it
+parser.add_argument("--guard", default=None)
+parser.add_argument("--nan-at", type=int, default=None)
 args = parser.parse_args()
 config = {"epochs": args.epochs, "lr": args.lr, "seed": args.seed, "own_order": args.own_order}
+if args.nan_at is not None:
+    config["nan_at"] = args.nan_at
 if args.bad_config:
     config["layers"] = {16, 32}  # a set: not recordable
 kill_at = int(os.environ.get("TINY_KILL_AT", -1))
@@ -52,7 +58,7 @@ else:
     inputs = None if args.no_inputs else ["data/train.csv"]
 
 with vt.start(config=config, name="tiny", inputs=inputs, resume=args.resume,
-              keep_last=2, audit_every=2) as run:
+              keep_last=2, audit_every=2, on_nonfinite=args.guard) as run:
     if args.nested:
         vt.start(config=config)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
@@ -69,6 +75,10 @@ with vt.start(config=config, name="tiny", inputs=inputs, resume=args.resume,
             loss = loss * (1 + hash("veritrain") % 97 / 1000)
         if os.environ.get("TINY_NOISE") or os.path.exists("TINY_NOISE"):
             loss = loss * 1.01
+        if step == args.nan_at and optimizer.param_groups[0]["lr"] > run.config["lr"] / 2 * 1.01:
+            loss = loss * float("nan")
+        if args.guard and not run.guard(loss):
+            continue
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -515,7 +515,7 @@ def run_record(run_dir: Path, record: dict[str, Any], read: Any = None) -> None:
         table.add_row("data version", f"{data.get('version') or '-'} ({data.get('source')}; "
                       + ", ".join(f"{k} {v}" for k, v in (data.get("counts") or {}).items()) + ")")
     training = record.get("training") or {}
-    if training:
+    if training.get("steps"):
         best = training.get("best_metric") or {}
         table.add_row("training", f"{training.get('epochs')} epochs, {training.get('steps')} steps; best epoch {training.get('best_epoch')}"
                       + (f" ({best.get('name')} {best['value']:.4f})" if isinstance(best.get("value"), float) else ""))

@@ -310,7 +310,7 @@ def _journal_named(workspace: Workspace, ref: str) -> bool:
 
 def data_order(workspace: Workspace, opened: Any, first: int, last: int) -> dict[str, Any]:
     """`veritrain data order RUN --steps A:B`: the training rows of optimizer steps A … B−1 of the run, recomputed from
-    its recorded seed, data and sizes (veritrain.train.loop.step_rows), shown as the task shows its rows (Task.show_rows:
+    its recorded seed, data and sizes, as its engine drew them (veritrain.train.engines.step_rows), shown as the task shows its rows (Task.show_rows:
     sample ids, a language model's window starts); and the SHA-256 of the rows as little-endian int64, in order."""
     from veritrain.trust.opening import code_session
 
@@ -324,12 +324,13 @@ def _data_order(opened: Any, task: Any, first: int, last: int) -> dict[str, Any]
 
     import numpy as np
 
-    from veritrain.train.loop import step_rows
+    from veritrain.train import engines
 
     cfg, data = opened.config, opened.data
     train = task.rows(data, "train")
     world = int(((opened.record.get("distributed") or {}).get("world_size")) or 1)
     total = int((opened.record.get("training") or {}).get("steps") or 0)
+    engine = engines.of_record(opened.record)
     if first < 0 or last <= first:
         raise UserError(f"--steps {first}:{last}: give A:B with 0 ≤ A < B (optimizer steps, 0-based, B excluded)")
     if total and first >= total:
@@ -339,7 +340,7 @@ def _data_order(opened: Any, task: Any, first: int, last: int) -> dict[str, Any]
         last = total
     steps, digest = [], hashlib.sha256()
     for step in range(first, last):
-        epoch, batches = step_rows(cfg.seed, train, cfg.train.batch_size, cfg.train.accumulate_steps, step, world)
+        epoch, batches = engines.step_rows(engine, cfg, train, step, world)
         rows = np.concatenate(batches) if batches else np.zeros(0, dtype=np.int64)
         digest.update(np.ascontiguousarray(rows, dtype="<i8").tobytes())
         _, shown = task.show_rows(data, rows)

@@ -69,7 +69,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
         hypothesis: Optional[str] = None, parent: Optional[str] = None, smoke: Optional[dict[str, Any]] = None,
         data_version: Optional[str] = None, sweep: Optional[dict[str, Any]] = None, nproc: int = 1,
         code: Optional[usercode.CodeSession] = None, sweep_selection: Optional[dict[str, Any]] = None,
-        epoch_judge: Optional[EpochJudge] = None) -> RunOutcome:
+        epoch_judge: Optional[EpochJudge] = None, engine: Optional[str] = None) -> RunOutcome:
     """Start a new run of `kind` ("run": prepare, train, baselines, evaluate, export; "train":
     prepare, train). `repeat` links the runs of `veritrain run --repeat N` (group, index, of).
     `data_version` is the version the run must train on (reproduce): the data must still prepare to it,
@@ -79,17 +79,21 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     `code` is where user modules come from (reproduce: the original's copies; a sweep's trial: the sweep's);
     by default the config file's folder, the working directory, then sys.path (veritrain.records.usercode).
     `epoch_judge` is a search's verdict on each epoch (veritrain.train.loop.EpochJudge): a pruning one ends the run
-    after that epoch with status `pruned`, neither evaluated nor exported."""
+    after that epoch with status `pruned`, neither evaluated nor exported. `engine`: what trains it
+    (veritrain.train.engines; reproduce: the original's); None: the engine of a new run."""
     session = code or usercode.fresh(resolved.path)
     with session:
         return _start(resolved, workspace, argv, kind, repeat, reproduced_from, hypothesis, parent, smoke, data_version, sweep, nproc, session,
-                      sweep_selection, epoch_judge)
+                      sweep_selection, epoch_judge, engine)
 
 
 def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: str, repeat: Optional[dict[str, Any]],
            reproduced_from: Optional[str], hypothesis: Optional[str], parent: Optional[str], smoke: Optional[dict[str, Any]],
            data_version: Optional[str], sweep: Optional[dict[str, Any]], nproc: int, code: usercode.CodeSession,
-           sweep_selection: Optional[dict[str, Any]] = None, epoch_judge: Optional[EpochJudge] = None) -> RunOutcome:
+           sweep_selection: Optional[dict[str, Any]] = None, epoch_judge: Optional[EpochJudge] = None,
+           engine: Optional[str] = None) -> RunOutcome:
+    from veritrain.train import engines
+
     cfg = resolved.config
     refuse_to_start(argv, hypothesis)
     code.import_config(cfg)  # a module or factory that is missing is a config problem: exit 2 before a run exists
@@ -105,6 +109,10 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
         problem = distributed.config_problem(cfg.train, nproc, device_type)
         if problem:
             raise UserError(f"--nproc {nproc}: {problem}")
+    world_size = ranks.world_size if ranks is not None else nproc
+    engine = engine or engines.for_new_run(world_size)
+    if engine != engines.LOOP and world_size > 1:
+        raise UserError(f"training.engine {engine}: trains in one process; reproduce this run without torchrun and --nproc")
     run_id, run_dir = workspace.new_run_dir()
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
     record = Recorder.start(
@@ -138,6 +146,8 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
         parent=parent,  # the reference run experiments.md compares the config with
         smoke=smoke,  # the smoke test this run relied on, or {"status": "skipped"} with --no-smoke
     )
+    if engines.recorded(engine):  # what trains it, from the start: a resume, an audit and a reproduction use the same
+        record.set(training={**engines.recorded(engine), "epochs": 0, "steps": 0})  # the counts are set when training ends
     if nproc > 1:  # completed by the launch with the backend and each rank's device
         record.set(distributed={"world_size": nproc, "nodes": 1, "backend": cfg.train.backend, "devices": [], "launch": []})
     elif ranks is not None:
@@ -441,7 +451,7 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
                  epoch_judge: Optional[EpochJudge] = None) -> Optional[dict[str, Any]]:
     """Train (one process, torchrun's rank 0, or --nproc ranks) and record what training made; returns the
     search's verdict when it pruned the run, else None."""
-    from veritrain.train import loop
+    from veritrain.train import engines, loop
 
     t = time.perf_counter()
     world_size = int((record.get("distributed") or {}).get("world_size", 1))
@@ -474,8 +484,8 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         record.set(distributed={"world_size": world_size, "nodes": 1, "backend": result.backend or "gloo",
                                 "devices": result.devices or [], "launch": launch_command})
     else:
-        result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, epoch_judge=epoch_judge,
-                          record_format=record.get("record_format"))
+        result = engines.train(engines.of_record(record), cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events,
+                               epoch_judge=epoch_judge, record_format=record.get("record_format"))
     record.time("train", time.perf_counter() - t, add=True)
     record.update_section("env", device=result.device, torch_threads=result.threads)
     from veritrain.train import trajectory
@@ -492,6 +502,7 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         "peak_memory_mb": result.peak_memory_mb,
         "loop_seconds": result.loop_seconds,
         "settings": {"device": result.device, "threads": result.threads, "num_workers": cfg.train.num_workers},
+        **engines.recorded(engines.of_record(record)),
     })
     record.write()
     return result.pruned

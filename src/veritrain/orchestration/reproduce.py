@@ -24,6 +24,7 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
     """Run the recorded pipeline of RUN again (same config, seed, data version, and the user code recorded with it,
     or today's with `use_current_code`) into a new run and compare the final weights and every epoch's metrics."""
     from veritrain.data import prepare
+    from veritrain.train import engines
 
     original_dir = workspace.resolve_run(ref, "model")
     original = read_record(original_dir)
@@ -49,7 +50,8 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
                         f"command ({distributed['world_size']} ranks) with `veritrain train runs/{original['run_id']}/config.yaml` and compare with `veritrain runs compare`")
     code = code_session(workspace, original_dir, original, "reproduce", use_current_code)
     outcome = pipeline.run(resolved, workspace, argv, kind=original["kind"], reproduced_from=original["run_id"], data_version=data.version,
-                           nproc=int(distributed.get("world_size", 1)), code=code)  # the same world size: the result depends on it
+                           nproc=int(distributed.get("world_size", 1)), code=code,  # the same world size: the result depends on it
+                           engine=engines.of_record(original))  # and the same engine
     comparison = compare_runs(original_dir, Path(outcome.summary["run_dir"]))
     comparison["reproduction_status"] = outcome.record["status"]
     comparison["reproduction_seal"] = outcome.seal

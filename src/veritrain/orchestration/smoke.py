@@ -59,7 +59,7 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code
     from veritrain.core.signals import interruptible
     from veritrain.results import evaluate, export
     from veritrain.tasks import get_task
-    from veritrain.train import loop
+    from veritrain.train import engines, parts
 
     cfg = resolved.config
     folder = workspace.state_dir / "smoke" / key
@@ -87,17 +87,18 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code
         task = get_task(tiny)
         with interruptible() as stop, fresh(resolved.path):  # the user's model code, as a new run imports it
             (folder / "full").mkdir()
-            full = loop.run(tiny, sliced, task, folder / "full", stop, logs.console)
+            engine = engines.for_new_run(1)  # what the run it checks trains with
+            full = engines.train(engine, tiny, sliced, task, folder / "full", stop, logs.console)
             checks["train"] = {"passed": full.steps == STEPS, "steps": full.steps}
             # resume from the first checkpoint in a copy: it must end exactly where the full run ended
             shutil.copytree(folder / "full", folder / "resumed")
             for path in (folder / "resumed" / "checkpoints").iterdir():
                 if not path.name.startswith("step-1.pt"):
                     path.unlink()
-            resumed = loop.run(tiny, sliced, task, folder / "resumed", stop, logs.console, resume=True)
+            resumed = engines.train(engine, tiny, sliced, task, folder / "resumed", stop, logs.console, resume=True)
             checks["checkpoint_resume"] = {"passed": resumed.final_state_sha256 == full.final_state_sha256,
                                            "final_state_sha256": full.final_state_sha256}
-            device = loop.resolve_device(tiny.train.device)
+            device = parts.resolve_device(tiny.train.device)
             metrics = evaluate.run(tiny, sliced, task, folder / "full", device, "last")
             checks["eval"] = {"passed": True, "samples": metrics.get("samples")}
             description = export.run(tiny, sliced, task, folder / "full", "last")

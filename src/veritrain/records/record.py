@@ -305,6 +305,7 @@ class Training(Part):
     peak_memory_mb: Optional[float] = None
     loop_seconds: Optional[float] = None
     settings: Optional[dict[str, Any]] = None
+    engine: Optional[str] = None  # what trained the run (veritrain.train.engines); absent: veritrain's earlier loop
 
 
 class ExportInfo(Part):

@@ -41,75 +41,25 @@ from veritrain.core.seeding import seed_everything
 from veritrain.core.signals import StopFlag
 from veritrain.records.record import RECORD_FORMAT
 from veritrain.tasks import split_rows
-from veritrain.train import ranks as rank_group
+from veritrain.train import parts, ranks as rank_group
 from veritrain.train.checkpointer import Checkpointer, LoopState, ReplayDone as ReplayDone, Trained
 from veritrain.train.guard import NonFiniteGuard, RolledBack
 from veritrain.train.order import epoch_generator as epoch_generator
+from veritrain.train.parts import (
+    EpochJudge as EpochJudge,
+    TrainResult as TrainResult,
+    build_optimizer as build_optimizer,
+    resolve_device as resolve_device,
+    schedule_factor as schedule_factor,
+)
 from veritrain.train.steplog import StepLog, read_metrics
 
 if TYPE_CHECKING:
-    from veritrain.core.config import OptimConfig, RunConfig, ScheduleConfig
+    from veritrain.core.config import RunConfig
     from veritrain.data.identity import DataVersion
     from veritrain.tasks import Task
 
 log = logging.getLogger("veritrain")
-
-
-@dataclass
-class TrainResult:
-    final_state_sha256: str
-    epochs: list[dict[str, Any]]  # the rows of metrics.jsonl
-    best_epoch: int
-    best_value: Optional[float]
-    best_metric: tuple[str, str]
-    steps: int
-    device: str
-    threads: int
-    peak_memory_mb: float
-    loop_seconds: float = 0.0  # the epochs alone (no setup, data or model building): what overhead is measured on
-    trajectory: Optional[list[dict[str, Any]]] = None  # one entry per scheduled checkpoint (and the initial state)
-    pruned: Optional[dict[str, Any]] = None  # the search's verdict that stopped training after an epoch (see EpochJudge)
-    other_saves: Optional[list[dict[str, Any]]] = None  # signal and every_minutes saves: {step, reason, state_sha256}
-    devices: Optional[list[str]] = None  # with several ranks: each rank's device, in rank order
-    backend: Optional[str] = None  # with several ranks: the collective backend
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RunFailed("train.device: 'cuda' requested but no CUDA device is available; set train.device=cpu or auto")
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
-
-
-def build_optimizer(cfg: OptimConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    if cfg.name == "sgd":
-        return torch.optim.SGD(
-            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov and cfg.momentum > 0
-        )
-    # a model that says which of its parameters decay (the GPT: Linear weights, not biases, norms or embeddings)
-    asks = getattr(getattr(model, "module", model), "optimizer_groups", None)  # a DDP wrapper holds it as .module
-    params: Any = asks(cfg.weight_decay) if callable(asks) else model.parameters()
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.momentum, 0.999), weight_decay=cfg.weight_decay)
-
-
-def schedule_factor(cfg: ScheduleConfig, steps_per_epoch: int, total_steps: int):
-    """lr multiplier per optimizer step: linear warmup over `warmup_steps`, then cosine to 0, constant,
-    or a drop by `gamma` every `step_epochs` epochs."""
-    warmup, name, gamma = cfg.warmup_steps, cfg.name, cfg.gamma
-    drop_every = cfg.step_epochs * steps_per_epoch
-    cosine_steps = max(1, total_steps - warmup)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if name == "constant":
-            return 1.0
-        if name == "step":
-            return gamma ** (step // drop_every)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / cosine_steps)))
-
-    return factor
 
 
 def batch_starts(n: int, batch_size: int, world_size: int = 1) -> list[int]:
@@ -134,13 +84,6 @@ def step_rows(seed: int, train_rows: np.ndarray, batch_size: int, accumulate_ste
     order = train_rows[torch.randperm(len(train_rows), generator=epoch_generator(seed, epoch, 0)).numpy()]
     group = range(within * accumulate_steps, min(len(starts), (within + 1) * accumulate_steps))
     return epoch, [order[starts[b] : starts[b] + batch_size] for b in group]
-
-
-# A search's judge of each epoch (`veritrain search`, veritrain.orchestration.search): called with the run folder, the
-# epoch's row (already in metrics.jsonl) and the stop flag; it waits for the search driver's verdict and returns it
-# when the driver prunes the trial ({epoch, step, value, reason, ...}), else None. Training then stops after that
-# epoch's save, so a pruned run ends at the epoch that was judged, never evaluated further.
-EpochJudge = Callable[[Path, dict[str, Any], StopFlag], Optional[dict[str, Any]]]
 
 
 @dataclass
@@ -254,7 +197,7 @@ def _setup(cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Rank
     factor = schedule_factor(cfg.schedule, steps_per_epoch, steps_per_epoch * tcfg.epochs)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: factor(step) * state.lr_factor)
     scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")  # passes values through when disabled
-    best_metric = _best_metric(cfg, task, data)
+    best_metric = parts.best_metric(cfg, task, data)
     return Training(cfg=cfg, data=data, task=task, ranks=ranks, device=device, trained=Trained(model, optimizer, schedule, scaler),
                     forward=torch.compile(trainer) if tcfg.compile else trainer, factor=factor,
                     params=[p for p in model.parameters() if p.requires_grad], train_rows=train_rows, starts=starts,
@@ -275,15 +218,6 @@ def _data_parallel(model: torch.nn.Module, ranks: rank_group.Ranks, cfg: RunConf
         seed_everything(int(np.random.SeedSequence([cfg.seed % 2**63, ranks.rank]).generate_state(1, dtype=np.uint64)[0] % 2**63),
                         cfg.train.deterministic, compiler=cfg.train.compile)
     return model, trainer
-
-
-def _best_metric(cfg: RunConfig, task: Task, data: DataVersion) -> tuple[str, str]:
-    key = cfg.checkpoint.best_metric or task.best_metric[0]
-    mode = cfg.checkpoint.best_mode or task.best_metric[1]
-    if len(split_rows(task, data, "val")) == 0 and key.startswith("val_"):
-        key = "train_" + key.removeprefix("val_")
-        log.warning("train: the val split is empty; best.pt follows %s on the train split", key)
-    return key, mode
 
 
 def _log_start(t: Training) -> None:

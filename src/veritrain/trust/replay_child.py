@@ -34,7 +34,7 @@ def main(job_file: str) -> int:
     from veritrain.records import usercode
     from veritrain.results import evaluate, export  # noqa: F401  (imported before the job: their cost overlaps the auditor's checks)
     from veritrain.tasks import get_task
-    from veritrain.train import loop  # noqa: F401
+    from veritrain.train import engines  # noqa: F401
 
     logs.setup_console_logging()
     logging.getLogger("veritrain").setLevel(logging.WARNING)  # the replayed loop's own lines stay out of the audit's output
@@ -68,7 +68,8 @@ def _stretch(cfg: Any, data: Any, task: Any, stretch: dict[str, Any], record: di
     import shutil
 
     from veritrain.core.signals import StopFlag
-    from veritrain.train import loop
+    from veritrain.train import engines
+    from veritrain.train.checkpointer import ReplayDone
 
     run_dir = Path(stretch["run_dir"])
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -82,10 +83,10 @@ def _stretch(cfg: Any, data: Any, task: Any, stretch: dict[str, Any], record: di
         (run_dir / "checkpoints" / (name + ".sha256")).write_text(digest + "\n")
     out = Path(stretch["out"])
     try:
-        loop.run(cfg, data, task, run_dir, StopFlag(), None, resume=bool(stretch.get("start_file")), events=[],
-                 stop_at_step=int(stretch["stop_step"]), hand_back=out,
-                 record_format=record.get("record_format") if isinstance(record.get("record_format"), int) else None)
-    except loop.ReplayDone:
+        engines.train(engines.of_record(record), cfg, data, task, run_dir, StopFlag(), None, resume=bool(stretch.get("start_file")), events=[],
+                      stop_at_step=int(stretch["stop_step"]), hand_back=out,
+                      record_format=record.get("record_format") if isinstance(record.get("record_format"), int) else None)
+    except ReplayDone:
         pass
     except Exception as err:  # the recorded code's failure ends this stretch only; the auditor names it
         (out / "failed.txt").write_text(f"{type(err).__name__}: {err}"[:500] + "\n", encoding="utf-8")
@@ -100,7 +101,7 @@ def _result(cfg: Any, data: Any, task: Any, item: dict[str, Any]) -> None:
     import torch
 
     from veritrain.results import evaluate, export
-    from veritrain.train.loop import resolve_device
+    from veritrain.train.parts import resolve_device
 
     out = Path(item["out"])
     if item["kind"] == "metrics":

@@ -414,7 +414,7 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     entries = record.get("trajectory")
     outside = record.get("input_checkpoint")
     if not entries and not outside:
-        if record.get("training"):
+        if (record.get("training") or {}).get("steps"):
             not_checked.append({"check": "trajectory", "reason": "the record has no trajectory (made before veritrain kept one)"})
         return []
     problems = []

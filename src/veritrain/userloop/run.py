@@ -617,6 +617,9 @@ class Run:
         try:
             self._facts.deterministic = self.deterministic and torch.are_deterministic_algorithms_enabled()
             self._facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+            if self.engine.events:  # what the guard did (skips, rollbacks, the stop)
+                record.add_events(self.engine.events)
+                self.engine.events = []
             if self._script is not None:
                 marked = self.workspace.created_here(self.dir, record)  # a mark grows with the code only when it held the code so far
                 script_module.save_modules(self.dir, record.code)  # modules imported while it ran

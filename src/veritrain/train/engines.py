@@ -1,0 +1,69 @@
+"""Which engine trains a run, chosen from its record and never from a config default: the recipe
+(veritrain.train.recipe, `training.engine: recipe-1`) for runs made now in one process, and veritrain's earlier
+loop (veritrain.train.loop: records without the field, and runs of several processes) for everything it trained.
+A run resumes, is audited and is reproduced by the engine that trained it: the two draw their randomness in a
+different order and write different checkpoints, so neither can continue the other's run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Optional
+
+import numpy as np
+
+from veritrain.core.errors import RunFailed, UserError
+from veritrain.train import loop, recipe
+from veritrain.train.parts import TrainResult
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from veritrain.core.config import RunConfig
+    from veritrain.core.signals import StopFlag
+    from veritrain.data.identity import DataVersion
+    from veritrain.tasks import Task
+
+LOOP = "loop"  # the earlier loop: what a record without training.engine was trained by
+RECIPE = recipe.ENGINE
+KNOWN = (LOOP, RECIPE)
+
+
+def of_record(record: Mapping[str, Any]) -> str:
+    """The engine that trained (or trains) the run of `record`."""
+    named = (record.get("training") or {}).get("engine")
+    if named is None:
+        return LOOP
+    if named not in KNOWN:
+        raise UserError(f"training.engine: {named!r} is no engine this veritrain has ({', '.join(KNOWN)}); use the veritrain that trained the run")
+    return str(named)
+
+
+def for_new_run(world_size: int) -> str:
+    """The engine a new run trains with: the recipe in one process; several processes use the earlier loop, which
+    has the collectives."""
+    return RECIPE if world_size == 1 else LOOP
+
+
+def recorded(engine: str) -> dict[str, Any]:
+    """What the record's `training` section says about the engine (nothing for the earlier loop)."""
+    return {} if engine == LOOP else {"engine": engine}
+
+
+def step_rows(engine: str, cfg: RunConfig, train_rows: np.ndarray, step: int, world_size: int = 1) -> tuple[int, list[np.ndarray]]:
+    """(epoch, the batches of rows) that optimizer step `step` (0-based) of a run of `engine` trained on."""
+    if engine == LOOP:
+        return loop.step_rows(cfg.seed, train_rows, cfg.train.batch_size, cfg.train.accumulate_steps, step, world_size)
+    return recipe.step_rows(cfg, train_rows, step)
+
+
+def train(engine: str, cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
+          **options: Any) -> TrainResult:
+    """Train with `engine` (loop.run's and recipe.run's options: resume, events, stop_at_step, epoch_judge, record_format,
+    hand_back; ranks for the loop alone)."""
+    if engine == LOOP:
+        return loop.run(cfg, data, task, run_dir, stop, console, **options)
+    if options.get("ranks") is not None:
+        raise RunFailed(f"training.engine {engine}: trains in one process; drop torchrun and --nproc for this run")
+    options.pop("ranks", None)
+    return recipe.run(cfg, data, task, run_dir, stop, console, **options)

@@ -1,0 +1,295 @@
+"""The built-in training, written out top to bottom over the engine users' scripts get (veritrain.train.engine):
+set up, resume, then one optimizer step at a time, with validation, best.pt, early stopping and the epoch's save at
+every epoch's end.
+
+What it draws is a pure function of the config: step k trains on rows `Order.rows(k)` (a permutation per epoch,
+seeded by (seed, epoch)) with augmentation from `engine.generator(k)` (seeded by (seed, k)), so a run killed at any
+moment and resumed from its newest checkpoint ends bit-identical, and an audit replays any stretch from its start.
+Everything else the steps carry (weights, optimizer, schedule, gradient scaler, the RNG states, the epoch's partial
+sums, the best metric) is registered with the engine and saved in every checkpoint.
+
+The record names this engine (`training.engine: recipe-1`); runs without it were trained by veritrain's earlier
+loop (veritrain.train.loop), which stays for them. Several processes (torchrun) train with that loop for now.
+
+    veritrain train configs/digits.yaml                 # train only (prepares the data version if needed)
+    veritrain train --resume latest                     # continue an interrupted run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from veritrain.core.config import config_hash
+from veritrain.core.errors import Interrupted, RunFailed
+from veritrain.core.hashing import state_dict_sha256
+from veritrain.core.seeding import seed_everything
+from veritrain.core.signals import StopFlag
+from veritrain.records.record import RECORD_FORMAT
+from veritrain.tasks import split_rows
+from veritrain.train import steplog as steplog_files
+from veritrain.train.checkpointer import ReplayDone
+from veritrain.train.engine import Best, Engine, Guard, HandBack
+from veritrain.train.order import Order
+from veritrain.train.parts import EpochJudge, TrainResult, best_metric, build_optimizer, resolve_device, schedule_factor
+from veritrain.train.steplog import StepLog
+
+if TYPE_CHECKING:
+    from veritrain.core.config import RunConfig
+    from veritrain.data.identity import DataVersion
+    from veritrain.tasks import Task
+
+log = logging.getLogger("veritrain")
+
+ENGINE = "recipe-1"
+
+
+@dataclass
+class EpochSums:
+    """The epoch so far: loss × samples, samples, and the task's statistics (registered, so a resume mid-epoch goes on)."""
+
+    names: tuple[str, ...]
+    loss_sum: float = 0.0
+    seen: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def add(self, loss: float, rows: int, stats: dict[str, float]) -> None:
+        self.loss_sum += loss * rows
+        self.seen += rows
+        for name, value in stats.items():
+            self.stats[name] = self.stats.get(name, 0.0) + value
+
+    def row(self) -> dict[str, float]:
+        return {"train_loss": self.loss_sum / max(1, self.seen), **{f"train_{n}": self.stats.get(n, 0.0) / max(1, self.seen) for n in self.names}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loss_sum": self.loss_sum, "seen": self.seen, "stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loss_sum, self.seen, self.stats = float(state["loss_sum"]), int(state["seen"]), dict(state["stats"])
+
+
+@dataclass
+class Where:
+    """Where the recipe is, for the progress bar and steps.jsonl."""
+
+    step: int
+    epoch: int
+    batch_index: int
+    seen: int
+
+
+def order_of(cfg: RunConfig, n: int) -> Order:
+    """The data order of `n` training rows: step k takes `batch_size × accumulate_steps` rows of the epoch's permutation.
+    A last step of one sample is dropped: BatchNorm cannot normalise it, and it would be noise anyway."""
+    per_step = cfg.train.batch_size * cfg.train.accumulate_steps
+    return Order(n, per_step, cfg.train.epochs, n % per_step == 1 and n > 1, cfg.seed)
+
+
+def batches_of(cfg: RunConfig, train_rows: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+    """The batches of one step (`rows`: positions in the train split, as `order_of` gives them), `train.batch_size`
+    each, whose gradients accumulate; a last batch of one sample is dropped."""
+    size = cfg.train.batch_size
+    parts = [train_rows[rows[i:i + size]] for i in range(0, len(rows), size)]
+    if len(parts) > 1 and len(parts[-1]) < 2:
+        parts.pop()
+    return parts
+
+
+def step_rows(cfg: RunConfig, train_rows: np.ndarray, step: int) -> tuple[int, list[np.ndarray]]:
+    """(epoch, the batches of rows) of step `step` (0-based over the run), as the recipe draws them."""
+    order = order_of(cfg, len(train_rows))
+    return order.epoch_of(step)[0], batches_of(cfg, train_rows, order.rows(step))
+
+
+def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
+        resume: bool = False, events: Optional[list[dict[str, Any]]] = None, stop_at_step: Optional[int] = None,
+        epoch_judge: Optional[EpochJudge] = None, record_format: Optional[int] = RECORD_FORMAT,
+        hand_back: Optional[Path] = None) -> TrainResult:
+    """Train on `data` for `cfg.train.epochs`, writing metrics.jsonl, steps.jsonl and checkpoints/ (see the module's
+    docstring). `resume`: from the newest valid checkpoint. `stop_at_step` and `hand_back`: an audit replay, which hands
+    every state it enters in the trajectory back and stops at the scheduled save of that step. `epoch_judge`: a search's
+    verdict after every epoch; a pruning one ends training there."""
+    started = time.perf_counter()
+    events = events if events is not None else []
+    tcfg, ccfg = cfg.train, cfg.checkpoint
+
+    # ---- set up: seeds, device, model, optimizer, schedule, and the engine that carries them
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    seed_everything(cfg.seed, tcfg.deterministic, compiler=tcfg.compile)
+    device = resolve_device(tcfg.device)
+    if tcfg.precision == "fp16" and device.type != "cuda":
+        raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
+    model = task.build_model(cfg.model, data).to(device)
+    task.prepare(data)
+    if tcfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
+    forward = torch.compile(model) if tcfg.compile else model
+    optimizer = build_optimizer(cfg.optim, model)
+    train_rows = split_rows(task, data, "train")
+    order = order_of(cfg, len(train_rows))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(cfg.schedule, order.per_epoch, order.total))
+    scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
+    best_key, best_mode = best_metric(cfg, task, data)
+    best = Best(best_mode, tcfg.early_stopping_patience)
+    sums = EpochSums(tuple(task.epoch_metrics))
+    engine = Engine(cfg.seed, config_hash(cfg), data.version, run_dir / "checkpoints", ccfg.keep_last, ccfg.audit_every,
+                    Guard(tcfg.on_nonfinite, tcfg.max_rollbacks, tcfg.rollback_lr_factor), events, ENGINE, {"num_workers": tcfg.num_workers})
+    engine.record_format = record_format
+    if hand_back is not None:
+        engine.hand_back = HandBack(hand_back, lambda index, step: stop_at_step is not None and index > 0 and step >= stop_at_step, ReplayDone)
+    engine.folder.mkdir(parents=True, exist_ok=True)  # pyright: ignore[reportOptionalMemberAccess]
+    engine.register(model, optimizer, schedule, scaler, extra={"sums": sums, "best": best})
+    history: list[dict[str, Any]] = []  # the rows of metrics.jsonl
+
+    def rewind(saved: dict[str, Any]) -> None:  # a restored state (resume, rollback): its later rows are written again
+        steplog_files.rewind(run_dir, int(saved["loop"]["epochs_done"]), int(saved["loop"]["step"]))
+        del history[int(saved["loop"]["epochs_done"]):]
+
+    engine.on_restore.append(rewind)
+
+    # ---- resume from the newest valid checkpoint, or start: the initial state is trajectory entry 0
+    found = engine.newest() if resume else None
+    if resume and found is None:
+        log.info("resume: no checkpoint was saved yet; training from the beginning")
+        events.append({"kind": "resume", "step": 0, "detail": "no checkpoint yet: from the beginning"})
+        steplog_files.clear(run_dir)
+    engine.start(found[1] if found is not None else None)
+    if found is not None:
+        _say_resumed(found, engine, order, events, {"device": str(device), "threads": torch.get_num_threads(), "num_workers": tcfg.num_workers})
+    history[:] = steplog_files.read_metrics(run_dir)
+    if resume and history and epoch_judge is not None and engine.position % order.per_epoch == 0:  # its verdict may be missing
+        with stop.deferred():
+            pruned = _judge(epoch_judge, run_dir, history[-1], events, stop)
+    else:
+        pruned = None
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16 if tcfg.precision == "bf16" else torch.float16) \
+        if tcfg.precision in ("bf16", "fp16") else contextlib.nullcontext()
+    params = [p for p in model.parameters() if p.requires_grad]
+    log.info("train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d steps/epoch × %d epochs",
+             cfg.model.target or cfg.model.name, f"{sum(p.numel() for p in params):,}", device, torch.get_num_threads(),
+             tcfg.precision, len(train_rows), order.per_epoch, tcfg.epochs)
+    steplog = StepLog(cfg, run_dir, console, True, order.per_epoch)
+    engine.last_save = time.monotonic()  # checkpoint.every_minutes counts from here
+
+    # ---- the steps
+    loop_started = time.perf_counter()
+    done, shown_epoch = best.stop or pruned is not None, 0
+    with steplog, stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
+        for step, rows in ([] if done else engine.batches(order)):
+            epoch, within = order.epoch_of(step)
+            if epoch != shown_epoch or within == 0:
+                steplog.start_epoch(epoch, within, sums.seen)
+                model.train()
+                shown_epoch = epoch
+            loss, stepped, grad_norm = 0.0, False, None
+            optimizer.zero_grad(set_to_none=True)
+            augment = engine.generator(step)
+            parts = batches_of(cfg, train_rows, rows)
+            for part in parts:
+                x, y = task.batch(data, part, device, True, augment)
+                if tcfg.channels_last and x.dim() == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
+                with autocast:
+                    outputs = forward(x)
+                    batch_loss = task.loss(outputs, y)
+                value = batch_loss.item()
+                if not engine.guard(value, "loss"):
+                    if engine.rewound:
+                        break
+                    continue
+                scaler.scale(batch_loss / len(parts) if len(parts) > 1 else batch_loss).backward()
+                stepped, loss = True, loss + value / len(parts)
+                sums.add(value, len(part), task.batch_stats(outputs.detach().float(), y))
+            if engine.rewound:
+                continue
+            if stepped and (tcfg.grad_clip or tcfg.check_grad_norm or steplog.logs_step(step + 1)):
+                scaler.unscale_(optimizer)
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
+                if tcfg.check_grad_norm and not engine.guard(grad_norm, "gradient norm"):
+                    if engine.rewound:
+                        continue
+                    stepped = False
+            if stepped:
+                scaler.step(optimizer)
+                scaler.update()
+                schedule.step()
+            engine.position = step + 1
+            steplog.step(Where(step + 1, epoch, within + 1, sums.seen), loss, optimizer.param_groups[0]["lr"], grad_norm, stepped)
+            if within + 1 < order.per_epoch:  # inside the epoch: the step schedule, the clock, a signal
+                if ccfg.every_steps and (step + 1) % ccfg.every_steps == 0:
+                    engine.save("step")
+                elif engine.minutes_due(ccfg.every_minutes):
+                    engine.save("minutes", scheduled=False)
+                if stop.signum is not None:
+                    engine.save("signal", scheduled=False, final=ccfg.last)
+                    raise Interrupted(stop.signum)
+                continue
+
+            # ---- the end of an epoch: validate, write its row, follow the best metric, save
+            row = {"epoch": epoch, "step": step + 1, **sums.row()}
+            if len(task.rows(data, "val")) > 0:
+                row.update(task.validation_metrics(model, data, device, cfg.eval.batch_size))
+            row.update(lr=optimizer.param_groups[0]["lr"], seconds=steplog.epoch_seconds())
+            if best_key not in row:
+                raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
+            improved = best.update(row[best_key], epoch)
+            sums.loss_sum, sums.seen, sums.stats = 0.0, 0, {}
+            history.append(row)
+            steplog.epoch(row)
+            if best.stop:
+                events.append({"kind": "early_stop", "step": step + 1, "detail": f"{best_key} did not improve for {best.bad_epochs} epochs "
+                               f"(best {best.value:.4f} at epoch {best.epoch})"})
+            if epoch_judge is not None:  # one process: the verdict on the row just written; a signal may come while it waits
+                pruned = _judge(epoch_judge, run_dir, row, events, stop)
+            signum = stop.signum if pruned is None else None
+            scheduled = bool(ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or bool(ccfg.every_steps and (step + 1) % ccfg.every_steps == 0) \
+                or epoch == tcfg.epochs or best.stop or (improved and ccfg.best)
+            ends = epoch == tcfg.epochs or best.stop or pruned is not None or signum is not None
+            if scheduled or ends:
+                engine.save("epoch" if scheduled else "signal", scheduled=scheduled, best=improved and ccfg.best, final=ends and ccfg.last)
+            log.info("epoch %d/%d  %s  lr %.2e  (%.1fs%s)", epoch, tcfg.epochs,
+                     "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
+                     row["lr"], row["seconds"], ", best" if improved else "")
+            if best.stop or pruned is not None:
+                log.info("train: %s", events[-1]["detail"])
+                break
+            if signum is not None:
+                raise Interrupted(signum)
+    loop_seconds = time.perf_counter() - loop_started
+    steplog.close()
+    peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    log.info("train: %d steps in %.1fs, peak memory %.0f MB", engine.position, time.perf_counter() - started, peak_mb)
+    return TrainResult(final_state_sha256=state_dict_sha256(model.state_dict()), epochs=history, best_epoch=best.epoch,
+                       best_value=best.value, best_metric=(best_key, best_mode), steps=engine.position, device=str(device),
+                       threads=torch.get_num_threads(), peak_memory_mb=round(peak_mb, 1), loop_seconds=round(loop_seconds, 4),
+                       trajectory=list(engine.entries), other_saves=list(engine.other_saves), pruned=pruned, engine=ENGINE)
+
+
+def _say_resumed(found: tuple[Path, dict[str, Any]], engine: Engine, order: Order, events: list[dict[str, Any]], now: dict[str, Any]) -> None:
+    path, saved = found
+    epoch, batch = order.epoch_of(engine.position)
+    changed = {k: (v, now[k]) for k, v in (saved.get("settings") or {}).items() if k in now and now[k] != v}
+    if changed:
+        log.warning("resume: settings differ from the saved run (%s); the result may not be bit-identical",
+                    ", ".join(f"{k} {a} → {b}" for k, (a, b) in changed.items()))
+    events.append({"kind": "resume", "step": engine.position, "detail": f"from checkpoints/{path.name} (epoch {epoch}, batch {batch})"})
+    log.info("resume: from %s at step %d (epoch %d, batch %d)", path.name, engine.position, epoch, batch)
+
+
+def _judge(judge: EpochJudge, run_dir: Path, row: dict[str, Any], events: list[dict[str, Any]], stop: StopFlag) -> Optional[dict[str, Any]]:
+    verdict = judge(run_dir, row, stop)
+    if verdict is None:
+        return None
+    events.append({"kind": "pruned", "step": row["step"], "detail": f"pruned by the search after epoch {row['epoch']}: {verdict.get('reason')}"})
+    return {**verdict, "epoch": row["epoch"], "step": row["step"]}
