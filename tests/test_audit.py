@@ -92,7 +92,9 @@ def test_a_forged_segment_passes_verify_and_is_caught_by_the_audit(honest, tmp_p
     metrics = (forged_dir / "metrics.jsonl").read_text().splitlines()[:2]  # epochs 1 and 2: the forger's story
     (forged_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in metrics))
     (forged_dir / "steps.jsonl").unlink(missing_ok=True)
-    honest_record.update(status="interrupted", training=None, final_state_sha256=None)
+    # as in a run killed while it trained: the record names its engine and no counts yet
+    honest_record.update(status="interrupted", training={"engine": honest_record["training"]["engine"], "epochs": 0, "steps": 0},
+                         final_state_sha256=None)
     for key in ("trajectory", "other_saves"):  # absent until training ends, as in a run killed while it trained
         honest_record.pop(key, None)
     write_record(forged_dir, honest_record)
@@ -225,7 +227,9 @@ def test_a_forged_segment_without_a_start_checkpoint_is_replayed_from_an_earlier
     checkpoint.write(forged_dir / "checkpoints", checkpoint.encode(foreign), ["step-40.pt"], keep_last=100)
     (forged_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in (honest_dir / "metrics.jsonl").read_text().splitlines()[:1]))
     (forged_dir / "steps.jsonl").unlink(missing_ok=True)
-    honest_record.update(status="interrupted", training=None, final_state_sha256=None)
+    # as in a run killed while it trained: the record names its engine and no counts yet
+    honest_record.update(status="interrupted", training={"engine": honest_record["training"]["engine"], "epochs": 0, "steps": 0},
+                         final_state_sha256=None)
     for key in ("trajectory", "other_saves"):  # absent until training ends, as in a run killed while it trained
         honest_record.pop(key, None)
     write_record(forged_dir, honest_record)

@@ -302,11 +302,13 @@ def test_checkpoint_holds_the_full_state(tmp_path):
     assert outcome.record["status"] == "completed"
     folder = Path(outcome.summary["run_dir"]) / "checkpoints"
     state = checkpoint.load(folder / "last.pt")
-    for key in ("model", "optimizer", "schedule", "scaler", "rng", "augment_rng", "loop", "settings", "config_hash", "data_version", "format_version"):
+    for key in ("model", "optimizer", "scheduler", "scaler", "extra", "rng", "loop", "settings", "config_hash", "data_version",
+                "format_version", "engine"):
         assert key in state, key
-    loop = state["loop"]
-    for key in ("epoch", "batch_index", "step", "epochs_done", "loss_sum", "seen", "stat_sums", "best_value", "rollbacks", "lr_factor", "bad_epochs"):
-        assert key in loop, key
+    for key in ("step", "epochs_done", "order", "guard", "trajectory", "other_saves"):
+        assert key in state["loop"], key
+    assert set(state["extra"]["sums"]) == {"loss_sum", "seen", "stats"} and set(state["extra"]["best"]) == {"value", "epoch", "bad_epochs"}
+    assert set(state["loop"]["guard"]) == {"rollbacks", "lr_factor"}
     assert set(state["settings"]) == {"device", "threads", "num_workers"}
     assert len(checkpoint.step_files(folder)) == 2  # keep_last
     assert not any(p.is_symlink() for p in folder.iterdir())

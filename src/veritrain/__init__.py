@@ -16,14 +16,15 @@ from veritrain.core.version import __version__
 if TYPE_CHECKING:
     from veritrain import data, hf, lightning
     from veritrain.data.for_scripts import Data
+    from veritrain.train.engine import Best
     from veritrain.userloop.run import Run, UsageError, start
 
 # `data`: the data stage's package, callable: veritrain.data(config) prepares a data version for a script
 # `lightning`, `hf`: the framework integrations, imported on first use (their extras)
-__all__ = ["__version__", "start", "Run", "UsageError", "data", "Data", "lightning", "hf"]
+__all__ = ["__version__", "start", "Run", "Best", "UsageError", "data", "Data", "lightning", "hf"]
 
 _LAZY = {"start": "veritrain.userloop.run", "Run": "veritrain.userloop.run", "UsageError": "veritrain.userloop.run",
-         "Data": "veritrain.data.for_scripts"}
+         "Best": "veritrain.train.engine", "Data": "veritrain.data.for_scripts"}
 
 
 def __getattr__(name: str) -> Any:

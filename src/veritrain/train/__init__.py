@@ -1,1 +1,2 @@
-"""The training stage: `veritrain.train.loop.run` (the loop written out) and checkpoint files."""
+"""The training stage: the engine (`veritrain.train.engine`), the built-in recipe over it (`veritrain.train.recipe`),
+the earlier loop its older runs keep (`veritrain.train.loop`), and checkpoint files."""

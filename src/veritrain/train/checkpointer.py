@@ -251,6 +251,9 @@ class Checkpointer:
             saved = checkpoint.load(path)
         if saved is None or path is None:
             raise RunFailed(f"resume: no valid checkpoint in {folder}; start a new run instead")
+        if "engine" in saved:  # a state of another engine (veritrain.train.engine) under a record that names none
+            raise RunFailed(f"resume: {path.name} was saved by the {saved['engine']} engine, and the run's record names none (the earlier loop); "
+                            "`veritrain verify` names the mismatch")
         if saved["config_hash"] != self.config_hash or saved["data_version"] != self.data_version:
             raise RunFailed(f"resume: {path.name} was saved with another config or data version; resume with the run's own config.yaml")
         saved_world = int((saved.get("distributed") or {}).get("world_size", 1))

@@ -204,9 +204,10 @@ class Engine:
             "data_version": self.binding,
         }
 
-    def restore(self, saved: dict[str, Any]) -> None:
+    def restore(self, saved: dict[str, Any], rollback: bool = False) -> None:
         """Put the registered state, the RNG states and the position back as `saved` holds them; later checkpoint files
-        go (they belong to a future this run no longer has)."""
+        go (on resume they failed their check, since the newest valid one is restored; after a rollback they belong to a
+        future this run no longer has)."""
         assert self.state is not None
         state = self.state
         state["model"].load_state_dict(saved["model"])
@@ -229,7 +230,8 @@ class Engine:
         self.rollbacks, self.lr_factor = int(guard.get("rollbacks", 0)), float(guard.get("lr_factor", 1.0))
         if self.folder is not None:
             for name in checkpoint_files.discard_after(self.folder, self.position):
-                log.warning("checkpoint: removed %s, which lies after the resume point", name)
+                log.warning("checkpoint: removed %s, which %s", name,
+                            "lies after the rollback's target" if rollback else "failed its check and lies after the resume point")
         for hook in self.on_restore:
             hook(saved)
 
@@ -241,6 +243,8 @@ class Engine:
         for problem in problems:
             log.warning("checkpoint: %s; falling back to an older one", problem)
         if saved is None or path is None:
+            if problems:  # files were saved, and none holds a state: starting over would hide the damage
+                raise RunFailed(f"resume: no valid checkpoint in {folder}; start a new run instead")
             return None
         if saved.get("config_hash") != self.config_hash or saved.get("data_version") != self.binding:
             raise RunFailed(f"resume: {path.name} was saved with another config or other inputs; resume with the run's own config, or start a new run")
@@ -384,7 +388,7 @@ class Engine:
         assert self.snapshot is not None and self.state is not None
         rollbacks, lr_factor, failed_step = self.rollbacks + 1, self.lr_factor * policy.rollback_lr_factor, self.position + 1
         saved = torch.load(io.BytesIO(self.snapshot), weights_only=True)
-        self.restore(saved)
+        self.restore(saved, rollback=True)
         scale = lr_factor / self.lr_factor  # the snapshot's rates hold its own factor
         self.rollbacks, self.lr_factor = rollbacks, lr_factor
         optimizer, scheduler = self.state["optimizer"], self.state["scheduler"]

@@ -111,6 +111,34 @@ def step_rows(cfg: RunConfig, train_rows: np.ndarray, step: int) -> tuple[int, l
     return order.epoch_of(step)[0], batches_of(cfg, train_rows, order.rows(step))
 
 
+@dataclass
+class Setup:
+    """What the recipe trains with: built once by `_set_up`, read by the steps."""
+
+    cfg: RunConfig
+    data: DataVersion
+    task: Task
+    device: torch.device
+    model: torch.nn.Module
+    forward: Any  # the model, or torch.compile of it
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler
+    train_rows: np.ndarray
+    order: Order
+    engine: Engine
+    sums: EpochSums
+    best: Best
+    best_key: str
+    params: list[torch.nn.Parameter]
+
+    def autocast(self) -> Any:
+        precision = self.cfg.train.precision
+        if precision not in ("bf16", "fp16"):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
 def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None, stop_at_step: Optional[int] = None,
         epoch_judge: Optional[EpochJudge] = None, record_format: Optional[int] = RECORD_FORMAT,
@@ -121,35 +149,11 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
     verdict after every epoch; a pruning one ends training there."""
     started = time.perf_counter()
     events = events if events is not None else []
-    tcfg, ccfg = cfg.train, cfg.checkpoint
-
-    # ---- set up: seeds, device, model, optimizer, schedule, and the engine that carries them
-    if tcfg.threads:
-        torch.set_num_threads(tcfg.threads)
-    seed_everything(cfg.seed, tcfg.deterministic, compiler=tcfg.compile)
-    device = resolve_device(tcfg.device)
-    if tcfg.precision == "fp16" and device.type != "cuda":
-        raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
-    model = task.build_model(cfg.model, data).to(device)
-    task.prepare(data)
-    if tcfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
-    forward = torch.compile(model) if tcfg.compile else model
-    optimizer = build_optimizer(cfg.optim, model)
-    train_rows = split_rows(task, data, "train")
-    order = order_of(cfg, len(train_rows))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(cfg.schedule, order.per_epoch, order.total))
-    scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")
-    best_key, best_mode = best_metric(cfg, task, data)
-    best = Best(best_mode, tcfg.early_stopping_patience)
-    sums = EpochSums(tuple(task.epoch_metrics))
-    engine = Engine(cfg.seed, config_hash(cfg), data.version, run_dir / "checkpoints", ccfg.keep_last, ccfg.audit_every,
-                    Guard(tcfg.on_nonfinite, tcfg.max_rollbacks, tcfg.rollback_lr_factor), events, ENGINE, {"num_workers": tcfg.num_workers})
-    engine.record_format = record_format
+    ccfg = cfg.checkpoint
+    s = _set_up(cfg, data, task, run_dir, events, record_format)
+    engine, order, sums, best = s.engine, s.order, s.sums, s.best
     if hand_back is not None:
         engine.hand_back = HandBack(hand_back, lambda index, step: stop_at_step is not None and index > 0 and step >= stop_at_step, ReplayDone)
-    engine.folder.mkdir(parents=True, exist_ok=True)  # pyright: ignore[reportOptionalMemberAccess]
-    engine.register(model, optimizer, schedule, scaler, extra={"sums": sums, "best": best})
     history: list[dict[str, Any]] = []  # the rows of metrics.jsonl
 
     def rewind(saved: dict[str, Any]) -> None:  # a restored state (resume, rollback): its later rows are written again
@@ -166,66 +170,29 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
         steplog_files.clear(run_dir)
     engine.start(found[1] if found is not None else None)
     if found is not None:
-        _say_resumed(found, engine, order, events, {"device": str(device), "threads": torch.get_num_threads(), "num_workers": tcfg.num_workers})
+        _say_resumed(found, engine, order, events, {"device": str(s.device), "threads": torch.get_num_threads(), "num_workers": cfg.train.num_workers})
     history[:] = steplog_files.read_metrics(run_dir)
+    pruned = None
     if resume and history and epoch_judge is not None and engine.position % order.per_epoch == 0:  # its verdict may be missing
         with stop.deferred():
             pruned = _judge(epoch_judge, run_dir, history[-1], events, stop)
-    else:
-        pruned = None
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16 if tcfg.precision == "bf16" else torch.float16) \
-        if tcfg.precision in ("bf16", "fp16") else contextlib.nullcontext()
-    params = [p for p in model.parameters() if p.requires_grad]
-    log.info("train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d steps/epoch × %d epochs",
-             cfg.model.target or cfg.model.name, f"{sum(p.numel() for p in params):,}", device, torch.get_num_threads(),
-             tcfg.precision, len(train_rows), order.per_epoch, tcfg.epochs)
     steplog = StepLog(cfg, run_dir, console, True, order.per_epoch)
     engine.last_save = time.monotonic()  # checkpoint.every_minutes counts from here
 
-    # ---- the steps
-    loop_started = time.perf_counter()
-    done, shown_epoch = best.stop or pruned is not None, 0
-    with steplog, stop.deferred():  # a signal takes effect at the next step boundary, never mid-save
-        for step, rows in ([] if done else engine.batches(order)):
+    # ---- the steps; a signal takes effect at the next step boundary, never mid-save
+    loop_started, shown_epoch = time.perf_counter(), 0
+    with steplog, stop.deferred():
+        for step, rows in ([] if best.stop or pruned is not None else engine.batches(order)):
             epoch, within = order.epoch_of(step)
             if epoch != shown_epoch or within == 0:
                 steplog.start_epoch(epoch, within, sums.seen)
-                model.train()
+                s.model.train()
                 shown_epoch = epoch
-            loss, stepped, grad_norm = 0.0, False, None
-            optimizer.zero_grad(set_to_none=True)
-            augment = engine.generator(step)
-            parts = batches_of(cfg, train_rows, rows)
-            for part in parts:
-                x, y = task.batch(data, part, device, True, augment)
-                if tcfg.channels_last and x.dim() == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                with autocast:
-                    outputs = forward(x)
-                    batch_loss = task.loss(outputs, y)
-                value = batch_loss.item()
-                if not engine.guard(value, "loss"):
-                    if engine.rewound:
-                        break
-                    continue
-                scaler.scale(batch_loss / len(parts) if len(parts) > 1 else batch_loss).backward()
-                stepped, loss = True, loss + value / len(parts)
-                sums.add(value, len(part), task.batch_stats(outputs.detach().float(), y))
-            if engine.rewound:
+            loss, stepped, grad_norm = _train_step(s, step, rows, steplog.logs_step(step + 1))
+            if engine.rewound:  # rolled back: the next step is the restored one
                 continue
-            if stepped and (tcfg.grad_clip or tcfg.check_grad_norm or steplog.logs_step(step + 1)):
-                scaler.unscale_(optimizer)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, tcfg.grad_clip or float("inf")))
-                if tcfg.check_grad_norm and not engine.guard(grad_norm, "gradient norm"):
-                    if engine.rewound:
-                        continue
-                    stepped = False
-            if stepped:
-                scaler.step(optimizer)
-                scaler.update()
-                schedule.step()
             engine.position = step + 1
-            steplog.step(Where(step + 1, epoch, within + 1, sums.seen), loss, optimizer.param_groups[0]["lr"], grad_norm, stepped)
+            steplog.step(Where(step + 1, epoch, within + 1, sums.seen), loss, s.optimizer.param_groups[0]["lr"], grad_norm, stepped)
             if within + 1 < order.per_epoch:  # inside the epoch: the step schedule, the clock, a signal
                 if ccfg.every_steps and (step + 1) % ccfg.every_steps == 0:
                     engine.save("step")
@@ -235,45 +202,128 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
                     engine.save("signal", scheduled=False, final=ccfg.last)
                     raise Interrupted(stop.signum)
                 continue
-
-            # ---- the end of an epoch: validate, write its row, follow the best metric, save
-            row = {"epoch": epoch, "step": step + 1, **sums.row()}
-            if len(task.rows(data, "val")) > 0:
-                row.update(task.validation_metrics(model, data, device, cfg.eval.batch_size))
-            row.update(lr=optimizer.param_groups[0]["lr"], seconds=steplog.epoch_seconds())
-            if best_key not in row:
-                raise RunFailed(f"checkpoint.best_metric: {best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
-            improved = best.update(row[best_key], epoch)
-            sums.loss_sum, sums.seen, sums.stats = 0.0, 0, {}
+            row = _epoch_row(s, epoch, step, steplog)
             history.append(row)
             steplog.epoch(row)
-            if best.stop:
-                events.append({"kind": "early_stop", "step": step + 1, "detail": f"{best_key} did not improve for {best.bad_epochs} epochs "
-                               f"(best {best.value:.4f} at epoch {best.epoch})"})
-            if epoch_judge is not None:  # one process: the verdict on the row just written; a signal may come while it waits
-                pruned = _judge(epoch_judge, run_dir, row, events, stop)
-            signum = stop.signum if pruned is None else None
-            scheduled = bool(ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or bool(ccfg.every_steps and (step + 1) % ccfg.every_steps == 0) \
-                or epoch == tcfg.epochs or best.stop or (improved and ccfg.best)
-            ends = epoch == tcfg.epochs or best.stop or pruned is not None or signum is not None
-            if scheduled or ends:
-                engine.save("epoch" if scheduled else "signal", scheduled=scheduled, best=improved and ccfg.best, final=ends and ccfg.last)
-            log.info("epoch %d/%d  %s  lr %.2e  (%.1fs%s)", epoch, tcfg.epochs,
-                     "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
-                     row["lr"], row["seconds"], ", best" if improved else "")
-            if best.stop or pruned is not None:
-                log.info("train: %s", events[-1]["detail"])
+            pruned = _judge(epoch_judge, run_dir, row, events, stop) if epoch_judge is not None else None
+            if _end_epoch(s, row, events, stop.signum if pruned is None else None, pruned is not None):
                 break
-            if signum is not None:
-                raise Interrupted(signum)
     loop_seconds = time.perf_counter() - loop_started
     steplog.close()
+    device = s.device
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     log.info("train: %d steps in %.1fs, peak memory %.0f MB", engine.position, time.perf_counter() - started, peak_mb)
-    return TrainResult(final_state_sha256=state_dict_sha256(model.state_dict()), epochs=history, best_epoch=best.epoch,
-                       best_value=best.value, best_metric=(best_key, best_mode), steps=engine.position, device=str(device),
+    return TrainResult(final_state_sha256=state_dict_sha256(s.model.state_dict()), epochs=history, best_epoch=best.epoch,
+                       best_value=best.value, best_metric=(s.best_key, best.mode), steps=engine.position, device=str(device),
                        threads=torch.get_num_threads(), peak_memory_mb=round(peak_mb, 1), loop_seconds=round(loop_seconds, 4),
                        trajectory=list(engine.entries), other_saves=list(engine.other_saves), pruned=pruned, engine=ENGINE)
+
+
+def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events: list[dict[str, Any]], record_format: Optional[int]) -> Setup:
+    """Seeds, device, model, optimizer, schedule, and the engine that carries them and the recipe's own state."""
+    tcfg, ccfg = cfg.train, cfg.checkpoint
+    if tcfg.threads:
+        torch.set_num_threads(tcfg.threads)
+    seed_everything(cfg.seed, tcfg.deterministic, compiler=tcfg.compile)
+    device = resolve_device(tcfg.device)
+    if tcfg.precision == "fp16" and device.type != "cuda":
+        raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
+    model = task.build_model(cfg.model, data).to(device)
+    task.prepare(data)
+    if tcfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
+    optimizer = build_optimizer(cfg.optim, model)
+    train_rows = split_rows(task, data, "train")
+    order = order_of(cfg, len(train_rows))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(cfg.schedule, order.per_epoch, order.total))
+    scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")  # passes values through when disabled
+    best_key, best_mode = best_metric(cfg, task, data)
+    best, sums = Best(best_mode, tcfg.early_stopping_patience), EpochSums(tuple(task.epoch_metrics))
+    engine = Engine(cfg.seed, config_hash(cfg), data.version, run_dir / "checkpoints", ccfg.keep_last, ccfg.audit_every,
+                    Guard(tcfg.on_nonfinite, tcfg.max_rollbacks, tcfg.rollback_lr_factor), events, ENGINE, {"num_workers": tcfg.num_workers})
+    engine.record_format = record_format
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    engine.register(model, optimizer, schedule, scaler, extra={"sums": sums, "best": best})
+    params = [p for p in model.parameters() if p.requires_grad]
+    log.info("train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d steps/epoch × %d epochs",
+             cfg.model.target or cfg.model.name, f"{sum(p.numel() for p in model.parameters()):,}", device, torch.get_num_threads(),
+             tcfg.precision, len(train_rows), order.per_epoch, tcfg.epochs)
+    return Setup(cfg=cfg, data=data, task=task, device=device, model=model, forward=torch.compile(model) if tcfg.compile else model,
+                 optimizer=optimizer, schedule=schedule, scaler=scaler, train_rows=train_rows, order=order, engine=engine, sums=sums,
+                 best=best, best_key=best_key, params=params)
+
+
+def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool) -> tuple[float, bool, Optional[float]]:
+    """One optimizer step: forward and backward over its batches, then the update. A non-finite loss or gradient norm
+    goes to the engine's guard (after a rollback `s.engine.rewound` is set and nothing more happens). Returns (the mean
+    loss, whether the weights were updated, the gradient norm when computed)."""
+    tcfg, engine, task = s.cfg.train, s.engine, s.task
+    loss, stepped, grad_norm = 0.0, False, None
+    s.optimizer.zero_grad(set_to_none=True)
+    augment = engine.generator(step)
+    parts = batches_of(s.cfg, s.train_rows, rows)
+    for part in parts:
+        x, y = task.batch(s.data, part, s.device, True, augment)
+        if tcfg.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with s.autocast():
+            outputs = s.forward(x)
+            batch_loss = task.loss(outputs, y)
+        value = batch_loss.item()
+        if not engine.guard(value, "loss"):
+            if engine.rewound:
+                return loss, False, None
+            continue
+        s.scaler.scale(batch_loss / len(parts) if len(parts) > 1 else batch_loss).backward()
+        stepped, loss = True, loss + value / len(parts)
+        s.sums.add(value, len(part), task.batch_stats(outputs.detach().float(), y))
+    if stepped and (tcfg.grad_clip or tcfg.check_grad_norm or norm_for_log):
+        s.scaler.unscale_(s.optimizer)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(s.params, tcfg.grad_clip or float("inf")))
+        if tcfg.check_grad_norm and not engine.guard(grad_norm, "gradient norm"):
+            return loss, False, grad_norm
+    if stepped:
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+        s.schedule.step()
+    return loss, stepped, grad_norm
+
+
+def _epoch_row(s: Setup, epoch: int, step: int, steplog: StepLog) -> dict[str, Any]:
+    """The epoch's row of metrics.jsonl: the train loss and statistics, the validation split's, lr, seconds."""
+    row = {"epoch": epoch, "step": step + 1, **s.sums.row()}
+    if len(s.task.rows(s.data, "val")) > 0:
+        row.update(s.task.validation_metrics(s.model, s.data, s.device, s.cfg.eval.batch_size))
+    row.update(lr=s.optimizer.param_groups[0]["lr"], seconds=steplog.epoch_seconds())
+    if s.best_key not in row:
+        raise RunFailed(f"checkpoint.best_metric: {s.best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
+    return row
+
+
+def _end_epoch(s: Setup, row: dict[str, Any], events: list[dict[str, Any]], signum: Optional[int], pruned: bool) -> bool:
+    """Follow the best metric and early stopping, and save as scheduled (or because training stops here). Returns
+    whether training ends after this epoch; raises Interrupted after the save when a signal came."""
+    ccfg, epochs, best, engine = s.cfg.checkpoint, s.cfg.train.epochs, s.best, s.engine
+    epoch, position = row["epoch"], row["step"]
+    improved = best.update(row[s.best_key], epoch)
+    s.sums.loss_sum, s.sums.seen, s.sums.stats = 0.0, 0, {}
+    if best.stop:
+        events.append({"kind": "early_stop", "step": position, "detail": f"{s.best_key} did not improve for {best.bad_epochs} epochs "
+                       f"(best {best.value:.4f} at epoch {best.epoch})"})
+    scheduled = bool(ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or bool(ccfg.every_steps and position % ccfg.every_steps == 0) \
+        or epoch == epochs or best.stop or (improved and ccfg.best)
+    ends = epoch == epochs or best.stop or pruned or signum is not None
+    if scheduled or ends:
+        engine.save("epoch" if scheduled else "signal", scheduled=scheduled, best=improved and ccfg.best, final=ends and ccfg.last)
+    log.info("epoch %d/%d  %s  lr %.2e  (%.1fs%s)", epoch, epochs,
+             "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
+             row["lr"], row["seconds"], ", best" if improved else "")
+    if best.stop or pruned:
+        log.info("train: %s", events[-1]["detail"])
+        return True
+    if signum is not None:
+        raise Interrupted(signum)
+    return False
 
 
 def _say_resumed(found: tuple[Path, dict[str, Any]], engine: Engine, order: Order, events: list[dict[str, Any]], now: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -21,9 +21,17 @@ from veritrain.core.files import write_atomic
 
 if TYPE_CHECKING:
     from veritrain.core.config import RunConfig
-    from veritrain.train.checkpointer import LoopState
 
 METRICS, STEPS = "metrics.jsonl", "steps.jsonl"
+
+
+class Position(Protocol):
+    """Where training is (the earlier loop's LoopState, the recipe's Where)."""
+
+    step: int  # optimizer steps taken
+    epoch: int  # the epoch in progress, 1-based
+    batch_index: int  # batches (steps, for the recipe) of it done
+    seen: int  # samples of it trained
 
 
 class StepLog:
@@ -71,7 +79,7 @@ class StepLog:
         """Whether optimizer step `step` gets a row in steps.jsonl (with its gradient norm)."""
         return bool(self.every) and step % self.every == 0
 
-    def step(self, state: LoopState, loss: float, lr: float, grad_norm: Optional[float], stepped: bool) -> None:
+    def step(self, state: Position, loss: float, lr: float, grad_norm: Optional[float], stepped: bool) -> None:
         """After an optimizer step (`stepped` False: skipped by train.on_nonfinite): the bar, and its row."""
         now = time.perf_counter()
         logging_step = stepped and self.logs_step(state.step)

@@ -314,7 +314,7 @@ def verify_and_keep(run_dir: Path, state_dir: Path, policy: Optional[Policy] = N
     return result
 
 
-STATE_CACHE_VERSION = 2  # of what an entry holds (2: the checkpoint's record_format too); part of every entry
+STATE_CACHE_VERSION = 3  # of what an entry holds (2: the checkpoint's record_format too; 3: its engine); part of every entry
 
 
 def state_cache_dir() -> Path:
@@ -445,7 +445,7 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
         report("states", done, len(checkpoints))
         kept = cache.get(rel)
         if kept is not None and isinstance(kept.get("step"), int) and isinstance(kept.get("state_sha256"), str):
-            step, digest, written_by = kept["step"], kept["state_sha256"], kept.get("record_format")
+            step, digest, written_by, engine = kept["step"], kept["state_sha256"], kept.get("record_format"), kept.get("engine")
         else:
             import torch
 
@@ -453,12 +453,17 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
                 state = torch.load(path, map_location="cpu", weights_only=True)
                 step = int(state["loop"]["step"])
                 digest = trajectory_module.state_sha256(state)
-                written_by = state.get("record_format")
+                written_by, engine = state.get("record_format"), state.get("engine")
             except Exception as err:  # not a checkpoint veritrain could have written
                 problems.append({"path": rel, "kind": "not_in_trajectory", "detail": f"cannot be read as a checkpoint ({str(err)[:120]})"})
                 continue
-            cache.put(rel, {"step": step, "state_sha256": digest, "record_format": written_by})
+            cache.put(rel, {"step": step, "state_sha256": digest, "record_format": written_by, "engine": engine})
         states[rel] = digest
+        if engine != training.get("engine") and not outside:
+            # the engine a state was trained by is inside its hash: a record that names another (or none, to be read as
+            # the earlier loop's) would have its run resumed, audited and reproduced by the wrong one
+            problems.append({"path": rel, "kind": "engine_mismatch", "detail": f"written by the {engine or 'earlier loop or script'} engine, "
+                             f"while the record's training.engine is {training.get('engine') or 'absent'}"})
         checkpoint_formats[rel] = written_by if isinstance(written_by, int) and not isinstance(written_by, bool) else None
         name = path.name
         if outside:
