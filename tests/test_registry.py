@@ -204,3 +204,16 @@ def test_filters_take_recorded_config_paths_and_columns(workspace):
     assert registry.query(state, runs, filters=("model.hidden=[17]",)) == []
     assert len(registry.query(state, runs, filters=("status=failed",), sort="-test.log_loss")) == 1
     assert registry.query(state, runs, filters=("kind=eval",)) == []  # a known key that matches nothing is no error
+
+
+@pytest.mark.parametrize("sort", ["test.accuracy", "-test.log_loss", "status", "-started_at", ""])
+def test_runs_list_and_the_browsers_table_list_the_same_runs_in_the_same_order(workspace, sort):
+    """One query layer (veritrain.records.run_query): a sort or a status filter means the same in both."""
+    from veritrain.records import registry
+    from veritrain.records.workspace import Workspace
+    from veritrain.web.runs_table import runs_table
+
+    workdir, _ = workspace
+    listed = [r["run_id"] for r in registry.query(workdir / ".veritrain", workdir / "runs", status=("completed",), sort=sort or None)]
+    table = runs_table(Workspace.open(workdir), {"sort": sort, "status": "completed"})
+    assert [row["run_id"] for row in table["rows"]] == listed and len(listed) >= 2

@@ -23,10 +23,8 @@ from veritrain.core.errors import RunFailed
 from veritrain.core.files import MAX_READ_BYTES, read_regular
 from veritrain.records.amendments import AMENDMENTS_DIR
 from veritrain.records.record import NOTES_FILE, RECORD_FILE, read_record, thawed
+from veritrain.records.run_query import COLUMNS, Where, order_by
 
-COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at", "seed", "config_hash", "data_version",
-           "final_state_sha256", "hypothesis", "parent", "reproduced_from", "repeat_group", "error", "seal",
-           "world_size", "sweep", "sweep_kind")
 # `params`: the config's leaves that differ from the default config, {"optim.lr": 0.01}: the runs table finds the keys
 # that differ among thousands of runs from these few values instead of every run's whole config
 JSON_COLUMNS = ("metrics", "config", "notes", "params")
@@ -294,33 +292,25 @@ def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: O
     except Exception:
         db.close()
         raise
-    where, params = [], []
-    if status:
-        where.append(f"status IN ({', '.join('?' * len(status))})")
-        params.extend(status)
+    where = Where().statuses(status)
     for item in filters:
         key, sep, value = item.partition("=")
         if not sep or not key:
+            db.close()
             raise UserError(f"--filter {item}: expected KEY=VALUE, e.g. --filter status=completed or --filter optim.lr=0.01")
         if key in COLUMNS:
-            where.append(f"{key} = ?")
-            params.append(value)
+            where.column(key, value)
         else:
-            where.append("json_extract(config, ?) = json_extract(?, '$')")
-            params.extend([f"$.{key}", _json_value(value)])
-    order = "started_at DESC"
-    if sort:
-        descending = not sort.startswith("-")
-        key = sort.lstrip("-")
-        if key in COLUMNS:
-            order = f"{key} {'DESC' if descending else 'ASC'}"
-        else:
-            order = f"json_extract(metrics, ?) IS NULL, json_extract(metrics, ?) {'DESC' if descending else 'ASC'}, started_at DESC"
-            params.extend([f"$.{key}", f"$.{key}"])
-    sql = f"SELECT * FROM runs {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY {order}"
+            where.config_value(key, value)
+    try:
+        order, order_args = order_by(sort or "")
+    except UserError:
+        db.close()
+        raise
+    sql = f"SELECT * FROM runs {where.clause} ORDER BY {order}"
     if limit:
         sql += f" LIMIT {int(limit)}"
-    cursor = db.execute(sql, params)
+    cursor = db.execute(sql, [*where.args, *order_args])
     names = [d[0] for d in cursor.description]
     rows = []
     for values in cursor:
@@ -387,9 +377,3 @@ def _did_you_mean(key: str, known: list[str]) -> str:
     close = difflib.get_close_matches(key, known, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 
-
-def _json_value(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text))
-    except json.JSONDecodeError:
-        return json.dumps(text)

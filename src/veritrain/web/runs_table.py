@@ -20,6 +20,7 @@ from veritrain.core.errors import UserError
 from veritrain.core.files import read_regular
 from veritrain.records import registry
 from veritrain.records.record import RUN_ID  # the id shape every reader of a record enforces
+from veritrain.records.run_query import DURATION_SQL, METRIC_KEY, Where, order_by
 from veritrain.web.common import OUTSIDE_KINDS, finite_number
 
 if TYPE_CHECKING:
@@ -33,8 +34,6 @@ SORT_COLUMNS = ("run_id", "exp_name", "kind", "status", "started_at", "ended_at"
 GROUPS = ("exp_name", "sweep", "repeat_group")  # what the runs table groups by (experiment, sweep or search, --repeat group)
 MAX_GROUPS = 500
 OWN_COLUMNS = ("exp_name",)  # config keys the table shows in a column of their own, never as a parameter column
-DURATION_SQL = "ROUND((julianday(ended_at) - julianday(started_at)) * 86400.0, 1)"  # seconds
-METRIC_KEY = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
 # seconds: the index is brought up to date with the run folders at most this often, in a thread (see _index).
 # Refreshing reads two file stats per run (about 0.15 s at 10,000 runs), too slow for every sort and filter; a
 # new run shows within this time without a restart (the live table asks for a refresh when it sees one).
@@ -81,33 +80,21 @@ def default_columns(db: sqlite3.Connection, clause: str, args: list[Any]) -> lis
 
 
 def _where(params: Mapping[str, str], only: Optional[list[str]]) -> tuple[str, list[Any]]:
-    where: list[str] = []
-    args: list[Any] = []
+    where = Where()
     for column in FILTER_COLUMNS:
         value = (params.get(column) or "").strip()
         if value:
-            where.append(f"{column} = ?")
-            args.append(value)
+            where.column(column, value)
     metric = (params.get("metric") or "").strip()
     low, high = _number(params.get("min"), "min"), _number(params.get("max"), "max")
     if metric:
-        if not METRIC_KEY.fullmatch(metric):
-            raise UserError(f"metric: {metric!r} is not a metric path such as test.accuracy")
-        if low is not None:
-            where.append("CAST(json_extract(metrics, ?) AS REAL) >= ?")
-            args += [f"$.{metric}", low]
-        if high is not None:
-            where.append("CAST(json_extract(metrics, ?) AS REAL) <= ?")
-            args += [f"$.{metric}", high]
+        where.metric_range(metric, low, high)
     q = (params.get("q") or "").strip()
     if q:
-        like = "%" + q.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        where.append("(" + " OR ".join(f"IFNULL({c}, '') LIKE ? ESCAPE '\\'" for c in ("run_id", "exp_name", "hypothesis", "notes")) + ")")
-        args += [like] * 4
+        where.text(q)
     if only is not None:
-        where.append(f"run_id IN ({', '.join('?' * len(only))})")
-        args += list(only)
-    return ("WHERE " + " AND ".join(where)) if where else "", args
+        where.run_ids(only)
+    return where.clause, where.args
 
 
 def _canonical(value: Any) -> str:
@@ -169,21 +156,12 @@ def runs_table(workspace: Workspace, params: Mapping[str, str], page_size: int =
             _listing_cache[cache_key] = (differing_keys(db, clause, args), choices, default_columns(db, clause, args))
         param_keys, choices, defaults = _listing_cache[cache_key]
         columns = columns or defaults
-        if not key:
-            order = "started_at DESC, run_id DESC"
-        elif key in SORT_COLUMNS:
-            order = f"{key} IS NULL, {key} {direction}, run_id DESC"
-        elif key == "duration":
-            order = f"{DURATION_SQL} IS NULL, {DURATION_SQL} {direction}, run_id DESC"
-        elif key in param_keys:  # a parameter column: its value where the run changed it, else the default
+        if key in param_keys and key not in SORT_COLUMNS:  # a parameter column: its value where the run changed it, else the default
             value = "IFNULL(json_extract(params, ?), json_extract(?, '$'))"
             order = f"{value} {direction}, run_id DESC"
             order_args = [f'$."{key}"', _canonical(registry.default_leaves().get(key))]
-        elif METRIC_KEY.fullmatch(key):
-            order = f"json_extract(metrics, ?) IS NULL, json_extract(metrics, ?) {direction}, started_at DESC"
-            order_args = [f"$.{key}", f"$.{key}"]
         else:
-            raise UserError(f"sort: {sort!r} is not a column or a metric path")
+            order, order_args = order_by(sort)
         asked = (params.get("page") or "1").strip()
         if not re.fullmatch(r"[+-]?[0-9]+", asked):
             raise UserError(f"page: {params.get('page')!r} is not a page number")
