@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from veritrain.core.errors import UserError
+from veritrain.core.secrets import expand_env_values
 
 
 class ConvNet(nn.Module):
@@ -104,7 +105,6 @@ def from_target(target: str, input_shape: Sequence[int], num_outputs: int, kwarg
     except (ImportError, AttributeError) as err:
         raise UserError(f"model.target: cannot import {target!r} ({err}); put the module beside the config, in the working "
                         "directory, or on PYTHONPATH") from None
-    from veritrain.core.secrets import expand_env_values
 
     # `${env:NAME}` in kwargs is read now: the record keeps the reference, never the value
     model = factory(input_shape=list(input_shape), num_outputs=num_outputs, **expand_env_values(kwargs))

@@ -9,6 +9,8 @@ import math
 import re
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from rich.text import Text
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -28,7 +30,6 @@ def terminal_safe(text: str) -> str:
 def plain_table(table: Table) -> Table:
     """A rich Table with its title and every text cell escaped (`terminal_safe`) and made literal: a hypothesis
     holding `[/]` or an escape sequence is shown as written, never interpreted. Returns the same table."""
-    from rich.text import Text
 
     if isinstance(table.title, str):
         table.title = Text(terminal_safe(table.title))

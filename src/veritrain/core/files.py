@@ -8,6 +8,7 @@ final name — and possibly the temp file, which `remove_unfinished` clears away
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Optional
 
@@ -101,7 +102,6 @@ def read_regular(path: Path, start: int = 0, limit: int = MAX_READ_BYTES, tail: 
     them (with `tail`, the last `limit` from `start` on); None for anything else. The file is opened without following a
     link and without blocking, and refused before a byte is read when it is not a regular file, so a FIFO or a device
     planted in a run never hangs the reader, and no file is read whole into memory past `limit`."""
-    import stat
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
@@ -130,7 +130,6 @@ def read_regular(path: Path, start: int = 0, limit: int = MAX_READ_BYTES, tail: 
 def output_file_problem(path: Path) -> Optional[str]:
     """Why `path` cannot take a file a command writes (`--out FILE`), or None: what is there must be a regular file (a
     FIFO would block the write, a device would be written into), and the folder it goes in must not be a file."""
-    import stat
 
     try:
         mode = os.stat(path).st_mode

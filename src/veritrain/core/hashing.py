@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sqlite3
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -103,7 +105,6 @@ SQLITE_MAX_PARAMS = 900  # below SQLite's smallest default limit on bound parame
 
 def open_cache_db(db_path: Path, *create_tables: str) -> sqlite3.Connection:
     """A cache database under `.veritrain/cache/`, in WAL mode so parallel prepares can share it."""
-    import sqlite3
 
     db_path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(db_path, timeout=60)
@@ -159,7 +160,6 @@ def hash_files(paths: Sequence[str | Path], cache: Optional[StatCache] = None, r
     Small files are hashed in this thread (a thread pool's hand-offs cost more than the hashing);
     large ones in parallel threads, since reading and BLAKE3 release the GIL.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
     results: dict[str | Path, FileHash] = {}
     stats: dict[str | Path, os.stat_result] = {}

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Optional
 
 from rich.console import Console
 
+from veritrain.core.display import plain_table, terminal_safe
+from veritrain.core.secrets import RedactingFilter
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -64,7 +67,6 @@ def report(text: str, style: Optional[str] = None) -> None:
     """One line of a report (a verdict, a summary, a next step), printed as written: no markup, no emoji
     codes, never wrapped, so ids and seals stay whole. Its text may hold names from a run folder or a record,
     so each line has its terminal control characters escaped."""
-    from veritrain.core.display import terminal_safe
 
     shown = "\n".join(terminal_safe(line) for line in text.split("\n"))
     report_console().print(shown, style=style, markup=False, emoji=False, highlight=False, soft_wrap=True)
@@ -74,7 +76,6 @@ def print_table(table: Table) -> None:
     """A rich table as a report that never splits a run id, hash, seal or path: on a terminal each
     column is at least as wide as the longest unbroken word in it; in a pipe or a file the table keeps
     its natural width (no wrapping at 80 columns), so every value can be copied whole from one line."""
-    from veritrain.core.display import plain_table
 
     plain_table(table)  # cells from records are shown as written: control characters escaped, no markup
     out = report_console()
@@ -94,7 +95,6 @@ def print_table(table: Table) -> None:
 def setup_console_logging() -> None:
     if any(isinstance(h, ConsoleHandler) for h in log.handlers):
         return
-    from veritrain.core.secrets import RedactingFilter
 
     handler = ConsoleHandler(level=logging.INFO)
     handler.addFilter(RedactingFilter())
@@ -112,7 +112,6 @@ def silence_console() -> None:
 
 def attach_file(path: Path) -> logging.Handler:
     """Send everything (DEBUG and up, with timestamps) to `path` until `detach` is called."""
-    from veritrain.core.secrets import RedactingFilter
 
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setLevel(logging.DEBUG)

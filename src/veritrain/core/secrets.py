@@ -17,8 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
+import traceback
 from types import TracebackType
 from typing import Any, Optional
+
+from veritrain.core.errors import UserError
 
 REDACTED = "***"
 # keys whose value is a credential, whatever it looks like: these exact names, and names ending in the suffixes
@@ -228,7 +232,6 @@ def secret_in_command_line(argv: list[str]) -> Optional[str]:
 
 def expand_env(text: str) -> str:
     """`${env:NAME}` → the variable's value, read now (a missing variable is a usage error)."""
-    from veritrain.core.errors import UserError
 
     def value(match: re.Match[str]) -> str:
         name = match["name"]
@@ -274,7 +277,5 @@ class RedactingFilter(logging.Filter):
 def redacting_excepthook(kind: type[BaseException], err: BaseException, tb: Optional[TracebackType]) -> None:
     """`sys.excepthook` for the command: an unexpected error (a bug) still prints its traceback, redacted like every
     other line, since its values may quote the command line or a config."""
-    import sys
-    import traceback
 
     sys.stderr.write(redact_text("".join(traceback.format_exception(kind, err, tb))))

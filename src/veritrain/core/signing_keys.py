@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from veritrain.core.errors import UserError
+from veritrain.core.user_dirs import config_dir
 
 KEY_VARIABLE = "VERITRAIN_SIGNING_KEY"
 KEY_NAME = "signing-key.pem"
@@ -33,8 +34,6 @@ class PublicKey:
 
 
 def default_key_path() -> Path:
-    from veritrain.core.user_dirs import config_dir
-
     return config_dir() / KEY_NAME
 
 

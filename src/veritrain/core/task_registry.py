@@ -8,7 +8,11 @@ about its metrics (its TaskSpec) is read with `task_spec`.
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from veritrain.core.errors import UserError
+from veritrain.core.task_spec import TaskSpec
 
 if TYPE_CHECKING:  # the config's validation imports this module
     from veritrain.core.config.schema import RunConfig
@@ -51,7 +55,6 @@ def _read_entry_points() -> None:
     if _entry_points_read:
         return
     _entry_points_read = True
-    from importlib.metadata import entry_points
 
     for point in entry_points(group=ENTRY_POINTS):
         if point.name not in TASKS and ":" in point.value:
@@ -88,7 +91,6 @@ def task_target(name: str) -> Optional[str]:
 def task_spec(name: str) -> Any:
     """The TaskSpec task `name` declares: given to `register_task`, the factory's own `spec` attribute (a task class
     declaring it), or a built-in's declaration. A task that declares none is a UserError naming the fix."""
-    from veritrain.core.errors import UserError
 
     known(name)
     found = SPECS.get(name)
@@ -113,8 +115,6 @@ def spec_of_record(record: Any) -> Any:
     """The TaskSpec of a run record's task: the declaration the record keeps (`task_spec`), else the one this process
     knows by the task's name (records made before they kept it), else None (a task registered by code that is not
     loaded here): what reads records then shows their numbers without the task's goals."""
-    from veritrain.core.errors import UserError
-    from veritrain.core.task_spec import TaskSpec
 
     kept = record.get("task_spec") if isinstance(record, dict) else None
     if isinstance(kept, dict):
@@ -134,7 +134,6 @@ def spec_of_record(record: Any) -> Any:
 def serving_command(task: Any) -> Optional[str]:
     """The veritrain command that uses an export of task `task` (its TaskSpec's serves_with), None when no command
     does or the task is not known here (an export folder names its task: a name from anywhere)."""
-    from veritrain.core.errors import UserError
 
     if not isinstance(task, str) or not known(task) and task not in SPECS:
         return None
@@ -163,7 +162,6 @@ def foreign_setting(written: dict[str, Any], defaults: dict[str, Any], task: str
     keys) that another task declares as its own setting (TaskSpec.settings), that task `task` does not, and whose value
     is not its default (`defaults`, flattened): nothing would read it, so it would change nothing. Only declarations this
     process has without importing a task's module are consulted (the built-in ones, and those given to register_task)."""
-    from veritrain.core.errors import UserError
 
     def covers(setting: str, key: str) -> bool:
         return key == setting or key.startswith(setting + ".")
@@ -190,7 +188,6 @@ def foreign_setting(written: dict[str, Any], defaults: dict[str, Any], task: str
 def declared_models() -> set[str]:
     """The model names (model.name) the tasks declare (TaskSpec.models) among the declarations this process has without
     importing a task's module: the built-in ones, those given to register_task, and those already read."""
-    from veritrain.core.errors import UserError
 
     names: set[str] = set()
     for name in sorted(SPECS):

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from veritrain.core import signing_keys
 from veritrain.core.errors import UserError
+from veritrain.core.user_dirs import config_dir
 
 FILE_NAME = "trusted-keys"
 FINGERPRINT = re.compile(r"[0-9a-f]{64}")
@@ -50,8 +52,6 @@ class TrustedKeys:
 
 
 def default_path() -> Path:
-    from veritrain.core.user_dirs import config_dir
-
     return config_dir() / FILE_NAME
 
 
@@ -76,8 +76,6 @@ def load(given: Optional[str | Path] = None) -> TrustedKeys:
 
 
 def _parse(text: str, shown: str) -> list[TrustedKey]:
-    from veritrain.core import signing_keys
-
     keys: list[TrustedKey] = []
     lines = text.splitlines()
     number = 0

@@ -20,6 +20,7 @@ import numpy as np
 
 from veritrain.core.config import load_config
 from veritrain.core.errors import ConfigError, UserError
+from veritrain.data import prepare
 from veritrain.data.identity import DataVersion, data_summary
 from veritrain.records.workspace import Workspace
 
@@ -46,7 +47,6 @@ class Data:
 def data(config: Union[str, Path, Mapping[str, Any], None] = None, workdir: Union[str, Path] = ".") -> Data:
     """Prepare (or reuse) the data version of `config`: a veritrain YAML config file (its `data` section), a mapping
     of the `data` section's keys (paths relative to the working directory), or None for the built-in default."""
-    from veritrain.data import prepare
 
     if config is None or isinstance(config, (str, Path)):
         resolved = load_config(config)

@@ -17,7 +17,8 @@ import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import DATA_HASH_ALGORITHM
-from veritrain.data import split as splitting
+from veritrain.data import label_issues, split as splitting
+from veritrain.data.dedup import exact_duplicate_groups, near_duplicates
 from veritrain.data.identity import check_version
 from veritrain.data.split import SPLITS
 from veritrain.data.table import Table
@@ -34,7 +35,6 @@ def duplicates_and_units(cfg: DataConfig, table: Table, classes: Optional[list[s
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    from veritrain.data.dedup import exact_duplicate_groups
 
     instants = _instants(cfg, table)
     included = table.included()
@@ -113,7 +113,6 @@ def _near_duplicates(cfg: DataConfig, table: Table, links: list[list[int]]) -> n
     """Confirmed near-duplicate pairs among the included samples with pictures (dedup.near_duplicates),
     reported one finding per group; groups with different labels are quarantined like conflicting
     duplicates. Appends each kept group to `links`; returns the confirmed pairs as sample indices."""
-    from veritrain.data.dedup import near_duplicates
 
     # one picture per distinct content: exact copies are linked by their hash already, and 10,000 copies of one
     # blank frame would otherwise make 50 million candidate pairs
@@ -392,7 +391,6 @@ def label_issues_and_outliers(cfg: DataConfig, table: Table, assigned: dict[int,
     decides what is trained on; test-split label issues are judged against all the data and only reported,
     since removing them would inflate test accuracy. Returns the method as recorded.
     """
-    from veritrain.data import label_issues
 
     placed = [i for i in sorted(assigned) if i in table.thumbs]
     if not classes or len(placed) < 2:

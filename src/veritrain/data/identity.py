@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
@@ -21,6 +22,7 @@ import numpy as np
 
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import sha256_file, sha256_json
+from veritrain.data.report import card_gaps, card_warnings
 from veritrain.data.split import SPLITS
 
 log = logging.getLogger("veritrain")
@@ -91,7 +93,6 @@ class DataVersion:
 
     def report(self) -> dict[str, Any]:
         """The data report, with the data card as it is now (the card may be edited after preparing)."""
-        from veritrain.data.report import card_gaps, card_warnings
 
         report = json.loads((self.path / "data_report.json").read_text(encoding="utf-8"))
         if "achieved_split" in self.info and isinstance(report.get("summary"), dict):
@@ -362,7 +363,6 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
 
 def data_summary(data: DataVersion) -> dict[str, Any]:
     """What a run record says about its data: the version, counts, findings by kind, the card (`data` in docs/record.md)."""
-    from collections import Counter
 
     report = data.report()
     for kind, count in report["findings_by_kind"].items():

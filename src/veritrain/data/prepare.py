@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from veritrain.core import locks
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_json
-from veritrain.data import identity
+from veritrain.core.source_registry import TEXT_SOURCES
+from veritrain.data import identity, text_prepare
 from veritrain.data.grouping import (
     SPLIT_PRIORITY,
     apply_policy,
@@ -84,6 +85,7 @@ from veritrain.data.table import (
     sample_table,
     validate_files,
 )
+from veritrain.data.validate import default_workers
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -135,7 +137,6 @@ def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, v
     compared with the manifest's id, hash, label and key, the listing's groups, fixed splits, timestamps and findings
     with `listing_sha256` (recipe 5 on), and the decoders with those recorded. When all hold, preparing again would
     give the same version (preparing is a function of these), so nothing needs to be decoded. Nothing is written."""
-    from veritrain.core.source_registry import TEXT_SOURCES
 
     if data_cfg.source in TEXT_SOURCES:
         return _text_raw_check(data_cfg, paths, folder)
@@ -189,7 +190,6 @@ def raw_data_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path, v
 
 def _text_raw_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path) -> Optional[RawCheck]:
     """raw_data_check of a text data version: its raw files by their hashes (text_prepare.raw_files_check)."""
-    from veritrain.data import text_prepare
 
     files = text_prepare.raw_files_check(data_cfg, paths, folder)
     if files is None:
@@ -202,10 +202,8 @@ def run(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, reh
     """`_prepare`, one process at a time per data config and paths (`.veritrain/locks/prepare-<key>.lock`):
     concurrent runs of one config wait for the one that prepares, then reuse its version. `id_only` (verify,
     in a scratch folder) writes nothing to the workspace and takes no lock."""
-    from veritrain.core.source_registry import TEXT_SOURCES
 
     if data_cfg.source in TEXT_SOURCES:  # documents for a language model: the text data gate
-        from veritrain.data import text_prepare
 
         if id_only:
             return text_prepare.prepare(data_cfg, paths, workspace_state, id_only=True)
@@ -413,8 +411,6 @@ def _refuse_skew(data_cfg: DataConfig, data: DataVersion) -> None:
 
 
 def _default_workers() -> int:
-    from veritrain.data.validate import default_workers
-
     return default_workers()
 
 

@@ -6,6 +6,7 @@ and one class-distribution chart per split (`class_distribution_<split>.png`).
 
 from __future__ import annotations
 
+import csv
 import json
 from collections import Counter
 from pathlib import Path
@@ -323,7 +324,6 @@ def diff(old_dir: Path, new_dir: Path) -> dict[str, Any]:
     split its group), `quarantine` (quarantined or released), or `placement` (the split rule differs: recipe,
     split_seed, split_ratios, test_from, a fixed split). Between versions of one rule no `placement` move occurs.
     """
-    import csv
 
     def read(path: Path) -> tuple[dict[str, dict[str, str]], str, dict[str, Any]]:
         """The manifest's rows by sample id, its content-hash column (named by the algorithm version.json records,

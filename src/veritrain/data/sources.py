@@ -11,9 +11,12 @@ read without decoding again; for images that is uint8 N×H×W×C.
 from __future__ import annotations
 
 import csv
+import difflib
+import gzip
 import json
 import os
 from dataclasses import dataclass, field
+from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -21,6 +24,7 @@ import numpy as np
 
 from veritrain.core import source_registry
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.data.cifar10 import load_cifar10
 from veritrain.data.split import SPLITS
 
 if TYPE_CHECKING:
@@ -81,7 +85,6 @@ def array_sample_hashes(inputs: np.ndarray) -> list[str]:
 
 def _read_digits_csv(path: Path) -> Optional[np.ndarray]:
     """The rows of scikit-learn's digits.csv.gz (64 pixel columns, then the label), or None."""
-    import gzip
 
     try:
         with gzip.open(path, mode="rt", encoding="utf-8") as f:
@@ -98,7 +101,6 @@ def bundled_digits() -> tuple[np.ndarray, np.ndarray, str]:
     `veritrain train` on digits. A test holds the two equal; `load_digits()` is the fallback when the
     file is not where it has always been or does not read as 65 columns with labels 0–9.
     """
-    from importlib import metadata, util
 
     spec = util.find_spec("sklearn")  # locates the package without running it
     csv = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
@@ -144,7 +146,6 @@ def load_digits_source(cfg: DataConfig, paths: dict[str, Path]) -> SourceData:
 
 def load_cifar10_source(cfg: DataConfig, paths: dict[str, Path]) -> SourceData:
     """CIFAR-10's python batches in data.root; the official test batch is the fixed test split."""
-    from veritrain.data.cifar10 import load_cifar10
 
     root = _required(paths, "root", "the folder holding data_batch_1..5, test_batch and batches.meta")
     data = load_cifar10(root)
@@ -274,7 +275,6 @@ def _refuse_label_typos(label_lines: dict[str, list[int]], csv_path: Path) -> No
     """Without data.classes every label in the csv becomes a class, so a mistyped label would be a class of one
     sample, failing the split far from its cause (too_small) or silently training an extra class. Refuse it
     where it is: the file and line (RunFailed, bad data). A rare class of its own is kept by listing data.classes."""
-    import difflib
 
     counts = {label: len(lines) for label, lines in label_lines.items()}
     for label, lines in sorted(label_lines.items(), key=lambda item: item[1][0]):

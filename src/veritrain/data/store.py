@@ -17,7 +17,9 @@ import numpy as np
 
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
-from veritrain.data import identity, split as splitting
+from veritrain.core.secrets import redact_text
+from veritrain.core.version import __version__
+from veritrain.data import croissant, identity, split as splitting, validate
 from veritrain.data.identity import BOUND_FILES, CARD_FILE, DataVersion, preprocessing_config
 from veritrain.data.sources import FileListing, Source
 from veritrain.data.split import SPLITS
@@ -38,7 +40,6 @@ def prepare_fingerprint(cfg: DataConfig, source: Source, table: Table) -> str:
     listing's findings, and the versions of veritrain and the decoders."""
     import PIL
 
-    from veritrain.core.version import __version__
 
     return sha256_json({
         "config": preprocessing_config(cfg, source.preprocessing),
@@ -87,8 +88,6 @@ def write_arrays(out: Path, rows: list[int], table: Table, source: Source, cfg: 
     from numpy.lib.format import open_memmap
 
     if isinstance(source, FileListing):
-        from veritrain.data import validate
-
         h, w, c = target["shape"]
         inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=np.uint8, shape=(len(rows), h, w, c))
         params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, near_duplicates=False)
@@ -174,7 +173,6 @@ CROISSANT_FILE = "croissant.json"  # the version's MLCommons Croissant record, a
 def seal_reports(out: Path, info: dict[str, Any], bound: set[str], card: dict[str, Any]) -> None:
     """version.json with `reports`, the table of the files beside the bound ones; its Croissant record (written from
     version.json, so version.json is written once before it and once after with the record among the reports)."""
-    from veritrain.data import croissant
 
     def write_info() -> None:
         info["reports"] = {p.relative_to(out).as_posix(): sha256_file(p) for p in sorted(out.rglob("*"))
@@ -189,7 +187,6 @@ def seal_reports(out: Path, info: dict[str, Any], bound: set[str], card: dict[st
 def merged_card(config_card: dict[str, Any], source_card: dict[str, Any]) -> dict[str, Any]:
     """data.card, with what the source knows of itself (digits, CIFAR-10) filling the keys left empty;
     URL credentials and the like are redacted by their shape (the config's card holds none: load_config refuses them)."""
-    from veritrain.core.secrets import redact_text
 
     merged = {key: value if value else source_card.get(key) for key, value in config_card.items()}
     return {key: redact_text(value) if isinstance(value, str) else value for key, value in merged.items()}

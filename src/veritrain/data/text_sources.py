@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 
+from veritrain.data import text_corpus
+
 TEXT_NORMALIZATION = {"decode": "utf-8 strict", "bom": "removed", "newlines": "CRLF and CR to LF", "nul": "removed",
                       "unicode": "unchanged", "paragraph": "split on blank lines, each stripped"}
 SPLIT_NAMES = ("train", "val", "test")
@@ -112,7 +114,6 @@ def read_text_folder(root: Path, split_documents: str, max_chars: int) -> TextLi
 
 def read_embedded(split_documents: str, max_chars: int) -> TextListing:
     """The corpus veritrain ships, each topic a document (or its paragraphs), in topic order."""
-    from veritrain.data import text_corpus
 
     data = text_corpus.corpus_bytes()
     listing = TextListing("pydoc_topics", card=dict(text_corpus.CARD),

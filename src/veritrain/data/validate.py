@@ -15,7 +15,7 @@ import io
 import json
 import os
 import warnings
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from veritrain.core.hashing import open_cache_db, rows_where_in
+from veritrain.data import dedup
 
 FINDING_SEVERITY = {
     # kind → what happens to the sample (the names are part of the public contract)
@@ -188,7 +189,6 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool,
     if keep_array:  # decoding for the version's arrays: the features were taken when the file was checked
         check.array = array
         return check
-    from veritrain.data import dedup
 
     if params.near_duplicates:
         check.phash = dedup.perceptual_hash(array)
@@ -274,7 +274,6 @@ class CheckCache:
 def headers_for(files: dict[str, str], cache: Optional[CheckCache], workers: int) -> dict[str, Header]:
     """content hash → header, for one path per distinct content. Headers are a few hundred bytes:
     threads suffice (and cost no process start-up)."""
-    from concurrent.futures import ThreadPoolExecutor
 
     found = cache.headers(list(files)) if cache else {}
     todo = [(h, p) for h, p in files.items() if h not in found]

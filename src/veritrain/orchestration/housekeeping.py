@@ -6,6 +6,7 @@ what disk space can be given back without losing anything a record still needs.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -20,18 +21,19 @@ from veritrain.core import locks
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.task_registry import task_target
-from veritrain.records import amendments, journal
-from veritrain.records.record import Record, capture_code, read_record
+from veritrain.records import amendments, journal, registry
+from veritrain.records.record import OMITTED_FILE, Record, capture_code, read_record
 from veritrain.records.recorder import amending
+from veritrain.records.smoke_results import passed_before, smoke_key
+from veritrain.records.usercode import current_listing
 from veritrain.records.workspace import Workspace
+from veritrain.trust.opening import code_session, refuse_unverified
 
 log = logging.getLogger("veritrain")
 
 
 def identical_completed(resolved: ResolvedConfig, workspace: Workspace, data_version: Optional[str]) -> Optional[dict[str, Any]]:
     """A completed `run` with the same config hash, data version, code version and user model code, if any."""
-    from veritrain.records import registry
-    from veritrain.records.usercode import current_listing
 
     code = capture_code(workspace.root)
     now = current_listing(resolved.path, resolved.config.model.target, task_target(resolved.config.task))  # what importing the target loads today
@@ -63,7 +65,6 @@ class StagePlan:
 def dry_run(resolved: ResolvedConfig, workspace: Workspace, smoke: bool, reuse_completed: bool) -> list[StagePlan]:
     """Each stage of `veritrain run` with run/reuse/skip and the reason."""
     from veritrain.data import prepare
-    from veritrain.records.smoke_results import passed_before, smoke_key
 
     action, reason, version = prepare.plan(resolved.config.data, resolved.data_paths, workspace.state_dir)
     if not smoke:
@@ -153,7 +154,6 @@ def _kept_step_files(run_dir: Path, record: dict[str, Any]) -> set[str]:
     imported without them (archive_omitted.json), also the newest keep_last kept entries': verify excuses the
     missing audit checkpoints only beside those (archive.audit_only_checkpoints), so removing them, and
     clearing their `kept`, would make the run stop verifying."""
-    from veritrain.records.record import OMITTED_FILE
     from veritrain.trust.archive import audit_only_checkpoints
 
     entries = record.get("trajectory") or []
@@ -211,7 +211,6 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     folder before it is deleted, so a killed gc never leaves half a version that later commands would trust.
     A journal whose plan reaches outside its run (or is not one veritrain wrote) stops gc before it changes
     anything, with or without `dry_run` (RunFailed naming the journal; `drop_journal` is the way out)."""
-    from veritrain.trust.opening import refuse_unverified
 
     if dry_run:
         journal.check_all(workspace)  # what gc would refuse, it refuses here too
@@ -312,7 +311,6 @@ def data_order(workspace: Workspace, opened: Any, first: int, last: int) -> dict
     """`veritrain data order RUN --steps A:B`: the training rows of optimizer steps A … B−1 of the run, recomputed from
     its recorded seed, data and sizes, as its engine drew them (veritrain.train.engines.step_rows), shown as the task shows its rows (Task.show_rows:
     sample ids, a language model's window starts); and the SHA-256 of the rows as little-endian int64, in order."""
-    from veritrain.trust.opening import code_session
 
     with code_session(workspace, opened.run_dir, opened.record, "data order") as code:  # the task's code as the run recorded it
         code.import_config(opened.config)
@@ -320,8 +318,6 @@ def data_order(workspace: Workspace, opened: Any, first: int, last: int) -> dict
 
 
 def _data_order(opened: Any, task: Any, first: int, last: int) -> dict[str, Any]:
-    import hashlib
-
     import numpy as np
 
     from veritrain.train import engines

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from veritrain.core.errors import UserError
 from veritrain.core.secrets import text_secret
 from veritrain.records.record import NOTES_FILE, now_iso
+from veritrain.trust.check import ROWS
 
 if TYPE_CHECKING:
     from veritrain.records.workspace import Workspace
@@ -23,7 +24,6 @@ def add(workspace: Workspace, ref: str, text: str, conclusion: bool = False, wai
     the run `ref`; returns the run folder and the note. UserError for a row that is not a check row, a waiver
     without a reason, or a text that holds a secret (a note is kept and shown as written)."""
     from veritrain.orchestration import pipeline
-    from veritrain.trust.check import ROWS
 
     if waive is not None and waive not in ROWS:
         raise UserError(f"--waive {waive}: not a check row; give one of {', '.join(ROWS)}")

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from os import environ
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from veritrain.core import config as config_module, display, logs, selection
+from veritrain.core.baselines import judge
 from veritrain.core.config import CONFIG_AS_GIVEN, ResolvedConfig, RunConfig, config_hash, resolved_from_record
 from veritrain.core.errors import Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.files import remove_unfinished
@@ -31,13 +34,16 @@ from veritrain.core.secrets import allowed_environment, secret_in_command_line, 
 from veritrain.core.signals import StopFlag, interruptible
 from veritrain.core.signing_keys import sealing_key
 from veritrain.core.task_registry import task_spec
+from veritrain.data import prepare
 from veritrain.data.identity import data_summary, tokenizer_difference
-from veritrain.records import journal, usercode
+from veritrain.records import experiments, journal, usercode
 from veritrain.records.record import Record, capture_code, capture_env, now_iso, read_record, save_code, thawed
 from veritrain.records.recorder import Amendment, Recorder, amending
 from veritrain.records.workspace import Workspace
-from veritrain.train import distributed
+from veritrain.results import export
+from veritrain.train import distributed, trajectory
 from veritrain.train.distributed import RankLost
+from veritrain.trust.assessment import selected_checkpoints
 from veritrain.trust.opening import OpenRun, code_session, open_run, refuse_untrusted_code, require_checkpoint
 from veritrain.userloop import replay
 
@@ -231,7 +237,6 @@ def _resume_script(workspace: Workspace, record: Record, trust_code: bool, use_c
 def _resume_in_new_run(workspace: Workspace, old_dir: Path, old_record: Record, resolved: ResolvedConfig, argv: list[str]) -> RunOutcome:
     """`--resume RUN --use-current-code`: a new run (parent RUN) that starts from a copy of RUN's checkpoints and
     logs and trains on with the current user code, recorded as its own; RUN is left byte for byte as it was."""
-    import shutil
 
     cfg = resolved.config
     with code_session(workspace, old_dir, old_record, "resume", use_current=True) as code:
@@ -264,7 +269,6 @@ def _auto_resume_target(workspace: Workspace, match: Optional[ResolvedConfig]) -
             raise UserError("--resume auto: no interrupted run in this workspace; start one with `veritrain train`") from None
         log.info("resume: the newest interrupted run is %s", run_dir.name)
         return run_dir
-    from veritrain.data import prepare
 
     data_version = prepare.run(match.config.data, match.data_paths, workspace.state_dir).version
     candidates = []
@@ -488,7 +492,6 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
                                epoch_judge=epoch_judge, record_format=record.get("record_format"))
     record.time("train", time.perf_counter() - t, add=True)
     record.update_section("env", device=result.device, torch_threads=result.threads)
-    from veritrain.train import trajectory
 
     record.set(final_state_sha256=result.final_state_sha256,
                trajectory=trajectory.for_record(result.trajectory or [], run_dir / "checkpoints", cfg.checkpoint.audit_every),
@@ -535,8 +538,6 @@ def _evaluation_stages(record: Recorder, run_dir: Path, cfg: RunConfig, data: Da
             record.set(baselines=baselines)
             log.warning("eval: %s", verdict)
     if "export" in stages:
-        from veritrain.results import export
-
         t = time.perf_counter()
         try:
             description = export.run(cfg, data, task, run_dir, record=record.snapshot())
@@ -572,9 +573,7 @@ DEFER_INDEX_VARIABLE = "VERITRAIN_DEFER_INDEX"
 
 def update_experiments(workspace: Workspace) -> None:
     """Regenerate experiments.md; a failure here is reported, never fatal to the run."""
-    from os import environ
 
-    from veritrain.records import experiments
 
     if environ.get(DEFER_INDEX_VARIABLE) == "1":
         return
@@ -601,7 +600,6 @@ def fit_baselines(run_dir: Path, cfg: RunConfig, data: DataVersion, task: Task) 
 def baseline_verdict(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
     """A warning when the model does not beat its baseline by the margin (veritrain.core.baselines: the one judgement
     `check` and the reports read too)."""
-    from veritrain.core.baselines import judge
 
     return judge(metrics, baselines).warning
 
@@ -692,7 +690,6 @@ def result_entry(record: Mapping[str, Any], checkpoint_shown: str, state_hash: s
     """The trajectory entry a result's checkpoint holds ({index, step, state_sha256}); None for a run without a
     trajectory (made before it, or interrupted: its record has none yet). RunFailed when the run has a trajectory
     and the state is not in it: a timing save (signal, every_minutes) is a resume point, never a result."""
-    from veritrain.train import trajectory
 
     entries = record.get("trajectory") or []
     if not entries:
@@ -768,7 +765,6 @@ def evaluate_run(workspace: Workspace, ref: str, which: Optional[str], split: Op
     checkpoint is evaluated in a new run of kind `eval` whose parent is RUN."""
     from veritrain.results import evaluate
     from veritrain.train.loop import resolve_device
-    from veritrain.trust.assessment import selected_checkpoints
 
     opened = open_run(workspace, ref, allow_data_drift, trust_code=trust_code, need="model")
     require_checkpoint(opened, which)
@@ -802,7 +798,6 @@ def export_run(workspace: Workspace, ref: str, which: Optional[str], formats: Op
     """`veritrain export RUN`: export a checkpoint of the run and amend the run, after a full verify; an outside
     checkpoint, or `use_current_code`, is exported in a new run of kind `export` (see `evaluate_run`). Raises
     export.ParityFailed after recording the failed parity."""
-    from veritrain.results import export
 
     opened = open_run(workspace, ref, trust_code=trust_code, need="model")
     require_checkpoint(opened, which)
@@ -846,7 +841,6 @@ def _outside_run(workspace: Workspace, opened: OpenRun, source: Path, kind: str,
     own, and the opened run is left byte for byte as it was. Its results are not from the audited training (or not
     from the recorded code), and say so."""
     from veritrain.train import checkpoint, trajectory
-    from veritrain.trust.assessment import selected_checkpoints
 
     current_code = why == "current_code"
     try:

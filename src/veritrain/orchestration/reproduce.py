@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from veritrain.core.config import config_hash, resolved_from_record
 from veritrain.core.errors import UserError
+from veritrain.data import prepare
 from veritrain.data.identity import tokenizer_difference
 from veritrain.orchestration import pipeline
 from veritrain.records.record import Record, read_record
@@ -23,7 +24,6 @@ def reproduce(workspace: Workspace, ref: str, argv: list[str], trust_code: bool 
               python: Optional[str] = None, inputs_root: Optional[str] = None) -> dict[str, Any]:
     """Run the recorded pipeline of RUN again (same config, seed, data version, and the user code recorded with it,
     or today's with `use_current_code`) into a new run and compare the final weights and every epoch's metrics."""
-    from veritrain.data import prepare
     from veritrain.train import engines
 
     original_dir = workspace.resolve_run(ref, "model")

@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING, Any, Optional
 from veritrain.core import locks, logs
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.errors import RunFailed
+from veritrain.core.signals import interruptible
 from veritrain.core.task_registry import task_target
 from veritrain.records.record import RECORD_VERSION, capture_code, now_iso
 from veritrain.records.recorder import write_smoke_record
 from veritrain.records.smoke_results import passed_before, smoke_key
 from veritrain.records.usercode import current_listing, fresh
 from veritrain.records.workspace import Workspace
+from veritrain.tasks import get_task
 
 if TYPE_CHECKING:
 
@@ -56,9 +58,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, data: Optional[DataVersi
 def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code: dict[str, Any], key: str,
          started: float) -> dict[str, Any]:
     """The smoke test filed under `key`, with its lock held: its folder is this process's alone."""
-    from veritrain.core.signals import interruptible
     from veritrain.results import evaluate, export
-    from veritrain.tasks import get_task
     from veritrain.train import engines, parts
 
     cfg = resolved.config

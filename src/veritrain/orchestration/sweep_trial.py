@@ -20,11 +20,16 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from veritrain.core import locks
-from veritrain.core.errors import Interrupted, VeritrainError
+from veritrain.core import locks, logs
+from veritrain.core.errors import Interrupted, RunFailed, VeritrainError
+from veritrain.core.files import write_atomic
+from veritrain.records import usercode
+from veritrain.records.record import read_record
+from veritrain.records.workspace import Workspace
 
 if TYPE_CHECKING:
     from veritrain.records import usercode
@@ -48,10 +53,8 @@ def working_dir(path: Optional[str]) -> Iterator[None]:
 def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
     """Run (or resume) one run of the sweep; returns {run_id, status, error}. Never raises for a run that failed
     or was interrupted: that is the run's status, which the driver reports."""
-    from veritrain.core import logs
     from veritrain.core.config import load_config
     from veritrain.orchestration import pipeline
-    from veritrain.records.workspace import Workspace
 
     logs.setup_console_logging()
     claim: Optional[Path] = None
@@ -94,10 +97,7 @@ def _earlier_run(workspace: Workspace, spec: dict[str, Any]) -> Optional[dict[st
     """The record of a run of this slot made by an earlier process (a trial of a killed driver, which stops itself
     within a second, may have started one): the slot's sweep link, seed index and planned config hash. Run ids
     begin with their start time; runs from before the sweep (less an hour, for other Ray nodes' clocks) are not read."""
-    from datetime import datetime, timedelta
 
-    from veritrain.core.errors import RunFailed
-    from veritrain.records.record import read_record
 
     link, index = spec["sweep"], (spec.get("repeat") or {}).get("index", 0)
     try:
@@ -122,8 +122,6 @@ def _earlier_run(workspace: Workspace, spec: dict[str, Any]) -> Optional[dict[st
 def _sweep_code(spec: dict[str, Any], workspace: Workspace) -> Optional[usercode.CodeSession]:
     """The code session of the copies the sweep made at its start (None for a sweep from before them, or one whose
     configs name no user code: the run then imports as any new run does)."""
-    from veritrain.core.errors import RunFailed
-    from veritrain.records import usercode
 
     code = spec.get("code") or {}
     if not code.get("user_files"):
@@ -147,7 +145,6 @@ def epoch_judge(judge: dict[str, Any]):
     metrics.jsonl, asks its pruner, and writes `<slot>.verdict.json` for that epoch, followed by SIGTERM when it
     prunes. A signal without a pruning verdict for the epoch (the user's Ctrl-C passed on, a driver that died) is
     an interruption: None, and the loop stops as it does for any signal."""
-    from veritrain.core.files import write_atomic
 
     folder, slot = Path(judge["folder"]), judge["slot"]
     wait_path, verdict_path = folder / f"{slot}.wait.json", folder / f"{slot}.verdict.json"
@@ -205,7 +202,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         result = {"run_id": None, "status": "interrupted", "error": str(err)}
     for signum in (signal.SIGINT, signal.SIGTERM):  # the run has ended: a late signal must not lose its result
         signal.signal(signum, signal.SIG_IGN)
-    from veritrain.core.files import write_atomic
 
     write_atomic(Path(args.result), (json.dumps(result) + "\n").encode())
     return 0

@@ -34,6 +34,9 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 
 from pydantic import Field, ValidationError
 
+from veritrain.core.errors import RunFailed
+from veritrain.core.files import sync_folder, sync_tree
+from veritrain.core.hashing import sha256_file
 from veritrain.records.fields import Artifact, Event, IsoTime, Part, ProvenanceRef, RunId, RunPath, Sha256, record_bytes
 
 AMENDMENTS_DIR = "amendments"
@@ -263,7 +266,6 @@ class Draft:
 
     def document(self, by: str, at: str, changed: dict[str, Any], key_field: dict[str, Any]) -> dict[str, Any]:
         """amendment.json as it will be written (its files hashed now)."""
-        from veritrain.core.hashing import sha256_file
 
         staged = self.staged()
         retires = set(self.retired) | {rel for rel in self.artifacts for folder in self.replaced
@@ -276,8 +278,6 @@ class Draft:
     def commit(self, doc: dict[str, Any], statement: bytes) -> str:
         """Seal `doc` and make the amendment part of the run in one rename; returns its seal. RunFailed when another
         command amended the run since this one read it."""
-        from veritrain.core.errors import RunFailed
-        from veritrain.core.files import sync_folder, sync_tree
 
         AmendmentRecord.model_validate(doc)  # a ValidationError here is a bug in the writer, never the user's
         data = record_bytes(doc)

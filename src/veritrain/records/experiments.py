@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+from veritrain.core.task_registry import spec_of_record
 from veritrain.records import registry
 from veritrain.records.registry import flatten  # noqa: F401  (a name of this module too: `experiments.flatten`)
 
@@ -23,7 +24,6 @@ SHOWN = 3  # the metrics a line about a run names: the first its task declares (
 def shown_metrics(row: Mapping[str, Any]) -> list[str]:
     """The names of the metrics a line about this run (a record or an index row) shows: the first SHOWN its task
     declares; none when this process knows no declaration of its task."""
-    from veritrain.core.task_registry import spec_of_record
 
     spec = spec_of_record(dict(row))
     return spec.names(SHOWN) if spec is not None else []
@@ -64,7 +64,6 @@ def compare(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def _declared_goals(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """Metric name → max or min, as the runs' tasks declare it (veritrain.core.task_spec); a name the tasks of these
     runs declare with different goals, or that no task known here declares, has none."""
-    from veritrain.core.task_registry import spec_of_record
 
     found: dict[str, set[str]] = {}
     for record in records:

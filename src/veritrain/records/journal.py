@@ -46,6 +46,7 @@ from veritrain.core.files import sync_folder, sync_tree, write_atomic
 from veritrain.core.signing_keys import sealing_key
 from veritrain.records import provenance
 from veritrain.records.record import PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, now_iso, sealed_bytes, statement_bytes
+from veritrain.records.workspace import Workspace
 
 if TYPE_CHECKING:
     from veritrain.records.workspace import Workspace
@@ -260,7 +261,6 @@ def interrupted(run_dir: Path, state_dir: Path) -> Optional[Interrupted]:
                 files[rel] = backup
             elif rel not in existed:
                 files.pop(rel, None)  # a file this amend adds
-    from veritrain.records.workspace import Workspace
 
     live = not Workspace(state_dir.parent).lock_is_stale(run_dir.name)  # the amend may still finish: said so, judged the same
     return Interrupted((UNDER_WAY if live else INTERRUPTED).format(journal=_shown(state_dir, run_dir.name)), files)

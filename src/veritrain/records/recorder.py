@@ -13,6 +13,7 @@ record.json or record.sha256 or assigns into a record.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from contextlib import contextmanager
@@ -222,7 +223,6 @@ class Amendment:
 
 def _base_fields(record: Record) -> dict[str, Any]:
     """The run's own record.json (before its amendments)."""
-    import json
 
     return json.loads((record.run_dir / "record.json").read_text(encoding="utf-8"))
 

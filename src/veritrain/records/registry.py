@@ -9,6 +9,7 @@ This module must not import torch: `veritrain runs list` stays fast.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -19,10 +20,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain.core.errors import RunFailed
+from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.files import MAX_READ_BYTES, read_regular
 from veritrain.records.amendments import AMENDMENTS_DIR
-from veritrain.records.record import NOTES_FILE, RECORD_FILE, read_record, thawed
+from veritrain.records.record import NOTES_FILE, RECORD_FILE, read_record, record_problem, thawed
 from veritrain.records.run_query import COLUMNS, Where, order_by
 
 # `params`: the config's leaves that differ from the default config, {"optim.lr": 0.01}: the runs table finds the keys
@@ -185,8 +186,6 @@ def read_notes(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _row(run_dir: Path, stamp: str) -> Optional[tuple[Any, ...]]:
-    from veritrain.records.record import record_problem
-
     found, sealed = read_regular(run_dir / "record.json"), read_regular(run_dir / "record.sha256", limit=1024)
     try:
         if found is None or found[2] > MAX_READ_BYTES:
@@ -284,7 +283,6 @@ def query(state_dir: Path, runs_dir: Path, status: tuple[str, ...] = (), sort: O
     `filters` are `key=value`: a column (status, exp_name, kind, seed, data_version, …) or a config
     path (`optim.lr=0.01`, compared as JSON values).
     """
-    from veritrain.core.errors import UserError
 
     db = sync(state_dir, runs_dir)
     try:
@@ -331,7 +329,6 @@ def _refuse_unknown_keys(db: sqlite3.Connection, runs_dir: Path, filters: tuple[
     """A filter or sort key that no indexed run has would match nothing, or sort nothing, without a word: refuse
     it (exit 2) with the keys there are. The keys are those of the runs themselves (columns, recorded config
     paths, metric paths), so a key of an older record still works. An empty workspace has nothing to check."""
-    from veritrain.core.errors import UserError
 
     if not filters and not sort:
         return
@@ -372,8 +369,6 @@ def _paths(value: Any, leaves_only: bool, prefix: str = "") -> list[str]:
 
 
 def _did_you_mean(key: str, known: list[str]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(key, known, n=1)
     return f" (did you mean {close[0]}?)" if close else ""
 

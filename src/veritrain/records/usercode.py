@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.task_registry import ENTRY_POINTS, task_target
 
 log = logging.getLogger("veritrain")
 
@@ -329,7 +330,6 @@ class CodeSession:
         """The user code run config `cfg` names, imported now in this session (so a new run records it and a later
         command runs the recorded copies): its task's class when an installed package's entry point names the task
         (veritrain.core.task_registry.task_target), and model.target."""
-        from veritrain.core.task_registry import ENTRY_POINTS, task_target
 
         target = task_target(cfg.task)
         if target:

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from veritrain.core.files import write_atomic
+from veritrain.core.secrets import expand_env
+from veritrain.core.user_dirs import state_dir as user_state
 from veritrain.records.record import NOTES_FILE, RECORD_FILE, now_iso
 
 VERDICTS_DIR = "verdicts"  # under the user's state folder, one folder per workspace
@@ -29,7 +31,6 @@ Entry = tuple[str, int, int]  # (path relative to its section's root, size in by
 def path_of(state_dir: Path, run_id: str) -> Path:
     """Where the verdict of the workspace's run (`state_dir`: the workspace's .veritrain/) is kept: below the user's
     state folder, in a folder named by the SHA-256 of the workspace's resolved path."""
-    from veritrain.core.user_dirs import state_dir as user_state
 
     workspace = hashlib.sha256(str(state_dir.parent.resolve()).encode()).hexdigest()[:32]
     return user_state() / VERDICTS_DIR / workspace / f"{run_id}.json"
@@ -115,8 +116,6 @@ def _record(run_dir: Path) -> dict[str, Any]:
 
 
 def _data_path(value: Any) -> Optional[Path]:
-    from veritrain.core.secrets import expand_env
-
     if not isinstance(value, str):
         return None
     try:

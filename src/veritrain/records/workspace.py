@@ -25,6 +25,8 @@ from typing import Any, Optional
 
 from veritrain.core import locks, user_dirs
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.records.record import read_record
+from veritrain.records.usercode import CODE_DIR, recorded_listing
 
 log = logging.getLogger("veritrain")
 
@@ -52,7 +54,6 @@ def created_mark(root: Path, run_dir: Path, record: Mapping[str, Any]) -> dict[s
     the config hash, the model target (not for a script's run, whose config is the script's own), the recorded script
     (a script's run) and every recorded user module (module, path under code/), each with the SHA-256 of the file a
     later command would run, hashed here from the folder (None when missing) rather than taken from the record."""
-    from veritrain.records.usercode import CODE_DIR
 
     script_run = record.get("kind") == "script"
     model = None if script_run else (record.get("config") or {}).get("model")
@@ -68,7 +69,6 @@ def created_mark(root: Path, run_dir: Path, record: Mapping[str, Any]) -> dict[s
 
 def _code_entries(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The user modules a later command imports from the run's code/ (veritrain.records.usercode.recorded_listing)."""
-    from veritrain.records.usercode import recorded_listing
 
     return [e for e in recorded_listing(record)[0] if isinstance(e, Mapping)]
 
@@ -83,7 +83,6 @@ def _sha256_of(path: Path) -> Optional[str]:
 def _code_problem(mark: Mapping[str, Any], now: dict[str, Any], record: Mapping[str, Any]) -> Optional[str]:
     """None when the code held by `mark` is the code of the run now (`now`, from created_mark), and the record lists
     those same hashes; otherwise the first file that differs (a path in the run), or "" when none can be named."""
-    from veritrain.records.usercode import CODE_DIR
 
     script = now["script"]
     if mark.get("script") != script or (script is not None and (script["sha256"] is None
@@ -298,8 +297,6 @@ class Workspace:
                          f"{ref}: matches {{count}} runs ({{names}}, ...); give a longer prefix")
 
     def _latest(self, runs: list[Path], need: str) -> Path:
-        from veritrain.records.record import read_record
-
         what, fits = LATEST[need]
         if not runs:
             raise UserError(f"latest: no runs in {self.runs_dir}; start one with `veritrain run`")
@@ -337,7 +334,6 @@ class Workspace:
             run_dir = self.resolve_run(ref)
         except UserError:
             raise UserError(f"{ref}: neither a data version in {store} nor a run; give a version id (or prefix), a run id, `latest` or a run folder") from None
-        from veritrain.records.record import read_record
 
         try:
             version = read_record(run_dir).data_version

@@ -17,7 +17,8 @@ import torch
 
 from veritrain.core.errors import UserError
 from veritrain.core.hashing import sha256_file
-from veritrain.tasks import split_rows
+from veritrain.data.report import summary_lines
+from veritrain.tasks import classification_eval, split_rows
 from veritrain.tasks.evaluation import stream
 from veritrain.train import checkpoint, trajectory
 
@@ -102,7 +103,6 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, device: to
 
 def from_predictions(path: Path) -> dict[str, Any]:
     """Every metric recomputed from a predictions.csv alone (classification)."""
-    from veritrain.tasks import classification_eval
 
     _, labels, probabilities, classes = classification_eval.read_predictions(path)
     metrics = classification_eval.compute(probabilities, labels, classes)
@@ -113,7 +113,6 @@ def from_predictions(path: Path) -> dict[str, Any]:
 def _lead_with_data(report: Path, data: DataVersion) -> None:
     """Put what matters about the data (quarantine, achieved split, label issues, outliers) right under the
     report's title: a metric means little before the reader knows what the data was."""
-    from veritrain.data.report import summary_lines
 
     summary = (data.report() or {}).get("summary")
     if not summary or not report.exists():

@@ -13,6 +13,7 @@ model.json in their own metadata, so each is usable on its own.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -29,12 +30,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from veritrain.core import signing_keys, trusted_keys
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.core.signing_keys import sealing_key
 from veritrain.core.task_registry import serving_command
+from veritrain.records.record import RECORD_FILE, SEAL_FILE, read_record
+from veritrain.results import export_signing
+from veritrain.results.model_card import model_card
 from veritrain.tasks import split_rows
+from veritrain.train import trajectory
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +88,6 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
 
     from veritrain.core.config import config_hash
     from veritrain.results.evaluate import checkpoint_path, load_model
-    from veritrain.train import trajectory
 
     # TorchScript and the TorchScript-based ONNX exporter warn that they are deprecated on every call;
     # they are what works with onnxruntime without extra packages, so keep the console clean
@@ -167,12 +173,8 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, which: Opt
     (out / "model.json").write_text(json.dumps(description, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     parity = description["parity"]
     if shipped and record is not None:
-        from veritrain.results.model_card import model_card
-
         (out / CARD_FILE).write_text(model_card(record, description, key.public.fingerprint if key else None), encoding="utf-8")
         if key is not None:
-            from veritrain.results import export_signing
-
             export_signing.sign(out, key.private_path)
     agreement = ", ".join(f"{k} {v['agreement']:.4f}" for k, v in parity["formats"].items()) or "-"
     log.info("export: %s in %s%s; parity %s (max |Δlogit| %s%s)", ", ".join(written), existing,
@@ -394,7 +396,6 @@ def check_parity(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.
     """Trained model vs each export in `files` (format → file name in `out`) on real test samples; writes
     export/parity.json (unless `write` is False: `veritrain audit` checks a sealed export again). safetensors is
     checked by loading it into a copy of the model. `reference`: what `reference_outputs` returned, when the caller has it."""
-    import copy
 
     import torch
 
@@ -585,7 +586,6 @@ def _run_of(path: Path) -> Optional[Path]:
 
 def _sealed_record(run_dir: Path) -> Record:
     """The run's record, read once record.json is found to hash to its seal: the record decides what may be loaded."""
-    from veritrain.records.record import RECORD_FILE, SEAL_FILE, read_record
 
     try:
         refuse_non_regular(run_dir / RECORD_FILE)
@@ -763,7 +763,6 @@ def _signer(folder: Path, model_json_sha256: str, given: Optional[bytes]) -> tup
     tried. No model.sig, or a key not known here whose statement still matches every file, is a warning: the folder
     is used. A signature that does not verify with the key it names, files not as signed, or (with `given`) no
     signature by that key, is RunFailed."""
-    from veritrain.core import signing_keys, trusted_keys
 
     signature = folder / SIGNATURE_FILE
     again = "get the export again from its maker"
@@ -806,7 +805,6 @@ def _signer(folder: Path, model_json_sha256: str, given: Optional[bytes]) -> tup
 def _known_keys(trusted: TrustedKeys) -> list[tuple[str, bytes]]:
     """(name, public key PEM) of the keys known here: the PEM entries of the trusted-keys file, then the local key
     pair's public key when it is not one of them."""
-    from veritrain.core import signing_keys
 
     keys = [(key.name, key.pem) for key in trusted.keys if key.pem is not None]
     try:
@@ -820,7 +818,6 @@ def _known_keys(trusted: TrustedKeys) -> list[tuple[str, bytes]]:
 
 def _signed_files(folder: Path) -> dict[str, str]:
     """file → SHA-256 as model.sig states them (read, not yet verified); RunFailed for a malformed signature."""
-    from veritrain.results import export_signing
 
     try:
         return export_signing.signed_files(folder)
@@ -836,8 +833,6 @@ def _same_model_json(folder: Path, signed: Mapping[str, str], model_json_sha256:
 
 
 def _verify_signature(folder: Path, pem: bytes) -> Optional[str]:
-    from veritrain.results import export_signing
-
     return export_signing.verify(folder, pem)
 
 
@@ -918,7 +913,6 @@ def preprocess(path: Path, description: dict[str, Any], unlike: Optional[list[st
 def read_description(opened: ExportFiles) -> dict[str, Any]:
     """model.json of an export predict can use (as `open_export` read it), checked first: an export folder may come
     from anywhere, so a malformed one is one line (exit 1), and its ONNX file must be a file of this folder."""
-    from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
     class _Loose(BaseModel):
         model_config = ConfigDict(extra="allow", strict=True)

@@ -20,6 +20,7 @@ import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.task_registry import serving_command
+from veritrain.data.tokenizer import load_tokenizer
 from veritrain.results.export import ExportFiles, open_export, refuse_external_data
 
 MAX_TOKENS = 100_000  # the most ids one command draws
@@ -58,7 +59,6 @@ def generate(export: Path | ExportFiles, prompt: str, tokens: int = 64, seed: in
     import onnxruntime
     import torch
 
-    from veritrain.data.tokenizer import load_tokenizer
     from veritrain.tasks.gpt import next_token
 
     if not 0 <= tokens <= MAX_TOKENS:

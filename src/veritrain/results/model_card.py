@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional
 import yaml
 
 from veritrain.core.signing_keys import KEY_NAME, public_path
+from veritrain.core.task_registry import spec_of_record
 
 # the one spelling of the signature check; the folder is the export (a downloaded repository), model.sig beside the files
 VERIFY_SIGNATURE_COMMAND = "model_signing verify key {folder} --no-ignore-git-paths --signature {folder}/model.sig --public_key {public_key}"  # export_signing.VERIFY_COMMAND
@@ -204,7 +205,6 @@ def _dataset_name(data: Mapping[str, Any], version: str) -> str:
 def _spec(record: Mapping[str, Any], description: Mapping[str, Any]) -> Any:
     """The TaskSpec of the run's task (veritrain.core.task_spec): the installed one, else the record's own; None when
     neither is known (the card then reports no metric and says the task's name)."""
-    from veritrain.core.task_registry import spec_of_record
 
     task = record.get("task") or description.get("task")
     return spec_of_record({"config": {"task": task}}) or spec_of_record(dict(record))

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
+from veritrain.core.errors import UserError
 from veritrain.core.task_registry import SPECS, TASKS, task_spec as task_spec  # the one registry, shared with config validation
 from veritrain.core.task_spec import MetricSpec as MetricSpec, TaskSpec
 
@@ -187,7 +188,6 @@ def protocol_members() -> tuple[str, ...]:
 def get_task(cfg: Any) -> Task:
     """The task of run config `cfg`, built by its registered factory; a UserError naming what it lacks when it does not
     have every member of the protocol (no member is optional: a missing one would fail a run halfway)."""
-    from veritrain.core.errors import UserError
 
     task = TASKS[cfg.task](cfg)
     missing = [name for name in protocol_members() if not hasattr(task, name)]

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 
 from veritrain import models
 from veritrain.core.task_spec import TaskSpec
-from veritrain.tasks import ExportSpec, sample_rows, sample_slice, sample_split
+from veritrain.tasks import ExportSpec, classification_eval, classification_eval as ce, sample_rows, sample_slice, sample_split
+from veritrain.tasks.classification_eval import fit_baselines, plot_curves, report_markdown
 from veritrain.tasks.classification_spec import SPEC
 from veritrain.tasks.evaluation import Evaluator, OutputsEvaluator, validate_with_criterion
 
@@ -199,7 +200,6 @@ class ClassificationTask:
 
     def metrics(self, outputs: torch.Tensor, targets: torch.Tensor, data: DataVersion) -> dict[str, Any]:
         """Every metric of a split's outputs (classification_eval.compute) and the mean loss without smoothing."""
-        from veritrain.tasks import classification_eval
 
         probabilities = class_probabilities(outputs)
         metrics = classification_eval.compute(probabilities, targets.cpu().numpy(), cast(list[str], data.classes))
@@ -231,18 +231,13 @@ class ClassificationTask:
 
     def baselines(self, data: DataVersion, cfg: RunConfig) -> dict[str, Any]:
         """Majority class and logistic regression on the same splits (see classification_eval)."""
-        from veritrain.tasks.classification_eval import fit_baselines
 
         return fit_baselines(data, cfg.eval.split, cfg.seed, cfg.eval.baseline_max_samples, cfg.eval.baseline_max_iter)
 
     def plot_curves(self, path: Path, history: list[dict[str, Any]]) -> None:
-        from veritrain.tasks.classification_eval import plot_curves
-
         plot_curves(path, history)
 
     def write_report(self, path: Path, metrics: dict[str, Any], baselines: Optional[dict[str, Any]], run_id: str) -> None:
-        from veritrain.tasks.classification_eval import report_markdown
-
         path.write_text(report_markdown(metrics, baselines, run_id), encoding="utf-8")
 
 
@@ -255,8 +250,6 @@ class ClassificationEvaluation(OutputsEvaluator):
         self.data, self.split, self.cfg = data, split, cfg
 
     def write(self, out_dir: Path, metrics: dict[str, Any]) -> None:
-        from veritrain.tasks import classification_eval as ce
-
         outputs, targets = self.gathered()
         data = self.data
         rows = data.splits[self.split]

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import csv
 import math
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 
 import numpy as np
 
+from veritrain.core.baselines import judge
 from veritrain.tasks import classification_spec
 
 if TYPE_CHECKING:
@@ -298,7 +300,6 @@ def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]
         assert macro_f1 is not None
         for name, result in baselines.get("results", {}).items():  # an earlier veritrain's baselines name it f1_macro
             lines.append(f"| {name} | {result['accuracy']:.4f} | {macro_f1.value(result):.4f} |")
-        from veritrain.core.baselines import judge
 
         warning = judge(metrics, baselines, classification_spec.SPEC.baseline_rule()).warning
         if warning:
@@ -330,7 +331,6 @@ def report_markdown(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]
 def fit_baselines(data: DataVersion, split: str, seed: int, max_samples: int, max_iter: int) -> dict[str, Any]:
     """Majority class and logistic regression on flattened, normalized pixels, trained on the train
     split (a seeded subsample of at most `max_samples`) and scored on `split` like the model."""
-    import warnings
 
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression

@@ -14,6 +14,7 @@ which does not depend on the tokenizer, so byte-level and BPE runs compare (veri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, cast
@@ -24,6 +25,9 @@ import torch.nn.functional as F
 
 from veritrain.core.errors import UserError
 from veritrain.core.task_spec import TaskSpec
+from veritrain.data.identity import TextVersion
+from veritrain.data.split import SPLITS
+from veritrain.data.tokenizer import load_tokenizer
 from veritrain.tasks import ExportSpec, gpt, lm_eval
 from veritrain.tasks.evaluation import Evaluator, stream
 from veritrain.tasks.lm_spec import SPEC
@@ -53,7 +57,6 @@ class LanguageModelTask:
 
     def _layout(self, data: DataVersion) -> dict[str, tuple[int, int]]:
         """split → (first row, windows)."""
-        from veritrain.data.split import SPLITS
 
         layout, start = {}, 0
         for name in SPLITS:
@@ -132,7 +135,6 @@ class LanguageModelTask:
 
     def baselines(self, data: DataVersion, cfg: RunConfig) -> dict[str, Any]:
         """A byte unigram and an interpolated byte bigram, fit on train, in bits per byte on `eval.split`."""
-        from veritrain.data.tokenizer import load_tokenizer
 
         text = _text(data)
         assert text.tokenizer_file is not None
@@ -142,7 +144,6 @@ class LanguageModelTask:
 
     def smoke_slice(self, data: DataVersion, counts: dict[str, int]) -> DataVersion:
         """The data version cut to the first `counts[split]` windows of each split (the smoke test's tiny slice)."""
-        import dataclasses
 
         text = _text(data)
         return dataclasses.replace(text, tokens={name: array[: counts.get(name, 0) * self.context + 1] if len(array) else array
@@ -151,7 +152,6 @@ class LanguageModelTask:
     def export_spec(self, cfg: RunConfig, model: torch.nn.Module, data: DataVersion, example: torch.Tensor) -> ExportSpec:
         """What model.json says of a GPT export: token ids in, next-token logits out (batch and time dynamic, time at
         most the context), the tokenizer (copied beside the model, its SHA-256 bound), and the GPTConfig that rebuilds it."""
-        import dataclasses
 
         text = _text(data)
         assert text.tokenizer_file is not None and isinstance(model, gpt.GPT)
@@ -198,7 +198,6 @@ class LanguageModelEvaluation:
 
     def write(self, out_dir: Path, metrics: dict[str, Any]) -> None:
         """bad_cases.json (the documents with the most bits per byte) and generations.json (samples from the fixed prompts)."""
-        from veritrain.data.tokenizer import load_tokenizer
 
         assert self.cfg is not None and self.text.tokenizer_file is not None
         tokenizer = load_tokenizer(self.text.tokenizer_file)
@@ -227,8 +226,6 @@ class _Lengths:
     def of(cls, data: TextVersion) -> np.ndarray:
         digest = str(data.info["tokenizer"]["sha256"])
         if digest not in cls._cache:
-            from veritrain.data.tokenizer import load_tokenizer
-
             assert data.tokenizer_file is not None
             tokenizer = load_tokenizer(data.tokenizer_file)
             lengths = np.array([len(b) for b in tokenizer.token_bytes], dtype=np.int64)
@@ -238,8 +235,6 @@ class _Lengths:
 
 
 def _text(data: DataVersion) -> TextVersion:
-    from veritrain.data.identity import TextVersion
-
     if not isinstance(data, TextVersion):
         raise UserError("task: lm trains on a text data version; set data.source to text, jsonl or pydoc_topics")
     return data

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 
-from veritrain.tasks import gpt, lm_metrics
+from veritrain.core.baselines import judge
+from veritrain.tasks import gpt, lm_metrics, lm_spec
 
 if TYPE_CHECKING:
     from veritrain.core.config import GenerationConfig
@@ -120,8 +121,6 @@ def fit_baselines(data: TextVersion, split: str, tokenizer: Tokenizer) -> dict[s
 
 def baseline_warning(metrics: dict[str, Any], baselines: Optional[dict[str, Any]]) -> Optional[str]:
     """A warning when the model's bits per byte are not `margin` below the bigram's (veritrain.core.baselines judges)."""
-    from veritrain.core.baselines import judge
-    from veritrain.tasks import lm_spec
 
     return judge(metrics, baselines, lm_spec.SPEC.baseline_rule()).warning
 

@@ -32,7 +32,12 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from veritrain.core import logs
 from veritrain.core.errors import Interrupted, RunFailed, UserError
+from veritrain.core.signals import interruptible
+from veritrain.records import usercode
+from veritrain.records.record import read_record
+from veritrain.tasks import get_task
 from veritrain.train.ranks import (  # noqa: F401  (the ranks' names, used through this module by the launch side and its callers)
     COLLECTIVE_TIMEOUT,
     LOST_PEER_SIGNS,
@@ -215,11 +220,7 @@ def train_rank(ranks: Ranks, run_dir: Path, data_path: Path, resume: bool, event
     `result_file` when given. Returns this rank's status (as `rank<k>.json` holds it) and exit code; a failure is
     logged here in one line (a bug's traceback at DEBUG, in the rank's log)."""
     from veritrain.core.config import resolved_from_record
-    from veritrain.core.signals import interruptible
     from veritrain.data import prepare
-    from veritrain.records import usercode
-    from veritrain.records.record import read_record
-    from veritrain.tasks import get_task
     from veritrain.train import loop
 
     try:
@@ -258,7 +259,6 @@ def train_rank(ranks: Ranks, run_dir: Path, data_path: Path, resume: bool, event
 def worker(run_dir: Path, handoff: Path, resume: bool) -> int:
     """One rank started by `launch` (`train_rank`). Writes `rank<k>.json` (its status) into the hand-off folder,
     and rank 0 also `result.json`; returns the exit code."""
-    from veritrain.core import logs
 
     ranks = from_environment()
     if ranks is None:

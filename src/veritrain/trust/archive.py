@@ -25,6 +25,7 @@ import json
 import re
 import shutil
 import tarfile
+import tempfile
 import time
 import uuid
 import zlib
@@ -35,10 +36,20 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.data.identity import data_version_problems
 from veritrain.records import amendments
-from veritrain.records.record import NOTES_FILE, OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED, read_record
+from veritrain.records.record import (
+    NOTES_FILE,
+    OMITTED_FILE,
+    PROVENANCE_FILE,
+    RECORD_FILE,
+    SEAL_FILE,
+    UNSEALED,
+    read_record,
+    record_problem,
+)
 from veritrain.records.workspace import Workspace
+from veritrain.train.trajectory import audit_only_checkpoints as audit_only
 from veritrain.trust.policy import Policy
-from veritrain.trust.verify import verify_run
+from veritrain.trust.verify import state_cache_dir, verify_run
 
 # what an archive's archive_omitted.json says about the files it lists
 OMITTED_REASON = "checkpoints kept only for audit (checkpoint.audit_every), left out by `veritrain archive` without --with-audit"
@@ -67,7 +78,6 @@ TRAILING_BYTES = 1 << 20  # zeros after the tar's end-of-archive blocks (tar pad
 def audit_only_checkpoints(record: dict[str, Any]) -> list[str]:
     """The checkpoints a record keeps only for audit (veritrain.train.trajectory.audit_only_checkpoints, which
     verify uses too): what an archive made without --with-audit leaves out."""
-    from veritrain.train.trajectory import audit_only_checkpoints as audit_only
 
     return audit_only(record)
 
@@ -185,7 +195,6 @@ def _sealed_record_parts(record_bytes: bytes, run_id: str) -> tuple[dict[str, di
         record = json.loads(record_bytes)
     except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past Python's limit
         raise RunFailed(f"import: the record of {run_id} is not JSON") from None
-    from veritrain.records.record import record_problem
 
     problem = record_problem(record, run_id)  # the same shape every reader relies on, and run_id = its folder
     if problem is not None:
@@ -517,13 +526,11 @@ def verify_archive(archive: Path, policy: Optional[Policy] = None) -> dict[str, 
     outside every workspace, removed afterwards: a reader checks what they were given without making a workspace.
     Returns verify's answer with "archive", "run_id" and "with_data". RunFailed (exit 1) when the archive is refused;
     UserError (exit 2) when it is no archive at all."""
-    import tempfile
 
     with tempfile.TemporaryDirectory(prefix="veritrain-verify-archive-") as scratch:
         workspace = Workspace(Path(scratch).resolve())
         imported = import_archive(archive, workspace)
         run_dir = Path(imported["run_dir"])
-        from veritrain.trust.verify import state_cache_dir
 
         result = verify_run(run_dir, workspace.state_dir, policy, state_cache=state_cache_dir())
     return {"archive": str(archive), "run_id": imported["run_id"], "with_data": imported["with_data"], **result}

@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import math
 import platform
+import shlex
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from veritrain.core.baselines import Judgement, judge
+from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.task_registry import task_spec
+from veritrain.records.record import cpu_name, package_list, read_record
+from veritrain.records.usercode import CODE_DIR, recorded_listing
+from veritrain.train import trajectory
 from veritrain.trust.policy import Policy
+from veritrain.userloop import replay
 
 
 @dataclass(frozen=True)
@@ -69,8 +77,6 @@ def assess(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, *, v
     """The assessment of the run in `run_dir` under `policy`. `verified`: verify's answer when the caller has just
     computed it under the same policy (it is not computed twice); `keep`: keep the verdict for the views that never
     hash; `use_cache` False loads every checkpoint (audit reads no cache)."""
-    from veritrain.core.errors import RunFailed
-    from veritrain.records.record import read_record
     from veritrain.trust.verify import state_cache_dir, verify_and_keep, verify_run
 
     policy = policy or Policy()
@@ -90,8 +96,6 @@ def assess(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, *, v
 
 def baseline_of(record: Mapping[str, Any]) -> Judgement:
     """The judgement of the run's test metrics against its baselines."""
-    from veritrain.core.errors import UserError
-    from veritrain.core.task_registry import task_spec
 
     try:  # the installed declaration of the run's task, never the record's copy of it
         declared = task_spec(str((record.get("config") or {}).get("task"))).baseline_rule()
@@ -108,7 +112,6 @@ def rederivation(record: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     results and check's row. A run of veritrain's loop: every metric set and the exports' parity, from the entry's
     checkpoint; a script's replayable run: metrics.final, by replaying on to run.finish. A result bound to no
     trajectory entry, or a run that is not replayed, is not re-derived."""
-    from veritrain.userloop import replay
 
     results = [(f"metrics.{split}", m) for split, m in (record.get("metrics") or {}).items() if isinstance(m, dict)]
     if (record.get("export") or {}).get("files"):
@@ -131,7 +134,6 @@ def rederivation(record: Mapping[str, Any]) -> tuple[list[str], list[str]]:
 def selected_entry(record: Mapping[str, Any]) -> Optional[int]:
     """The trajectory entry the run's test report must come from: the one validation selected (best.pt's, the best
     epoch's last entry), else the final one; None for a run without a trajectory."""
-    from veritrain.train import trajectory
 
     entries = record.get("trajectory") or []
     if len(entries) < 2:
@@ -192,9 +194,6 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, wit
     (the initial state always counts), exactly. The run itself must allow it (deterministic kernels, no torch.compile,
     one process, a script at the `replayable` level); what a replay needs must be here (the data version, the recorded
     code, the checkpoints the keep rule keeps); and this machine must be like the recorded one."""
-    from veritrain.records.usercode import CODE_DIR, recorded_listing
-    from veritrain.train import trajectory
-    from veritrain.userloop import replay
 
     run = run_dir.name
     entries = record.get("trajectory") or []
@@ -249,7 +248,6 @@ def replayability(run_dir: Path, record: Mapping[str, Any], state_dir: Path, wit
 def config_path(run_dir: Path) -> str:
     """The run's config.yaml as a command typed here can name it: relative to the current directory when the run is
     below it, else absolute (with --workdir the workspace is elsewhere)."""
-    import shlex
 
     path = run_dir / "config.yaml"
     try:
@@ -292,7 +290,6 @@ def intrinsic_blockers(record: Mapping[str, Any]) -> list[str]:
 def machine_blockers(record: Mapping[str, Any], run_dir: Path, with_notes: bool = True) -> tuple[list[str], list[str]]:
     """(why this machine cannot replay the run exactly, differences shown but not blocking; with `with_notes` False the
     second is empty, and only the packages that decide a replay's numbers are compared)."""
-    from veritrain.records.record import cpu_name, package_list
 
     env, training = record.get("env") or {}, record.get("training") or {}
     blockers, notes = [], []
@@ -322,8 +319,6 @@ def machine_blockers(record: Mapping[str, Any], run_dir: Path, with_notes: bool 
 
 
 def _installed(name: str) -> Optional[str]:
-    from importlib import metadata
-
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

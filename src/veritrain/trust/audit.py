@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import secrets
 import shutil
 import tempfile
@@ -35,12 +36,22 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from veritrain.core import child
 from veritrain.core.errors import RunFailed, UserError
-from veritrain.core.files import output_file_problem
-from veritrain.core.task_registry import task_target
+from veritrain.core.files import output_file_problem, write_atomic
+from veritrain.core.task_registry import spec_of_record, task_spec, task_target
+from veritrain.records import usercode
 from veritrain.records.record import Record, now_iso, read_record
 from veritrain.records.workspace import Workspace
-from veritrain.trust.assessment import cannot_replay as cannot_replay, escape_probability, rederivation, replay_blockers as replay_blockers
+from veritrain.train import trajectory as trajectory_module
+from veritrain.trust import formats
+from veritrain.trust.assessment import (
+    cannot_replay as cannot_replay,
+    escape_probability,
+    rederivation,
+    replay_blockers as replay_blockers,
+    replayability,
+)
 from veritrain.trust.policy import Policy
 from veritrain.userloop import replay
 
@@ -52,7 +63,6 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
     """Audit a run; returns the result (also written to `out` and to .veritrain/audits/<run>/). Raises
     UserError (exit 2) when the audit cannot start, RunFailed (exit 1) when the run does not verify under `policy`.
     Whether it can start is the assessment's `replayability`, the same fact `check`'s auditable row shows."""
-    from veritrain.trust.assessment import replayability
 
     run_dir = workspace.resolve_run(ref, "model")
     record = read_record(run_dir)
@@ -74,7 +84,6 @@ def run(workspace: Workspace, ref: str, segments: int = 2, seed: Optional[int] =
 def _audit(workspace: Workspace, run_dir: Path, record: Record, replay_facts: Any, segments: int, seed: Optional[int], out: Optional[Path],
            trust_code: bool, policy: Optional[Policy], python: Optional[str], inputs_root: Optional[Path],
            waiting: Optional[tuple[Any, Path]]) -> dict[str, Any]:
-    from veritrain.train import trajectory as trajectory_module
     from veritrain.trust.verify import state_cache_dir, verify_run
 
     entries = record.get("trajectory") or []
@@ -94,7 +103,6 @@ def _audit(workspace: Workspace, run_dir: Path, record: Record, replay_facts: An
     total = len(entries) - 1
     if seed is None:
         seed = secrets.randbits(63)  # the auditor's own randomness: the trainer cannot know the segments
-    import random
 
     chosen = sorted(random.Random(seed).sample(range(1, total + 1), min(segments, total)))
     plan = trajectory_module.stretches(chosen, set(starts))
@@ -143,7 +151,6 @@ def _audit(workspace: Workspace, run_dir: Path, record: Record, replay_facts: An
 @contextlib.contextmanager
 def _waiting_child(workspace: Workspace, record: Record, python: Optional[str]) -> Iterator[tuple[Any, Path]]:
     """(the child that will replay a run of veritrain's loop, started now and waiting for its job; its scratch folder)."""
-    from veritrain.core import child
 
     root = workspace.state_dir / "tmp"
     root.mkdir(parents=True, exist_ok=True)
@@ -195,9 +202,6 @@ def _replay_loop(workspace: Workspace, record: Record, plan: list[tuple[int, int
 
 def _loop_job(record: Record, plan: list[tuple[int, int]], starts: dict[int, Any], data: Path, scratch: Path) -> dict[str, Any]:
     """The child's job (written to scratch/job.json), with copies of everything it reads."""
-    from veritrain.core.files import write_atomic
-    from veritrain.records import usercode
-    from veritrain.trust import formats
 
     run_dir, entries = record.run_dir, record.get("trajectory") or []
     listing, only_target = usercode.recorded_listing(record)
@@ -354,7 +358,6 @@ def _as_recorded(record: Record, again: dict[str, Any], recorded: Any) -> dict[s
     """Metrics computed now under the older names the record holds them by (TaskSpec.as_recorded): a run of an
     earlier veritrain is compared under the names it recorded. The renames are the task's declaration (the
     installed one's first): they say which names mean the same number, and a forged value still differs."""
-    from veritrain.core.task_registry import spec_of_record
 
     spec = spec_of_record({"config": record.get("config")}) or spec_of_record(dict(record))
     return spec.as_recorded(again, recorded) if spec is not None and isinstance(recorded, dict) else again
@@ -379,7 +382,6 @@ BASELINE_TOLERANCE = 1e-9  # relative: a baseline's fit sums in BLAS, whose thre
 
 def _declared_rule(record: Record) -> Any:
     """The baseline rule the run's task declares in the installed code (None when it declares none)."""
-    from veritrain.core.task_registry import task_spec
 
     return task_spec(str(record["config"].get("task"))).baseline_rule()
 

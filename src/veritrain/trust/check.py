@@ -19,9 +19,22 @@ from typing import Any, Mapping, Optional
 
 from veritrain.core.baselines import Judgement
 from veritrain.core.errors import RunFailed
+from veritrain.core.selection import SELECTION_SPLIT, selected_on
+from veritrain.core.task_registry import spec_of_record
 from veritrain.records.record import read_record
+from veritrain.records.registry import read_notes
+from veritrain.records.smoke_results import passed_before, smoke_key
 from veritrain.trust import formats
-from veritrain.trust.assessment import Replayability, config_path, new_run_fix
+from veritrain.trust.assessment import (
+    Replayability,
+    assess,
+    baseline_of,
+    config_path,
+    new_run_fix,
+    rederivation,
+    replayability,
+    test_history,
+)
 from veritrain.trust.policy import Policy
 from veritrain.trust.provenance_check import Signer
 
@@ -62,8 +75,6 @@ def check_run(run_dir: Path, state_dir: Path, verified: Optional[dict[str, Any]]
     act on. `verified`: the run's verify result under `policy`, when the caller has it (each file of the run is then
     hashed once); else it is computed here and kept like the CLI's. `unverified`: why the caller has no fresh verdict
     and wants none computed (the run page): the `run_verifies` row is then `unknown`, saying so."""
-    from veritrain.records.registry import read_notes
-    from veritrain.trust.assessment import baseline_of
 
     run = run_dir.name
     try:
@@ -217,7 +228,6 @@ def _trust_rows(run_dir: Path, record: dict[str, Any], state_dir: Path, verified
                 policy: Policy, selection: tuple[str, Optional[str], str], new_run: str) -> dict[str, tuple[str, Optional[str], str]]:
     """The rows that render the run's assessment: run_verifies, provenance_signed, auditable, results_from_trajectory, and
     selection_on_validation where the record's format requires what it lacks."""
-    from veritrain.trust.assessment import assess, replayability
 
     run = run_dir.name
     rows: dict[str, tuple[str, Optional[str], str]] = {"selection_on_validation": selection}
@@ -320,7 +330,6 @@ def _amended_row(run: str, record: Any, verified: Optional[dict[str, Any]]) -> t
 def _smoke_row(run: str, record: dict[str, Any], state_dir: Path, config: str) -> tuple[str, str, str]:
     """Passed when the run relied on a passing smoke test, or one has passed since for the same config
     hash, data version and code (`veritrain smoke runs/<run>/config.yaml` files it under that key)."""
-    from veritrain.records.smoke_results import passed_before, smoke_key
 
     smoke = record.get("smoke") or {}
     fix = f"veritrain smoke {config}"
@@ -370,7 +379,6 @@ def _results_row(run: str, record: dict[str, Any], effective_format: int) -> tup
         return "n/a", None, "not checked: the run has no trajectory (made before veritrain kept one)"
     if unbound:
         return "n/a", None, f"not checked: {', '.join(unbound)} name no trajectory entry (made by an earlier veritrain)"
-    from veritrain.trust.assessment import rederivation
 
     done, not_done = rederivation(record)
     return "pass", None, "; ".join(f"{what} from entry {r['trajectory_entry']['index']} (step {r['trajectory_entry']['step']})" for what, r in results) \
@@ -379,7 +387,6 @@ def _results_row(run: str, record: dict[str, Any], effective_format: int) -> tup
 
 def _bad_cases_row(record: Mapping[str, Any], artifacts: Any, eval_fix: str) -> tuple[str, Optional[str], str]:
     """Whether the test evaluation wrote its worst-scored samples, to the file the run's task declares (TaskSpec.bad_cases)."""
-    from veritrain.core.task_registry import spec_of_record
 
     spec = spec_of_record({"config": record.get("config")}) or spec_of_record(dict(record))
     if spec is None or spec.bad_cases is None:
@@ -391,8 +398,6 @@ def _selection_row(record: dict[str, Any], new_run: str) -> tuple[str, Optional[
     """Whether everything that selected (best.pt, early stopping, the sweep's choice of its best trial) read the val
     split only, as the record's `selection` says, and training picked best.pt by the metric it names. n/a for a run
     that trains nothing and for one made before records said it."""
-    from veritrain.core.selection import SELECTION_SPLIT, selected_on
-    from veritrain.trust.assessment import test_history
 
     if "train" not in (record.get("stages") or ()):
         return "n/a", None, "trains nothing: nothing is selected"

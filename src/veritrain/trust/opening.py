@@ -18,6 +18,7 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.records import journal, usercode
 from veritrain.records.record import Record, read_record
 from veritrain.records.workspace import Workspace
+from veritrain.tasks import get_task
 
 if TYPE_CHECKING:  # imported for types only: the data and task modules load torch and numpy
     from veritrain.data.prepare import DataVersion
@@ -40,8 +41,6 @@ class OpenRun:
         """The run's task, built when first asked for: a command asks inside the run's code session, after importing
         the code the config names, so a task an entry point names is the recorded copy."""
         if self.built is None:
-            from veritrain.tasks import get_task
-
             self.built = get_task(self.config)
         return self.built
 

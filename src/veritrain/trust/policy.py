@@ -8,13 +8,15 @@ says of itself; the verifier here does the same. Built from the options of `veri
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from veritrain.core import signing_keys
+from veritrain.core import signing_keys, trusted_keys as trusted_module
 from veritrain.core.errors import UserError
 from veritrain.core.trusted_keys import TrustedKeys
+from veritrain.records.record import RECORD_FORMAT
 
 
 @dataclass(frozen=True)
@@ -89,10 +91,7 @@ def read_public_key(path: str) -> bytes:
 def from_options(expect: Optional[str] = None, public_key: Optional[str] = None, trusted_keys: Optional[str] = None,
                  require_signature: bool = False, min_format: Optional[int] = None, strict: bool = False) -> Policy:
     """The policy the command-line options give (UserError for one that cannot be used)."""
-    import re
 
-    from veritrain.core import trusted_keys as trusted_module
-    from veritrain.records.record import RECORD_FORMAT
 
     if expect is not None and not re.fullmatch(r"[0-9a-f]{64}", expect.strip().lower()):
         raise UserError(f"--expect: {expect!r} is not a seal; give the 64 hex digits printed at the end of the run (record.sha256)")

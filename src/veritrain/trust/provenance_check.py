@@ -14,7 +14,7 @@ import base64
 import binascii
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -22,6 +22,8 @@ from veritrain.core import signing_keys
 from veritrain.core.errors import UserError
 from veritrain.records import provenance
 from veritrain.records.provenance import PAYLOAD_TYPE, PREDICATE_TYPE, PROVENANCE_FILE, STATEMENT_TYPE
+from veritrain.results import export_signing
+from veritrain.trust.policy import local_public_key
 
 if TYPE_CHECKING:
     from veritrain.trust.policy import Policy
@@ -63,7 +65,6 @@ class Signer:
 
 def known_public_key(fingerprint: str) -> Optional[bytes]:
     """The public key with `fingerprint` when it is the local key pair's (beside the signing key), else None."""
-    from veritrain.trust.policy import local_public_key
 
     return local_public_key(fingerprint)
 
@@ -236,7 +237,6 @@ def _export_signature_problems(listing: Mapping[str, Path], fingerprint: Optiona
     if any(listing.get(rel) != folder / Path(rel).name for rel in listing if rel.startswith("export/")):
         not_checked.append({"check": "export signature", "reason": "an amend of the run is unfinished: the export is judged file by file"})
         return []
-    from veritrain.results import export_signing
 
     try:
         problem = export_signing.verify(folder, pem)
@@ -249,7 +249,6 @@ def _export_signature_problems(listing: Mapping[str, Path], fingerprint: Optiona
 def _signature_problems(signer: Signer, payload: bytes, signatures: list[dict[str, Any]], policy: Policy,
                         not_checked: list[dict[str, str]]) -> tuple[list[str], Signer]:
     """The problems of the statement's signatures under `policy`, and the signer as found (checked or not)."""
-    from dataclasses import replace
 
     fingerprint = signer.fingerprint
     if fingerprint is None:

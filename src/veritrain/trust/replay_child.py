@@ -12,14 +12,22 @@ auditor loads and hashes the states and compares the results.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from veritrain.core import logs
 from veritrain.core.errors import VeritrainError
+from veritrain.core.signals import StopFlag
+from veritrain.core.task_registry import add_task_target
+from veritrain.records import usercode
+from veritrain.tasks import get_task
 
 
 def main(job_file: str) -> int:
@@ -27,13 +35,9 @@ def main(job_file: str) -> int:
     (veritrain.core.child.Waiting: the auditor starts this process while it verifies the run)."""
     import torch
 
-    from veritrain.core import logs
     from veritrain.core.config import resolved_from_record
-    from veritrain.core.task_registry import add_task_target
     from veritrain.data import prepare
-    from veritrain.records import usercode
     from veritrain.results import evaluate, export  # noqa: F401  (imported before the job: their cost overlaps the auditor's checks)
-    from veritrain.tasks import get_task
     from veritrain.train import engines  # noqa: F401
 
     logs.setup_console_logging()
@@ -65,9 +69,7 @@ def main(job_file: str) -> int:
 def _stretch(cfg: Any, data: Any, task: Any, stretch: dict[str, Any], record: dict[str, Any]) -> None:
     """Train from the stretch's start (its checkpoint copy, or the initial state) to its stop step; every state entered
     on the way goes to its folder. A failure is one line in `failed.txt` there (the auditor names it)."""
-    import shutil
 
-    from veritrain.core.signals import StopFlag
     from veritrain.train import engines
     from veritrain.train.checkpointer import ReplayDone
 
@@ -77,7 +79,6 @@ def _stretch(cfg: Any, data: Any, task: Any, stretch: dict[str, Any], record: di
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
         name = f"step-{stretch['start_step']}.pt"
         shutil.copyfile(stretch["start_file"], run_dir / "checkpoints" / name)
-        import hashlib
 
         digest = hashlib.sha256((run_dir / "checkpoints" / name).read_bytes()).hexdigest()
         (run_dir / "checkpoints" / (name + ".sha256")).write_text(digest + "\n")
@@ -96,7 +97,6 @@ def _stretch(cfg: Any, data: Any, task: Any, stretch: dict[str, Any], record: di
 
 def _result(cfg: Any, data: Any, task: Any, item: dict[str, Any]) -> None:
     """One result computed again: a metric set evaluated from a checkpoint copy, the exports' parity, or the baselines."""
-    import tempfile
 
     import torch
 

@@ -18,18 +18,41 @@ import logging
 import os
 import platform
 import re
+import tempfile
 import threading
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from veritrain.core.hashing import sha256_file
-from veritrain.data.identity import data_version_problems
-from veritrain.records import amendments
-from veritrain.records.record import OMITTED_FILE, PROVENANCE_FILE, RECORD_FILE, SEAL_FILE, UNSEALED
+from veritrain.core.errors import RunFailed
+from veritrain.core.hashing import sha256_file, state_dict_sha256
+from veritrain.core.task_registry import spec_of_record
+from veritrain.core.user_dirs import cache_dir
+from veritrain.core.version import __version__
+from veritrain.data import prepare
+from veritrain.data.identity import TEXT_RECIPE, data_version_problems
+from veritrain.data.prepare import FORMAT_VERSION, carried_test_from, stored_recipe
+from veritrain.records import amendments, verdicts
+from veritrain.records.journal import JOURNAL_DIR, folder_of
+from veritrain.records.record import (
+    OMITTED_FILE,
+    PROVENANCE_FILE,
+    RECORD_FILE,
+    SEAL_FILE,
+    UNSEALED,
+    now_iso,
+    package_list,
+    read_record,
+    record_problem,
+)
+from veritrain.train import trajectory as trajectory_module
+from veritrain.train.trajectory import audit_only_checkpoints, unbound_weights
 from veritrain.trust import formats, provenance_check
 from veritrain.trust.policy import Policy
+from veritrain.userloop import inputs
+from veritrain.userloop.frameworks import file_hashes
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total): "files", "states", "data version", "raw data"
 log = logging.getLogger("veritrain")
@@ -48,7 +71,6 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     `state_cache`: a folder outside the workspace where the state hashes of checkpoints (and the weights hash of an
     export) are kept by the SHA-256 of the file's bytes (`state_cache_dir()`); None loads every file. Nothing is
     written in the workspace."""
-    from veritrain.records.journal import JOURNAL_DIR
 
     policy = policy or Policy()
     expect, strict = (policy.expect.strip().lower() if policy.expect else None), policy.strict
@@ -86,7 +108,6 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
         if expect is not None and expect != seal:
             problem(RECORD_FILE, "seal_differs_from_expected", f"record.json hashes to {seal}, expected {expect}")
         return {"ok": False, "seal": seal, "problems": problems, "drift": drift, "interrupted_amend": note}
-    from veritrain.records.record import record_problem
 
     malformed = record_problem(record, None)
     if malformed is not None:  # nothing below may trust its fields (a data version that is a path, say)
@@ -107,7 +128,6 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     checkpoint_formats: dict[str, Optional[int]] = {}  # each checkpoint's record_format, read with its state
     problems.extend(_trajectory_problems(record, intact, check_states, report, present, omitted, not_checked,
                                          _StateCache(state_cache, digests), checkpoint_formats))
-    from veritrain.train.trajectory import unbound_weights
 
     problems.extend(unbound_weights(record, present))
     fmt = formats.facts(record, checkpoint_formats, policy.min_format)
@@ -218,7 +238,6 @@ def _chain_rows(layout: _Layout, policy: Policy, covered: int, not_checked: list
     """One row per amendment: its index, command, time, seal, signer, whether the seal the user expects covers it, and the
     results it gives. A covered amendment's statement is judged under `policy`; one written after that seal is listed
     with its signer, its signature checked when its key is known here, and no signature required of it."""
-    from dataclasses import replace
 
     relaxed = replace(policy, public_key=None, trusted=replace(policy.trusted, enforced=False), require_signature=False)
     results: dict[int, list[str]] = {}
@@ -240,7 +259,6 @@ def pending_amend(run_dir: Path, state_dir: Path) -> Optional[str]:
     """Why the run does not verify while a journal of an amend of it is in the workspace (its files may be half
     switched, and the journal that would finish them is not taken on trust), with the fix; None without one. Reads
     only whether the journal is there: never its plan."""
-    from veritrain.records.journal import JOURNAL_DIR, folder_of
 
     if not os.path.lexists(folder_of(state_dir, run_dir.name)):
         return None
@@ -254,7 +272,6 @@ def quick_problems(run_dir: Path) -> list[dict[str, Any]]:
     a record that cannot be read, a listed file missing or of another size, an unlisted file, a link. Each is a
     problem `verify_run` reports too, so a page that shows them says what verify would (it finds more: a changed
     byte, the data version, the trajectory). [] when nothing is seen."""
-    from veritrain.records.record import record_problem
 
     problems: list[dict[str, Any]] = []
     try:
@@ -300,8 +317,6 @@ def verify_and_keep(run_dir: Path, state_dir: Path, policy: Optional[Policy] = N
     """`verify_run` as the CLI runs it (the state cache in the user's cache folder), its verdict then kept (never in
     the run) for the views that show it; the answer gains "verified_at". Keeping is best effort: a read-only
     or full workspace still gets its answer."""
-    from veritrain.records import verdicts
-    from veritrain.records.record import now_iso
 
     policy = policy or Policy()
     covered = verdicts.fingerprint(run_dir, state_dir)  # before: a file changed while verify runs makes the verdict stale
@@ -320,7 +335,6 @@ STATE_CACHE_VERSION = 3  # of what an entry holds (2: the checkpoint's record_fo
 def state_cache_dir() -> Path:
     """Where verify keeps what loading a checkpoint gave, by the SHA-256 of the file's bytes: the user's cache folder,
     never the workspace (threat: a planted entry giving a swapped checkpoint the honest state hash). Safe to delete."""
-    from veritrain.core.user_dirs import cache_dir
 
     return cache_dir() / "states"
 
@@ -339,7 +353,6 @@ class _StateCache:
             found = json.loads((self.folder / f"{self.digests[rel]}.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        from veritrain.core.version import __version__
 
         # another veritrain may hash states another way: what it kept is computed again
         ok = isinstance(found, dict) and found.get("veritrain") == __version__ and found.get("cache_version") == STATE_CACHE_VERSION
@@ -348,8 +361,6 @@ class _StateCache:
     def put(self, rel: str, value: dict[str, Any]) -> None:
         if self.folder is None or not re.fullmatch(r"[0-9a-f]{64}", self.digests.get(rel, "")):
             return
-        import os
-        import uuid
 
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -364,8 +375,6 @@ class _StateCache:
 
 def _check_inputs(run_dir: Path, record: dict[str, Any], intact: dict[str, Path], report: Progress, checked: list[str]) -> list[dict[str, Any]]:
     """A script's run (veritrain.userloop): every input file hashed again, against the manifest the run sealed."""
-    from veritrain.core.errors import RunFailed
-    from veritrain.userloop import inputs
 
     section = record["inputs"]
     if section.get("file") not in intact:
@@ -388,7 +397,6 @@ def _check_inputs(run_dir: Path, record: dict[str, Any], intact: dict[str, Path]
 def omitted_for_audit(run_dir: Path, record: dict[str, Any]) -> set[str]:
     """The checkpoint files that may be absent: listed by import as left out of the archive, and kept only
     for audit according to the record itself (never a checkpoint that keep_last, best or last keeps)."""
-    from veritrain.train.trajectory import audit_only_checkpoints
 
     try:
         listed = json.loads((run_dir / OMITTED_FILE).read_text(encoding="utf-8"))
@@ -409,7 +417,6 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     `other_saves`, a resume point), best.pt holds the best epoch's entry and last.pt the final one, and every result
     (metrics, export) comes from the entry its record names. Runs made before the trajectory have none; checks whose
     fields a record does not carry are listed in `not_checked`. `checkpoint_formats` gains each checkpoint's record_format."""
-    from veritrain.train import trajectory as trajectory_module
 
     entries = record.get("trajectory")
     outside = record.get("input_checkpoint")
@@ -493,7 +500,6 @@ def _framework_file_problems(record: dict[str, Any], entries: list[dict[str, Any
     integration = (record.get("script") or {}).get("integration") if record.get("kind") == "script" else None
     if not integration:
         return []
-    from veritrain.userloop.frameworks import file_hashes
 
     recipe = int((record.get("script") or {}).get("state_recipe") or 1)  # how the run hashed its checkpoint folders
     problems = []
@@ -580,7 +586,6 @@ def _result_problems(record: dict[str, Any], entries: list[dict[str, Any]], stat
             else:
                 from safetensors.torch import load_file
 
-                from veritrain.core.hashing import state_dict_sha256
 
                 try:
                     weights = state_dict_sha256(load_file(str(safetensors)))
@@ -624,10 +629,8 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
     except Exception:  # an ${env:...} path whose variable is not set here
         paths = {}
         drift.append({"what": "raw data", "recorded": str(source.get("data_paths_resolved")), "now": "its environment variable is not set"})
-    from veritrain.data.prepare import FORMAT_VERSION, carried_test_from, stored_recipe
 
     recipe = stored_recipe(folder)
-    from veritrain.data.identity import TEXT_RECIPE
 
     try:  # a text data version has a recipe of its own
         current_recipe = TEXT_RECIPE if json.loads((folder / "version.json").read_text(encoding="utf-8")).get("kind") == "text" else FORMAT_VERSION
@@ -660,9 +663,7 @@ def _check_data_version(record: dict[str, Any], state_dir: Path, rehash: bool, d
                       "now": f"{why}this veritrain prepares with recipe {current_recipe}, so the raw data cannot be re-prepared to compare"})
     elif rehash:
         checked.append("raw data prepared again to compare" + (f" ({raw.undecided})" if raw is not None and raw.undecided else ""))
-        import tempfile
 
-        from veritrain.data import prepare
 
         report("raw data", 0, 1)
         quiet = _QuietThread()  # prepare's info lines ("writing a data version") would describe the scratch folder
@@ -689,7 +690,6 @@ def _raw_by_hashes(record: dict[str, Any], paths: dict[str, Path], folder: Path,
     """`prepare.raw_data_check` of the stored version, or None when there is none to compare with (not stored, or
     its manifest cannot be read: its damage is a problem already) or the raw data cannot be listed (preparing it
     again then says why)."""
-    from veritrain.data import prepare
 
     if not (folder / "version.json").is_file() or not (folder / "manifest.csv").is_file():
         return None
@@ -737,7 +737,6 @@ def _environment_drift(record: dict[str, Any]) -> list[dict[str, Any]]:
         now["torch"] = metadata.version("torch")
     except metadata.PackageNotFoundError:
         now["torch"] = None
-    from veritrain.records.record import package_list
 
     now["packages_sha256"] = hashlib.sha256(package_list().encode()).hexdigest()
     drift = []
@@ -764,7 +763,6 @@ def _rows(run_dir: Path, name: str) -> list[dict[str, Any]]:
 def compare_runs(a: Path, b: Path) -> dict[str, Any]:
     """identical / within tolerance / differs, with the first divergence. Both records are read through their
     validation (`read_record`): a forged one is a one-line RunFailed, never a comparison of whatever it holds."""
-    from veritrain.records.record import read_record
 
     ra, rb = read_record(a), read_record(b)
     checks = []
@@ -783,7 +781,6 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
                     first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
                 worst = "differs" if "differs" in (verdict, worst) else "within tolerance"
     checks.append({"what": f"metrics.jsonl ({_rows_shown(epochs_a)})", "verdict": worst, "first_divergence": first})
-    from veritrain.core.task_registry import spec_of_record
 
     spec = spec_of_record(dict(rb))  # a reproduction by this veritrain of an earlier one's run: compared under its names
     for split, metrics in (ra.get("metrics") or {}).items():

@@ -4,10 +4,11 @@ file to check that it holds its entry's state."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain.core.hashing import state_dict_sha256
+from veritrain.core.hashing import sha256_file, state_dict_sha256
 from veritrain.train import trajectory
 
 KEY = "veritrain"  # veritrain's part of a Lightning checkpoint
@@ -55,9 +56,7 @@ def hf_hashes(files: dict[str, Path], recipe: int = HF_STATE_RECIPE) -> tuple[st
     """(state_sha256, model_sha256) of a Trainer checkpoint folder (`files`: file name → path): the state hash is the
     SHA-256 of the sorted `name TAB sha256` lines of its state files (with `recipe` 2, its model and tokenizer files
     too), the weights hash that of its weights (`state_dict_sha256`). ValueError when it holds no weights."""
-    import hashlib
 
-    from veritrain.core.hashing import sha256_file
 
     named = HF_STATE_FILES + (HF_MODEL_FILES if recipe >= 2 else ())
     present = sorted(name for name in named if name in files)

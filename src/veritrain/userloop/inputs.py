@@ -13,6 +13,7 @@ run's trajectory as a data version id binds a prepared dataset. `veritrain verif
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 from collections.abc import Sequence
@@ -120,7 +121,6 @@ def problems(manifest: dict[str, Any], root: Path) -> list[dict[str, str]]:
 
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     """The run's inputs.json, checked for shape (it is data: a copied run may hold anything)."""
-    import json
 
     try:
         manifest = json.loads((run_dir / FILE).read_text(encoding="utf-8"))

@@ -18,6 +18,7 @@ on batch `step`, as entry `step + 1` (batches trained) of the trajectory. Leavin
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -36,10 +37,13 @@ import torch
 
 from veritrain.core import logs
 from veritrain.core.errors import Interrupted, RunFailed, VeritrainError
+from veritrain.core.files import remove_unfinished, write_atomic
 from veritrain.core.hashing import sha256_json
 from veritrain.core.secrets import REDACTED, allowed_environment, config_secret, is_credential_key, secret_in_command_line, text_secret
 from veritrain.core.seeding import seed_everything
 from veritrain.data.for_scripts import Data
+from veritrain.records import experiments, registry
+from veritrain.records.experiments import config_diff
 from veritrain.records.record import capture_code, capture_env, frozen, read_record, save_code, thawed
 from veritrain.records.recorder import Recorder
 from veritrain.records.workspace import Workspace
@@ -135,7 +139,6 @@ class Run:
             if type(value) is not int or value < least:
                 raise UsageError(f"vt.start: {label}={value!r}; give a whole number ≥ {least}")
         if tensorboard:  # before anything is written
-            import importlib.util
 
             if importlib.util.find_spec("tensorboard") is None:
                 raise UsageError("vt.start: tensorboard=True, but the tensorboard package is not installed; "
@@ -336,7 +339,6 @@ class Run:
         reads only the runs changed since it last looked (every folder when it cannot be used)."""
         runs_dir = self.workspace.runs_dir
         if os.environ.get("VERITRAIN_DEFER_INDEX") != "1":  # a sweep's trial: only its driver writes the index
-            from veritrain.records import registry
 
             try:
                 db = registry.sync(self.workspace.state_dir, runs_dir)
@@ -377,7 +379,6 @@ class Run:
             raise UsageError(f"vt.start: resume={run_dir.name!r}: another process is writing run {run_dir.name}; wait for it to end")
         self.workspace.lock_run(run_dir.name)
         self.id, self.dir = run_dir.name, run_dir
-        from veritrain.core.files import remove_unfinished
 
         remove_unfinished(run_dir)
         self._record = Recorder.resume(record, list(sys.argv))
@@ -726,7 +727,6 @@ def _truncate_metrics(path: Path, position: int) -> None:
     """Keep the metrics.jsonl rows of the batches before `position` (those after it are logged again)."""
     if not path.exists():
         return
-    from veritrain.core.files import write_atomic
 
     kept = [line for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip() and not (isinstance(step := json.loads(line).get("step"), int) and step >= position)]
@@ -734,16 +734,12 @@ def _truncate_metrics(path: Path, position: int) -> None:
 
 
 def _config_difference(recorded: Mapping[str, Any], now: dict[str, Any]) -> str:
-    from veritrain.records.experiments import config_diff
-
     changed = config_diff(thawed(recorded), now)
     items = [f"{key}: {a!r} → {b!r}" for key, (a, b) in list(changed.items())[:3]]
     return ", ".join(items) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "") if items else "it hashes differently"
 
 
 def _update_experiments(workspace: Workspace) -> None:
-    from veritrain.records import experiments
-
     if os.environ.get("VERITRAIN_DEFER_INDEX") == "1":
         return
     try:

@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from veritrain.core import source_registry
 from veritrain.core.config.quoting import key_text, quoted_list, shown_value
+from veritrain.core.errors import UserError
 from veritrain.core.hashing import canonical_json
 from veritrain.core.selection import test_key_problem
 from veritrain.core.task_registry import DEFAULT_TASK, TASKS, declared_models, known, task_names, task_spec
@@ -586,7 +587,6 @@ class RunConfig(Section):
 def _declared(task: Any) -> Any:
     """The TaskSpec of a registered task, None for a name that is not one (its own validator says so) or a task that
     declares none (its run fails when it starts)."""
-    from veritrain.core.errors import UserError
 
     if not isinstance(task, str) or not known(task):
         return None

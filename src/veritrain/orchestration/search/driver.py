@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import shutil
+import statistics
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -20,6 +21,7 @@ from veritrain.core.config import load_config
 from veritrain.core.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.files import write_atomic
 from veritrain.core.signals import StopFlag, interruptible
+from veritrain.orchestration import smoke as smoke_module
 from veritrain.orchestration.search.planning import SEARCH_VERSION, SearchPlan, grid_points, pruner_for, require_optuna, sampler_for
 from veritrain.orchestration.search.space import Space
 from veritrain.orchestration.search.summary import search_runs, write_summary
@@ -27,6 +29,7 @@ from veritrain.orchestration.sweep.backends import TrialBackend, open_backend
 from veritrain.orchestration.sweep.planning import Slot, require_ray
 from veritrain.orchestration.sweep.summary import json_bytes
 from veritrain.orchestration.sweep_trial import working_dir
+from veritrain.records import usercode
 from veritrain.records.record import RUN_ID, now_iso, read_record
 from veritrain.records.workspace import Workspace, by_prefix
 
@@ -91,8 +94,6 @@ def start(search_plan: SearchPlan, workspace: Workspace, argv: list[str], smoke:
     refuse_to_start(argv)
     smoke_result: dict[str, Any]
     if smoke:
-        from veritrain.orchestration import smoke as smoke_module
-
         passed = smoke_module.ensure(search_plan.base, workspace)  # fails fast (exit 1) before any trial starts
         smoke_result = {"key": passed["key"], "status": passed["status"], "cached": passed["cached"]}
     else:
@@ -120,7 +121,6 @@ def start(search_plan: SearchPlan, workspace: Workspace, argv: list[str], smoke:
 
 def _record_code(folder: Path, search_plan: SearchPlan) -> dict[str, Any]:
     """The user code the configs name (model.target of the base and of every choice), copied as a sweep does."""
-    from veritrain.records import usercode
 
     targets = [search_plan.base.config.model.target]
     for param in search_plan.space.params:
@@ -406,8 +406,6 @@ def _judge_waiting(workspace: Workspace, spec: dict[str, Any], folder: Path, stu
 
 
 def _prune_reason(study: Any, spec: dict[str, Any], number: int, epoch: int, value: float) -> str:
-    import statistics
-
     import optuna
 
     others = [t.intermediate_values[epoch] for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))

@@ -5,8 +5,11 @@ seeded, so that a seed proposes the same configurations again."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import itertools
 import logging
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -16,6 +19,7 @@ from veritrain.core.errors import ConfigError, UserError
 from veritrain.core.selection import REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, selection_name, sweep_metric
 from veritrain.core.task_registry import task_spec
 from veritrain.orchestration.search.space import Space, enqueued, load_space
+from veritrain.orchestration.sweep.planning import pinned_threads, require_ray
 
 log = logging.getLogger("veritrain")
 
@@ -85,7 +89,6 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
          parallel: int, backend: str, seed: int, enqueue: list[str], enqueue_after: Optional[int]) -> SearchPlan:
     """Everything a search will run, checked first: a test metric, a bad space, a grid over a continuous range,
     an enqueued configuration outside the space, a config without a val split, or a missing Optuna is exit 2."""
-    from veritrain.orchestration.sweep.planning import pinned_threads, require_ray
 
     selection_name(metric)  # --metric test.* is refused here, before anything else
     require_optuna()
@@ -133,8 +136,6 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
 
 
 def require_optuna() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("optuna") is None:
         raise UserError("search: the optuna package is not installed; pip install 'veritrain[search]'")
 
@@ -159,8 +160,6 @@ def grid_points(spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Every point of a grid search, in the order its trials take them: the product of the keys' values,
     shuffled by the seed (so that a search cut short has sampled the grid evenly rather than its first corner).
     Optuna's own GridSampler is not used: it stops the study from inside `tell`, which only an `optimize` loop allows."""
-    import itertools
-    import random
 
     space = Space.from_dict(spec["space"])
     grid = space.grid("spec.json")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from veritrain.core.errors import UserError
+from veritrain.orchestration import sweep_trial
 from veritrain.orchestration.sweep.planning import Slot
 from veritrain.records.record import now_iso
 
@@ -144,7 +145,6 @@ class RayTrials:
     def __init__(self, spec: dict[str, Any], parallel: int, address: Optional[str]):
         import ray
 
-        from veritrain.orchestration import sweep_trial
 
         self.ray, self.repeat = ray, spec["repeat"]
         address = address or os.environ.get("RAY_ADDRESS")

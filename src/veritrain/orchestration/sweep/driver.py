@@ -19,6 +19,7 @@ from veritrain.core.config import load_config
 from veritrain.core.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.files import write_atomic
 from veritrain.core.signals import StopFlag, interruptible
+from veritrain.orchestration import smoke as smoke_module
 from veritrain.orchestration.sweep.backends import TrialBackend, one_line, open_backend
 from veritrain.orchestration.sweep.planning import (
     SWEEP_VERSION,
@@ -32,6 +33,7 @@ from veritrain.orchestration.sweep.planning import (
 )
 from veritrain.orchestration.sweep.summary import json_bytes, planned_selection, runs_of, write_summary
 from veritrain.orchestration.sweep_trial import working_dir
+from veritrain.records import usercode
 from veritrain.records.record import now_iso
 from veritrain.records.workspace import Workspace, by_prefix
 
@@ -57,8 +59,6 @@ def start(sweep_plan: SweepPlan, workspace: Workspace, argv: list[str], smoke: b
     if sweep_plan.parent_run:
         smoke_result = {"status": "skipped", "reason": f"the parent run {sweep_plan.parent_run} was given with --parent"}
     elif smoke:
-        from veritrain.orchestration import smoke as smoke_module
-
         passed = smoke_module.ensure(sweep_plan.base, workspace)  # fails fast (exit 1) before any run starts
         smoke_result = {"key": passed["key"], "status": passed["status"], "cached": passed["cached"]}
     else:
@@ -91,7 +91,6 @@ def _record_code(folder: Path, sweep_plan: SweepPlan) -> dict[str, Any]:
     """Copy the user code the sweep's configs name (every `model.target` of the base and the trials, and what it
     imports) into the sweep's `code/` folder, as a run does: every trial runs these copies, so an edit during the
     sweep never reaches its later trials. A missing module is exit 2 here, before any run starts."""
-    from veritrain.records import usercode
 
     targets = [sweep_plan.base.config.model.target, *(trial.change.get("model.target") for trial in sweep_plan.trials)]
     listed: dict[str, Any] = {"user_files": []}

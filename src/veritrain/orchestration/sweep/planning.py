@@ -4,6 +4,7 @@ train.threads, a --parent run checked against the base config; and the slots (on
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -15,6 +16,7 @@ from veritrain.core.config import ResolvedConfig, load_config, without_added_def
 from veritrain.core.errors import ConfigError, RunFailed, UserError
 from veritrain.core.selection import REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, selection_name, sweep_metric
 from veritrain.core.task_registry import task_spec
+from veritrain.records.experiments import config_diff
 from veritrain.records.record import read_record
 from veritrain.records.workspace import Workspace
 
@@ -257,7 +259,6 @@ def _given_parent(workspace: Workspace, ref: str) -> dict[str, Any]:
 
 def _check_parent_config(ref: str, record: dict[str, Any], base: ResolvedConfig) -> None:
     """A --parent run must be the base config (threads aside): else every delta would mix other changes in."""
-    from veritrain.records.experiments import config_diff
 
     diff = config_diff(without_added_defaults(record.get("config") or {}), without_added_defaults(base.as_dict()))
     diff.pop("train.threads", None)
@@ -268,8 +269,6 @@ def _check_parent_config(ref: str, record: dict[str, Any], base: ResolvedConfig)
 
 
 def require_ray() -> None:
-    import importlib.util
-
     if importlib.util.find_spec("ray") is None:
         raise UserError("--backend ray: the ray package is not installed; pip install 'veritrain[ray]'")
 

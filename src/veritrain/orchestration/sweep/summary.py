@@ -13,6 +13,7 @@ from typing import Any, Optional
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.files import write_atomic
 from veritrain.core.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT
+from veritrain.core.task_registry import spec_of_record, task_spec
 from veritrain.orchestration.sweep.planning import SWEEP_VERSION, Slot, SlotState, planned_hashes
 from veritrain.records.record import now_iso, read_record
 from veritrain.records.workspace import Workspace
@@ -168,7 +169,6 @@ def select_best(trials: list[dict[str, Any]], metric: str, mode: str) -> Optiona
 def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dict[str, Any]], split: str = SELECTION_SPLIT) -> dict[str, Any]:
     """The runs of one trial (or the parent), one per seed: status, metrics of `split` (the mean over seeds), spread,
     error. A run counts only when its val and test metrics come from the same checkpoint (the one it ships)."""
-    from veritrain.core.task_registry import spec_of_record
     from veritrain.orchestration.repeats import spread
 
     statuses, errors, values, versions, notes = [], [], {}, set(), []
@@ -213,7 +213,6 @@ def _group(spec: dict[str, Any], states: list[SlotState], records: dict[str, dic
 def _headline(records: dict[str, dict[str, Any]]) -> Optional[tuple[str, str]]:
     """What picks the best trial of a sweep planned before its spec named one: the headline metric its runs' task
     declares (None when no run of a known task is there)."""
-    from veritrain.core.task_registry import task_spec
 
     for record in records.values():
         task = (record.get("config") or {}).get("task")
