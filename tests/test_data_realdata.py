@@ -353,20 +353,20 @@ def test_a_cache_entry_pointing_at_another_version_is_not_trusted(tmp_path):
 
 def test_near_duplicates_are_searched_once_per_distinct_content(tmp_path, monkeypatch):
     from realdata import png_bytes
-    from veritrain.data import dedup
+    from veritrain.data import grouping
 
     root = write_mnist_imagefolder(tmp_path / "raw", per_class=30, classes=range(2))
     blank = png_bytes(np.zeros((28, 28), dtype=np.uint8))
     for k in range(300):  # many copies of one blank frame: linked by their hash, not compared pairwise
         (root / "0" / f"blank_{k:03d}.png").write_bytes(blank)
     seen = []
-    search = dedup.near_duplicates
+    search = grouping.near_duplicates
 
     def counting(phashes, pictures, *args):
         seen.append(len(phashes))
         return search(phashes, pictures, *args)
 
-    monkeypatch.setattr(dedup, "near_duplicates", counting)
+    monkeypatch.setattr(grouping, "near_duplicates", counting)
     data = prepare_folder(root, tmp_path, "data.near_duplicates=true", "data.on_split_skew=warn")
     assert seen == [61]  # 60 digits and one blank
     (group,) = [f for f in findings(data, "duplicate") if "0/blank_000.png" in f["samples"]]

@@ -26,7 +26,7 @@ def test_runs_compare_says_the_direction_its_arrows_go(cli, small_run):
 
 def test_latest_says_why_a_scripts_run_cannot_be_replayed(tmp_path, monkeypatch):
     from veritrain.core.errors import UserError
-    from veritrain.records import record as record_module
+    from veritrain.records import workspace as workspace_module
     from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(tmp_path)
@@ -35,7 +35,7 @@ def test_latest_says_why_a_scripts_run_cannot_be_replayed(tmp_path, monkeypatch)
     (workspace.runs_dir / run_id / "record.json").write_text("{}")  # read through the stand-in below
     script_run = {"run_id": run_id, "kind": "script", "trajectory": [{"step": 0}],
                   "guarantee": {"level": "logged", "reasons": ["no inputs were bound (run.inputs)"]}}
-    monkeypatch.setattr(record_module, "read_record", lambda run_dir: script_run)
+    monkeypatch.setattr(workspace_module, "read_record", lambda run_dir: script_run)
     with pytest.raises(UserError) as refused:
         workspace.resolve_run("latest", "model")
     assert f"the newest script's run, {run_id}, is logged (no inputs were bound (run.inputs)), so it cannot be replayed" in str(refused.value)
