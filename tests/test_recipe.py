@@ -13,7 +13,7 @@ import torch
 from conftest import veritrain
 
 from veritrain.core.errors import UserError
-from veritrain.train import checkpoint, engines, recipe
+from veritrain.train import checkpoint, engines, parts, recipe
 from veritrain.train.engine import Best, Engine, Guard, UsageError
 
 
@@ -67,16 +67,16 @@ def test_a_steps_rows_are_its_share_of_the_epochs_permutation(small_run):
 
     cfg = resolved_from_record(small_run.record).config
     rows = torch.arange(101).numpy() * 10  # positions → row ids
-    order = recipe.order_of(cfg, len(rows))
+    order = parts.order_of(cfg, len(rows))
     per_step = cfg.train.batch_size * cfg.train.accumulate_steps
     assert order.per_epoch == -(-101 // per_step) or 101 % per_step == 1
     seen = []
     for step in range(order.per_epoch):
-        epoch, batches = recipe.step_rows(cfg, rows, step)
+        epoch, batches = parts.step_rows(cfg, rows, step)
         assert epoch == 1 and all(len(b) <= cfg.train.batch_size for b in batches)
         seen += [int(r) for b in batches for r in b]
     assert sorted(seen) == sorted(int(r) for r in rows)  # one epoch: every row once
-    epoch, _ = recipe.step_rows(cfg, rows, order.per_epoch)
+    epoch, _ = parts.step_rows(cfg, rows, order.per_epoch)
     assert epoch == 2
 
 

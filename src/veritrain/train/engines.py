@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
-from veritrain.train import loop, recipe
+from veritrain.train import loop, parts, recipe
 from veritrain.train.parts import TrainResult
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def step_rows(engine: str, cfg: RunConfig, train_rows: np.ndarray, step: int, wo
     """(epoch, the batches of rows) that optimizer step `step` (0-based) of a run of `engine` trained on."""
     if engine == LOOP:
         return loop.step_rows(cfg.seed, train_rows, cfg.train.batch_size, cfg.train.accumulate_steps, step, world_size)
-    return recipe.step_rows(cfg, train_rows, step)
+    return parts.step_rows(cfg, train_rows, step)
 
 
 def train(engine: str, cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,

@@ -1,20 +1,23 @@
 """The building blocks the built-in training is made of, shared by the recipe (veritrain.train.recipe) and the
 earlier loop (veritrain.train.loop): the device, the optimizer, the learning-rate schedule, the metric best.pt follows,
-and what training hands back to the pipeline (`TrainResult`)."""
+what training hands back to the pipeline (`TrainResult`), and the recipe's data order (`order_of`, `batches_of`,
+`step_rows`) and epoch sums (`EpochSums`)."""
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import numpy as np
 import torch
 
 from veritrain.core.errors import RunFailed
 from veritrain.core.signals import StopFlag
 from veritrain.tasks import split_rows
+from veritrain.train.order import Order
 
 if TYPE_CHECKING:
     from veritrain.core.config import OptimConfig, RunConfig, ScheduleConfig
@@ -96,3 +99,51 @@ def best_metric(cfg: RunConfig, task: Task, data: DataVersion) -> tuple[str, str
         key = "train_" + key.removeprefix("val_")
         log.warning("train: the val split is empty; best.pt follows %s on the train split", key)
     return key, mode
+
+
+def order_of(cfg: RunConfig, n: int) -> Order:
+    """The data order of `n` training rows: step k takes `batch_size × accumulate_steps` rows of the epoch's permutation.
+    A last step of one sample is dropped: BatchNorm cannot normalise it, and it would be noise anyway."""
+    per_step = cfg.train.batch_size * cfg.train.accumulate_steps
+    return Order(n, per_step, cfg.train.epochs, n % per_step == 1 and n > 1, cfg.seed)
+
+
+def batches_of(cfg: RunConfig, train_rows: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+    """The batches of one step (`rows`: positions in the train split, as `order_of` gives them), `train.batch_size`
+    each, whose gradients accumulate; a last batch of one sample is dropped."""
+    size = cfg.train.batch_size
+    parts = [train_rows[rows[i:i + size]] for i in range(0, len(rows), size)]
+    if len(parts) > 1 and len(parts[-1]) < 2:
+        parts.pop()
+    return parts
+
+
+def step_rows(cfg: RunConfig, train_rows: np.ndarray, step: int) -> tuple[int, list[np.ndarray]]:
+    """(epoch, the batches of rows) of step `step` (0-based over the run), as the recipe draws them."""
+    order = order_of(cfg, len(train_rows))
+    return order.epoch_of(step)[0], batches_of(cfg, train_rows, order.rows(step))
+
+
+@dataclass
+class EpochSums:
+    """The epoch so far: loss × samples, samples, and the task's statistics (registered, so a resume mid-epoch goes on)."""
+
+    names: tuple[str, ...]
+    loss_sum: float = 0.0
+    seen: int = 0
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def add(self, loss: float, rows: int, stats: dict[str, float]) -> None:
+        self.loss_sum += loss * rows
+        self.seen += rows
+        for name, value in stats.items():
+            self.stats[name] = self.stats.get(name, 0.0) + value
+
+    def row(self) -> dict[str, float]:
+        return {"train_loss": self.loss_sum / max(1, self.seen), **{f"train_{n}": self.stats.get(n, 0.0) / max(1, self.seen) for n in self.names}}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"loss_sum": self.loss_sum, "seen": self.seen, "stats": dict(self.stats)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loss_sum, self.seen, self.stats = float(state["loss_sum"]), int(state["seen"]), dict(state["stats"])

@@ -21,7 +21,7 @@ import contextlib
 import logging
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -40,7 +40,17 @@ from veritrain.train import steplog as steplog_files
 from veritrain.train.checkpointer import ReplayDone
 from veritrain.train.engine import Best, Engine, Guard, HandBack
 from veritrain.train.order import Order
-from veritrain.train.parts import EpochJudge, TrainResult, best_metric, build_optimizer, resolve_device, schedule_factor
+from veritrain.train.parts import (
+    EpochJudge,
+    EpochSums,
+    TrainResult,
+    batches_of,
+    best_metric,
+    build_optimizer,
+    order_of,
+    resolve_device,
+    schedule_factor,
+)
 from veritrain.train.steplog import StepLog
 
 if TYPE_CHECKING:
@@ -54,31 +64,6 @@ ENGINE = "recipe-1"
 
 
 @dataclass
-class EpochSums:
-    """The epoch so far: loss × samples, samples, and the task's statistics (registered, so a resume mid-epoch goes on)."""
-
-    names: tuple[str, ...]
-    loss_sum: float = 0.0
-    seen: int = 0
-    stats: dict[str, float] = field(default_factory=dict)
-
-    def add(self, loss: float, rows: int, stats: dict[str, float]) -> None:
-        self.loss_sum += loss * rows
-        self.seen += rows
-        for name, value in stats.items():
-            self.stats[name] = self.stats.get(name, 0.0) + value
-
-    def row(self) -> dict[str, float]:
-        return {"train_loss": self.loss_sum / max(1, self.seen), **{f"train_{n}": self.stats.get(n, 0.0) / max(1, self.seen) for n in self.names}}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"loss_sum": self.loss_sum, "seen": self.seen, "stats": dict(self.stats)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loss_sum, self.seen, self.stats = float(state["loss_sum"]), int(state["seen"]), dict(state["stats"])
-
-
-@dataclass
 class Where:
     """Where the recipe is, for the progress bar and steps.jsonl."""
 
@@ -86,29 +71,6 @@ class Where:
     epoch: int
     batch_index: int
     seen: int
-
-
-def order_of(cfg: RunConfig, n: int) -> Order:
-    """The data order of `n` training rows: step k takes `batch_size × accumulate_steps` rows of the epoch's permutation.
-    A last step of one sample is dropped: BatchNorm cannot normalise it, and it would be noise anyway."""
-    per_step = cfg.train.batch_size * cfg.train.accumulate_steps
-    return Order(n, per_step, cfg.train.epochs, n % per_step == 1 and n > 1, cfg.seed)
-
-
-def batches_of(cfg: RunConfig, train_rows: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
-    """The batches of one step (`rows`: positions in the train split, as `order_of` gives them), `train.batch_size`
-    each, whose gradients accumulate; a last batch of one sample is dropped."""
-    size = cfg.train.batch_size
-    parts = [train_rows[rows[i:i + size]] for i in range(0, len(rows), size)]
-    if len(parts) > 1 and len(parts[-1]) < 2:
-        parts.pop()
-    return parts
-
-
-def step_rows(cfg: RunConfig, train_rows: np.ndarray, step: int) -> tuple[int, list[np.ndarray]]:
-    """(epoch, the batches of rows) of step `step` (0-based over the run), as the recipe draws them."""
-    order = order_of(cfg, len(train_rows))
-    return order.epoch_of(step)[0], batches_of(cfg, train_rows, order.rows(step))
 
 
 @dataclass
