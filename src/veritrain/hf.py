@@ -76,7 +76,7 @@ class Callback(TrainerCallback):
         elif given_output in DEFAULT_OUTPUT_DIRS:  # into the run, whose seal then covers them
             args.output_dir = str(run.dir / "checkpoints")
         elif not Path(str(args.output_dir)).resolve().is_relative_to(run.dir.resolve()):
-            run._facts.other.append(f"its checkpoints are in output_dir {args.output_dir}, outside the run folder, so the run's seal "
+            run.facts.other.append(f"its checkpoints are in output_dir {args.output_dir}, outside the run folder, so the run's seal "
                                     "does not cover them (leave output_dir at its default to keep them in the run)")
         if resumed and folder is not None:
             state_hash, model_hash = _hashes(folder, run.state_recipe)
@@ -88,7 +88,7 @@ class Callback(TrainerCallback):
         elif model is not None:  # a new run: the initial state is entry 0
             weights = model.state_dict()
             run.enter_checkpoint(None, trajectory.state_sha256({"state_dict": weights}), state_dict_sha256(weights), 0, 0)
-            run._facts.checkpoints -= 1  # the initial state is no save
+            run.facts.checkpoints -= 1  # the initial state is no save
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.run is not None and state.max_steps and state.global_step >= state.max_steps:

@@ -280,9 +280,9 @@ class Callback(pl.Callback):
         self.run = run = run_module.start_for("lightning", self._config(trainer, pl_module), self.name, self.inputs, self.workdir, resume,
                                               torch.are_deterministic_algorithms_enabled())
         fit_from = str(trainer.ckpt_path) if trainer.ckpt_path else None
-        run._facts.state_registered = asked is not None and _same_path(asked["answer"], fit_from)
+        run.facts.state_registered = asked is not None and _same_path(asked["answer"], fit_from)
         replay = run.replay
-        if replay is not None and not run._facts.state_registered:
+        if replay is not None and not run.facts.state_registered:
             raise RunFailed(f"replay: trainer.fit did not start from vt.lightning.ckpt_path()'s answer ({asked['answer'] if asked else 'never asked'}, "
                             f"fit from {fit_from}); the script must pass ckpt_path=vt.lightning.ckpt_path(...) for a replay")
         folder = run.dir / "checkpoints" if run.dir is not None else Path(str(replay.out)).parent / "checkpoints" if replay and replay.out else None
@@ -305,23 +305,19 @@ class Callback(pl.Callback):
             weights = pl_module.state_dict()
             run.enter_checkpoint(None, trajectory.state_sha256({"state_dict": weights}), state_dict_sha256(weights), 0, 0,
                                  write=lambda path: torch.save({"state_dict": weights}, path), suffix=".pt")
-            run._facts.checkpoints -= 1  # the initial state is no save
+            run.facts.checkpoints -= 1  # the initial state is no save
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         run = self.run
         if run is None:
             return
         loaders, count = _train_loaders(trainer)
-        run._facts.batches_used = bool(loaders) and len(loaders) == count
+        run.facts.batches_used = bool(loaders) and len(loaders) == count
         for item in loaders:
             item._tracked = True
         if loaders and trainer.world_size > 1:
             raise UsageError(f"vt.lightning.loader: the Trainer runs {trainer.world_size} processes; the loader orders the data for one")
-        if run._record is not None:  # what a continuation after a kill needs to know (the record is sealed at the end)
-            run._record.update_section("script", api={"batches": run._facts.batches_used, "checkpoints": run._facts.checkpoints,
-                                                      "state_registered": run._facts.state_registered})
-            run._record.set(guarantee=run._guarantee())
-            run._record.write()
+        run.record_progress()  # what a continuation after a kill needs to know (the record is sealed at the end)
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.run is not None and self._rng_after_train is not None:
@@ -375,9 +371,9 @@ class Callback(pl.Callback):
         if run is None:
             return
         if run.replaying_audit:  # an audit replay stops here (its stretch's end, or the fit's): the parent judges what came back
-            run_module._active.clear()
-        elif not run._finished:
-            run._end("interrupted" if isinstance(exception, KeyboardInterrupt) else "failed", error=exception)
+            run_module.release()
+        else:
+            run.abandon(exception)
 
 
 def _discard_later_checkpoints(run_dir: Path, entries: list[dict[str, Any]]) -> None:

@@ -102,6 +102,11 @@ def active() -> Optional[Run]:
     return _active.get("run")
 
 
+def release() -> None:
+    """Forget the active run without ending it: an audit replay, which writes nothing, stops where the parent asked."""
+    _active.clear()
+
+
 def _begin(run: Run) -> Run:
     with _lock:
         if _active:
@@ -575,6 +580,32 @@ class Run:
             _truncate_metrics(self.dir / METRICS, step + 1)
 
     @property
+    def facts(self) -> Facts:
+        """What the guarantee level is judged from (veritrain.userloop.levels); a framework's callback sets what it saw."""
+        return self._facts
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def record_progress(self) -> None:
+        """Write what a continuation after a kill needs to know (the API used, the guarantee so far) into the record,
+        which is sealed at the end."""
+        if self._record is not None:
+            self._record.update_section("script", api=self._api())
+            self._record.set(guarantee=self._guarantee())
+            self._record.write()
+
+    def abandon(self, error: BaseException) -> None:
+        """End the run `failed`, or `interrupted` for Ctrl-C and SIGTERM, by `error`: a framework's exception hook,
+        where no `with` block ends it."""
+        if not self._finished:
+            self._end("interrupted" if isinstance(error, (KeyboardInterrupt, Interrupted)) else "failed", error=error)
+
+    def _api(self) -> dict[str, Any]:
+        return {"batches": self._facts.batches_used, "checkpoints": self._facts.checkpoints, "state_registered": self._facts.state_registered}
+
+    @property
     def epochs_done(self) -> int:
         """Completed epochs, when a framework's loop (not run.batches) keeps count."""
         return self.engine.epochs_done
@@ -647,8 +678,7 @@ class Run:
                 log.error("run %s failed: %s: %s", self.id, type(error).__name__, error, extra=logs.FILE_ONLY)
                 log.debug("traceback:\n%s", "".join(traceback.format_exception(error)))
                 record.failed(error)
-            record.update_section("script", api={"batches": self._facts.batches_used, "checkpoints": self._facts.checkpoints,
-                                                 "state_registered": self._facts.state_registered})
+            record.update_section("script", api=self._api())
             record.set(guarantee=self._guarantee())
             record.finish(time.perf_counter() - self._started)
         finally:
