@@ -195,7 +195,7 @@ def test_a_trial_whose_slot_already_has_a_run_reports_that_run_and_starts_none(t
     or continues that run; it never starts a second one. Its claim is let go as it returns."""
     import tarfile
 
-    from veritrain.orchestration.sweep_trial import run_trial
+    from veritrain.orchestration.trials.process import run_trial
 
     with tarfile.open(Path(__file__).parent / "fixtures" / "legacy" / "legacy-completed.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")

@@ -115,7 +115,7 @@ def test_best_is_chosen_on_val_and_its_test_result_is_labelled(searched):
 
 
 def test_the_search_folder_is_sealed_for_sha256sum(searched):
-    from veritrain.orchestration.search import check_seal
+    from veritrain.orchestration.trials.search_summary import check_seal
 
     workdir, result = searched
     folder = workdir / ".veritrain" / "searches" / result.json()["id"]
@@ -177,7 +177,7 @@ def test_the_search_page_shows_each_trial_the_val_metric_that_selected_and_the_s
         (folder / "summary.json").write_bytes(original)
     assert page["recomputed"]["agrees"] and page["recomputed"]["best"] == summary["best"]["number"]
     # a forged winner with its seal made again: the seal holds, the best recomputed from the trials' records does not agree
-    from veritrain.orchestration.search.summary import seal
+    from veritrain.orchestration.trials.search_summary import seal
 
     loser = next(t for t in summary["trials"] if t["state"] == "completed" and t["number"] != summary["best"]["number"])
     forged = json.loads(original)
@@ -198,18 +198,17 @@ def test_the_search_page_shows_each_trial_the_val_metric_that_selected_and_the_s
 
 
 def _plan_spec(tmp_path: Path, space: str, sampler: str = "tpe", trials: int = 12, parallel: int = 1, enqueue=(), seed: int = 0):
-    from veritrain.orchestration import search
+    from veritrain.orchestration.trials import search_plan
 
     (tmp_path / "space.yaml").write_text(space)
-    plan = search.plan(None, ["train.threads=1"], str(tmp_path / "space.yaml"), trials, "val.accuracy", sampler, "median", parallel,
+    plan = search_plan.plan(None, ["train.threads=1"], str(tmp_path / "space.yaml"), trials, "val.accuracy", sampler, "median", parallel,
                        "local", seed, list(enqueue), None)
     return {**plan.as_dict(), "id": "test"}
 
 
 def _propose(spec: dict, folder: Path, stop_after: int | None = None) -> list[dict]:
     """Ask and tell as the driver does, with a made-up val accuracy per configuration (no training)."""
-    from veritrain.orchestration.search import open_study
-    from veritrain.orchestration.search.driver import _ask
+    from veritrain.orchestration.trials.search import _ask, open_study
 
     folder.mkdir(parents=True, exist_ok=True)
     study = open_study(folder, spec)
@@ -252,7 +251,7 @@ def test_grid_takes_every_point_once_in_a_seeded_order(tmp_path):
 
 
 def test_best_trial_is_the_val_best_even_where_test_ranks_them_the_other_way():
-    from veritrain.orchestration.search import select_best_trial, summary_from_study
+    from veritrain.orchestration.trials.search_summary import select_best_trial, summary_from_study
 
     trials = [{"number": n, "state": "COMPLETE", "user_attrs": {"change": {"optim.lr": lr}}, "intermediate": {1: val}, "value": val}
               for n, (lr, val) in enumerate([(0.1, 0.80), (0.01, 0.90), (0.001, 0.85)])]

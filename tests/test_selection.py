@@ -16,7 +16,9 @@ from veritrain.core import selection
 from veritrain.trust.check import ROWS, _selection_row
 from veritrain.core.config import load_config
 from veritrain.core.errors import ConfigError, RunFailed
-from veritrain.orchestration.sweep import Slot, SlotState, select_best, summary_from_records
+from veritrain.orchestration.trials.state import Slot
+from veritrain.orchestration.trials.sweep_plan import SlotState
+from veritrain.orchestration.trials.sweep_summary import select_best, summary_from_records
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "20261201-0000{:02d}-000-aaaaaa"

@@ -15,7 +15,8 @@ import pytest
 from conftest import need_extra, veritrain, veritrain_process
 
 from veritrain.records.experiments import config_diff
-from veritrain.orchestration.sweep import parse_vary, plan, split_values
+from veritrain.orchestration.trials.planning import parse_vary, split_values
+from veritrain.orchestration.trials.sweep_plan import plan
 from veritrain.records.workspace import Workspace
 
 # The smallest digits config that still trains and goes through every stage of `veritrain run`.

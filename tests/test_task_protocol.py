@@ -127,7 +127,7 @@ def test_regression_runs_through_the_whole_pipeline(regression_registered, tmp_p
 
 def test_a_sweep_of_the_regression_task_selects_on_the_metric_it_declares(regression_registered, tmp_path):
     from veritrain.core.errors import ConfigError
-    from veritrain.orchestration.sweep import plan
+    from veritrain.orchestration.trials.sweep_plan import plan
     from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(tmp_path / "ws")

@@ -321,7 +321,7 @@ def test_an_imported_run_evaluates_from_its_archived_code_with_trust_code(tmp_pa
 
 
 def test_sweep_trials_import_the_copies_made_at_the_sweeps_start(tmp_path, monkeypatch):
-    from veritrain.orchestration.sweep_trial import _sweep_code
+    from veritrain.orchestration.trials.process import _sweep_code
 
     project = tmp_path / "proj"
     config = write_project(project)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from veritrain.data.identity import DataVersion
     from veritrain.orchestration.housekeeping import StagePlan
     from veritrain.orchestration.pipeline import Amended, RunOutcome
-    from veritrain.orchestration.sweep import SweepPlan
+    from veritrain.orchestration.trials.sweep_plan import SweepPlan
 
 JSON_WRITTEN = {"done": False}  # whether this command printed its JSON document (a failure after it adds none)
 
@@ -155,9 +155,9 @@ def repeat_summary(result: dict[str, Any]) -> None:
 def sweep_plan(plan: SweepPlan) -> None:
     from rich.table import Table
 
-    from veritrain.orchestration.sweep import change_text
+    from veritrain.orchestration.trials.planning import change_text
 
-    table = Table(title=f"sweep plan: {len(plan.trials)} trial(s), {plan.mode}, threads {plan.threads}, {plan.repeat} seed(s) each", title_justify="left")
+    table = Table(title=f"sweep plan: {len(plan.trials)} trial(s), {plan.mode}, threads {plan.base.threads}, {plan.repeat} seed(s) each", title_justify="left")
     for column in ("trial", "change", "config hash", "hypothesis"):
         table.add_column(column)
     for trial in plan.trials:
@@ -181,7 +181,7 @@ def _shown_metrics(record: dict[str, Any], metrics: dict[str, Any]) -> list[str]
 def sweep_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from veritrain.orchestration.sweep import change_text
+    from veritrain.orchestration.trials.planning import change_text
 
     headline = (summary.get("headline") or {}).get("metric")
     split = summary["split"]  # the trials' metrics: the split the best trial is chosen on

@@ -22,6 +22,7 @@ from veritrain.cli.options import (
 from veritrain.cli.render import emit_json
 from veritrain.core import logs
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.orchestration.trials import samplers
 
 if TYPE_CHECKING:
     from veritrain.orchestration.pipeline import RunOutcome
@@ -201,7 +202,8 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
       veritrain sweep configs/digits.yaml --vary optim.lr=0.01,0.001 --vary train.batch_size=32,128 --parallel 2
       veritrain sweep --resume latest
     """
-    from veritrain.orchestration import pipeline, sweep
+    from veritrain.orchestration import pipeline
+    from veritrain.orchestration.trials import sweep, sweep_plan
     from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
@@ -212,7 +214,7 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
             raise UserError(f"--resume {resume_id}: a resumed sweep keeps its plan; drop {', '.join(given)}")
         outcome = sweep.resume(workspace, resume_id, pipeline.python_argv(), parallel, backend, ray_address, trust_code=trust_code)
     else:
-        plan = sweep.plan(config, overrides, varies, grid, repeat, parallel or 1, backend or "local", parent, workspace, metric=metric)
+        plan = sweep_plan.plan(config, overrides, varies, grid, repeat, parallel or 1, backend or "local", parent, workspace, metric=metric)
         if dry_run:
             if as_json:
                 emit_json(plan.as_dict())
@@ -235,7 +237,7 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
               help="The search space: a YAML file of config keys to ranges or choices (optim.lr: {log_uniform: [1.0e-4, 1.0e-1]}).")
 @click.option("--trials", type=click.IntRange(min=1), default=None, help="How many trials to run (a grid: at most its size).")
 @click.option("--metric", default=None, metavar="val.NAME", help="The val metric the search optimizes and selects on, e.g. val.accuracy; never a test metric.")
-@click.option("--sampler", type=click.Choice(["tpe", "random", "grid"]), default="tpe", show_default=True, help="How trials are proposed (Optuna's).")
+@click.option("--sampler", type=click.Choice(list(samplers.SEARCH_SAMPLERS)), default="tpe", show_default=True, help="How trials are proposed (Optuna's).")
 @click.option("--pruner", type=click.Choice(["median", "none"]), default="median", show_default=True,
               help="median: stop a trial after an epoch whose val metric is worse than the median of completed trials at that epoch.")
 @click.option("--parallel", type=click.IntRange(min=1), default=None, help="Trials at once (default 1; with --resume, the search's own).")
@@ -267,7 +269,8 @@ def search_command(config: Optional[str], overrides: tuple[str, ...], space_path
       veritrain search configs/digits.yaml --space space.yaml --trials 20 --metric val.accuracy
       veritrain search --resume latest
     """
-    from veritrain.orchestration import pipeline, search
+    from veritrain.orchestration import pipeline
+    from veritrain.orchestration.trials import search, search_plan
     from veritrain.records.workspace import Workspace
 
     workspace = Workspace.open(workdir)
@@ -283,7 +286,7 @@ def search_command(config: Optional[str], overrides: tuple[str, ...], space_path
             raise UserError(f"search: give {', '.join(missing)}, e.g. veritrain search configs/digits.yaml --space space.yaml --trials 20 "
                             "--metric val.accuracy")
         assert space_path and trials and metric
-        plan = search.plan(config, list(overrides), space_path, trials, metric, sampler, pruner, parallel or 1, backend or "local", seed,
+        plan = search_plan.plan(config, list(overrides), space_path, trials, metric, sampler, pruner, parallel or 1, backend or "local", seed,
                            list(enqueue), enqueue_after)
         outcome = search.start(plan, workspace, pipeline.python_argv(), smoke=not no_smoke, ray_address=ray_address)
     if as_json:

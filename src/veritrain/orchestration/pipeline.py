@@ -565,7 +565,7 @@ def evaluation_splits(record: Mapping[str, Any] | Recorder, cfg: RunConfig, runs
     return splits
 
 
-# Set (to 1) in the processes of a sweep's trials (veritrain.orchestration.sweep_trial): their runs write only their own folders,
+# Set (to 1) in the processes of a sweep's or search's trials (veritrain.orchestration.trials.process): their runs write only their own folders,
 # and the sweep's driver, the one process that opens the workspace's SQLite index, refreshes it and experiments.md
 # as they finish. SQLite must not be written from several hosts over a network filesystem.
 DEFER_INDEX_VARIABLE = "VERITRAIN_DEFER_INDEX"

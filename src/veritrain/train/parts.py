@@ -85,7 +85,7 @@ def schedule_factor(cfg: ScheduleConfig, steps_per_epoch: int, total_steps: int)
     return factor
 
 
-# A search's judge of each epoch (`veritrain search`, veritrain.orchestration.search): called with the run folder, the
+# A search's judge of each epoch (`veritrain search`, veritrain.orchestration.trials.search): called with the run folder, the
 # epoch's row (already in metrics.jsonl) and the stop flag; it waits for the search driver's verdict and returns it
 # when the driver prunes the trial ({epoch, step, value, reason, ...}), else None. Training then stops after that
 # epoch's save, so a pruned run ends at the epoch that was judged, never evaluated further.

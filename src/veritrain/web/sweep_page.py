@@ -224,7 +224,7 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
                                    else shown_text(t["change"].get(k)) if k in t["change"] else None for k in keys]} for t in trials]}
     seal = None
     if kind == "search":
-        from veritrain.orchestration.search.summary import check_seal
+        from veritrain.orchestration.trials.search_summary import check_seal
 
         problems = check_seal(folder)
         seal = {"ok": not problems, "problems": problems}

@@ -1,4 +1,4 @@
-"""The search space of `veritrain search`: a typed YAML file that maps config keys to ranges or choices,
+"""The space of `veritrain search`: a typed YAML file that maps config keys to ranges or choices,
 validated like a config (one line, exit 2) before anything runs.
 
     optim.lr: {log_uniform: [1.0e-4, 1.0e-1]}     # a float, sampled on a log scale
@@ -13,7 +13,6 @@ share one data version and its val split to be compared; `train.threads` is pinn
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ from veritrain.core.config import load_config
 from veritrain.core.config.safe_yaml import load_yaml_text, read_yaml_file
 from veritrain.core.errors import ConfigError
 from veritrain.core.hashing import sha256_file
+from veritrain.orchestration.trials import samplers
+from veritrain.orchestration.trials.planning import MISSING, override_text, value_at
 
 KINDS = ("uniform", "log_uniform", "int", "log_int", "choice")
 CONTINUOUS = ("uniform", "log_uniform")
@@ -99,15 +100,6 @@ class Param:
         return inside and (not self.step or (int(value) - int(self.low or 0)) % self.step == 0)
 
 
-def override_text(value: Any) -> str:
-    """`--set KEY=<this>` for a config value: JSON, which the config's YAML reads back to the same value
-    (floats in Python's shortest round-trip form, with a dot or exponent)."""
-    if isinstance(value, float):
-        text = repr(value)
-        return text if any(c in text for c in ".en") else text + ".0"
-    return json.dumps(value)
-
-
 @dataclass
 class Space:
     file: str  # the path given
@@ -146,6 +138,11 @@ class Space:
 
     def grid_size(self) -> int:
         return math.prod(len(p.grid_values()) for p in self.params)
+
+    def grid_points(self, where: str, seed: int) -> list[dict[str, Any]]:
+        """Every point of the grid (Optuna's parameter values), in the order a search's trials take them: the grid
+        sampler's, shuffled by the search's seed."""
+        return samplers.grid(self.grid(where), shuffle_seed=seed)
 
 
 def load_space(path: str, config: Optional[str], overrides: list[str]) -> Space:
@@ -212,18 +209,6 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-_MISSING = object()
-
-
-def _value_at(config: dict[str, Any], key: str) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return _MISSING
-        node = node[part]
-    return node
-
-
 def _check_against_config(where: str, param: Param, config: Optional[str], overrides: list[str]) -> None:
     """Every end of a range and every choice loads as this key of the config: an unknown key or a value of the
     wrong type is refused now, with the config's own message, not at the trial that draws it."""
@@ -238,7 +223,7 @@ def _check_against_config(where: str, param: Param, config: Optional[str], overr
             resolved = load_config(config, [*overrides, f"{param.key}={override_text(value)}"])
         except ConfigError as err:
             raise ConfigError(where, param.key, f"{override_text(value)}: {err.problem}") from None
-        if _value_at(resolved.as_dict(), param.key) is _MISSING:
+        if value_at(resolved.as_dict(), param.key) is MISSING:
             raise ConfigError(where, param.key, "not a key of the config; `veritrain config keys` lists them")
 
 
@@ -268,7 +253,3 @@ def _shown_range(param: Param) -> str:
     if param.kind == "choice":
         return "one of " + ", ".join(override_text(v) for v in param.choices or ())
     return f"{param.kind} [{param.low}, {param.high}]" + (f" step {param.step}" if param.step else "")
-
-
-def grid_points(grid: dict[str, list[Any]]) -> int:
-    return len(list(itertools.islice(itertools.product(*grid.values()), MAX_GRID_POINTS + 1)))

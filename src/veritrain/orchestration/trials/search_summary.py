@@ -6,17 +6,14 @@ SHA256SUMS, the seal over spec.json, the study and the summary (`sha256sum -c SH
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
 
-from veritrain.core.errors import RunFailed as Damaged
 from veritrain.core.files import write_atomic
 from veritrain.core.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT
 from veritrain.core.task_registry import spec_of_record
-from veritrain.orchestration.search.planning import SEARCH_VERSION
-from veritrain.orchestration.sweep.summary import json_bytes
-from veritrain.records.record import now_iso, read_record
+from veritrain.orchestration.trials.state import SEARCH, json_bytes, linked_runs
+from veritrain.records.record import now_iso
 from veritrain.records.workspace import Workspace
 
 SEALED_FILES = ("spec.json", "study.jsonl", "summary.json")
@@ -25,31 +22,10 @@ STATES = ("completed", "pruned", "failed", "running", "interrupted", "waiting")
 
 
 def search_runs(workspace: Workspace, spec: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """The runs whose record names this search, by trial number: the records are the truth. Of several runs of one
-    number the one that got furthest counts. Only runs that started after the search (less an hour) are read."""
-    if not workspace.runs_dir.exists():
-        return {}
-    try:
-        since = (datetime.strptime(spec["id"][:15], "%Y%m%d-%H%M%S").replace(tzinfo=timezone.utc).timestamp() - 3600)
-        since_name = datetime.fromtimestamp(since, timezone.utc).strftime("%Y%m%d-%H%M%S")
-    except ValueError:
-        since_name = ""
-    rank = {"completed": 4, "pruned": 4, "interrupted": 2, "running": 2, "failed": 1}
-    found: dict[int, dict[str, Any]] = {}
-    for run_dir in sorted(workspace.runs_dir.glob("*")):
-        if run_dir.name[:15] < since_name or not (run_dir / "record.json").exists():
-            continue
-        try:
-            record = read_record(run_dir)
-        except Damaged:
-            continue
-        link = record.get("sweep") or {}
-        if link.get("id") != spec["id"] or link.get("kind") != "search" or not isinstance(link.get("trial"), int):
-            continue
-        number = link["trial"]
-        if number not in found or rank.get(record["status"], 0) >= rank.get(found[number]["status"], 0):
-            found[number] = record
-    return found
+    """The runs whose record names this search, by trial number (`state.linked_runs`)."""
+    found = linked_runs(workspace, spec["id"], lambda slot, record: (record.get("sweep") or {}).get("kind") == "search" and
+                        isinstance(slot.trial, int) and not isinstance(slot.trial, bool))
+    return {slot.trial: record for slot, record in found.items() if slot.trial is not None}
 
 
 def write_summary(workspace: Workspace, spec: dict[str, Any], folder: Path, study: Any, errors: dict[int, str],
@@ -103,7 +79,7 @@ def summary_from_study(spec: dict[str, Any], trials: list[dict[str, Any]], recor
         unfinished = counts["running"] + counts["interrupted"] + counts["waiting"] > 0 or len(entries) < spec["trials"]
         status = ("interrupted" if unfinished else "failed" if entries and counts["failed"] == len(entries) else "completed")
     return {
-        "search_version": SEARCH_VERSION,
+        SEARCH.version_key: SEARCH.version,
         "id": spec["id"],
         "status": status,
         "created_at": spec["created_at"],

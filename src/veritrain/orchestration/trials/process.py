@@ -1,12 +1,12 @@
-"""One run of a `veritrain sweep`, in a process of its own: the sweep's driver starts it for every trial (and
-seed, and the parent run), as a local process or as a Ray task, and reads back one small JSON result.
+"""One run of a `veritrain sweep` or `veritrain search`, in a process of its own: the driver starts it for every
+trial (and seed, and a sweep's parent run), as a local process or as a Ray task, and reads back one small JSON result.
 
 The run itself is a normal `pipeline.run` (or `pipeline.resume` of an interrupted one) with the sweep link,
 hypothesis and parent the driver planned. It writes only its run folder: the driver, the one process that
 opens the workspace's SQLite index, refreshes the index and experiments.md as runs finish
 (`pipeline.DEFER_INDEX_VARIABLE`), so trials on other hosts never touch a database over a network filesystem.
 
-    python -m veritrain.orchestration.sweep_trial --result PATH < TRIAL.json     # what the local backend runs
+    python -m veritrain.orchestration.trials.process --result PATH < TRIAL.json     # what the local backend runs
 """
 
 from __future__ import annotations
@@ -20,20 +20,15 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 from veritrain.core import locks, logs
 from veritrain.core.errors import Interrupted, RunFailed, VeritrainError
 from veritrain.core.files import write_atomic
+from veritrain.orchestration.trials.state import linked_runs
 from veritrain.records import usercode
-from veritrain.records.record import read_record
 from veritrain.records.workspace import Workspace
-
-if TYPE_CHECKING:
-    from veritrain.records import usercode
-    from veritrain.records.workspace import Workspace
 
 
 @contextmanager
@@ -95,28 +90,11 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _earlier_run(workspace: Workspace, spec: dict[str, Any]) -> Optional[dict[str, Any]]:
     """The record of a run of this slot made by an earlier process (a trial of a killed driver, which stops itself
-    within a second, may have started one): the slot's sweep link, seed index and planned config hash. Run ids
-    begin with their start time; runs from before the sweep (less an hour, for other Ray nodes' clocks) are not read."""
-
-
+    within a second, may have started one): the slot's link, seed index and planned config hash."""
     link, index = spec["sweep"], (spec.get("repeat") or {}).get("index", 0)
-    try:
-        since = (datetime.strptime(spec["sweep_id"][:15], "%Y%m%d-%H%M%S") - timedelta(hours=1)).strftime("%Y%m%d-%H%M%S")
-    except ValueError:
-        since = ""
-    found = None
-    for run_dir in sorted(workspace.runs_dir.glob("*")) if workspace.runs_dir.exists() else []:
-        if run_dir.name[:15] < since or not (run_dir / "record.json").exists():
-            continue
-        try:
-            record = read_record(run_dir)
-        except RunFailed:
-            continue
-        mine = record.get("sweep") or {}
-        if (mine.get("id"), mine.get("trial"), (record.get("repeat") or {}).get("index", 0), record.get("config_hash")) == \
-                (link["id"], link["trial"], index, spec["config_hash"]):
-            found = record  # the newest counts
-    return found
+    found = linked_runs(workspace, link["id"], lambda slot, record: (slot.trial, slot.seed_index, record.get("config_hash")) ==
+                        (link["trial"], index, spec["config_hash"]))
+    return next(iter(found.values()), None)
 
 
 def _sweep_code(spec: dict[str, Any], workspace: Workspace) -> Optional[usercode.CodeSession]:
@@ -188,7 +166,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m veritrain.orchestration.sweep_trial", description="Run one trial of a veritrain sweep (spec JSON on stdin).")
+    parser = argparse.ArgumentParser(prog="python -m veritrain.orchestration.trials.process", description="Run one trial of a veritrain sweep or search (spec JSON on stdin).")
     parser.add_argument("--result", required=True, help="file to write the JSON result to")
     args = parser.parse_args(argv)
     # a signal before the run installs its own handling (while torch loads) still ends in a result, not a bare exit

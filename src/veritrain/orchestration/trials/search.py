@@ -8,30 +8,26 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
-import shutil
 import statistics
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Optional, cast
+from typing import Any, Optional, cast
 
 from veritrain.core.config import load_config
 from veritrain.core.errors import ConfigError, Interrupted, RunFailed, UserError, VeritrainError
 from veritrain.core.files import write_atomic
 from veritrain.core.signals import StopFlag, interruptible
-from veritrain.orchestration import smoke as smoke_module
-from veritrain.orchestration.search.planning import SEARCH_VERSION, SearchPlan, grid_points, pruner_for, require_optuna, sampler_for
-from veritrain.orchestration.search.space import Space
-from veritrain.orchestration.search.summary import search_runs, write_summary
-from veritrain.orchestration.sweep.backends import TrialBackend, open_backend
-from veritrain.orchestration.sweep.planning import Slot, require_ray
-from veritrain.orchestration.sweep.summary import json_bytes
-from veritrain.orchestration.sweep_trial import working_dir
-from veritrain.records import usercode
-from veritrain.records.record import RUN_ID, now_iso, read_record
-from veritrain.records.workspace import Workspace, by_prefix
+from veritrain.orchestration.trials import samplers
+from veritrain.orchestration.trials.backends import TrialBackend, run_trials
+from veritrain.orchestration.trials.driving import malformed_is_user_error, opened, resumed_backend, smoke_first
+from veritrain.orchestration.trials.planning import require_optuna
+from veritrain.orchestration.trials.process import working_dir
+from veritrain.orchestration.trials.search_plan import SearchPlan
+from veritrain.orchestration.trials.search_summary import search_runs, write_summary
+from veritrain.orchestration.trials.space import Space
+from veritrain.orchestration.trials.state import SEARCH, Slot, driving, read_spec, record_code, trial_smoke
+from veritrain.records.record import RUN_ID, read_record
+from veritrain.records.workspace import Workspace
 
 log = logging.getLogger("veritrain")
 
@@ -83,72 +79,29 @@ def open_study(folder: Path, spec: dict[str, Any]) -> Any:
                 journal.truncate(data.rfind(b"\n") + 1)
     storage = JournalStorage(JournalFileBackend(str(path), lock_obj=cast(Any, _HeldByDriver())))
     direction = "maximize" if spec["metric"]["mode"] == "max" else "minimize"
-    return optuna.create_study(storage=storage, study_name=STUDY_NAME, direction=direction, pruner=pruner_for(spec),
-                               sampler=sampler_for(spec, 0), load_if_exists=True)
+    return optuna.create_study(storage=storage, study_name=STUDY_NAME, direction=direction, pruner=samplers.optuna_pruner(spec["pruner"]),
+                               sampler=_sampler(spec, 0), load_if_exists=True)
+
+
+def _sampler(spec: dict[str, Any], number: int) -> Any:
+    return samplers.optuna_sampler(spec["sampler"]["name"], int(spec["sampler"]["seed"]), number)
 
 
 def start(search_plan: SearchPlan, workspace: Workspace, argv: list[str], smoke: bool, ray_address: Optional[str] = None) -> SearchOutcome:
     """Run a planned search: the smoke test of the base config (unless --no-smoke), then the trials."""
-    from veritrain.orchestration.pipeline import refuse_to_start
-
-    refuse_to_start(argv)
-    smoke_result: dict[str, Any]
-    if smoke:
-        passed = smoke_module.ensure(search_plan.base, workspace)  # fails fast (exit 1) before any trial starts
-        smoke_result = {"key": passed["key"], "status": passed["status"], "cached": passed["cached"]}
-    else:
-        smoke_result = {"status": "skipped"}
-    search_id, folder = _new_search_folder(workspace)
-    with _driving(workspace, search_id, ""):
-        spec = {"search_version": SEARCH_VERSION, "id": search_id, "created_at": now_iso(), "argv": argv,
-                "workspace": str(workspace.root), "smoke": smoke_result, **search_plan.as_dict()}
-        try:
-            spec["code"] = _record_code(folder, search_plan)
-            backend = open_backend(search_plan.backend, spec, folder, search_plan.parallel, ray_address)
-        except UserError:
-            shutil.rmtree(folder, ignore_errors=True)  # nothing ran: no search to resume
-            raise
+    smoke_result = smoke_first(search_plan.base.config, workspace, argv, smoke)
+    targets = [search_plan.base.config.config.model.target]  # and every model.target the space may choose
+    targets += [choice for param in search_plan.space.params if param.key == "model.target" for choice in param.choices or ()]
+    with opened(SEARCH, workspace, argv, smoke_result, search_plan.as_dict(), search_plan.backend, search_plan.parallel, ray_address,
+                lambda folder: record_code(folder, search_plan.base.config_path, search_plan.base.cwd, search_plan.base.config.config, targets)) as (spec, folder, backend):
         (folder / "verdicts").mkdir()
-        write_atomic(folder / "spec.json", json_bytes(spec))
-        log.info("search %s: %d trial(s), %s sampler (seed %d), %s pruner, of %s; threads %d; plan in %s", search_id, search_plan.trials,
+        log.info("search %s: %d trial(s), %s sampler (seed %d), %s pruner, of %s; threads %d; plan in %s", spec["id"], search_plan.trials,
                  search_plan.sampler, search_plan.seed, search_plan.pruner, ", ".join(p.key for p in search_plan.space.params),
-                 search_plan.threads, folder / "spec.json")
+                 search_plan.base.threads, folder / "spec.json")
         if not spec["reproducible"]["proposals"]:
-            log.warning("search %s: %s", search_id, spec["reproducible"]["reason"])
+            log.warning("search %s: %s", spec["id"], spec["reproducible"]["reason"])
         study = open_study(folder, spec)
         return _drive(workspace, spec, folder, argv, study, backend, search_plan.parallel, [])
-
-
-def _record_code(folder: Path, search_plan: SearchPlan) -> dict[str, Any]:
-    """The user code the configs name (model.target of the base and of every choice), copied as a sweep does."""
-
-    targets = [search_plan.base.config.model.target]
-    for param in search_plan.space.params:
-        if param.key == "model.target":
-            targets.extend(param.choices or ())
-    listed: dict[str, Any] = {"user_files": []}
-    with usercode.fresh(Path(search_plan.config_path) if search_plan.config_path else None, Path(search_plan.cwd)) as session:
-        session.import_config(search_plan.base.config)  # its task's code too, when an entry point names the task
-        for target in sorted({str(t) for t in targets if t}):
-            session.import_target(target)
-        session.save(folder, listed)
-    return {"user_files": listed["user_files"], "sha256": usercode.listing_sha256(listed["user_files"])}
-
-
-@contextmanager
-def _driving(workspace: Workspace, search_id: str, prefix: str) -> Iterator[None]:
-    """Hold the search's lock while this process drives it: taken at once or not at all, so that two drivers
-    (two `--resume`s started together) never both write the study or start the same trial."""
-    name = f"search-{search_id}"
-    try:
-        workspace.lock_run(name)
-    except UserError:
-        raise UserError(f"{prefix}search {search_id} is still running (a live process holds .veritrain/locks/{name}.lock); "
-                        f"wait for it, its summary is .veritrain/searches/{search_id}/summary.json") from None
-    try:
-        yield
-    finally:
-        workspace.unlock_run(name)
 
 
 def resume(workspace: Workspace, ref: str, argv: list[str], parallel: Optional[int], backend: Optional[str],
@@ -160,33 +113,15 @@ def resume(workspace: Workspace, ref: str, argv: list[str], parallel: Optional[i
 
     refuse_to_start(argv)
     require_optuna()
-    folder = resolve_search(workspace, ref)
-    try:
-        spec = json.loads((folder / "spec.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise UserError(f"--resume {ref}: {folder / 'spec.json'} cannot be read ({err}); the search cannot be resumed") from None
-    if not isinstance(spec, dict) or spec.get("search_version") != SEARCH_VERSION:
-        raise UserError(f"--resume {ref}: {folder / 'spec.json'} is not a search plan of format {SEARCH_VERSION} this veritrain reads")
-    if spec.get("id") != folder.name:
-        raise UserError(f"--resume {ref}: {folder / 'spec.json'} names search {str(spec.get('id'))[:40]!r}, not its folder's {folder.name}")
-    with _driving(workspace, folder.name, f"--resume {ref}: "):
-        try:
-            return _resume_driving(workspace, spec, folder, ref, argv, parallel, backend, ray_address, trust_code)
-        except (KeyError, TypeError, AttributeError, IndexError) as err:  # a hand-edited or damaged plan: never a traceback
-            raise UserError(f"--resume {ref}: {folder / 'spec.json'} is malformed ({err.__class__.__name__}: {str(err)[:80]}); "
-                            "start a new search") from None
+    folder, spec = read_spec(workspace, SEARCH, ref)
+    with driving(workspace, SEARCH, folder.name, f"--resume {ref}: "), malformed_is_user_error(SEARCH, folder, ref):
+        return _resume_driving(workspace, spec, folder, ref, argv, parallel, backend, ray_address, trust_code)
 
 
 def _resume_driving(workspace: Workspace, spec: dict[str, Any], folder: Path, ref: str, argv: list[str], parallel: Optional[int],
                     backend: Optional[str], ray_address: Optional[str], trust_code: bool) -> SearchOutcome:
     import optuna
 
-    backend = cast(str, backend or spec["backend"])
-    if backend == "ray":
-        require_ray()
-    parallel = parallel or spec["parallel"]
-    if not isinstance(parallel, int) or isinstance(parallel, bool) or parallel < 1:
-        raise UserError(f"--resume {ref}: spec.json says parallel {str(parallel)[:20]}; give --parallel K (K ≥ 1)")
     if not Path(spec["config"]["cwd"]).is_dir():
         raise UserError(f"--resume {ref}: {spec['config']['cwd']}, the folder the search started in, is gone; relative paths of its config resolve against it")
     study = open_study(folder, spec)
@@ -208,7 +143,8 @@ def _resume_driving(workspace: Workspace, spec: dict[str, Any], folder: Path, re
         jobs.append((number, job))
     counts = _state_counts(study)
     log.info("search %s: resuming (%d of %d trials finished, %d told now, %d to continue)", spec["id"], counts["finished"], spec["trials"], told, len(jobs))
-    return _drive(workspace, spec, folder, argv, study, open_backend(backend, spec, folder, parallel, ray_address), parallel, jobs)
+    trials, parallel = resumed_backend(spec, folder, ref, parallel, backend, ray_address)
+    return _drive(workspace, spec, folder, argv, study, trials, parallel, jobs)
 
 
 def _state_counts(study: Any) -> dict[str, int]:
@@ -221,7 +157,7 @@ def _state_counts(study: Any) -> dict[str, int]:
 
 def _trial_job(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[str], number: int, change: dict[str, Any],
                trust_code: bool = True) -> dict[str, Any]:
-    """What the trial process runs (veritrain.orchestration.sweep_trial.run_trial): the base config with the trial's
+    """What the trial process runs (veritrain.orchestration.trials.process.run_trial): the base config with the trial's
     change, linked to the search, judged after every epoch when the search prunes."""
     space = Space.from_dict(spec["space"])
     overrides = [*spec["config"]["overrides"], *space.overrides(change)]
@@ -240,7 +176,7 @@ def _trial_job(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: l
         "sweep_id": spec["id"], "state_folder": "searches", "code": spec.get("code"), "slot": slot,
         "config_path": spec["config"]["path"], "overrides": overrides, "config_hash": resolved.hash,
         "hypothesis": f"{shown}: trial {number} of search {spec['id']} ({spec['sampler']['name']} sampler)",
-        "parent": None, "smoke": _trial_smoke(spec), "repeat": None,
+        "parent": None, "smoke": trial_smoke(SEARCH, spec, "its trials"), "repeat": None,
         "sweep": {"id": spec["id"], "trial": number, "change": change, "kind": "search"},
         "selection": {"split": spec["metric"]["split"], "metric": spec["metric"]["name"], "mode": spec["metric"]["mode"]},
         "judge": ({"folder": str(folder / "verdicts"), "slot": slot, "signalled": spec["backend"] == "local"}
@@ -250,13 +186,6 @@ def _trial_job(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: l
 
 def _shown(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else json.dumps(value)
-
-
-def _trial_smoke(spec: dict[str, Any]) -> dict[str, Any]:
-    ran = spec["smoke"]
-    if ran.get("key"):
-        return {"status": "skipped", "reason": f"search {spec['id']}: one smoke test, of the base config ({ran['key'][:12]}), before its trials"}
-    return {"status": "skipped", "reason": f"search {spec['id']}: " + (ran.get("reason") or "--no-smoke")}
 
 
 def _ask(study: Any, spec: dict[str, Any]) -> Optional[tuple[int, dict[str, Any]]]:
@@ -276,11 +205,11 @@ def _ask(study: Any, spec: dict[str, Any]) -> Optional[tuple[int, dict[str, Any]
         if 0 <= index < len(spec["enqueue"]):
             fixed = {p.key: p.encoded(spec["enqueue"][index][p.key]) for p in space.params}
         elif spec["sampler"]["name"] == "grid":
-            points = grid_points(spec)
+            points = space.grid_points("spec.json", int(spec["sampler"]["seed"]))
             fixed = points[(number - _enqueued_before(spec, number)) % len(points)]
         if fixed is not None:
             study.enqueue_trial(fixed)
-    study.sampler = sampler_for(spec, number)  # seeded by (seed, number): the same proposal in a resumed search
+    study.sampler = _sampler(spec, number)  # seeded by (seed, number): the same proposal in a resumed search
     trial = study.ask(space.distributions())
     change = space.change(trial.params)
     trial.set_user_attr("change", change)
@@ -325,45 +254,39 @@ def optuna_errors() -> tuple[type[BaseException], ...]:
 
 def _loop(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[str], study: Any, backend: TrialBackend, parallel: int,
           jobs: list[tuple[int, dict[str, Any]]], running: dict[int, Live], errors: dict[int, str], stop: StopFlag) -> None:
-    """Up to `parallel` trials at once. The first SIGINT/SIGTERM is passed on to the running trials (each
-    checkpoints and ends as `interrupted`) and nothing new starts; a second one passes it on again and stops."""
+    """Up to `parallel` trials at once (`run_trials`): the trials to continue first, then new ones asked of the
+    study until --trials have been; after every poll the epochs waiting for a verdict are judged."""
     from veritrain.orchestration import pipeline
 
     pending = list(jobs)
-    passed_on = False
-    try:
-        while True:
-            if stop.signum is not None and not passed_on:
-                backend.interrupt({Slot(n, 0): live.handle for n, live in running.items()}, stop.signum, again=False)
-                passed_on, pending = True, []
-            while stop.signum is None and len(running) < parallel:
-                if pending:
-                    number, job = pending.pop(0)
-                else:
-                    asked = _ask(study, spec)
-                    if asked is None:
-                        break
-                    number, change = asked
-                    job = _trial_job(workspace, spec, folder, argv, number, change)
-                    log.info("search %s: trial %d: %s", spec["id"], number, job["hypothesis"].split(": trial")[0])
-                (folder / "verdicts" / f"{job['slot']}.verdict.json").unlink(missing_ok=True)
-                running[number] = Live(number, backend.start(Slot(number, 0), job), job.get("resume_run"))
-                write_summary(workspace, spec, folder, study, errors, "running")
-            if not running:
-                break
-            handles = {Slot(n, 0): live.handle for n, live in running.items()}
-            for slot, result in backend.finished(handles, POLL_SECONDS):
-                live = running.pop(cast(int, slot.trial))
-                _finished(workspace, spec, study, live, result, errors)
-                write_summary(workspace, spec, folder, study, errors, "running")
-                pipeline.update_experiments(workspace)
-            for live in running.values():
-                _judge_waiting(workspace, spec, folder, study, live, backend)
-    except Interrupted as err:  # the second signal
-        backend.interrupt({Slot(n, 0): live.handle for n, live in running.items()}, err.signum, again=True)
-        raise
-    if stop.signum is not None:
-        raise Interrupted(stop.signum)
+
+    def next_job() -> Optional[tuple[Slot, dict[str, Any]]]:
+        if pending:
+            number, job = pending.pop(0)
+        else:
+            asked = _ask(study, spec)
+            if asked is None:
+                return None
+            number, change = asked
+            job = _trial_job(workspace, spec, folder, argv, number, change)
+            log.info("search %s: trial %d: %s", spec["id"], number, job["hypothesis"].split(": trial")[0])
+        (folder / "verdicts" / f"{job['slot']}.verdict.json").unlink(missing_ok=True)
+        return Slot(number, 0), job
+
+    def started(slot: Slot, job: dict[str, Any], handle: Any) -> None:
+        running[cast(int, slot.trial)] = Live(cast(int, slot.trial), handle, job.get("resume_run"))
+        write_summary(workspace, spec, folder, study, errors, "running")
+
+    def finished(slot: Slot, result: dict[str, Any]) -> None:
+        _finished(workspace, spec, study, running.pop(cast(int, slot.trial)), result, errors)
+        write_summary(workspace, spec, folder, study, errors, "running")
+        pipeline.update_experiments(workspace)
+
+    def judge(handles: dict[Slot, Any]) -> None:
+        for live in running.values():
+            _judge_waiting(workspace, spec, folder, study, live, backend)
+
+    run_trials(backend, parallel, stop, POLL_SECONDS, next_job, started, finished, judge)
 
 
 def _judge_waiting(workspace: Workspace, spec: dict[str, Any], folder: Path, study: Any, live: Live, backend: TrialBackend) -> None:
@@ -498,25 +421,3 @@ def _all_failed(summary: dict[str, Any]) -> Optional[RunFailed]:
         return RunFailed(f"search {summary['id']}: {summary['counts']['interrupted'] + summary['counts']['running']} trial(s) did not finish; "
                          f"continue with: veritrain search --resume {summary['id']}")
     return None
-
-
-def _new_search_folder(workspace: Workspace) -> tuple[str, Path]:
-    root = workspace.state_dir / "searches"
-    root.mkdir(parents=True, exist_ok=True)
-    while True:
-        search_id = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-        try:
-            (root / search_id).mkdir()
-        except FileExistsError:
-            continue
-        return search_id, root / search_id
-
-
-def resolve_search(workspace: Workspace, ref: str) -> Path:
-    """A search folder by id, unique id prefix, or `latest` (the newest)."""
-    root = workspace.state_dir / "searches"
-    found = sorted(p for p in root.glob("*") if (p / "spec.json").exists()) if root.exists() else []
-    if ref == "latest" and found:
-        return found[-1]
-    return by_prefix(found, ref, f"--resume {ref}: no such search in {root}; give a search id (its folder name there), a unique prefix or `latest`",
-                     f"--resume {ref}: matches {{count}} searches ({{names}}, ...); give a longer prefix")

@@ -4,9 +4,7 @@ result beside it (reported, never used for selection), and the failed trials wit
 
 from __future__ import annotations
 
-import json
 import statistics
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Optional
 
@@ -14,53 +12,23 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.files import write_atomic
 from veritrain.core.selection import NOT_USED_FOR_SELECTION, REPORT_SPLIT, SELECTION_SPLIT
 from veritrain.core.task_registry import spec_of_record, task_spec
-from veritrain.orchestration.sweep.planning import SWEEP_VERSION, Slot, SlotState, planned_hashes
+from veritrain.orchestration.trials.state import SWEEP, Slot, json_bytes, linked_runs
+from veritrain.orchestration.trials.sweep_plan import SlotState, planned_hashes
 from veritrain.records.record import now_iso, read_record
 from veritrain.records.workspace import Workspace
 
 
 def runs_of(workspace: Workspace, spec: dict[str, Any]) -> dict[Slot, dict[str, Any]]:
-    """The runs whose record names this sweep, one per slot: the records are the truth, whatever summary.json
-    (written by a process that may have been killed) says. A record counts only with the config hash planned for
-    its slot (a copied or imported run that claims the slot does not). Of several runs of one slot the one that
-    got furthest counts. Only runs that started after the sweep (less an hour, for the clocks of other Ray nodes)
-    are read: run ids begin with their start time."""
-    if not workspace.runs_dir.exists():
-        return {}
-    sweep_id, planned = spec["id"], planned_hashes(spec)
-    try:
-        started = datetime.strptime(sweep_id[:15], "%Y%m%d-%H%M%S")
-        since = (started - timedelta(hours=1)).strftime("%Y%m%d-%H%M%S")
-    except ValueError:
-        since = ""
-    rank = {"completed": 3, "interrupted": 2, "running": 2, "failed": 1}
-    best: dict[Slot, dict[str, Any]] = {}
-    for run_dir in sorted(workspace.runs_dir.glob("*")):
-        if run_dir.name[:15] < since or not (run_dir / "record.json").exists():
-            continue
-        try:
-            record = read_record(run_dir)
-        except RunFailed:
-            continue
-        link = record.get("sweep") or {}
-        if link.get("id") != sweep_id:
-            continue
-        slot = Slot(link.get("trial"), (record.get("repeat") or {}).get("index", 0))
-        if planned.get(slot) != record.get("config_hash"):
-            continue
-        if slot not in best or rank.get(record["status"], 0) >= rank.get(best[slot]["status"], 0):
-            best[slot] = record
-    return best
+    """The runs whose record names this sweep, one per slot (`state.linked_runs`): a record counts only with the
+    config hash planned for its slot, so a copied or imported run that claims the slot does not."""
+    planned = planned_hashes(spec)
+    return linked_runs(workspace, spec["id"], lambda slot, record: planned.get(slot) == record.get("config_hash"))
 
 
 def write_summary(workspace: Workspace, spec: dict[str, Any], folder: Path, states: dict[Slot, SlotState], status: Optional[str]) -> dict[str, Any]:
     summary = summarize(workspace, spec, states, status)
     write_atomic(folder / "summary.json", json_bytes(summary))
     return summary
-
-
-def json_bytes(document: dict[str, Any]) -> bytes:
-    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def planned_selection(spec: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +52,7 @@ def summarize(workspace: Workspace, spec: dict[str, Any], states: dict[Slot, Slo
             if record["status"] == "running" and state.status != "running" and workspace.lock_is_stale(state.run_id):
                 record = {**record, "status": "interrupted"}  # its process is gone (killed): resumable like an interrupted run
             records[state.run_id] = record
-    return summary_from_records(spec, states, records, status, str(workspace.state_dir / "sweeps" / spec["id"]))
+    return summary_from_records(spec, states, records, status, str(workspace.state_dir / SWEEP.folder / spec["id"]))
 
 
 def summary_from_records(spec: dict[str, Any], states: dict[Slot, SlotState], records: dict[str, dict[str, Any]],
@@ -130,7 +98,7 @@ def summary_from_records(spec: dict[str, Any], states: dict[Slot, SlotState], re
         status = ("failed" if "failed" in statuses else "completed" if statuses == {"completed"}
                   else "interrupted" if "interrupted" in statuses else "running")
     return {
-        "sweep_version": SWEEP_VERSION,
+        SWEEP.version_key: SWEEP.version,
         "id": spec["id"],
         "status": status,
         "created_at": spec["created_at"],

@@ -1,6 +1,6 @@
-"""Where a sweep's runs execute: `LocalTrials` starts each in a fresh process (`veritrain.orchestration.sweep_trial`), in a
-session of its own; `RayTrials` submits each as a Ray task. Both take a job, report its result, and pass a
-signal on."""
+"""Where the runs of a set of trials execute: `LocalTrials` starts each in a fresh process
+(`veritrain.orchestration.trials.process`), in a session of its own; `RayTrials` submits each as a Ray task. Both
+take a job, report its result, and pass a signal on. `run_trials` keeps up to `--parallel` of them going."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-from veritrain.core.errors import UserError
-from veritrain.orchestration import sweep_trial
-from veritrain.orchestration.sweep.planning import Slot
+from veritrain.core.errors import Interrupted, UserError
+from veritrain.core.signals import StopFlag
+from veritrain.orchestration.trials import process as trial_process
+from veritrain.orchestration.trials.state import Slot
 from veritrain.records.record import now_iso
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ log = logging.getLogger("veritrain")
 
 
 class TrialBackend(Protocol):
-    """Where the runs of a sweep execute: each `start` returns a handle; `finished` returns the results of those
+    """Where the runs of a set of trials execute: each `start` returns a handle; `finished` returns the results of those
     that ended within `timeout` seconds; `interrupt` passes a signal on (`again`: the second, which stops at once)."""
 
     def start(self, slot: Slot, job: dict[str, Any]) -> Any: ...
@@ -47,6 +48,10 @@ def _trial_environment(threads: int) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(threads), DEFER_INDEX_VARIABLE: "1"}
 
 
+def kind_name(spec: dict[str, Any]) -> str:
+    return "search" if "search_version" in spec else "sweep"
+
+
 def open_backend(name: str, spec: dict[str, Any], folder: Path, parallel: int, ray_address: Optional[str]) -> TrialBackend:
     if name == "ray":
         return RayTrials(spec, parallel, ray_address)
@@ -55,15 +60,15 @@ def open_backend(name: str, spec: dict[str, Any], folder: Path, parallel: int, r
 
 # `python -m` would put the folder the trial starts in (the sweep's working folder) first on sys.path, where a
 # `yaml.py` or a `veritrain/` folder would be imported instead of the real ones; `veritrain run` does not do that
-TRIAL_ENTRY = "import sys; sys.path.pop(0); from veritrain.orchestration.sweep_trial import main; sys.exit(main())"
+TRIAL_ENTRY = "import sys; sys.path.pop(0); from veritrain.orchestration.trials.process import main; sys.exit(main())"
 
 
 class LocalTrials:
-    """Each run in a fresh `python -m veritrain.orchestration.sweep_trial` process, in a session of its own (so a Ctrl-C reaches
+    """Each run in a fresh `veritrain.orchestration.trials.process` process, in a session of its own (so a Ctrl-C reaches
     the driver alone, which passes it on once). Its console output goes to `.veritrain/sweeps/<id>/logs/`."""
 
     def __init__(self, spec: dict[str, Any], folder: Path):
-        self.repeat = spec["repeat"]
+        self.repeat, self.kind = spec["repeat"], kind_name(spec)
         self.logs = folder / "logs"
         self.logs.mkdir(exist_ok=True)
         self.env = {**os.environ, **_trial_environment(spec["threads"])}
@@ -84,7 +89,7 @@ class LocalTrials:
         except BrokenPipeError:  # it died at once; its exit code and log say why
             pass
         what = f"resuming run {job['resume_run']}" if job.get("resume_run") else "started"
-        log.info("sweep: %s %s (pid %d, console in %s)", name, what, process.pid, log_path)
+        log.info("%s: %s %s (pid %d, console in %s)", self.kind, name, what, process.pid, log_path)
         return process, result_path, log_path
 
     def finished(self, running: dict[Slot, Any], timeout: float) -> list[tuple[Slot, dict[str, Any]]]:
@@ -138,7 +143,7 @@ def _last_line(path: Path) -> str:
 
 
 class RayTrials:
-    """Each run as a Ray task (`veritrain.orchestration.sweep_trial.run_trial`, in a fresh worker process: max_calls=1) with
+    """Each run as a Ray task (`veritrain.orchestration.trials.process.run_trial`, in a fresh worker process: max_calls=1) with
     `train.threads` CPUs and OMP_NUM_THREADS set to them. Every node must see the workspace at the same path.
     Ray's own logging stays off the driver's stdout and stderr (log_to_driver=False, level ERROR)."""
 
@@ -146,7 +151,7 @@ class RayTrials:
         import ray
 
 
-        self.ray, self.repeat = ray, spec["repeat"]
+        self.ray, self.repeat, self.kind = ray, spec["repeat"], kind_name(spec)
         address = address or os.environ.get("RAY_ADDRESS")
         options: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.ERROR}
         try:
@@ -160,11 +165,11 @@ class RayTrials:
         self.task = ray.remote(
             num_cpus=spec["threads"], max_calls=1, max_retries=0,  # a retried task would start a second run of the slot
             runtime_env={"env_vars": _trial_environment(spec["threads"])},
-        )(sweep_trial.run_trial)
+        )(trial_process.run_trial)
 
     def start(self, slot: Slot, job: dict[str, Any]) -> Any:
         what = f"resuming run {job['resume_run']}" if job.get("resume_run") else "started"
-        log.info("sweep: %s %s as a Ray task", slot.name(self.repeat), what)
+        log.info("%s: %s %s as a Ray task", self.kind, slot.name(self.repeat), what)
         return self.task.remote(job)
 
     def finished(self, running: dict[Slot, Any], timeout: float) -> list[tuple[Slot, dict[str, Any]]]:
@@ -193,3 +198,37 @@ class RayTrials:
 
     def close(self) -> None:
         self.ray.shutdown()
+
+
+def run_trials(backend: TrialBackend, parallel: int, stop: StopFlag, poll: float, next_job: Callable[[], Optional[tuple[Slot, dict[str, Any]]]],
+               started: Callable[[Slot, dict[str, Any], Any], None], finished: Callable[[Slot, dict[str, Any]], None],
+               between: Callable[[dict[Slot, Any]], None] = lambda running: None) -> None:
+    """Up to `parallel` runs at once: `next_job` gives the next (None: none now), `started` and `finished` are told of
+    each, `between` sees the running ones after every poll. The first SIGINT/SIGTERM is passed on to the running runs
+    (each checkpoints and ends as `interrupted`) and nothing new starts; a second one passes it on again and stops
+    waiting (Interrupted)."""
+    running: dict[Slot, Any] = {}
+    passed_on = False
+    try:
+        while True:
+            if stop.signum is not None and not passed_on:
+                backend.interrupt(running, stop.signum, again=False)
+                passed_on = True
+            while stop.signum is None and len(running) < parallel:
+                job = next_job()
+                if job is None:
+                    break
+                slot, spec = job
+                running[slot] = backend.start(slot, spec)
+                started(slot, spec, running[slot])
+            if not running:
+                break
+            for slot, result in backend.finished(running, poll):
+                del running[slot]
+                finished(slot, result)
+            between(running)
+    except Interrupted as err:  # the second signal
+        backend.interrupt(running, err.signum, again=True)
+        raise
+    if stop.signum is not None:
+        raise Interrupted(stop.signum)
