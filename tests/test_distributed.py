@@ -70,6 +70,11 @@ def test_two_process_run_completes_verifies_reproduces_and_records_world_size(tm
     described = record(run_dir)["distributed"]
     assert described["world_size"] == 2 and described["nodes"] == 1 and described["backend"] == "gloo"
     assert described["devices"] == ["cpu", "cpu"] and described["launch"][0] == "torchrun"
+    assert record(run_dir)["training"]["engine"] == "recipe-1"  # the recipe trains several processes as it trains one
+    import torch
+
+    saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert saved["distributed"]["world_size"] == 2 and len(saved["distributed"]["ranks"]) == 2  # every rank's RNG states
     assert "train.rank1.log" in record(run_dir)["artifacts"]  # the other rank's log is sealed with the run
     assert "rank 1 of 2" in (run_dir / "train.rank1.log").read_text()
     assert not (tmp_path / ".veritrain" / "distributed" / run_dir.name).exists()  # the hand-off folder is gone
@@ -129,6 +134,18 @@ def test_sigterm_to_the_launcher_saves_on_every_rank_and_resume_is_identical(uni
     resumed = veritrain("train", "--resume", run_dir.name, "--workdir", str(tmp_path), "--json")
     assert resumed.code == 0, resumed.stderr
     assert resumed.json()["final_state_sha256"] == record(uninterrupted)["final_state_sha256"]
+
+
+@pytest.mark.slow
+def test_a_nonfinite_loss_rolls_back_every_rank_alike_and_then_stops(tmp_path):
+    """The guard judges the loss of the whole batch, summed over the ranks, so every rank rolls back at the same step
+    (a rank that went on alone would leave the others waiting in a collective)."""
+    result = veritrain("train", "--nproc", "2", "--set", "optim.lr=1e6", "--set", "model.name=mlp", "--workdir", str(tmp_path), "--json")
+    assert result.code == 1, result.stderr
+    assert "stopped after 3 rollback(s)" in result.stderr.strip().splitlines()[-1]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    kinds = [e["kind"] for e in record(run_dir)["events"]]
+    assert kinds == ["rollback", "rollback", "rollback", "nonfinite_stop"] and record(run_dir)["status"] == "failed"
 
 
 def test_two_ranks_agree_with_one_process_at_the_same_global_batch(tmp_path):

@@ -8,6 +8,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import veritrain
@@ -49,7 +50,7 @@ def test_the_engine_comes_from_the_record():
     assert engines.of_record({"training": {"engine": "recipe-1"}}) == recipe.ENGINE
     with pytest.raises(UserError, match="no engine this veritrain has"):
         engines.of_record({"training": {"engine": "recipe-9"}})
-    assert engines.for_new_run(1) == recipe.ENGINE and engines.for_new_run(2) == engines.LOOP
+    assert engines.for_new_run() == recipe.ENGINE
     assert engines.recorded(engines.LOOP) == {}
 
 
@@ -96,3 +97,19 @@ def test_the_guard_refuses_an_unknown_policy():
         Guard("retry")
     with pytest.raises(UsageError):
         Guard("rollback", rollback_lr_factor=0)
+
+
+def test_a_last_step_that_would_leave_a_rank_under_two_samples_is_dropped():
+    """With several ranks every rank gets at least two samples of each batch (BatchNorm cannot normalise one); with one
+    process the rule is the one the recipe always had (a last step of one sample)."""
+    from types import SimpleNamespace
+
+    from veritrain.train.parts import batches_of, order_of
+
+    cfg = SimpleNamespace(seed=0, train=SimpleNamespace(batch_size=8, accumulate_steps=2, epochs=1))
+    assert [order_of(cfg, n, 1).drop_last for n in (33, 34, 35)] == [True, False, False]  # type: ignore[arg-type]
+    assert [order_of(cfg, n, 2).drop_last for n in (33, 34, 35, 36)] == [True, True, True, False]  # type: ignore[arg-type]
+    assert not order_of(cfg, 3, 2).drop_last  # type: ignore[arg-type]  # one short step is all there is: kept
+    rows, train_rows = np.arange(11), np.arange(100, 111)
+    assert [len(p) for p in batches_of(cfg, train_rows, rows, 1)] == [8, 3]  # type: ignore[arg-type]
+    assert [len(p) for p in batches_of(cfg, train_rows, rows, 2)] == [8]  # type: ignore[arg-type]  # 3 rows: a rank would get 1

@@ -115,10 +115,7 @@ def _start(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind
         problem = distributed.config_problem(cfg.train, nproc, device_type)
         if problem:
             raise UserError(f"--nproc {nproc}: {problem}")
-    world_size = ranks.world_size if ranks is not None else nproc
-    engine = engine or engines.for_new_run(world_size)
-    if engine != engines.LOOP and world_size > 1:
-        raise UserError(f"training.engine {engine}: trains in one process; reproduce this run without torchrun and --nproc")
+    engine = engine or engines.for_new_run()
     run_id, run_dir = workspace.new_run_dir()
     (run_dir / "config.yaml").write_text(config_module.to_yaml(cfg), encoding="utf-8")
     record = Recorder.start(
@@ -455,7 +452,8 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
                  epoch_judge: Optional[EpochJudge] = None) -> Optional[dict[str, Any]]:
     """Train (one process, torchrun's rank 0, or --nproc ranks) and record what training made; returns the
     search's verdict when it pruned the run, else None."""
-    from veritrain.train import engines, loop
+    from veritrain.train import engines
+    from veritrain.train.parts import TrainResult
 
     t = time.perf_counter()
     world_size = int((record.get("distributed") or {}).get("world_size", 1))
@@ -464,8 +462,8 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         if announced is not None:
             announced["done"] = True
         try:
-            result = loop.run(cfg, data, task, run_dir, stop, logs.console, resume=resume, events=record.events, ranks=ranks,
-                              record_format=record.get("record_format"))
+            result = engines.train(engines.of_record(record), cfg, data, task, run_dir, stop, logs.console, resume=resume,
+                                   events=record.events, ranks=ranks, record_format=record.get("record_format"))
         except Exception as err:
             lost = distributed.lost_peer(err)
             if lost is None:
@@ -484,7 +482,7 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
         record.add_events(payload.pop("events"))
         launch_command = [str(Path(part).relative_to(state_dir.parent)) if part.startswith(str(state_dir.parent) + "/") else part
                           for part in payload.pop("launch")]  # workspace paths relative to the workspace
-        result = loop.TrainResult(**payload)
+        result = TrainResult(**payload)
         record.set(distributed={"world_size": world_size, "nodes": 1, "backend": result.backend or "gloo",
                                 "devices": result.devices or [], "launch": launch_command})
     else:

@@ -87,7 +87,7 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code
         task = get_task(tiny)
         with interruptible() as stop, fresh(resolved.path):  # the user's model code, as a new run imports it
             (folder / "full").mkdir()
-            engine = engines.for_new_run(1)  # what the run it checks trains with
+            engine = engines.for_new_run()  # what the run it checks trains with
             full = engines.train(engine, tiny, sliced, task, folder / "full", stop, logs.console)
             checks["train"] = {"passed": full.steps == STEPS, "steps": full.steps}
             # resume from the first checkpoint in a copy: it must end exactly where the full run ended

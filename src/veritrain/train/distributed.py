@@ -1,6 +1,6 @@
 """Data-parallel training over several processes, launched by PyTorch's torchrun.
 
-Two ways in, one loop (`veritrain.train.loop.run` with `ranks`):
+Two ways in, one training (the engine the run's record names, `veritrain.train.engines.train` with `ranks`):
 
 - `veritrain run|train CONFIG --nproc N`: this process prepares the data and owns the run record, then
   starts `python -m torch.distributed.run --standalone --nproc-per-node N -m veritrain.train.distributed`
@@ -221,7 +221,7 @@ def train_rank(ranks: Ranks, run_dir: Path, data_path: Path, resume: bool, event
     logged here in one line (a bug's traceback at DEBUG, in the rank's log)."""
     from veritrain.core.config import resolved_from_record
     from veritrain.data import prepare
-    from veritrain.train import loop
+    from veritrain.train import engines
 
     try:
         with interruptible() as stop:
@@ -231,7 +231,8 @@ def train_rank(ranks: Ranks, run_dir: Path, data_path: Path, resume: bool, event
             if data.version != record["data"]["version"]:
                 raise RunFailed(f"data version {data.version[:12]} is not the run's {record['data']['version'][:12]}")
             with usercode.recorded(run_dir, record, run_dir.parent.parent / usercode.STATE_SCRATCH, "train"):
-                result = loop.run(cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events, ranks=ranks)
+                result = engines.train(engines.of_record(record), cfg, data, get_task(cfg), run_dir, stop, None, resume=resume, events=events,
+                                       ranks=ranks, record_format=record.get("record_format"))
             if ranks.is_main and result_file is not None:
                 result_file.write_text(json.dumps({**result.__dict__, "events": events}), encoding="utf-8")
             return {"status": "completed"}, 0

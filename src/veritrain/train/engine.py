@@ -15,10 +15,15 @@ around an Engine) and the Lightning and Hugging Face callbacks (`Engine.enter`):
   learning rate, as `train.on_nonfinite` says;
 - best and early stopping (`Best`, a state object users register like any other);
 - audit replays (`HandBack`): every state entered in the trajectory is handed back to the auditor, which
-  hashes and judges it; the replay stops where the auditor asked.
+  hashes and judges it; the replay stops where the auditor asked;
+- ranks (`Ranks`, several processes started by torchrun): every rank gathers its state at each save and rank 0
+  writes it with every rank's RNG states (`distributed`), enters it in the trajectory and keeps the files; on
+  resume every rank restores the checkpoint rank 0 chose, with its own RNG states. Decisions that must agree
+  (a non-finite loss, a signal, the clock) are made on numbers every rank holds alike (veritrain.train.ranks).
 
 A checkpoint holds `{format_version, engine?, record_format?, reason, model, optimizer, scheduler, scaler, extra,
-rng, loop: {step, epochs_done, order, trajectory, other_saves, guard?}, settings, config_hash, data_version}`;
+rng, loop: {step, epochs_done, order, trajectory, other_saves, guard?}, settings, config_hash, data_version,
+distributed?: {world_size, ranks: [{rng}, ...]}}`;
 docs/record.md describes it. Runs of veritrain's earlier loop keep theirs (veritrain.train.loop).
 """
 
@@ -40,6 +45,7 @@ from veritrain.core.hashing import state_dict_sha256
 from veritrain.train import checkpoint as checkpoint_files, trajectory
 from veritrain.train.checkpointer import rng_state, set_rng_state
 from veritrain.train.order import Order
+from veritrain.train.ranks import ONE_PROCESS, Ranks
 
 log = logging.getLogger("veritrain")
 
@@ -120,12 +126,14 @@ class Engine:
     """One run's training state, order, trajectory and checkpoints (see the module's docstring). `folder`: where
     checkpoints go (None: nothing is written, as in an audit replay). `binding`: what the trajectory's chain binds
     besides the config (the data version, or the inputs manifest's hash). `name`: the engine name written into every
-    state (the built-in recipe's; None for a script's run, whose states never held one)."""
+    state (the built-in recipe's; None for a script's run, whose states never held one). `ranks`: this process's place
+    among several (rank 0 alone writes and keeps the trajectory)."""
 
     def __init__(self, seed: int, config_hash: str, binding: str, folder: Optional[Path], keep_last: int = 2, audit_every: int = 0,
                  guard: Optional[Guard] = None, events: Optional[list[dict[str, Any]]] = None, name: Optional[str] = None,
-                 settings: Optional[dict[str, Any]] = None) -> None:
+                 settings: Optional[dict[str, Any]] = None, ranks: Ranks = ONE_PROCESS) -> None:
         self.seed, self.config_hash, self.binding, self.folder = seed, config_hash, binding, folder
+        self.ranks = ranks
         self.keep_last, self.audit_every = keep_last, audit_every
         self.guard_policy = guard  # None: a non-finite value stops the run, and the state holds no guard part
         self.events = events if events is not None else []
@@ -166,7 +174,8 @@ class Engine:
             self.snapshot = checkpoint_files.encode(saved) if rolls_back else None
             return True
         initial = self.gather("initial")
-        self.commit(initial, scheduled=True)
+        if self.ranks.is_main:
+            self.commit(initial, scheduled=True)
         self.snapshot = checkpoint_files.encode(initial) if rolls_back else None
         return False
 
@@ -177,7 +186,8 @@ class Engine:
         return done if within == 0 else done + 1
 
     def gather(self, reason: str) -> dict[str, Any]:
-        """The state a checkpoint holds now."""
+        """The state a checkpoint holds now; with several ranks a collective, which gives rank 0 every rank's RNG
+        states (`distributed`) and the other ranks their own state."""
         assert self.state is not None
         state = self.state
         order = self.order.as_dict() if self.order is not None else self.saved_order
@@ -186,7 +196,7 @@ class Engine:
                                 "trajectory": list(self.entries), "other_saves": list(self.other_saves)}
         if self.guard_policy is not None:
             loop["guard"] = {"rollbacks": self.rollbacks, "lr_factor": self.lr_factor}
-        return {
+        gathered = {
             "format_version": FORMAT_VERSION,
             **({"engine": self.name} if self.name else {}),
             # the record's format, outside the state hash: it witnesses the format the record is judged under
@@ -203,6 +213,11 @@ class Engine:
             "config_hash": self.config_hash,
             "data_version": self.binding,
         }
+        if self.ranks.world_size > 1:
+            every = self.ranks.gather({"rng": gathered["rng"]})
+            if every is not None:
+                gathered["distributed"] = {"world_size": self.ranks.world_size, "ranks": every}
+        return gathered
 
     def restore(self, saved: dict[str, Any], rollback: bool = False) -> None:
         """Put the registered state, the RNG states and the position back as `saved` holds them; later checkpoint files
@@ -220,7 +235,8 @@ class Engine:
             if name not in (saved.get("extra") or {}):
                 raise RunFailed(f"resume: the checkpoint holds no extra[{name!r}]; register the same state as the run did")
             value.load_state_dict(saved["extra"][name])
-        set_rng_state(saved["rng"])
+        # a checkpoint rank 0 wrote holds every rank's RNG states; a rank's own rollback snapshot only its own
+        set_rng_state((saved["distributed"]["ranks"][self.ranks.rank] if "distributed" in saved else saved)["rng"])
         loop = saved["loop"]
         self.position = int(loop["step"])
         self.saved_order = loop.get("order")
@@ -228,7 +244,7 @@ class Engine:
         self.other_saves = list(loop.get("other_saves") or [])
         guard = loop.get("guard") or {}
         self.rollbacks, self.lr_factor = int(guard.get("rollbacks", 0)), float(guard.get("lr_factor", 1.0))
-        if self.folder is not None:
+        if self.folder is not None and self.ranks.is_main:
             for name in checkpoint_files.discard_after(self.folder, self.position):
                 log.warning("checkpoint: removed %s, which %s", name,
                             "lies after the rollback's target" if rollback else "failed its check and lies after the resume point")
@@ -236,12 +252,19 @@ class Engine:
             hook(saved)
 
     def newest(self) -> Optional[tuple[Path, dict[str, Any]]]:
-        """The newest valid checkpoint of this run (None: none was saved yet); one of another config or other inputs
-        is refused."""
-        folder = self.folder
-        path, saved, problems = checkpoint_files.newest_valid(folder) if folder is not None and folder.is_dir() else (None, None, [])
+        """The newest valid checkpoint of this run (None: none was saved yet); one of another config, other inputs,
+        another engine or another number of ranks is refused. With several ranks, rank 0 chooses and every rank
+        reads that file."""
+        folder, ranks = self.folder, self.ranks
+        path, saved, problems = (checkpoint_files.newest_valid(folder) if folder is not None and folder.is_dir() and ranks.is_main
+                                 else (None, None, []))
         for problem in problems:
             log.warning("checkpoint: %s; falling back to an older one", problem)
+        if ranks.world_size > 1:
+            chosen, problems = ranks.broadcast((path.name if path is not None and saved is not None else None, list(problems)))
+            if not ranks.is_main and chosen is not None and folder is not None:
+                path = folder / chosen
+                saved = checkpoint_files.load(path)
         if saved is None or path is None:
             if problems:  # files were saved, and none holds a state: starting over would hide the damage
                 raise RunFailed(f"resume: no valid checkpoint in {folder}; start a new run instead")
@@ -251,6 +274,10 @@ class Engine:
         if saved.get("engine") != self.name:
             raise RunFailed(f"resume: {path.name} was saved by the {saved.get('engine') or 'script'} engine, not {self.name or 'a script'}; "
                             "resume the run with the command that started it")
+        saved_world = int((saved.get("distributed") or {}).get("world_size", 1))
+        if saved_world != ranks.world_size:
+            raise UserError(f"resume: {path.name} was saved by {saved_world} process(es) and this resume has {ranks.world_size}; resume with "
+                            f"the same number (--nproc {saved_world}): each rank's random state and share of the data are in the checkpoint")
         return path, saved
 
     # ------------------------------------------------------------ order and randomness
@@ -275,8 +302,9 @@ class Engine:
 
     def generator(self, step: int, stream: int = 1) -> torch.Generator:
         """A generator for step `step` and a purpose (`stream`; 0 is the data order's), a function of (seed, step, stream)
-        alone: a resumed run or a replay draws what the uninterrupted run drew, with no generator state saved."""
-        entropy = [self.seed % 2**63, 1 << 32 | stream, step]
+        alone: a resumed run or a replay draws what the uninterrupted run drew, with no generator state saved. Ranks after
+        the first draw their own (rank 0 draws what one process draws)."""
+        entropy = [self.seed % 2**63, 1 << 32 | stream, step] + ([self.ranks.rank] if self.ranks.rank else [])
         return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] % 2**63))
 
     # ------------------------------------------------------------ the trajectory and the files
@@ -317,7 +345,8 @@ class Engine:
         """A checkpoint of the state now: step-<N>.pt (and best.pt, last.pt when asked); a scheduled save also becomes
         the rollback target. Returns its encoded bytes."""
         state = self.gather(reason)
-        self.commit(state, scheduled)
+        if self.ranks.is_main:
+            self.commit(state, scheduled)
         data = checkpoint_files.encode(state)
         if scheduled:
             self.snapshot = data
@@ -328,6 +357,8 @@ class Engine:
         """The state at the end: a new trajectory entry, unless the last entry already holds this very state (then
         only last.pt is written)."""
         state = self.gather("final")
+        if not self.ranks.is_main:
+            return
         held = self.entries[-1] if len(self.entries) > 1 else None
         if held is not None and held["step"] == self.position and held["state_sha256"] == trajectory.state_sha256(state):
             state["loop"] = {**state["loop"], "trajectory": list(self.entries), "other_saves": list(self.other_saves)}
@@ -339,7 +370,7 @@ class Engine:
 
     def write(self, data: bytes, names: list[str], extra_keep: frozenset[int] | set[int] = frozenset()) -> None:
         self.last_save = time.monotonic()
-        if self.folder is None:
+        if self.folder is None or not self.ranks.is_main:
             return
         try:
             checkpoint_files.write(self.folder, data, names, self.keep_last,
@@ -348,8 +379,9 @@ class Engine:
             raise RunFailed(f"checkpoint: saving at step {self.position} failed ({err.strerror or err}); the previous checkpoint is intact") from None
 
     def minutes_due(self, minutes: Optional[float]) -> bool:
-        """Whether `minutes` have passed since the last save (or the start)."""
-        return bool(minutes) and time.monotonic() - self.last_save >= float(minutes or 0) * 60
+        """Whether `minutes` have passed since the last save (or the start); rank 0's clock (False on the other ranks,
+        which learn it from rank 0)."""
+        return self.ranks.is_main and bool(minutes) and time.monotonic() - self.last_save >= float(minutes or 0) * 60
 
     def enter(self, file: Optional[Path], run_dir: Optional[Path], state_sha256: str, model_sha256: str, step: int, epoch: int) -> dict[str, Any]:
         """Enter a checkpoint a framework wrote (`file`, already complete) in the trajectory; the file is named in the

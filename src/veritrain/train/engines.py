@@ -1,6 +1,6 @@
 """Which engine trains a run, chosen from its record and never from a config default: the recipe
-(veritrain.train.recipe, `training.engine: recipe-1`) for runs made now in one process, and veritrain's earlier
-loop (veritrain.train.loop: records without the field, and runs of several processes) for everything it trained.
+(veritrain.train.recipe, `training.engine: recipe-1`) for runs made now, in one process or several, and veritrain's
+earlier loop (veritrain.train.loop: records without the field) for everything it trained.
 A run resumes, is audited and is reproduced by the engine that trained it: the two draw their randomness in a
 different order and write different checkpoints, so neither can continue the other's run.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import numpy as np
 
-from veritrain.core.errors import RunFailed, UserError
+from veritrain.core.errors import UserError
 from veritrain.train import loop, parts, recipe
 from veritrain.train.parts import TrainResult
 
@@ -39,10 +39,9 @@ def of_record(record: Mapping[str, Any]) -> str:
     return str(named)
 
 
-def for_new_run(world_size: int) -> str:
-    """The engine a new run trains with: the recipe in one process; several processes use the earlier loop, which
-    has the collectives."""
-    return RECIPE if world_size == 1 else LOOP
+def for_new_run() -> str:
+    """The engine a new run trains with."""
+    return RECIPE
 
 
 def recorded(engine: str) -> dict[str, Any]:
@@ -54,16 +53,13 @@ def step_rows(engine: str, cfg: RunConfig, train_rows: np.ndarray, step: int, wo
     """(epoch, the batches of rows) that optimizer step `step` (0-based) of a run of `engine` trained on."""
     if engine == LOOP:
         return loop.step_rows(cfg.seed, train_rows, cfg.train.batch_size, cfg.train.accumulate_steps, step, world_size)
-    return parts.step_rows(cfg, train_rows, step)
+    return parts.step_rows(cfg, train_rows, step, world_size)
 
 
 def train(engine: str, cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
           **options: Any) -> TrainResult:
     """Train with `engine` (loop.run's and recipe.run's options: resume, events, stop_at_step, epoch_judge, record_format,
-    hand_back; ranks for the loop alone)."""
+    hand_back, ranks)."""
     if engine == LOOP:
         return loop.run(cfg, data, task, run_dir, stop, console, **options)
-    if options.get("ranks") is not None:
-        raise RunFailed(f"training.engine {engine}: trains in one process; drop torchrun and --nproc for this run")
-    options.pop("ranks", None)
     return recipe.run(cfg, data, task, run_dir, stop, console, **options)

@@ -188,7 +188,7 @@ def _setup(cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Rank
     if tcfg.channels_last:
         # Module.to takes memory_format (documented), which its typed overloads leave out
         model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
-    model, trainer = _data_parallel(model, ranks, cfg, device)
+    model, trainer = parts.data_parallel(model, ranks, cfg, device)
     optimizer = build_optimizer(cfg.optim, model)
     train_rows = split_rows(task, data, "train")
     starts = batch_starts(len(train_rows), tcfg.batch_size, ranks.world_size)
@@ -203,21 +203,6 @@ def _setup(cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Rank
                     params=[p for p in model.parameters() if p.requires_grad], train_rows=train_rows, starts=starts,
                     steps_per_epoch=steps_per_epoch, state=state, best_metric=best_metric,
                     autocast_dtype={"bf16": torch.bfloat16, "fp16": torch.float16}.get(tcfg.precision))
-
-
-def _data_parallel(model: torch.nn.Module, ranks: rank_group.Ranks, cfg: RunConfig,
-                   device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(the model, what the training forward runs). With several ranks, a DistributedDataParallel wrapper: it gives
-    every rank rank 0's initial weights, and rank 0's buffers (BatchNorm statistics) before every forward."""
-    if ranks.world_size == 1:
-        return model, model
-    if cfg.train.batchnorm == "sync":
-        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    trainer = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if not ranks.is_main:  # dropout differs per rank (the weights are rank 0's): reseed the global generators
-        seed_everything(int(np.random.SeedSequence([cfg.seed % 2**63, ranks.rank]).generate_state(1, dtype=np.uint64)[0] % 2**63),
-                        cfg.train.deterministic, compiler=cfg.train.compile)
-    return model, trainer
 
 
 def _log_start(t: Training) -> None:

@@ -15,9 +15,11 @@ import numpy as np
 import torch
 
 from veritrain.core.errors import RunFailed
+from veritrain.core.seeding import seed_everything
 from veritrain.core.signals import StopFlag
 from veritrain.tasks import split_rows
 from veritrain.train.order import Order
+from veritrain.train.ranks import Ranks
 
 if TYPE_CHECKING:
     from veritrain.core.config import OptimConfig, RunConfig, ScheduleConfig
@@ -101,27 +103,44 @@ def best_metric(cfg: RunConfig, task: Task, data: DataVersion) -> tuple[str, str
     return key, mode
 
 
-def order_of(cfg: RunConfig, n: int) -> Order:
+def order_of(cfg: RunConfig, n: int, world_size: int = 1) -> Order:
     """The data order of `n` training rows: step k takes `batch_size × accumulate_steps` rows of the epoch's permutation.
-    A last step of one sample is dropped: BatchNorm cannot normalise it, and it would be noise anyway."""
+    A last step that would give a rank fewer than two samples is dropped: BatchNorm cannot normalise one, and it would
+    be noise anyway."""
     per_step = cfg.train.batch_size * cfg.train.accumulate_steps
-    return Order(n, per_step, cfg.train.epochs, n % per_step == 1 and n > 1, cfg.seed)
+    return Order(n, per_step, cfg.train.epochs, 0 < n % per_step < 2 * world_size and n > per_step, cfg.seed)
 
 
-def batches_of(cfg: RunConfig, train_rows: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+def batches_of(cfg: RunConfig, train_rows: np.ndarray, rows: np.ndarray, world_size: int = 1) -> list[np.ndarray]:
     """The batches of one step (`rows`: positions in the train split, as `order_of` gives them), `train.batch_size`
-    each, whose gradients accumulate; a last batch of one sample is dropped."""
+    each, whose gradients accumulate; a last batch that would give a rank fewer than two samples is dropped."""
     size = cfg.train.batch_size
     parts = [train_rows[rows[i:i + size]] for i in range(0, len(rows), size)]
-    if len(parts) > 1 and len(parts[-1]) < 2:
+    if len(parts) > 1 and len(parts[-1]) < 2 * world_size:
         parts.pop()
     return parts
 
 
-def step_rows(cfg: RunConfig, train_rows: np.ndarray, step: int) -> tuple[int, list[np.ndarray]]:
-    """(epoch, the batches of rows) of step `step` (0-based over the run), as the recipe draws them."""
-    order = order_of(cfg, len(train_rows))
-    return order.epoch_of(step)[0], batches_of(cfg, train_rows, order.rows(step))
+def step_rows(cfg: RunConfig, train_rows: np.ndarray, step: int, world_size: int = 1) -> tuple[int, list[np.ndarray]]:
+    """(epoch, the batches of rows) of step `step` (0-based over the run), as the recipe draws them (every rank's
+    share together)."""
+    order = order_of(cfg, len(train_rows), world_size)
+    return order.epoch_of(step)[0], batches_of(cfg, train_rows, order.rows(step), world_size)
+
+
+def data_parallel(model: torch.nn.Module, ranks: Ranks, cfg: RunConfig, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the model, what the training forward runs). With several ranks, a DistributedDataParallel wrapper: it gives
+    every rank rank 0's initial weights, and rank 0's buffers (BatchNorm statistics) before every forward; the other
+    ranks' global generators are reseeded, so that their dropout differs from rank 0's."""
+    if ranks.world_size == 1:
+        return model, model
+    if cfg.train.batchnorm == "sync":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    trainer = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if not ranks.is_main:
+        seed_everything(int(np.random.SeedSequence([cfg.seed % 2**63, ranks.rank]).generate_state(1, dtype=np.uint64)[0] % 2**63),
+                        cfg.train.deterministic, compiler=cfg.train.compile)
+    return model, trainer
 
 
 @dataclass

@@ -8,8 +8,13 @@ moment and resumed from its newest checkpoint ends bit-identical, and an audit r
 Everything else the steps carry (weights, optimizer, schedule, gradient scaler, the RNG states, the epoch's partial
 sums, the best metric) is registered with the engine and saved in every checkpoint.
 
+With several processes (torchrun, or `--nproc N`) every rank trains on its share of each batch
+(`Ranks.shard`) of a DistributedDataParallel model; the batch's loss and statistics, a signal and rank 0's
+clock are summed over the ranks in one all-reduce (`sum_batch`), so every decision is the same on every rank;
+rank 0 validates, logs and writes.
+
 The record names this engine (`training.engine: recipe-1`); runs without it were trained by veritrain's earlier
-loop (veritrain.train.loop), which stays for them. Several processes (torchrun) train with that loop for now.
+loop (veritrain.train.loop), which stays for them.
 
     veritrain train configs/digits.yaml                 # train only (prepares the data version if needed)
     veritrain train --resume latest                     # continue an interrupted run
@@ -36,7 +41,7 @@ from veritrain.core.seeding import seed_everything
 from veritrain.core.signals import StopFlag
 from veritrain.records.record import RECORD_FORMAT
 from veritrain.tasks import split_rows
-from veritrain.train import steplog as steplog_files
+from veritrain.train import ranks as rank_group, steplog as steplog_files
 from veritrain.train.checkpointer import ReplayDone
 from veritrain.train.engine import Best, Engine, Guard, HandBack
 from veritrain.train.order import Order
@@ -47,6 +52,7 @@ from veritrain.train.parts import (
     batches_of,
     best_metric,
     build_optimizer,
+    data_parallel,
     order_of,
     resolve_device,
     schedule_factor,
@@ -74,15 +80,28 @@ class Where:
 
 
 @dataclass
+class Stepped:
+    """What one optimizer step did: its mean loss (over every rank's rows), whether the weights were updated, the
+    gradient norm when computed, and the signal and clock every rank agrees on after it."""
+
+    loss: float
+    updated: bool
+    grad_norm: Optional[float]
+    signum: Optional[int]
+    minutes_due: bool
+
+
+@dataclass
 class Setup:
     """What the recipe trains with: built once by `_set_up`, read by the steps."""
 
     cfg: RunConfig
     data: DataVersion
     task: Task
+    ranks: rank_group.Ranks
     device: torch.device
     model: torch.nn.Module
-    forward: Any  # the model, or torch.compile of it
+    forward: Any  # the model (its DistributedDataParallel wrapper with several ranks), or torch.compile of it
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
@@ -104,22 +123,25 @@ class Setup:
 def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None, stop_at_step: Optional[int] = None,
         epoch_judge: Optional[EpochJudge] = None, record_format: Optional[int] = RECORD_FORMAT,
-        hand_back: Optional[Path] = None) -> TrainResult:
+        hand_back: Optional[Path] = None, ranks: Optional[rank_group.Ranks] = None) -> TrainResult:
     """Train on `data` for `cfg.train.epochs`, writing metrics.jsonl, steps.jsonl and checkpoints/ (see the module's
     docstring). `resume`: from the newest valid checkpoint. `stop_at_step` and `hand_back`: an audit replay, which hands
     every state it enters in the trajectory back and stops at the scheduled save of that step. `epoch_judge`: a search's
-    verdict after every epoch; a pruning one ends training there."""
+    verdict after every epoch; a pruning one ends training there. `ranks`: this process's place among several."""
     started = time.perf_counter()
     events = events if events is not None else []
     ccfg = cfg.checkpoint
-    s = _set_up(cfg, data, task, run_dir, events, record_format)
-    engine, order, sums, best = s.engine, s.order, s.sums, s.best
+    s = _set_up(cfg, data, task, run_dir, events, record_format, ranks or rank_group.ONE_PROCESS)
+    engine, order, sums, best, main = s.engine, s.order, s.sums, s.best, s.ranks.is_main
+    if epoch_judge is not None and s.ranks.world_size > 1:
+        raise RunFailed("a search's trial trains in one process; drop torchrun and --nproc for it")
     if hand_back is not None:
         engine.hand_back = HandBack(hand_back, lambda index, step: stop_at_step is not None and index > 0 and step >= stop_at_step, ReplayDone)
     history: list[dict[str, Any]] = []  # the rows of metrics.jsonl
 
     def rewind(saved: dict[str, Any]) -> None:  # a restored state (resume, rollback): its later rows are written again
-        steplog_files.rewind(run_dir, int(saved["loop"]["epochs_done"]), int(saved["loop"]["step"]))
+        if main:
+            steplog_files.rewind(run_dir, int(saved["loop"]["epochs_done"]), int(saved["loop"]["step"]))
         del history[int(saved["loop"]["epochs_done"]):]
 
     engine.on_restore.append(rewind)
@@ -129,7 +151,8 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
     if resume and found is None:
         log.info("resume: no checkpoint was saved yet; training from the beginning")
         events.append({"kind": "resume", "step": 0, "detail": "no checkpoint yet: from the beginning"})
-        steplog_files.clear(run_dir)
+        if main:
+            steplog_files.clear(run_dir)
     engine.start(found[1] if found is not None else None)
     if found is not None:
         _say_resumed(found, engine, order, events, {"device": str(s.device), "threads": torch.get_num_threads(), "num_workers": cfg.train.num_workers})
@@ -138,7 +161,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
     if resume and history and epoch_judge is not None and engine.position % order.per_epoch == 0:  # its verdict may be missing
         with stop.deferred():
             pruned = _judge(epoch_judge, run_dir, history[-1], events, stop)
-    steplog = StepLog(cfg, run_dir, console, True, order.per_epoch)
+    steplog = StepLog(cfg, run_dir, console, main, order.per_epoch)
     engine.last_save = time.monotonic()  # checkpoint.every_minutes counts from here
 
     # ---- the steps; a signal takes effect at the next step boundary, never mid-save
@@ -150,114 +173,135 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
                 steplog.start_epoch(epoch, within, sums.seen)
                 s.model.train()
                 shown_epoch = epoch
-            loss, stepped, grad_norm = _train_step(s, step, rows, steplog.logs_step(step + 1))
+            done = _train_step(s, step, rows, steplog.logs_step(step + 1), stop)
             if engine.rewound:  # rolled back: the next step is the restored one
                 continue
             engine.position = step + 1
-            steplog.step(Where(step + 1, epoch, within + 1, sums.seen), loss, s.optimizer.param_groups[0]["lr"], grad_norm, stepped)
+            steplog.step(Where(step + 1, epoch, within + 1, sums.seen), done.loss, s.optimizer.param_groups[0]["lr"], done.grad_norm, done.updated)
             if within + 1 < order.per_epoch:  # inside the epoch: the step schedule, the clock, a signal
                 if ccfg.every_steps and (step + 1) % ccfg.every_steps == 0:
                     engine.save("step")
-                elif engine.minutes_due(ccfg.every_minutes):
+                elif done.minutes_due:
                     engine.save("minutes", scheduled=False)
-                if stop.signum is not None:
+                if done.signum is not None:
                     engine.save("signal", scheduled=False, final=ccfg.last)
-                    raise Interrupted(stop.signum)
+                    raise Interrupted(done.signum)
                 continue
-            row = _epoch_row(s, epoch, step, steplog)
+            row = s.ranks.broadcast(_epoch_row(s, epoch, step, steplog))  # rank 0 validates: its row is every rank's
             history.append(row)
             steplog.epoch(row)
             pruned = _judge(epoch_judge, run_dir, row, events, stop) if epoch_judge is not None else None
-            if _end_epoch(s, row, events, stop.signum if pruned is None else None, pruned is not None):
+            signum = s.ranks.any_signal(stop.signum) if pruned is None else None  # every rank decides alike
+            if _end_epoch(s, row, events, signum, pruned is not None):
                 break
     loop_seconds = time.perf_counter() - loop_started
     steplog.close()
     device = s.device
     peak_mb = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     log.info("train: %d steps in %.1fs, peak memory %.0f MB", engine.position, time.perf_counter() - started, peak_mb)
+    several = s.ranks.world_size > 1
     return TrainResult(final_state_sha256=state_dict_sha256(s.model.state_dict()), epochs=history, best_epoch=best.epoch,
                        best_value=best.value, best_metric=(s.best_key, best.mode), steps=engine.position, device=str(device),
                        threads=torch.get_num_threads(), peak_memory_mb=round(peak_mb, 1), loop_seconds=round(loop_seconds, 4),
-                       trajectory=list(engine.entries), other_saves=list(engine.other_saves), pruned=pruned, engine=ENGINE)
+                       devices=s.ranks.gather(str(device)) if several else None, backend=s.ranks.backend,
+                       trajectory=list(engine.entries) if main else None, other_saves=list(engine.other_saves) if main else None,
+                       pruned=pruned, engine=ENGINE)
 
 
-def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events: list[dict[str, Any]], record_format: Optional[int]) -> Setup:
-    """Seeds, device, model, optimizer, schedule, and the engine that carries them and the recipe's own state."""
+def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events: list[dict[str, Any]], record_format: Optional[int],
+            ranks: rank_group.Ranks) -> Setup:
+    """Seeds, device, the ranks joined, model, optimizer, schedule, and the engine that carries them and the recipe's
+    own state."""
     tcfg, ccfg = cfg.train, cfg.checkpoint
     if tcfg.threads:
         torch.set_num_threads(tcfg.threads)
     seed_everything(cfg.seed, tcfg.deterministic, compiler=tcfg.compile)
-    device = resolve_device(tcfg.device)
+    ranks, device = rank_group.join_for_training(ranks, tcfg, resolve_device(tcfg.device))
     if tcfg.precision == "fp16" and device.type != "cuda":
         raise RunFailed("train.precision: 'fp16' needs a CUDA device (gradient scaling); use bf16 on the CPU")
     model = task.build_model(cfg.model, data).to(device)
     task.prepare(data)
     if tcfg.channels_last:
         model = model.to(memory_format=torch.channels_last)  # pyright: ignore[reportCallIssue]
+    model, trainer = data_parallel(model, ranks, cfg, device)
     optimizer = build_optimizer(cfg.optim, model)
     train_rows = split_rows(task, data, "train")
-    order = order_of(cfg, len(train_rows))
+    order = order_of(cfg, len(train_rows), ranks.world_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(cfg.schedule, order.per_epoch, order.total))
     scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")  # passes values through when disabled
     best_key, best_mode = best_metric(cfg, task, data)
     best, sums = Best(best_mode, tcfg.early_stopping_patience), EpochSums(tuple(task.epoch_metrics))
     engine = Engine(cfg.seed, config_hash(cfg), data.version, run_dir / "checkpoints", ccfg.keep_last, ccfg.audit_every,
-                    Guard(tcfg.on_nonfinite, tcfg.max_rollbacks, tcfg.rollback_lr_factor), events, ENGINE, {"num_workers": tcfg.num_workers})
+                    Guard(tcfg.on_nonfinite, tcfg.max_rollbacks, tcfg.rollback_lr_factor), events, ENGINE, {"num_workers": tcfg.num_workers},
+                    ranks)
     engine.record_format = record_format
-    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    if ranks.is_main:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     engine.register(model, optimizer, schedule, scaler, extra={"sums": sums, "best": best})
     params = [p for p in model.parameters() if p.requires_grad]
     log.info("train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d steps/epoch × %d epochs",
              cfg.model.target or cfg.model.name, f"{sum(p.numel() for p in model.parameters()):,}", device, torch.get_num_threads(),
              tcfg.precision, len(train_rows), order.per_epoch, tcfg.epochs)
-    return Setup(cfg=cfg, data=data, task=task, device=device, model=model, forward=torch.compile(model) if tcfg.compile else model,
+    if ranks.world_size > 1:
+        log.info("train: rank %d of %d (%d node(s), backend %s); each batch of %d is split over the ranks",
+                 ranks.rank, ranks.world_size, ranks.nodes, ranks.backend, tcfg.batch_size)
+    return Setup(cfg=cfg, data=data, task=task, ranks=ranks, device=device, model=model, forward=torch.compile(trainer) if tcfg.compile else trainer,
                  optimizer=optimizer, schedule=schedule, scaler=scaler, train_rows=train_rows, order=order, engine=engine, sums=sums,
                  best=best, best_key=best_key, params=params)
 
 
-def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool) -> tuple[float, bool, Optional[float]]:
-    """One optimizer step: forward and backward over its batches, then the update. A non-finite loss or gradient norm
-    goes to the engine's guard (after a rollback `s.engine.rewound` is set and nothing more happens). Returns (the mean
-    loss, whether the weights were updated, the gradient norm when computed)."""
-    tcfg, engine, task = s.cfg.train, s.engine, s.task
-    loss, stepped, grad_norm = 0.0, False, None
+def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool, stop: StopFlag) -> Stepped:
+    """One optimizer step: forward and backward over its batches, then the update. With several ranks each trains on its
+    share of every batch, and the batch's numbers are summed over the ranks. A non-finite loss or gradient norm goes to
+    the engine's guard (after a rollback `s.engine.rewound` is set and nothing more happens)."""
+    tcfg, engine, task, ranks = s.cfg.train, s.engine, s.task, s.ranks
+    done = Stepped(0.0, False, None, stop.signum, False)
     s.optimizer.zero_grad(set_to_none=True)
     augment = engine.generator(step)
-    parts = batches_of(s.cfg, s.train_rows, rows)
+    parts = batches_of(s.cfg, s.train_rows, rows, ranks.world_size)
     for part in parts:
-        x, y = task.batch(s.data, part, s.device, True, augment)
+        share = ranks.shard(part)
+        x, y = task.batch(s.data, share, s.device, True, augment)
         if tcfg.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         with s.autocast():
             outputs = s.forward(x)
             batch_loss = task.loss(outputs, y)
-        value = batch_loss.item()
+        value, stats = batch_loss.item(), task.batch_stats(outputs.detach().float(), y)
+        if ranks.world_size > 1:  # the whole batch's numbers, the same on every rank (so are all decisions)
+            summed = rank_group.sum_batch(value, len(share), stats, stop.signum, engine.minutes_due(s.cfg.checkpoint.every_minutes))
+            value, stats, done.signum, done.minutes_due = summed.loss, summed.stats, summed.signum, summed.minutes_due
+            if len(share) * ranks.world_size != len(part):  # DDP averages the ranks' gradients: weigh an unequal share
+                batch_loss = batch_loss * (len(share) * ranks.world_size / len(part))
         if not engine.guard(value, "loss"):
             if engine.rewound:
-                return loss, False, None
+                return done
             continue
         s.scaler.scale(batch_loss / len(parts) if len(parts) > 1 else batch_loss).backward()
-        stepped, loss = True, loss + value / len(parts)
-        s.sums.add(value, len(part), task.batch_stats(outputs.detach().float(), y))
-    if stepped and (tcfg.grad_clip or tcfg.check_grad_norm or norm_for_log):
+        done.updated, done.loss = True, done.loss + value / len(parts)
+        s.sums.add(value, len(part), stats)
+    if done.updated and (tcfg.grad_clip or tcfg.check_grad_norm or norm_for_log):
         s.scaler.unscale_(s.optimizer)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(s.params, tcfg.grad_clip or float("inf")))
-        if tcfg.check_grad_norm and not engine.guard(grad_norm, "gradient norm"):
-            return loss, False, grad_norm
-    if stepped:
+        done.grad_norm = float(torch.nn.utils.clip_grad_norm_(s.params, tcfg.grad_clip or float("inf")))
+        if tcfg.check_grad_norm and not engine.guard(done.grad_norm, "gradient norm"):
+            done.updated = False
+            return done
+    if done.updated:
         s.scaler.step(s.optimizer)
         s.scaler.update()
         s.schedule.step()
-    return loss, stepped, grad_norm
+    if ranks.world_size == 1:
+        done.minutes_due = engine.minutes_due(s.cfg.checkpoint.every_minutes)
+    return done
 
 
 def _epoch_row(s: Setup, epoch: int, step: int, steplog: StepLog) -> dict[str, Any]:
     """The epoch's row of metrics.jsonl: the train loss and statistics, the validation split's, lr, seconds."""
     row = {"epoch": epoch, "step": step + 1, **s.sums.row()}
-    if len(s.task.rows(s.data, "val")) > 0:
+    if len(s.task.rows(s.data, "val")) > 0 and s.ranks.is_main:
         row.update(s.task.validation_metrics(s.model, s.data, s.device, s.cfg.eval.batch_size))
     row.update(lr=s.optimizer.param_groups[0]["lr"], seconds=steplog.epoch_seconds())
-    if s.best_key not in row:
+    if s.ranks.is_main and s.best_key not in row:  # the other ranks take rank 0's row
         raise RunFailed(f"checkpoint.best_metric: {s.best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
     return row
 
