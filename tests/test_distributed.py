@@ -231,3 +231,64 @@ def test_a_config_that_cannot_run_on_n_ranks_is_refused_before_a_run_exists(tmp_
     assert result.code == 2 and not (tmp_path / "runs").exists()
     assert result.stderr.strip().splitlines() == ["error: --nproc 4: train.batch_size: 6 gives fewer than 2 samples to each of 4 ranks; "
                                                   "use at least 8 (it is the global batch, split over the ranks)"]
+
+
+# ---------------------------------------------------------------- a user's script under torchrun (vt.start)
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_loop.py"
+
+
+def torchrun_script(folder: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(SCRIPT), *args]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture()
+def script_folder(tmp_path) -> Path:
+    import numpy as np
+
+    generator = np.random.default_rng(0)
+    x = generator.normal(size=(96, 8)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype(int) + (x[:, 2] > 1)
+    np.savetxt(tmp_path / "data.csv", np.c_[x, y], delimiter=",", fmt="%.6f")
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_a_script_under_torchrun_is_one_run_that_a_killed_rank_resumes_bit_identical(script_folder):
+    """Every rank runs the script; rank 0 keeps the run. A rank killed mid-run interrupts it, and the same torchrun
+    command with resume="auto" ends at the weights of an uninterrupted launch, which a second launch also reaches."""
+    done = torchrun_script(script_folder)
+    assert done.returncode == 0, done.stderr
+    (reference,) = (script_folder / "runs").iterdir()
+    assert record(reference)["status"] == "completed" and record(reference)["distributed"]["world_size"] == 2
+    assert record(reference)["guarantee"]["level"] == "bound" and "2 processes" in record(reference)["guarantee"]["reasons"][0]
+    assert len((reference / "metrics.jsonl").read_text().splitlines()) == 18  # rank 0 alone logs: 3 epochs of 6 steps
+    import torch
+
+    saved = torch.load(reference / "checkpoints" / "last.pt", weights_only=True)
+    assert [set(part) for part in saved["distributed"]["ranks"]] == [{"rng"}, {"rng"}]  # every rank's RNG states, on rank 0
+    assert veritrain("verify", reference.name, "--workdir", str(script_folder)).code == 0
+    for command in ("audit", "reproduce"):  # a replay runs one process: refused, naming what checks it instead
+        refused = veritrain(command, reference.name, "--workdir", str(script_folder))
+        assert refused.code == 2 and "2 processes (torchrun)" in refused.stderr, refused.stderr
+
+    killed = torchrun_script(script_folder, env={"DDP_KILL_AT": "10"})
+    assert killed.returncode != 0
+    (interrupted,) = [run for run in (script_folder / "runs").iterdir() if run != reference]
+    assert record(interrupted)["status"] == "interrupted", (record(interrupted)["status"], record(interrupted).get("error"), killed.stderr[-6000:-2000])
+    refused = veritrain("train", "--resume", interrupted.name, "--workdir", str(script_folder))
+    assert refused.code == 2 and "under the same torchrun command" in refused.stderr, refused.stderr
+    resumed = torchrun_script(script_folder, "--resume", "auto")
+    assert resumed.returncode == 0, resumed.stderr
+    assert record(interrupted)["status"] == "completed" and record(interrupted)["resumes"]
+    assert record(interrupted)["final_state_sha256"] == record(reference)["final_state_sha256"]
+
+
+@pytest.mark.slow
+def test_a_script_under_torchrun_rolls_back_on_every_rank_when_one_ranks_loss_turns_nonfinite(script_folder):
+    done = torchrun_script(script_folder, "--guard", "rollback", "--nan-at", "4")
+    assert done.returncode == 0, done.stderr
+    (run_dir,) = (script_folder / "runs").iterdir()
+    assert [e["kind"] for e in record(run_dir)["events"]] == ["rollback"] and record(run_dir)["status"] == "completed"
+    assert record(run_dir)["events"][0]["step"] == 5  # the step after the checkpoint at 3, on both ranks

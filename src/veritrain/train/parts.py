@@ -19,7 +19,7 @@ from veritrain.core.seeding import seed_everything
 from veritrain.core.signals import StopFlag
 from veritrain.tasks import split_rows
 from veritrain.train.order import Order
-from veritrain.train.ranks import Ranks
+from veritrain.train.ranks import Ranks, rank_seed
 
 if TYPE_CHECKING:
     from veritrain.core.config import OptimConfig, RunConfig, ScheduleConfig
@@ -138,8 +138,7 @@ def data_parallel(model: torch.nn.Module, ranks: Ranks, cfg: RunConfig, device: 
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     trainer = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if not ranks.is_main:
-        seed_everything(int(np.random.SeedSequence([cfg.seed % 2**63, ranks.rank]).generate_state(1, dtype=np.uint64)[0] % 2**63),
-                        cfg.train.deterministic, compiler=cfg.train.compile)
+        seed_everything(rank_seed(cfg.seed, ranks.rank), cfg.train.deterministic, compiler=cfg.train.compile)
     return model, trainer
 
 

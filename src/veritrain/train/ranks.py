@@ -241,6 +241,15 @@ def lost_peer(err: BaseException) -> Optional[PeerLost]:
     return None
 
 
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of a rank's global generators (its dropout): the run's seed on rank 0, one drawn from (seed, rank) on the others."""
+    if rank == 0:
+        return seed
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed % 2**63, rank]).generate_state(1, dtype=np.uint64)[0] % 2**63)
+
+
 def shard(rows: np.ndarray, ranks: Ranks) -> np.ndarray:
     """This rank's share of a global batch: the rank-th of world-size contiguous, near-equal parts."""
     import numpy as np

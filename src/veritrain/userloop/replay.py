@@ -52,6 +52,10 @@ def refusal(record: Mapping[str, Any], command: str) -> Optional[str]:
     """Why `command` (reproduce, audit, train --resume) cannot replay this script's run, in one line; None when it can."""
     guarantee = record.get("guarantee") or {}
     level = guarantee.get("level")
+    world_size = int((record.get("distributed") or {}).get("world_size", 1))
+    if command == "train --resume" and world_size > 1:
+        return (f"{record.get('run_id')}: it was trained by {world_size} processes (torchrun); continue it under the same torchrun "
+                f"command, with vt.start(resume={str(record.get('run_id'))!r}) or resume=\"auto\"")
     if level == "replayable":
         return None
     reasons = "; ".join(guarantee.get("reasons") or ["its record states no guarantee level"])

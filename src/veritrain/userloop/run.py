@@ -14,6 +14,12 @@ on batch `step`, as entry `step + 1` (batches trained) of the trajectory. Leavin
 (`finish` with no metrics, if the script did not call it); an exception ends it failed, its traceback in
 `train.log`; Ctrl-C or SIGTERM ends it interrupted (exit 130 or 143). Under a replay (`VERITRAIN_REPLAY`, set by
 `veritrain reproduce`, `audit` and `train --resume`) the same calls reproduce, check or continue the recorded run.
+
+Under torchrun (`torchrun --nproc-per-node N script.py`) every rank calls the same functions: rank 0 keeps the run
+(its folder, record and files), `run.batches` gives each rank its share of every batch, `run.guard` judges the
+loss summed over the ranks (so every rank skips, rolls back or stops alike), and `run.checkpoint` saves every
+rank's RNG states in rank 0's checkpoint, from which every rank resumes (`vt.start(resume=...)` under the same
+torchrun command). The script wraps its model in DistributedDataParallel as usual.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from veritrain.records.experiments import config_diff
 from veritrain.records.record import capture_code, capture_env, frozen, read_record, save_code, thawed
 from veritrain.records.recorder import Recorder
 from veritrain.records.workspace import Workspace
-from veritrain.train import checkpoint as checkpoint_files, trajectory
+from veritrain.train import checkpoint as checkpoint_files, ranks as rank_group, trajectory
 from veritrain.train.engine import Best as Best, Engine, Guard, HandBack, UsageError as UsageError
 from veritrain.train.order import Order
 from veritrain.userloop import frameworks, inputs as inputs_module, script as script_module
@@ -175,6 +181,7 @@ class Run:
         self.guard_policy = guard
         # the state, order, trajectory and checkpoints; its binding (what the chain binds besides the config: the
         # inputs manifest or the data version) and folder are set when the run begins
+        self.ranks = rank_group.from_environment() or rank_group.ONE_PROCESS  # joined when the run begins
         self.engine = Engine(seed, self.config_hash, "None", None, keep_last, audit_every, guard=guard)
         self._resumed_from: Optional[dict[str, Any]] = None  # the checkpoint run.resume restores (a resumed run)
         self._started = time.perf_counter()
@@ -220,7 +227,9 @@ class Run:
         if self._data is not None:  # the chain binds the data version, as a run of veritrain's loop does
             self._facts.inputs_bound = True
             self.engine.binding = self._data.version
-        if self.replay is not None and self.replay.mode == "audit":
+        if self.ranks.world_size > 1:
+            self._begin_ranks(argv)
+        elif self.replay is not None and self.replay.mode == "audit":
             self._begin_audit()
         elif self.replay is not None and self.replay.mode == "resume":
             self._continue(self.replay.run)
@@ -234,8 +243,47 @@ class Run:
             if self.replay is None:
                 self._say_if_interrupted_exists()
             self._new(argv)
-        if self.integration is None:  # a framework seeds as its user told it to
-            seed_everything(self.seed, self.deterministic)  # the compiler's flag too when the script loaded it
+        if self.integration is None:  # a framework seeds as its user told it to; ranks after the first draw their own dropout
+            seed_everything(rank_group.rank_seed(self.seed, self.ranks.rank), self.deterministic)  # the compiler's flag too when loaded
+
+    def _begin_ranks(self, argv: list[str]) -> None:
+        """Under torchrun: join the ranks; rank 0 starts or continues the run as one process would and tells the others
+        which it is, and every rank then restores the same checkpoint (a collective)."""
+        self.ranks = _join(self.ranks)
+        self._facts.other.append(f"it was trained by {self.ranks.world_size} processes (torchrun), and a replay runs one; check it by running "
+                                 "the same torchrun command again and comparing the runs (`veritrain runs compare`)")
+        if self.replay is not None:
+            raise UsageError("vt.start: a replay runs in one process, and torchrun started several; run the replay without torchrun")
+        claim: dict[str, Any] = {}
+        if self.ranks.is_main:
+            try:
+                target = self._resume_target() if self._requested_resume is not None else None
+                if target is not None:
+                    self._claim(target)
+                else:
+                    self._say_if_interrupted_exists()
+                    self._new(argv)
+                assert self._record is not None and self.dir is not None
+                self._record.set(distributed={"world_size": self.ranks.world_size, "nodes": self.ranks.nodes, "backend": self.ranks.backend,
+                                              "devices": [], "launch": ["torchrun", f"--nnodes={self.ranks.nodes}",
+                                                                        f"--nproc-per-node={self.ranks.local_world_size}", *argv]})
+                self._record.write()
+                claim = {"id": self.id, "dir": str(self.dir), "continues": target is not None, "keep_last": self.keep_last,
+                         "audit_every": self.audit_every, "guard": self.guard_policy.as_dict() if self.guard_policy else None}
+            except BaseException as err:
+                self.ranks.broadcast({"error": f"{type(err).__name__}: {err}"})
+                raise
+        claim = self.ranks.broadcast(claim)
+        if "error" in claim:
+            raise RunFailed(f"vt.start: rank 0 could not start the run ({claim['error']})")
+        if not self.ranks.is_main:
+            self.id, self.dir = claim["id"], Path(claim["dir"])
+            self.keep_last, self.audit_every = claim["keep_last"], claim["audit_every"]
+            self.guard_policy = Guard(**claim["guard"]) if claim["guard"] else None
+        self.engine = Engine(self.seed, self.config_hash, self.engine.binding, Path(claim["dir"]) / "checkpoints", self.keep_last,
+                             self.audit_every, guard=self.guard_policy, ranks=self.ranks)
+        if claim["continues"]:
+            self._find_resume_point()
 
     def _new(self, argv: list[str]) -> None:
         workspace = self.workspace
@@ -363,6 +411,20 @@ class Run:
 
     def _continue(self, run_dir: Path) -> None:
         """Continue the run in `run_dir`: the same config and code, from its newest valid checkpoint (run.resume)."""
+        self._claim(run_dir)
+        self.engine = Engine(self.seed, self.config_hash, self.engine.binding, run_dir / "checkpoints", self.keep_last, self.audit_every,
+                             guard=self.guard_policy)
+        if self.integration is not None:  # the framework restores its own checkpoint (continue_trajectory)
+            assert self._record is not None
+            self._record.add_events([{"kind": "resume", "step": None, "detail": f"from a checkpoint of {self.integration}"}])
+            self._write_env()
+            self._record.write()
+            return
+        self._find_resume_point()
+
+    def _claim(self, run_dir: Path) -> None:
+        """Take the run in `run_dir` over for continuing it, refusing another config, code or inputs, a completed run,
+        or one another process writes; its keep rule and guard are the ones it began with."""
         record = read_record(run_dir)
         if record.get("kind") != KIND:
             raise UsageError(f"vt.start: resume={run_dir.name!r}: run {run_dir.name} is a {record.get('kind')} run, not a script's; "
@@ -394,14 +456,12 @@ class Run:
         self.audit_every = int((section.get("checkpoints") or {}).get("audit_every", self.audit_every))
         if section.get("guard"):  # the guard the run began with
             self.guard_policy = Guard(**section["guard"])
-        self.engine = Engine(self.seed, self.config_hash, self.engine.binding, run_dir / "checkpoints", self.keep_last, self.audit_every,
-                             guard=self.guard_policy)
         self._open_files(run_dir)
-        if self.integration is not None:  # the framework restores its own checkpoint (continue_trajectory)
-            self._record.add_events([{"kind": "resume", "step": None, "detail": f"from a checkpoint of {self.integration}"}])
-            self._write_env()
-            self._record.write()
-            return
+
+    def _find_resume_point(self) -> None:
+        """The newest valid checkpoint run.resume restores (every rank the one rank 0 chose), said in the record."""
+        run_dir = self.dir
+        assert run_dir is not None
         found = self.engine.newest()
         path, saved = found if found is not None else (None, None)
         if saved is not None and path is not None:
@@ -409,6 +469,8 @@ class Run:
             log.info("run %s: resuming from checkpoints/%s (step %d)", run_dir.name, path.name, int(saved["loop"]["step"]))
         else:
             log.info("run %s: no checkpoint was saved yet; training from the beginning", run_dir.name)
+        if self._record is None:  # another rank: rank 0 keeps the record
+            return
         self._record.add_events([{"kind": "resume", "step": int(saved["loop"]["step"]) if saved else 0,
                                   "detail": f"from checkpoints/{path.name}" if saved and path else "no checkpoint yet: from the beginning"}])
         self._write_env()
@@ -450,7 +512,7 @@ class Run:
         self.engine.register(model, optimizer, scheduler, scaler, extra)
         self._facts.state_registered = True
         self.engine.record_format = self._record.get("record_format") if self._record is not None else None
-        if self.dir is not None:  # a restored state's later rows are logged again
+        if self.dir is not None and self.ranks.is_main:  # a restored state's later rows are logged again
             metrics = self.dir / METRICS
             self.engine.on_restore.append(lambda saved: _truncate_metrics(metrics, int(saved["loop"]["step"])))
         return self.engine.start(self._start_state())
@@ -467,7 +529,8 @@ class Run:
     def batches(self, n: int, batch_size: int, epochs: int, drop_last: bool = False) -> Iterator[tuple[int, np.ndarray]]:
         """(step, row indices) for every batch of the run from the resumed position: the order is a pure function of
         (seed, epoch, batch) (veritrain.train.order), so a run resumed mid-epoch draws what it would have drawn. After
-        a rollback (`run.guard`) the next batch is the first after the restored checkpoint."""
+        a rollback (`run.guard`) the next batch is the first after the restored checkpoint. Under torchrun each rank
+        gets its share of every batch (contiguous, near-equal parts of `batch_size` rows)."""
         order = Order(n, batch_size, epochs, bool(drop_last), self.seed)
         saved = self.engine.saved_order
         if saved is not None and order.difference(saved):
@@ -476,7 +539,13 @@ class Run:
         if self._resumed_from is not None and self.engine.state is None:
             raise UsageError("run.batches: the run continues from a checkpoint; call run.resume(model=..., ...) before run.batches")
         self._facts.batches_used = True
-        return self.engine.batches(order)
+        if self.ranks.world_size == 1:
+            return self.engine.batches(order)
+        world = self.ranks.world_size
+        if batch_size < 2 * world or (not drop_last and 0 < n % batch_size < 2 * world and n > batch_size):
+            raise UsageError(f"run.batches: batch_size={batch_size} with n={n} leaves a rank of {world} fewer than two samples of a batch; "
+                             f"give batch_size ≥ {2 * world}" + ("" if batch_size < 2 * world else " and drop_last=True"))
+        return ((step, self.ranks.shard(rows)) for step, rows in self.engine.batches(order))
 
     def generator(self, step: int, stream: int = 1) -> torch.Generator:
         """A torch.Generator for batch `step` (augmentation, sampling), seeded from (seed, step, stream) alone: a resumed
@@ -491,17 +560,21 @@ class Run:
 
             if not run.guard(loss):
                 continue
+
+        Under torchrun every rank calls it each step (it sums the value over the ranks).
         """
         if self.engine.state is None and (self.guard_policy is not None and self.guard_policy.on_nonfinite == "rollback"):
             raise UsageError("run.guard: a rollback needs the training state; call run.resume(model=..., optimizer=...) first")
+        if self.ranks.world_size > 1:  # summed over the ranks: non-finite on one rank is non-finite on all, and they act alike
+            value = self.ranks.reduce([float(value.item() if isinstance(value, torch.Tensor) else value)])[0]
         return self.engine.guard(value, what)
 
     def log(self, step: int, **metrics: Any) -> None:
         """Append {"step", **metrics} to metrics.jsonl (and TensorBoard when asked). Values: numbers, bools, strings,
         or one-element tensors and NumPy scalars (read with .item()); a non-finite number is written as null and named
         in the row's "non_finite"."""
-        if self.dir is None:
-            return  # an audit replay writes nothing
+        if self.dir is None or not self.ranks.is_main:
+            return  # an audit replay writes nothing, and rank 0 alone writes a run of several ranks
         row: dict[str, Any] = {"step": _whole(step, "run.log: step")}
         bad, hidden = [], []
         for key, value in metrics.items():
@@ -541,7 +614,8 @@ class Run:
         position = step + 1
         if not self._due(position, every):
             return False
-        if engine.entries and engine.entries[-1]["step"] == position:
+        saved_here = bool(engine.entries) and engine.entries[-1]["step"] == position  # rank 0 keeps the trajectory
+        if self.ranks.broadcast(saved_here) if self.ranks.world_size > 1 else saved_here:
             return False  # saved at this step already
         engine.position = position
         self._facts.checkpoints += 1
@@ -600,7 +674,8 @@ class Run:
         """End the run `failed`, or `interrupted` for Ctrl-C and SIGTERM, by `error`: a framework's exception hook,
         where no `with` block ends it."""
         if not self._finished:
-            self._end("interrupted" if isinstance(error, (KeyboardInterrupt, Interrupted)) else "failed", error=error)
+            stopped = isinstance(error, (KeyboardInterrupt, Interrupted)) or rank_group.lost_peer(error) is not None
+            self._end("interrupted" if stopped else "failed", error=error)
 
     def _api(self) -> dict[str, Any]:
         return {"batches": self._facts.batches_used, "checkpoints": self._facts.checkpoints, "state_registered": self._facts.state_registered}
@@ -646,6 +721,7 @@ class Run:
         record = self._record
         if record is None or self.dir is None:
             return
+        signals_held = _hold_signals()  # a signal now (torchrun's SIGTERM after a lost rank, a second Ctrl-C) must not leave it unsealed
         try:
             self._facts.deterministic = self.deterministic and torch.are_deterministic_algorithms_enabled()
             self._facts.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
@@ -682,10 +758,14 @@ class Run:
             record.set(guarantee=self._guarantee())
             record.finish(time.perf_counter() - self._started)
         finally:
-            self._close_files()
-            seal = record.write()
-            self.workspace.unlock_run(record.run_id)
-            _update_experiments(self.workspace)
+            try:
+                self._close_files()
+                seal = record.write()
+                self.workspace.unlock_run(record.run_id)
+                _update_experiments(self.workspace)
+            finally:
+                _release_signals(signals_held)
+                self._restore_signal()
         log.info("run %s: %s, level %s; seal %s", self.id, record.status, self.level, seal)
 
     def _close_files(self) -> None:
@@ -695,6 +775,9 @@ class Run:
         if self._log_file is not None:
             logs.detach(self._log_file)
             self._log_file = None
+
+    def _restore_signal(self) -> None:
+        """SIGTERM's handler as it was before the run installed its own."""
         if self._previous_signal is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._previous_signal)
             self._previous_signal = None
@@ -716,7 +799,7 @@ class Run:
         if error is None:
             self.finish()
             return False
-        if isinstance(error, (KeyboardInterrupt, Interrupted)):
+        if isinstance(error, (KeyboardInterrupt, Interrupted)) or rank_group.lost_peer(error) is not None:  # a lost rank: resumable
             self._end("interrupted", error=error)
             if isinstance(error, Interrupted):
                 raise SystemExit(error.exit_code)
@@ -730,6 +813,30 @@ class Run:
 
 def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
+
+
+def _hold_signals() -> Optional[dict[int, Any]]:
+    """Ignore SIGINT and SIGTERM while a run is sealed; returns what to put back (`_release_signals`)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return {signum: signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _release_signals(held: Optional[dict[int, Any]]) -> None:
+    """Put back the handlers `_hold_signals` replaced."""
+    if held is not None:
+        for signum, handler in held.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _join(ranks: rank_group.Ranks) -> rank_group.Ranks:
+    """The ranks torchrun started, in the process group the script joined already (its backend), else joined now with
+    gloo on the CPU and nccl on GPUs."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return rank_group.Ranks(ranks.rank, ranks.world_size, ranks.local_rank, ranks.local_world_size, str(dist.get_backend()))
+    return rank_group.start(ranks, "auto", "cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _whole(value: Any, what: str) -> int:
@@ -791,7 +898,8 @@ def install_excepthook() -> None:
     def hook(kind: type[BaseException], error: BaseException, tb: Optional[TracebackType]) -> None:
         run = _active.get("run")
         if run is not None and not run._finished and run._record is not None:  # a run not ended by its block (a framework's)
-            run._end("interrupted" if isinstance(error, (KeyboardInterrupt, Interrupted)) else "failed", error=error)
+            stopped = isinstance(error, (KeyboardInterrupt, Interrupted)) or rank_group.lost_peer(error) is not None
+            run._end("interrupted" if stopped else "failed", error=error)
         if isinstance(error, VeritrainError):
             print(f"error: {error}", file=sys.stderr)
             sys.exit(error.exit_code)
