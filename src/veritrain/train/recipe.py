@@ -285,13 +285,12 @@ def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool, stop:
         done.grad_norm = float(torch.nn.utils.clip_grad_norm_(s.params, tcfg.grad_clip or float("inf")))
         if tcfg.check_grad_norm and not engine.guard(done.grad_norm, "gradient norm"):
             done.updated = False
-            return done
     if done.updated:
         s.scaler.step(s.optimizer)
         s.scaler.update()
         s.schedule.step()
-    if ranks.world_size == 1:
-        done.minutes_due = engine.minutes_due(s.cfg.checkpoint.every_minutes)
+    if ranks.world_size == 1:  # one process reads its signal flag and its clock now
+        done.signum, done.minutes_due = stop.signum, engine.minutes_due(s.cfg.checkpoint.every_minutes)
     return done
 
 
