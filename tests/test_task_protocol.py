@@ -158,3 +158,24 @@ def test_a_task_without_every_member_of_the_protocol_is_refused_when_built(monke
     monkeypatch.setitem(sources.SOURCES, "toy_tabular", toy_tabular_source)
     with pytest.raises(UserError, match=r"task: 'regression' \(.*Partial\) lacks baselines, evaluator of the Task protocol"):
         get_task(load_config(None, ["task=regression", "data.source=toy_tabular", "model.name=mlp"]).config)
+
+
+def test_the_settings_a_users_model_leaves_unused_are_the_ones_the_tasks_declare(monkeypatch):
+    """A run of a user's model (model.target) uses none of the built-in models' settings: which keys those are is what
+    each task declares for its models (TaskSpec.model_settings), a registered task's included, not a shared table."""
+    from veritrain.core import task_registry
+    from veritrain.core.config import RunConfig
+    from veritrain.records import registry
+
+    assert set(task_registry.built_in_model_keys()) == {"model.name", "model.widths", "model.hidden", "model.dropout", "model.layers",
+                                                        "model.width", "model.heads", "model.context", "model.tied_embeddings"}
+    spec = TaskSpec("tabular", metrics=(MetricSpec("rmse", "min", (0.0, None), headline=True),), models=("trees",),
+                    model_settings=(("trees", ("model.kwargs.depth",)),))
+    monkeypatch.setitem(task_registry.SPECS, "tabular", spec)
+    assert "model.kwargs.depth" in task_registry.built_in_model_keys()
+    config = RunConfig().model_dump(mode="json")
+    config["model"].update(target="my_models:net", widths=[8, 16], context=64)
+    changed = registry.changed_params(config)
+    assert "model.target" in changed and "model.widths" not in changed and "model.context" not in changed
+    with pytest.raises(ValueError, match="model_settings"):
+        TaskSpec("bad", metrics=spec.metrics, models=("a",), model_settings=(("b", ("model.x",)),))

@@ -185,6 +185,21 @@ def foreign_setting(written: dict[str, Any], defaults: dict[str, Any], task: str
     return None
 
 
+def built_in_model_keys() -> tuple[str, ...]:
+    """`model.name` and every config key a declared built-in model reads (TaskSpec.model_settings), among the declarations
+    this process has without importing a task's module: the settings a run of a user's model (model.target) does not use."""
+    keys: set[str] = set()
+    for name in sorted(SPECS):
+        declared = SPECS[name]
+        if isinstance(declared, str) and not declared.startswith("veritrain.") or declared is None:
+            continue
+        try:
+            keys.update(key for _, reads in task_spec(name).model_settings for key in reads)
+        except UserError:
+            continue
+    return ("model.name", *sorted(keys))
+
+
 def declared_models() -> set[str]:
     """The model names (model.name) the tasks declare (TaskSpec.models) among the declarations this process has without
     importing a task's module: the built-in ones, those given to register_task, and those already read."""

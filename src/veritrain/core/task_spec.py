@@ -94,6 +94,9 @@ class TaskSpec:
     # the built-in model names (model.name) it trains, the first by default; empty: any. user_models: model.target too
     models: tuple[str, ...] = ()
     user_models: bool = True
+    # the config keys each built-in model reads besides model.name, as (model, keys) pairs: ("cnn", ("model.widths",
+    # "model.dropout")); a run of a user's model (model.target) reads none of them
+    model_settings: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # the config keys only it reads ("augment": a whole section, "train.label_smoothing": one key): a config of another
     # task that sets one away from its default is refused, since nothing would read it
     settings: tuple[str, ...] = ()
@@ -113,6 +116,10 @@ class TaskSpec:
             raise ValueError(f"task {self.name!r}: declare exactly one headline metric (MetricSpec(..., headline=True))")
         if self.baseline is not None and self.baseline.metric not in names:
             raise ValueError(f"task {self.name!r}: its baseline is judged by {self.baseline.metric!r}, which it does not declare")
+        for model, keys in self.model_settings:
+            if model not in self.models or any(not key.startswith("model.") for key in keys):
+                raise ValueError(f"task {self.name!r}: model_settings names {model!r}, which is not among its models {list(self.models)}, "
+                                 "or a key outside model.*")
 
     def baseline_rule(self) -> Optional[dict[str, str]]:
         """The baselines document's `judged_by` (veritrain.core.baselines): metric, goal and baseline."""

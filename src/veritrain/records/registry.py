@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.files import MAX_READ_BYTES, read_regular
+from veritrain.core.task_registry import built_in_model_keys
 from veritrain.records.amendments import AMENDMENTS_DIR
 from veritrain.records.record import NOTES_FILE, RECORD_FILE, read_record, record_problem, thawed
 from veritrain.records.run_query import COLUMNS, Where, order_by
@@ -29,7 +30,8 @@ from veritrain.records.run_query import COLUMNS, Where, order_by
 # `params`: the config's leaves that differ from the default config, {"optim.lr": 0.01}: the runs table finds the keys
 # that differ among thousands of runs from these few values instead of every run's whole config
 JSON_COLUMNS = ("metrics", "config", "notes", "params")
-SCHEMA_VERSION = 3  # 2: world_size, sweep, sweep_kind and params; 3: params without the settings a run does not use
+SCHEMA_VERSION = 4  # 2: world_size, sweep, sweep_kind and params; 3: params without the settings a run does not use; 4: the
+# built-in models' settings as the tasks declare them (model.context among them)
 
 log = logging.getLogger("veritrain")
 
@@ -99,11 +101,6 @@ def _schema() -> str:
     return f"{SCHEMA_VERSION}:{digest}"
 
 
-# the built-in models' own settings: a run whose model is the user's (`model.target`) does not use them
-BUILT_IN_MODEL_KEYS = ("model.name", "model.widths", "model.hidden", "model.dropout", "model.layers", "model.width", "model.heads",
-                       "model.tied_embeddings")
-
-
 def changed_params(config: Any) -> dict[str, Any]:
     """The leaves of `config` that differ from the default config (a key the defaults lack counts as changed), left
     out the settings its run does not use (a user's model ignores the built-in models' settings). The one rule of
@@ -115,7 +112,7 @@ def changed_params(config: Any) -> dict[str, Any]:
 
 def _unused(key: str, changed: dict[str, Any]) -> bool:
     """Whether a run with these config leaves does not use setting `key` (a user's model and the built-in models' keys)."""
-    return bool(changed.get("model.target")) and any(key == k or key.startswith(k + ".") for k in BUILT_IN_MODEL_KEYS)
+    return bool(changed.get("model.target")) and any(key == k or key.startswith(k + ".") for k in built_in_model_keys())
 
 
 def param_value(changed: dict[str, Any], key: str) -> Any:

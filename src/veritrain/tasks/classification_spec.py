@@ -21,6 +21,7 @@ SPEC = TaskSpec("classification", metrics=(
     MetricSpec("ece", "min", UNIT, label="expected calibration error"),
 ), baseline=BaselineRule("accuracy", "logistic_regression"),
     fields=("image", "label"), models=("cnn", "mlp", "resnet18"),
+    model_settings=(("cnn", ("model.widths", "model.dropout")), ("mlp", ("model.hidden", "model.dropout")), ("resnet18", ("model.dropout",))),
     settings=("augment", "train.label_smoothing", "eval.baseline_max_samples", "eval.baseline_max_iter"), serves_with="predict", bad_cases="bad_cases.csv",
     card=CardText("An image classifier", "it takes float32 input{input} (`model.json` says how an image becomes it) and gives logits{classes}",
                   "image-classification", "Image Classification"))

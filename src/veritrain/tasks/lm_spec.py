@@ -11,6 +11,7 @@ SPEC = TaskSpec("lm", metrics=(
     # nats per token; the LM's criterion has no smoothing, so the validation loss after every epoch is the same number
     MetricSpec("loss", "min", (0.0, None), epoch_key="val_loss", label="loss (nats per token)"),
 ), baseline=BaselineRule("bits_per_byte", "bigram"),
-    fields=("tokens",), models=("gpt",), user_models=False, settings=("eval.generation",), serves_with="generate", bad_cases="bad_cases.json",
+    fields=("tokens",), models=("gpt",), user_models=False,
+    model_settings=(("gpt", ("model.layers", "model.width", "model.heads", "model.context", "model.dropout", "model.tied_embeddings")),), settings=("eval.generation",), serves_with="generate", bad_cases="bad_cases.json",
     card=CardText("A language model", "given token ids, it gives at each position the logits of the next token",
                   "text-generation", "Text Generation"))

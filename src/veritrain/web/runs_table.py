@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from veritrain.core.errors import UserError
 from veritrain.core.files import read_regular
+from veritrain.core.task_registry import built_in_model_keys
 from veritrain.records import registry
 from veritrain.records.record import RUN_ID  # the id shape every reader of a record enforces
 from veritrain.records.run_query import DURATION_SQL, METRIC_KEY, Where, order_by
@@ -111,7 +112,7 @@ def differing_keys(db: sqlite3.Connection, clause: str, args: list[Any]) -> list
                          f"FROM (SELECT params FROM runs {clause}) AS r, json_each(r.params) AS j GROUP BY j.key", args)
 
     def using(key: str) -> int:  # a run of a user's model does not use the built-in models' settings (registry.changed_params)
-        return runs - own_models if any(key == k or key.startswith(k + ".") for k in registry.BUILT_IN_MODEL_KEYS) else runs
+        return runs - own_models if any(key == k or key.startswith(k + ".") for k in built_in_model_keys()) else runs
 
     return sorted(key for key, present, distinct in counted if (distinct > 1 or present < using(key)) and key not in OWN_COLUMNS)
 
