@@ -147,6 +147,12 @@ def test_a_setting_only_another_task_reads_is_refused_where_it_was_written(tmp_p
         load_config(tmp_path / "c.yaml")
     lm = load_config(None, ["task=lm", "data.source=jsonl", "eval.generation.tokens=8", "eval.batch_size=32"])  # its own, and shared
     assert lm.config.eval.generation.tokens == 8
+    # a key only another task's models read (TaskSpec.model_settings) is that task's setting; model.dropout both read
+    with pytest.raises(ConfigError, match=r"^--set: model.context: a setting of task lm, which task classification does not read"):
+        load_config(None, ["model.context=64"])
+    with pytest.raises(ConfigError, match=r"^--set: model.widths: a setting of task classification, which task lm does not read"):
+        load_config(None, ["task=lm", "data.source=jsonl", "model.widths=[8]"])
+    assert load_config(None, ["task=lm", "data.source=jsonl", "model.dropout=0.1", "model.layers=1"]).config.model.layers == 1
     classifier = load_config(None, ["augment.hflip=true", "train.label_smoothing=0.1"])
     # a recorded config holds every key: it is not what the user wrote, and rebuilds as it was
     record = {"config": classifier.config.model_dump(mode="json"), "config_hash": classifier.hash}

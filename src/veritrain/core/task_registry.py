@@ -159,24 +159,30 @@ DEFAULT_TASK = _add_built_in()  # the config's `task` when it names none
 
 def foreign_setting(written: dict[str, Any], defaults: dict[str, Any], task: str) -> Optional[tuple[str, str]]:
     """(key, the task it belongs to) of the first leaf of `written` (a config as the user wrote it, flattened to dotted
-    keys) that another task declares as its own setting (TaskSpec.settings), that task `task` does not, and whose value
+    keys) that another task declares as its own setting (TaskSpec.settings, or a key its built-in models read:
+    TaskSpec.model_settings), that task `task` does not, and whose value
     is not its default (`defaults`, flattened): nothing would read it, so it would change nothing. Only declarations this
     process has without importing a task's module are consulted (the built-in ones, and those given to register_task)."""
 
     def covers(setting: str, key: str) -> bool:
         return key == setting or key.startswith(setting + ".")
 
+    def keys_of(spec: Any) -> tuple[str, ...]:  # its own settings, and the keys its built-in models read
+        return (*spec.settings, *(key for _, reads in spec.model_settings for key in reads))
+
     try:
-        own = task_spec(task).settings
+        mine = task_spec(task)
     except UserError:
         return None
+    reads = model_keys_by_model()  # a task trains its declared models (any, when it declares none), whoever declared their keys
+    own = (*mine.settings, *(key for model, keys in reads.items() if not mine.models or model in mine.models for key in keys))
     missing = object()
     for name in sorted(SPECS):
         declared = SPECS[name]
         if name == task or not (isinstance(declared, str) and declared.startswith("veritrain.") or hasattr(declared, "settings")):
             continue
         try:
-            settings = task_spec(name).settings
+            settings = keys_of(task_spec(name))
         except UserError:
             continue
         for key, value in written.items():
@@ -185,19 +191,26 @@ def foreign_setting(written: dict[str, Any], defaults: dict[str, Any], task: str
     return None
 
 
-def built_in_model_keys() -> tuple[str, ...]:
-    """`model.name` and every config key a declared built-in model reads (TaskSpec.model_settings), among the declarations
-    this process has without importing a task's module: the settings a run of a user's model (model.target) does not use."""
-    keys: set[str] = set()
+def model_keys_by_model() -> dict[str, set[str]]:
+    """Built-in model name → the config keys it reads (TaskSpec.model_settings), among the declarations this process has
+    without importing a task's module: the built-in ones, those given to register_task, and those already read."""
+    found: dict[str, set[str]] = {}
     for name in sorted(SPECS):
         declared = SPECS[name]
         if isinstance(declared, str) and not declared.startswith("veritrain.") or declared is None:
             continue
         try:
-            keys.update(key for _, reads in task_spec(name).model_settings for key in reads)
+            for model, keys in task_spec(name).model_settings:
+                found.setdefault(model, set()).update(keys)
         except UserError:
             continue
-    return ("model.name", *sorted(keys))
+    return found
+
+
+def built_in_model_keys() -> tuple[str, ...]:
+    """`model.name` and every config key a declared built-in model reads: the settings a run of a user's model
+    (model.target) does not use."""
+    return ("model.name", *sorted({key for keys in model_keys_by_model().values() for key in keys}))
 
 
 def declared_models() -> set[str]:
