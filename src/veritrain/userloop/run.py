@@ -181,7 +181,9 @@ class Run:
         self.guard_policy = guard
         # the state, order, trajectory and checkpoints; its binding (what the chain binds besides the config: the
         # inputs manifest or the data version) and folder are set when the run begins
-        self.ranks = rank_group.from_environment() or rank_group.ONE_PROCESS  # joined when the run begins
+        # torchrun's ranks, joined when the run begins; a framework's callback (its own launcher) and a plain process are one
+        under_torchrun = integration is None and rank_group.TORCHRUN_MARKER in os.environ
+        self.ranks = (rank_group.from_environment() if under_torchrun else None) or rank_group.ONE_PROCESS
         self.engine = Engine(seed, self.config_hash, "None", None, keep_last, audit_every, guard=guard)
         self._resumed_from: Optional[dict[str, Any]] = None  # the checkpoint run.resume restores (a resumed run)
         self._started = time.perf_counter()
