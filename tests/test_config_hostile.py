@@ -29,7 +29,9 @@ from veritrain.core.config import (
     load_config,
     to_yaml,
 )
+from veritrain.core.config.schema import ModelConfig, declared_sections, model_key_owner
 from veritrain.core.errors import ConfigError
+from veritrain.core.task_registry import DEFAULT_TASK
 
 # A hang detector, not a benchmark: each refusal takes well under a second; a hang or a memory blow-up takes
 # minutes (and the subprocess timeout below stops it).
@@ -70,13 +72,22 @@ def leaf_keys(kind: type) -> dict[str, Any]:
     def walk(model: type, prefix: str) -> dict[str, Any]:
         found = {}
         for name, info in model.model_fields.items():
-            if isinstance(info.annotation, type) and issubclass(info.annotation, Section):
+            if info.annotation is ModelConfig:  # every task's own section
+                for _, section in reversed(declared_sections()):  # a key two sections declare: the first task's
+                    found |= walk(section, f"{prefix}{name}.")
+            elif isinstance(info.annotation, type) and issubclass(info.annotation, Section):
                 found |= walk(info.annotation, f"{prefix}{name}.")
             elif holds(info.annotation):
                 found[prefix + name] = info.annotation
         return found
 
     return walk(RunConfig, "")
+
+
+def task_of(key: str) -> list[str]:
+    """The overrides that make a config of the task whose model section declares `key` (none for the default task's)."""
+    owner = model_key_owner(key.removeprefix("model."), DEFAULT_TASK) if key.startswith("model.") else None
+    return [] if owner is None else [f"task={owner}", f"data.source={'pydoc_topics' if owner == 'lm' else 'digits'}"]
 
 
 # ---------------------------------------------------------------- 1. non-finite floats
@@ -109,12 +120,13 @@ def test_every_float_key_refuses_non_finite_values():
         "eval.baseline_margin", "export.parity_atol", "export.parity_rtol", "export.parity_min_agreement", "data.imbalance_ratio",
         "data.split_tolerance", "data.near_duplicate_difference", "data.split_ratios", "model.dropout",
     }
+    assert {"model.layers", "model.context", "model.widths"} <= set(leaf_keys(int))  # every task's model section
     assert named <= set(keys)
     for key in keys:
         for value in (".inf", "-.inf", ".nan", "1.0e+999"):
             text = f"[{value}, 0.5, 0.5]" if key == "data.split_ratios" else value
             with pytest.raises(ConfigError) as info:
-                load_config(None, [f"{key}={text}"])
+                load_config(None, [*task_of(key), f"{key}={text}"])
             assert (info.value.source, info.value.key) == ("--set", key)
             assert "finite number" in info.value.problem
 
@@ -324,7 +336,7 @@ def test_every_integer_key_has_an_upper_bound():
         shape = " ".join(str(a) for a in (annotation, *typing.get_args(annotation)))
         text = f"[{huge}, {huge}]" if "tuple" in shape else f"[{huge}]" if "list" in shape else huge
         with pytest.raises(ConfigError) as raised:
-            load_config(None, [f"{key}={text}"])
+            load_config(None, [*task_of(key), f"{key}={text}"])
         assert raised.value.key == key, key
         assert "≤" in raised.value.problem or "one of" in raised.value.problem, (key, raised.value.problem)
 

@@ -179,3 +179,40 @@ def test_the_settings_a_users_model_leaves_unused_are_the_ones_the_tasks_declare
     assert "model.target" in changed and "model.widths" not in changed and "model.context" not in changed
     with pytest.raises(ValueError, match="model_settings"):
         TaskSpec("bad", metrics=spec.metrics, models=("a",), model_settings=(("b", ("model.x",)),))
+
+
+def test_a_task_declares_its_own_typed_model_section(monkeypatch, cli):
+    """`task` picks the section `model` is read with: a task's own keys with their types, ranges and defaults, refused
+    with the key's path when wrong; another task's keys refused naming that task, or left out at their default."""
+    from pydantic import Field
+
+    from veritrain.core import task_registry
+    from veritrain.core.config import ModelConfig, RunConfig, config_hash, load_config
+    from veritrain.core.errors import ConfigError
+
+    class TreesConfig(ModelConfig):
+        name: str = Field("trees", description="gradient-boosted trees")
+        depth: int = Field(3, ge=1, le=64, description="the deepest a tree grows")
+
+    spec = TaskSpec("tabular", metrics=(MetricSpec("rmse", "min", (0.0, None), headline=True),), models=("trees",),
+                    model_settings=(("trees", ("model.depth",)),), model_section=TreesConfig)
+    monkeypatch.setitem(TASKS, "tabular", RegressionTask)
+    monkeypatch.setitem(task_registry.SPECS, "tabular", spec)
+    monkeypatch.setitem(sources.SOURCES, "toy_tabular", toy_tabular_source)
+    base = ["task=tabular", "data.source=toy_tabular"]
+
+    config = load_config(None, [*base, "model.depth=5"]).config
+    assert isinstance(config.model, TreesConfig) and (config.model.name, config.model.depth) == ("trees", 5)
+    assert config.model_dump(mode="json")["model"] == {"name": "trees", "target": None, "kwargs": {}, "depth": 5}
+    for override, problem in [("model.depth=0", "expected an integer ≥ 1 and ≤ 64, got 0"),
+                              ("model.dept=4", "unknown key; did you mean 'depth'? valid keys in model: name, target, kwargs, depth"),
+                              ("model.layers=4", "a setting of task lm, which task tabular does not read; remove it (or set task: lm)")]:
+        with pytest.raises(ConfigError) as refused:
+            load_config(None, [*base, override])
+        assert (refused.value.key, refused.value.problem) == (override.split("=")[0], problem)
+    at_default = RunConfig.model_validate({"task": "tabular", "data": {"source": "toy_tabular"}, "model": {"layers": 2, "widths": [32, 64, 128]}})
+    assert config_hash(at_default) == config_hash(RunConfig.model_validate({"task": "tabular", "data": {"source": "toy_tabular"}}))
+    with pytest.raises(ValueError, match="does not declare"):  # what its models read is its section's
+        TaskSpec("bad", metrics=spec.metrics, models=("trees",), model_settings=(("trees", ("model.leaves",)),), model_section=TreesConfig)
+    keys = cli("config", "keys").stdout
+    assert "| `model.depth` | an integer ≥ 1 and ≤ 64 | `3` | task tabular: the deepest a tree grows |" in keys

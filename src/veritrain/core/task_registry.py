@@ -155,55 +155,59 @@ def _add_built_in() -> str:
 
 
 DEFAULT_TASK = _add_built_in()  # the config's `task` when it names none
+# "module:Class" of the model section of a task that declares none (TaskSpec.model_section): the built-in image models'
+DEFAULT_MODEL_SECTION: str = importlib.import_module(BUILT_IN).MODEL_SECTION
 
 
 def foreign_setting(written: dict[str, Any], defaults: dict[str, Any], task: str) -> Optional[tuple[str, str]]:
     """(key, the task it belongs to) of the first leaf of `written` (a config as the user wrote it, flattened to dotted
-    keys) that another task declares as its own setting (TaskSpec.settings, or a key its built-in models read:
-    TaskSpec.model_settings), that task `task` does not, and whose value
-    is not its default (`defaults`, flattened): nothing would read it, so it would change nothing. Only declarations this
-    process has without importing a task's module are consulted (the built-in ones, and those given to register_task)."""
+    keys) that another task declares as its own setting (TaskSpec.settings), that task `task` does not, and whose value
+    is not its default (`defaults`, flattened): nothing would read it, so it would change nothing. The model section's
+    keys are each task's own (TaskSpec.model_section), checked by the config's validation. Only declarations this
+    process has without importing a task's module are consulted (`available_specs`)."""
 
     def covers(setting: str, key: str) -> bool:
         return key == setting or key.startswith(setting + ".")
 
-    def keys_of(spec: Any) -> tuple[str, ...]:  # its own settings, and the keys its built-in models read
-        return (*spec.settings, *(key for _, reads in spec.model_settings for key in reads))
-
     try:
-        mine = task_spec(task)
+        own = task_spec(task).settings
     except UserError:
         return None
-    reads = model_keys_by_model()  # a task trains its declared models (any, when it declares none), whoever declared their keys
-    own = (*mine.settings, *(key for model, keys in reads.items() if not mine.models or model in mine.models for key in keys))
     missing = object()
-    for name in sorted(SPECS):
-        declared = SPECS[name]
-        if name == task or not (isinstance(declared, str) and declared.startswith("veritrain.") or hasattr(declared, "settings")):
+    for name in available_specs():
+        if name == task:
             continue
-        try:
-            settings = keys_of(task_spec(name))
-        except UserError:
-            continue
+        settings = task_spec(name).settings
         for key, value in written.items():
             if any(covers(s, key) for s in settings) and not any(covers(s, key) for s in own) and defaults.get(key, missing) != value:
                 return key, name
     return None
 
 
-def model_keys_by_model() -> dict[str, set[str]]:
-    """Built-in model name → the config keys it reads (TaskSpec.model_settings), among the declarations this process has
-    without importing a task's module: the built-in ones, those given to register_task, and those already read."""
-    found: dict[str, set[str]] = {}
+def available_specs() -> list[str]:
+    """The tasks, by name, whose TaskSpec this process has without importing a user's module: the built-in ones, those
+    given to register_task (or declared by their class), and those already read; a task whose declaration fails to
+    load is left out."""
+    found = []
     for name in sorted(SPECS):
         declared = SPECS[name]
-        if isinstance(declared, str) and not declared.startswith("veritrain.") or declared is None:
+        if declared is None or isinstance(declared, str) and not declared.startswith("veritrain."):
             continue
         try:
-            for model, keys in task_spec(name).model_settings:
-                found.setdefault(model, set()).update(keys)
+            task_spec(name)
         except UserError:
             continue
+        found.append(name)
+    return found
+
+
+def model_keys_by_model() -> dict[str, set[str]]:
+    """Built-in model name → the config keys it reads (TaskSpec.model_settings), among the declarations this process has
+    (`available_specs`)."""
+    found: dict[str, set[str]] = {}
+    for name in available_specs():
+        for model, keys in task_spec(name).model_settings:
+            found.setdefault(model, set()).update(keys)
     return found
 
 
@@ -214,16 +218,6 @@ def built_in_model_keys() -> tuple[str, ...]:
 
 
 def declared_models() -> set[str]:
-    """The model names (model.name) the tasks declare (TaskSpec.models) among the declarations this process has without
-    importing a task's module: the built-in ones, those given to register_task, and those already read."""
-
-    names: set[str] = set()
-    for name in sorted(SPECS):
-        declared = SPECS[name]
-        if isinstance(declared, str) and not declared.startswith("veritrain.") or declared is None:
-            continue
-        try:
-            names.update(task_spec(name).models)
-        except UserError:
-            continue
-    return names
+    """The model names (model.name) the tasks declare (TaskSpec.models) among the declarations this process has
+    (`available_specs`)."""
+    return {model for name in available_specs() for model in task_spec(name).models}

@@ -97,6 +97,9 @@ class TaskSpec:
     # the config keys each built-in model reads besides model.name, as (model, keys) pairs: ("cnn", ("model.widths",
     # "model.dropout")); a run of a user's model (model.target) reads none of them
     model_settings: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # the class its config's `model` section is read with: a subclass of veritrain.core.config.ModelConfig adding its
+    # models' keys with their types and defaults; None: the built-in image models' (veritrain.tasks.image_models)
+    model_section: Optional[type] = None
     # the config keys only it reads ("augment": a whole section, "train.label_smoothing": one key): a config of another
     # task that sets one away from its default is refused, since nothing would read it
     settings: tuple[str, ...] = ()
@@ -120,6 +123,10 @@ class TaskSpec:
             if model not in self.models or any(not key.startswith("model.") for key in keys):
                 raise ValueError(f"task {self.name!r}: model_settings names {model!r}, which is not among its models {list(self.models)}, "
                                  "or a key outside model.*")
+            section_keys = getattr(self.model_section, "model_fields", None)
+            if section_keys is not None and any(key.removeprefix("model.").split(".")[0] not in section_keys for key in keys):
+                raise ValueError(f"task {self.name!r}: model_settings names a key of {model!r} that its model_section "
+                                 f"{getattr(self.model_section, '__name__', self.model_section)} does not declare: {list(keys)}")
 
     def baseline_rule(self) -> Optional[dict[str, str]]:
         """The baselines document's `judged_by` (veritrain.core.baselines): metric, goal and baseline."""

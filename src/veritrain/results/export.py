@@ -267,7 +267,8 @@ def architecture(model_cfg: ModelConfig, model: torch.nn.Module, input_shape: li
                 "rebuild": "call target(input_shape=input_shape, num_outputs=num_outputs, **kwargs) and load model.safetensors into it",
                 "layers": None}
     layers = models.describe(model)
-    return {"name": model_cfg.name, "widths": list(model_cfg.widths), "hidden": list(model_cfg.hidden), "dropout": model_cfg.dropout, **built,
+    section = model_cfg.model_dump(mode="json", exclude={"target", "kwargs"})  # the built-in model's name and keys: name, widths, hidden, dropout
+    return {**section, **built,
             "rebuild": "veritrain.models.build(name, input_shape, num_outputs, widths, hidden, dropout), then load model.safetensors; "
             "without veritrain: the operations in `layers`, in order (examples/rebuild_from_export.py)",
             **(layers or {"layers": None})}

@@ -8,3 +8,5 @@ from __future__ import annotations
 DEFAULT = "classification"  # the config's `task` when it names none
 TASKS = {"classification": "veritrain.tasks.classification:ClassificationTask", "lm": "veritrain.tasks.lm:LanguageModelTask"}
 SPECS = {"classification": "veritrain.tasks.classification_spec:SPEC", "lm": "veritrain.tasks.lm_spec:SPEC"}
+# the model section of a task whose TaskSpec declares none: the built-in image models' (cnn, mlp, resnet18)
+MODEL_SECTION = "veritrain.tasks.image_models:ImageModelConfig"

@@ -21,11 +21,12 @@ from veritrain.tasks import ExportSpec, classification_eval, classification_eval
 from veritrain.tasks.classification_eval import fit_baselines, plot_curves, report_markdown
 from veritrain.tasks.classification_spec import SPEC
 from veritrain.tasks.evaluation import Evaluator, OutputsEvaluator, validate_with_criterion
+from veritrain.tasks.image_models import ImageModelConfig
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from veritrain.core.config import ModelConfig, RunConfig
+    from veritrain.core.config import RunConfig
     from veritrain.data.identity import DataVersion
 
 # For training, a data version up to this size as float32 is decoded once and kept in memory
@@ -78,7 +79,7 @@ class ClassificationTask:
         self._images: Any = None  # decoded N×C×H×W float32 (normalized when _normalize_first), or None
         self._targets: Any = None
 
-    def build_model(self, cfg: ModelConfig, data: DataVersion) -> torch.nn.Module:
+    def build_model(self, cfg: ImageModelConfig, data: DataVersion) -> torch.nn.Module:
         if not data.classes:
             raise ValueError("classification needs a data source with class labels")
         h, w, c = data.info["input_shape"]

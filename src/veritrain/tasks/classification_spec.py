@@ -4,6 +4,7 @@ code through `veritrain.core.task_registry.task_spec("classification")`."""
 from __future__ import annotations
 
 from veritrain.core.task_spec import BaselineRule, CardText, MetricSpec, TaskSpec
+from veritrain.tasks.image_models import ImageModelConfig
 
 UNIT = (0.0, 1.0)
 MACRO = (("average", "macro"),)
@@ -20,7 +21,7 @@ SPEC = TaskSpec("classification", metrics=(
     MetricSpec("recall_macro", "max", UNIT, label="macro recall", hub_type="recall", hub_args=MACRO),
     MetricSpec("ece", "min", UNIT, label="expected calibration error"),
 ), baseline=BaselineRule("accuracy", "logistic_regression"),
-    fields=("image", "label"), models=("cnn", "mlp", "resnet18"),
+    fields=("image", "label"), models=("cnn", "mlp", "resnet18"), model_section=ImageModelConfig,
     model_settings=(("cnn", ("model.widths", "model.dropout")), ("mlp", ("model.hidden", "model.dropout")), ("resnet18", ("model.dropout",))),
     settings=("augment", "train.label_smoothing", "eval.baseline_max_samples", "eval.baseline_max_iter"), serves_with="predict", bad_cases="bad_cases.csv",
     card=CardText("An image classifier", "it takes float32 input{input} (`model.json` says how an image becomes it) and gives logits{classes}",

@@ -30,10 +30,10 @@ from veritrain.data.split import SPLITS
 from veritrain.data.tokenizer import load_tokenizer
 from veritrain.tasks import ExportSpec, gpt, lm_eval
 from veritrain.tasks.evaluation import Evaluator, stream
-from veritrain.tasks.lm_spec import SPEC
+from veritrain.tasks.lm_spec import SPEC, GptModelConfig
 
 if TYPE_CHECKING:
-    from veritrain.core.config import ModelConfig, RunConfig
+    from veritrain.core.config import RunConfig
     from veritrain.data.identity import DataVersion, TextVersion
 
 
@@ -45,6 +45,7 @@ class LanguageModelTask:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
+        assert isinstance(cfg.model, GptModelConfig)  # the section task lm declares (RunConfig reads `model` with it)
         self.context = cfg.model.context
 
     # ------------------------------------------------------------ data
@@ -95,7 +96,7 @@ class LanguageModelTask:
 
     # ------------------------------------------------------------ model and loss
 
-    def build_model(self, cfg: ModelConfig, data: DataVersion) -> torch.nn.Module:
+    def build_model(self, cfg: GptModelConfig, data: DataVersion) -> torch.nn.Module:
         tokenizer = _text(data).info["tokenizer"]
         return gpt.GPT(gpt.GPTConfig(vocab_size=int(tokenizer["vocab_size"]), context=cfg.context, layers=cfg.layers, width=cfg.width,
                                      heads=cfg.heads, dropout=cfg.dropout, tied_embeddings=cfg.tied_embeddings), seed=self.cfg.seed)

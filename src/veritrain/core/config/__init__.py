@@ -18,9 +18,11 @@ from veritrain.core.config.messages import describe_field
 from veritrain.core.config.reference import reference_markdown, reference_rows
 from veritrain.core.config.resolved import (
     CONFIG_AS_GIVEN,
+    FLAT_MODEL_SECTION,
     KEYS_ADDED_LATER,
     NOT_RECORDED,
     ResolvedConfig,
+    as_hashed,
     compact,
     config_dict,
     config_from_record,
@@ -54,9 +56,9 @@ from veritrain.core.config.schema import (
 )
 
 __all__ = [
-    "AugmentConfig", "CONFIG_AS_GIVEN", "CheckpointConfig", "DATA_PATH_KEYS", "DEFAULT_CONFIG_NAME", "DataCard", "DataConfig",
+    "AugmentConfig", "CONFIG_AS_GIVEN", "CheckpointConfig", "FLAT_MODEL_SECTION", "DATA_PATH_KEYS", "DEFAULT_CONFIG_NAME", "DataCard", "DataConfig",
     "EvalConfig", "ExportConfig", "GenerationConfig", "INT64", "KEYS_ADDED_LATER", "Limit", "LoggingConfig", "MANY", "MAX_CONFIG_BYTES", "MAX_NESTING",
     "MAX_VALUES", "ModelConfig", "NOT_RECORDED", "OptimConfig", "ResolvedConfig", "RunConfig", "ScheduleConfig", "Section", "Side",
-    "TrainConfig", "Width", "compact", "config_dict", "config_from_record", "config_hash", "describe_field", "load_config",
+    "TrainConfig", "Width", "as_hashed", "compact", "config_dict", "config_from_record", "config_hash", "describe_field", "load_config",
     "paths_from_record", "reference_markdown", "reference_rows", "resolved_from_record", "to_yaml", "without_added_defaults",
 ]

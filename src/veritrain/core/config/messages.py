@@ -12,8 +12,9 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from veritrain.core.config.quoting import key_text, quoted_list, shown_value
-from veritrain.core.config.schema import Limit, RunConfig, section_type
+from veritrain.core.config.schema import Limit, ModelConfig, RunConfig, model_key_owner, model_section, section_type
 from veritrain.core.errors import ConfigError
+from veritrain.core.task_registry import DEFAULT_TASK
 
 
 def config_error(err: ValidationError, raw: dict[str, Any], source: str, overridden: set[str]) -> ConfigError:
@@ -23,12 +24,13 @@ def config_error(err: ValidationError, raw: dict[str, Any], source: str, overrid
     model: type[BaseModel] = RunConfig
     field_path: list[str] = []
     field_info = None
+    task = raw.get("task", DEFAULT_TASK)
     for part in loc:
         if field_info is not None:
             sub = section_type(field_info.annotation)
             if sub is None:
                 break
-            model = sub
+            model = model_section(task) if sub is ModelConfig else sub  # `model` is read with its task's section
         if part not in model.model_fields:
             field_path.append(part)
             field_info = None
@@ -45,6 +47,9 @@ def config_error(err: ValidationError, raw: dict[str, Any], source: str, overrid
         if first["type"] == "invalid_key":  # YAML reads `1:`, `true:` and `~:` as a number, a boolean and null
             key = key_text(field_path[:-1] + [shown_value(first["input"])])
             return ConfigError(origin, key, f"expected a key name, got {shown_value(first['input'])}; valid keys in {scope}: {', '.join(valid)}")
+        owner = model_key_owner(field_path[-1], task) if model is not RunConfig and issubclass(model, ModelConfig) else None
+        if owner is not None:
+            return ConfigError(origin, key, f"a setting of task {owner}, which task {task} does not read; remove it (or set task: {owner})")
         close = difflib.get_close_matches(field_path[-1], valid, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         return ConfigError(origin, key, f"unknown key; {hint}valid keys in {scope}: {', '.join(valid)}")
@@ -57,6 +62,8 @@ def config_error(err: ValidationError, raw: dict[str, Any], source: str, overrid
         return ConfigError(origin, key, f"expected {describe_field(field_info, limits=True)}, got {shown_value(value)}")
     if field_info is not None and first["type"] == "finite_number":
         return ConfigError(origin, key, f"expected {describe_field(field_info).replace('number', 'finite number', 1)}, got {shown_value(value)}")
+    if field_info is not None and section_type(field_info.annotation) is ModelConfig:
+        return ConfigError(origin, key, f"expected a section (mapping) with keys {', '.join(model_section(task).model_fields)}, got {shown_value(value)}")
     if field_info is not None:
         return ConfigError(origin, key, f"expected {describe_field(field_info)}, got {shown_value(value)}")
     return ConfigError(origin, key, first["msg"])

@@ -148,10 +148,25 @@ def without_added_defaults(values: dict[str, Any]) -> dict[str, Any]:
     return trimmed
 
 
+# The model section every task shared before each task declared its own (TaskSpec.model_section), which held every
+# model's keys: a config hashes with the keys its task's section lacks at these values, as it did then.
+FLAT_MODEL_SECTION: dict[str, Any] = {"target": None, "kwargs": {}, "widths": [32, 64, 128], "hidden": [256], "dropout": 0.0, "layers": 2,
+                                      "width": 128, "heads": 4, "context": 128, "tied_embeddings": True}
+
+
+def as_hashed(values: dict[str, Any]) -> dict[str, Any]:
+    """A config dict as its hash reads it: its model section completed with FLAT_MODEL_SECTION's keys it lacks, then
+    without the keys added later at their default (`without_added_defaults`). Two configs that differ only in what
+    this leaves out are the same config."""
+    model = values.get("model")
+    completed = {**values, "model": {**FLAT_MODEL_SECTION, **model}} if isinstance(model, dict) else values
+    return without_added_defaults(completed)
+
+
 def config_hash(config: RunConfig) -> str:
     """SHA-256 of the resolved config in canonical JSON: equal configs hash equal, however written; keys added
-    later hash only when they differ from their default (KEYS_ADDED_LATER)."""
-    return sha256_json(without_added_defaults(config_dict(config)))
+    later hash only when they differ from their default (`as_hashed`)."""
+    return sha256_json(as_hashed(config_dict(config)))
 
 
 def compact(config: RunConfig) -> str:

@@ -4,6 +4,8 @@ meaning; unknown keys, wrong types and out-of-range values are refused (see `Sec
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 import re
 import types
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional, Union
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, SerializeAsAny, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError, core_schema
 
 from veritrain.core import source_registry
@@ -21,7 +23,16 @@ from veritrain.core.config.quoting import key_text, quoted_list, shown_value
 from veritrain.core.errors import UserError
 from veritrain.core.hashing import canonical_json
 from veritrain.core.selection import test_key_problem
-from veritrain.core.task_registry import DEFAULT_TASK, TASKS, declared_models, known, task_names, task_spec
+from veritrain.core.task_registry import (
+    DEFAULT_MODEL_SECTION,
+    DEFAULT_TASK,
+    TASKS,
+    available_specs,
+    declared_models,
+    known,
+    task_names,
+    task_spec,
+)
 
 
 @dataclass(frozen=True)
@@ -314,28 +325,16 @@ class DataConfig(Section):
 
 
 class ModelConfig(Section):
-    name: str = Field(
-        "cnn", description="a model a task declares (its TaskSpec's `models`; the task's first when the config names none): "
-        "`cnn`: blocks of Conv3×3 (no bias) → BatchNorm → ReLU → MaxPool(2), global average pooling, linear head; "
-        "`mlp`: fully connected layers on flattened inputs; `resnet18`: ResNet-18, CIFAR variant (3×3 stem, no max-pool); "
-        "`gpt` (task: lm): a decoder-only transformer (veritrain.tasks.gpt). Ignored when `target` is set"
-    )
+    """The keys every task's model section has: which model, or a user's. A task declares its section as a subclass
+    with its models' own keys (TaskSpec.model_section: the image models' widths, hidden and dropout; the GPT's layers,
+    width, heads, ...); `task` picks the section a config's `model` is read with (`model_section`)."""
+
+    name: str = Field("", description="a model the task declares (its TaskSpec's `models`; the task's first when the config names none); "
+                      "ignored when `target` is set")
     target: Optional[str] = Field(
         None, description="a user model as `package.module:factory`; called as factory(input_shape=[C, H, W], num_outputs=N, **kwargs)"
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for the `target` factory")
-    widths: list[Width] = Field(
-        [32, 64, 128], min_length=1, description="cnn: output channels of each conv block, one entry per block"
-    )
-    hidden: list[Width] = Field(
-        [256], description="mlp: widths of the hidden layers (empty list: a linear model)"
-    )
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout probability before the output layer (gpt: in every block)")
-    layers: Annotated[int, Limit(1024)] = Field(2, ge=1, description="gpt: transformer blocks")
-    width: Annotated[int, Limit(65536)] = Field(128, ge=1, description="gpt: the embedding width (a multiple of model.heads)")
-    heads: Annotated[int, Limit(1024)] = Field(4, ge=1, description="gpt: attention heads per block")
-    context: Annotated[int, Limit(1 << 20)] = Field(128, ge=2, description="gpt: tokens per training window (and the most a prediction sees)")
-    tied_embeddings: bool = Field(True, description="gpt: the output layer shares the token embedding's weights")
 
     @field_validator("name")
     @classmethod
@@ -518,7 +517,8 @@ class RunConfig(Section):
                       "registered with veritrain.tasks.register_task or named by an installed package's entry point (group `veritrain.tasks`, docs/code.md)")
     # default_factory: pyright reads Field's positional defaults as required fields (see DataConfig.card)
     data: DataConfig = Field(default_factory=DataConfig, description="data source, split and preprocessing")  # pyright: ignore[reportArgumentType]
-    model: ModelConfig = Field(default_factory=ModelConfig, description="network architecture")  # pyright: ignore[reportArgumentType]
+    # read with the section its task declares (`model_section`); SerializeAsAny: dumped with that section's keys
+    model: SerializeAsAny[ModelConfig] = Field(default_factory=dict, description="the model: the keys of its task's section")  # pyright: ignore[reportArgumentType, reportAssignmentType]
     optim: OptimConfig = Field(default_factory=OptimConfig, description="optimizer")  # pyright: ignore[reportArgumentType]
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, description="learning-rate schedule")  # pyright: ignore[reportArgumentType]
     train: TrainConfig = Field(default_factory=TrainConfig, description="training loop")  # pyright: ignore[reportArgumentType]
@@ -566,6 +566,26 @@ class RunConfig(Section):
                          f"use a source that gives them ({', '.join(sources) or 'none is registered'})"
                          + (f" or a task that learns from {' and '.join(given)} (task: {' or '.join(tasks)})" if tasks else ""))
 
+    @field_validator("model", mode="before")
+    @classmethod
+    def _the_task_section(cls, value: Any, info: ValidationInfo) -> Any:
+        """`model` read with its task's section (`model_section`). A key that only another task's section declares is
+        left out where it holds that section's default: it changes nothing, and a record of the flat section every
+        task shared before holds every model's keys. Set to anything else it stays, and is refused as a setting of
+        that task (`model_key_owner`)."""
+        task = info.data.get("task", DEFAULT_TASK)
+        section = model_section(task)
+        if isinstance(value, section):
+            return value
+        if isinstance(value, ModelConfig):  # another task's section, e.g. from model_copy(update={"task": ...})
+            value = value.model_dump()
+        if not isinstance(value, dict):
+            return value  # the annotation says what was expected
+        others = [other for name, other in declared_sections() if name != task and other is not section]
+        kept = {key: item for key, item in value.items()
+                if key in section.model_fields or not any(_holds_default(other, key, item) for other in others)}
+        return section.model_validate(kept)
+
     @field_validator("model")
     @classmethod
     def _a_model_the_task_trains(cls, value: ModelConfig, info: ValidationInfo) -> ModelConfig:
@@ -579,9 +599,50 @@ class RunConfig(Section):
                 others = sorted(name for name in TASKS if (other := _declared(name)) is not None and value.name in other.models)
                 trained_by = f"; model {value.name} is trained by task {' or '.join(others)}" if others else ""
                 raise ValueError(f"task {task} trains model.name {names}, not {value.name!r}{trained_by}")
-        if value.name == "gpt" and value.width % value.heads:
-            raise ValueError(f"model.width {value.width} is not a multiple of model.heads {value.heads}; choose a width the heads divide")
         return value
+
+
+def model_section(task: Any) -> type[ModelConfig]:
+    """The class task `task`'s config reads `model` with: the section its TaskSpec declares (`model_section`), else the
+    built-in image models' (what a task that trains cnn, mlp or resnet18 reads; the name of the table's
+    `MODEL_SECTION`). A name that is not a task gets the latter too (its own validator refuses it)."""
+
+    spec = _declared(task)
+    declared = spec.model_section if spec is not None and spec.model_section is not None else _default_section()
+    if not (isinstance(declared, type) and issubclass(declared, ModelConfig)):
+        raise UserError(f"task {task!r}: its TaskSpec's model_section is {declared!r}; give a subclass of veritrain.core.config.ModelConfig")
+    return declared
+
+
+@functools.cache
+def _default_section() -> type[ModelConfig]:
+    module, _, name = DEFAULT_MODEL_SECTION.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def declared_sections() -> list[tuple[str, type[ModelConfig]]]:
+    """(task, its model section) of every task whose declaration this process has without importing a task's module
+    (veritrain.core.task_registry.available_specs)."""
+    found = []
+    for name in available_specs():
+        try:
+            found.append((name, model_section(name)))
+        except UserError:
+            continue
+    return found
+
+
+def model_key_owner(key: str, task: Any) -> Optional[str]:
+    """The first task (by name) whose model section declares `key` (a key of `model`) when task `task`'s does not: a
+    config that sets it is refused as that task's setting."""
+    if key in model_section(task).model_fields:
+        return None
+    return next((name for name, section in declared_sections() if name != task and key in section.model_fields), None)
+
+
+def _holds_default(section: type[ModelConfig], key: str, value: Any) -> bool:
+    info = section.model_fields.get(key)
+    return info is not None and value == info.get_default(call_default_factory=True)
 
 
 def _declared(task: Any) -> Any:
