@@ -322,6 +322,44 @@ def test_the_fixed_test_batch_prepares_without_split_skew(tmp_path):
     assert not [f for f in data.report()["findings"] if f["kind"] == "split_skew"]
 
 
+def test_a_prepare_from_the_same_files_reuses_the_version_without_parsing_them(tmp_path, monkeypatch):
+    """The files' SHA-256s name the version a config prepared from them: unchanged bytes reuse it without unpickling;
+    one changed byte, another config, an edited card or a memo naming a version of other files prepare anew."""
+    from veritrain.core.config import load_config
+    from veritrain.data import prepare, sources
+
+    write_fake_cifar10(tmp_path / "cifar", per_batch=40, seed=3)
+    state = tmp_path / ".veritrain"
+
+    def prepared(*overrides):
+        resolved = load_config(None, ["data.source=cifar10", f"data.root={tmp_path / 'cifar'}", "data.near_duplicates=off", *overrides])
+        return prepare.run(resolved.config.data, resolved.data_paths, state)
+
+    first = prepared()
+    parsed = []
+    real = sources.load_cifar10
+    monkeypatch.setattr(sources, "load_cifar10", lambda root: parsed.append(root) or real(root))
+    again = prepared()
+    assert (again.version, again.reused, parsed) == (first.version, True, [])
+    carded = prepared("data.card.license=CC0")  # another config: read and listed, the same version, its card written
+    assert (carded.version, len(parsed)) == (first.version, 1)
+    assert json.loads((carded.path / "card.json").read_text())["license"] == "CC0"
+    assert prepared("data.card.license=CC0").version == first.version and len(parsed) == 1
+    assert prepared().version == first.version and len(parsed) == 1
+    assert json.loads((first.path / "card.json").read_text()).get("license") != "CC0"  # this config's card again
+
+    batch = tmp_path / "cifar" / "data_batch_2"
+    raw = bytearray(batch.read_bytes())
+    raw[len(raw) // 2] ^= 1  # one pixel (the middle of the file is the pixel array)
+    batch.write_bytes(bytes(raw))
+    changed = prepared()
+    assert changed.version != first.version and len(parsed) == 2
+
+    memo = next(p for p in (state / "cache" / "prepared").glob("files-*") if json.loads(p.read_text())["version"] == changed.version)
+    memo.write_text(json.dumps({"version": first.version, "card": {}}))  # names a version made from other bytes
+    assert prepared().version == changed.version and len(parsed) == 3
+
+
 # --- pickles made to crash or exhaust the reader: refused from their opcodes, before unpickling ------------
 # Each is loaded in a child process, since without the limits some kill the process (hashing a tuple nested
 # 1,000,000 deep as a dict key segfaults; a memo index of 2**32 - 1 asks for 64 GiB). RunFailed, exit 1, like

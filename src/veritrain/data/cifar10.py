@@ -253,8 +253,8 @@ def _check_opcodes(raw: bytes) -> None:
             raise _Refused(f"refused pickle opcode {name} at byte {pos}")
 
 
-def _read_pickle(path: Path) -> tuple[Any, str]:
-    """The unpickled object and the SHA-256 of the file's bytes; RunFailed naming the file if it is not one."""
+def _read_bounded(path: Path) -> bytes:
+    """The bytes of one file of the folder, refused past MAX_FILE_BYTES (RunFailed naming the file)."""
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
@@ -267,6 +267,21 @@ def _read_pickle(path: Path) -> tuple[Any, str]:
         raise RunFailed(f"data.root: {path}: cannot read: {err.strerror or err}") from None
     if len(raw) > MAX_FILE_BYTES:
         raise RunFailed(f"data.root: {path}: grew past the {MAX_FILE_BYTES:,}-byte limit for a CIFAR-10 file while being read")
+    return raw
+
+
+def file_hashes(root: Path) -> Optional[dict[str, str]]:
+    """The SHA-256 of every file `load_cifar10` reads, by name, read but not parsed: equal hashes are equal samples
+    (the `files` of what it loads). None when one is missing (`load_cifar10` says what)."""
+    names = (*BATCH_FILES, META_FILE)
+    if not all((Path(root) / name).is_file() for name in names):
+        return None
+    return {name: hashlib.sha256(_read_bounded(Path(root) / name)).hexdigest() for name in names}
+
+
+def _read_pickle(path: Path) -> tuple[Any, str]:
+    """The unpickled object and the SHA-256 of the file's bytes; RunFailed naming the file if it is not one."""
+    raw = _read_bounded(path)
     buffer = io.BytesIO(raw)
     try:
         _check_opcodes(raw)

@@ -25,6 +25,7 @@ from veritrain.core import locks
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_json
 from veritrain.core.source_registry import TEXT_SOURCES
+from veritrain.core.version import __version__
 from veritrain.data import identity, text_prepare
 from veritrain.data.grouping import (
     SPLIT_PRIORITY,
@@ -59,7 +60,7 @@ from veritrain.data.identity import (
     version_id,
     version_id_of_manifest,
 )
-from veritrain.data.sources import FileListing, load_source
+from veritrain.data.sources import FILES_OF, FileListing, load_source
 from veritrain.data.store import (
     ARRAY_CHUNK,
     MANIFEST_COLUMNS,
@@ -231,6 +232,10 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     kept = _stored_by_an_earlier_recipe(workspace_state, recorded) if recorded is not None else None
     if kept is not None:
         return kept
+    files_memo = None if id_only else _files_memo(data_cfg, paths, workspace_state / "cache")
+    same_files = _version_of_files(files_memo, data_cfg, workspace_state) if files_memo is not None and not rehash else None
+    if same_files is not None:
+        return same_files
     timings: dict[str, float] = {}
     started = time.perf_counter()
     former_dir = former_version(data_cfg, versions or workspace_state / "data")
@@ -252,6 +257,7 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     memo = cache_dir / "prepared" / fingerprint
     reused = _remembered_version(memo, data_cfg, source, table, workspace_state)
     if reused is not None:
+        _remember_files(files_memo, reused.version, merged_card(data_cfg.card.model_dump(), getattr(source, "card", {})))
         return reused
 
     if isinstance(source, FileListing):
@@ -330,6 +336,7 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     write_data_card(final, card)
     loaded = load_version(final)
     remember(memo, version)
+    _remember_files(files_memo, version, card)
     _refuse_skew(data_cfg, loaded)
     if former_dir is None:  # without data.test_from: say when a test split moved
         _moved_out_of_test(store, version, preprocessing, samples)
@@ -396,6 +403,54 @@ def _remembered_version(memo: Path, data_cfg: DataConfig, source: Source, table:
             return loaded
         log.warning("data: the cache named version %s for these inputs, but it was made from others; preparing anew", remembered[:12])
     return None
+
+def _files_memo(data_cfg: DataConfig, paths: dict[str, Path], cache_dir: Path) -> Optional[tuple[Path, dict[str, str]]]:
+    """For a source whose samples are made from a fixed set of files (sources.FILES_OF: cifar10), the memo naming the
+    version this config prepared from those files' bytes, and their SHA-256s. None for any other source, and with
+    data.test_from or data.test_split_file, whose inputs are elsewhere."""
+    files_of = FILES_OF.get(data_cfg.source)
+    if files_of is None or data_cfg.test_from is not None or data_cfg.test_split_file is not None:
+        return None
+    files = files_of(data_cfg, paths)
+    if files is None:
+        return None
+    key = sha256_json({"data": data_cfg.model_dump(mode="json", exclude={"workers"}), "files": files,
+                       "versions": {"veritrain": __version__, **decoder_versions()}})
+    return cache_dir / "prepared" / f"files-{key}", files
+
+
+def _version_of_files(files_memo: tuple[Path, dict[str, str]], data_cfg: DataConfig, workspace_state: Path) -> Optional[DataVersion]:
+    """The stored version the memo names, when its origin's files are these bytes: a prepare of this config from them
+    (deterministic) would make it again, so it is reused without parsing, listing or hashing the samples. What train
+    and run gain is the time to read the source; verify never comes here (it prepares from the raw data)."""
+    memo, files = files_memo
+    try:
+        remembered = json.loads(memo.read_text(encoding="utf-8")) if memo.exists() else None
+    except (OSError, ValueError):
+        return None
+    version = remembered.get("version") if isinstance(remembered, dict) else None
+    final = workspace_state / "data" / version if isinstance(version, str) and version.isalnum() else None
+    if final is None or not (final / "version.json").exists():
+        return None
+    loaded = load_version(final)
+    if (loaded.info.get("origin") or {}).get("files_sha256") != files:
+        return None
+    log.info("data: reusing data version %s (the source's files unchanged)", version[:12])
+    card = remembered.get("card")
+    write_data_card(final, card if isinstance(card, dict) else merged_card(data_cfg.card.model_dump(), {}))
+    loaded.reused = True
+    _refuse_skew(data_cfg, loaded)
+    return loaded
+
+
+def _remember_files(files_memo: Optional[tuple[Path, dict[str, str]]], version: str, card: dict[str, Any]) -> None:
+    if files_memo is not None:
+        memo, _ = files_memo
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(f".{memo.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps({"version": version, "card": card}), encoding="utf-8")
+        os.replace(tmp, memo)
+
 
 def _refuse_skew(data_cfg: DataConfig, data: DataVersion) -> None:
     """data.on_split_skew: fail stops here (the version stays stored, with its report, for a look)."""

@@ -24,6 +24,7 @@ import numpy as np
 
 from veritrain.core import source_registry
 from veritrain.core.errors import RunFailed, UserError
+from veritrain.data import cifar10
 from veritrain.data.cifar10 import load_cifar10
 from veritrain.data.split import SPLITS
 
@@ -167,6 +168,18 @@ def load_cifar10_source(cfg: DataConfig, paths: dict[str, Path]) -> SourceData:
 
 
 # ---------------------------------------------------------------- file sources
+
+
+def cifar10_files(cfg: DataConfig, paths: dict[str, Path]) -> Optional[dict[str, str]]:
+    """The SHA-256s of the files a cifar10 source's samples are made from (its origin's `files_sha256`), None when
+    data.root lacks one."""
+    return cifar10.file_hashes(paths["root"]) if "root" in paths else None
+
+
+# data.source → the SHA-256s of the files its samples are made from, read without parsing them: where a source names
+# a fixed set of files, a prepare of the same config from the same bytes reuses its version without reading them
+# again (veritrain.data.prepare); a source not listed is read and listed every time
+FILES_OF: dict[str, Callable[[DataConfig, dict[str, Path]], Optional[dict[str, str]]]] = {"cifar10": cifar10_files}
 
 
 def _required(paths: dict[str, Path], key: str, what: str) -> Path:
