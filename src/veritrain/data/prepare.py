@@ -428,9 +428,10 @@ def _version_of_files(files_memo: tuple[Path, dict[str, str]], data_cfg: DataCon
         remembered = json.loads(memo.read_text(encoding="utf-8")) if memo.exists() else None
     except (OSError, ValueError):
         return None
-    version = remembered.get("version") if isinstance(remembered, dict) else None
-    final = workspace_state / "data" / version if isinstance(version, str) and version.isalnum() else None
-    if final is None or not (final / "version.json").exists():
+    if not isinstance(remembered, dict) or not isinstance(version := remembered.get("version"), str) or not version.isalnum():
+        return None
+    final = workspace_state / "data" / version
+    if not (final / "version.json").exists():
         return None
     loaded = load_version(final)
     if (loaded.info.get("origin") or {}).get("files_sha256") != files:
