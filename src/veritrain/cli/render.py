@@ -489,7 +489,7 @@ def run_record(run_dir: Path, record: dict[str, Any], read: Any = None) -> None:
     from rich.table import Table
 
     from veritrain.core.config import RunConfig
-    from veritrain.records.experiments import config_diff
+    from veritrain.records.experiments import config_changes
     from veritrain.records.record import SEAL_FILE
 
     table = Table(title=f"run {record['run_id']} ({record.get('kind')}, {record['status']})", show_header=False, title_justify="left")
@@ -507,7 +507,7 @@ def run_record(run_dir: Path, record: dict[str, Any], read: Any = None) -> None:
             defaults = RunConfig().model_dump(mode="json")
         except Exception:  # a default that cannot be built here (a plugin missing): show the config hash alone
             defaults = None
-        changed = config_diff(defaults, record.get("config")) if defaults is not None else {}
+        changed = config_changes(defaults, record.get("config")) if defaults is not None else {}
         table.add_row("config", f"{record.get('config_hash')} ({run_dir / 'config.yaml'})")
         for key, (default, value) in changed.items():
             table.add_row(f"  {key}", f"{json.dumps(value)} (default {json.dumps(default)})")

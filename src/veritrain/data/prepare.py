@@ -233,8 +233,7 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     if kept is not None:
         return kept
     files_memo = None if id_only else _files_memo(data_cfg, paths, workspace_state / "cache")
-    same_files = _version_of_files(files_memo, data_cfg, workspace_state) if files_memo is not None and not rehash else None
-    if same_files is not None:
+    if files_memo is not None and not rehash and (same_files := _version_of_files(files_memo, data_cfg, workspace_state)) is not None:
         return same_files
     timings: dict[str, float] = {}
     started = time.perf_counter()

@@ -34,6 +34,14 @@ def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, 
     return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
+def config_changes(reference: Optional[dict[str, Any]], config: Optional[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
+    """The keys two run configs differ in, read as their hashes read them (veritrain.core.config.as_hashed): a key added
+    later at its default, or a key of the flat model section an earlier veritrain recorded for every task, is no change."""
+    from veritrain.core.config import as_hashed
+
+    return config_diff(as_hashed(reference) if isinstance(reference, dict) else reference, as_hashed(config) if isinstance(config, dict) else config)
+
+
 
 
 def compare(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -127,7 +135,7 @@ def write(state_dir: Path, runs_dir: Path, out: Path) -> Path:
         if reference is None:
             lines.append("- changes: _first run of this experiment_")
         else:
-            diff = config_diff(reference["config"], row["config"])
+            diff = config_changes(reference["config"], row["config"])
             shown = ", ".join(f"`{k}` {_short(a)} → {_short(b)}" for k, (a, b) in diff.items()) or "_none (same config)_"
             lines.append(f"- changes vs {reference['run_id']}: {shown}" + (" (**more than one change**)" if len(diff) > 1 else ""))
             if row.get("reproduced_from") == reference["run_id"]:

@@ -273,7 +273,7 @@ def trust_lines(verdict: dict[str, Any]) -> list[str]:
 def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verified: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """Everything the run page shows, from the run folder alone. `verified`: the verify result the caller
     computed for this page (publish); without it the page shows the verdict kept in the workspace, if any."""
-    from veritrain.records.experiments import config_diff, flatten
+    from veritrain.records.experiments import config_changes, flatten
     from veritrain.records.record import read_record
     from veritrain.trust.check import amendment_rows, signed_by
 
@@ -281,7 +281,7 @@ def run_page(workspace: Workspace, run_id: str, with_check: bool = True, verifie
     record = read_record(run_dir)
     notes = registry.read_notes(run_dir)
     reference, ref_config = _reference_config(workspace, record)
-    changed = config_diff(ref_config, record.get("config")) if ref_config is not None else {}
+    changed = config_changes(ref_config, record.get("config")) if ref_config is not None else {}
     evals = []
     splits = {rel.split("/")[1]: rel for rel in sorted(record.get("artifacts") or {}) if rel.startswith("eval/") and rel.count("/") == 2}
     for split, first in sorted(splits.items()):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def experiments_page(workspace: Workspace, only: Optional[list[str]] = None) -> dict[str, Any]:
     """The experiment log (what experiments.md shows), built from the index: newest first, each entry with
     its hypothesis, config changes against its reference run, headline metrics and notes."""
-    from veritrain.records.experiments import config_diff, reference_of, shown_metrics
+    from veritrain.records.experiments import config_changes, reference_of, shown_metrics
 
     rows = registry.query(workspace.state_dir, workspace.runs_dir)
     if only is not None:
@@ -31,7 +31,7 @@ def experiments_page(workspace: Workspace, only: Optional[list[str]] = None) -> 
     entries = []
     for row in reversed(ordered):
         reference = reference_of(row, by_id, ordered)
-        changed = config_diff(reference["config"], row["config"]) if reference else {}
+        changed = config_changes(reference["config"], row["config"]) if reference else {}
         shown = shown_metrics(row)
         metrics = [(f"{split}.{name}", value) for split, values in (row["metrics"] or {}).items()
                    for name, value in values.items() if name in shown]

@@ -7,14 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from veritrain.core.config import ResolvedConfig, as_hashed, load_config
+from veritrain.core.config import ResolvedConfig, load_config
 from veritrain.core.errors import ConfigError, RunFailed, UserError
 from veritrain.core.selection import REPORT_SPLIT, SELECTION_SPLIT, has_validation_share, selection_name, sweep_metric
 from veritrain.core.task_registry import task_spec
 from veritrain.orchestration.trials import samplers
 from veritrain.orchestration.trials.planning import MISSING, Base, change_text, parse_vary, plan_base, require_ray, shown, value_at
 from veritrain.orchestration.trials.state import SWEEP, Slot
-from veritrain.records.experiments import config_diff
+from veritrain.records.experiments import config_changes
 from veritrain.records.record import read_record
 from veritrain.records.workspace import Workspace
 
@@ -159,7 +159,7 @@ def _given_parent(workspace: Workspace, ref: str) -> dict[str, Any]:
 def _check_parent_config(ref: str, record: dict[str, Any], base: ResolvedConfig) -> None:
     """A --parent run must be the base config (threads aside): else every delta would mix other changes in."""
 
-    diff = config_diff(as_hashed(record.get("config") or {}), as_hashed(base.as_dict()))
+    diff = config_changes(record.get("config") or {}, base.as_dict())
     diff.pop("train.threads", None)
     if diff:
         listed = ", ".join(f"{key} ({shown(a)} → {shown(b)})" for key, (a, b) in list(diff.items())[:4]) + (", ..." if len(diff) > 4 else "")
