@@ -217,3 +217,24 @@ def test_runs_list_and_the_browsers_table_list_the_same_runs_in_the_same_order(w
     listed = [r["run_id"] for r in registry.query(workdir / ".veritrain", workdir / "runs", status=("completed",), sort=sort or None)]
     table = runs_table(Workspace.open(workdir), {"sort": sort, "status": "completed"})
     assert [row["run_id"] for row in table["rows"]] == listed and len(listed) >= 2
+
+
+def test_the_flat_model_section_of_earlier_records_is_no_change():
+    """An earlier veritrain recorded every model's keys for every task; the runs table, experiments.md, the run page and
+    sweep --parent read configs as their hashes do, so those keys at their defaults are no change."""
+    from veritrain.core.config import FLAT_MODEL_SECTION, RunConfig
+    from veritrain.records import registry
+    from veritrain.records.experiments import config_changes
+
+    def config(**sets):
+        return RunConfig.model_validate(sets).model_dump(mode="json")
+
+    flat_classifier = config()
+    flat_classifier["model"] = {**FLAT_MODEL_SECTION, **flat_classifier["model"]}
+    assert registry.changed_params(flat_classifier) == {} and config_changes(flat_classifier, config()) == {}
+    lm = config(task="lm", data={"source": "pydoc_topics"})
+    flat_lm = {**lm, "model": {**FLAT_MODEL_SECTION, **lm["model"]}}
+    assert config_changes(flat_lm, lm) == {}
+    assert registry.changed_params(lm) == registry.changed_params(flat_lm) == {"task": "lm", "data.source": "pydoc_topics", "model.name": "gpt"}
+    deeper = config(task="lm", data={"source": "pydoc_topics"}, model={"layers": 3})
+    assert config_changes(flat_lm, deeper) == {"model.layers": (2, 3)}

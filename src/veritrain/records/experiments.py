@@ -35,11 +35,11 @@ def config_diff(reference: Optional[dict[str, Any]], config: Optional[dict[str, 
 
 
 def config_changes(reference: Optional[dict[str, Any]], config: Optional[dict[str, Any]]) -> dict[str, tuple[Any, Any]]:
-    """The keys two run configs differ in, read as their hashes read them (veritrain.core.config.as_hashed): a key added
-    later at its default, or a key of the flat model section an earlier veritrain recorded for every task, is no change."""
-    from veritrain.core.config import as_hashed
+    """The keys two run configs differ in, each read whole (veritrain.core.config.completed): a key added later, or a key
+    of the flat model section an earlier veritrain recorded for every task, is no change where it holds its default."""
+    from veritrain.core.config import completed
 
-    return config_diff(as_hashed(reference) if isinstance(reference, dict) else reference, as_hashed(config) if isinstance(config, dict) else config)
+    return config_diff(completed(reference) if isinstance(reference, dict) else reference, completed(config) if isinstance(config, dict) else config)
 
 
 

@@ -31,7 +31,7 @@ from veritrain.records.run_query import COLUMNS, Where, order_by
 # that differ among thousands of runs from these few values instead of every run's whole config
 JSON_COLUMNS = ("metrics", "config", "notes", "params")
 SCHEMA_VERSION = 5  # 2: world_size, sweep, sweep_kind and params; 3: params without the settings a run does not use; 4: the
-# built-in models' settings as the tasks declare them (model.context among them); 5: params read as config hashes read them
+# built-in models' settings as the tasks declare them (model.context among them); 5: params of configs read whole (core.config.completed)
 
 log = logging.getLogger("veritrain")
 
@@ -73,9 +73,9 @@ def flatten(config: Optional[dict[str, Any]], prefix: str = "") -> dict[str, Any
 def default_leaves() -> dict[str, Any]:
     """The default config's leaves, which `params` is relative to ({} when the defaults cannot be built here)."""
     try:
-        from veritrain.core.config import RunConfig, as_hashed
+        from veritrain.core.config import RunConfig, completed
 
-        return flatten(as_hashed(RunConfig().model_dump(mode="json")))
+        return flatten(completed(RunConfig().model_dump(mode="json")))
     except Exception:  # a default that cannot be built here (a plugin missing): every leaf counts as changed
         return {}
 
@@ -105,10 +105,10 @@ def changed_params(config: Any) -> dict[str, Any]:
     """The leaves of `config` that differ from the default config (a key the defaults lack counts as changed), left
     out the settings its run does not use (a user's model ignores the built-in models' settings). The one rule of
     which config keys tell runs apart: the runs table's parameter columns and every comparison of runs read it."""
-    from veritrain.core.config import as_hashed  # a key added later at its default, or of the flat model section, is no change
+    from veritrain.core.config import completed  # a key added later, or of the flat model section, at its default is no change
 
     defaults, missing = default_leaves(), object()
-    flat = flatten(as_hashed(config) if isinstance(config, dict) else {})
+    flat = flatten(completed(config) if isinstance(config, dict) else {})
     return {k: v for k, v in flat.items() if defaults.get(k, missing) != v and not _unused(k, flat)}
 
 

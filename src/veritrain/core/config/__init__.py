@@ -24,6 +24,7 @@ from veritrain.core.config.resolved import (
     ResolvedConfig,
     as_hashed,
     compact,
+    completed,
     config_dict,
     config_from_record,
     config_hash,
@@ -59,6 +60,6 @@ __all__ = [
     "AugmentConfig", "CONFIG_AS_GIVEN", "CheckpointConfig", "FLAT_MODEL_SECTION", "DATA_PATH_KEYS", "DEFAULT_CONFIG_NAME", "DataCard", "DataConfig",
     "EvalConfig", "ExportConfig", "GenerationConfig", "INT64", "KEYS_ADDED_LATER", "Limit", "LoggingConfig", "MANY", "MAX_CONFIG_BYTES", "MAX_NESTING",
     "MAX_VALUES", "ModelConfig", "NOT_RECORDED", "OptimConfig", "ResolvedConfig", "RunConfig", "ScheduleConfig", "Section", "Side",
-    "TrainConfig", "Width", "as_hashed", "compact", "config_dict", "config_from_record", "config_hash", "describe_field", "load_config",
+    "TrainConfig", "Width", "as_hashed", "compact", "completed", "config_dict", "config_from_record", "config_hash", "describe_field", "load_config",
     "paths_from_record", "reference_markdown", "reference_rows", "resolved_from_record", "to_yaml", "without_added_defaults",
 ]

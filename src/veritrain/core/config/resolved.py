@@ -163,6 +163,24 @@ def as_hashed(values: dict[str, Any]) -> dict[str, Any]:
     return without_added_defaults(completed)
 
 
+def completed(values: dict[str, Any]) -> dict[str, Any]:
+    """A config dict with every key a config of earlier or other veritrains may lack filled in at the value it had:
+    the flat model section's keys its task's section lacks, and each key added later at its default (KEYS_ADDED_LATER).
+    Two configs are the same config when their completed forms are equal, as when their hashes are (`as_hashed`); what
+    compares runs' configs reads this form, which shows every value."""
+    full = json.loads(json.dumps(values))
+    if isinstance(full.get("model"), dict):
+        full["model"] = {**FLAT_MODEL_SECTION, **full["model"]}
+    for dotted, default in KEYS_ADDED_LATER.items():
+        *parents, leaf = dotted.split(".")
+        section = full
+        for name in parents:
+            section = section.get(name) if isinstance(section, dict) else None
+        if isinstance(section, dict) and leaf not in section:
+            section[leaf] = json.loads(json.dumps(default))
+    return full
+
+
 def config_hash(config: RunConfig) -> str:
     """SHA-256 of the resolved config in canonical JSON: equal configs hash equal, however written; keys added
     later hash only when they differ from their default (`as_hashed`)."""
