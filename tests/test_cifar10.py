@@ -358,6 +358,9 @@ def test_a_prepare_from_the_same_files_reuses_the_version_without_parsing_them(t
     memo = next(p for p in (state / "cache" / "prepared").glob("files-*") if json.loads(p.read_text())["version"] == changed.version)
     memo.write_text(json.dumps({"version": first.version, "card": {}}))  # names a version made from other bytes
     assert prepared().version == changed.version and len(parsed) == 3
+    resolved = load_config(None, ["data.source=cifar10", f"data.root={tmp_path / 'cifar'}", "data.near_duplicates=off"])
+    assert prepare.version_now(resolved.config.data, resolved.data_paths, tmp_path / "scratch") == changed.version
+    assert len(parsed) == 4  # verify's way (version_now) always reads the samples
 
 
 # --- pickles made to crash or exhaust the reader: refused from their opcodes, before unpickling ------------
