@@ -113,3 +113,32 @@ def test_a_last_step_that_would_leave_a_rank_under_two_samples_is_dropped():
     rows, train_rows = np.arange(11), np.arange(100, 111)
     assert [len(p) for p in batches_of(cfg, train_rows, rows, 1)] == [8, 3]  # type: ignore[arg-type]
     assert [len(p) for p in batches_of(cfg, train_rows, rows, 2)] == [8]  # type: ignore[arg-type]  # 3 rows: a rank would get 1
+
+
+AUGMENTED = ["train.epochs=2", "model.name=cnn", "model.widths=[8]", "train.batch_size=64", "train.accumulate_steps=2",
+             "augment.crop_padding=1", "augment.hflip=true", "augment.mixup_alpha=0.4", "model.dropout=0.3", "eval.baselines=false",
+             "export.formats=[]", "train.threads=1"]
+
+
+def test_the_number_of_workers_changes_nothing_but_who_builds_the_batches(tmp_path):
+    """Each step's batches (rows, crops, flips, mixing) are a pure function of the step, so workers that build them
+    ahead give the same final state as the training process building them, for 0, 1 and 2 workers; their seeds come
+    from a private generator, so dropout draws alike too."""
+    from conftest import in_process_run
+
+    finals = {}
+    for workers in (0, 1, 2):
+        record = in_process_run(tmp_path, [*AUGMENTED, f"train.num_workers={workers}"], kind="train").record
+        assert record["status"] == "completed" and record["training"]["settings"]["num_workers"] == workers
+        finals[workers] = record["final_state_sha256"]
+    assert finals[0] == finals[1] == finals[2]
+
+
+def test_a_feeder_asked_for_another_step_starts_its_workers_there():
+    """A resume point or a rollback asks for a step that is not the next one: the workers begin again from it."""
+    from veritrain.train.loader import Feeder
+
+    built = lambda step: [torch.full((2,), float(step))]  # noqa: E731
+    with Feeder(built, 10, workers=2) as feed:
+        assert [float(feed.get(k)[0][0]) for k in (0, 1, 2, 5, 6, 1, 2)] == [0, 1, 2, 5, 6, 1, 2]
+    assert [float(t[0]) for k in (3, 4) for t in Feeder(built, 10, workers=0).get(k)] == [3, 4]

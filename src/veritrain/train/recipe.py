@@ -5,6 +5,8 @@ every epoch's end.
 What it draws is a pure function of the config: step k trains on rows `Order.rows(k)` (a permutation per epoch,
 seeded by (seed, epoch)) with augmentation from `engine.generator(k)` (seeded by (seed, k)), so a run killed at any
 moment and resumed from its newest checkpoint ends bit-identical, and an audit replays any stretch from its start.
+The same makes `train.num_workers` change nothing but speed: worker processes build the steps' batches ahead of them
+(`StepBatches`, veritrain.train.loader), each exactly what this process would have built.
 Everything else the steps carry (weights, optimizer, schedule, gradient scaler, the RNG states, the epoch's partial
 sums, the best metric) is registered with the engine and saved in every checkpoint.
 
@@ -28,7 +30,7 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -44,6 +46,7 @@ from veritrain.tasks import split_rows
 from veritrain.train import ranks as rank_group, steplog as steplog_files
 from veritrain.train.checkpointer import ReplayDone
 from veritrain.train.engine import Best, Engine, Guard, HandBack
+from veritrain.train.loader import Feeder
 from veritrain.train.order import Order
 from veritrain.train.parts import (
     EpochJudge,
@@ -112,6 +115,7 @@ class Setup:
     best: Best
     best_key: str
     params: list[torch.nn.Parameter]
+    feed: Feeder  # each step's batches, built by `train.num_workers` workers ahead of it, or here when it comes
 
     def autocast(self) -> Any:
         precision = self.cfg.train.precision
@@ -166,7 +170,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
 
     # ---- the steps; a signal takes effect at the next step boundary, never mid-save
     loop_started, shown_epoch = time.perf_counter(), 0
-    with steplog, stop.deferred():
+    with steplog, stop.deferred(), s.feed:
         for step, rows in ([] if best.stop or pruned is not None else engine.batches(order)):
             epoch, within = order.epoch_of(step)
             if epoch != shown_epoch or within == 0:
@@ -245,9 +249,33 @@ def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events
     if ranks.world_size > 1:
         log.info("train: rank %d of %d (%d node(s), backend %s); each batch of %d is split over the ranks",
                  ranks.rank, ranks.world_size, ranks.nodes, ranks.backend, tcfg.batch_size)
+    built_on = device if tcfg.num_workers == 0 else torch.device("cpu")  # a worker builds on the CPU; the step moves it
+    feed = Feeder(StepBatches(cfg, data, task, ranks, train_rows, order, engine, built_on), order.total, tcfg.num_workers, pin=device.type == "cuda")
     return Setup(cfg=cfg, data=data, task=task, ranks=ranks, device=device, model=model, forward=torch.compile(trainer) if tcfg.compile else trainer,
                  optimizer=optimizer, schedule=schedule, scaler=scaler, train_rows=train_rows, order=order, engine=engine, sums=sums,
-                 best=best, best_key=best_key, params=params)
+                 best=best, best_key=best_key, params=params, feed=feed)
+
+
+class StepBatches:
+    """Step k → its batches, as (rows of this rank's share, rows of the whole batch, inputs, targets), one per batch whose
+    gradients the step accumulates: the rows of `Order.rows(k)`, built by the task with the engine's generator for k.
+    A pure function of k, so it gives the same in a worker process as here (veritrain.train.loader)."""
+
+    def __init__(self, cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Ranks, train_rows: np.ndarray, order: Order,
+                 engine: Engine, device: torch.device) -> None:
+        self.cfg, self.data, self.task, self.ranks, self.train_rows, self.order = cfg, data, task, ranks, train_rows, order
+        self.engine, self.device = engine, device
+        self._epoch, self._permutation = -1, np.empty(0, dtype=np.int64)
+
+    def __call__(self, step: int) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
+        epoch = step // self.order.per_epoch
+        if epoch != self._epoch:
+            self._epoch, self._permutation = epoch, self.order.permutation(epoch + 1)
+        augment = self.engine.generator(step)
+        for part in batches_of(self.cfg, self.train_rows, self.order.rows(step, self._permutation), self.ranks.world_size):
+            share = self.ranks.shard(part)
+            x, y = self.task.batch(self.data, share, self.device, True, augment)
+            yield len(share), len(part), x, y
 
 
 def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool, stop: StopFlag) -> Stepped:
@@ -257,11 +285,10 @@ def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool, stop:
     tcfg, engine, task, ranks = s.cfg.train, s.engine, s.task, s.ranks
     done = Stepped(0.0, False, None, stop.signum, False)
     s.optimizer.zero_grad(set_to_none=True)
-    augment = engine.generator(step)
-    parts = batches_of(s.cfg, s.train_rows, rows, ranks.world_size)
-    for part in parts:
-        share = ranks.shard(part)
-        x, y = task.batch(s.data, share, s.device, True, augment)
+    count = len(batches_of(s.cfg, s.train_rows, rows, ranks.world_size))  # the step's batches: each one's loss counts 1/count
+    for share, part, x, y in s.feed.get(step):
+        if x.device != s.device:  # built by a worker
+            x, y = x.to(s.device, non_blocking=True), y.to(s.device, non_blocking=True)
         if tcfg.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
         with s.autocast():
@@ -269,17 +296,17 @@ def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool, stop:
             batch_loss = task.loss(outputs, y)
         value, stats = batch_loss.item(), task.batch_stats(outputs.detach().float(), y)
         if ranks.world_size > 1:  # the whole batch's numbers, the same on every rank (so are all decisions)
-            summed = rank_group.sum_batch(value, len(share), stats, stop.signum, engine.minutes_due(s.cfg.checkpoint.every_minutes))
+            summed = rank_group.sum_batch(value, share, stats, stop.signum, engine.minutes_due(s.cfg.checkpoint.every_minutes))
             value, stats, done.signum, done.minutes_due = summed.loss, summed.stats, summed.signum, summed.minutes_due
-            if len(share) * ranks.world_size != len(part):  # DDP averages the ranks' gradients: weigh an unequal share
-                batch_loss = batch_loss * (len(share) * ranks.world_size / len(part))
+            if share * ranks.world_size != part:  # DDP averages the ranks' gradients: weigh an unequal share
+                batch_loss = batch_loss * (share * ranks.world_size / part)
         if not engine.guard(value, "loss"):
             if engine.rewound:
                 return done
             continue
-        s.scaler.scale(batch_loss / len(parts) if len(parts) > 1 else batch_loss).backward()
-        done.updated, done.loss = True, done.loss + value / len(parts)
-        s.sums.add(value, len(part), stats)
+        s.scaler.scale(batch_loss / count if count > 1 else batch_loss).backward()
+        done.updated, done.loss = True, done.loss + value / count
+        s.sums.add(value, part, stats)
     if done.updated and (tcfg.grad_clip or tcfg.check_grad_norm or norm_for_log):
         s.scaler.unscale_(s.optimizer)
         done.grad_norm = float(torch.nn.utils.clip_grad_norm_(s.params, tcfg.grad_clip or float("inf")))

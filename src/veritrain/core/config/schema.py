@@ -416,7 +416,9 @@ class TrainConfig(Section):
     threads: Optional[Annotated[int, Limit(4096)]] = Field(
         None, ge=1, description="CPU threads for torch (intra-op); null leaves torch's default. Results are bit-exact only for the same value"
     )
-    num_workers: Annotated[int, Limit(4096)] = Field(0, ge=0, description="recorded for comparison across resumes; batches are built in the training process from the prepared arrays")
+    num_workers: Annotated[int, Limit(4096)] = Field(0, ge=0, description="worker processes that build the training batches (and augment them) "
+                                                     "ahead of the steps; 0: the training process builds each. Results are the same for any number: a "
+                                                     "step's batches are a pure function of the step")
     deterministic: bool = Field(
         True, description="use only deterministic kernels (`torch.use_deterministic_algorithms`); same seed → same weights"
     )

@@ -1,0 +1,71 @@
+"""Batches built ahead of the steps that train on them, in worker processes (`train.num_workers`), with results that do
+not depend on how many there are: what a step trains on is a pure function of the step (its rows, `Order.rows`; its
+augmentation, the generator the engine gives that step), so a worker builds exactly what the training process would
+have built, and a resumed run, a replay or a rollback asks for another step and gets it. With no workers the training
+process builds each batch itself, when the step reaches it, as it always did.
+
+    feed = Feeder(lambda step: build(step), total_steps, workers=2, pin=False)
+    for step in range(start, total_steps):
+        parts = feed.get(step)   # the step's batches, built (and prefetched) by the workers
+    feed.close()
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+PREFETCH = 2  # steps each worker builds ahead
+
+
+class _Steps(Dataset):
+    """Step k → what `build(k)` gives, as a list (a worker sends it whole)."""
+
+    def __init__(self, build: Callable[[int], Iterable[Any]]) -> None:
+        self.build = build
+
+    def __getitem__(self, step: int) -> list[Any]:
+        return list(self.build(step))
+
+
+class Feeder:
+    """The batches of every step from the one asked for on: `get(step)` gives `build(step)`'s batches. With workers they
+    are built in `workers` processes, `PREFETCH` steps each ahead of the step training, pinned when `pin`; asked for
+    another step than the next (a resume point, a rollback), the workers start again from it. The workers draw nothing
+    from the training process's generators (theirs is a private one), so its dropout and initialisation stay the same
+    for any number of workers."""
+
+    def __init__(self, build: Callable[[int], Iterable[Any]], total: int, workers: int, pin: bool = False) -> None:
+        self.build, self.total, self.workers, self.pin = build, total, workers, pin
+        self._batches: Optional[Iterator[list[Any]]] = None
+        self._next = -1
+
+    def get(self, step: int) -> Iterable[Any]:
+        if self.workers == 0:
+            return self.build(step)
+        if self._batches is None or step != self._next:
+            self.close()
+            self._batches = iter(self._loader(step))
+        self._next = step + 1
+        return next(self._batches)
+
+    def _loader(self, start: int) -> DataLoader:
+        # fork where the platform has it: the workers share the task's decoded arrays instead of receiving a copy
+        context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+        return DataLoader(_Steps(self.build), batch_size=None, sampler=range(start, self.total), num_workers=self.workers,
+                          prefetch_factor=PREFETCH, pin_memory=self.pin, multiprocessing_context=context,
+                          generator=torch.Generator())  # the base seed it draws comes from here, not the global generator
+
+    def close(self) -> None:
+        """Stop the workers (their prefetched batches are dropped)."""
+        self._batches = None  # the iterator's finaliser shuts its workers down
+        self._next = -1
+
+    def __enter__(self) -> Feeder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
