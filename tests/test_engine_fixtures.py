@@ -1,6 +1,7 @@
 """Runs interrupted mid-epoch by the training engines as they were before the built-in training became a recipe over
 the public primitives (tests/fixtures/legacy/README.md: engine0-*): a cnn run kept for audit, a language model, a
-user's own loop (examples/own_loop.py) and a run of two processes. Each resumes to the weights an uninterrupted run of
+user's own loop (examples/own_loop.py) and a run of two processes; and a run of the recipe as it was before its
+batches could be built by workers (engine1-recipe). Each resumes to the weights an uninterrupted run of
 that code reached, then reproduces identically, and audits identically where one process trained it: a run keeps the
 engine that trained it."""
 
@@ -24,6 +25,8 @@ FIXTURES = {
     "ranks": ("engine0-ranks.tar.gz", "20261207-095959-207-e26880", "3031a36588481ea54f325b0106f15086a9d52f25c854628a5f190adf61cfdc10", None),
     "script": ("engine0-script.tar.gz", "20261207-054859-206-74bf7f", "b814bf474460c5a6377d1ccf55c589bc340786c3cbc29b2c02e13f514b64bfb6",
                "/tmp/fx/script"),
+    # the recipe (training.engine recipe-1) before batches could be built by workers and steps became the unit
+    "recipe": ("engine1-recipe.tar.gz", "20261207-135111-356-c19121", "663650fcaa439c80c91838e10489258c9cc2ef08180b91340d1208bc86642054", None),
 }
 
 
@@ -53,7 +56,8 @@ def test_an_interrupted_run_of_the_previous_engine_resumes_audits_and_reproduces
     assert done.code == 0 and comparison["verdict"] == "identical", comparison
     assert resumed["final_state_sha256"] == fresh["final_state_sha256"] == uninterrupted
 
-    assert resumed["training"].get("engine") is None and fresh["training"].get("engine") is None  # the earlier loop, both times
+    engine = "recipe-1" if kind == "recipe" else None  # the earlier loop (no engine named) for the engine0 runs, both times
+    assert resumed["training"].get("engine") == engine and fresh["training"].get("engine") == engine
     done = veritrain_process("audit", run_id, "--trust-code", "--workdir", str(tmp_path), "--json", timeout=600)
     if kind == "ranks":  # a segment of a 2-process run cannot be replayed in one process: the reproduction above is its check
         assert done.code == 2 and "reproduce" in done.stderr, done.stderr
