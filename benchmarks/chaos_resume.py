@@ -6,11 +6,13 @@ check that the final weights, metrics and committed trajectory equal an uninterr
 lightning extra; 0 by default).
 
     .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--script-kills 10] [--lightning-kills 10] [--seed 0]
+    .venv/bin/python benchmarks/chaos_resume.py --kills 10 --script-kills 0 --workers 2   # batches built by 2 workers
 
 Prints `N/20 identical`, `N/10 identical (script)` and `N/10 identical (lightning)` (one line per kill-and-resume
 cycle before each). The kill schedule comes from --seed, so a failure can be replayed. A Lightning run is compared
 by its final weights and committed trajectory (every checkpoint's state hash): the metrics Lightning averages over
-an epoch start again at a resume inside it.
+an epoch start again at a resume inside it. With `--workers N` the built-in training (the reference and every killed
+run) builds its batches in N worker processes (`train.num_workers`), which a SIGKILL leaves to exit on their own.
 """
 
 from __future__ import annotations
@@ -183,7 +185,9 @@ def main() -> None:
     parser.add_argument("--script-kills", type=int, default=10)
     parser.add_argument("--lightning-kills", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, help="train.num_workers of the built-in training's runs")
     args = parser.parse_args()
+    CHAOS.extend(["--set", f"train.num_workers={args.workers}"])
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         if args.lightning_kills:
@@ -207,7 +211,8 @@ def main() -> None:
             identical += same
             killed += kills
             print(f"cycle {i + 1}: {'killed and resumed' if kills else 'finished before the kill'}, {'identical' if same else 'DIFFERENT'}", flush=True)
-        print(f"{identical}/{args.kills} identical ({killed} of them killed mid-run; seed {args.seed})")
+        workers = f", {args.workers} workers" if args.workers else ""
+        print(f"{identical}/{args.kills} identical ({killed} of them killed mid-run; seed {args.seed}{workers})")
 
 
 if __name__ == "__main__":
