@@ -125,18 +125,20 @@ def test_the_number_of_workers_changes_nothing_but_who_builds_the_batches(tmp_pa
     ahead give the same final state as the training process building them, for 0, 1 and 2 workers; their seeds come
     from a private generator, so dropout draws alike too."""
     from conftest import in_process_run
+    from veritrain.records.experiments import flatten
 
     finals = {}
-    for workers in (0, 1, 2):
-        record = in_process_run(tmp_path, [*AUGMENTED, f"train.num_workers={workers}"], kind="train").record
+    for workers in (0, 1, 2):  # evaluation builds its batches with the same workers
+        record = in_process_run(tmp_path, [*AUGMENTED, f"train.num_workers={workers}"]).record
         assert record["status"] == "completed" and record["training"]["settings"]["num_workers"] == workers
-        finals[workers] = record["final_state_sha256"]
+        numbers = {k: v for k, v in flatten(json.loads(json.dumps(record["metrics"]))).items() if isinstance(v, float)}
+        finals[workers] = record["final_state_sha256"], numbers  # (a checkpoint's hash binds its config, num_workers too)
     assert finals[0] == finals[1] == finals[2]
 
 
 def test_a_feeder_asked_for_another_step_starts_its_workers_there():
     """A resume point or a rollback asks for a step that is not the next one: the workers begin again from it."""
-    from veritrain.train.loader import Feeder
+    from veritrain.data.loader import Feeder
 
     built = lambda step: [torch.full((2,), float(step))]  # noqa: E731
     with Feeder(built, 10, workers=2) as feed:

@@ -73,7 +73,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, device: to
         shown_path = str(path)
     out_dir = (out_root or run_dir) / "eval" / split
     evaluator = task.evaluator(model, data, split, cfg)
-    stream(model, task, data, split, device, cfg.eval.batch_size, evaluator, shown_path)
+    stream(model, task, data, split, device, cfg.eval.batch_size, evaluator, shown_path, workers=cfg.train.num_workers)
     metrics = evaluator.compute()
     out_dir.mkdir(parents=True, exist_ok=True)
     evaluator.write(out_dir, metrics)

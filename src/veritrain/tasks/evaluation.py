@@ -8,12 +8,13 @@ and `validate_with_criterion` (metrics.jsonl's val_loss and val_<stat> after eve
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 import torch
 
 from veritrain.core.errors import RunFailed
+from veritrain.data.loader import Feeder
 
 if TYPE_CHECKING:
     from veritrain.data.identity import DataVersion
@@ -34,19 +35,35 @@ class Evaluator(Protocol):
         ...
 
 
+def split_batches(task: Task, data: DataVersion, rows: np.ndarray, device: torch.device, batch_size: int,
+                  workers: int = 0) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
+    """`rows` in order, `batch_size` at a time, as the task builds them for evaluation (no augmentation): (the rows,
+    inputs, targets) on `device`, built ahead by `workers` worker processes (veritrain.data.loader) or here."""
+    generator = torch.Generator().manual_seed(0)  # unused without augmentation; required by the protocol
+    built_on = device if workers == 0 else torch.device("cpu")
+    count = -(-len(rows) // batch_size)
+
+    def build(index: int) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
+        chunk = rows[index * batch_size : (index + 1) * batch_size]
+        yield (chunk, *task.batch(data, chunk, built_on, False, generator))
+
+    with Feeder(build, count, workers, pin=device.type == "cuda") as feed:
+        for index in range(count):
+            for chunk, x, y in feed.get(index):
+                yield chunk, x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
 def stream(model: torch.nn.Module, task: Task, data: DataVersion, split: str, device: torch.device, batch_size: int,
-           evaluator: Evaluator, where: str, limit: Optional[int] = None) -> int:
+           evaluator: Evaluator, where: str, limit: Optional[int] = None, workers: int = 0) -> int:
     """Every row of `split` (its first `limit`) through the model in eval mode, batch by batch into `evaluator`;
     the number of rows. A batch with NaN or inf outputs is not given to it: once every batch is through, RunFailed
-    says how many rows had them (`where`: the checkpoint, for the message), since no metric of them means anything."""
+    says how many rows had them (`where`: the checkpoint, for the message), since no metric of them means anything.
+    `workers`: processes that build the batches ahead (`split_batches`)."""
     model.eval()
     rows = task.rows(data, split)[:limit]
-    generator = torch.Generator().manual_seed(0)  # unused without augmentation; required by the protocol
     bad = 0
     with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            x, y = task.batch(data, chunk, device, False, generator)
+        for chunk, x, y in split_batches(task, data, rows, device, batch_size, workers):
             outputs = model(x).float()
             found = int((~torch.isfinite(outputs.reshape(len(outputs), -1))).any(dim=1).sum()) if outputs.numel() else 0
             bad += found
@@ -89,11 +106,8 @@ def forward_split(model: torch.nn.Module, task: Task, data: DataVersion, split: 
     """All outputs and targets of one split (its first `limit` rows) in eval mode, in split order, on the CPU; NaN and
     inf kept (what reads them decides)."""
     model.eval()
-    rows = task.rows(data, split)[:limit]
     outputs, targets = [], []
-    generator = torch.Generator().manual_seed(0)  # unused without augmentation; required by the protocol
-    for start in range(0, len(rows), batch_size):
-        x, y = task.batch(data, rows[start : start + batch_size], device, False, generator)
+    for _, x, y in split_batches(task, data, task.rows(data, split)[:limit], device, batch_size):
         outputs.append(model(x).float().cpu())
         targets.append(y.cpu())
     if not outputs:

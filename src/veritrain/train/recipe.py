@@ -6,7 +6,7 @@ What it draws is a pure function of the config: step k trains on rows `Order.row
 seeded by (seed, epoch)) with augmentation from `engine.generator(k)` (seeded by (seed, k)), so a run killed at any
 moment and resumed from its newest checkpoint ends bit-identical, and an audit replays any stretch from its start.
 The same makes `train.num_workers` change nothing but speed: worker processes build the steps' batches ahead of them
-(`StepBatches`, veritrain.train.loader), each exactly what this process would have built.
+(`StepBatches`, veritrain.data.loader), each exactly what this process would have built.
 Everything else the steps carry (weights, optimizer, schedule, gradient scaler, the RNG states, the epoch's partial
 sums, the best metric) is registered with the engine and saved in every checkpoint.
 
@@ -41,12 +41,12 @@ from veritrain.core.errors import Interrupted, RunFailed
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.core.seeding import seed_everything
 from veritrain.core.signals import StopFlag
+from veritrain.data.loader import Feeder
 from veritrain.records.record import RECORD_FORMAT
 from veritrain.tasks import split_rows
 from veritrain.train import ranks as rank_group, steplog as steplog_files
 from veritrain.train.checkpointer import ReplayDone
 from veritrain.train.engine import Best, Engine, Guard, HandBack
-from veritrain.train.loader import Feeder
 from veritrain.train.order import Order
 from veritrain.train.parts import (
     EpochJudge,
@@ -259,7 +259,7 @@ def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events
 class StepBatches:
     """Step k → its batches, as (rows of this rank's share, rows of the whole batch, inputs, targets), one per batch whose
     gradients the step accumulates: the rows of `Order.rows(k)`, built by the task with the engine's generator for k.
-    A pure function of k, so it gives the same in a worker process as here (veritrain.train.loader)."""
+    A pure function of k, so it gives the same in a worker process as here (veritrain.data.loader)."""
 
     def __init__(self, cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Ranks, train_rows: np.ndarray, order: Order,
                  engine: Engine, device: torch.device) -> None:
