@@ -167,6 +167,20 @@ def test_kill_9_then_both_ways_of_continuing_end_bit_identical(place, own_run):
     assert veritrain("verify", run_id, cwd=place.root).code == 0
 
 
+@pytest.mark.slow  # several processes
+def test_batches_a_script_builds_in_workers_are_the_same_for_any_number_of_them(tmp_path):
+    """run.batches(build=..., num_workers=N): each batch (rows, and noise from run.generator(step)) is built ahead in N
+    worker processes; the final state is the same for 0, 1 and 2, and the run verifies."""
+    place = make_place(tmp_path)
+    finals = set()
+    for workers in ("0", "1", "2"):
+        run_id = run_id_of(place.run("--workers", workers))
+        finals.add(place.record(run_id)["final_state_sha256"])
+    assert len(finals) == 1
+    assert veritrain("verify", run_id, "--workdir", str(place.root)).code == 0
+    assert place.record(run_id_of(place.run()))["final_state_sha256"] not in finals  # without the noise: another training
+
+
 def test_a_script_whose_loss_turns_nonfinite_rolls_back_and_continues_as_the_built_in_loop_does(place):
     done = place.run("--guard", "rollback", "--nan-at", "3")
     run_id = run_id_of(done)

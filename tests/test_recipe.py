@@ -120,6 +120,7 @@ AUGMENTED = ["train.epochs=2", "model.name=cnn", "model.widths=[8]", "train.batc
              "export.formats=[]", "train.threads=1"]
 
 
+@pytest.mark.slow  # several processes
 def test_the_number_of_workers_changes_nothing_but_who_builds_the_batches(tmp_path):
     """Each step's batches (rows, crops, flips, mixing) are a pure function of the step, so workers that build them
     ahead give the same final state as the training process building them, for 0, 1 and 2 workers; their seeds come

@@ -5,7 +5,8 @@ Options pick what the script does: --own-order (its own shuffling: a `bound` run
 --vt-data (96 training rows of veritrain's digits data version instead of the CSV), --bad-config, --nested,
 --hashed (the loss depends on hash() of a string, so on PYTHONHASHSEED), --guard POLICY (vt.start's on_nonfinite;
 the loss goes through run.guard) with --nan-at STEP (the loss of that step is NaN while the learning rate is above
-half the configured one, as a diverging run's would be). Environment variables (never recorded, so a replay does not see them) plant faults:
+half the configured one, as a diverging run's would be), --workers N (run.batches builds each batch, with noise from
+run.generator(step), in N worker processes). Environment variables (never recorded, so a replay does not see them) plant faults:
 TINY_KILL_AT=STEP kills the process (SIGKILL) after that step, TINY_FAIL_AT=STEP raises, TINY_NOISE=1 (or a file
 TINY_NOISE in the working directory, which a replay's child, whose environment is built from nothing, sees) changes
 the training (an audit or reproduction must then differ), TINY_PAUSE_AT=STEP writes `paused` beside the script and
@@ -36,6 +37,7 @@ parser.add_argument("--vt-data", action="store_true")
 parser.add_argument("--hashed", action="store_true")  # the training depends on str hashes: PYTHONHASHSEED decides it
 parser.add_argument("--guard", default=None)
 parser.add_argument("--nan-at", type=int, default=None)
+parser.add_argument("--workers", type=int, default=None)
 args = parser.parse_args()
 config = {"epochs": args.epochs, "lr": args.lr, "seed": args.seed, "own_order": args.own_order}
 if args.nan_at is not None:
@@ -67,10 +69,15 @@ with vt.start(config=config, name="tiny", inputs=inputs, resume=args.resume,
     run.resume(model=model, optimizer=optimizer, scheduler=schedule)
     if args.own_order:
         batches = enumerate(torch.randperm(96).reshape(-1, 16).repeat(run.config["epochs"], 1))
+    elif args.workers is not None:
+        def build(step, rows):  # in a worker process: noise from the step's generator, a function of the step alone
+            return x[rows] + 0.05 * torch.randn(len(rows), 8, generator=run.generator(step)), y[rows]
+        batches = run.batches(n=len(y), batch_size=16, epochs=run.config["epochs"], build=build, num_workers=args.workers)
     else:
         batches = run.batches(n=len(y), batch_size=16, epochs=run.config["epochs"])
     for step, rows in batches:
-        loss = F.cross_entropy(model(x[rows]), y[rows])
+        inputs_, targets = rows if isinstance(rows, tuple) else (x[rows], y[rows])
+        loss = F.cross_entropy(model(inputs_), targets)
         if args.hashed:
             loss = loss * (1 + hash("veritrain") % 97 / 1000)
         if os.environ.get("TINY_NOISE") or os.path.exists("TINY_NOISE"):

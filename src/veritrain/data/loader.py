@@ -31,6 +31,11 @@ class _Steps(Dataset):
         return list(self.build(step))
 
 
+def _as_built(item: list[Any]) -> list[Any]:
+    """What a worker sends, unchanged (torch's default would turn tuples and arrays into lists and tensors)."""
+    return item
+
+
 class Feeder:
     """The batches of every step from the one asked for on: `get(step)` gives `build(step)`'s batches. With workers they
     are built in `workers` processes, `PREFETCH` steps each ahead of the step training, pinned when `pin`; asked for
@@ -56,7 +61,7 @@ class Feeder:
         # fork where the platform has it: the workers share the task's decoded arrays instead of receiving a copy
         context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
         return DataLoader(_Steps(self.build), batch_size=None, sampler=range(start, self.total), num_workers=self.workers,
-                          prefetch_factor=PREFETCH, pin_memory=self.pin, multiprocessing_context=context,
+                          prefetch_factor=PREFETCH, pin_memory=self.pin, multiprocessing_context=context, collate_fn=_as_built,
                           generator=torch.Generator())  # the base seed it draws comes from here, not the global generator
 
     def close(self) -> None:

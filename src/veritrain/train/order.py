@@ -76,3 +76,18 @@ class Order:
         """(epoch in progress, 1-based; batches of it done) at `position` batches trained."""
         epoch, batch = divmod(position, self.per_epoch)
         return epoch + 1, batch
+
+
+class StepRows:
+    """`Order.rows` of one step after another, the epoch's permutation drawn once per epoch: what a worker building the
+    batches ahead (veritrain.data.loader) asks for, step by step."""
+
+    def __init__(self, order: Order) -> None:
+        self.order = order
+        self._epoch, self._permutation = -1, np.empty(0, dtype=np.int64)
+
+    def __call__(self, step: int) -> np.ndarray:
+        epoch = step // self.order.per_epoch
+        if epoch != self._epoch:
+            self._epoch, self._permutation = epoch, self.order.permutation(epoch + 1)
+        return self.order.rows(step, self._permutation)

@@ -47,7 +47,7 @@ from veritrain.tasks import split_rows
 from veritrain.train import ranks as rank_group, steplog as steplog_files
 from veritrain.train.checkpointer import ReplayDone
 from veritrain.train.engine import Best, Engine, Guard, HandBack
-from veritrain.train.order import Order
+from veritrain.train.order import Order, StepRows
 from veritrain.train.parts import (
     EpochJudge,
     EpochSums,
@@ -263,16 +263,12 @@ class StepBatches:
 
     def __init__(self, cfg: RunConfig, data: DataVersion, task: Task, ranks: rank_group.Ranks, train_rows: np.ndarray, order: Order,
                  engine: Engine, device: torch.device) -> None:
-        self.cfg, self.data, self.task, self.ranks, self.train_rows, self.order = cfg, data, task, ranks, train_rows, order
+        self.cfg, self.data, self.task, self.ranks, self.train_rows, self.rows = cfg, data, task, ranks, train_rows, StepRows(order)
         self.engine, self.device = engine, device
-        self._epoch, self._permutation = -1, np.empty(0, dtype=np.int64)
 
     def __call__(self, step: int) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
-        epoch = step // self.order.per_epoch
-        if epoch != self._epoch:
-            self._epoch, self._permutation = epoch, self.order.permutation(epoch + 1)
         augment = self.engine.generator(step)
-        for part in batches_of(self.cfg, self.train_rows, self.order.rows(step, self._permutation), self.ranks.world_size):
+        for part in batches_of(self.cfg, self.train_rows, self.rows(step), self.ranks.world_size):
             share = self.ranks.shard(part)
             x, y = self.task.batch(self.data, share, self.device, True, augment)
             yield len(share), len(part), x, y

@@ -48,6 +48,7 @@ from veritrain.core.hashing import sha256_json
 from veritrain.core.secrets import REDACTED, allowed_environment, config_secret, is_credential_key, secret_in_command_line, text_secret
 from veritrain.core.seeding import seed_everything
 from veritrain.data.for_scripts import Data
+from veritrain.data.loader import Feeder
 from veritrain.records import experiments, registry
 from veritrain.records.experiments import config_diff
 from veritrain.records.record import capture_code, capture_env, frozen, read_record, save_code, thawed
@@ -55,7 +56,7 @@ from veritrain.records.recorder import Recorder
 from veritrain.records.workspace import Workspace
 from veritrain.train import checkpoint as checkpoint_files, ranks as rank_group, trajectory
 from veritrain.train.engine import Best as Best, Engine, Guard, HandBack, UsageError as UsageError
-from veritrain.train.order import Order
+from veritrain.train.order import Order, StepRows
 from veritrain.userloop import frameworks, inputs as inputs_module, script as script_module
 from veritrain.userloop.canonical import canonical_config
 from veritrain.userloop.levels import Facts, level_of
@@ -528,11 +529,37 @@ class Run:
             return checkpoint_files.decode(path, path.read_bytes())
         return None
 
-    def batches(self, n: int, batch_size: int, epochs: int, drop_last: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+    def batches(self, n: int, batch_size: int, epochs: int, drop_last: bool = False, build: Optional[Callable[[int, np.ndarray], Any]] = None,
+                num_workers: int = 0) -> Iterator[tuple[int, Any]]:
         """(step, row indices) for every batch of the run from the resumed position: the order is a pure function of
         (seed, epoch, batch) (veritrain.train.order), so a run resumed mid-epoch draws what it would have drawn. After
         a rollback (`run.guard`) the next batch is the first after the restored checkpoint. Under torchrun each rank
-        gets its share of every batch (contiguous, near-equal parts of `batch_size` rows)."""
+        gets its share of every batch (contiguous, near-equal parts of `batch_size` rows).
+
+        With `build`, (step, build(step, rows)) instead: the batch itself, built by `num_workers` worker processes
+        ahead of the step (0: here, when the step comes). Draw its randomness from `run.generator(step)`, a function of
+        the step alone, and the results are the same for any number of workers."""
+        if type(num_workers) is not int or num_workers < 0 or (num_workers and build is None):
+            raise UsageError(f"run.batches: num_workers={num_workers!r}; give a whole number ≥ 0, and a `build` for the workers to call")
+        rows = self._rows(n, batch_size, epochs, drop_last)
+        if build is None:
+            return rows
+        return self._built(rows, build, num_workers)
+
+    def _built(self, rows: Iterator[tuple[int, np.ndarray]], build: Callable[[int, np.ndarray], Any], workers: int) -> Iterator[tuple[int, Any]]:
+        order = self.engine.order
+        assert order is not None  # set by engine.batches
+        step_rows = StepRows(order)
+        share = self.ranks.shard
+
+        def built(step: int) -> Iterator[Any]:
+            yield build(step, share(step_rows(step)))
+
+        with Feeder(built, order.total, workers) as feed:
+            for step, _ in rows:
+                yield step, next(iter(feed.get(step)))
+
+    def _rows(self, n: int, batch_size: int, epochs: int, drop_last: bool) -> Iterator[tuple[int, np.ndarray]]:
         order = Order(n, batch_size, epochs, bool(drop_last), self.seed)
         saved = self.engine.saved_order
         if saved is not None and order.difference(saved):
