@@ -7,7 +7,9 @@ loop usually does it, with nothing else: no records, no hashing, no progress bar
 veritrain it decodes the images into memory once before the first epoch (normalized already when
 the augmentation only flips) and takes each batch from there.
 
-    .venv/bin/python benchmarks/reference_loop.py DATA_VERSION_DIR CONFIG.yaml OUT_DIR
+    .venv/bin/python benchmarks/reference_loop.py DATA_VERSION_DIR CONFIG.yaml OUT_DIR [DEVICE]
+
+DEVICE (default cpu): where the model trains; batches are built on the CPU and moved there, as veritrain's are.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -29,6 +32,9 @@ from veritrain.core.config import load_config
 
 def main() -> None:
     data_dir, config_path, out_dir = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+    device = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS needs
     cfg = load_config(config_path).config
     started = time.perf_counter()
     torch.manual_seed(cfg.seed)
@@ -45,7 +51,7 @@ def main() -> None:
     mean = torch.tensor(info["normalization"]["mean"]).view(1, -1, 1, 1)
     std = torch.tensor(info["normalization"]["std"]).view(1, -1, 1, 1)
     h, w, c = info["input_shape"]
-    model = models.build(cfg.model.name, (c, h, w), len(info["classes"]), cfg.model.widths, cfg.model.hidden, cfg.model.dropout)
+    model = models.build(cfg.model.name, (c, h, w), len(info["classes"]), cfg.model.widths, cfg.model.hidden, cfg.model.dropout).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.momentum, 0.999), weight_decay=cfg.optim.weight_decay)
     bs, epochs = cfg.train.batch_size, cfg.train.epochs
     steps = math.ceil(len(split["train"]) / bs) * epochs
@@ -70,7 +76,7 @@ def main() -> None:
             x = torch.where((torch.rand(x.shape[0]) < 0.5)[:, None, None, None], x.flip(3), x)
         if pad:
             x = (x - mean) / std
-        return x.contiguous(), labels[index]
+        return x.contiguous().to(device), labels[index].to(device)
 
     loop_started = time.perf_counter()
     for epoch in range(epochs):
@@ -96,6 +102,8 @@ def main() -> None:
                 val_loss += float(F.cross_entropy(outputs, y, reduction="sum"))
                 val_correct += int((outputs.argmax(1) == y).sum())
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, out_dir / "checkpoint.pt")
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     loop_seconds = time.perf_counter() - loop_started
     print(json.dumps({"loop_seconds": loop_seconds, "seconds": time.perf_counter() - started}))
 
