@@ -99,10 +99,12 @@ def main() -> None:
 
         ratios = []
         data_dir = next((root / "a0" / ".veritrain" / "data").iterdir())
+        plain = root / "plain.yaml"  # what the hand loop does: fp32, the default memory format
+        plain.write_text(config(root / "cifar", args.device, args.model))
         for _ in range(args.pairs):  # interleaved: veritrain, then the hand loop
-            record = json.loads((train(root / "t", root / "0.yaml") / "record.json").read_text())
+            record = json.loads((train(root / "t", plain) / "record.json").read_text())
             ours = record["training"]["loop_seconds"]
-            done = subprocess.run([sys.executable, str(HERE / "reference_loop.py"), str(data_dir), str(root / "0.yaml"), tmp, args.device],
+            done = subprocess.run([sys.executable, str(HERE / "reference_loop.py"), str(data_dir), str(plain), tmp, args.device],
                                   capture_output=True, text=True, check=True)
             ratios.append(json.loads(done.stdout)["loop_seconds"] / ours)
         print(f"throughput on {args.device}: veritrain's loop {statistics.median(ratios):.3f}× the hand loop's samples/s "
