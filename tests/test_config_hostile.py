@@ -124,7 +124,7 @@ def test_every_float_key_refuses_non_finite_values():
     assert named <= set(keys)
     for key in keys:
         for value in (".inf", "-.inf", ".nan", "1.0e+999"):
-            text = f"[{value}, 0.5, 0.5]" if key == "data.split_ratios" else value
+            text = {"data.split_ratios": f"[{value}, 0.5, 0.5]", "augment.resized_crop": f"[0.5, {value}]"}.get(key, value)
             with pytest.raises(ConfigError) as info:
                 load_config(None, [*task_of(key), f"{key}={text}"])
             assert (info.value.source, info.value.key) == ("--set", key)

@@ -14,6 +14,7 @@ import torch
 from conftest import in_process_run
 from veritrain import models
 from veritrain.core.config import AugmentConfig, load_config
+from veritrain.core.errors import ConfigError
 from veritrain.tasks.classification import ClassificationTask
 from veritrain.train.loop import schedule_factor
 
@@ -62,7 +63,28 @@ def test_flip_and_determinism_from_the_generator():
     assert torch.equal(evaluation, plain)  # no augmentation outside training
 
 
-@pytest.mark.parametrize("augment", [{}, {"hflip": True}, {"crop_padding": 2, "hflip": True}, {"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0, "hflip": True}])
+def test_a_resized_crop_is_a_box_of_each_image_resized_back():
+    """Each output is its own image's box, interpolated: a ramp along the width stays a ramp (rising, within the image's
+    values), a constant image stays constant, and the same generator draws the same boxes."""
+    from veritrain.tasks.classification import _resized_crop
+
+    ramp = torch.linspace(0, 1, 32).expand(6, 3, 32, 32).contiguous()
+    cropped = _resized_crop(ramp, (0.2, 0.6), torch.Generator().manual_seed(3))
+    assert cropped.shape == ramp.shape and float(cropped.min()) >= 0 and float(cropped.max()) <= 1
+    assert bool((cropped[:, :, :, 1:] >= cropped[:, :, :, :-1] - 1e-6).all())  # still rising along the width
+    spans = cropped[:, 0, 0, -1] - cropped[:, 0, 0, 0]
+    assert bool((spans < 0.95).all()) and len(set(spans.tolist())) == 6  # a box narrower than the image, each its own
+    assert torch.equal(cropped, _resized_crop(ramp, (0.2, 0.6), torch.Generator().manual_seed(3)))
+    assert torch.allclose(_resized_crop(torch.full((2, 1, 8, 8), 0.25), (0.1, 1.0), torch.Generator()), torch.full((2, 1, 8, 8), 0.25))
+    plain, _ = task_with().batch(fake_data(), np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(0))
+    boxed, _ = task_with(resized_crop="[0.3, 0.9]").batch(fake_data(), np.arange(6), torch.device("cpu"), True, torch.Generator().manual_seed(0))
+    assert boxed.shape == plain.shape and not torch.equal(boxed, plain)
+    with pytest.raises(ConfigError, match="0 < low ≤ high ≤ 1"):
+        task_with(resized_crop="[0.9, 0.3]")
+
+
+@pytest.mark.parametrize("augment", [{}, {"hflip": True}, {"crop_padding": 2, "hflip": True}, {"mixup_alpha": 0.4}, {"cutmix_alpha": 1.0, "hflip": True},
+                                     {"resized_crop": "[0.25, 1.0]", "hflip": True}])
 def test_decoded_copy_in_memory_gives_the_same_batches_as_reading_the_mapped_array(augment, monkeypatch):
     data = fake_data(n=40)
     data.info["normalization"] = {"mean": [0.3, 0.4, 0.5], "std": [0.2, 0.25, 0.3]}

@@ -73,7 +73,7 @@ class ClassificationTask:
         # (flip, cutmix); zero padding and mixup work on the [0, 1] scale, so they come first
         self._normalize_first = not self.augment.crop_padding and not self.augment.mixup_alpha
         aug = self.augment
-        self._augments = bool(aug.crop_padding or aug.hflip or aug.mixup_alpha > 0 or aug.cutmix_alpha > 0)
+        self._augments = bool(aug.resized_crop or aug.crop_padding or aug.hflip or aug.mixup_alpha > 0 or aug.cutmix_alpha > 0)
         self._version: Any = None  # the data version the tensors below belong to
         self._mean = self._std = torch.empty(0)
         self._images: Any = None  # decoded N×C×H×W float32 (normalized when _normalize_first), or None
@@ -144,6 +144,8 @@ class ClassificationTask:
     def _augment(self, x: torch.Tensor, y: torch.Tensor, n_classes: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         aug = self.augment
         n, _, h, w = x.shape
+        if aug.resized_crop:
+            x = _resized_crop(x, aug.resized_crop, generator)
         if aug.crop_padding:
             p = aug.crop_padding
             padded = F.pad(x, (p, p, p, p))  # zeros: black borders, as in the usual CIFAR recipe
@@ -267,3 +269,18 @@ class ClassificationEvaluation(OutputsEvaluator):
         ce.write_bad_cases_csv(out_dir / "bad_cases.csv", cases)
         images = np.asarray(data.inputs[rows]) if data.inputs.dtype == np.uint8 and data.inputs.ndim == 4 else None
         ce.plot_bad_cases(out_dir / "bad_cases.png", cases, images)
+
+
+def _resized_crop(x: torch.Tensor, area: tuple[float, float], generator: torch.Generator) -> torch.Tensor:
+    """Each image's random box (a fraction of its area drawn from `area`, an aspect ratio from 3/4 to 4/3 on a log scale,
+    a place inside the image) resized back to the image's size, bilinear: one affine sampling grid for the whole batch."""
+    n = x.shape[0]
+    fraction = torch.empty(n).uniform_(area[0], area[1], generator=generator)
+    ratio = torch.exp(torch.empty(n).uniform_(math.log(3 / 4), math.log(4 / 3), generator=generator))
+    width, height = (fraction * ratio).sqrt().clamp(max=1.0), (fraction / ratio).sqrt().clamp(max=1.0)  # of the image's sides
+    left, top = torch.rand(n, generator=generator) * (1 - width), torch.rand(n, generator=generator) * (1 - height)
+    theta = torch.zeros(n, 2, 3)
+    theta[:, 0, 0], theta[:, 0, 2] = width, 2 * left + width - 1  # output [-1, 1] → the box's span of the input
+    theta[:, 1, 1], theta[:, 1, 2] = height, 2 * top + height - 1
+    grid = F.affine_grid(theta.to(x.dtype), list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)

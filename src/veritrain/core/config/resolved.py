@@ -120,6 +120,7 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "train.backend": "auto",
     "train.batchnorm": "per_rank",
     "checkpoint.audit_every": 0,
+    "augment.resized_crop": None,
     "model.layers": 2,
     "model.width": 128,
     "model.heads": 4,

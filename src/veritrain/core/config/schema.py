@@ -434,10 +434,20 @@ class TrainConfig(Section):
 
 
 class AugmentConfig(Section):
+    resized_crop: Optional[tuple[float, float]] = Field(
+        None, description="random resized crop: a box of [low, high] of the image's area (aspect ratio 3/4 to 4/3, inside the image) "
+        "resized back to the image's size (bilinear), before the other augmentations; null: off")
     crop_padding: Annotated[int, Limit(1024)] = Field(0, ge=0, description="random crop after zero-padding each side by this many pixels; 0: off")
     hflip: bool = Field(False, description="random horizontal flip with probability 0.5")
     mixup_alpha: float = Field(0.0, ge=0.0, description="mixup Beta(α, α) mixing of batch pairs; 0: off")
     cutmix_alpha: float = Field(0.0, ge=0.0, description="cutmix Beta(α, α) box mixing; 0: off (with mixup too, each batch picks one at random)")
+
+    @field_validator("resized_crop")
+    @classmethod
+    def _area_fractions(cls, value: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+        if value is not None and not 0.0 < value[0] <= value[1] <= 1.0:
+            raise ValueError(f"expected [low, high] fractions of the area with 0 < low ≤ high ≤ 1, got {list(value)}")
+        return value
 
 
 class CheckpointConfig(Section):
