@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -228,6 +229,31 @@ def test_signal_marks_run_interrupted(tmp_path, signum, code):
     record = json.loads((run_dir / "record.json").read_text())
     assert record["status"] == "interrupted" and record["ended_at"]
     assert "Traceback" not in stderr
+
+
+@pytest.mark.slow  # several processes
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_the_process_group_stops_a_run_with_workers_at_a_step_and_it_resumes(tmp_path, signum, code):
+    """A terminal's Ctrl-C, or a service manager's SIGTERM, reaches every process of the group, the batch workers too:
+    they leave it to the training process, which saves at the end of its step and stops (exit 130 or 143); the run then
+    resumes and completes."""
+    common = ["--workdir", str(tmp_path), "--set", "train.epochs=40", "--set", "model.name=mlp", "--set", "train.num_workers=2",
+              "--set", "augment.hflip=true", "--set", "checkpoint.every_steps=7"]
+    proc = subprocess.Popen([sys.executable, "-m", "veritrain", "train", *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("runs/*/metrics.jsonl")):  # training has started, and its workers
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    os.killpg(proc.pid, signum)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == code and "Traceback" not in stderr, stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run_dir / "record.json").read_text())["status"] == "interrupted"
+    done = subprocess.run([sys.executable, "-m", "veritrain", "train", "--resume", run_dir.name, "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((run_dir / "record.json").read_text())["status"] == "completed"
 
 
 def test_git_state_and_diff_patch(small_run_copy):

@@ -13,6 +13,7 @@ process builds each batch itself, when the step reaches it, as it always did.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
@@ -29,6 +30,14 @@ class _Steps(Dataset):
 
     def __getitem__(self, step: int) -> list[Any]:
         return list(self.build(step))
+
+
+def _quiet(worker_id: int) -> None:
+    """A worker leaves SIGINT and SIGTERM to the training process: a Ctrl-C reaches the whole process group, and a
+    worker that died of it would fail the step the training process is waiting for, instead of letting it save at the
+    step's end and stop. The training process stops its workers when it stops; if it is killed, they notice and exit."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _as_built(item: list[Any]) -> list[Any]:
@@ -62,6 +71,7 @@ class Feeder:
         context = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
         return DataLoader(_Steps(self.build), batch_size=None, sampler=range(start, self.total), num_workers=self.workers,
                           prefetch_factor=PREFETCH, pin_memory=self.pin, multiprocessing_context=context, collate_fn=_as_built,
+                          worker_init_fn=_quiet,
                           generator=torch.Generator())  # the base seed it draws comes from here, not the global generator
 
     def close(self) -> None:
