@@ -457,9 +457,14 @@ def test_export_command_fails_with_exit_1_when_parity_fails(cli, tmp_path, monke
     assert record["export"]["parity"]["passed"] is False and record["events"][-1]["kind"] == "export"
 
 
-def test_predict_matches_eval_on_digit_pngs(cli, full_run, tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_predict_matches_eval_on_digit_pngs(cli, full_run, tmp_path, monkeypatch, workers):
+    """In chunks (7 files here, 256 by default), decoded here or by workers ahead of the model, in the order given."""
     from PIL import Image
 
+    from veritrain.results import export
+
+    monkeypatch.setattr(export, "PREDICT_CHUNK", 7)
     workdir, run_dir, record = full_run
     out = run_dir / "eval" / "test"
     with open(out / "predictions.csv", newline="") as f:
@@ -475,13 +480,15 @@ def test_predict_matches_eval_on_digit_pngs(cli, full_run, tmp_path):
         files.append((sid, path))
     broken = tmp_path / "broken.png"
     broken.write_bytes(b"\x89PNG not really")
-    result = cli("predict", run_dir.name, *[str(p) for _, p in files], str(broken), "--top", "3", "--workdir", str(workdir), "--json")
+    given = [str(p) for _, p in files[:30]] + [str(broken)] + [str(p) for _, p in files[30:]]
+    result = cli("predict", run_dir.name, *given, "--top", "3", "--workers", str(workers), "--workdir", str(workdir), "--json")
     assert result.code == 1  # one file failed, the others were predicted
     results = result.json()["results"]
-    for (sid, _), r in zip(files, results):
+    assert [r["file"] for r in results] == given
+    assert results[30]["ok"] is False and "cannot decode" in results[30]["error"]
+    for (sid, _), r in zip(files, results[:30] + results[31:]):
         assert r["ok"] and r["top"][0]["label"] == expected[sid], sid
         assert len(r["top"]) == 3 and r["top"][0]["prob"] >= r["top"][1]["prob"]
-    assert results[-1]["ok"] is False and "cannot decode" in results[-1]["error"]
     assert result.stderr.strip().splitlines()[-1] == "error: 1 of 61 file(s) could not be predicted: " + str(broken)
 
 

@@ -129,19 +129,23 @@ def export_command(ref: str, formats: tuple[str, ...], which: Optional[str], tru
 @click.argument("ref", metavar="RUN|EXPORT_DIR")
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
 @click.option("--top", type=click.IntRange(min=1), default=1, show_default=True, help="How many classes to show per file.")
+@click.option("--workers", type=click.IntRange(min=0, max=4096), default=0, show_default=True,
+              help="Processes that decode the files ahead of the model (0: this one).")
 @click.option("--public-key", "public_key", metavar="FILE",
               help="Require the export's model.sig to be signed by this public key (PEM): unsigned, or signed by another key, "
                    "fails (default: an export folder's signature is checked with the trusted keys and the local key pair).")
 @workdir_option
 @json_option
-def predict_command(ref: str, files: tuple[str, ...], top: int, public_key: Optional[str], workdir: Optional[str], as_json: bool) -> int:
+def predict_command(ref: str, files: tuple[str, ...], top: int, workers: int, public_key: Optional[str], workdir: Optional[str],
+                    as_json: bool) -> int:
     """Classify image files with an exported model (ONNX) and its recorded preprocessing.
 
     A run's export is used only as its record binds it: model.json must name exactly the record's export files,
     and each file loaded must hash to the record's SHA-256 (exit 1 otherwise). An export folder on its own is
     judged by its signature (model.sig): a line on stderr names the signer, or warns that it is unsigned or
     signed by a key not known here; a signature that does not verify is exit 1. A file that cannot be read or
-    decoded gets its own error; the others are still predicted (exit 1 if any failed).
+    decoded gets its own error; the others are still predicted (exit 1 if any failed). Files are decoded and run
+    256 at a time, so memory stays the same however many are given.
 
     \b
     Examples:
@@ -151,7 +155,7 @@ def predict_command(ref: str, files: tuple[str, ...], top: int, public_key: Opti
     from veritrain.results import export
 
     opened = _export_of(ref, public_key, workdir)
-    results = export.predict(opened, files, top)
+    results = export.predict(opened, files, top, workers)
     _say_signer(opened)
     if as_json:
         emit_json({"results": results})

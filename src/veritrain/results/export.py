@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, cast
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +37,7 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.core.signing_keys import sealing_key
 from veritrain.core.task_registry import serving_command
+from veritrain.data.loader import Feeder
 from veritrain.records.record import RECORD_FILE, SEAL_FILE, read_record
 from veritrain.results import export_signing
 from veritrain.results.model_card import model_card
@@ -460,6 +461,11 @@ def check_parity(cfg: RunConfig, data: DataVersion, task: Task, model: torch.nn.
 def onnx_logits(model: Path | bytes, inputs: np.ndarray) -> np.ndarray:
     """The ONNX model's first output for `inputs`; `model` is its file, or its bytes as read and hashed by the caller
     (what runs is then exactly what was checked, whatever the file holds by now)."""
+    return onnx_runner(model)(inputs)
+
+
+def onnx_runner(model: Path | bytes) -> Callable[[np.ndarray], np.ndarray]:
+    """A function giving the ONNX model's first output for its inputs, from one onnxruntime session (`onnx_logits`)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -467,9 +473,13 @@ def onnx_logits(model: Path | bytes, inputs: np.ndarray) -> np.ndarray:
     session = onnxruntime.InferenceSession(model if isinstance(model, bytes) else str(model), options, providers=["CPUExecutionProvider"])
     run_options = onnxruntime.RunOptions()
     run_options.log_severity_level = 4
-    # typed as any output kind (sparse, sequence, map); the model's one output is a dense tensor, an ndarray
-    fed = inputs.astype(np.int64) if inputs.dtype.kind in "iu" else inputs.astype(np.float32)  # token ids, or pixels
-    return cast(np.ndarray, session.run(None, {session.get_inputs()[0].name: fed}, run_options)[0])
+
+    def run(inputs: np.ndarray) -> np.ndarray:
+        # typed as any output kind (sparse, sequence, map); the model's one output is a dense tensor, an ndarray
+        fed = inputs.astype(np.int64) if inputs.dtype.kind in "iu" else inputs.astype(np.float32)  # token ids, or pixels
+        return cast(np.ndarray, session.run(None, {session.get_inputs()[0].name: fed}, run_options)[0])
+
+    return run
 
 
 # ---------------------------------------------------------------- export folders
@@ -980,11 +990,15 @@ def refuse_external_data(onnx_path: Path, data: Optional[bytes] = None) -> None:
         raise RunFailed(f"{onnx_path}: refers to tensors in other files; predict runs only self-contained ONNX files, re-export the run")
 
 
-def predict(export: Path | ExportFiles, files: Sequence[str], top: int = 1) -> list[dict[str, Any]]:
+PREDICT_CHUNK = 256  # files decoded and run at a time: memory stays the same however many files are given
+
+
+def predict(export: Path | ExportFiles, files: Sequence[str], top: int = 1, workers: int = 0) -> list[dict[str, Any]]:
     """Class names and probabilities for each file with the exported ONNX model of `export` (a folder is opened with
     `open_export`: a run's export is bound by its record); a file that cannot be read or decoded gets an error and the
     others are still predicted. The ONNX bytes run are the bytes hashed against the SHA-256 decided for them. No code
-    of the run is imported: the ONNX file runs in onnxruntime, so predict needs no --trust-code."""
+    of the run is imported: the ONNX file runs in onnxruntime, so predict needs no --trust-code. Files are decoded
+    PREDICT_CHUNK at a time, by `workers` worker processes ahead of the model (veritrain.data.loader) or here."""
     opened = export if isinstance(export, ExportFiles) else open_export(export)
     description = read_description(opened)
     onnx_file = description["files"].get("onnx")
@@ -995,46 +1009,77 @@ def predict(export: Path | ExportFiles, files: Sequence[str], top: int = 1) -> l
     refuse_external_data(onnx_path, model)
     classes = description["classes"]
     results: list[dict[str, Any]] = []
-    batch, positions = [], []
     unlike: list[str] = []
-    for i, name in enumerate(files):
-        try:
-            batch.append(preprocess(Path(name), description, unlike))
-            positions.append(i)
-            results.append({"file": name, "ok": True, "top": [], "error": None})
-        except FileNotFoundError:
-            results.append({"file": name, "ok": False, "top": [], "error": "no such file"})
-        except NotRegularFile as err:  # refused before opening: a FIFO would block predict
-            results.append({"file": name, "ok": False, "top": [], "error": f"{err}; give image files"})
-        except Exception as err:  # unreadable or not an image: report and go on
-            results.append({"file": name, "ok": False, "top": [], "error": f"cannot decode as an image ({err.__class__.__name__}: {err})"})
-    if batch:
-        logits = _predicted_logits(onnx_path, np.stack(batch), len(classes), model)
-        probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probabilities /= probabilities.sum(axis=1, keepdims=True)
-        for i, row in zip(positions, probabilities):
-            order = np.argsort(-row, kind="stable")[: max(1, top)]
-            results[i]["top"] = [{"label": classes[k], "prob": float(row[k])} for k in order]
+    runner: Optional[Callable[[np.ndarray], np.ndarray]] = None  # the ONNX session, made for the first file decoded
+    count = -(-len(files) // PREDICT_CHUNK)
+
+    def decoded(index: int) -> Iterator[tuple[list[dict[str, Any]], list[np.ndarray], list[str]]]:
+        yield _decoded(files[index * PREDICT_CHUNK : (index + 1) * PREDICT_CHUNK], description)
+
+    with Feeder(decoded, count, workers) as feed:
+        for index in range(count):
+            for found, arrays, lines in feed.get(index):
+                unlike.extend(lines)
+                if arrays:
+                    runner = runner or _onnx_runner(onnx_path, model)
+                    logits = _predicted_logits(onnx_path, runner, np.stack(arrays), len(classes))
+                    probabilities = np.exp(logits - logits.max(axis=1, keepdims=True))
+                    probabilities /= probabilities.sum(axis=1, keepdims=True)
+                    for entry, row in zip((e for e in found if e["ok"]), probabilities):
+                        order = np.argsort(-row, kind="stable")[: max(1, top)]
+                        entry["top"] = [{"label": classes[k], "prob": float(row[k])} for k in order]
+                results.extend(found)
     for line in unlike:  # on stderr; predict still answers (exit 0)
         log.warning("predict: %s", line)
     return results
 
 
-def _predicted_logits(onnx_path: Path, inputs: np.ndarray, num_classes: int, model: Optional[bytes] = None) -> np.ndarray:
-    """The model's outputs for `inputs` as float64 (N, classes), run from `model` (the file's checked bytes) or else the
-    file; an ONNX file that onnxruntime cannot load or run (an operator it does not know, an allocation it cannot make)
-    or whose output is not one row of class scores per input is one line (exit 1): an export folder may come from anywhere."""
+def _decoded(names: Sequence[str], description: dict[str, Any]) -> tuple[list[dict[str, Any]], list[np.ndarray], list[str]]:
+    """Each file's entry (ok, or its error), the arrays of the ones decoded, in order, and the lines about files unlike
+    the training data."""
+    entries: list[dict[str, Any]] = []
+    arrays: list[np.ndarray] = []
+    unlike: list[str] = []
+    for name in names:
+        try:
+            arrays.append(preprocess(Path(name), description, unlike))
+            entries.append({"file": name, "ok": True, "top": [], "error": None})
+        except FileNotFoundError:
+            entries.append({"file": name, "ok": False, "top": [], "error": "no such file"})
+        except NotRegularFile as err:  # refused before opening: a FIFO would block predict
+            entries.append({"file": name, "ok": False, "top": [], "error": f"{err}; give image files"})
+        except Exception as err:  # unreadable or not an image: report and go on
+            entries.append({"file": name, "ok": False, "top": [], "error": f"cannot decode as an image ({err.__class__.__name__}: {err})"})
+    return entries, arrays, unlike
+
+
+def _onnx_runner(onnx_path: Path, model: bytes) -> Callable[[np.ndarray], np.ndarray]:
+    """`onnx_runner` of the checked bytes; an ONNX file onnxruntime cannot load is one line (exit 1)."""
     try:
-        logits = onnx_logits(model if model is not None else onnx_path, inputs)
+        return onnx_runner(model)
+    except MemoryError:
+        raise RunFailed(f"{onnx_path}: onnxruntime ran out of memory loading it; re-export the run") from None
+    except Exception as err:  # onnxruntime's errors share no public base
+        raise RunFailed(f"{onnx_path}: onnxruntime cannot run it ({_short_error(err)}); re-export the run") from None
+
+
+def _predicted_logits(onnx_path: Path, runner: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, num_classes: int) -> np.ndarray:
+    """The model's outputs for `inputs` as float64 (N, classes); a model onnxruntime cannot run (an operator it does not
+    know, an allocation it cannot make) or whose output is not one row of class scores per input is one line (exit 1):
+    an export folder may come from anywhere."""
+    try:
+        logits = runner(inputs)
     except MemoryError:
         raise RunFailed(f"{onnx_path}: onnxruntime ran out of memory running it; predict fewer files at once, or re-export the run") from None
     except Exception as err:  # onnxruntime's errors (Fail, InvalidGraph, NotImplemented, RuntimeException) share no public base
-        detail = " ".join(str(err).split()) or err.__class__.__name__
-        if len(detail) > 240:  # the start names the node or the load, the end the reason
-            detail = f"{detail[:120]} … {detail[-120:]}"
-        raise RunFailed(f"{onnx_path}: onnxruntime cannot run it ({detail}); re-export the run") from None
+        raise RunFailed(f"{onnx_path}: onnxruntime cannot run it ({_short_error(err)}); re-export the run") from None
     shape = getattr(logits, "shape", None)
     if not isinstance(logits, np.ndarray) or shape != (len(inputs), num_classes):
         raise RunFailed(f"{onnx_path}: its output has shape {list(shape) if shape is not None else type(logits).__name__}, not "
                         f"[{len(inputs)}, {num_classes}] (one score per class of model.json for each file); re-export the run")
     return logits.astype(np.float64)
+
+
+def _short_error(err: Exception) -> str:
+    detail = " ".join(str(err).split()) or err.__class__.__name__
+    return f"{detail[:120]} … {detail[-120:]}" if len(detail) > 240 else detail  # the start names the node or the load, the end the reason
