@@ -1,13 +1,13 @@
-"""Batches built ahead of the steps that train on them, in worker processes (`train.num_workers`), with results that do
-not depend on how many there are: what a step trains on is a pure function of the step (its rows, `Order.rows`; its
-augmentation, the generator the engine gives that step), so a worker builds exactly what the training process would
-have built, and a resumed run, a replay or a rollback asks for another step and gets it. With no workers the training
-process builds each batch itself, when the step reaches it, as it always did.
+"""Work built ahead in worker processes, item by item: the batches of training's steps (`train.num_workers`), of an
+evaluation, the files `predict` decodes. Each item is a pure function of its index: for training, what a step trains
+on is a function of the step (its rows, `Order.rows`; its augmentation, the generator the engine gives that step), so
+a worker builds exactly what the training process would have built, results do not depend on how many workers there
+are, and a resumed run, a replay or a rollback asks for another step and gets it. With no workers the caller's
+process builds each item itself, when it is asked for, as it always did.
 
-    feed = Feeder(lambda step: build(step), total_steps, workers=2, pin=False)
-    for step in range(start, total_steps):
-        parts = feed.get(step)   # the step's batches, built (and prefetched) by the workers
-    feed.close()
+    with Feeder(build, total_steps, workers=2) as feed:
+        for step in range(start, total_steps):
+            parts = feed.get(step)   # build(step)'s items, built (and prefetched) by the workers
 """
 
 from __future__ import annotations
