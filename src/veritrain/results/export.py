@@ -37,7 +37,6 @@ from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
 from veritrain.core.signing_keys import sealing_key
 from veritrain.core.task_registry import serving_command
-from veritrain.data.loader import Feeder
 from veritrain.records.record import RECORD_FILE, SEAL_FILE, read_record
 from veritrain.results import export_signing
 from veritrain.results.model_card import model_card
@@ -999,6 +998,8 @@ def predict(export: Path | ExportFiles, files: Sequence[str], top: int = 1, work
     others are still predicted. The ONNX bytes run are the bytes hashed against the SHA-256 decided for them. No code
     of the run is imported: the ONNX file runs in onnxruntime, so predict needs no --trust-code. Files are decoded
     PREDICT_CHUNK at a time, by `workers` worker processes ahead of the model (veritrain.data.loader) or here."""
+    from veritrain.data.loader import Feeder  # torch's DataLoader: this module loads without torch
+
     opened = export if isinstance(export, ExportFiles) else open_export(export)
     description = read_description(opened)
     onnx_file = description["files"].get("onnx")
