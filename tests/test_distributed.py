@@ -70,7 +70,7 @@ def test_two_process_run_completes_verifies_reproduces_and_records_world_size(tm
     described = record(run_dir)["distributed"]
     assert described["world_size"] == 2 and described["nodes"] == 1 and described["backend"] == "gloo"
     assert described["devices"] == ["cpu", "cpu"] and described["launch"][0] == "torchrun"
-    assert record(run_dir)["training"]["engine"] == "recipe-1"  # the recipe trains several processes as it trains one
+    assert record(run_dir)["training"]["engine"] == recipe.ENGINE  # the recipe trains several processes as it trains one
     import torch
 
     saved = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)

@@ -11,6 +11,7 @@ import pytest
 from conftest import veritrain_process
 
 from veritrain.data.identity import FORMAT_VERSION
+from veritrain.records.record import RECORD_FORMAT
 
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 COMPLETED = "20261130-064052-598-fd2b78"
@@ -131,7 +132,7 @@ def test_a_run_with_a_trajectory_of_the_previous_code_verifies_and_audits_and_sa
     imported(cli, tmp_path, archive)
     verified = cli("verify", run_id, "--workdir", str(tmp_path), "--json")
     assert verified.code == 0, verified.stdout + verified.stderr
-    assert verified.json()["format"] == {"declared": 0, "witnessed": 0, "witnesses": [], "effective": 0, "minimum": 0, "current": 1,
+    assert verified.json()["format"] == {"declared": 0, "witnessed": 0, "witnesses": [], "effective": 0, "minimum": 0, "current": RECORD_FORMAT,
                                          "unchecked": list(verified.json()["format"]["unchecked"])}
     assert "each result's trajectory entry" in verified.json()["format"]["unchecked"]
     not_checked = [n["check"] for n in verified.json()["not_checked"]]

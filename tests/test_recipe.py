@@ -47,7 +47,8 @@ def test_a_record_stripped_of_its_engine_is_caught_by_verify(small_run_copy):
 
 def test_the_engine_comes_from_the_record():
     assert engines.of_record({}) == engines.LOOP == engines.of_record({"training": {"epochs": 3, "steps": 9}})
-    assert engines.of_record({"training": {"engine": "recipe-1"}}) == recipe.ENGINE
+    assert engines.of_record({"training": {"engine": "recipe-2"}}) == recipe.ENGINE
+    assert engines.of_record({"training": {"engine": "recipe-1"}}) == "recipe-1" == recipe.SCHEMES[0]  # trained on by the recipe alike
     with pytest.raises(UserError, match="no engine this veritrain has"):
         engines.of_record({"training": {"engine": "recipe-9"}})
     assert engines.for_new_run() == recipe.ENGINE
@@ -106,7 +107,7 @@ def test_a_last_step_that_would_leave_a_rank_under_two_samples_is_dropped():
 
     from veritrain.train.parts import batches_of, order_of
 
-    cfg = SimpleNamespace(seed=0, train=SimpleNamespace(batch_size=8, accumulate_steps=2, epochs=1))
+    cfg = SimpleNamespace(seed=0, train=SimpleNamespace(batch_size=8, accumulate_steps=2, epochs=1, max_steps=0))
     assert [order_of(cfg, n, 1).drop_last for n in (33, 34, 35)] == [True, False, False]  # type: ignore[arg-type]
     assert [order_of(cfg, n, 2).drop_last for n in (33, 34, 35, 36)] == [True, True, True, False]  # type: ignore[arg-type]
     assert not order_of(cfg, 3, 2).drop_last  # type: ignore[arg-type]  # one short step is all there is: kept

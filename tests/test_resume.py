@@ -307,7 +307,7 @@ def test_checkpoint_holds_the_full_state(tmp_path):
         assert key in state, key
     for key in ("step", "epochs_done", "order", "guard", "trajectory", "other_saves"):
         assert key in state["loop"], key
-    assert set(state["extra"]["sums"]) == {"loss_sum", "seen", "stats"} and set(state["extra"]["best"]) == {"value", "epoch", "bad_epochs"}
+    assert set(state["extra"]["sums"]) == {"loss_sum", "seen", "stats"} and set(state["extra"]["best"]) == {"value", "epoch", "step", "bad_epochs"}
     assert set(state["loop"]["guard"]) == {"rollbacks", "lr_factor"}
     assert set(state["settings"]) == {"device", "threads", "num_workers"}
     assert len(checkpoint.step_files(folder)) == 2  # keep_last

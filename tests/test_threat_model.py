@@ -99,7 +99,7 @@ def test_an_honest_signed_run_verifies_under_every_policy_and_names_its_signer(c
     assert plain.code == 0, plain.stdout + plain.stderr
     fingerprint = signed["honest"].public.fingerprint
     assert f"signer: key {fingerprint} (not in your trusted keys); signature checked with --public-key" in plain.stdout
-    assert "format: judged under record format 1 (declared 1; this veritrain writes 1)" in plain.stdout
+    assert "format: judged under record format 2 (declared 2; this veritrain writes 2)" in plain.stdout
     for options in (["--min-format", "1"], ["--expect", signed["seal"]], ["--public-key", str(signed["public"]), "--require-signature"]):
         assert verify(cli, signed, *options).code == 0, options
 
@@ -115,14 +115,29 @@ def test_stripping_the_provenance_statement_fails_by_the_records_format_and_by_p
     assert "sealed before" not in rows["provenance_signed"]["detail"]  # a format-1 record is never called an older one
 
 
+def test_stripping_the_best_step_fails_by_the_records_format(cli, signed):
+    """Without `training.best_step` best.pt would be judged by its epoch, whose last entry may be a later, worse state
+    than the one validation chose (validations inside an epoch): format 2 requires the step."""
+    record = json.loads((signed["run_dir"] / "record.json").read_text())
+    assert record["record_format"] == 2 and record["training"]["best_step"] >= 1
+
+    def strip(record):
+        del record["training"]["best_step"]
+
+    forge(signed["run_dir"], strip)
+    caught = verify(cli, signed)
+    assert caught.code == 1 and "format_requires" in kinds(caught), caught.stdout
+    assert any("training.best_step" in p["detail"] for p in caught.json()["problems"])
+
+
 def test_a_record_presented_as_format_0_is_caught_by_its_checkpoints_then_by_policy(cli, signed):
     def as_format_0(record):
         del record["record_format"]
 
     forge(signed["run_dir"], as_format_0, statement=False)
     caught = verify(cli, signed)
-    assert caught.code == 1 and "format_downgraded" in kinds(caught)  # the checkpoints were written by a format-1 run
-    assert caught.json()["format"]["effective"] == 1 and caught.json()["format"]["declared"] == 0
+    assert caught.code == 1 and "format_downgraded" in kinds(caught)  # the checkpoints were written by a format-2 run
+    assert caught.json()["format"]["effective"] == 2 and caught.json()["format"]["declared"] == 0
 
     strip_checkpoint_formats(signed["run_dir"])  # the thorough forger rewrites the witnesses too
     forge(signed["run_dir"], statement=False)

@@ -902,5 +902,5 @@ def test_the_run_page_shows_the_format_and_the_signer_verify_found(site):
     workspace, run_id = site["workspace"], site["good"]
     verify_and_keep(workspace.runs_dir / run_id, workspace.state_dir)
     html = TestClient(create_app(workspace), base_url=BASE).get(f"/runs/{run_id}").text
-    assert "<th>format</th><td class=\"trust-line\">judged under record format 1 (declared 1; this veritrain writes 1)" in html
+    assert "<th>format</th><td class=\"trust-line\">judged under record format 2 (declared 2; this veritrain writes 2)" in html
     assert "<th>signer</th><td class=\"trust-line\">none (the provenance statement is unsigned)" in html

@@ -240,13 +240,14 @@ def search_summary(summary: dict[str, Any]) -> None:
     best = (summary.get("best") or {}).get("number")
     table = Table(title=f"search {summary['id']} ({summary['sampler']['name']} sampler, seed {summary['sampler']['seed']}, "
                   f"{summary['pruner']['name']} pruner; chosen on {selection['split']} {selection['metric']})", title_justify="left")
-    for column in ("trial", "change", "run", "state", f"{selection['split']} {selection['metric']}", "epochs judged"):
+    unit = "step" if summary.get("judged_at") == "step" else "epoch"
+    for column in ("trial", "change", "run", "state", f"{selection['split']} {selection['metric']}", f"{unit}s judged"):
         table.add_column(column)
     for trial in summary["trials"]:
         change = ", ".join(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={json.dumps(value)}" for key, value in trial["change"].items())
         state = trial["state"] + (f": {trial['error']}" if trial["state"] == "failed" and trial.get("error") else "")
         if trial["state"] == "pruned" and trial.get("pruned"):
-            state += f" after epoch {trial['pruned'].get('epoch')}"
+            state += f" after {unit} {trial['pruned'].get(unit)}"
         value = f"{trial['value']:.4f}" if isinstance(trial.get("value"), (int, float)) else "-"
         table.add_row(f"{trial['number']}" + (" best" if trial["number"] == best else ""), change or "-", trial.get("run_id") or "-", state, value,
                       str(len(trial["intermediate"])), style="bold" if trial["number"] == best else None)

@@ -495,9 +495,10 @@ def _train_stage(record: Recorder, run_dir: Path, cfg: RunConfig, data: DataVers
                trajectory=trajectory.for_record(result.trajectory or [], run_dir / "checkpoints", cfg.checkpoint.audit_every),
                other_saves=result.other_saves or [])
     record.set(training={
-        "epochs": len(result.epochs),
+        "epochs": result.epochs_trained if result.epochs_trained is not None else len(result.epochs),
         "steps": result.steps,
         "best_epoch": result.best_epoch,
+        **({"best_step": result.best_step} if result.best_step is not None else {}),
         "best_metric": {"name": result.best_metric[0], "mode": result.best_metric[1], "value": result.best_value},
         "last_epoch": result.epochs[-1] if result.epochs else None,
         "peak_memory_mb": result.peak_memory_mb,
@@ -747,7 +748,7 @@ def _in_run_checkpoint(opened: OpenRun, which: Optional[str]) -> tuple[Optional[
             candidates = [f"checkpoints/step-{entries[index]['step']}.pt"]
             if index == len(entries) - 1:
                 candidates.append("checkpoints/last.pt")
-            if index == trajectory.best_entry(entries, (opened.record.get("training") or {}).get("best_epoch")):
+            if index == trajectory.best_entry(entries, opened.record.get("training")):
                 candidates.append("checkpoints/best.pt")
             for name in candidates:
                 if name in artifacts and (opened.run_dir / name).is_file():

@@ -69,7 +69,7 @@ def _run(resolved: ResolvedConfig, workspace: Workspace, data: DataVersion, code
     file_log = logs.attach_file(log_path)
     log.debug("smoke %s: config %s, data version %s", key, resolved.hash, data.version)
     tiny = cfg.model_copy(deep=True, update={
-        "train": cfg.train.model_copy(update={"epochs": 1, "batch_size": min(cfg.train.batch_size, TRAIN_SAMPLES // STEPS),
+        "train": cfg.train.model_copy(update={"epochs": 1, "max_steps": 0, "batch_size": min(cfg.train.batch_size, TRAIN_SAMPLES // STEPS),
                                               "accumulate_steps": 1, "early_stopping_patience": None, "compile": False}),
         "checkpoint": cfg.checkpoint.model_copy(update={"every_steps": 1, "keep_last": STEPS + 1, "every_minutes": None}),
         "logging": cfg.logging.model_copy(update={"every_steps": 1, "tensorboard": False}),

@@ -45,7 +45,7 @@ from veritrain.records.fields import (
 RECORD_VERSION = 1
 # What a record must carry, numbered (docs/record.md, "Formats"): set when a run starts and kept by resumes and amends;
 # a record without the field is format 0, made before records named their format. veritrain.trust.formats judges it.
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 RECORD_FILE = "record.json"
 SEAL_FILE = "record.sha256"
 NOTES_FILE = "notes.jsonl"
@@ -300,8 +300,9 @@ class Training(Part):
     epochs: int
     steps: int
     best_epoch: Optional[int] = None
+    best_step: Optional[Annotated[int, Field(ge=0)]] = None  # the steps done at the best validation (required from format 2)
     best_metric: Optional[dict[str, Any]] = None
-    last_epoch: Optional[dict[str, Any]] = None
+    last_epoch: Optional[dict[str, Any]] = None  # the last row of metrics.jsonl
     peak_memory_mb: Optional[float] = None
     loop_seconds: Optional[float] = None
     settings: Optional[dict[str, Any]] = None

@@ -228,7 +228,7 @@ class Checkpointer:
         own = saved["distributed"]["ranks"][self.ranks.rank] if "distributed" in saved else saved
         set_rng_state(own["rng"])
         if self.ranks.is_main:
-            steplog.rewind(self.run_dir, state.epochs_done, state.step)
+            steplog.rewind(self.run_dir, state.step, state.epochs_done)
         return own["augment_rng"]
 
     def resume(self, events: list[dict[str, Any]]) -> tuple[bool, Optional[torch.Tensor]]:

@@ -80,9 +80,10 @@ class Guard:
 
 
 class Best:
-    """The best value of a metric so far, and early stopping: `update(value, epoch)` says whether it improved, `stop`
-    whether `patience` epochs went by without it. Register it in `run.resume(extra={"best": best})` so a resumed run
-    goes on counting where it stopped."""
+    """The best value of a metric so far, and early stopping: `update(value, epoch, step)` says whether it improved,
+    `stop` whether `patience` validations went by without it (`bad_epochs` counts them). Register it in
+    `run.resume(extra={"best": best})` so a resumed run goes on counting where it stopped. `step`, the optimizer step
+    validated, is kept (and saved) once given: the recipe gives it, so a best inside an epoch is named exactly."""
 
     def __init__(self, mode: str = "max", patience: Optional[int] = None) -> None:
         if mode not in ("max", "min"):
@@ -90,12 +91,15 @@ class Best:
         self.mode, self.patience = mode, patience
         self.value: Optional[float] = None
         self.epoch = 0
+        self.step: Optional[int] = None
         self.bad_epochs = 0
 
-    def update(self, value: float, epoch: int) -> bool:
+    def update(self, value: float, epoch: int, step: Optional[int] = None) -> bool:
         improved = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
         if improved:
             self.value, self.epoch, self.bad_epochs = float(value), int(epoch), 0
+            if step is not None:
+                self.step = int(step)
         else:
             self.bad_epochs += 1
         return improved
@@ -105,10 +109,12 @@ class Best:
         return bool(self.patience) and self.bad_epochs >= int(self.patience or 0)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "epoch": self.epoch, "bad_epochs": self.bad_epochs}
+        state: dict[str, Any] = {"value": self.value, "epoch": self.epoch, "bad_epochs": self.bad_epochs}
+        return state if self.step is None else {**state, "step": self.step}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.value, self.epoch, self.bad_epochs = state["value"], int(state["epoch"]), int(state["bad_epochs"])
+        self.step = int(state["step"]) if state.get("step") is not None else None
 
 
 @dataclass

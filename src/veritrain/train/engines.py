@@ -1,6 +1,7 @@
 """Which engine trains a run, chosen from its record and never from a config default: the recipe
-(veritrain.train.recipe, `training.engine: recipe-1`) for runs made now, in one process or several, and veritrain's
-earlier loop (veritrain.train.loop: records without the field) for everything it trained.
+(veritrain.train.recipe, `training.engine: recipe-2`) for runs made now, in one process or several, the recipe's
+first scheme (`recipe-1`) for the runs it trained, and veritrain's earlier loop (veritrain.train.loop: records
+without the field) for everything that trained.
 A run resumes, is audited and is reproduced by the engine that trained it: the two draw their randomness in a
 different order and write different checkpoints, so neither can continue the other's run.
 """
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 LOOP = "loop"  # the earlier loop: what a record without training.engine was trained by
 RECIPE = recipe.ENGINE
-KNOWN = (LOOP, RECIPE)
+KNOWN = (LOOP, *recipe.SCHEMES)
 
 
 def of_record(record: Mapping[str, Any]) -> str:
@@ -62,4 +63,4 @@ def train(engine: str, cfg: RunConfig, data: DataVersion, task: Task, run_dir: P
     hand_back, ranks)."""
     if engine == LOOP:
         return loop.run(cfg, data, task, run_dir, stop, console, **options)
-    return recipe.run(cfg, data, task, run_dir, stop, console, **options)
+    return recipe.run(cfg, data, task, run_dir, stop, console, scheme=engine, **options)

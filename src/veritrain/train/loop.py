@@ -326,7 +326,7 @@ def _end_epoch(t: Training, history: list[dict[str, Any]], events: list[dict[str
         events.append({"kind": "early_stop", "step": state.step,
                        "detail": f"{best_key} did not improve for {state.bad_epochs} epochs (best {state.best_value:.4f} at epoch {state.best_epoch})"})
     history.append(row)
-    steplog.epoch(row)
+    steplog.row(row)
     if t.judge is not None:  # one process: the verdict on the row just written; a signal may come while it waits
         _judge(t, run_dir, row, events, stop)
         epoch_signum = None if t.pruned is not None else stop.signum

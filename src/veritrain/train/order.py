@@ -12,7 +12,7 @@ batch `step mod per_epoch` of epoch `step div per_epoch + 1`.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -31,13 +31,15 @@ def epoch_generator(seed: int, epoch: int, stream: int, rank: int = 0) -> torch.
 
 @dataclass(frozen=True)
 class Order:
-    """What `run.batches(n, batch_size, epochs, drop_last)` was asked for, and the seed it draws with."""
+    """What `run.batches(n, batch_size, epochs, drop_last)` was asked for, and the seed it draws with; `steps`, when
+    the run stops before its last epoch's end (`train.max_steps`): the batches it trains in all, over `epochs`."""
 
     n: int
     batch_size: int
     epochs: int
     drop_last: bool
     seed: int
+    steps: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in ("n", "batch_size", "epochs"):
@@ -46,6 +48,14 @@ class Order:
                 raise UserError(f"run.batches: {name}={value!r}; give a positive whole number")
         if self.drop_last and self.n < self.batch_size:
             raise UserError(f"run.batches: n={self.n} rows make no full batch of {self.batch_size} with drop_last=True")
+        if self.steps is not None and not (type(self.steps) is int and 0 < self.steps <= self.per_epoch * self.epochs):
+            raise UserError(f"run.batches: steps={self.steps!r}; give a whole number from 1 to the {self.per_epoch * self.epochs} batches of the epochs")
+
+    @classmethod
+    def of_steps(cls, n: int, batch_size: int, steps: int, drop_last: bool, seed: int) -> Order:
+        """`steps` batches, over the epochs they take."""
+        whole = cls(n, batch_size, 1, drop_last, seed)
+        return cls(n, batch_size, -(-steps // whole.per_epoch), drop_last, seed, steps)
 
     @property
     def per_epoch(self) -> int:
@@ -53,10 +63,12 @@ class Order:
 
     @property
     def total(self) -> int:
-        return self.per_epoch * self.epochs
+        return self.steps if self.steps is not None else self.per_epoch * self.epochs
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What a checkpoint saves of the order: `steps` only when set, so an order of whole epochs is saved (and hashed
+        into the state) as it was before the field existed."""
+        return {k: v for k, v in asdict(self).items() if k != "steps" or v is not None}
 
     def difference(self, other: dict[str, Any]) -> str:
         """How `other` (a saved order) differs, as `name saved → now` items; "" when it is the same."""

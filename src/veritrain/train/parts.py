@@ -33,7 +33,7 @@ log = logging.getLogger("veritrain")
 class TrainResult:
     final_state_sha256: str
     epochs: list[dict[str, Any]]  # the rows of metrics.jsonl
-    best_epoch: int
+    best_epoch: int  # the epoch of the best validation (in progress, when validations fall inside epochs)
     best_value: Optional[float]
     best_metric: tuple[str, str]
     steps: int
@@ -42,11 +42,13 @@ class TrainResult:
     peak_memory_mb: float
     loop_seconds: float = 0.0  # the epochs alone (no setup, data or model building): what overhead is measured on
     trajectory: Optional[list[dict[str, Any]]] = None  # one entry per scheduled checkpoint (and the initial state)
-    pruned: Optional[dict[str, Any]] = None  # the search's verdict that stopped training after an epoch (see EpochJudge)
+    pruned: Optional[dict[str, Any]] = None  # the search's verdict that stopped training after a validation (see EpochJudge)
     other_saves: Optional[list[dict[str, Any]]] = None  # signal and every_minutes saves: {step, reason, state_sha256}
     devices: Optional[list[str]] = None  # with several ranks: each rank's device, in rank order
     backend: Optional[str] = None  # with several ranks: the collective backend
     engine: Optional[str] = None  # the engine that trained the run (the record's training.engine); None: the earlier loop
+    best_step: Optional[int] = None  # the optimizer steps done at the best validation (the recipe); None: not counted
+    epochs_trained: Optional[int] = None  # epochs trained in, whole or in part (the recipe); None: one per row of `epochs`
 
 
 def resolve_device(name: str) -> torch.device:
@@ -87,10 +89,10 @@ def schedule_factor(cfg: ScheduleConfig, steps_per_epoch: int, total_steps: int)
     return factor
 
 
-# A search's judge of each epoch (`veritrain search`, veritrain.orchestration.trials.search): called with the run folder, the
-# epoch's row (already in metrics.jsonl) and the stop flag; it waits for the search driver's verdict and returns it
-# when the driver prunes the trial ({epoch, step, value, reason, ...}), else None. Training then stops after that
-# epoch's save, so a pruned run ends at the epoch that was judged, never evaluated further.
+# A search's judge of each validation (`veritrain search`, veritrain.orchestration.trials.search): called with the run
+# folder, the validation's row (already in metrics.jsonl) and the stop flag; it waits for the search driver's verdict and
+# returns it when the driver prunes the trial ({epoch, step, value, reason, ...}), else None. Training then stops after
+# that validation's save, so a pruned run ends at the validation that was judged, never evaluated further.
 EpochJudge = Callable[[Path, dict[str, Any], StopFlag], Optional[dict[str, Any]]]
 
 
@@ -104,11 +106,15 @@ def best_metric(cfg: RunConfig, task: Task, data: DataVersion) -> tuple[str, str
 
 
 def order_of(cfg: RunConfig, n: int, world_size: int = 1) -> Order:
-    """The data order of `n` training rows: step k takes `batch_size × accumulate_steps` rows of the epoch's permutation.
+    """The data order of `n` training rows: step k takes `batch_size × accumulate_steps` rows of the epoch's permutation,
+    for `train.epochs` epochs or `train.max_steps` steps.
     A last step that would give a rank fewer than two samples is dropped: BatchNorm cannot normalise one, and it would
     be noise anyway."""
     per_step = cfg.train.batch_size * cfg.train.accumulate_steps
-    return Order(n, per_step, cfg.train.epochs, 0 < n % per_step < 2 * world_size and n > per_step, cfg.seed)
+    drop_last = 0 < n % per_step < 2 * world_size and n > per_step
+    if cfg.train.max_steps:
+        return Order.of_steps(n, per_step, cfg.train.max_steps, drop_last, cfg.seed)
+    return Order(n, per_step, cfg.train.epochs, drop_last, cfg.seed)
 
 
 def batches_of(cfg: RunConfig, train_rows: np.ndarray, rows: np.ndarray, world_size: int = 1) -> list[np.ndarray]:

@@ -1,6 +1,7 @@
 """The built-in training, written out top to bottom over the engine users' scripts get (veritrain.train.engine):
-set up, resume, then one optimizer step at a time, with validation, best.pt, early stopping and the epoch's save at
-every epoch's end.
+set up, resume, then one optimizer step at a time for `train.epochs` (or exactly `train.max_steps` steps), with
+validation, best.pt, early stopping and a search's verdict at every validation (`Validations`: each epoch's end, or
+every `eval.every_steps` steps) and the saves the checkpoint schedule asks for.
 
 What it draws is a pure function of the config: step k trains on rows `Order.rows(k)` (a permutation per epoch,
 seeded by (seed, epoch)) with augmentation from `engine.generator(k)` (seeded by (seed, k)), so a run killed at any
@@ -15,8 +16,9 @@ With several processes (torchrun, or `--nproc N`) every rank trains on its share
 clock are summed over the ranks in one all-reduce (`sum_batch`), so every decision is the same on every rank;
 rank 0 validates, logs and writes.
 
-The record names this engine (`training.engine: recipe-1`); runs without it were trained by veritrain's earlier
-loop (veritrain.train.loop), which stays for them.
+The record names this engine (`training.engine: recipe-2`). Runs of `recipe-1`, made before validation could fall
+inside an epoch, are trained on by it alike, saving their best metric's state without its step (`SCHEMES`); runs
+without an engine were trained by veritrain's earlier loop (veritrain.train.loop), which stays for them.
 
     veritrain train configs/digits.yaml                 # train only (prepares the data version if needed)
     veritrain train --resume latest                     # continue an interrupted run
@@ -69,7 +71,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("veritrain")
 
-ENGINE = "recipe-1"
+ENGINE = "recipe-2"
+# the recipe's engines, oldest first: recipe-1 validated at epoch ends only and saved no step with its best metric
+SCHEMES = ("recipe-1", ENGINE)
+
+
+@dataclass(frozen=True)
+class Validations:
+    """When the recipe validates: after every `every` optimizer steps (`eval.every_steps`), or at each epoch's end
+    (`every` 0), and after the run's last step (which `train.max_steps` may put inside an epoch)."""
+
+    every: int
+    per_epoch: int
+    total: int
+
+    def due(self, done: int) -> bool:
+        """Whether the recipe validates after `done` optimizer steps."""
+        return done == self.total or done % (self.every or self.per_epoch) == 0
+
+    @property
+    def unit(self) -> str:
+        """What a row of metrics.jsonl stands for: an `epoch`, or a `step` validated inside one."""
+        return "step" if self.every else "epoch"
 
 
 @dataclass
@@ -116,6 +139,8 @@ class Setup:
     best_key: str
     params: list[torch.nn.Parameter]
     feed: Feeder  # each step's batches, built by `train.num_workers` workers ahead of it, or here when it comes
+    validations: Validations
+    scheme: str  # the engine the run is trained by (one of SCHEMES)
 
     def autocast(self) -> Any:
         precision = self.cfg.train.precision
@@ -127,15 +152,17 @@ class Setup:
 def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: StopFlag, console: Optional[Console] = None,
         resume: bool = False, events: Optional[list[dict[str, Any]]] = None, stop_at_step: Optional[int] = None,
         epoch_judge: Optional[EpochJudge] = None, record_format: Optional[int] = RECORD_FORMAT,
-        hand_back: Optional[Path] = None, ranks: Optional[rank_group.Ranks] = None) -> TrainResult:
-    """Train on `data` for `cfg.train.epochs`, writing metrics.jsonl, steps.jsonl and checkpoints/ (see the module's
-    docstring). `resume`: from the newest valid checkpoint. `stop_at_step` and `hand_back`: an audit replay, which hands
+        hand_back: Optional[Path] = None, ranks: Optional[rank_group.Ranks] = None, scheme: str = ENGINE) -> TrainResult:
+    """Train on `data` for `cfg.train.epochs` (or `cfg.train.max_steps`), writing metrics.jsonl, steps.jsonl and
+    checkpoints/ (see the module's docstring). `scheme`: the engine the run's record names (SCHEMES). `resume`: from the newest valid checkpoint. `stop_at_step` and `hand_back`: an audit replay, which hands
     every state it enters in the trajectory back and stops at the scheduled save of that step. `epoch_judge`: a search's
-    verdict after every epoch; a pruning one ends training there. `ranks`: this process's place among several."""
+    verdict after every validation; a pruning one ends training there. `ranks`: this process's place among several."""
     started = time.perf_counter()
     events = events if events is not None else []
     ccfg = cfg.checkpoint
-    s = _set_up(cfg, data, task, run_dir, events, record_format, ranks or rank_group.ONE_PROCESS)
+    if scheme not in SCHEMES:
+        raise RunFailed(f"training.engine: {scheme!r} is not the recipe's ({', '.join(SCHEMES)})")
+    s = _set_up(cfg, data, task, run_dir, events, record_format, ranks or rank_group.ONE_PROCESS, scheme)
     engine, order, sums, best, main = s.engine, s.order, s.sums, s.best, s.ranks.is_main
     if epoch_judge is not None and s.ranks.world_size > 1:
         raise RunFailed("a search's trial trains in one process; drop torchrun and --nproc for it")
@@ -144,9 +171,10 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
     history: list[dict[str, Any]] = []  # the rows of metrics.jsonl
 
     def rewind(saved: dict[str, Any]) -> None:  # a restored state (resume, rollback): its later rows are written again
+        step = int(saved["loop"]["step"])
         if main:
-            steplog_files.rewind(run_dir, int(saved["loop"]["epochs_done"]), int(saved["loop"]["step"]))
-        del history[int(saved["loop"]["epochs_done"]):]
+            steplog_files.rewind(run_dir, step)
+        history[:] = [row for row in history if row["step"] <= step]
 
     engine.on_restore.append(rewind)
 
@@ -162,10 +190,10 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
         _say_resumed(found, engine, order, events, {"device": str(s.device), "threads": torch.get_num_threads(), "num_workers": cfg.train.num_workers})
     history[:] = steplog_files.read_metrics(run_dir)
     pruned = None
-    if resume and history and epoch_judge is not None and engine.position % order.per_epoch == 0:  # its verdict may be missing
+    if resume and history and epoch_judge is not None and history[-1]["step"] == engine.position:  # its verdict may be missing
         with stop.deferred():
-            pruned = _judge(epoch_judge, run_dir, history[-1], events, stop)
-    steplog = StepLog(cfg, run_dir, console, main, order.per_epoch)
+            pruned = _judge(epoch_judge, run_dir, history[-1], events, stop, s.validations.unit)
+    steplog = StepLog(cfg, run_dir, console, main, order.per_epoch, order.epochs, s.validations.unit)
     engine.last_save = time.monotonic()  # checkpoint.every_minutes counts from here
 
     # ---- the steps; a signal takes effect at the next step boundary, never mid-save
@@ -182,21 +210,21 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
                 continue
             engine.position = step + 1
             steplog.step(Where(step + 1, epoch, within + 1, sums.seen), done.loss, s.optimizer.param_groups[0]["lr"], done.grad_norm, done.updated)
-            if within + 1 < order.per_epoch:  # inside the epoch: the step schedule, the clock, a signal
-                if ccfg.every_steps and (step + 1) % ccfg.every_steps == 0:
-                    engine.save("step")
+            if not s.validations.due(step + 1):  # between validations: the checkpoint schedule, the clock, a signal
+                if _scheduled(s, epoch, step + 1):
+                    engine.save("epoch" if within + 1 == order.per_epoch else "step")
                 elif done.minutes_due:
                     engine.save("minutes", scheduled=False)
                 if done.signum is not None:
                     engine.save("signal", scheduled=False, final=ccfg.last)
                     raise Interrupted(done.signum)
                 continue
-            row = s.ranks.broadcast(_epoch_row(s, epoch, step, steplog))  # rank 0 validates: its row is every rank's
+            row = s.ranks.broadcast(_validation_row(s, epoch, step, steplog))  # rank 0 validates: its row is every rank's
             history.append(row)
-            steplog.epoch(row)
-            pruned = _judge(epoch_judge, run_dir, row, events, stop) if epoch_judge is not None else None
+            steplog.row(row)
+            pruned = _judge(epoch_judge, run_dir, row, events, stop, s.validations.unit) if epoch_judge is not None else None
             signum = s.ranks.any_signal(stop.signum) if pruned is None else None  # every rank decides alike
-            if _end_epoch(s, row, events, signum, pruned is not None):
+            if _validated(s, row, events, signum, pruned is not None):
                 break
     loop_seconds = time.perf_counter() - loop_started
     steplog.close()
@@ -205,7 +233,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
     log.info("train: %d steps in %.1fs, peak memory %.0f MB", engine.position, time.perf_counter() - started, peak_mb)
     several = s.ranks.world_size > 1
     return TrainResult(final_state_sha256=state_dict_sha256(s.model.state_dict()), epochs=history, best_epoch=best.epoch,
-                       best_value=best.value, best_metric=(s.best_key, best.mode), steps=engine.position, device=str(device),
+                       best_step=_best_step(s, history), epochs_trained=-(-engine.position // order.per_epoch), best_value=best.value, best_metric=(s.best_key, best.mode), steps=engine.position, device=str(device),
                        threads=torch.get_num_threads(), peak_memory_mb=round(peak_mb, 1), loop_seconds=round(loop_seconds, 4),
                        devices=s.ranks.gather(str(device)) if several else None, backend=s.ranks.backend,
                        trajectory=list(engine.entries) if main else None, other_saves=list(engine.other_saves) if main else None,
@@ -213,7 +241,7 @@ def run(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, stop: Stop
 
 
 def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events: list[dict[str, Any]], record_format: Optional[int],
-            ranks: rank_group.Ranks) -> Setup:
+            ranks: rank_group.Ranks, scheme: str) -> Setup:
     """Seeds, device, the ranks joined, model, optimizer, schedule, and the engine that carries them and the recipe's
     own state."""
     tcfg, ccfg = cfg.train, cfg.checkpoint
@@ -236,16 +264,16 @@ def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events
     best_key, best_mode = best_metric(cfg, task, data)
     best, sums = Best(best_mode, tcfg.early_stopping_patience), EpochSums(tuple(task.epoch_metrics))
     engine = Engine(cfg.seed, config_hash(cfg), data.version, run_dir / "checkpoints", ccfg.keep_last, ccfg.audit_every,
-                    Guard(tcfg.on_nonfinite, tcfg.max_rollbacks, tcfg.rollback_lr_factor), events, ENGINE, {"num_workers": tcfg.num_workers},
+                    Guard(tcfg.on_nonfinite, tcfg.max_rollbacks, tcfg.rollback_lr_factor), events, scheme, {"num_workers": tcfg.num_workers},
                     ranks)
     engine.record_format = record_format
     if ranks.is_main:
         (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     engine.register(model, optimizer, schedule, scaler, extra={"sums": sums, "best": best})
     params = [p for p in model.parameters() if p.requires_grad]
-    log.info("train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d steps/epoch × %d epochs",
+    log.info("train: %s (%s parameters) on %s, %d threads, precision %s, %d samples, %d steps/epoch × %d epochs%s",
              cfg.model.target or cfg.model.name, f"{sum(p.numel() for p in model.parameters()):,}", device, torch.get_num_threads(),
-             tcfg.precision, len(train_rows), order.per_epoch, tcfg.epochs)
+             tcfg.precision, len(train_rows), order.per_epoch, order.epochs, f" ({order.total} steps)" if tcfg.max_steps else "")
     if ranks.world_size > 1:
         log.info("train: rank %d of %d (%d node(s), backend %s); each batch of %d is split over the ranks",
                  ranks.rank, ranks.world_size, ranks.nodes, ranks.backend, tcfg.batch_size)
@@ -253,7 +281,8 @@ def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events
     feed = Feeder(StepBatches(cfg, data, task, ranks, train_rows, order, engine, built_on), order.total, tcfg.num_workers, pin=device.type == "cuda")
     return Setup(cfg=cfg, data=data, task=task, ranks=ranks, device=device, model=model, forward=torch.compile(trainer) if tcfg.compile else trainer,
                  optimizer=optimizer, schedule=schedule, scaler=scaler, train_rows=train_rows, order=order, engine=engine, sums=sums,
-                 best=best, best_key=best_key, params=params, feed=feed)
+                 best=best, best_key=best_key, params=params, feed=feed,
+                 validations=Validations(cfg.eval.every_steps, order.per_epoch, order.total), scheme=scheme)
 
 
 class StepBatches:
@@ -317,41 +346,63 @@ def _train_step(s: Setup, step: int, rows: np.ndarray, norm_for_log: bool, stop:
     return done
 
 
-def _epoch_row(s: Setup, epoch: int, step: int, steplog: StepLog) -> dict[str, Any]:
-    """The epoch's row of metrics.jsonl: the train loss and statistics, the validation split's, lr, seconds."""
+def _validation_row(s: Setup, epoch: int, step: int, steplog: StepLog) -> dict[str, Any]:
+    """A row of metrics.jsonl: the epoch in progress and the steps done, the train loss and statistics since the last
+    validation, the validation split's, lr, seconds."""
     row = {"epoch": epoch, "step": step + 1, **s.sums.row()}
     if len(s.task.rows(s.data, "val")) > 0 and s.ranks.is_main:
         row.update(s.task.validation_metrics(s.model, s.data, s.device, s.cfg.eval.batch_size))
-    row.update(lr=s.optimizer.param_groups[0]["lr"], seconds=steplog.epoch_seconds())
+        s.model.train()  # validation left it in eval mode; the steps after it, inside the epoch, train
+    row.update(lr=s.optimizer.param_groups[0]["lr"], seconds=steplog.row_seconds())
     if s.ranks.is_main and s.best_key not in row:  # the other ranks take rank 0's row
         raise RunFailed(f"checkpoint.best_metric: {s.best_key!r} is not in metrics.jsonl (keys: {', '.join(row)}); pick one of them")
     return row
 
 
-def _end_epoch(s: Setup, row: dict[str, Any], events: list[dict[str, Any]], signum: Optional[int], pruned: bool) -> bool:
+def _scheduled(s: Setup, epoch: int, done: int) -> bool:
+    """Whether the checkpoint schedule saves after `done` steps: every `every_steps` steps, every `every_epochs`-th
+    epoch's end, and the last step."""
+    ccfg, per_epoch = s.cfg.checkpoint, s.order.per_epoch
+    return bool(ccfg.every_steps and done % ccfg.every_steps == 0) or done == s.order.total \
+        or bool(ccfg.every_epochs and done % per_epoch == 0 and epoch % ccfg.every_epochs == 0)
+
+
+def _validated(s: Setup, row: dict[str, Any], events: list[dict[str, Any]], signum: Optional[int], pruned: bool) -> bool:
     """Follow the best metric and early stopping, and save as scheduled (or because training stops here). Returns
-    whether training ends after this epoch; raises Interrupted after the save when a signal came."""
-    ccfg, epochs, best, engine = s.cfg.checkpoint, s.cfg.train.epochs, s.best, s.engine
+    whether training ends after this validation; raises Interrupted after the save when a signal came."""
+    ccfg, best, engine, by_step = s.cfg.checkpoint, s.best, s.engine, s.validations.unit == "step"
     epoch, position = row["epoch"], row["step"]
-    improved = best.update(row[s.best_key], epoch)
+    improved = best.update(row[s.best_key], epoch, position if s.scheme != "recipe-1" else None)
     s.sums.loss_sum, s.sums.seen, s.sums.stats = 0.0, 0, {}
     if best.stop:
-        events.append({"kind": "early_stop", "step": position, "detail": f"{s.best_key} did not improve for {best.bad_epochs} epochs "
-                       f"(best {best.value:.4f} at epoch {best.epoch})"})
-    scheduled = bool(ccfg.every_epochs and epoch % ccfg.every_epochs == 0) or bool(ccfg.every_steps and position % ccfg.every_steps == 0) \
-        or epoch == epochs or best.stop or (improved and ccfg.best)
-    ends = epoch == epochs or best.stop or pruned or signum is not None
+        where = f"step {best.step}" if by_step else f"epoch {best.epoch}"
+        events.append({"kind": "early_stop", "step": position, "detail": f"{s.best_key} did not improve for {best.bad_epochs} "
+                       f"{'validations' if by_step else 'epochs'} (best {best.value:.4f} at {where})"})
+    last = position == s.order.total
+    scheduled = _scheduled(s, epoch, position) or best.stop or (improved and ccfg.best)
+    ends = last or best.stop or pruned or signum is not None
     if scheduled or ends:
-        engine.save("epoch" if scheduled else "signal", scheduled=scheduled, best=improved and ccfg.best, final=ends and ccfg.last)
-    log.info("epoch %d/%d  %s  lr %.2e  (%.1fs%s)", epoch, epochs,
-             "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr")),
-             row["lr"], row["seconds"], ", best" if improved else "")
+        engine.save("epoch" if scheduled and position % s.order.per_epoch == 0 else "step" if scheduled else "signal", scheduled=scheduled,
+                    best=improved and ccfg.best, final=ends and ccfg.last)
+    shown = "  ".join(f"{k} {v:.4f}" for k, v in row.items() if k not in ("epoch", "step", "seconds", "lr"))
+    if by_step:
+        log.info("step %d/%d (epoch %d)  %s  lr %.2e  (%.1fs%s)", position, s.order.total, epoch, shown, row["lr"], row["seconds"], ", best" if improved else "")
+    else:
+        log.info("epoch %d/%d  %s  lr %.2e  (%.1fs%s)", epoch, s.order.epochs, shown, row["lr"], row["seconds"], ", best" if improved else "")
     if best.stop or pruned:
         log.info("train: %s", events[-1]["detail"])
         return True
     if signum is not None:
         raise Interrupted(signum)
     return False
+
+
+def _best_step(s: Setup, history: list[dict[str, Any]]) -> Optional[int]:
+    """The step of the validation with the best metric (`training.best_step`): the recipe's own count, or for a run of
+    recipe-1, which counted only epochs, the step of that epoch's row."""
+    if s.best.step is not None or s.scheme != "recipe-1":
+        return s.best.step
+    return next((row["step"] for row in history if row["epoch"] == s.best.epoch), None)
 
 
 def _say_resumed(found: tuple[Path, dict[str, Any]], engine: Engine, order: Order, events: list[dict[str, Any]], now: dict[str, Any]) -> None:
@@ -365,9 +416,10 @@ def _say_resumed(found: tuple[Path, dict[str, Any]], engine: Engine, order: Orde
     log.info("resume: from %s at step %d (epoch %d, batch %d)", path.name, engine.position, epoch, batch)
 
 
-def _judge(judge: EpochJudge, run_dir: Path, row: dict[str, Any], events: list[dict[str, Any]], stop: StopFlag) -> Optional[dict[str, Any]]:
+def _judge(judge: EpochJudge, run_dir: Path, row: dict[str, Any], events: list[dict[str, Any]], stop: StopFlag, unit: str) -> Optional[dict[str, Any]]:
     verdict = judge(run_dir, row, stop)
     if verdict is None:
         return None
-    events.append({"kind": "pruned", "step": row["step"], "detail": f"pruned by the search after epoch {row['epoch']}: {verdict.get('reason')}"})
+    where = f"step {row['step']} (epoch {row['epoch']})" if unit == "step" else f"epoch {row['epoch']}"
+    events.append({"kind": "pruned", "step": row["step"], "detail": f"pruned by the search after {where}: {verdict.get('reason')}"})
     return {**verdict, "epoch": row["epoch"], "step": row["step"]}

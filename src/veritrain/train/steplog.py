@@ -1,8 +1,9 @@
 """What the training loop shows and logs as it goes: the progress bar (on a terminal), `steps.jsonl` (every
-`logging.every_steps` optimizer steps), `metrics.jsonl` (one row per epoch) and TensorBoard
-(`logging.tensorboard`). Only rank 0 writes files; every rank draws its own (hidden) bar.
+`logging.every_steps` optimizer steps), `metrics.jsonl` (one row per validation: each epoch's end, or every
+`eval.every_steps` steps; every row names its `epoch` and `step`) and TensorBoard (`logging.tensorboard`). Only
+rank 0 writes files; every rank draws its own (hidden) bar.
 
-Rows after a checkpoint are trained again on resume or rollback, so the files are cut back to it (`rewind`)
+Rows after a checkpoint are trained again on resume or rollback, so the files are cut back to its step (`rewind`)
 and written again, and a resumed run's files equal an uninterrupted run's.
 """
 
@@ -38,9 +39,11 @@ class StepLog:
     """The progress bar, steps.jsonl, metrics.jsonl and TensorBoard of one training run; a context manager
     around the epochs (the bar is shown inside it)."""
 
-    def __init__(self, cfg: RunConfig, run_dir: Path, console: Optional[Console], is_main: bool, batches: int):
+    def __init__(self, cfg: RunConfig, run_dir: Path, console: Optional[Console], is_main: bool, batches: int,
+                 epochs: Optional[int] = None, unit: str = "epoch"):
         self.every = cfg.logging.every_steps  # optimizer steps between rows of steps.jsonl (0: none)
-        self.epochs = cfg.train.epochs
+        self.epochs = epochs or cfg.train.epochs
+        self.unit = unit  # what a row of metrics.jsonl stands for: an epoch, or a step validated inside one
         self.batches = batches  # per epoch
         self.is_main = is_main
         self.steps_path, self.metrics_path = run_dir / STEPS, run_dir / METRICS
@@ -58,7 +61,9 @@ class StepLog:
         self.bar = self.progress.add_task("train", total=batches, epoch="", loss="-", lr="-", rate="-")
         self.next_show = 0.0  # perf_counter time of the next bar update: ≤ 10 updates/s
         self.epoch_started = 0.0
-        self.seen_at_start = 0  # samples of the epoch trained before this process started it (resume)
+        self.rate_from = 0.0  # perf_counter time the bar's samples/s counts from: the epoch's start or the last row
+        self.seen_at_start = 0  # samples trained (as counted where the rate counts from) before it
+        self.row_from = time.perf_counter()  # the last row of metrics.jsonl, or this process's start
 
     def __enter__(self) -> StepLog:
         self.progress.start()
@@ -68,12 +73,16 @@ class StepLog:
         self.progress.stop()
 
     def start_epoch(self, epoch: int, batch_index: int, seen: int) -> None:
-        self.epoch_started = time.perf_counter()
+        self.epoch_started = self.rate_from = time.perf_counter()
         self.seen_at_start = seen
         self.progress.reset(self.bar, total=self.batches, completed=batch_index, epoch=f"{epoch}/{self.epochs}", loss="-", lr="-", rate="-")
 
     def epoch_seconds(self) -> float:
         return round(time.perf_counter() - self.epoch_started, 4)
+
+    def row_seconds(self) -> float:
+        """Seconds since the last row of metrics.jsonl (or since this process started training)."""
+        return round(time.perf_counter() - self.row_from, 4)
 
     def logs_step(self, step: int) -> bool:
         """Whether optimizer step `step` gets a row in steps.jsonl (with its gradient norm)."""
@@ -86,7 +95,7 @@ class StepLog:
         show = now >= self.next_show or state.batch_index == self.batches
         if not (logging_step or show):
             return
-        rate = (state.seen - self.seen_at_start) / max(now - self.epoch_started, 1e-9)
+        rate = (state.seen - self.seen_at_start) / max(now - self.rate_from, 1e-9)
         if show:
             self.next_show = now + 0.1
             self.progress.update(self.bar, completed=state.batch_index, loss=f"{loss:.4f}", lr=f"{lr:.2e}", rate=f"{rate:,.0f}")
@@ -101,15 +110,18 @@ class StepLog:
                     self.board.add_scalar("step/grad_norm", grad_norm, state.step)
                 self.board.add_scalar("step/samples_per_s", round(rate, 1), state.step)
 
-    def epoch(self, row: dict[str, Any]) -> None:
-        """The epoch's row of metrics.jsonl."""
+    def row(self, row: dict[str, Any]) -> None:
+        """A validation's row of metrics.jsonl (TensorBoard: `epoch/<key>` by epoch, or `eval/<key>` by step when
+        validations fall inside epochs). The samples counted since reset with it."""
         if self.is_main:
             with open(self.metrics_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
+        self.row_from = self.rate_from = time.perf_counter()
+        self.seen_at_start = 0
         if self.board is not None:
             for key, value in row.items():
                 if key not in ("epoch", "step"):
-                    self.board.add_scalar(f"epoch/{key}", value, row["epoch"])
+                    self.board.add_scalar(f"{'eval' if self.unit == 'step' else 'epoch'}/{key}", value, row[self.unit])
             self.board.flush()
 
     def close(self) -> None:
@@ -123,9 +135,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def rewind(run_dir: Path, epochs_done: int, step: int) -> None:
-    """Cut metrics.jsonl and steps.jsonl back to a checkpoint's epochs and steps."""
-    _truncate_jsonl(run_dir / METRICS, lambda row: row["epoch"] <= epochs_done)
+def rewind(run_dir: Path, step: int, epochs_done: Optional[int] = None) -> None:
+    """Cut metrics.jsonl and steps.jsonl back to a checkpoint's step; the earlier loop's metrics.jsonl (`epochs_done`
+    given) back to its epochs."""
+    _truncate_jsonl(run_dir / METRICS, (lambda row: row["epoch"] <= epochs_done) if epochs_done is not None else (lambda row: row["step"] <= step))
     _truncate_jsonl(run_dir / STEPS, lambda row: row["step"] <= step)
 
 

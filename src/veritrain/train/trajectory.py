@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -169,14 +169,25 @@ def entry_with_state(trajectory: list[dict[str, Any]], state_hash: str) -> Optio
     return found[-1] if found else None
 
 
-def best_entry(trajectory: list[dict[str, Any]], best_epoch: Any) -> Optional[int]:
-    """The index of the entry best.pt must hold: the save at the end of `training.best_epoch` (the last entry of that
-    epoch; saves inside an epoch carry the epoch in progress, so the epoch's end is its last). None when the trajectory
-    has no such entry (no best epoch, or a run resumed from a checkpoint made before trajectories)."""
-    if not isinstance(best_epoch, int) or best_epoch < 1:
+def best_entry(trajectory: list[dict[str, Any]], training: Any) -> Optional[int]:
+    """The index of the entry best.pt must hold, by the record's `training` section: the save at `best_step` (the steps
+    done at the best validation), or, in a record without it (the earlier loop's, recipe-1's before it was recorded), the
+    save at the end of `best_epoch` (the last entry of that epoch; saves inside an epoch carry the epoch in progress).
+    None when the trajectory has no such entry (no best, or a run resumed from a checkpoint made before trajectories).
+    Whether a record must carry best_step is its format's question (veritrain.trust.formats), never this one's."""
+    training = training if isinstance(training, Mapping) else {}
+    best_step, best_epoch = training.get("best_step"), training.get("best_epoch")
+    if _counted(best_step):
+        found = [index for index, item in enumerate(trajectory) if index and item.get("step") == best_step]
+    elif _counted(best_epoch) and best_epoch >= 1:
+        found = [index for index, item in enumerate(trajectory) if index and item.get("epoch") == best_epoch]
+    else:
         return None
-    found = [index for index, item in enumerate(trajectory) if index and item.get("epoch") == best_epoch]
     return found[-1] if found else None
+
+
+def _counted(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def kept_for_audit(index: int, audit_every: int) -> bool:
@@ -242,8 +253,8 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
         here = name in present or name in omitted or any(p.startswith(name + "/") for p in present)  # a framework's folder
         if bool(item.get("kept")) != here:
             problem("record.json", f"trajectory entry {index} (step {item['step']}) says kept {bool(item.get('kept'))}, but {name} is {'' if here else 'not '}in the run")
-    if checkpoint_cfg.get("best", True) and best_entry(entries, training.get("best_epoch")) is not None and "checkpoints/best.pt" not in present:
-        problem("checkpoints/best.pt", "checkpoint.best keeps the best epoch's state, but best.pt is not in the run")
+    if checkpoint_cfg.get("best", True) and best_entry(entries, training) is not None and "checkpoints/best.pt" not in present:
+        problem("checkpoints/best.pt", "checkpoint.best keeps the best validation's state, but best.pt is not in the run")
     if checkpoint_cfg.get("last", True) and "checkpoints/last.pt" not in present:
         problem("checkpoints/last.pt", "checkpoint.last keeps the final state, but last.pt is not in the run")
     return problems
@@ -251,14 +262,14 @@ def keep_rule_problems(record: dict[str, Any], present: set[str], omitted: set[s
 
 def kept_checkpoints(run_dir: Path, record: dict[str, Any]) -> dict[int, Path]:
     """Entry index → the checkpoint of the run (a Path) that holds its state: its step file (or the framework's file
-    the entry names), or best.pt for the best epoch's entry when its step file is gone (verify matches both with the
+    the entry names), or best.pt for the best validation's entry when its step file is gone (verify matches both with the
     trajectory)."""
     entries = record.get("trajectory") or []
     folder = run_dir / "checkpoints"
     files = {index: folder / f"step-{e['step']}.pt" for index, e in enumerate(entries) if index and (folder / f"step-{e['step']}.pt").is_file()}
     files.update({index: run_dir / str(e["file"]) for index, e in enumerate(entries)  # a framework's own checkpoint files
                   if index and e.get("file") and (run_dir / str(e["file"])).is_file()})
-    best = best_entry(entries, (record.get("training") or {}).get("best_epoch"))
+    best = best_entry(entries, record.get("training"))
     if best is not None and best not in files and (folder / "best.pt").is_file():
         files[best] = folder / "best.pt"
     return files

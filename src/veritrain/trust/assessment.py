@@ -133,13 +133,13 @@ def rederivation(record: Mapping[str, Any]) -> tuple[list[str], list[str]]:
 
 def selected_entry(record: Mapping[str, Any]) -> Optional[int]:
     """The trajectory entry the run's test report must come from: the one validation selected (best.pt's, the best
-    epoch's last entry), else the final one; None for a run without a trajectory."""
+    validation's entry), else the final one; None for a run without a trajectory."""
 
     entries = record.get("trajectory") or []
     if len(entries) < 2:
         return None
     if isinstance((record.get("selection") or {}).get("best_checkpoint"), Mapping) or (record.get("training") or {}).get("best_epoch"):
-        best = trajectory.best_entry(entries, (record.get("training") or {}).get("best_epoch"))
+        best = trajectory.best_entry(entries, record.get("training"))
         if best is not None:
             return best
     return len(entries) - 1

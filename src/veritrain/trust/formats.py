@@ -20,6 +20,8 @@ The formats:
   run with a trajectory names the entry it came from (`trajectory_entry`), unless it is a run of an outside checkpoint;
   a kept framework checkpoint in a script's trajectory names its file; a script's run above the `logged` level keeps a
   copy of its script (`script.file`).
+- 2: a training that followed a best validation names its step (`training.best_step`), which best.pt must hold:
+  validations may fall inside an epoch (`eval.every_steps`), where the best epoch no longer names one state.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from veritrain.records.record import RECORD_FILE, RECORD_FORMAT
 ADDED_BY = {
     1: ("the provenance statement of every ended run", "each result's trajectory entry", "the trajectory of a completed training",
         "what selected what (best.pt, early stopping)", "a framework checkpoint's file in the trajectory", "a script's recorded copy"),
+    2: ("the best validation's step",),
 }
 
 
@@ -96,8 +99,17 @@ def problems(record: Mapping[str, Any], fmt: FormatFacts) -> list[dict[str, str]
                                 "made by an earlier veritrain, or stripped to look like it"})
     if fmt.effective >= 1:
         found.extend({"path": path, "kind": "format_requires", "detail": f"format {fmt.effective} requires {what}"}
-                     for path, what in _missing_in_format_1(record))
+                     for path, what in _missing_in_format_1(record) + (_missing_in_format_2(record) if fmt.effective >= 2 else []))
     return found
+
+
+def _missing_in_format_2(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A training that names its best epoch without the best step: a forger who strips `best_step` would have best.pt
+    judged by its epoch, whose last entry may be a later (and worse) state than the one validation chose."""
+    training = record.get("training")
+    if not isinstance(training, Mapping) or not training.get("best_epoch") or training.get("best_step") is not None:
+        return []
+    return [(RECORD_FILE, "training.best_step (the step of the best validation, which best.pt holds), which the record lacks")]
 
 
 def _missing_in_format_1(record: Mapping[str, Any]) -> list[tuple[str, str]]:

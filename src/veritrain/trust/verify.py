@@ -414,7 +414,7 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
                          cache: _StateCache, checkpoint_formats: dict[str, Optional[int]]) -> list[dict[str, Any]]:
     """The trajectory's chain holds, its last entry is the final state, the checkpoints kept are those the keep rule
     keeps, every checkpoint in the run holds a state of the trajectory (a step file may hold a timing save of
-    `other_saves`, a resume point), best.pt holds the best epoch's entry and last.pt the final one, and every result
+    `other_saves`, a resume point), best.pt holds the best validation's entry and last.pt the final one, and every result
     (metrics, export) comes from the entry its record names. Runs made before the trajectory have none; checks whose
     fields a record does not carry are listed in `not_checked`. `checkpoint_formats` gains each checkpoint's record_format."""
 
@@ -443,7 +443,7 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
         return problems
     by_step = {(e["step"], e["state_sha256"]) for e in entries} | {(e["step"], e["state_sha256"]) for e in record.get("other_saves") or []}
     in_trajectory = {e["state_sha256"] for e in entries}
-    best_index = trajectory_module.best_entry(entries, training.get("best_epoch"))
+    best_index = trajectory_module.best_entry(entries, training)
 
     states: dict[str, str] = {}  # checkpoint file → its state hash
     framework = (record.get("script") or {}).get("integration") if record.get("kind") == "script" else None  # its own files: below
@@ -478,7 +478,7 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
         elif name == "last.pt" and record.get("status") == "completed":
             fits, wanted = digest == entries[-1]["state_sha256"], "the last entry"
         elif name == "best.pt" and best_index is not None:
-            fits, wanted = digest == entries[best_index]["state_sha256"], f"the entry of the best epoch ({training.get('best_epoch')}, entry {best_index})"
+            fits, wanted = digest == entries[best_index]["state_sha256"], f"the entry of the best validation ({_best_named(training)}, entry {best_index})"
         elif name.startswith("step-"):
             fits, wanted = (step, digest) in by_step, "in the trajectory or a timing save at its step"
         elif name == "last.pt":  # an interrupted run: its last save may be a timing save
@@ -491,6 +491,11 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     problems.extend(_framework_file_problems(record, entries, files, states, cache))
     problems.extend(_result_problems(record, entries, states, files, not_checked, cache))
     return problems
+
+
+def _best_named(training: dict[str, Any]) -> str:
+    """The best validation as the record names it: its step, or (a record without one) its epoch."""
+    return f"step {training['best_step']}" if training.get("best_step") is not None else f"epoch {training.get('best_epoch')}"
 
 
 def _framework_file_problems(record: dict[str, Any], entries: list[dict[str, Any]], files: dict[str, Path], states: dict[str, str],

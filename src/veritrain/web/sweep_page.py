@@ -175,6 +175,13 @@ def _space_axis(param: dict[str, Any]) -> dict[str, Any]:
     return {"key": param["key"], "kind": scale, "min": low, "max": high}
 
 
+def _pruned_at(pruned: Optional[dict[str, Any]], summary: dict[str, Any]) -> Optional[str]:
+    """Where a trial was pruned, in the unit its search judged (`epoch 3`, or `step 400`); None when it was not."""
+    unit = "step" if summary.get("judged_at") == "step" else "epoch"
+    at = pruned.get(unit) if pruned else None
+    return f"{unit} {at}" if isinstance(at, int) and not isinstance(at, bool) else None
+
+
 def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
     """A sweep's or a search's page: every trial with the val metric that selected and the test metric beside it
     (not used for selection), the best trial, the data of a parallel-coordinates plot of the varied keys against the
@@ -201,7 +208,7 @@ def sweep_page(workspace: Workspace, sweep_id: str) -> dict[str, Any]:
                       "ci95": [finite_number(v) for v in s.get("ci95") or []]} if isinstance(s, dict) else None
         pruned = t.get("pruned") if isinstance(t.get("pruned"), dict) else None
         trials.append({"number": number, "state": state, "change": change, "run_ids": run_ids, "value": value, "test": test,
-                       "spread": spread, "pruned_epoch": pruned.get("epoch") if pruned else None, "error": shown_text(t.get("error")) or None,
+                       "spread": spread, "pruned_at": _pruned_at(pruned, summary), "error": shown_text(t.get("error")) or None,
                        "intermediate": [p for p in t.get("intermediate") or [] if isinstance(p, list) and len(p) == 2]})
     best = summary.get("best") if isinstance(summary.get("best"), dict) else None
     best_number = (best or {}).get("number", (best or {}).get("trial"))

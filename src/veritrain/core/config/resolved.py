@@ -121,6 +121,8 @@ KEYS_ADDED_LATER: dict[str, Any] = {
     "train.batchnorm": "per_rank",
     "checkpoint.audit_every": 0,
     "augment.resized_crop": None,
+    "train.max_steps": 0,
+    "eval.every_steps": 0,
     "model.layers": 2,
     "model.width": 128,
     "model.heads": 4,

@@ -392,7 +392,9 @@ class ScheduleConfig(Section):
 
 
 class TrainConfig(Section):
-    epochs: Annotated[int, Limit(10**6)] = Field(15, ge=1, description="passes over the train split")
+    epochs: Annotated[int, Limit(10**6)] = Field(15, ge=1, description="passes over the train split (unless max_steps is set)")
+    max_steps: Annotated[int, Limit(MANY)] = Field(0, ge=0, description="train exactly this many optimizer steps, over as many epochs as they "
+                                                   "take (the last one may end mid-epoch), and not train.epochs; the schedule runs over them; 0: train.epochs decide")
     batch_size: Annotated[int, Limit(2**20)] = Field(64, ge=1, description="samples per forward pass (an optimizer step sees batch_size × accumulate_steps)")
     accumulate_steps: Annotated[int, Limit(10**6)] = Field(1, ge=1, description="batches whose gradients are summed before one optimizer step")
     grad_clip: Optional[float] = Field(None, gt=0.0, description="clip the gradient's global L2 norm to this value; null: no clipping")
@@ -401,7 +403,8 @@ class TrainConfig(Section):
     )
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="classification: label smoothing of the cross-entropy")
     early_stopping_patience: Optional[Annotated[int, Limit(10**6)]] = Field(
-        None, ge=1, description="stop after this many epochs without improvement of the best metric; null: never"
+        None, ge=1, description="stop after this many validations without improvement of the best metric (epochs, or eval.every_steps "
+        "stretches); null: never"
     )
     on_nonfinite: Literal["stop", "rollback", "skip_batch"] = Field(
         "rollback", description="when the loss (or, with check_grad_norm, the gradient norm) is NaN/inf: `stop` fails the run, "
@@ -455,7 +458,7 @@ class CheckpointConfig(Section):
     every_steps: Annotated[int, Limit(MANY)] = Field(0, ge=0, description="save every N optimizer steps (also the rollback targets); 0: never by step")
     every_minutes: Optional[float] = Field(None, gt=0.0, description="save when this many minutes passed since the last save; null: off")
     last: bool = Field(True, description="write checkpoints/last.pt, a copy of the newest checkpoint, when training stops (completed, early stop, signal)")
-    best: bool = Field(True, description="keep checkpoints/best.pt, the epoch with the best `best_metric`")
+    best: bool = Field(True, description="keep checkpoints/best.pt, the state at the validation with the best `best_metric`")
     best_metric: Optional[str] = Field(
         None, description="metrics.jsonl key that picks best.pt (and early stopping); null: the task's (val_acc for classification); never a test key"
     )
@@ -495,6 +498,8 @@ class GenerationConfig(Section):
 class EvalConfig(Section):
     split: Literal["test", "val"] = Field("test", description="split the final evaluation reports on")
     batch_size: Annotated[int, Limit(2**20)] = Field(512, ge=1, description="samples per forward pass during validation and evaluation")
+    every_steps: Annotated[int, Limit(MANY)] = Field(0, ge=0, description="validate every N optimizer steps and at the last, each a row of "
+                                                     "metrics.jsonl that best.pt, early stopping and a search's pruner judge; 0: at every epoch's end")
     bad_cases: Annotated[int, Limit(10**6)] = Field(25, ge=0, description="how many of the most confident wrong predictions bad_cases.csv/png show (task lm: the documents with the most bits per byte, bad_cases.json)")
     baselines: bool = Field(True, description="`veritrain run` also fits the majority-class and logistic-regression baselines on the same splits (task lm: a byte unigram and a byte bigram interpolated with it)")
     baseline_margin: float = Field(

@@ -118,31 +118,31 @@ PRUNE_SIGNAL_WAIT_SECONDS = 5.0
 
 
 def epoch_judge(judge: dict[str, Any]):
-    """The epoch judge of a search's trial (veritrain.train.loop.EpochJudge) over the search's verdict folder: after
-    each epoch the trial writes `<slot>.wait.json` (its run and epoch) and waits; the driver reads the run's
-    metrics.jsonl, asks its pruner, and writes `<slot>.verdict.json` for that epoch, followed by SIGTERM when it
-    prunes. A signal without a pruning verdict for the epoch (the user's Ctrl-C passed on, a driver that died) is
+    """The judge of a search's trial (veritrain.train.parts.EpochJudge) over the search's verdict folder: after each
+    validation the trial writes `<slot>.wait.json` (its run, epoch and step) and waits; the driver reads the run's
+    metrics.jsonl, asks its pruner, and writes `<slot>.verdict.json` for that step, followed by SIGTERM when it
+    prunes. A signal without a pruning verdict for the step (the user's Ctrl-C passed on, a driver that died) is
     an interruption: None, and the loop stops as it does for any signal."""
 
     folder, slot = Path(judge["folder"]), judge["slot"]
     wait_path, verdict_path = folder / f"{slot}.wait.json", folder / f"{slot}.verdict.json"
 
-    def verdict_for(epoch: int) -> Optional[dict[str, Any]]:
+    def verdict_for(step: int) -> Optional[dict[str, Any]]:
         try:
             verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        return verdict if isinstance(verdict, dict) and verdict.get("epoch") == epoch else None
+        return verdict if isinstance(verdict, dict) and verdict.get("step") == step else None
 
     def wait(run_dir: Path, row: dict[str, Any], stop: Any) -> Optional[dict[str, Any]]:
-        epoch = row["epoch"]
-        write_atomic(wait_path, (json.dumps({"run_id": run_dir.name, "epoch": epoch, "step": row["step"]}) + "\n").encode())
-        verdict = verdict_for(epoch)
+        step = row["step"]
+        write_atomic(wait_path, (json.dumps({"run_id": run_dir.name, "epoch": row["epoch"], "step": step}) + "\n").encode())
+        verdict = verdict_for(step)
         while verdict is None and stop.signum is None:
             time.sleep(VERDICT_POLL_SECONDS)
-            verdict = verdict_for(epoch)
+            verdict = verdict_for(step)
         if verdict is None:
-            verdict = verdict_for(epoch)  # written just before the signal that woke us
+            verdict = verdict_for(step)  # written just before the signal that woke us
         if verdict is None or not verdict.get("prune"):
             return None
         deadline = time.monotonic() + PRUNE_SIGNAL_WAIT_SECONDS

@@ -13,7 +13,7 @@ from typing import Any, Optional, TypeVar
 ONE_AT_A_TIME, GRID = "one-at-a-time", "grid"
 SEARCH_SAMPLERS = ("tpe", "random", GRID)  # `veritrain search --sampler`
 PRUNERS = ("median", "none")
-# Optuna's MedianPruner: no trial is pruned before this many have completed, and every epoch is judged
+# Optuna's MedianPruner: no trial is pruned before this many have completed, and every validation is judged
 MEDIAN_STARTUP_TRIALS = 5
 MEDIAN_WARMUP_EPOCHS = 0
 
@@ -54,11 +54,11 @@ def optuna_sampler(name: str, seed: int, number: int) -> Any:
     return optuna.samplers.RandomSampler(seed=trial_seed(seed, number))
 
 
-def pruner_spec(name: str) -> dict[str, Any]:
-    """The pruner as spec.json keeps it."""
+def pruner_spec(name: str, judged_at: str = "epoch") -> dict[str, Any]:
+    """The pruner as spec.json keeps it; `judged_at`: what its steps count (epochs, or optimizer steps)."""
     if name == "median":
         return {"name": "median", "n_startup_trials": MEDIAN_STARTUP_TRIALS, "n_warmup_steps": MEDIAN_WARMUP_EPOCHS,
-                "interval_steps": 1, "step": "epoch"}
+                "interval_steps": 1, "step": judged_at}
     return {"name": "none"}
 
 

@@ -44,12 +44,13 @@ class SearchOutcome:
 
 @dataclass
 class Live:
-    """A trial whose process runs: its backend handle, its run (once known), the last epoch given a verdict."""
+    """A trial whose process runs: its backend handle, its run (once known), the step of the last validation given a
+    verdict, and what the study holds of it (epochs or steps, `judged_at`)."""
 
     number: int
     handle: Any
     run_id: Optional[str] = None
-    judged_epoch: int = 0
+    judged_step: int = 0
     reported: set[int] = field(default_factory=set)
 
 
@@ -290,53 +291,62 @@ def _loop(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[s
 
 
 def _judge_waiting(workspace: Workspace, spec: dict[str, Any], folder: Path, study: Any, live: Live, backend: TrialBackend) -> None:
-    """A trial waiting after an epoch: report its val metric to the study, ask the pruner, write the verdict (and
-    SIGTERM the trial when it is pruned, which it waits for)."""
+    """A trial waiting after a validation: report its val metric to the study (at the row's epoch, or its step when the
+    search's trials validate inside epochs: `judged_at`), ask the pruner, write the verdict for that step (and SIGTERM
+    the trial when it is pruned, which it waits for)."""
     import optuna
 
     slot = Slot(live.number, 0).name(1)
     try:
         waiting = json.loads((folder / "verdicts" / f"{slot}.wait.json").read_text(encoding="utf-8"))
-        run_id, epoch = str(waiting["run_id"]), waiting["epoch"]
+        run_id, step = str(waiting["run_id"]), waiting["step"]
     except (OSError, ValueError, KeyError, TypeError):
         return
-    if not RUN_ID.fullmatch(run_id) or not isinstance(epoch, int) or epoch <= live.judged_epoch:
+    if not RUN_ID.fullmatch(run_id) or not isinstance(step, int) or step <= live.judged_step:
         return
     live.run_id = run_id
-    key = spec["metric"]["epoch_key"]
+    key, unit = spec["metric"]["epoch_key"], judged_at(spec)
     trial_id = _trial_id(study, live.number)
     trial = optuna.trial.Trial(study, trial_id)
-    if not live.reported:  # a resumed trial: the epochs reported before the driver stopped
+    if not live.reported:  # a resumed trial: the validations reported before the driver stopped
         live.reported = set(study._storage.get_trial(trial_id).intermediate_values)
         trial.set_user_attr("run_id", run_id)
     value: Optional[float] = None
-    for row in _epoch_rows(workspace.runs_dir / run_id):
-        if row["epoch"] <= epoch and isinstance(row.get(key), (int, float)) and row["epoch"] not in live.reported:
-            trial.report(float(row[key]), step=row["epoch"])
-            live.reported.add(row["epoch"])
-        if row["epoch"] == epoch and isinstance(row.get(key), (int, float)):
-            value = float(row[key])
+    at = waiting.get(unit) if isinstance(waiting.get(unit), int) else step
+    for row in _validation_rows(workspace.runs_dir / run_id, unit):
+        if row["step"] <= step and isinstance(row.get(key), (int, float)) and row[unit] not in live.reported:
+            trial.report(float(row[key]), step=row[unit])
+            live.reported.add(row[unit])
+        if row["step"] == step and isinstance(row.get(key), (int, float)):
+            value, at = float(row[key]), row[unit]
     prune = value is not None and bool(trial.should_prune())  # numpy.bool_ from the median pruner
-    reason = _prune_reason(study, spec, live.number, epoch, value) if prune and value is not None else None
+    reason = _prune_reason(study, spec, at, value) if prune and value is not None else None
     if value is None:
-        log.warning("search %s: trial %d: metrics.jsonl has no %s at epoch %d, so the pruner cannot judge it", spec["id"], live.number, key, epoch)
-    verdict = {"epoch": epoch, "prune": prune, "value": value, "reason": reason, "search": spec["id"], "trial": live.number}
+        log.warning("search %s: trial %d: metrics.jsonl has no %s at step %d, so the pruner cannot judge it", spec["id"], live.number, key, step)
+    verdict = {"epoch": waiting.get("epoch"), "step": step, "prune": prune, "value": value, "reason": reason, "search": spec["id"], "trial": live.number}
     write_atomic(folder / "verdicts" / f"{slot}.verdict.json", (json.dumps(verdict) + "\n").encode())
-    live.judged_epoch = epoch
+    live.judged_step = step
     if prune:
-        log.info("search %s: trial %d pruned after epoch %d: %s", spec["id"], live.number, epoch, reason)
+        log.info("search %s: trial %d pruned after %s %d: %s", spec["id"], live.number, unit, at, reason)
         backend.prune(live.handle)
 
 
-def _prune_reason(study: Any, spec: dict[str, Any], number: int, epoch: int, value: float) -> str:
+def judged_at(spec: dict[str, Any]) -> str:
+    """What the study's steps count for a search (spec.json's `metric.judged_at`): `epoch`, or `step` when its trials
+    validate every `eval.every_steps` steps; searches planned before it judged epochs."""
+    return "step" if spec["metric"].get("judged_at") == "step" else "epoch"
+
+
+def _prune_reason(study: Any, spec: dict[str, Any], at: int, value: float) -> str:
     import optuna
 
-    others = [t.intermediate_values[epoch] for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-              if epoch in t.intermediate_values]
+    unit = judged_at(spec)
+    others = [t.intermediate_values[at] for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+              if at in t.intermediate_values]
     median = statistics.median(others) if others else float("nan")
     worse = "below" if spec["metric"]["mode"] == "max" else "above"
-    return (f"{spec['metric']['epoch_key']} {value:.4g} at epoch {epoch} is {worse} the median {median:.4g} of the {len(others)} "
-            f"completed trial(s) at that epoch (median pruner)")
+    return (f"{spec['metric']['epoch_key']} {value:.4g} at {unit} {at} is {worse} the median {median:.4g} of the {len(others)} "
+            f"completed trial(s) at that {unit} (median pruner)")
 
 
 def _trial_id(study: Any, number: int) -> int:
@@ -344,8 +354,8 @@ def _trial_id(study: Any, number: int) -> int:
     return study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
 
 
-def _epoch_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl's whole lines with an integer epoch (a line being written is not one yet)."""
+def _validation_rows(run_dir: Path, unit: str) -> list[dict[str, Any]]:
+    """metrics.jsonl's whole lines with an integer step and `unit` (epoch or step; a line being written is not one yet)."""
     try:
         text = (run_dir / "metrics.jsonl").read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -358,7 +368,7 @@ def _epoch_rows(run_dir: Path) -> list[dict[str, Any]]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and isinstance(row.get("epoch"), int) and not isinstance(row.get("epoch"), bool):
+        if isinstance(row, dict) and all(isinstance(row.get(k), int) and not isinstance(row.get(k), bool) for k in {"step", unit}):
             rows.append(row)
     return rows
 
@@ -396,10 +406,10 @@ def _tell_from_record(study: Any, spec: dict[str, Any], workspace: Workspace, nu
     trial = optuna.trial.Trial(study, trial_id)
     trial.set_user_attr("run_id", record["run_id"])
     frozen = study._storage.get_trial(trial_id)
-    key = spec["metric"]["epoch_key"]
-    for row in _epoch_rows(workspace.runs_dir / record["run_id"]) if key else []:  # every epoch the pruner did not see (a resumed driver)
-        if isinstance(row.get(key), (int, float)) and row["epoch"] not in frozen.intermediate_values:
-            trial.report(float(row[key]), step=row["epoch"])
+    key, unit = spec["metric"]["epoch_key"], judged_at(spec)
+    for row in _validation_rows(workspace.runs_dir / record["run_id"], unit) if key else []:  # every validation the pruner did not see (a resumed driver)
+        if isinstance(row.get(key), (int, float)) and row[unit] not in frozen.intermediate_values:
+            trial.report(float(row[key]), step=row[unit])
     if record["status"] == "pruned":
         study.tell(number, state=optuna.trial.TrialState.PRUNED)
         return

@@ -26,7 +26,7 @@ class SearchPlan:
     trials: int
     metric: str  # a val metric of eval/val/metrics.json, e.g. accuracy
     mode: str  # max or min
-    epoch_key: Optional[str]  # the metrics.jsonl key of the same quantity after every epoch (the task declares it)
+    epoch_key: Optional[str]  # the metrics.jsonl key of the same quantity after every validation (the task declares it)
     sampler: str
     pruner: str
     parallel: int
@@ -34,6 +34,7 @@ class SearchPlan:
     seed: int
     enqueue: list[dict[str, Any]] = field(default_factory=list)  # configurations to try, config key → value
     enqueue_after: int = 0  # the first enqueued one is trial number enqueue_after
+    judged_at: str = "epoch"  # what the study's steps count: `epoch`, or `step` when trials validate every eval.every_steps
 
     def reproducible(self) -> dict[str, Any]:
         """Whether the same seed proposes the same configurations, and why (the record says so)."""
@@ -51,10 +52,10 @@ class SearchPlan:
             **self.base.as_spec(),
             "space": self.space.as_dict(),
             "trials": self.trials,
-            "metric": {"split": SELECTION_SPLIT, "name": self.metric, "mode": self.mode, "epoch_key": self.epoch_key},
+            "metric": {"split": SELECTION_SPLIT, "name": self.metric, "mode": self.mode, "epoch_key": self.epoch_key, "judged_at": self.judged_at},
             "report_split": REPORT_SPLIT,  # evaluated from the same checkpoint, never used for selection
             "sampler": {"name": self.sampler, "seed": self.seed, "seeding": "sha256(seed:trial number)"},
-            "pruner": samplers.pruner_spec(self.pruner),
+            "pruner": samplers.pruner_spec(self.pruner, self.judged_at),
             "enqueue": self.enqueue,
             "enqueue_after": self.enqueue_after,
             "parallel": self.parallel,
@@ -84,6 +85,9 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
         raise ConfigError("--pruner", "median", f"val.{declared.name} is computed once, at evaluation, not after every epoch, so the pruner has "
                           f"nothing to judge; prune on {', '.join('val.' + m.name for m in spec.epoch_metrics())}, or give --pruner none")
     space = load_space(space_path, config, planned.overrides)
+    if any(p.key == "eval.every_steps" for p in space.params):
+        raise ConfigError(space_path, "eval.every_steps", "the trials of a search are judged at the same validations; set it in the config "
+                          "(or --set), not in the space")
     if sampler == samplers.GRID:
         space.grid(space_path)  # a continuous range is exit 2 here
         if trials > space.grid_size():
@@ -100,4 +104,5 @@ def plan(config: Optional[str], overrides: list[str], space_path: str, trials: i
         raise UserError(f"--enqueue-after {after}: {len(configurations)} enqueued configuration(s) after trial {after} need --trials "
                         f"{after + len(configurations)} or more (given {trials})")
     return SearchPlan(base=planned, space=space, trials=trials, metric=declared.name, mode=declared.goal, epoch_key=declared.epoch_key, sampler=sampler,
-                      pruner=pruner, parallel=parallel, backend=backend, seed=seed, enqueue=configurations, enqueue_after=after)
+                      pruner=pruner, parallel=parallel, backend=backend, seed=seed, enqueue=configurations, enqueue_after=after,
+                      judged_at="step" if planned.config.config.eval.every_steps else "epoch")

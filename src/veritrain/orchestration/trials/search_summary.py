@@ -1,5 +1,5 @@
 """summary.json of a search, from its study and the trials' run records (the records are the truth for what a
-run did; the study for what was proposed): each trial's change, state, val metric and its per-epoch values, why
+run did; the study for what was proposed): each trial's change, state, val metric and its values at each validation, why
 it was pruned, its test metrics (labelled: never used for selection); the best trial, chosen on val alone; and
 SHA256SUMS, the seal over spec.json, the study and the summary (`sha256sum -c SHA256SUMS` checks it)."""
 
@@ -60,7 +60,7 @@ def summary_from_study(spec: dict[str, Any], trials: list[dict[str, Any]], recor
             "run_id": record["run_id"] if record else trial["user_attrs"].get("run_id"),
             "config_hash": record.get("config_hash") if record else None,
             "value": trial["value"],  # the val metric the study was told (the run's eval/val/metrics.json)
-            "intermediate": [[epoch, value] for epoch, value in sorted(trial["intermediate"].items())],  # per epoch, from metrics.jsonl
+            "intermediate": [[at, value] for at, value in sorted(trial["intermediate"].items())],  # per validation (`judged_at`), from metrics.jsonl
             "pruned": record.get("pruned") if record else None,
             "error": ((record or {}).get("error") or {}).get("message") if state == "failed" else None,
         }
@@ -89,6 +89,7 @@ def summary_from_study(spec: dict[str, Any], trials: list[dict[str, Any]], recor
         "space": spec["space"],
         "sampler": spec["sampler"],
         "pruner": spec["pruner"],
+        "judged_at": "step" if spec["metric"].get("judged_at") == "step" else "epoch",  # what `intermediate` and a pruning count
         "reproducible": spec["reproducible"],
         "parallel": spec["parallel"],
         "backend": spec["backend"],
