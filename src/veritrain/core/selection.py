@@ -24,6 +24,23 @@ REPORT_SPLIT = "test"  # what only the final report reads
 NOT_USED_FOR_SELECTION = "not used for selection"  # the label of every test result shown beside a selection
 
 
+def improves(value: float, best: Optional[float], mode: str) -> bool:
+    """Whether a validation's `value` is a new best after `best` (None: the first validation): strictly larger (max) or
+    smaller (min), so the first of equal values stays the best and a NaN never improves on a number. The one rule for
+    best.pt and early stopping (veritrain.train.engine.Best) and for verify, which finds the best row again."""
+    return best is None or (value > best if mode == "max" else value < best)
+
+
+def best_row(rows: list[Any], key: str, mode: str) -> Optional[dict[str, Any]]:
+    """The row of metrics.jsonl that `improves` makes the best of `key`; None when no row holds a number for it."""
+    chosen: Optional[dict[str, Any]] = None
+    for row in rows:
+        value = row.get(key) if isinstance(row, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and improves(float(value), None if chosen is None else float(chosen[key]), mode):
+            chosen = row
+    return chosen
+
+
 def metric_split(key: str) -> Optional[str]:
     """The split a metric key is computed on, by its first word: `val_acc`, `val.accuracy` → val, `test_loss` → test,
     `train_loss` → train; None for a key that names no split (`lr`, `epoch`)."""

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from veritrain.core import selection
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import state_dict_sha256
 from veritrain.train import checkpoint as checkpoint_files, trajectory
@@ -95,7 +96,7 @@ class Best:
         self.bad_epochs = 0
 
     def update(self, value: float, epoch: int, step: Optional[int] = None) -> bool:
-        improved = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
+        improved = selection.improves(value, self.value, self.mode)
         if improved:
             self.value, self.epoch, self.bad_epochs = float(value), int(epoch), 0
             if step is not None:

@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from veritrain.core import selection
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import sha256_file, state_dict_sha256
 from veritrain.core.task_registry import spec_of_record
@@ -129,6 +130,7 @@ def verify_run(run_dir: Path, state_dir: Path, policy: Optional[Policy] = None, 
     problems.extend(_trajectory_problems(record, intact, check_states, report, present, omitted, not_checked,
                                          _StateCache(state_cache, digests), checkpoint_formats))
 
+    problems.extend(_best_validation_problems(record, intact))
     problems.extend(unbound_weights(record, present))
     fmt = formats.facts(record, checkpoint_formats, policy.min_format)
     problems.extend(formats.problems(record, fmt))
@@ -491,6 +493,30 @@ def _trajectory_problems(record: dict[str, Any], files: dict[str, Path], check_s
     problems.extend(_framework_file_problems(record, entries, files, states, cache))
     problems.extend(_result_problems(record, entries, states, files, not_checked, cache))
     return problems
+
+
+def _best_validation_problems(record: dict[str, Any], files: dict[str, Path]) -> list[dict[str, Any]]:
+    """The best validation the record names (`training.best_step`, or `best_epoch` in a record without it) is the row of
+    metrics.jsonl the best-metric rule picks (`selection.best_row`, the rule training followed), found again here.
+    Threat: another state named as validation's choice (say the one that does best on test), best.pt and the record
+    made to agree with it; the trajectory checks alone accept any entry the record names."""
+    training = record.get("training") or {}
+    chosen = training.get("best_metric")
+    if record.get("kind") == "script" or not isinstance(chosen, dict) or chosen.get("mode") not in ("max", "min") or "metrics.jsonl" not in files:
+        return []
+    try:
+        rows = [json.loads(line) for line in files["metrics.jsonl"].read_text(encoding="utf-8").splitlines() if line.strip()]
+    except ValueError as err:
+        return [{"path": "metrics.jsonl", "kind": "unreadable", "detail": f"not JSON lines ({str(err)[:80]})"}]
+    best = selection.best_row(rows, str(chosen.get("name")), str(chosen["mode"]))
+    if best is None:
+        return []
+    unit = "step" if training.get("best_step") is not None else "epoch"
+    if best.get(unit) == training.get(f"best_{unit}"):
+        return []
+    return [{"path": RECORD_FILE, "kind": "best_not_best_validation",
+             "detail": f"training.best_{unit} is {training.get(f'best_{unit}')}, but metrics.jsonl's best {chosen.get('name')} "
+                       f"({chosen['mode']}) is at {unit} {best.get(unit)}"}]
 
 
 def _best_named(training: dict[str, Any]) -> str:
