@@ -81,6 +81,8 @@ def test_a_forged_segment_passes_verify_and_is_caught_by_the_audit(honest, tmp_p
     honest_record = record(forged_dir)
     start = checkpoint.load(forged_dir / "checkpoints" / "step-23.pt")
     foreign["config_hash"], foreign["data_version"] = start["config_hash"], start["data_version"]
+    # the best validation so far as the story's metrics.jsonl tells it, or verify finds the best named elsewhere
+    foreign["extra"]["best"] = checkpoint.load(forged_dir / "checkpoints" / "step-46.pt")["extra"]["best"]
     entries = start["loop"]["trajectory"]
     entries = entries + [trajectory.entry(entries, start["config_hash"], start["data_version"], 46, 2,
                                           trajectory.state_sha256(foreign), state_dict_sha256(foreign["model"]))]
@@ -88,7 +90,8 @@ def test_a_forged_segment_passes_verify_and_is_caught_by_the_audit(honest, tmp_p
     for path in (forged_dir / "checkpoints").iterdir():
         if path.name.split(".")[0] not in ("step-23",):
             path.unlink()
-    checkpoint.write(forged_dir / "checkpoints", checkpoint.encode(foreign), ["step-46.pt"], keep_last=100)
+    best_here = ["best.pt"] if foreign["extra"]["best"]["step"] == 46 else []  # the story's best so far is this state
+    checkpoint.write(forged_dir / "checkpoints", checkpoint.encode(foreign), ["step-46.pt", *best_here], keep_last=100)
     metrics = (forged_dir / "metrics.jsonl").read_text().splitlines()[:2]  # epochs 1 and 2: the forger's story
     (forged_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in metrics))
     (forged_dir / "steps.jsonl").unlink(missing_ok=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import need_extra
 
+from veritrain.records.record import RECORD_FORMAT
+
 LEGACY = Path(__file__).parent / "fixtures" / "legacy"
 PUBLIC_KEY = LEGACY / "format0-signed.pub.pem"
 
@@ -51,7 +53,7 @@ def test_a_run_of_the_previous_code_verifies_under_format_0_and_says_so(cli, tmp
     verdict = verified(cli, tmp_path, run_id)
     assert verdict["format"]["effective"] == 0 and verdict["format"]["declared"] == 0 and verdict["format"]["witnessed"] == 0
     shown = cli("verify", run_id, "--workdir", str(tmp_path))
-    assert "format: judged under record format 0 (declared 0; this veritrain writes 1); unchecked under it:" in shown.stdout
+    assert f"format: judged under record format 0 (declared 0; this veritrain writes {RECORD_FORMAT}); unchecked under it:" in shown.stdout
     refused = cli("verify", run_id, "--workdir", str(tmp_path), "--min-format", "1", "--json")  # a policy can ask for more
     assert refused.code == 1 and [p["kind"] for p in refused.json()["problems"]] == ["format_below_minimum"]
 

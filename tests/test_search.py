@@ -158,7 +158,7 @@ def test_the_search_page_shows_each_trial_the_val_metric_that_selected_and_the_s
         assert shown["value"] == trial["value"] and shown["state"] == trial["state"]
         assert shown["test"] == ((trial.get("test") or {}).get("metrics") or {}).get("accuracy")
         if trial["state"] == "pruned":
-            assert shown["test"] is None and shown["pruned_epoch"] == trial["pruned"]["epoch"]
+            assert shown["test"] is None and shown["pruned_at"] == f"epoch {trial['pruned']['epoch']}"
     assert page["best"]["number"] == summary["best"]["number"] and page["seal"] == {"ok": True, "problems": []}
     assert [a["key"] for a in page["plot"]["axes"]] == ["optim.lr", "model.hidden"]
     assert page["plot"]["axes"][1]["kind"] == "category" and len(page["plot"]["trials"]) == 8

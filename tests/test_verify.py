@@ -218,7 +218,7 @@ def test_compare_names_the_first_divergence(sealed, tmp_path):
     result = compare_runs(run_dir, other)
     assert result["verdict"] == "differs"
     epochs = next(c for c in result["checks"] if c["what"].startswith("metrics.jsonl"))
-    assert epochs["first_divergence"]["where"] == "metrics.jsonl epoch 2" and epochs["first_divergence"]["key"] == "val_loss"
+    assert epochs["first_divergence"]["where"] == f"metrics.jsonl step {rows[1]['step']} (epoch 2)" and epochs["first_divergence"]["key"] == "val_loss"
 
 
 @pytest.mark.parametrize("damage", ["manifest.csv missing", "version.json not JSON", "version.json lacks fields", "version.json a list"])

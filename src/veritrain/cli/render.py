@@ -99,7 +99,7 @@ def run_summary(outcome: RunOutcome) -> None:
     training = record.get("training") or {}
     if training.get("best_metric"):
         best = training["best_metric"]
-        table.add_row("best epoch", f"{training['best_epoch']} ({best['name']} {best['value']:.4f})")
+        table.add_row("best", f"{best_validation(record)} ({best['name']} {best['value']:.4f})")
     if record.get("guarantee"):
         table.add_row("guarantee", guarantee_text(record))
     table.add_row("data version", summary["data_version"] or "-")
@@ -231,6 +231,16 @@ def sweep_summary(summary: dict[str, Any]) -> None:
         if shown:
             logs.report(f"  its test result, {report['label']}: {shown}")
     logs.report(f"summary: {summary['folder']}/summary.json; the trials are in experiments.md")
+
+
+def best_validation(record: dict[str, Any]) -> str:
+    """The best validation of a run, in words: `epoch 3`, or `step 400 (epoch 2)` for a run that validates every
+    `eval.every_steps` steps."""
+    training = record.get("training") or {}
+    every = ((record.get("config") or {}).get("eval") or {}).get("every_steps")
+    if training.get("best_step") is not None and isinstance(every, int) and every > 0:
+        return f"step {training['best_step']} (epoch {training.get('best_epoch')})"
+    return f"epoch {training.get('best_epoch')}"
 
 
 def search_summary(summary: dict[str, Any]) -> None:
@@ -518,7 +528,7 @@ def run_record(run_dir: Path, record: dict[str, Any], read: Any = None) -> None:
     training = record.get("training") or {}
     if training.get("steps"):
         best = training.get("best_metric") or {}
-        table.add_row("training", f"{training.get('epochs')} epochs, {training.get('steps')} steps; best epoch {training.get('best_epoch')}"
+        table.add_row("training", f"{training.get('epochs')} epochs, {training.get('steps')} steps; best {best_validation(record)}"
                       + (f" ({best.get('name')} {best['value']:.4f})" if isinstance(best.get("value"), float) else ""))
     for split, metrics in (record.get("metrics") or {}).items():
         names = _shown_metrics(record, metrics) if record.get("kind") != "script" else [k for k, v in metrics.items() if isinstance(v, float)]

@@ -239,7 +239,8 @@ def sweep_command(config: Optional[str], overrides: tuple[str, ...], varies: tup
 @click.option("--metric", default=None, metavar="val.NAME", help="The val metric the search optimizes and selects on, e.g. val.accuracy; never a test metric.")
 @click.option("--sampler", type=click.Choice(list(samplers.SEARCH_SAMPLERS)), default="tpe", show_default=True, help="How trials are proposed (Optuna's).")
 @click.option("--pruner", type=click.Choice(["median", "none"]), default="median", show_default=True,
-              help="median: stop a trial after an epoch whose val metric is worse than the median of completed trials at that epoch.")
+              help="median: stop a trial after a validation (an epoch's end, or every eval.every_steps) whose val metric is worse than the "
+                   "median of completed trials at that epoch (or step).")
 @click.option("--parallel", type=click.IntRange(min=1), default=None, help="Trials at once (default 1; with --resume, the search's own).")
 @click.option("--backend", type=click.Choice(["local", "ray"]), default=None, help="Local processes (default) or Ray tasks (needs the ray extra).")
 @click.option("--ray-address", default=None, metavar="ADDR", help="The Ray cluster to use (default: $RAY_ADDRESS, else a local Ray).")
@@ -259,7 +260,7 @@ def search_command(config: Optional[str], overrides: tuple[str, ...], space_path
                    workdir: Optional[str], as_json: bool) -> int:
     """A hyperparameter search with Optuna: trials proposed by a sampler, hopeless ones pruned, the best chosen on val.
 
-    Each trial is a recorded run linked to the search; after every epoch the driver reads its
+    Each trial is a recorded run linked to the search; after every validation the driver reads its
     metrics.jsonl and asks the pruner, and a pruned trial stops (status pruned, never evaluated on
     test). The study (Optuna's journal storage), its summary and their seal are in
     .veritrain/searches/<id>/; see docs/search.md.

@@ -70,3 +70,12 @@ def headline(result: Any, names: Sequence[str]) -> str:
     """`accuracy 0.9444` or `bits_per_byte 2.3712` (headline_key and its value), or `-`."""
     key = headline_key(result, names)
     return f"{key} {result[key]:.4f}" if key is not None else "-"
+
+
+def rows_axis(rows: Sequence[Any]) -> tuple[str, list[Any]]:
+    """How the rows of metrics.jsonl are placed on a curve's x axis: ("epoch", their epochs), or ("step", their steps)
+    when two rows share an epoch (a run that validates every `eval.every_steps` steps)."""
+    epochs = [row.get("epoch") for row in rows]
+    if len(set(map(repr, epochs))) < len(epochs) and all(isinstance(row.get("step"), int) for row in rows):
+        return "step", [row["step"] for row in rows]
+    return "epoch", epochs

@@ -84,7 +84,7 @@ def run(resolved: ResolvedConfig, workspace: Workspace, argv: list[str], kind: s
     `selection.sweep`). `nproc` > 1 trains with that many processes through torchrun (veritrain.train.distributed).
     `code` is where user modules come from (reproduce: the original's copies; a sweep's trial: the sweep's);
     by default the config file's folder, the working directory, then sys.path (veritrain.records.usercode).
-    `epoch_judge` is a search's verdict on each epoch (veritrain.train.loop.EpochJudge): a pruning one ends the run
+    `epoch_judge` is a search's verdict on each validation (veritrain.train.parts.EpochJudge): a pruning one ends the run
     after that epoch with status `pruned`, neither evaluated nor exported. `engine`: what trains it
     (veritrain.train.engines; reproduce: the original's); None: the engine of a new run."""
     session = code or usercode.fresh(resolved.path)
@@ -181,7 +181,7 @@ def resume(workspace: Workspace, ref: str, argv: list[str], match: Optional[Reso
     if status == "completed":
         raise UserError(f"--resume {ref}: run {run_dir.name} already completed; start a new run instead")
     if status == "pruned":
-        raise UserError(f"--resume {ref}: run {run_dir.name} was pruned by its search after epoch {(record.get('pruned') or {}).get('epoch')}, "
+        raise UserError(f"--resume {ref}: run {run_dir.name} was pruned by its search after step {(record.get('pruned') or {}).get('step')}, "
                         "which ends it; start a new run of its config to train it further: "
                         f"veritrain run runs/{run_dir.name}/config.yaml")
     if status == "running" and not workspace.lock_is_stale(run_dir.name):

@@ -128,7 +128,7 @@ def write(state_dir: Path, runs_dir: Path, out: Path) -> Path:
         if row["status"] in ("failed", "interrupted") and row["error"]:
             lines.append(f"- **{row['status']}:** {row['error']}")
         if row["status"] == "pruned":
-            lines.append("- **pruned** by its search after an epoch (not evaluated): see its record's `pruned`")
+            lines.append("- **pruned** by its search after a validation (not evaluated): see its record's `pruned`")
         lines.append(f"- hypothesis: {row['hypothesis'] or '_none stated_'}")
         lines.append(f"- data version: `{(row['data_version'] or '-')[:12]}`")
         reference = reference_of(row, by_id, ordered)
@@ -228,7 +228,7 @@ def search_summaries(state_dir: Path) -> list[dict[str, Any]]:
 
 def search_sections(state_dir: Path) -> list[str]:
     """One section per `veritrain search`, newest first: each trial's change, run, state and val metric, the best
-    (chosen on val) with its test result labelled, pruned trials with the epoch they were stopped after."""
+    (chosen on val) with its test result labelled, pruned trials with the validation (epoch or step) they were stopped after."""
     lines: list[str] = []
     for s in search_summaries(state_dir):
         try:
@@ -256,7 +256,8 @@ def _search_section(s: dict[str, Any]) -> list[str]:
     for t in s["trials"]:
         marker = " **best**" if best.get("number") == t["number"] else ""
         change = ", ".join(f"`{k}`={_short(v)}" for k, v in t["change"].items())
-        state = t["state"] + (f" after epoch {t['pruned']['epoch']}" if t["state"] == "pruned" and t.get("pruned") else "")
+        unit = "step" if s.get("judged_at") == "step" else "epoch"
+        state = t["state"] + (f" after {unit} {t['pruned'].get(unit)}" if t["state"] == "pruned" and t.get("pruned") else "")
         state += f": {t['error'][:160]}" if t["state"] == "failed" and t.get("error") else ""
         value = f"{t['value']:.4f}" if isinstance(t.get("value"), (int, float)) else "-"
         lines.append(f"| {t['number']}{marker} | {_cell(change)} | {_cell(t.get('run_id') or '-')} | {_cell(state)} | {value} |")

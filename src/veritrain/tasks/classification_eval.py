@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, cast
 import numpy as np
 
 from veritrain.core.baselines import judge
+from veritrain.core.display import rows_axis
 from veritrain.tasks import classification_spec
 
 if TYPE_CHECKING:
@@ -248,7 +249,7 @@ def plot_bad_cases(path: Path, cases: list[dict[str, Any]], images: Optional[np.
 
 
 def plot_curves(path: Path, history: list[dict[str, Any]]) -> None:
-    """Loss and accuracy per epoch from metrics.jsonl, as curves.png."""
+    """Loss and accuracy per epoch (or per validation step) from metrics.jsonl, as curves.png."""
     plt = _pyplot()
     fig = curves_figure(history)
     fig.savefig(path, metadata={"Software": None})
@@ -261,14 +262,14 @@ def curves_figure(history: list[dict[str, Any]]) -> Any:
     from matplotlib.ticker import MaxNLocator
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4), dpi=100)
-    epochs = [row["epoch"] for row in history]
+    unit, xs = rows_axis(history)
     for key, ax in (("loss", left), ("acc", right)):
         for split in ("train", "val"):
             values = [row.get(f"{split}_{key}") for row in history]
             if any(v is not None for v in values):
-                ax.plot(epochs, values, marker="o", markersize=3, label=split)
-        ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole: no tick at 1.5
+                ax.plot(xs, values, marker="o", markersize=3, label=split)
+        ax.set_xlabel(unit)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and steps are whole: no tick at 1.5
         ax.set_title("loss" if key == "loss" else "accuracy")
         ax.legend()
     fig.tight_layout()

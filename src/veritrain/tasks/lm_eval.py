@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from veritrain.core.baselines import judge
+from veritrain.core.display import rows_axis
 from veritrain.tasks import gpt, lm_metrics, lm_spec
 
 if TYPE_CHECKING:
@@ -158,21 +159,22 @@ def _code(text: str) -> str:
 
 
 def plot_curves(path: Path, history: list[dict[str, Any]]) -> None:
-    """Train and val loss per epoch (nats per token)."""
+    """Train and val loss per epoch, or per validation step (nats per token)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    epochs = [h for h in history if "epoch" in h and "train_loss" in h]
-    if not epochs:
+    rows = [h for h in history if "epoch" in h and "train_loss" in h]
+    if not rows:
         return
+    unit, xs = rows_axis(rows)
     figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.plot([h["epoch"] for h in epochs], [h["train_loss"] for h in epochs], label="train loss")
-    val = [h for h in epochs if isinstance(h.get("val_loss"), float)]
+    axis.plot(xs, [h["train_loss"] for h in rows], label="train loss")
+    val = [(x, h["val_loss"]) for x, h in zip(xs, rows) if isinstance(h.get("val_loss"), float)]
     if val:
-        axis.plot([h["epoch"] for h in val], [h["val_loss"] for h in val], label="val loss")
-    axis.set_xlabel("epoch")
+        axis.plot([x for x, _ in val], [v for _, v in val], label="val loss")
+    axis.set_xlabel(unit)
     axis.set_ylabel("nats per token")
     axis.legend()
     figure.tight_layout()

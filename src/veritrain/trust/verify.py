@@ -809,7 +809,8 @@ def compare_runs(a: Path, b: Path) -> dict[str, Any]:
             verdict = compare_values(key, row_a.get(key), row_b.get(key))["verdict"]
             if verdict != "identical":
                 if first is None:
-                    first = {"where": f"metrics.jsonl epoch {row_a.get('epoch')}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
+                    where = f"step {row_a['step']} (epoch {row_a.get('epoch')})" if "step" in row_a else f"epoch {row_a.get('epoch')}"
+                    first = {"where": f"metrics.jsonl {where}", "key": key, "original": row_a.get(key), "reproduction": row_b.get(key)}
                 worst = "differs" if "differs" in (verdict, worst) else "within tolerance"
     checks.append({"what": f"metrics.jsonl ({_rows_shown(epochs_a)})", "verdict": worst, "first_divergence": first})
 

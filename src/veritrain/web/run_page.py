@@ -35,10 +35,19 @@ STEP_KEYS = ("loss", "lr", "grad_norm")  # the columns of steps.jsonl the charts
 MAX_CSV_ROWS = 1000  # per-class rows shown on a page
 
 
-def epoch_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    rows = [r for r in rows if type(r.get("epoch")) in (int, float)]
+def epoch_points(rows: list[dict[str, Any]], by: str = "epoch") -> dict[str, Any]:
+    """The rows of metrics.jsonl as chart points, placed by their `by` (`rows_by`): "epochs" holds those x values."""
+    rows = [r for r in rows if type(r.get(by)) in (int, float)]
     keys = dict.fromkeys(k for r in rows for k, v in r.items() if k not in NOT_CURVES and type(v) in (int, float))
-    return {"epochs": [r["epoch"] for r in rows], "series": {k: _series(rows, k) for k in keys}}
+    return {"epochs": [r[by] for r in rows], "rows_by": by, "series": {k: _series(rows, k) for k in keys}}
+
+
+def rows_by(record: Any) -> str:
+    """What a run's rows of metrics.jsonl are drawn by: its epochs, or its steps when it validates every
+    `eval.every_steps` steps (several rows in one epoch)."""
+    config = record.get("config") if isinstance(record, Mapping) else None
+    every = (config.get("eval") or {}).get("every_steps") if isinstance(config, Mapping) and isinstance(config.get("eval"), Mapping) else None
+    return "step" if type(every) is int and every > 0 else "epoch"
 
 
 def step_points(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -59,7 +68,7 @@ def curves(run_dir: Path, record: Optional[Mapping[str, Any]] = None) -> dict[st
     the metrics the run's task measures after every epoch (`task_charts`)."""
     epoch_rows, metrics_offset, _ = lines_from(run_dir / "metrics.jsonl")
     step_rows, steps_offset, _ = lines_from(run_dir / "steps.jsonl")
-    return {**epoch_points(epoch_rows), **step_points(step_rows), "offsets": {"metrics": metrics_offset, "steps": steps_offset},
+    return {**epoch_points(epoch_rows, rows_by(record)), **step_points(step_rows), "offsets": {"metrics": metrics_offset, "steps": steps_offset},
             "charts": task_charts([record] if record is not None else [])}
 
 
@@ -115,7 +124,7 @@ def run_live(workspace: Workspace, run_id: str, metrics_offset: int, steps_offse
         answer.update(state=record.get("status") if isinstance(record, dict) else "unreadable", seal=_seal(run_dir))
     epoch_rows, metrics_to, metrics_reset = lines_from(run_dir / "metrics.jsonl", metrics_offset)
     step_rows, steps_to, steps_reset = lines_from(run_dir / "steps.jsonl", steps_offset)
-    answer.update(epochs=epoch_points(epoch_rows), steps=step_points(step_rows), offsets={"metrics": metrics_to, "steps": steps_to},
+    answer.update(epochs=epoch_points(epoch_rows, rows_by(read_json(run_dir / "record.json"))), steps=step_points(step_rows), offsets={"metrics": metrics_to, "steps": steps_to},
                   reset={"metrics": metrics_reset, "steps": steps_reset})
     return answer
 

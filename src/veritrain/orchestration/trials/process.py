@@ -64,7 +64,7 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
                 return {"run_id": earlier["run_id"], "status": earlier["status"], "error": (earlier.get("error") or {}).get("message")}
             if earlier is not None:  # interrupted, or killed while `running`: it continues, no second run of the slot starts
                 spec = {**spec, "resume_run": earlier["run_id"]}
-        judge = epoch_judge(spec["judge"]) if spec.get("judge") else None  # a search's trial, judged after every epoch
+        judge = epoch_judge(spec["judge"]) if spec.get("judge") else None  # a search's trial, judged after every validation
         if spec.get("resume_run"):
             outcome = pipeline.resume(workspace, spec["resume_run"], spec["argv"], epoch_judge=judge)
         else:

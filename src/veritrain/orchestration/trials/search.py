@@ -159,7 +159,7 @@ def _state_counts(study: Any) -> dict[str, int]:
 def _trial_job(workspace: Workspace, spec: dict[str, Any], folder: Path, argv: list[str], number: int, change: dict[str, Any],
                trust_code: bool = True) -> dict[str, Any]:
     """What the trial process runs (veritrain.orchestration.trials.process.run_trial): the base config with the trial's
-    change, linked to the search, judged after every epoch when the search prunes."""
+    change, linked to the search, judged after every validation when the search prunes."""
     space = Space.from_dict(spec["space"])
     overrides = [*spec["config"]["overrides"], *space.overrides(change)]
     with working_dir(spec["config"]["cwd"]):

@@ -144,7 +144,8 @@
       return null;
     }
     var points = table.data[0].length;
-    var series = [{ label: spec.x, value: function (u, v) { return v == null ? "last" : String(v); } }];
+    var axis = spec.axis || spec.x;
+    var series = [{ label: axis, value: function (u, v) { return v == null ? "last" : String(v); } }];
     for (var i = 0; i < table.labels.length; i++) {
       series.push({
         label: table.labels[i],
@@ -158,8 +159,8 @@
         }
       });
     }
-    var xAxis = { label: spec.x, values: function (u, ticks) { return ticks.map(function (t) { return String(Math.round(t)); }); } };
-    if (spec.x === "epoch") xAxis.incrs = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000]; // whole epochs only
+    var xAxis = { label: axis, values: function (u, ticks) { return ticks.map(function (t) { return String(Math.round(t)); }); } };
+    if (axis === "epoch") xAxis.incrs = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 5000, 10000]; // whole epochs only
     var opts = {
       title: spec.title,
       width: chartWidth(el),
@@ -189,6 +190,17 @@
     return null;
   }
 
+  // A run's rows of metrics.jsonl stand for epochs, or for steps when it validates inside epochs
+  // (eval.every_steps, curves.rows_by): its charts of them are then drawn by step, one point per validation.
+  function byValidation(curves, spec) {
+    if (!spec || spec.x !== "epoch" || curves.rows_by !== "step") return spec;
+    var copy = {};
+    for (var k in spec) if (Object.prototype.hasOwnProperty.call(spec, k)) copy[k] = spec[k];
+    copy.title = String(spec.title).replace("per epoch", "per validation");
+    copy.axis = "step";
+    return copy;
+  }
+
   function tableFor(curves, spec) {
     return curves.runs ? compareTable(curves, spec) : runTable(curves, spec);
   }
@@ -202,7 +214,7 @@
     for (var i = 0; i < nodes.length; i++) {
       var el = nodes[i];
       var kind = el.getAttribute("data-chart");
-      var spec = CHARTS[kind] || taskChart(curves, kind);
+      var spec = byValidation(curves, CHARTS[kind] || taskChart(curves, kind));
       if (!spec) continue;
       var table = tableFor(curves, spec);
       charts.push({ el: el, kind: kind, spec: spec, plot: draw(el, table, spec, kind), labels: table.labels.join("\n") });
@@ -289,7 +301,8 @@
       if (!progress) return;
       var steps = curves.steps || [];
       var epochs = curves.epochs || [];
-      progress.textContent = (epochs.length ? "epoch " + epochs[epochs.length - 1] + ", " : "") + "step " + (steps.length ? steps[steps.length - 1] : 0);
+      var byEpoch = epochs.length && curves.rows_by !== "step";  // rows by step: the steps say where it is
+      progress.textContent = (byEpoch ? "epoch " + epochs[epochs.length - 1] + ", " : "") + "step " + (steps.length ? steps[steps.length - 1] : 0);
     }
 
     function answer(data) {
