@@ -65,3 +65,17 @@ def test_an_interrupted_run_of_the_previous_engine_resumes_audits_and_reproduces
     assert done.code == 0, done.stdout + done.stderr
     audited = json.loads(done.stdout)
     assert audited["verdict"] == "identical" and all(s["verdict"] == "identical" for s in audited["segments"]), audited
+
+
+def test_an_epoch_config_trains_today_to_the_weights_the_recipe_reached_before_steps_became_the_unit(tmp_path):
+    """recipe-2 changed what a run saves (the best validation's step), not what an epoch config trains: a new run of the
+    recipe-1 fixture's config reaches that fixture's uninterrupted weights."""
+    archive, run_id, uninterrupted, _ = FIXTURES["recipe"]
+    done = veritrain_process("import", str(LEGACY / archive), "--workdir", str(tmp_path / "old"), "--json")
+    assert done.code == 0, done.stderr
+    config = tmp_path / "old" / "runs" / run_id / "config.yaml"
+    done = veritrain_process("train", str(config), "--workdir", str(tmp_path / "new"), "--json", timeout=600)
+    assert done.code == 0, done.stderr
+    fresh = json.loads((Path(json.loads(done.stdout)["run_dir"]) / "record.json").read_text())
+    assert fresh["training"]["engine"] == "recipe-2" and fresh["final_state_sha256"] == uninterrupted
+
