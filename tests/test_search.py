@@ -235,6 +235,41 @@ def test_the_same_seed_proposes_the_same_configurations(tmp_path, sampler):
     assert other != first
 
 
+def test_trials_that_validate_inside_epochs_are_judged_by_step(tmp_path):
+    """With eval.every_steps the study counts steps: every trial's rows are reported at their step, and a trial worse
+    than the median of the completed ones at a step is pruned there, its verdict written for that step."""
+    from types import SimpleNamespace
+
+    from veritrain.orchestration.trials import search, search_plan
+
+    (tmp_path / "space.yaml").write_text("optim.lr: {log_uniform: [1.0e-4, 0.1]}\n")
+    plan = search_plan.plan(None, ["train.threads=1", "eval.every_steps=10"], str(tmp_path / "space.yaml"), 8, "val.accuracy", "random",
+                            "median", 1, "local", 0, [], None)
+    spec = {**plan.as_dict(), "id": "test"}
+    assert spec["metric"]["judged_at"] == "step" == spec["pruner"]["step"]
+    folder, runs = tmp_path / "search", tmp_path / "runs"
+    (folder / "verdicts").mkdir(parents=True)
+    study = search.open_study(folder, spec)
+    for _ in range(5):  # completed trials, each with a validation at steps 10 and 20 of one epoch
+        number, _change = search._ask(study, spec)
+        for step, value in ((10, 0.8), (20, 0.9)):
+            study._storage.set_trial_intermediate_value(search._trial_id(study, number), step, value)
+        study.tell(number, 0.9)
+    number, _change = search._ask(study, spec)
+    run_id = "20261207-000000-000-abcdef"
+    (runs / run_id).mkdir(parents=True)
+    (runs / run_id / "metrics.jsonl").write_text(json.dumps({"epoch": 1, "step": 10, "val_acc": 0.2}) + "\n")
+    slot = search.Slot(number, 0).name(1)
+    (folder / "verdicts" / f"{slot}.wait.json").write_text(json.dumps({"run_id": run_id, "epoch": 1, "step": 10}))
+    pruned = []
+    live = search.Live(number, handle="trial")
+    search._judge_waiting(SimpleNamespace(runs_dir=runs), spec, folder, study, live, SimpleNamespace(prune=pruned.append))
+    verdict = json.loads((folder / "verdicts" / f"{slot}.verdict.json").read_text())
+    assert (verdict["step"], verdict["epoch"], verdict["prune"], pruned) == (10, 1, True, ["trial"])
+    assert "at step 10 is below the median 0.8" in verdict["reason"]
+    assert study._storage.get_trial(search._trial_id(study, number)).intermediate_values == {10: 0.2}
+
+
 def test_enqueued_configurations_take_the_numbers_after_the_startup_trials(tmp_path):
     spec = _plan_spec(tmp_path, "optim.lr: {log_uniform: [1.0e-4, 0.1]}\n", "random", trials=8,
                       enqueue=["{optim.lr: 0.0001}", "{optim.lr: 0.1}"])
@@ -289,6 +324,8 @@ def test_best_trial_is_the_val_best_even_where_test_ranks_them_the_other_way():
      "not after every epoch, so the pruner has nothing to judge; prune on val.accuracy, or give --pruner none"),
     ("optim.lr: {uniform: [0.01, 0.1]}\n", ["--metric", "val.log_loss"], "error: --pruner: median: val.log_loss is computed once, at evaluation, "
      "not after every epoch, so the pruner has nothing to judge; prune on val.accuracy, or give --pruner none"),
+    ("eval.every_steps: {int: [5, 10]}\n", [], "error: {space}: eval.every_steps: the trials of a search are judged at the same validations; "
+     "set it in the config (or --set), not in the space"),
     ("optim.lr: {uniform: [0.01, 0.1]}\n", ["--enqueue", "{optim.lr: 0.5}"],
      "error: --enqueue: optim.lr: 0.5 is outside the space (uniform [0.01, 0.1]); widen the space or give a value inside it"),
 ])
