@@ -167,6 +167,19 @@ def test_a_best_named_against_metrics_jsonl_or_a_best_pt_of_another_step_is_caug
     assert {p["kind"] for p in result.json()["problems"]} == {"best_not_best_epoch"}, result.stdout
 
 
+def test_the_pages_and_tables_place_its_rows_by_step(stepped):
+    from veritrain.core.display import rows_axis
+    from veritrain.web.run_page import curves
+
+    made = record(stepped)
+    drawn = curves(stepped, made)
+    assert drawn["rows_by"] == "step" and drawn["epochs"] == [15, 30, 40]
+    assert rows_axis(rows(stepped)) == ("step", [15, 30, 40])
+    assert rows_axis([{"epoch": 1, "step": 23}, {"epoch": 2, "step": 46}]) == ("epoch", [1, 2])  # epoch rows stay by epoch
+    shown = veritrain("runs", "show", stepped.name, "--workdir", str(stepped.parent.parent))
+    assert f"best step {made['training']['best_step']} (epoch {made['training']['best_epoch']})" in shown.stdout, shown.stdout
+
+
 # ---------------------------------------------------------------- killed inside an epoch, resumed, audited
 
 DIE_AT_STEP = """
