@@ -1,0 +1,308 @@
+"""Shards: a field of a data version (one value per sample: an array of a fixed shape and dtype, or a byte string)
+stored in files that hold content only, named by their content, read with every byte checked before it is used.
+docs/shards.md describes the format for anyone who reads it without veritrain.
+
+A shard file is bytes in one of two layouts; its entry (`ShardEntry`, kept in version.json and bound by the version
+id) says which, and how many rows it holds:
+
+- `array`: the rows one after another, each `shape` values of `dtype` (little-endian, C order): row i starts at
+  i × row_bytes;
+- `blob`: an offset table of rows + 1 little-endian uint64 (where each row's payload starts, counted from the end of
+  the table, and where the last ends), then the payloads one after another.
+
+The file is cut into blocks of BLOCK bytes (the last may be shorter; an empty file has none). The entry lists each
+block's SHA-256, and the shard's id is the SHA-256 of those hex digests, each followed by a newline (`shard_id`), so
+a shard is stored under its id (`path_of`) and two versions holding the same content hold the same file. Equal
+values give equal bytes: nothing else (no time, no order of writing) goes into a shard.
+
+A reader (`Shard`) reads the blocks a row touches with positioned reads into memory and checks each against its
+digest before any of its bytes is used, so random access checks only what it touches and a damaged or replaced block
+is an error, never a value; a few checked blocks are kept for the next reads. `verify_shard` hashes every byte once.
+Which rows go into which shard is the caller's: `cuts` places the boundaries by the rows' keys, so that a row added
+or removed changes the one shard it falls in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from veritrain.core.errors import RunFailed
+
+BLOCK = 1 << 20  # bytes per block
+CACHE_BLOCKS = 8  # checked blocks a reader keeps (a row of a blob or an array may span several)
+LAYOUTS = ("array", "blob")
+_HEX = re.compile(r"[0-9a-f]{64}")
+_MAX_ROWS = 1 << 40
+
+
+class ShardError(RunFailed):
+    """A shard's bytes are not the ones its entry names (damaged, cut short, replaced), or its entry is not one a
+    writer could have made."""
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """What version.json says of one shard: its id, layout, rows, size in bytes and block digests, and for an
+    `array` the dtype (numpy's text, little-endian) and the shape of one row."""
+
+    id: str
+    layout: str
+    rows: int
+    size: int
+    blocks: tuple[str, ...]
+    dtype: Optional[str] = None
+    shape: Optional[tuple[int, ...]] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "layout": self.layout, "rows": self.rows, "size": self.size, "blocks": list(self.blocks)}
+        if self.layout == "array":
+            out.update(dtype=self.dtype, shape=list(self.shape or ()))
+        return out
+
+    @classmethod
+    def from_dict(cls, entry: Any, where: str = "shard") -> ShardEntry:
+        """An entry read from a file: every field checked (types, digests, the size against the blocks and the rows),
+        so nothing below trusts a hand-edited or hostile one."""
+        if not isinstance(entry, Mapping):
+            raise ShardError(f"{where}: not an object")
+        layout, rows, size, blocks = entry.get("layout"), entry.get("rows"), entry.get("size"), entry.get("blocks")
+        if layout not in LAYOUTS:
+            raise ShardError(f"{where}: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
+        if not _count(rows) or not _count(size) or rows > _MAX_ROWS:
+            raise ShardError(f"{where}: rows and size must be whole numbers ≥ 0")
+        if not isinstance(blocks, list) or not all(isinstance(b, str) and _HEX.fullmatch(b) for b in blocks) or len(blocks) != -(-size // BLOCK):
+            raise ShardError(f"{where}: blocks must list one SHA-256 (64 lowercase hex digits) per {BLOCK} bytes of its {size}")
+        if entry.get("id") != shard_id(blocks):
+            raise ShardError(f"{where}: id {str(entry.get('id'))[:80]!r} is not the hash of its block list")
+        dtype, shape = None, None
+        if layout == "array":
+            dtype, shape = _array_type(entry.get("dtype"), entry.get("shape"), where)
+            if size != rows * _row_bytes(dtype, shape):
+                raise ShardError(f"{where}: {rows} rows of {shape} {dtype} are not {size} bytes")
+        elif size < 8 * (rows + 1):
+            raise ShardError(f"{where}: {size} bytes cannot hold the offset table of {rows} rows")
+        return cls(str(entry["id"]), str(layout), int(rows), int(size), tuple(blocks), dtype, shape)
+
+
+def shard_id(blocks: Sequence[str]) -> str:
+    """The id of a shard whose blocks hash to `blocks` (hex): SHA-256 of each digest followed by a newline."""
+    return hashlib.sha256("".join(f"{b}\n" for b in blocks).encode()).hexdigest()
+
+
+def path_of(store: Path, shard: str) -> Path:
+    """Where the store keeps the shard of id `shard`."""
+    return store / shard[:2] / shard
+
+
+# ---------------------------------------------------------------- writing
+
+
+def write_array(store: Path, values: np.ndarray) -> ShardEntry:
+    """A shard of the rows of `values` (first axis: rows), stored in `store` under its id."""
+    values = np.asarray(values)
+    if values.ndim < 1 or values.dtype.kind not in "biuf" or values.dtype.hasobject:
+        raise ValueError(f"an array shard holds rows of numbers, not {values.dtype} of shape {values.shape}")
+    little = values.dtype.newbyteorder("<")
+    entry = _store(store, np.ascontiguousarray(values.astype(little, copy=False)).tobytes())
+    return ShardEntry(entry.id, "array", int(values.shape[0]), entry.size, entry.blocks, little.str, tuple(int(n) for n in values.shape[1:]))
+
+
+def write_blob(store: Path, payloads: Iterable[bytes]) -> ShardEntry:
+    """A shard of one byte string per row, stored in `store` under its id."""
+    items = [bytes(p) for p in payloads]
+    ends = np.cumsum([0] + [len(p) for p in items], dtype=np.uint64)
+    data = ends.astype("<u8").tobytes() + b"".join(items)
+    entry = _store(store, data)
+    return ShardEntry(entry.id, "blob", len(items), entry.size, entry.blocks)
+
+
+def _store(store: Path, data: bytes) -> ShardEntry:
+    """`data` as the shard file of its id: written to a temporary file and renamed, unless the store already holds
+    those exact bytes (a file under the id whose blocks differ, damaged say, is replaced)."""
+    blocks = tuple(hashlib.sha256(data[k:k + BLOCK]).hexdigest() for k in range(0, len(data), BLOCK))
+    ident = shard_id(blocks)
+    entry = ShardEntry(ident, "blob", 0, len(data), blocks)
+    target = path_of(store, ident)
+    if target.is_file() and target.stat().st_size == len(data) and not verify_shard(target, entry):
+        return entry
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f".{ident}.{uuid.uuid4().hex}.partial")
+    with open(partial, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    partial.replace(target)
+    return entry
+
+
+def cuts(keys: Sequence[str], rows_per_shard: int) -> list[int]:
+    """Where rows with these keys (in the order they are stored) are cut into shards: after each row whose key's
+    SHA-256 is 0 modulo `rows_per_shard`, and after 4 × rows_per_shard rows without one. A boundary depends on the key
+    before it alone, so adding or removing a row changes only the shard it falls in (and, rarely, its neighbour when
+    the cap decides). Returns the end of each shard; the last is len(keys)."""
+    if rows_per_shard < 1:
+        raise ValueError(f"rows_per_shard={rows_per_shard}; give a whole number ≥ 1")
+    ends, since = [], 0
+    for index, key in enumerate(keys):
+        since += 1
+        if int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % rows_per_shard == 0 or since >= 4 * rows_per_shard:
+            ends.append(index + 1)
+            since = 0
+    if keys and (not ends or ends[-1] != len(keys)):
+        ends.append(len(keys))
+    return ends
+
+
+# ---------------------------------------------------------------- reading
+
+
+class Shard:
+    """One shard's rows, read from `path` with every block checked against `entry` before it is used."""
+
+    def __init__(self, path: Path, entry: ShardEntry) -> None:
+        self.path, self.entry = path, entry
+        self._fd: Optional[int] = None
+        self._checked: OrderedDict[int, bytes] = OrderedDict()
+        self._table: Optional[np.ndarray] = None  # a blob's offset table, once read
+
+    def __len__(self) -> int:
+        return self.entry.rows
+
+    def __enter__(self) -> Shard:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._checked.clear()
+
+    def get(self, row: int) -> Any:
+        """Row `row`: an array of the entry's shape and dtype (a copy), or the bytes of a blob's row."""
+        if not 0 <= row < self.entry.rows:
+            raise IndexError(f"row {row} of a shard of {self.entry.rows}")
+        if self.entry.layout == "array":
+            width = _row_bytes(self.entry.dtype, self.entry.shape)
+            data = self.read(row * width, (row + 1) * width)
+            return np.frombuffer(data, dtype=np.dtype(self.entry.dtype)).reshape(self.entry.shape or ()).copy()
+        table = self.offsets()
+        start, end = int(table[row]), int(table[row + 1])
+        header = 8 * (self.entry.rows + 1)
+        return self.read(header + start, header + end)
+
+    def offsets(self) -> np.ndarray:
+        """A blob's offset table (checked: it starts at 0, never decreases and ends at the file's end)."""
+        if self._table is None:
+            rows, header = self.entry.rows, 8 * (self.entry.rows + 1)
+            table = np.frombuffer(self.read(0, header), dtype="<u8")
+            if table[0] != 0 or np.any(np.diff(table.astype(np.int64)) < 0) or int(table[-1]) != self.entry.size - header:
+                raise ShardError(f"{self.path}: the offset table of its {rows} rows does not cover its {self.entry.size} bytes")
+            self._table = table
+        return self._table
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the shard, from checked blocks only."""
+        if not 0 <= start <= end <= self.entry.size:
+            raise ShardError(f"{self.path}: bytes {start}–{end} lie outside its {self.entry.size}")
+        if start == end:
+            return b""
+        first, last = start // BLOCK, (end - 1) // BLOCK
+        if first == last:
+            block = self._block(first)
+            return block[start - first * BLOCK:end - first * BLOCK]
+        joined = b"".join(self._block(k) for k in range(first, last + 1))
+        return joined[start - first * BLOCK:end - first * BLOCK]
+
+    def _block(self, index: int) -> bytes:
+        held = self._checked.get(index)
+        if held is not None:
+            self._checked.move_to_end(index)
+            return held
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except OSError as err:
+                raise ShardError(f"{self.path}: cannot be read ({err.strerror or err}); the data version is incomplete") from None
+        want = min(BLOCK, self.entry.size - index * BLOCK)
+        data = os.pread(self._fd, want, index * BLOCK)
+        if len(data) != want or hashlib.sha256(data).hexdigest() != self.entry.blocks[index]:
+            raise ShardError(f"{self.path}: block {index} is not the one its entry names (damaged or replaced); "
+                             "`veritrain data verify` lists every damaged block")
+        self._checked[index] = data
+        if len(self._checked) > CACHE_BLOCKS:
+            self._checked.popitem(last=False)
+        return data
+
+
+class Field:
+    """A field's rows over its shards in order (a virtual concatenation): row i of the field is row i − start of the
+    shard that holds it."""
+
+    def __init__(self, store: Path, entries: Sequence[ShardEntry]) -> None:
+        self.shards = [Shard(path_of(store, e.id), e) for e in entries]
+        self.ends = np.cumsum([len(s) for s in self.shards], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.ends[-1]) if len(self.ends) else 0
+
+    def get(self, row: int) -> Any:
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} of a field of {len(self)}")
+        index = int(np.searchsorted(self.ends, row, side="right"))
+        start = int(self.ends[index - 1]) if index else 0
+        return self.shards[index].get(row - start)
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+
+def verify_shard(path: Path, entry: ShardEntry) -> list[str]:
+    """Every block of the file at `path` against `entry`, each byte hashed once: the problems, one line each (none:
+    the file holds exactly the entry's bytes)."""
+    try:
+        size = path.stat().st_size
+    except OSError as err:
+        return [f"{path}: missing ({err.strerror or err})"]
+    problems = [f"{path}: {size} bytes, its entry says {entry.size}"] if size != entry.size else []
+    with open(path, "rb", buffering=0) as f:
+        for index, digest in enumerate(entry.blocks):
+            data = f.read(BLOCK)
+            if hashlib.sha256(data).hexdigest() != digest:
+                problems.append(f"{path}: block {index} differs from its entry")
+    return problems
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _array_type(dtype: Any, shape: Any, where: str) -> tuple[str, tuple[int, ...]]:
+    try:
+        parsed = np.dtype(dtype) if isinstance(dtype, str) else None
+    except TypeError:
+        parsed = None
+    if parsed is None or parsed.kind not in "biuf" or parsed.str != dtype or parsed.byteorder == ">":
+        raise ShardError(f"{where}: dtype {str(dtype)[:40]!r} is not a little-endian number type as numpy writes it (e.g. '|u1', '<f4')")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(_count(n) and n <= 1 << 20 for n in shape):
+        raise ShardError(f"{where}: shape must be a list of at most 8 whole numbers ≥ 0")
+    return dtype, tuple(shape)
+
+
+def _row_bytes(dtype: Optional[str], shape: Optional[tuple[int, ...]]) -> int:
+    return int(np.dtype(dtype).itemsize * int(np.prod(shape or (), dtype=np.int64)))

@@ -1,0 +1,115 @@
+"""The shard format (veritrain.data.shards): equal content gives equal bytes and one id, the id is what standard tools
+compute from the file, every byte a reader uses is checked first (a damaged block is an error only where it is read),
+hostile entries are refused, and the cuts by key move only the shard a row is added to."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+
+import numpy as np
+import pytest
+
+from veritrain.data import shards
+from veritrain.data.shards import BLOCK, Field, Shard, ShardEntry, ShardError
+
+
+def test_an_array_shard_round_trips_and_equal_content_gives_the_same_file(tmp_path):
+    rows = np.random.default_rng(0).integers(0, 255, size=(300, 8, 8, 3), dtype=np.uint8)
+    entry = shards.write_array(tmp_path, rows)
+    assert (entry.layout, entry.rows, entry.size, entry.dtype, entry.shape) == ("array", 300, rows.nbytes, "|u1", (8, 8, 3))
+    again = shards.write_array(tmp_path / "other", rows.copy())
+    assert again == entry and shards.path_of(tmp_path, entry.id).read_bytes() == shards.path_of(tmp_path / "other", entry.id).read_bytes()
+    with Shard(shards.path_of(tmp_path, entry.id), entry) as shard:
+        assert all(np.array_equal(shard.get(i), rows[i]) for i in (0, 17, 299))
+    big_endian = shards.write_array(tmp_path, rows[:4, 0, 0].astype(">f4"))
+    assert big_endian.dtype == "<f4"  # stored little-endian whatever the writer's byte order
+    assert big_endian == shards.write_array(tmp_path, rows[:4, 0, 0].astype("<f4"))
+    assert ShardEntry.from_dict(json.loads(json.dumps(entry.as_dict()))) == entry
+
+
+def test_a_blob_shard_holds_bytes_of_any_length_and_its_id_is_what_sha256sum_gives(tmp_path):
+    payloads = [b"", b"x" * (BLOCK + 5), bytes(range(256)) * 3, b"last"]
+    entry = shards.write_blob(tmp_path, payloads)
+    path = shards.path_of(tmp_path, entry.id)
+    assert len(entry.blocks) == 2 and entry.size == 8 * 5 + sum(map(len, payloads))
+    with Shard(path, entry) as shard:
+        assert [shard.get(i) for i in range(4)] == payloads
+    pieces = tmp_path / "pieces"
+    pieces.mkdir()
+    subprocess.run(["split", "-b", str(BLOCK), "-a", "4", str(path), str(pieces / "b.")], check=True)
+    listed = subprocess.run(f"sha256sum {pieces}/b.* | cut -c1-64 | sha256sum", shell=True, capture_output=True, text=True, check=True)
+    assert listed.stdout.split()[0] == entry.id  # docs/shards.md: the id anyone can compute
+
+
+def test_a_damaged_block_is_an_error_where_it_is_read_and_nowhere_else(tmp_path):
+    rows = np.arange(3 * BLOCK // 4, dtype="<u4").reshape(-1, 256)  # 3 blocks of 1 KiB rows
+    entry = shards.write_array(tmp_path, rows)
+    path = shards.path_of(tmp_path, entry.id)
+    data = bytearray(path.read_bytes())
+    data[BLOCK + 10] ^= 1  # in block 1
+    path.write_bytes(bytes(data))
+    per_block = BLOCK // rows[0].nbytes
+    with Shard(path, entry) as shard:
+        assert np.array_equal(shard.get(0), rows[0]) and np.array_equal(shard.get(2 * per_block), rows[2 * per_block])
+        with pytest.raises(ShardError, match="block 1 is not the one its entry names"):
+            shard.get(per_block)
+    assert shards.verify_shard(path, entry) == [f"{path}: block 1 differs from its entry"]
+    path.write_bytes(bytes(data[:BLOCK]))  # cut short
+    with Shard(path, entry) as shard, pytest.raises(ShardError):
+        shard.get(2 * per_block)
+    assert shards.verify_shard(path, entry)[0].endswith(f"{BLOCK} bytes, its entry says {entry.size}")
+
+
+def test_a_writer_replaces_a_damaged_file_of_the_same_id(tmp_path):
+    entry = shards.write_blob(tmp_path, [b"abc", b"def"])
+    path = shards.path_of(tmp_path, entry.id)
+    path.write_bytes(path.read_bytes()[:-1] + b"X")
+    assert shards.write_blob(tmp_path, [b"abc", b"def"]) == entry and not shards.verify_shard(path, entry)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda e: e.update(layout="pickle"), "layout 'pickle'"),
+    (lambda e: e.update(rows=-1), "whole numbers"),
+    (lambda e: e.update(rows=True), "whole numbers"),
+    (lambda e: e.update(blocks=["A" * 64]), "lowercase hex"),
+    (lambda e: e.update(id="0" * 64), "not the hash of its block list"),
+    (lambda e: e.update(dtype="object"), "little-endian number type"),
+    (lambda e: e.update(dtype=">u4"), "little-endian number type"),
+    (lambda e: e.update(shape=[2, -1]), "shape"),
+    (lambda e: e.update(rows=10**9), "are not"),
+])
+def test_a_hostile_entry_is_refused_before_anything_reads_by_it(tmp_path, change, message):
+    entry = shards.write_array(tmp_path, np.zeros((4, 2), dtype="<u4")).as_dict()
+    change(entry)
+    with pytest.raises(ShardError, match=message):
+        ShardEntry.from_dict(entry)
+
+
+def test_a_blob_whose_offset_table_lies_is_refused(tmp_path):
+    table = np.array([0, 5, 3, 9], dtype="<u8").tobytes()  # a row that ends before it starts
+    entry = shards._store(tmp_path, table + b"123456789")
+    forged = ShardEntry(entry.id, "blob", 3, entry.size, entry.blocks)
+    with Shard(shards.path_of(tmp_path, entry.id), forged) as shard, pytest.raises(ShardError, match="offset table"):
+        shard.get(0)
+
+
+def test_a_field_reads_across_its_shards(tmp_path):
+    parts = [np.full((n, 2), i, dtype=np.int16) for i, n in enumerate((3, 0, 5))]
+    field = Field(tmp_path, [shards.write_array(tmp_path, p) for p in parts])
+    assert len(field) == 8 and [int(field.get(i)[0]) for i in range(8)] == [0, 0, 0, 2, 2, 2, 2, 2]
+    with pytest.raises(IndexError):
+        field.get(8)
+    field.close()
+
+
+def test_cuts_by_key_move_only_the_shard_a_row_is_added_to():
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(5000)]
+    ends = shards.cuts(keys, 50)
+    assert ends[-1] == 5000 and 40 <= len(ends) <= 250 and all(b > a for a, b in zip([0] + ends, ends))
+    added = sorted(keys + ["a new sample"])
+    before = {tuple(sorted(keys)[a:b]) for a, b in zip([0] + shards.cuts(sorted(keys), 50), shards.cuts(sorted(keys), 50))}
+    after = {tuple(added[a:b]) for a, b in zip([0] + shards.cuts(added, 50), shards.cuts(added, 50))}
+    assert len(after - before) <= 2 and len(before - after) <= 2  # the shard it joins (and a neighbour when the cap cut)
+    assert shards.cuts([], 50) == []
