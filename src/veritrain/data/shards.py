@@ -74,10 +74,10 @@ class ShardEntry:
         so nothing below trusts a hand-edited or hostile one."""
         if not isinstance(entry, Mapping):
             raise ShardError(f"{where}: not an object")
-        layout, rows, size, blocks = entry.get("layout"), entry.get("rows"), entry.get("size"), entry.get("blocks")
+        layout, rows, size, blocks = entry.get("layout"), _whole(entry.get("rows")), _whole(entry.get("size")), entry.get("blocks")
         if layout not in LAYOUTS:
             raise ShardError(f"{where}: layout {layout!r} is not one of {', '.join(LAYOUTS)}")
-        if not _count(rows) or not _count(size) or rows > _MAX_ROWS:
+        if rows is None or size is None or rows > _MAX_ROWS:
             raise ShardError(f"{where}: rows and size must be whole numbers ≥ 0")
         if not isinstance(blocks, list) or not all(isinstance(b, str) and _HEX.fullmatch(b) for b in blocks) or len(blocks) != -(-size // BLOCK):
             raise ShardError(f"{where}: blocks must list one SHA-256 (64 lowercase hex digits) per {BLOCK} bytes of its {size}")
@@ -90,7 +90,7 @@ class ShardEntry:
                 raise ShardError(f"{where}: {rows} rows of {shape} {dtype} are not {size} bytes")
         elif size < 8 * (rows + 1):
             raise ShardError(f"{where}: {size} bytes cannot hold the offset table of {rows} rows")
-        return cls(str(entry["id"]), str(layout), int(rows), int(size), tuple(blocks), dtype, shape)
+        return cls(str(entry["id"]), str(layout), rows, size, tuple(blocks), dtype, shape)
 
 
 def shard_id(blocks: Sequence[str]) -> str:
@@ -289,7 +289,12 @@ def verify_shard(path: Path, entry: ShardEntry) -> list[str]:
 
 
 def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return _whole(value) is not None
+
+
+def _whole(value: Any) -> Optional[int]:
+    """`value` when it is a whole number ≥ 0 (a bool is not), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _array_type(dtype: Any, shape: Any, where: str) -> tuple[str, tuple[int, ...]]:
