@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import veritrain
+
+from veritrain.train import recipe
 
 # 4 epochs of 23 steps, a checkpoint every 10 steps: room to kill a rank mid-epoch after a checkpoint
 LONG = ["--set", "train.epochs=4", "--set", "checkpoint.every_steps=10"]
