@@ -55,6 +55,10 @@ def test_a_damaged_block_is_an_error_where_it_is_read_and_nowhere_else(tmp_path)
         assert np.array_equal(shard.get(0), rows[0]) and np.array_equal(shard.get(2 * per_block), rows[2 * per_block])
         with pytest.raises(ShardError, match="block 1 is not the one its entry names"):
             shard.get(per_block)
+        with pytest.raises(ShardError):
+            shard.take(np.array([0, per_block]))  # a batch touching the damaged block: refused whole
+        with pytest.raises(ShardError):
+            shard.values()
     assert shards.verify_shard(path, entry) == [f"{path}: block 1 differs from its entry"]
     path.write_bytes(bytes(data[:BLOCK]))  # cut short
     with Shard(path, entry) as shard, pytest.raises(ShardError):
@@ -113,3 +117,24 @@ def test_cuts_by_key_move_only_the_shard_a_row_is_added_to():
     after = {tuple(added[a:b]) for a, b in zip([0] + shards.cuts(added, 50), shards.cuts(added, 50))}
     assert len(after - before) <= 2 and len(before - after) <= 2  # the shard it joins (and a neighbour when the cap cut)
     assert shards.cuts([], 50) == []
+
+
+def test_a_field_takes_rows_in_any_order_spans_windows_across_shards_and_loads_whole(tmp_path):
+    tokens = np.arange(10_000, dtype="<u2")
+    entries = [shards.write_array(tmp_path, tokens[a:b]) for a, b in ((0, 3000), (3000, 3000), (3000, 7100), (7100, 10_000))]
+    field = Field(tmp_path, entries)
+    assert len(field) == 10_000
+    assert np.array_equal(field.span(2990, 3010), tokens[2990:3010])  # a window across an empty shard and a boundary
+    assert np.array_equal(field.span(0, 10_000), tokens) and field.span(5, 5).shape == (0,)
+    order = np.array([9999, 0, 3000, 2999, 7100, 7099, 5])
+    assert np.array_equal(field.take(order), tokens[order])
+    assert np.array_equal(field.values(), tokens)
+    with pytest.raises(IndexError):
+        field.span(9990, 10_001)
+    images = np.random.default_rng(1).integers(0, 255, size=(50, 4, 4, 3), dtype=np.uint8)
+    pictures = Field(tmp_path, [shards.write_array(tmp_path, images[:20]), shards.write_array(tmp_path, images[20:])])
+    picked = np.array([49, 3, 20, 19, 3])
+    assert np.array_equal(pictures.take(picked), images[picked])
+    field.close()
+    pictures.close()
+

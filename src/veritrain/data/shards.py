@@ -202,6 +202,36 @@ class Shard:
         header = 8 * (self.entry.rows + 1)
         return self.read(header + start, header + end)
 
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The rows of an `array` shard at these positions, as one array (rows read in file order, so each block is
+        read and checked once however the positions are ordered)."""
+        shape, dtype = self._array_type()
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.entry.rows):
+            raise IndexError(f"rows outside a shard of {self.entry.rows}")
+        width = _row_bytes(dtype, shape)
+        out = np.empty((len(rows), *shape), dtype=np.dtype(dtype))
+        flat = out.reshape(len(rows), -1).view(np.uint8).reshape(len(rows), width) if width else None
+        for position in np.argsort(rows, kind="stable"):
+            row = int(rows[position])
+            if flat is not None:
+                flat[position] = np.frombuffer(self.read(row * width, (row + 1) * width), dtype=np.uint8)
+        return out
+
+    def values(self) -> np.ndarray:
+        """Every row of an `array` shard, read front to back with each block checked (none kept for later reads)."""
+        shape, dtype = self._array_type()
+        out = bytearray(self.entry.size)
+        for index in range(len(self.entry.blocks)):
+            block = self._fetch(index)
+            out[index * BLOCK:index * BLOCK + len(block)] = block
+        return np.frombuffer(bytes(out), dtype=np.dtype(dtype)).reshape(self.entry.rows, *shape)
+
+    def _array_type(self) -> tuple[tuple[int, ...], str]:
+        if self.entry.layout != "array" or self.entry.dtype is None:
+            raise ShardError(f"{self.path}: a {self.entry.layout} shard holds bytes, not array rows")
+        return self.entry.shape or (), self.entry.dtype
+
     def offsets(self) -> np.ndarray:
         """A blob's offset table (checked: it starts at 0, never decreases and ends at the file's end)."""
         if self._table is None:
@@ -230,6 +260,14 @@ class Shard:
         if held is not None:
             self._checked.move_to_end(index)
             return held
+        data = self._fetch(index)
+        self._checked[index] = data
+        if len(self._checked) > CACHE_BLOCKS:
+            self._checked.popitem(last=False)
+        return data
+
+    def _fetch(self, index: int) -> bytes:
+        """Block `index` read from the file and checked against its digest."""
         if self._fd is None:
             try:
                 self._fd = os.open(self.path, os.O_RDONLY)
@@ -240,9 +278,6 @@ class Shard:
         if len(data) != want or hashlib.sha256(data).hexdigest() != self.entry.blocks[index]:
             raise ShardError(f"{self.path}: block {index} is not the one its entry names (damaged or replaced); "
                              "`veritrain data verify` lists every damaged block")
-        self._checked[index] = data
-        if len(self._checked) > CACHE_BLOCKS:
-            self._checked.popitem(last=False)
         return data
 
 
@@ -263,6 +298,52 @@ class Field:
         index = int(np.searchsorted(self.ends, row, side="right"))
         start = int(self.ends[index - 1]) if index else 0
         return self.shards[index].get(row - start)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """The rows at these positions of an array field, as one array, each shard's rows read together."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"rows outside a field of {len(self)}")
+        owner = np.searchsorted(self.ends, rows, side="right")
+        parts, where = [], []
+        for index in np.unique(owner):
+            chosen = np.nonzero(owner == index)[0]
+            start = int(self.ends[index - 1]) if index else 0
+            parts.append(self.shards[int(index)].take(rows[chosen] - start))
+            where.append(chosen)
+        if not parts:
+            shape, dtype = self.shards[0]._array_type() if self.shards else ((), "|u1")
+            return np.empty((0, *shape), dtype=np.dtype(dtype))
+        out = np.empty((len(rows), *parts[0].shape[1:]), dtype=parts[0].dtype)
+        for chosen, part in zip(where, parts):
+            out[chosen] = part
+        return out
+
+    def span(self, start: int, stop: int) -> np.ndarray:
+        """Rows [start, stop) of an array field, across shard boundaries (a token stream's window): only the blocks
+        that hold them are read."""
+        if not 0 <= start <= stop <= len(self):
+            raise IndexError(f"rows {start}–{stop} outside a field of {len(self)}")
+        pieces = []
+        first = int(np.searchsorted(self.ends, start, side="right"))
+        for index in range(first, len(self.shards)):
+            begin = int(self.ends[index - 1]) if index else 0
+            if begin >= stop:
+                break
+            shard = self.shards[index]
+            shape, dtype = shard._array_type()
+            width = _row_bytes(dtype, shape)
+            a, b = max(start, begin) - begin, min(stop, int(self.ends[index])) - begin
+            pieces.append(np.frombuffer(shard.read(a * width, b * width), dtype=np.dtype(dtype)).reshape(b - a, *shape))
+        if not pieces:
+            return self.take(np.empty(0, dtype=np.int64))
+        return pieces[0].copy() if len(pieces) == 1 else np.concatenate(pieces)
+
+    def values(self) -> np.ndarray:
+        """Every row of an array field in one array (a field that fits in memory, read once, every block checked)."""
+        if not self.shards:
+            return np.empty(0)
+        return np.concatenate([shard.values() for shard in self.shards])
 
     def close(self) -> None:
         for shard in self.shards:
