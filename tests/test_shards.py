@@ -138,3 +138,24 @@ def test_a_field_takes_rows_in_any_order_spans_windows_across_shards_and_loads_w
     field.close()
     pictures.close()
 
+
+def test_a_field_written_as_its_rows_come_is_cut_where_cuts_says(tmp_path):
+    keys = sorted(hashlib.sha256(str(i).encode()).hexdigest() for i in range(700))
+    values = [np.full((2, 2), i, dtype="<i4") for i in range(700)]
+    writer = shards.FieldWriter(tmp_path, "array", 40)
+    for key, value in zip(keys, values):
+        writer.add(key, value)
+    entries = writer.close()
+    assert np.cumsum([e.rows for e in entries]).tolist() == shards.cuts(keys, 40)
+    assert np.array_equal(Field(tmp_path, entries).values(), np.stack(values))
+    blobs = shards.FieldWriter(tmp_path, "blob", 40)
+    for key in keys:
+        blobs.add(key, key.encode())
+    field = Field(tmp_path, blobs.close())
+    assert [field.get(i) for i in (0, 699)] == [keys[0].encode(), keys[699].encode()]
+    mixed = shards.FieldWriter(tmp_path, "array", 1000)
+    mixed.add("a", np.zeros(2, dtype=np.uint8))
+    mixed.add("b", np.zeros(3, dtype=np.uint8))
+    with pytest.raises(ValueError, match="share one shape and dtype"):
+        mixed.close()
+

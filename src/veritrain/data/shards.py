@@ -145,21 +145,64 @@ def _store(store: Path, data: bytes) -> ShardEntry:
 
 
 def cuts(keys: Sequence[str], rows_per_shard: int) -> list[int]:
-    """Where rows with these keys (in the order they are stored) are cut into shards: after each row whose key's
-    SHA-256 is 0 modulo `rows_per_shard`, and after 4 × rows_per_shard rows without one. A boundary depends on the key
-    before it alone, so adding or removing a row changes only the shard it falls in (and, rarely, its neighbour when
-    the cap decides). Returns the end of each shard; the last is len(keys)."""
-    if rows_per_shard < 1:
-        raise ValueError(f"rows_per_shard={rows_per_shard}; give a whole number ≥ 1")
+    """Where rows with these keys (in the order they are stored) are cut into shards, as `FieldWriter` cuts them:
+    after each row whose key's SHA-256 (its first 8 bytes, big-endian) is 0 modulo `rows_per_shard`, and after
+    4 × rows_per_shard rows without one. A boundary depends on the key before it alone, so adding or removing a row
+    changes only the shard it falls in (and, rarely, its neighbour when the cap decides). Returns the end of each
+    shard; the last is len(keys)."""
+    _check_rows_per_shard(rows_per_shard)
     ends, since = [], 0
     for index, key in enumerate(keys):
         since += 1
-        if int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % rows_per_shard == 0 or since >= 4 * rows_per_shard:
+        if _ends_shard(key, since, rows_per_shard):
             ends.append(index + 1)
             since = 0
     if keys and (not ends or ends[-1] != len(keys)):
         ends.append(len(keys))
     return ends
+
+
+class FieldWriter:
+    """A field written as its rows come, in the order of their keys: a shard is written at each cut (`cuts`), so
+    memory holds one shard's rows at most. `close()` returns the field's entries in order."""
+
+    def __init__(self, store: Path, layout: str, rows_per_shard: int) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout {layout!r}; give one of {', '.join(LAYOUTS)}")
+        _check_rows_per_shard(rows_per_shard)
+        self.store, self.layout, self.rows_per_shard = store, layout, rows_per_shard
+        self.entries: list[ShardEntry] = []
+        self._rows: list[Any] = []
+
+    def add(self, key: str, value: Any) -> None:
+        """The next row (`value`: an array of the field's shape and dtype, or bytes) and the key it is stored by."""
+        self._rows.append(value)
+        if _ends_shard(key, len(self._rows), self.rows_per_shard):
+            self._flush()
+
+    def close(self) -> list[ShardEntry]:
+        if self._rows:
+            self._flush()
+        return list(self.entries)
+
+    def _flush(self) -> None:
+        if self.layout == "blob":
+            self.entries.append(write_blob(self.store, self._rows))
+        else:
+            first = np.asarray(self._rows[0])
+            if any(np.asarray(v).shape != first.shape or np.asarray(v).dtype != first.dtype for v in self._rows):
+                raise ValueError(f"an array field's rows share one shape and dtype ({first.shape} {first.dtype}); give a blob field otherwise")
+            self.entries.append(write_array(self.store, np.stack(self._rows)))
+        self._rows = []
+
+
+def _ends_shard(key: str, since: int, rows_per_shard: int) -> bool:
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % rows_per_shard == 0 or since >= 4 * rows_per_shard
+
+
+def _check_rows_per_shard(rows_per_shard: int) -> None:
+    if not isinstance(rows_per_shard, int) or rows_per_shard < 1:
+        raise ValueError(f"rows_per_shard={rows_per_shard}; give a whole number ≥ 1")
 
 
 # ---------------------------------------------------------------- reading
