@@ -159,3 +159,26 @@ def test_a_field_written_as_its_rows_come_is_cut_where_cuts_says(tmp_path):
     with pytest.raises(ValueError, match="share one shape and dtype"):
         mixed.close()
 
+
+def test_a_token_stream_is_chunked_by_document_and_an_added_document_changes_one_chunk(tmp_path):
+    rng = np.random.default_rng(2)
+    documents = {hashlib.sha256(f"doc{i}".encode()).hexdigest(): rng.integers(0, 2048, size=int(rng.integers(1, 60))) for i in range(400)}
+
+    def written(docs: dict) -> tuple[list, list, np.ndarray]:
+        writer = shards.StreamWriter(tmp_path, "<u2", 16)
+        for key in sorted(docs):
+            writer.add(key, docs[key])
+        entries, starts = writer.close()
+        return entries, starts, np.concatenate([docs[k] for k in sorted(docs)])
+
+    entries, starts, stream = written(documents)
+    field = Field(tmp_path, entries)
+    assert len(field) == len(stream) and np.array_equal(field.values(), stream.astype("<u2"))
+    first = sorted(documents)[123]
+    assert np.array_equal(field.span(starts[123], starts[123] + len(documents[first])), documents[first])
+    assert np.array_equal(field.span(100, 900), stream[100:900])  # a window across chunks
+    more, _, _ = written({**documents, "an added document": np.arange(7)})
+    assert len({e.id for e in more} - {e.id for e in entries}) <= 2 and len({e.id for e in entries} - {e.id for e in more}) <= 2
+    with pytest.raises(ValueError, match="whole numbers"):
+        shards.StreamWriter(tmp_path, "<u2", 16).add("k", np.array([-1]))
+

@@ -196,6 +196,44 @@ class FieldWriter:
         self._rows = []
 
 
+class StreamWriter:
+    """A token stream (one split's documents, in the order of their keys) written as chunk shards of an array field
+    whose rows are tokens: a chunk ends after a document `cuts` would end a shard after, so a document added changes
+    only its own chunk. `close()` returns the chunks' entries and where each document starts in the stream; a window
+    is then `Field(store, entries).span(start, start + length)`, across chunks."""
+
+    def __init__(self, store: Path, dtype: str, documents_per_chunk: int) -> None:
+        _check_rows_per_shard(documents_per_chunk)
+        if np.dtype(dtype).kind != "u":
+            raise ValueError(f"dtype {dtype!r}; tokens are stored as unsigned whole numbers (e.g. '<u2')")
+        self.store, self.dtype, self.per_chunk = store, np.dtype(dtype).newbyteorder("<"), documents_per_chunk
+        self.entries: list[ShardEntry] = []
+        self.starts: list[int] = []
+        self._pending: list[np.ndarray] = []
+        self._written = 0
+
+    def add(self, key: str, tokens: np.ndarray) -> None:
+        tokens = np.asarray(tokens)
+        whole = tokens.dtype.kind in "iu" and (not tokens.size or 0 <= tokens.min() <= tokens.max() <= np.iinfo(self.dtype).max)
+        if tokens.ndim != 1 or not whole:
+            raise ValueError(f"a document's tokens are one row of whole numbers ≥ 0 that fit {self.dtype}")
+        self.starts.append(self._written + sum(len(t) for t in self._pending))
+        self._pending.append(tokens.astype(self.dtype))
+        if _ends_shard(key, len(self._pending), self.per_chunk):
+            self._flush()
+
+    def close(self) -> tuple[list[ShardEntry], list[int]]:
+        if self._pending:
+            self._flush()
+        return list(self.entries), list(self.starts)
+
+    def _flush(self) -> None:
+        chunk = np.concatenate(self._pending) if self._pending else np.empty(0, dtype=self.dtype)
+        self.entries.append(write_array(self.store, chunk))
+        self._written += len(chunk)
+        self._pending = []
+
+
 def _ends_shard(key: str, since: int, rows_per_shard: int) -> bool:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") % rows_per_shard == 0 or since >= 4 * rows_per_shard
 
