@@ -182,3 +182,14 @@ def test_a_token_stream_is_chunked_by_document_and_an_added_document_changes_one
     with pytest.raises(ValueError, match="whole numbers"):
         shards.StreamWriter(tmp_path, "<u2", 16).add("k", np.array([-1]))
 
+
+def test_a_field_array_is_indexed_like_the_array_it_replaces(tmp_path):
+    images = np.random.default_rng(3).integers(0, 255, size=(30, 2, 2, 3), dtype=np.uint8)
+    field = shards.FieldArray(Field(tmp_path, [shards.write_array(tmp_path, images[:11]), shards.write_array(tmp_path, images[11:])]))
+    assert (field.shape, field.dtype, field.ndim, len(field)) == (images.shape, images.dtype, 4, 30)
+    for index in (5, -1, slice(3, 17), slice(None, None, 4), np.array([29, 0, 11, 10]), [2, 2], images[:, 0, 0, 0] > 128):
+        assert np.array_equal(field[index], images[index]), index
+    assert np.array_equal(np.asarray(field), images) and np.asarray(field, dtype=np.float32).dtype == np.float32
+    with pytest.raises(IndexError):
+        field[np.array([[1]])]
+

@@ -431,6 +431,46 @@ class Field:
             shard.close()
 
 
+class FieldArray:
+    """An array field read like the read-only array a data version's `inputs` was: `shape`, `dtype`, `ndim`, `len`,
+    and indexing by a row, a slice of rows or an array of rows (each read from checked blocks), so a task that
+    indexes `data.inputs[rows]` reads shards unchanged."""
+
+    def __init__(self, field: Field) -> None:
+        if not field.shards:
+            raise ShardError("an array field needs at least one shard (an empty one names its dtype and shape)")
+        shape, dtype = field.shards[0]._array_type()
+        if any(s._array_type() != (shape, dtype) for s in field.shards):
+            raise ShardError(f"{field.shards[0].path}: the shards of one field differ in shape or dtype")
+        self.field, self.dtype = field, np.dtype(dtype)
+        self.shape = (len(field), *shape)
+        self.ndim = len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            row = int(index) + (len(self) if index < 0 else 0)
+            return self.field.take(np.array([row], dtype=np.int64))[0]
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                return self.field.span(start, max(start, stop))
+            return self.field.take(np.arange(start, stop, step, dtype=np.int64))
+        rows = np.asarray(index)
+        if rows.dtype == bool:
+            rows = np.nonzero(rows)[0]
+        if rows.dtype.kind not in "iu" or rows.ndim != 1:
+            raise IndexError("index a field by a row, a slice of rows or a one-dimensional array of rows")
+        rows = rows.astype(np.int64)
+        return self.field.take(np.where(rows < 0, rows + len(self), rows))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        values = self.field.values()
+        return values if dtype is None else values.astype(dtype)
+
+
 def verify_shard(path: Path, entry: ShardEntry) -> list[str]:
     """Every block of the file at `path` against `entry`, each byte hashed once: the problems, one line each (none:
     the file holds exactly the entry's bytes)."""
