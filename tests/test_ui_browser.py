@@ -548,3 +548,27 @@ def test_published_site_works_offline(site: Path, workspace: dict[str, Any], bro
     finally:
         context.close()
     watched.assert_clean()
+
+
+@pytest.mark.slow  # a browser: checked in `make test-slow`
+def test_a_run_that_validates_inside_epochs_is_drawn_by_step(browser: Any, tmp_path: Path):
+    """A run with eval.every_steps has several rows in one epoch: its charts of metrics.jsonl place them by step, say
+    so on the axis and in the title, and the page names the best validation by its step."""
+    ws = tmp_path / "ws"
+    outcome = in_process_run(ws, ["model.name=mlp", "model.hidden=[16]", "train.max_steps=40", "eval.every_steps=10",
+                                  "eval.baselines=false", "export.formats=[safetensors]"])
+    record = outcome.record
+    assert record["status"] == "completed", record.get("error")
+    out = tmp_path / "site"
+    assert veritrain("publish", record["run_id"], "--out", str(out), "--workdir", str(ws), timeout=120).code == 0
+    watched = Watched(browser.new_context(viewport=VIEWPORT))
+    page = watched.page
+    page.goto((out / "runs" / f"{record['run_id']}.html").as_uri())
+    chart = page.locator('#curves .chart[data-chart="loss"] .uplot')
+    chart.wait_for()
+    assert page.locator('#curves .chart[data-chart="loss"] .u-title').inner_text() == "loss per validation"
+    labels = page.locator('#curves .chart[data-chart="loss"] .u-legend .u-label').all_inner_texts()
+    assert labels[0] == "step", labels  # the x series: steps, not epochs (two rows share epoch 2)
+    best = record["training"]
+    assert f"step {best['best_step']} (epoch {best['best_epoch']})" in page.locator("body").inner_text()
+    watched.assert_clean()
