@@ -7,12 +7,16 @@ lightning extra; 0 by default).
 
     .venv/bin/python benchmarks/chaos_resume.py [--kills 20] [--script-kills 10] [--lightning-kills 10] [--seed 0]
     .venv/bin/python benchmarks/chaos_resume.py --kills 10 --script-kills 0 --workers 2   # batches built by 2 workers
+    .venv/bin/python benchmarks/chaos_resume.py --kills 10 --script-kills 0 --steps      # validations inside epochs
 
 Prints `N/20 identical`, `N/10 identical (script)` and `N/10 identical (lightning)` (one line per kill-and-resume
 cycle before each). The kill schedule comes from --seed, so a failure can be replayed. A Lightning run is compared
 by its final weights and committed trajectory (every checkpoint's state hash): the metrics Lightning averages over
 an epoch start again at a resume inside it. With `--workers N` the built-in training (the reference and every killed
 run) builds its batches in N worker processes (`train.num_workers`), which a SIGKILL leaves to exit on their own.
+With `--steps` the built-in training stops at `train.max_steps` inside its last epoch and validates every
+`eval.every_steps` steps (best.pt, early stopping and the rows of metrics.jsonl at those steps), checkpoints saved
+between them.
 """
 
 from __future__ import annotations
@@ -186,8 +190,11 @@ def main() -> None:
     parser.add_argument("--lightning-kills", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="train.num_workers of the built-in training's runs")
+    parser.add_argument("--steps", action="store_true", help="train.max_steps inside the last epoch, eval.every_steps validations")
     args = parser.parse_args()
     CHAOS.extend(["--set", f"train.num_workers={args.workers}"])
+    if args.steps:  # 130 steps of 23 an epoch (32 × 2 rows a step), the last inside epoch 6; validations every 7 and at 130
+        CHAOS.extend(["--set", "train.max_steps=130", "--set", "eval.every_steps=7", "--set", "train.early_stopping_patience=6"])
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         if args.lightning_kills:
@@ -211,7 +218,7 @@ def main() -> None:
             identical += same
             killed += kills
             print(f"cycle {i + 1}: {'killed and resumed' if kills else 'finished before the kill'}, {'identical' if same else 'DIFFERENT'}", flush=True)
-        workers = f", {args.workers} workers" if args.workers else ""
+        workers = (f", {args.workers} workers" if args.workers else "") + (", steps as the unit" if args.steps else "")
         print(f"{identical}/{args.kills} identical ({killed} of them killed mid-run; seed {args.seed}{workers})")
 
 

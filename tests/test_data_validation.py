@@ -9,6 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from datafixtures import FAULTY_CONFIG, faulty_imagefolder, good_imagefolder, save, structured_image
@@ -543,3 +544,33 @@ def test_cache_lookups_of_more_keys_than_sqlite_binds_at_once(tmp_path):
     found = cache.lookup(wanted)
     assert found == {path: tuple(rest) for path, *rest in rows}
     cache.close()
+
+
+def test_the_check_cache_keeps_each_image_in_compact_rows_and_drops_the_earlier_json_table(tmp_path):
+    import sqlite3
+
+    from veritrain.data.validate import Check, CheckCache, CheckParams
+
+    old = sqlite3.connect(tmp_path / "images.sqlite")  # the earlier layout: JSON with hex pixels
+    old.execute("CREATE TABLE checks (hash TEXT, params TEXT, json TEXT, PRIMARY KEY (hash, params))")
+    old.execute("INSERT INTO checks VALUES ('h', 'p', ?)", ("x" * 4500,))
+    old.commit()
+    old.close()
+    rng = np.random.default_rng(0)
+    checks = {f"{i:064x}": Check([("grayscale", "one channel")] if i % 2 else [], (1 << 64) - 1 - i,
+                                 rng.integers(0, 256, size=(32, 32), dtype=np.uint8), rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8))
+              for i in range(1000)}
+    checks["f" * 64] = Check([("undecodable", "cannot be decoded")])  # no pictures, no hash
+    params = CheckParams(8, 8, 1, False, 50_000_000, True)
+    cache = CheckCache(tmp_path / "images.sqlite")
+    assert cache.db.execute("SELECT name FROM sqlite_master WHERE name = 'checks'").fetchone() is None
+    cache.store_checks(checks, params)
+    back = cache.checks(list(checks), params)
+    cache.close()
+    for key, check in checks.items():
+        got = back[key]
+        assert (got.findings, got.phash) == (check.findings, check.phash)
+        for a, b in ((got.picture, check.picture), (got.thumb, check.thumb)):
+            assert (a is None and b is None) or np.array_equal(a, b)
+    per_image = (tmp_path / "images.sqlite").stat().st_size / len(checks)
+    assert per_image < 2.5 * 1024, per_image  # the JSON with hex pixels took about 4.5 KiB

@@ -114,7 +114,7 @@ def open_cache_db(db_path: Path, *create_tables: str) -> sqlite3.Connection:
     return db
 
 
-def rows_where_in(db: sqlite3.Connection, query: str, keys: list[str], params: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+def rows_where_in(db: sqlite3.Connection, query: str, keys: list[Any], params: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
     """The rows of `query` (whose last condition is `IN ({marks})`) for all `keys`, in chunks that
     keep the number of bound parameters under SQLite's limit; `params` are bound before the keys."""
     for start in range(0, len(keys), SQLITE_MAX_PARAMS):
