@@ -219,3 +219,10 @@ def test_killed_inside_an_epoch_the_run_resumes_and_audits_identically(stepped, 
     audited = veritrain("audit", run_dir.name, "--segments", "10", "--workdir", str(tmp_path), "--json")
     assert audited.code == 0, audited.stdout + audited.stderr
     assert [s["verdict"] for s in audited.json()["segments"]] == ["identical"] * 4
+
+
+def test_a_warmup_as_long_as_the_run_is_warned_about(tmp_path):
+    result = veritrain("train", "--set", "model.name=mlp", "--set", "model.hidden=[8]", "--set", "train.max_steps=3",
+                       "--set", "schedule.warmup_steps=5", "--set", "checkpoint.every_epochs=0", "--workdir", str(tmp_path))
+    assert result.code == 0, result.stderr
+    assert "schedule.warmup_steps 5 is not below the run's 3 steps: the learning rate never reaches optim.lr" in result.stderr

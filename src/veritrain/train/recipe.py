@@ -260,6 +260,9 @@ def _set_up(cfg: RunConfig, data: DataVersion, task: Task, run_dir: Path, events
     train_rows = split_rows(task, data, "train")
     order = order_of(cfg, len(train_rows), ranks.world_size)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_factor(cfg.schedule, order.per_epoch, order.total))
+    if cfg.schedule.warmup_steps >= order.total and ranks.is_main:
+        log.warning("train: schedule.warmup_steps %d is not below the run's %d steps: the learning rate never reaches optim.lr "
+                    "(%g); lower the warmup or train longer", cfg.schedule.warmup_steps, order.total, cfg.optim.lr)
     scaler = torch.amp.GradScaler(device.type, enabled=tcfg.precision == "fp16")  # passes values through when disabled
     best_key, best_mode = best_metric(cfg, task, data)
     best, sums = Best(best_mode, tcfg.early_stopping_patience), EpochSums(tuple(task.epoch_metrics))
