@@ -123,6 +123,20 @@ def test_killing_a_rank_interrupts_the_run_and_resume_ends_bit_identical(uninter
     assert record(run_dir)["resumes"] and record(run_dir)["distributed"]["world_size"] == 2
 
 
+@pytest.mark.slow  # two-rank runs end to end: checked in `make test-slow`
+def test_ranks_that_build_batches_in_workers_and_validate_inside_epochs_train_the_same_weights(uninterrupted, tmp_path):
+    """Each rank's batches built by a worker process, and a validation every 10 steps (rank 0's, inside epochs): the
+    weights are those of the same ranks building their own batches and validating at epoch ends."""
+    result = veritrain("train", "--nproc", "2", *LONG, "--set", "train.num_workers=1", "--set", "eval.every_steps=10",
+                       "--workdir", str(tmp_path), "--json", timeout=600)
+    assert result.code == 0, result.stderr
+    run_dir = Path(result.json()["run_dir"])
+    assert record(run_dir)["final_state_sha256"] == record(uninterrupted)["final_state_sha256"]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [10, 20, 30, 40, 50, 60, 70, 80, 90, 92]
+    assert veritrain("verify", run_dir.name, "--workdir", str(tmp_path)).code == 0
+
+
 @pytest.mark.slow
 def test_sigterm_to_the_launcher_saves_on_every_rank_and_resume_is_identical(uninterrupted, tmp_path):
     process = start_training(tmp_path)
