@@ -140,7 +140,8 @@ def test_archive_made_with_tar_dot_imports(cli, archived, tmp_path):
     ("no manifest", lambda name, data: None if name.endswith("/manifest.csv") else (name, data)),
     ("version.json not JSON", lambda name, data: (name, b"{broken" if name.endswith("/version.json") else data)),
     ("version.json lacks fields", lambda name, data: (name, b"{}" if name.endswith("/version.json") else data)),
-    ("array changed", lambda name, data: (name, data + b"x" if name.endswith(".npy") else data)),
+    ("shard changed", lambda name, data: (name, data[:-1] + bytes([data[-1] ^ 1]) if name.endswith(IMAGE_SHARD) else data)),
+    ("shard cut short", lambda name, data: (name, data[:-1] if name.endswith(IMAGE_SHARD) else data)),
 ])
 def test_damaged_data_version_in_archive_is_refused(cli, archived, tmp_path, label, change):
     bad = rewritten(tmp_path, archived, change)
@@ -255,6 +256,10 @@ def keep(member, data):
     return [(member, io.BytesIO(data))]
 
 
+# the shard of the digits' pixels (data recipe 7): the largest file of the data version
+IMAGE_SHARD = "fields/ce/ce42b4e60411911ea5037d3606748a6930c1bba694233b8dc34984332ea529f4"
+
+
 def zeros_for(suffix: str):
     """`suffix`'s member replaced by BOMB zero bytes under a truthful tar header."""
     def edit(member, data):
@@ -289,7 +294,7 @@ def version_json_last(edit):
             held.append((member, data))
             return []
         out = edit(member, data)
-        if member.name.endswith("targets.npy"):  # the last data file before version.json
+        if member.name.endswith("/splits/val.txt"):  # the last data file before version.json
             out += keep(*held[0])
         return out
     return reorder
@@ -305,8 +310,8 @@ def pax_bomb(run_id: str):
 ATTACKS = {
     "bomb in a file the record lists": (lambda t, a, run: rebuilt(t, a, zeros_for("/metrics.jsonl")), 1, "bytes the record lists for it"),
     "bomb the record declares": (lambda t, a, run: rebuilt(t, a, bomb_the_record_declares), 1, "(a gzip bomb)"),
-    "bomb in a data file": (lambda t, a, run: rebuilt(t, a, zeros_for("/inputs.npy")), 1, "bytes its version.json lists"),
-    "bomb in a data file before version.json": (lambda t, a, run: rebuilt(t, a, version_json_last(zeros_for("/inputs.npy"))), 1, "(a gzip bomb)"),
+    "bomb in a data file": (lambda t, a, run: rebuilt(t, a, zeros_for(IMAGE_SHARD)), 1, "bytes its version.json lists"),
+    "bomb in a data file before version.json": (lambda t, a, run: rebuilt(t, a, version_json_last(zeros_for(IMAGE_SHARD))), 1, "(a gzip bomb)"),
     "bomb in a pax header": (lambda t, a, run: rebuilt(t, a, keep, first=[(pax_bomb(run), io.BytesIO())]), 1, "import: refused"),
     "bomb after the end of the tar": (lambda t, a, run: gzipped(t, tar_bytes(a) + bytes(BOMB // 8)), 2, "data after the end of its tar archive"),
     "many members": (lambda t, a, run: rebuilt(t, a, keep, last=[(dir_info(f"d/{i}"), None) for i in range(5000)]), 1, "members, more than the files its record allows"),
@@ -366,9 +371,9 @@ def test_hostile_archive_is_refused_in_one_line_and_leaves_nothing(cli, archived
 
 @pytest.mark.parametrize("label, member, stopped_by", [
     ("bomb in a file the record lists", "metrics.jsonl", "header"),  # its tar header claims more than the record lists
-    ("bomb in a data file", "inputs.npy", "header"),  # ... than version.json's size table lists
+    ("bomb in a data file", IMAGE_SHARD, "header"),  # ... than version.json's size table lists
     ("bomb the record declares", "metrics.jsonl", "ratio"),  # a forged record declares BOMB bytes
-    ("bomb in a data file before version.json", "inputs.npy", "ratio"),  # under the fixed data allowance
+    ("bomb in a data file before version.json", IMAGE_SHARD, "ratio"),  # under the fixed data allowance
 ])
 def test_bomb_is_stopped_before_it_is_written(archived, tmp_path, monkeypatch, label, member, stopped_by):
     """What the staging folder held when import gave up, measured as it is removed: none of the

@@ -187,17 +187,23 @@ def test_a_flipped_byte_in_a_stored_version_stops_the_next_run_before_training(c
     prepared = cli("data", "prepare", "--workdir", str(tmp_path), "--json")
     assert prepared.code == 0, prepared.stderr
     version = prepared.json()["data_version"]
-    arrays = tmp_path / ".veritrain" / "data" / version / "inputs.npy"
-    data = bytearray(arrays.read_bytes())
+    folder = tmp_path / ".veritrain" / "data" / version
+    shard = json.loads((folder / "version.json").read_text())["fields"]["image"]["shards"][0]["id"]
+    pixels = folder / "fields" / shard[:2] / shard
+    data = bytearray(pixels.read_bytes())
     data[-100] ^= 0x01
-    arrays.write_bytes(bytes(data))
+    pixels.unlink()  # a new file: the store's copy, a hard link of the old one, stays as it was
+    pixels.write_bytes(bytes(data))
     result = cli("run", "--set", "train.epochs=1", "--set", "model.name=mlp", "--workdir", str(tmp_path))
     assert result.code == 1
     (line,) = [l for l in result.stderr.splitlines() if l.startswith("error:")]
-    assert "inputs.npy" in line and "damaged" in line and "prepare it again" in line
+    assert shard in line and "block 0" in line and "damaged" in line and "prepare it again" in line
     assert not list(tmp_path.glob("runs/*/checkpoints/*.pt"))  # nothing trained on it
     again = cli("data", "prepare", "--workdir", str(tmp_path))  # the unchanged-data path checks too
-    assert again.code == 1 and "inputs.npy" in again.stderr
+    assert again.code == 1 and shard in again.stderr
+    pixels.write_bytes(bytes(data[:-1]))  # cut short: opening the version sees it by its size
+    cut = cli("data", "prepare", "--workdir", str(tmp_path))
+    assert cut.code == 1 and shard in cut.stderr and "holds" in cut.stderr and "damaged" in cut.stderr
 
 
 def test_a_file_added_to_a_stored_version_is_refused(cli, tmp_path):
@@ -306,8 +312,10 @@ def _test_into_train(folder: Path, info: dict) -> None:
     (lambda folder, info: (_test_into_train(folder, info),
                            info["reports"].__setitem__("splits/train.txt", sha256_file(folder / "splits/train.txt"))), "splits/train.txt"),
     # the recipe written as text, so that a lax reader would skip the file checks
-    (lambda folder, info: (folder.joinpath("inputs.npy").write_bytes(folder.joinpath("inputs.npy").read_bytes()[:-1] + b"\x07"),
-                           info.__setitem__("format", "3")), "version.json"),
+    (lambda folder, info: info.__setitem__("format", "3"), "version.json"),
+    # a shard's entry edited: the version id binds the table of fields
+    (lambda folder, info: info["fields"]["label"].__setitem__("rows", 5), "manifest.csv"),
+    (lambda folder, info: info.__setitem__("fields", {}), "manifest.csv"),
     # the split verdict that gates training
     (lambda folder, info: info["achieved_split"].__setitem__("skewed", ["class '3' is skewed"]), "manifest.csv"),
     (lambda folder, info: info["normalization"]["mean"].__setitem__(0, 0.5), "manifest.csv"),
@@ -327,13 +335,13 @@ def test_a_file_changed_between_hashing_and_decoding_is_never_stored(tmp_path, m
 
     root = write_mnist_imagefolder(tmp_path / "raw", per_class=20, classes=range(2))
     victim = sorted((root / "0").iterdir())[3]
-    write_arrays = prepare.write_arrays
+    write_fields = prepare.write_fields
 
     def changing_first(*args, **kwargs):
         victim.write_bytes(png_bytes(mnist_arrays()[0][4999]))  # another digit, after the manifest hashed the file
-        return write_arrays(*args, **kwargs)
+        return write_fields(*args, **kwargs)
 
-    monkeypatch.setattr(prepare, "write_arrays", changing_first)
+    monkeypatch.setattr(prepare, "write_fields", changing_first)
     with pytest.raises(RunFailed, match=f"0/{victim.name} changed while preparing"):
         prepare_folder(root, tmp_path)
     assert not list((tmp_path / ".veritrain" / "data").glob("[0-9a-f]*"))

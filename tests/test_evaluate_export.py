@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from veritrain.data.identity import load_version
 from veritrain.records.record import read_record
 
 from conftest import in_process_run
@@ -186,7 +187,7 @@ def test_model_json_describes_architecture_and_source_mapping(full_run):
     from veritrain.data.sources import bundled_digits
 
     values, _, _ = bundled_digits()
-    inputs = np.load(Path(json.loads((run_dir / "record.json").read_text())["data"]["path"]) / "inputs.npy")
+    inputs = np.asarray(load_version(Path(json.loads((run_dir / "record.json").read_text())["data"]["path"])).inputs)
     table = np.array(mapping["table"], dtype=np.uint8)
     assert len(table) == 17 and table[8] == 128 and table[16] == 255
     assert np.array_equal(np.sort(np.unique(inputs)), np.sort(np.unique(table[values.astype(int)])))
@@ -342,7 +343,7 @@ def _digit_inputs(run_dir: Path, tmp_path: Path, n: int = 64) -> Path:
     """`n` digits of the data version preprocessed with numpy as model.json says: x / 255, (x - mean) / std, HWC → CHW."""
     record = json.loads((run_dir / "record.json").read_text())
     prep = json.loads((run_dir / "export" / "model.json").read_text())["preprocessing"]
-    images = np.load(Path(record["data"]["path"]) / "inputs.npy")[:n].astype(np.float32) / 255.0
+    images = np.asarray(load_version(Path(record["data"]["path"])).inputs)[:n].astype(np.float32) / 255.0
     x = ((images - np.float32(prep["mean"][0])) / np.float32(prep["std"][0])).transpose(0, 3, 1, 2)
     np.save(tmp_path / "inputs.npy", np.ascontiguousarray(x, dtype=np.float32))
     return tmp_path / "inputs.npy"
@@ -470,7 +471,7 @@ def test_predict_matches_eval_on_digit_pngs(cli, full_run, tmp_path, monkeypatch
     with open(out / "predictions.csv", newline="") as f:
         expected = {r["sample_id"]: r["prediction"] for r in csv.DictReader(f)}
     info_dir = Path(record["data"]["path"])
-    inputs = np.load(info_dir / "inputs.npy")
+    inputs = np.asarray(load_version(info_dir).inputs)
     with open(info_dir / "manifest.csv", newline="") as f:
         ids = [r["sample_id"] for r in csv.DictReader(f) if r["status"] == "ok"]
     files = []

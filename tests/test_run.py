@@ -70,7 +70,21 @@ def test_record_holds_the_contract_fields(fast_run):
 # giving the same config hash and data version id, or every earlier run would stop reusing and comparing.
 PINNED_DEFAULT_CONFIG_HASH = "57a87ab75d2a4e3991b425ccc551b3832587d1d44c44191293ea037d929636b7"
 PINNED_SMALL_RUN_CONFIG_HASH = "111d0325f8583bbdb1e95f7d1d6595f743f07eac05a8efb51dbb92e68051e631"
-PINNED_DIGITS_DATA_VERSION = "b84e2e83237b19c3b86cefff36f184045c8da8d88bdeea041f980d022e80e460"  # data recipe 6
+PINNED_DIGITS_DATA_VERSION = "3bce7ff84f22278b80944fd421e687d8c92148f9d995fa9194841e5fd3636cf2"  # data recipe 7
+# the bundled digits' version id under each data recipe this veritrain still writes (a test stands in for an earlier one)
+PINNED_DIGITS_BY_RECIPE = {6: "b84e2e83237b19c3b86cefff36f184045c8da8d88bdeea041f980d022e80e460", 7: PINNED_DIGITS_DATA_VERSION}
+
+
+@pytest.mark.parametrize("recipe", sorted(PINNED_DIGITS_BY_RECIPE))
+def test_each_data_recipe_gives_the_digits_its_pinned_version_id(recipe, tmp_path, monkeypatch):
+    from veritrain.data import identity, prepare
+
+    cfg = load_config(None, []).config
+    monkeypatch.setattr(identity, "FORMAT_VERSION", recipe)  # every reader looks the recipe up there
+    version = prepare.run(cfg.data, {}, tmp_path / ".veritrain")
+    assert version.version == PINNED_DIGITS_BY_RECIPE[recipe] and version.info["format"] == recipe
+    assert (version.path / "inputs.npy").exists() == (recipe < identity.FIELDS_SINCE)
+    assert int(version.targets[0]) == 0 and version.inputs.shape == (1797, 8, 8, 1) and len(version.sample_ids) == 1797
 
 
 def test_config_hash_and_data_version_id_are_unchanged_for_the_same_inputs(fast_run):

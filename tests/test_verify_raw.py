@@ -58,6 +58,7 @@ def test_unchanged_raw_data_is_told_from_its_hashes_without_decoding_under_eithe
     monkeypatch.setattr(validate, "headers_for", no_decoding)
     monkeypatch.setattr(validate, "checks_for", no_decoding)
     monkeypatch.setattr(validate, "decode_into", no_decoding)
+    monkeypatch.setattr(validate, "decoded", no_decoding)
     for version, samples in ((folder["current"], 24), (folder["earlier"], 26)):
         raw = prepare.raw_data_check(folder["cfg"], folder["paths"], version.path, folder["state"] / "data")
         assert raw.unchanged and raw.files and raw.samples == samples and raw.changed is None, raw

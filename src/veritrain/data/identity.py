@@ -9,6 +9,7 @@ replacement (a test standing in for an earlier recipe or other decoders) is seen
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -23,6 +24,7 @@ import numpy as np
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import sha256_file, sha256_json
 from veritrain.data.report import card_gaps, card_warnings
+from veritrain.data.shards import BLOCK, FieldSpec, ShardError, array_of
 from veritrain.data.split import SPLITS
 
 log = logging.getLogger("veritrain")
@@ -42,8 +44,16 @@ if TYPE_CHECKING:
 # former version's samples by content hash as well as by key (a renamed id keeps its former split); time splits
 # order samples by the instant each timestamp parses to (split.parse_instant; a value that is not a timestamp is a
 # `bad_timestamp` finding), the formats read recorded with the achieved split. Runs made with an earlier recipe
-# keep the version it prepared (see `run`'s `recorded`).
-FORMAT_VERSION = 6
+# keep the version it prepared (see `run`'s `recorded`). 7: the inputs, labels, groups and timestamps are fields in
+# shards (data/shards.py, docs/shards.md) that version.json lists and the id binds (`fields`), kept once in the
+# workspace's shard store and linked into each version that holds them; opening a version checks its small files and
+# each shard's presence and size, and every block is checked when it is read.
+FORMAT_VERSION = 7
+FIELDS_SINCE = 7  # the first recipe whose inputs and targets are fields in shards (earlier: inputs.npy, targets.npy)
+FIELDS_FOLDER = "fields"  # where such a version holds its shards: fields/<id[:2]>/<id>, linked from the store
+SHARD_STORE = "shards"  # the workspace's store of shards, in its `.veritrain/`: each shard once, whichever versions hold it
+INPUT_FIELDS = ("image", "features")  # the field a version's `inputs` reads: decoded pixels, or an array source's rows
+IN_MEMORY_BYTES = 256 << 20  # an inputs field up to this size is read whole when opened (every block checked once)
 
 
 BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "inputs.npy", "targets.npy")
@@ -52,7 +62,10 @@ BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val
 BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files", "achieved_split")
 
 
-BOUND_INFO_SINCE = {"listing_sha256": 5}  # parts of version.json bound from a recipe on (earlier versions keep their ids)
+FIELD_BOUND_FILES = BOUND_FILES[:5]  # recipe 7 on: the files beside the fields (which version.json's `fields` binds)
+
+
+BOUND_INFO_SINCE = {"listing_sha256": 5, "fields": FIELDS_SINCE}  # parts of version.json bound from a recipe on (earlier versions keep their ids)
 
 
 CARD_FILE = "card.json"  # the data card: beside the version, editable, outside every hash
@@ -66,8 +79,39 @@ TEXT_BOUND_INFO = ("kind", "counts", "tokens", "bytes", "tokenizer", "files", "r
 
 
 def bound_files(info: dict[str, Any]) -> tuple[str, ...]:
-    """The files a stored version's id binds (recipe 3 on), by its kind."""
-    return TEXT_BOUND_FILES if info.get("kind") == "text" else BOUND_FILES
+    """The files a stored version's id binds by their SHA-256 (recipe 3 on), by its kind and recipe; from recipe 7 on
+    its shards are bound through `fields` instead (`shard_files`)."""
+    if info.get("kind") == "text":
+        return TEXT_BOUND_FILES
+    return FIELD_BOUND_FILES if (recipe_of(info) or 0) >= FIELDS_SINCE else BOUND_FILES
+
+
+def has_fields(info: dict[str, Any]) -> bool:
+    """Whether a stored version's recipe keeps its data in fields (recipe 7 on, not a text version): the recipe it
+    declares decides, never whether a `fields` table happens to be there."""
+    return info.get("kind") != "text" and (recipe_of(info) or 0) >= FIELDS_SINCE
+
+
+def field_specs(info: dict[str, Any]) -> dict[str, FieldSpec]:
+    """The fields version.json lists, each checked (`FieldSpec.from_dict`; ShardError when one is malformed), with an
+    inputs field (INPUT_FIELDS) and `label`."""
+    table = info.get("fields")
+    if not isinstance(table, dict):
+        raise ShardError("version.json: `fields` is not a table of fields")
+    specs = {name: FieldSpec.from_dict(name, spec) for name, spec in table.items()}
+    if not any(name in specs for name in INPUT_FIELDS) or "label" not in specs:
+        raise ShardError(f"version.json: `fields` lacks {' or '.join(INPUT_FIELDS)} or label")
+    rows = {spec.rows for spec in specs.values()}
+    if len(rows) != 1:
+        raise ShardError(f"version.json: its fields hold different numbers of rows ({', '.join(f'{n} {s.rows}' for n, s in specs.items())})")
+    return specs
+
+
+def shard_files(info: dict[str, Any]) -> list[str]:
+    """The shard files of a version's fields, as paths inside the version (`fields/<id[:2]>/<id>`); none before recipe 7."""
+    if not has_fields(info):
+        return []
+    return sorted({f"{FIELDS_FOLDER}/{entry.id[:2]}/{entry.id}" for spec in field_specs(info).values() for entry in spec.shards})
 
 
 @dataclass
@@ -212,7 +256,8 @@ def check_version(path: Path) -> None:
     identity = tuple((name, *_identity(path / name)) for name in names)
     if _checked.get(str(path)) == identity:
         return
-    problems = data_version_problems(path.name, lambda name: (path / name).read_bytes(), lambda name: sha256_file(path / name), names)
+    problems = data_version_problems(path.name, lambda name: (path / name).read_bytes(), lambda name: sha256_file(path / name), names,
+                                     size_of=lambda name: (path / name).stat().st_size)
     if problems:
         first = problems[0]
         raise RunFailed(f"{path / first['path']}: data version {path.name[:12]} is damaged ({first['detail']}); nothing was trained on it: "
@@ -234,8 +279,13 @@ def load_version(path: Path) -> DataVersion:
         return _load_text_version(path, info)
     with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
         placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
-    inputs = np.load(path / "inputs.npy", mmap_mode="r")
-    targets = np.load(path / "targets.npy", mmap_mode="r")
+    if has_fields(info):  # read from checked blocks: a small inputs field whole now, a large one as rows are asked for
+        specs = field_specs(info)
+        inputs = array_of(specs[next(name for name in INPUT_FIELDS if name in specs)], path / FIELDS_FOLDER, IN_MEMORY_BYTES)
+        targets = array_of(specs["label"], path / FIELDS_FOLDER, 1 << 62)
+    else:
+        inputs = np.load(path / "inputs.npy", mmap_mode="r")
+        targets = np.load(path / "targets.npy", mmap_mode="r")
     if len(inputs) != len(placed) or len(targets) != len(placed) or any(split not in SPLITS for _, split in placed):
         raise RunFailed(f"{path / 'manifest.csv'}: data version {path.name[:12]} does not match its arrays ({len(placed)} placed samples, "
                         f"{len(inputs)} rows); remove {path} and prepare it again, or import its run again")
@@ -289,7 +339,7 @@ REPORT_NAME = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")  # a relative pa
 
 
 def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of: Callable[[str], str],
-                          names: Optional[list[str]] = None) -> list[dict[str, str]]:
+                          names: Optional[list[str]] = None, size_of: Optional[Callable[[str], int]] = None) -> list[dict[str, str]]:
     """Whether a prepared data version is intact, wherever its files are (a workspace folder for
     verify and every command that opens it, an archive's members for import): version.json and
     manifest.csv readable, the manifest and (recipe 3 on) every bound file hashing to `version`, the report
@@ -298,9 +348,10 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
     `read` and `sha256_of` take a file name inside the version and raise OSError or KeyError when
     it is missing. Returns [{"path" (inside the version), "kind", "detail"}], empty when intact.
     Versions of recipe 2 and before bind only the manifest; their arrays are checked against version.json.
+    The shards of a version's fields (recipe 7 on) are read and every block hashed; with `size_of` (opening a version,
+    whose reader checks each block it reads) only their presence and size are checked.
     """
-    def changed(name: str, detail: str) -> dict[str, str]:
-        return {"path": name, "kind": "data_version_changed", "detail": detail}
+    changed = _changed
 
     try:
         info = json.loads(read("version.json"))
@@ -339,7 +390,8 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
             return problems + [changed("version.json", "its tables of files are missing or malformed")]
         # a report is any other plain file of the folder: never one the id binds, never a path that leaves it
         odd = [name for name in reports if not isinstance(name, str) or name in set(bound) | {"version.json", CARD_FILE}
-               or not REPORT_NAME.fullmatch(name) or {".", ".."} & set(name.split("/")) or not isinstance(reports[name], str)]
+               or not REPORT_NAME.fullmatch(name) or {".", ".."} & set(name.split("/")) or not isinstance(reports[name], str)
+               or name.startswith(FIELDS_FOLDER + "/")]
         if odd:
             return problems + [changed("version.json", f"its table of reports names {str(odd[0])[:60]!r}, which is not a report file")]
         expected = {name: entry.get("sha256") for name, entry in files.items()} | reports
@@ -355,10 +407,39 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
             continue
         if not intact:
             problems.append(changed(name, f"{name} does not match its sha256 in version.json"))
+    shards: dict[str, Any] = {}
+    if has_fields(info):
+        try:
+            shards = {f"{FIELDS_FOLDER}/{e.id[:2]}/{e.id}": e for spec in field_specs(info).values() for e in spec.shards}
+        except ShardError as err:
+            return problems + [changed("version.json", f"its table of fields is malformed ({err})")]
+        for name, entry in sorted(shards.items()):
+            problems += _shard_problems(name, entry, read, size_of)
     if recipe3 and names is not None:
-        for name in sorted(set(names) - set(expected) - {"version.json", CARD_FILE}):
+        for name in sorted(set(names) - set(expected) - set(shards) - {"version.json", CARD_FILE}):
             problems.append(changed(name, f"{name} is not part of the data version"))
     return problems
+
+
+def _changed(name: str, detail: str) -> dict[str, str]:
+    return {"path": name, "kind": "data_version_changed", "detail": detail}
+
+
+def _shard_problems(name: str, entry: Any, read: Callable[[str], bytes], size_of: Optional[Callable[[str], int]]) -> list[dict[str, str]]:
+    """One shard file against its entry: every block hashed, or with `size_of` its size alone."""
+    try:
+        if size_of is not None:
+            size = size_of(name)
+            return [] if size == entry.size else [_changed(name, f"{name} holds {size} bytes, its entry in version.json {entry.size}")]
+        data = memoryview(read(name))
+    except (OSError, KeyError):
+        return [_changed(name, f"{name} is missing")]
+    if len(data) != entry.size:
+        return [_changed(name, f"{name} holds {len(data)} bytes, its entry in version.json {entry.size}")]
+    for index, digest in enumerate(entry.blocks):
+        if hashlib.sha256(data[index * BLOCK:(index + 1) * BLOCK]).hexdigest() != digest:
+            return [_changed(name, f"{name}: block {index} does not match its SHA-256 in version.json")]
+    return []
 
 
 def data_summary(data: DataVersion) -> dict[str, Any]:

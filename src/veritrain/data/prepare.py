@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
+
 from veritrain.core import locks
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_json
@@ -45,7 +47,12 @@ from veritrain.data.identity import (
     BOUND_INFO,
     BOUND_INFO_SINCE,
     CARD_FILE,
+    FIELDS_FOLDER,
+    FIELDS_SINCE,
     FORMAT_VERSION,
+    IN_MEMORY_BYTES,
+    INPUT_FIELDS,
+    SHARD_STORE,
     DataVersion,
     carried_test_from,
     check_version,
@@ -60,6 +67,7 @@ from veritrain.data.identity import (
     version_id,
     version_id_of_manifest,
 )
+from veritrain.data.shards import array_of
 from veritrain.data.sources import FILES_OF, FileListing, load_source
 from veritrain.data.store import (
     ARRAY_CHUNK,
@@ -73,6 +81,7 @@ from veritrain.data.store import (
     seal_version,
     write_arrays,
     write_data_card,
+    write_fields,
     write_version,
 )
 from veritrain.data.table import (
@@ -302,9 +311,9 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     (tmp / "splits").mkdir(parents=True)
     try:
         t = time.perf_counter()
-        write_arrays(tmp, rows, table, source, data_cfg, target, classes, workers)
-        timings["decode"] = time.perf_counter() - t
-        info = write_version(tmp, data_cfg, table, classes, assigned, rows, preprocessing, origin, units)
+        inputs, info = _write_data(tmp, workspace_state / SHARD_STORE, rows, assigned, table, source, data_cfg, target, classes, workers,
+                                   (preprocessing, origin, units))
+        timings["decode"] = time.perf_counter() - t  # with the manifest and split lists
         info["achieved_split"] = achieved
         if identity.FORMAT_VERSION >= BOUND_INFO_SINCE["listing_sha256"]:
             info["listing_sha256"] = listing_sha256(table, source)
@@ -323,7 +332,7 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
             report.write(tmp, info, [f.as_dict() for f in table.findings],
                          [{"sample_id": table.ids[i], "kind": f.kind, "reason": f.reason} for i, f in sorted(table.excluded.items())],
                          headers, leakage_pairs, achieved, label_method, {k: round(v, 4) for k, v in timings.items()}, card,
-                         picture_lookup(tmp, table, rows))
+                         picture_lookup(inputs, table, rows))
             seal_version(tmp, info, card)
             try:
                 os.rename(tmp, final)
@@ -340,6 +349,25 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     if former_dir is None:  # without data.test_from: say when a test split moved
         _moved_out_of_test(store, version, preprocessing, samples)
     return loaded
+
+
+def _write_data(out: Path, shard_store: Path, rows: list[int], assigned: dict[int, str], table: Table, source: Source, data_cfg: DataConfig,
+                target: dict[str, Any], classes: Optional[list[str]], workers: int,
+                described: tuple[dict[str, Any], dict[str, Any], list[Any]]) -> tuple[Any, dict[str, Any]]:
+    """The placed rows' data as this recipe writes it, fields in shards (recipe 7 on) or the arrays inputs.npy and
+    targets.npy, and the manifest and split lists beside it (`write_version`, given the preprocessing, origin and
+    units `described`); returns the inputs as written, for reading back, and version.json's content so far."""
+    if identity.FORMAT_VERSION < FIELDS_SINCE:  # an earlier recipe, as a test standing in for one sets it
+        inputs, targets = write_arrays(out, rows, table, source, data_cfg, target, classes, workers)
+        return inputs, write_version(out, data_cfg, table, classes, assigned, rows, *described, inputs, targets)
+    train = np.array([assigned[i] == "train" for i in rows], dtype=bool)
+    fields, histogram = write_fields(out, shard_store, rows, table, source, data_cfg, target, classes, workers, train)
+    folder = out / FIELDS_FOLDER
+    inputs = array_of(fields[next(name for name in INPUT_FIELDS if name in fields)], folder, IN_MEMORY_BYTES)
+    info = write_version(out, data_cfg, table, classes, assigned, rows, *described, inputs, array_of(fields["label"], folder, 1 << 62),
+                         histogram.stats() if histogram is not None else None)
+    info["fields"] = {name: spec.as_dict() for name, spec in fields.items()}
+    return inputs, info
 
 
 def _stored_by_an_earlier_recipe(workspace_state: Path, recorded: str) -> Optional[DataVersion]:

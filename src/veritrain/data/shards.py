@@ -243,6 +243,95 @@ def _check_rows_per_shard(rows_per_shard: int) -> None:
         raise ValueError(f"rows_per_shard={rows_per_shard}; give a whole number ≥ 1")
 
 
+def link(store: Path, entry: ShardEntry, folder: Path) -> None:
+    """The shard of `entry`, kept in `store`, made part of `folder` (a data version being written) at `path_of(folder,
+    id)`: a hard link, so versions that hold the same shard share its bytes on disk (a copy where the file system has
+    no links). Nothing ever writes into a shard's file again: a store that replaces one writes a new file."""
+    source, target = path_of(store, entry.id), path_of(folder, entry.id)
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        import shutil
+
+        shutil.copyfile(source, target)
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """A field as version.json lists it: its layout (and for an `array` the dtype and shape of a row), how many rows
+    it holds, and its shards in order (every one of the field's layout and type, their rows adding up)."""
+
+    name: str
+    layout: str
+    rows: int
+    shards: tuple[ShardEntry, ...]
+    dtype: Optional[str] = None
+    shape: Optional[tuple[int, ...]] = None
+
+    @property
+    def size(self) -> int:
+        return sum(entry.size for entry in self.shards)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"layout": self.layout, "rows": self.rows}
+        if self.layout == "array":
+            out.update(dtype=self.dtype, shape=list(self.shape or ()))
+        out["shards"] = [entry.as_dict() for entry in self.shards]
+        return out
+
+    @classmethod
+    def of(cls, name: str, entries: Sequence[ShardEntry], layout: str, dtype: Optional[str] = None,
+           shape: Optional[Sequence[int]] = None) -> FieldSpec:
+        return cls(name, layout, sum(e.rows for e in entries), tuple(entries), dtype, None if shape is None else tuple(int(n) for n in shape))
+
+    @classmethod
+    def from_dict(cls, name: Any, spec: Any, where: str = "fields") -> FieldSpec:
+        """A field read from a file, each shard entry checked (`ShardEntry.from_dict`) and every one agreeing with
+        the field's layout, dtype and shape."""
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name):
+            raise ShardError(f"{where}: field name {str(name)[:40]!r} is not a lowercase word")
+        where = f"{where}.{name}"
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("shards"), list):
+            raise ShardError(f"{where}: not an object with a list of shards")
+        layout, rows = spec.get("layout"), _whole(spec.get("rows"))
+        if layout not in LAYOUTS or rows is None:
+            raise ShardError(f"{where}: layout must be one of {', '.join(LAYOUTS)} and rows a whole number ≥ 0")
+        dtype, shape = _array_type(spec.get("dtype"), spec.get("shape"), where) if layout == "array" else (None, None)
+        entries = tuple(ShardEntry.from_dict(e, f"{where}.shards[{k}]") for k, e in enumerate(spec["shards"]))
+        for k, entry in enumerate(entries):
+            if (entry.layout, entry.dtype, entry.shape) != (layout, dtype, shape):
+                raise ShardError(f"{where}.shards[{k}]: a {entry.layout} shard of {entry.shape} {entry.dtype} in a {layout} field "
+                                 f"of {shape} {dtype}")
+        if sum(e.rows for e in entries) != rows:
+            raise ShardError(f"{where}: its shards hold {sum(e.rows for e in entries)} rows, not {rows}")
+        return cls(name, str(layout), rows, entries, dtype, shape)
+
+    def reader(self, folder: Path) -> Field:
+        return Field(folder, self.shards)
+
+
+def array_of(spec: FieldSpec, folder: Path, in_memory: int) -> Any:
+    """An array field of a version in `folder`, for reading like an array: read whole into memory (every block checked
+    once, as a read-only array) when it is at most `in_memory` bytes, else a `FieldArray` that reads the rows asked for."""
+    if spec.layout != "array":
+        raise ShardError(f"field {spec.name} is a {spec.layout} field, not an array")
+    if spec.size <= in_memory:
+        if not spec.shards:
+            values = np.empty((0, *(spec.shape or ())), dtype=np.dtype(spec.dtype))
+        else:
+            field = spec.reader(folder)
+            values = field.values()
+            field.close()
+        values.flags.writeable = False
+        return values
+    if not spec.shards:
+        return np.empty((0, *(spec.shape or ())), dtype=np.dtype(spec.dtype))
+    return FieldArray(spec.reader(folder))
+
+
 # ---------------------------------------------------------------- reading
 
 
@@ -302,11 +391,11 @@ class Shard:
     def values(self) -> np.ndarray:
         """Every row of an `array` shard, read front to back with each block checked (none kept for later reads)."""
         shape, dtype = self._array_type()
-        out = bytearray(self.entry.size)
+        out = np.empty(self.entry.size, dtype=np.uint8)
         for index in range(len(self.entry.blocks)):
             block = self._fetch(index)
-            out[index * BLOCK:index * BLOCK + len(block)] = block
-        return np.frombuffer(bytes(out), dtype=np.dtype(dtype)).reshape(self.entry.rows, *shape)
+            out[index * BLOCK:index * BLOCK + len(block)] = np.frombuffer(block, dtype=np.uint8)
+        return out.view(np.dtype(dtype)).reshape(self.entry.rows, *shape)
 
     def _array_type(self) -> tuple[tuple[int, ...], str]:
         if self.entry.layout != "array" or self.entry.dtype is None:
@@ -353,12 +442,14 @@ class Shard:
             try:
                 self._fd = os.open(self.path, os.O_RDONLY)
             except OSError as err:
-                raise ShardError(f"{self.path}: cannot be read ({err.strerror or err}); the data version is incomplete") from None
+                raise ShardError(f"{self.path}: cannot be read ({err.strerror or err}): the data version that holds it is damaged; "
+                                 "remove it and prepare it again (`veritrain data prepare CONFIG`)") from None
         want = min(BLOCK, self.entry.size - index * BLOCK)
         data = os.pread(self._fd, want, index * BLOCK)
         if len(data) != want or hashlib.sha256(data).hexdigest() != self.entry.blocks[index]:
-            raise ShardError(f"{self.path}: block {index} is not the one its entry names (damaged or replaced); "
-                             "`veritrain data verify` lists every damaged block")
+            raise ShardError(f"{self.path}: block {index} is not the one its entry names: damaged or replaced; nothing was read from it: "
+                             "remove the data version that holds it and prepare it again (`veritrain data prepare CONFIG`), or import its "
+                             "run again with --with-data")
         return data
 
 
@@ -424,6 +515,8 @@ class Field:
         """Every row of an array field in one array (a field that fits in memory, read once, every block checked)."""
         if not self.shards:
             return np.empty(0)
+        if len(self.shards) == 1:
+            return self.shards[0].values()
         return np.concatenate([shard.values() for shard in self.shards])
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -19,14 +19,18 @@ from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
 from veritrain.core.secrets import redact_text
 from veritrain.core.version import __version__
-from veritrain.data import croissant, identity, split as splitting, validate
-from veritrain.data.identity import BOUND_FILES, CARD_FILE, DataVersion, preprocessing_config
+from veritrain.data import croissant, identity, shards, split as splitting, validate
+from veritrain.data.identity import CARD_FILE, FIELDS_FOLDER, DataVersion, preprocessing_config
+from veritrain.data.shards import FieldSpec
 from veritrain.data.sources import FileListing, Source
 from veritrain.data.split import SPLITS
 from veritrain.data.table import Table
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
+
+SHARD_BYTES = 8 << 20  # about this many bytes of an array field per shard (rows per shard: SHARD_BYTES // the bytes of a row)
+TEXT_ROWS_PER_SHARD = 1 << 16  # rows per shard of a text field (group, timestamp)
 
 MANIFEST_COLUMNS = ("sample_id", "size", DATA_HASH_ALGORITHM, "label", "split", "status", "key", "unit")
 
@@ -68,9 +72,9 @@ def made_from(data: DataVersion, data_cfg: DataConfig, source: Source, table: Ta
     return rows == list(zip(table.ids, table.hashes, table.labels, table.source_ids))
 
 
-def picture_lookup(folder: Path, table: Table, rows: list[int]) -> Callable[[str], Optional[np.ndarray]]:
-    """sample id → its picture for the report's gallery: the decoded row, or the thumbnail of a quarantined one."""
-    inputs = np.load(folder / "inputs.npy", mmap_mode="r")
+def picture_lookup(inputs: Any, table: Table, rows: list[int]) -> Callable[[str], Optional[np.ndarray]]:
+    """sample id → its picture for the report's gallery: the decoded row of `inputs` (the version's inputs, row by
+    placed sample), or the thumbnail of a quarantined one."""
     row_of = {table.ids[i]: k for k, i in enumerate(rows)}
     index_of = {sid: i for i, sid in enumerate(table.ids)}
 
@@ -82,7 +86,7 @@ def picture_lookup(folder: Path, table: Table, rows: list[int]) -> Callable[[str
 
 
 def write_arrays(out: Path, rows: list[int], table: Table, source: Source, cfg: DataConfig, target: dict[str, Any],
-                  classes: Optional[list[str]], workers: int) -> None:
+                  classes: Optional[list[str]], workers: int) -> tuple[np.ndarray, np.ndarray]:
     """inputs.npy and targets.npy of the placed rows, written through a memory map: file samples are decoded
     straight into it by worker processes, array samples copied in chunks, so memory holds no second copy."""
     from numpy.lib.format import open_memmap
@@ -106,12 +110,107 @@ def write_arrays(out: Path, rows: list[int], table: Table, source: Source, cfg: 
     else:
         targets = np.array([float(table.label(i)) for i in rows], dtype=np.float32)
     np.save(out / "targets.npy", targets)
+    return np.load(out / "inputs.npy", mmap_mode="r"), targets
+
+
+def write_fields(out: Path, shard_store: Path, rows: list[int], table: Table, source: Source, cfg: DataConfig, target: dict[str, Any],
+                 classes: Optional[list[str]], workers: int, train: np.ndarray) -> tuple[dict[str, FieldSpec], Optional[PixelHistogram]]:
+    """The placed rows' fields (data recipe 7 on), written as their rows come into shards of `shard_store` and linked
+    into `out/fields/` (`shards.link`): the inputs (`image`: decoded pixels, uint8 H×W×C; `features`: an array
+    source's rows of another type), `label` (the class index, or the value of a regression target) and, where the
+    source gives them, `group` and `timestamp` (UTF-8). Memory holds one shard per field. Returns the fields and, for
+    uint8 inputs, the histogram of the pixels of the rows `train` marks (normalization_stats from it)."""
+    keys = [table.ids[i] for i in rows]
+    if isinstance(source, FileListing):
+        name, dtype, shape = "image", np.dtype(np.uint8), tuple(target["shape"])
+        h, w, c = shape
+        params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, near_duplicates=False)
+        values: Iterable[Optional[np.ndarray]] = validate.decoded([(str(table.paths[i]), str(table.hashes[i])) for i in rows], params, workers)
+    else:
+        dtype, shape = source.inputs.dtype, tuple(source.inputs.shape[1:])
+        name = "image" if dtype == np.uint8 and len(shape) == 3 else "features"
+        values = (row for start in range(0, len(rows), ARRAY_CHUNK) for row in source.inputs[rows[start : start + ARRAY_CHUNK]])
+    row_bytes = max(1, dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
+    inputs = shards.FieldWriter(shard_store, "array", max(1, SHARD_BYTES // row_bytes))
+    histogram = PixelHistogram(shape[-1] if shape else 1) if dtype == np.uint8 else None
+    for k, (key, value) in enumerate(zip(keys, values)):
+        if value is None:
+            raise RunFailed(f"data: {key} changed while preparing (its bytes or its decoding); prepare again, with --rehash if the file kept "
+                            "its size and time (`veritrain data prepare CONFIG --rehash`)")
+        inputs.add(key, value)
+        if histogram is not None and train[k]:
+            histogram.add(value)
+    fields = {name: shards.FieldSpec.of(name, inputs.close(), "array", np.dtype(dtype).newbyteorder("<").str, shape)}
+    if classes is not None:
+        class_index = {c: k for k, c in enumerate(classes)}
+        labels = np.array([class_index[table.label(i)] for i in rows], dtype=np.int64)
+    else:
+        labels = np.array([float(table.label(i)) for i in rows], dtype=np.float32)
+    fields["label"] = _array_field(shard_store, "label", keys, labels)
+    for text_name, column in (("group", table.groups), ("timestamp", table.timestamps)):
+        if any(column[i] is not None for i in rows):
+            writer = shards.FieldWriter(shard_store, "blob", TEXT_ROWS_PER_SHARD)
+            for key, i in zip(keys, rows):
+                writer.add(key, (column[i] or "").encode("utf-8"))
+            fields[text_name] = shards.FieldSpec.of(text_name, writer.close(), "blob")
+    for spec in fields.values():
+        for entry in spec.shards:
+            shards.link(shard_store, entry, out / FIELDS_FOLDER)
+    return fields, histogram
+
+
+def _array_field(shard_store: Path, name: str, keys: list[str], values: np.ndarray) -> FieldSpec:
+    writer = shards.FieldWriter(shard_store, "array", max(1, SHARD_BYTES // max(1, values[:1].nbytes)))
+    for key, value in zip(keys, values):
+        writer.add(key, value)
+    return shards.FieldSpec.of(name, writer.close(), "array", values.dtype.newbyteorder("<").str, values.shape[1:])
+
+
+class PixelHistogram:
+    """How often each uint8 value occurs per channel (last axis) over the rows added: their sums, and so the mean and
+    standard deviation, follow exactly, whatever order the rows come in. Rows are counted about 1 MiB at a time."""
+
+    def __init__(self, channels: int) -> None:
+        self.counts = np.zeros((channels, 256), dtype=np.int64)
+        self._pending: list[np.ndarray] = []
+        self._pending_bytes = 0
+
+    def add(self, row: np.ndarray) -> None:
+        self._pending.append(np.asarray(row))
+        self._pending_bytes += row.nbytes
+        if self._pending_bytes >= 1 << 20:
+            self._count()
+
+    def add_rows(self, rows: np.ndarray) -> None:
+        self._pending.append(np.asarray(rows))
+        self._count()
+
+    def _count(self) -> None:
+        if self._pending:
+            values = np.concatenate([p.reshape(-1) for p in self._pending]).reshape(-1, len(self.counts))
+            for c in range(len(self.counts)):
+                self.counts[c] += np.bincount(values[:, c], minlength=256)
+        self._pending, self._pending_bytes = [], 0
+
+    def stats(self) -> dict[str, Any]:
+        """Per-channel mean and std of the values scaled to [0, 1]: each one correctly rounded division and square root
+        of exact integer sums, so the figures are equal on every machine."""
+        self._count()
+        values = np.arange(256, dtype=np.int64)
+        total = [int(h @ values) for h in self.counts]
+        squares = [int(h @ (values * values)) for h in self.counts]
+        count = int(self.counts[0].sum()) if len(self.counts) else 0
+        mean = [t / (255 * count) if count else 0.0 for t in total]
+        std = [math.sqrt(count * q - t * t) / (255 * count) if count else 0.0 for t, q in zip(total, squares)]
+        return {"scale": "x / 255", "mean": mean, "std": std, "computed_on": "train"}
 
 
 def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[list[str]], assigned: dict[int, str],
-                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit]) -> dict[str, Any]:
-    """manifest.csv, quarantine.csv and the split lists beside the arrays; returns version.json's content
-    (without the id, which hashes it)."""
+                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit],
+                   inputs: Any, targets: np.ndarray, normalization: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """manifest.csv, quarantine.csv and the split lists beside the inputs and targets written (row by placed sample);
+    returns version.json's content (without the id, which hashes it). `normalization`: the train statistics when
+    they were counted while writing, else computed here from `inputs`."""
     unit_of = {i: unit.key for unit in units for i in unit.members}
     with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
@@ -132,8 +231,6 @@ def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[li
         ids = [table.ids[i] for i in rows if assigned[i] == name]
         (out / "splits" / f"{name}.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
 
-    inputs = np.load(out / "inputs.npy", mmap_mode="r")
-    targets = np.load(out / "targets.npy")
     row_splits = np.array([assigned[i] for i in rows])
     counts = {s: int((row_splits == s).sum()) for s in SPLITS}
     per_class = None
@@ -152,11 +249,12 @@ def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[li
         "input_shape": list(inputs.shape[1:]),
         "input_dtype": str(inputs.dtype),
         "target_dtype": str(targets.dtype),
-        "normalization": normalization_stats(inputs, np.flatnonzero(row_splits == "train")),
+        "normalization": normalization or normalization_stats(inputs, np.flatnonzero(row_splits == "train")),
         "origin": origin,
         "decoders": identity.decoder_versions(),
         # every file training reads, bound to the version id through `content_hash`
-        "files": {name: {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)} for name in BOUND_FILES},
+        "files": {name: {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
+                  for name in identity.bound_files({"format": identity.FORMAT_VERSION})},
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -164,7 +262,7 @@ def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[li
 def seal_version(out: Path, info: dict[str, Any], card: dict[str, Any]) -> None:
     """version.json, with the table of the report files written beside the bound ones (checked on every open,
     though outside the id: reports hold timings and drawings that differ between machines)."""
-    seal_reports(out, info, set(BOUND_FILES) | {"version.json", CARD_FILE}, card)
+    seal_reports(out, info, set(identity.bound_files(info)) | set(identity.shard_files(info)) | {"version.json", CARD_FILE}, card)
 
 
 CROISSANT_FILE = "croissant.json"  # the version's MLCommons Croissant record, as the card was when it was prepared
@@ -220,16 +318,8 @@ def normalization_stats(inputs: np.ndarray, train_rows: np.ndarray) -> dict[str,
     if inputs.dtype != np.uint8:
         values = np.asarray(inputs[train_rows], dtype=np.float64).reshape(-1, channels)
         return {"scale": "x", "mean": values.mean(axis=0).tolist(), "std": values.std(axis=0).tolist(), "computed_on": "train"}
-    histogram = np.zeros((channels, 256), dtype=np.int64)  # how often each value occurs: the sums follow exactly
+    histogram = PixelHistogram(channels)  # how often each value occurs: the sums follow exactly
     rows_at_once = max(1, (1 << 20) // max(1, int(np.prod(inputs.shape[1:]))))  # 1 MiB of pixels (bincount copies them as int64)
     for start in range(0, len(train_rows), rows_at_once):
-        chunk = np.asarray(inputs[train_rows[start : start + rows_at_once]]).reshape(-1, channels)
-        for c in range(channels):
-            histogram[c] += np.bincount(chunk[:, c], minlength=256)
-    values = np.arange(256, dtype=np.int64)
-    total = [int(h @ values) for h in histogram]
-    squares = [int(h @ (values * values)) for h in histogram]
-    count = len(train_rows) * (int(np.prod(inputs.shape[1:])) // channels)
-    mean = [t / (255 * count) if count else 0.0 for t in total]
-    std = [math.sqrt(count * q - t * t) / (255 * count) if count else 0.0 for t, q in zip(total, squares)]
-    return {"scale": "x / 255", "mean": mean, "std": std, "computed_on": "train"}
+        histogram.add_rows(np.asarray(inputs[train_rows[start : start + rows_at_once]]))
+    return histogram.stats()

@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -325,12 +325,19 @@ def decode_into(out: np.ndarray, files: list[tuple[str, str]], params: CheckPara
     processes that hand back one batch at a time. The bytes decoded are the bytes hashed: returns the rows
     whose file changed since it was listed, or no longer decodes."""
     failed = []
-    for row, array in _in_parallel(_decode_batch, [(row, path, digest) for row, (path, digest) in enumerate(files)], workers, params):
+    for row, array in enumerate(decoded(files, params, workers)):
         if array is None:
             failed.append(row)
         else:
             out[row] = array
     return failed
+
+
+def decoded(files: list[tuple[str, str]], params: CheckParams, workers: int) -> Iterator[Optional[np.ndarray]]:
+    """Each (path, BLAKE3 content hash) decoded as `decode_into` decodes it, in the order given (None: the file changed
+    since it was listed, or no longer decodes), so a writer can take the rows as they come."""
+    for _, array in _in_parallel(_decode_batch, [(row, path, digest) for row, (path, digest) in enumerate(files)], workers, params):
+        yield array
 
 
 def _decode_batch(items: list[tuple[int, str, str]], params: CheckParams) -> list[tuple[int, Optional[np.ndarray]]]:

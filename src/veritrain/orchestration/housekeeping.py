@@ -21,6 +21,7 @@ from veritrain.core import locks
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.task_registry import task_target
+from veritrain.data.identity import FIELDS_FOLDER, SHARD_STORE
 from veritrain.records import amendments, journal, registry
 from veritrain.records.record import OMITTED_FILE, Record, capture_code, read_record
 from veritrain.records.recorder import amending
@@ -272,15 +273,26 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     referenced |= _test_splits_carried_over(workspace.state_dir / "data", referenced)
     if keep_data:
         log.warning("gc: keeping every data version: %s", keep_data)
-    for version_dir in sorted((workspace.state_dir / "data").glob("*")) if (workspace.state_dir / "data").exists() and not keep_data else []:
-        if version_dir.name.startswith(".") or version_dir.name in referenced:
-            continue
-        freed += sum(p.stat().st_size for p in version_dir.rglob("*") if p.is_file())
+    versions = sorted(v for v in (workspace.state_dir / "data").glob("*") if not v.name.startswith(".")) if (workspace.state_dir / "data").exists() else []
+    doomed_versions = [] if keep_data else [v for v in versions if v.name not in referenced]
+    kept_shards = {shard.name for v in versions if v not in doomed_versions for shard in (v / FIELDS_FOLDER).glob("*/*")}
+    store = workspace.state_dir / SHARD_STORE
+    for version_dir in doomed_versions:
+        # a shard another version holds frees nothing; one the store keeps is counted when the store's copy goes
+        freed += sum(p.stat().st_size for p in version_dir.rglob("*") if p.is_file() and not (
+            p.parent.parent.name == FIELDS_FOLDER and (p.name in kept_shards or (store / p.parent.name / p.name).exists())))
         removed.append(str(version_dir.relative_to(workspace.root)))
         if not dry_run:  # gone at once under its name; a kill during the deletion leaves a temp folder for the next gc
             doomed = version_dir.with_name(f".tmp-gc-{uuid.uuid4().hex}")
             version_dir.rename(doomed)
             shutil.rmtree(doomed)
+    # the store's shards that no version kept holds (a version links each shard it holds from the store)
+    for shard in sorted(store.glob("*/*")) if store.exists() and not keep_data else []:
+        if shard.name not in kept_shards:
+            freed += shard.stat().st_size
+            removed.append(str(shard.relative_to(workspace.root)))
+            if not dry_run:
+                shard.unlink(missing_ok=True)
     for lock in sorted((workspace.state_dir / "locks").glob("*.lock")) if (workspace.state_dir / "locks").exists() else []:
         if workspace.lock_is_stale(lock.stem):  # removed only while gc holds it itself: never one a process takes meanwhile
             if dry_run or locks.remove_if_free(lock):

@@ -34,7 +34,8 @@ from typing import Any, BinaryIO, Optional
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import sha256_file
-from veritrain.data.identity import data_version_problems
+from veritrain.data.identity import FIELDS_FOLDER, data_version_problems, field_specs, has_fields
+from veritrain.data.shards import ShardError
 from veritrain.records import amendments
 from veritrain.records.record import (
     NOTES_FILE,
@@ -272,7 +273,13 @@ def _declared_data_sizes(version_json: bytes) -> Optional[dict[str, int]]:
     files = info.get("files") if isinstance(info, dict) else None
     if not isinstance(files, dict) or not all(isinstance(e, dict) and isinstance(e.get("size"), int) and e["size"] >= 0 for e in files.values()):
         return None
-    return {name: entry["size"] for name, entry in files.items()}
+    sizes = {name: entry["size"] for name, entry in files.items()}
+    if has_fields(info):  # its shards, sized by their entries (checked whole against the id after unpacking)
+        try:
+            sizes |= {f"{FIELDS_FOLDER}/{e.id[:2]}/{e.id}": e.size for spec in field_specs(info).values() for e in spec.shards}
+        except ShardError:
+            return None
+    return sizes
 
 
 def _unpack_checked(archive: Path, staging: Path) -> tuple[str, dict[str, tuple[str, int]], dict[str, dict[str, Any]], Optional[str]]:
@@ -390,6 +397,7 @@ def _unpack_members(tar: tarfile.TarFile, stream: _MeteredGzip, archive: Path,
                 pools["data"] = data_bytes  # no usable sizes (recipe 2, or damaged: reported after unpacking)
             else:
                 data_bytes = sum(data_sizes.values())
+                member_cap = min(MAX_MEMBERS, member_cap + 2 * len(data_sizes))  # a version with many shards
                 set_stream_limit()
     if run_id is None:
         raise RunFailed(f"import: refused {archive}: it holds no run (no runs/<run_id>/record.json)")
