@@ -74,6 +74,12 @@ def loaded_rows(path: Path) -> list[tuple]:
 
 def assert_files_hash_to_their_sha256(doc: dict, version_dir: Path) -> None:
     for obj in doc["distribution"]:
+        if obj["@type"] == "cr:FileSet":  # a field's shards: bound block by block in version.json
+            info = json.loads((version_dir / "version.json").read_text(encoding="utf-8"))
+            field = info["fields"][obj["name"].removeprefix("fields/")]
+            assert obj["includes"] == [f"fields/{e['id'][:2]}/{e['id']}" for e in field["shards"]]
+            assert all((version_dir / name).stat().st_size == e["size"] for name, e in zip(obj["includes"], field["shards"]))
+            continue
         file = version_dir / obj["name"]
         assert obj["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest(), obj["name"]
         assert obj["contentSize"] == f"{file.stat().st_size} B"
@@ -133,9 +139,13 @@ def test_an_image_version_validates_and_mlcroissant_loads_its_manifest_back(digi
     assert doc["conformsTo"] == "http://mlcommons.org/croissant/1.0" and doc["@context"]["rai"] == "http://mlcommons.org/croissant/RAI/"
     assert doc["identifier"] == info["data_version"] and doc["version"] == f"0.0.0+{info['data_version']}"
     assert doc["datePublished"] == doc["dateCreated"] == info["created_at"]
-    assert [o["name"] for o in doc["distribution"]] == list(info["files"])
-    assert_files_hash_to_their_sha256(doc, digits)
-    assert all(o["contentUrl"] == str(digits.resolve() / o["name"]) for o in doc["distribution"])  # written elsewhere: absolute
+    files = [o for o in doc["distribution"] if o["@type"] == "cr:FileObject"]
+    assert [o["name"] for o in files] == list(info["files"])
+    assert [o["name"] for o in doc["distribution"] if o["@type"] == "cr:FileSet"] == ["fields/image", "fields/label"]
+    assert_files_hash_to_their_sha256(croissant.document(digits), digits)  # relative paths, inside the version
+    assert all(o["contentUrl"] == str(digits.resolve() / o["name"]) for o in files)  # written elsewhere: absolute
+    assert all(name.startswith(str(digits.resolve()) + "/fields/") for o in doc["distribution"] if o["@type"] == "cr:FileSet"
+               for name in o["includes"])
     splits = {rs["@id"]: rs for rs in doc["recordSet"]}["splits"]
     assert splits["dataType"] == "cr:Split" and [r["splits/url"] for r in splits["data"]] == ["cr:TrainingSplit", "cr:ValidationSplit", "cr:TestSplit"]
     card = json.loads((digits / "card.json").read_text())
@@ -152,7 +162,8 @@ def test_a_record_in_the_version_folder_uses_relative_paths_and_moves_with_it(di
     with pytest.raises(UserError, match="a file of the data version"):
         croissant.write(copy, out)  # never replaced: write another one elsewhere
     doc = json.loads(out.read_text(encoding="utf-8"))
-    assert all(o["contentUrl"] == o["name"] for o in doc["distribution"])
+    assert all(o["contentUrl"] == o["name"] for o in doc["distribution"] if o["@type"] == "cr:FileObject")
+    assert all(name.startswith("fields/") for o in doc["distribution"] if o["@type"] == "cr:FileSet" for name in o["includes"])
     moved = tmp_path / "moved" / digits.name
     shutil.move(copy, moved)
     assert loaded_rows(moved / "croissant.json") == manifest_rows(digits)

@@ -190,6 +190,10 @@ def test_a_field_array_is_indexed_like_the_array_it_replaces(tmp_path):
     for index in (5, -1, slice(3, 17), slice(None, None, 4), np.array([29, 0, 11, 10]), [2, 2], images[:, 0, 0, 0] > 128):
         assert np.array_equal(field[index], images[index]), index
     assert np.array_equal(np.asarray(field), images) and np.asarray(field, dtype=np.float32).dtype == np.float32
+    windows = np.array([[0, 1, 2], [27, 28, 29], [10, 11, 12]])  # a token stream's windows: across shard boundaries
+    assert np.array_equal(field[windows], images[windows])
     with pytest.raises(IndexError):
-        field[np.array([[1]])]
+        field[np.array([0.5])]
+    with pytest.raises(IndexError):
+        field[np.array([30])]
 

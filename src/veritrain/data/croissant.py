@@ -1,6 +1,6 @@
 """The MLCommons Croissant 1.0 record of a data version (`.veritrain/data/<version>/`): a schema.org Dataset with
 the data card's name, license, origin and citation, a FileObject (size, SHA-256, format) for every file the version
-binds, the RecordSets `manifest` (one record per sample: id, size, content hash, label, split, status),
+binds by its hash and a FileSet of the shards of each of its fields (data recipe 7 on), the RecordSets `manifest` (one record per sample: id, size, content hash, label, split, status),
 `quarantine` and `splits` (the cr:Split convention, with each split's count), and the Responsible-AI fields
 filled from the card and from what the data gate measured (class balance, label issues, quarantine, the secret
 and e-mail scanner), always as counts, never as the values flagged.
@@ -47,7 +47,7 @@ from typing import Any, Optional
 from veritrain.core.errors import UserError
 from veritrain.core.files import write_atomic
 from veritrain.core.hashing import sha256_file
-from veritrain.data.identity import CARD_FILE, bound_files, recipe_of
+from veritrain.data.identity import CARD_FILE, FIELDS_FOLDER, bound_files, field_specs, has_fields, recipe_of
 from veritrain.data.report import card_gaps
 from veritrain.data.split import SPLITS
 
@@ -138,7 +138,7 @@ def document(version_dir: Path, card: Optional[dict[str, Any]] = None, *, base: 
         "description": _summary(info, manifest),
         "version": f"0.0.0+{info['data_version']}",
         "identifier": info["data_version"],
-        "distribution": _file_objects(version_dir, info, base),
+        "distribution": _file_objects(version_dir, info, base) + _field_sets(info, base),
         "recordSet": [_splits_record_set(info, manifest), _manifest_record_set(info, manifest, algorithm), _quarantine_record_set()],
         "rai:dataCollectionRawData": _raw_data(info),
         "rai:dataPreprocessingProtocol": _preprocessing(info),
@@ -282,6 +282,29 @@ def _file_objects(version_dir: Path, info: dict[str, Any], base: Optional[str]) 
             "encodingFormat": ENCODING_FORMATS.get(os.path.splitext(name)[1], "application/octet-stream"),
         })
     return objects
+
+
+def _field_sets(info: dict[str, Any], base: Optional[str]) -> list[dict[str, Any]]:
+    """A FileSet per field of the version (recipe 7 on): its shard files (under `base` as contentUrls are), which
+    version.json's `fields` binds block by block (docs/shards.md; a shard's file has no one SHA-256 of its own there,
+    so the FileSet names none)."""
+    prefix = "" if base is None else base.rstrip("/") + "/"
+    if not has_fields(info):
+        return []
+    sets = []
+    for name, spec in field_specs(info).items():
+        shape = f"{spec.shape} {spec.dtype} " if spec.layout == "array" else "UTF-8 text "
+        sets.append({
+            "@type": "cr:FileSet",
+            "@id": f"{FIELDS_FOLDER}/{name}",
+            "name": f"{FIELDS_FOLDER}/{name}",
+            "description": (f"The field {name}: {spec.rows} rows of {shape}(shard layout {spec.layout}), in {len(spec.shards)} shard(s) "
+                            "listed in order with the SHA-256 of every 1 MiB block in version.json's `fields`; row i is the i-th sample "
+                            "the manifest marks ok. The shard format is described in veritrain's docs/shards.md."),
+            "encodingFormat": "application/octet-stream",
+            "includes": [f"{prefix}{FIELDS_FOLDER}/{entry.id[:2]}/{entry.id}" for entry in spec.shards],
+        })
+    return sets
 
 
 def _file_description(name: str, info: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -254,8 +255,6 @@ def link(store: Path, entry: ShardEntry, folder: Path) -> None:
     try:
         os.link(source, target)
     except OSError:
-        import shutil
-
         shutil.copyfile(source, target)
 
 
@@ -373,20 +372,25 @@ class Shard:
         return self.read(header + start, header + end)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """The rows of an `array` shard at these positions, as one array (rows read in file order, so each block is
-        read and checked once however the positions are ordered)."""
+        """The rows of an `array` shard at these positions (any order, repeats allowed), as one array: each block they
+        touch is read and checked once, into a buffer the size of the shard (only those blocks are filled), which the
+        rows are then gathered from."""
         shape, dtype = self._array_type()
-        rows = np.asarray(rows, dtype=np.int64)
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         if rows.size and (rows.min() < 0 or rows.max() >= self.entry.rows):
             raise IndexError(f"rows outside a shard of {self.entry.rows}")
         width = _row_bytes(dtype, shape)
-        out = np.empty((len(rows), *shape), dtype=np.dtype(dtype))
-        flat = out.reshape(len(rows), -1).view(np.uint8).reshape(len(rows), width) if width else None
-        for position in np.argsort(rows, kind="stable"):
-            row = int(rows[position])
-            if flat is not None:
-                flat[position] = np.frombuffer(self.read(row * width, (row + 1) * width), dtype=np.uint8)
-        return out
+        if not rows.size or not width:
+            return np.zeros((len(rows), *shape), dtype=np.dtype(dtype))
+        first, last = rows * width // BLOCK, ((rows + 1) * width - 1) // BLOCK
+        needed = np.unique(np.concatenate([first, last]))
+        if width > BLOCK:  # a row longer than a block: the blocks between its first and last too
+            needed = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())]))
+        buffer = np.empty(self.entry.size, dtype=np.uint8)
+        for index in needed.tolist():
+            block = self._block(index)
+            buffer[index * BLOCK:index * BLOCK + len(block)] = np.frombuffer(block, dtype=np.uint8)
+        return buffer.view(np.dtype(dtype)).reshape(self.entry.rows, *shape)[rows]
 
     def values(self) -> np.ndarray:
         """Every row of an `array` shard, read front to back with each block checked (none kept for later reads)."""
@@ -552,12 +556,14 @@ class FieldArray:
                 return self.field.span(start, max(start, stop))
             return self.field.take(np.arange(start, stop, step, dtype=np.int64))
         rows = np.asarray(index)
-        if rows.dtype == bool:
+        if rows.dtype == bool and rows.ndim == 1:
             rows = np.nonzero(rows)[0]
-        if rows.dtype.kind not in "iu" or rows.ndim != 1:
-            raise IndexError("index a field by a row, a slice of rows or a one-dimensional array of rows")
-        rows = rows.astype(np.int64)
-        return self.field.take(np.where(rows < 0, rows + len(self), rows))
+        if rows.dtype.kind not in "iu" or rows.dtype == bool:
+            raise IndexError("index a field by a row, a slice of rows or an array of rows (a token stream's windows: one row of "
+                             "positions each)")
+        flat = rows.astype(np.int64).reshape(-1)
+        taken = self.field.take(np.where(flat < 0, flat + len(self), flat))
+        return taken.reshape(*rows.shape, *self.shape[1:])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         values = self.field.values()

@@ -21,7 +21,6 @@ from veritrain.core import locks
 from veritrain.core.config import ResolvedConfig
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.task_registry import task_target
-from veritrain.data.identity import FIELDS_FOLDER, SHARD_STORE
 from veritrain.records import amendments, journal, registry
 from veritrain.records.record import OMITTED_FILE, Record, capture_code, read_record
 from veritrain.records.recorder import amending
@@ -273,6 +272,8 @@ def gc(workspace: Workspace, dry_run: bool) -> dict[str, Any]:
     referenced |= _test_splits_carried_over(workspace.state_dir / "data", referenced)
     if keep_data:
         log.warning("gc: keeping every data version: %s", keep_data)
+    from veritrain.data.identity import FIELDS_FOLDER, SHARD_STORE  # numpy, which the rest of gc does not load
+
     versions = sorted(v for v in (workspace.state_dir / "data").glob("*") if not v.name.startswith(".")) if (workspace.state_dir / "data").exists() else []
     doomed_versions = [] if keep_data else [v for v in versions if v.name not in referenced]
     kept_shards = {shard.name for v in versions if v not in doomed_versions for shard in (v / FIELDS_FOLDER).glob("*/*")}
