@@ -77,8 +77,9 @@ def assert_files_hash_to_their_sha256(doc: dict, version_dir: Path) -> None:
         if obj["@type"] == "cr:FileSet":  # a field's shards: bound block by block in version.json
             info = json.loads((version_dir / "version.json").read_text(encoding="utf-8"))
             field = info["fields"][obj["name"].removeprefix("fields/")]
-            assert obj["includes"] == [f"fields/{e['id'][:2]}/{e['id']}" for e in field["shards"]]
-            assert all((version_dir / name).stat().st_size == e["size"] for name, e in zip(obj["includes"], field["shards"]))
+            named = [f"fields/{e['id'][:2]}/{e['id']}" for e in field["shards"]]  # under the document's base, if any
+            assert len(obj["includes"]) == len(named) and all(i.endswith(n) for i, n in zip(obj["includes"], named))
+            assert all((version_dir / name).stat().st_size == e["size"] for name, e in zip(named, field["shards"]))
             continue
         file = version_dir / obj["name"]
         assert obj["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest(), obj["name"]
@@ -179,7 +180,8 @@ def test_a_text_version_lists_its_tokens_and_what_the_scanner_flagged_by_count_o
     assert loaded_rows(out) == manifest_rows(text)
     doc = json.loads(out.read_text(encoding="utf-8"))
     names = [o["name"] for o in doc["distribution"]]
-    assert "tokenizer.json" in names and {"tokens/train.bin", "tokens/val.bin", "tokens/test.bin"} <= set(names)
+    streams = {f"fields/tokens_{split}" for split in ("train", "val", "test") if json.loads((text / "version.json").read_text())["tokens"][split]}
+    assert "tokenizer.json" in names and "fields/tokens_train" in streams and streams <= set(names)
     assert_files_hash_to_their_sha256(doc, text)
     info = json.loads((text / "version.json").read_text())
     assert {r["splits/name"]: (r["splits/samples"], r["splits/tokens"]) for r in records(out, "splits")} == \

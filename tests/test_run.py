@@ -87,6 +87,20 @@ def test_each_data_recipe_gives_the_digits_its_pinned_version_id(recipe, tmp_pat
     assert int(version.targets[0]) == 0 and version.inputs.shape == (1797, 8, 8, 1) and len(version.sample_ids) == 1797
 
 
+# configs/tiny-lm.yaml's text data version under text recipe 3 (its recipe 2 version, 045ffc4b…, is kept in the fixture
+# tests/fixtures/legacy/format0-lm.tar.gz, which tests/test_legacy_kinds.py verifies)
+PINNED_TINY_LM_DATA_VERSION = "8bb4f032dd47893790cc335121c8131b8188c25cb6322aa3ed575623db2d5dd0"
+
+
+def test_the_tiny_lm_text_version_id_is_pinned(tmp_path):
+    from veritrain.data import identity, prepare
+
+    resolved = load_config(ROOT / "configs" / "tiny-lm.yaml", [])
+    version = prepare.run(resolved.config.data, resolved.data_paths, tmp_path / ".veritrain")
+    assert version.info["format"] == identity.TEXT_RECIPE == 3 and version.version == PINNED_TINY_LM_DATA_VERSION
+    assert all(len(version.tokens[split]) == version.info["tokens"][split] for split in ("train", "val", "test"))  # type: ignore[attr-defined]
+
+
 def test_config_hash_and_data_version_id_are_unchanged_for_the_same_inputs(fast_run):
     assert load_config(None, []).hash == PINNED_DEFAULT_CONFIG_HASH
     assert load_config(ROOT / "configs" / "digits.yaml", []).hash == PINNED_DEFAULT_CONFIG_HASH

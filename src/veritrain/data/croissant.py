@@ -293,14 +293,18 @@ def _field_sets(info: dict[str, Any], base: Optional[str]) -> list[dict[str, Any
         return []
     sets = []
     for name, spec in field_specs(info).items():
+        if not spec.shards:  # an empty field (a split without documents): no file to name
+            continue
         shape = f"{spec.shape} {spec.dtype} " if spec.layout == "array" else "UTF-8 text "
+        rows = ("a split's token stream: its documents in id order, each followed by <|endoftext|>, cut into chunks after "
+                "whole documents" if info.get("kind") == "text" else "row i is the i-th sample the manifest marks ok")
         sets.append({
             "@type": "cr:FileSet",
             "@id": f"{FIELDS_FOLDER}/{name}",
             "name": f"{FIELDS_FOLDER}/{name}",
             "description": (f"The field {name}: {spec.rows} rows of {shape}(shard layout {spec.layout}), in {len(spec.shards)} shard(s) "
-                            "listed in order with the SHA-256 of every 1 MiB block in version.json's `fields`; row i is the i-th sample "
-                            "the manifest marks ok. The shard format is described in veritrain's docs/shards.md."),
+                            f"listed in order with the SHA-256 of every 1 MiB block in version.json's `fields`; {rows}. The shard format "
+                            "is described in veritrain's docs/shards.md."),
             "encodingFormat": "application/octet-stream",
             "includes": [f"{prefix}{FIELDS_FOLDER}/{entry.id[:2]}/{entry.id}" for entry in spec.shards],
         })

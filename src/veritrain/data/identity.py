@@ -72,9 +72,13 @@ CARD_FILE = "card.json"  # the data card: beside the version, editable, outside 
 
 # A text data version (veritrain.data.text_prepare), `kind: "text"` in version.json, has its own recipe and files:
 # documents in the manifest, the tokenizer's file and one token array per split
-TEXT_RECIPE = 2  # 2: texts matched in text_dedup.match_form, contamination over document boundaries and word order
+# 2: texts matched in text_dedup.match_form, contamination over document boundaries and word order. 3: each split's
+# tokens are a field of chunk shards (`tokens_train`, `tokens_val`, `tokens_test`), as image fields are from recipe 7
+TEXT_RECIPE = 3
+TEXT_FIELDS_SINCE = 3
 TEXT_BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "tokenizer.json",
                     "tokens/train.bin", "tokens/val.bin", "tokens/test.bin")
+TEXT_FIELD_BOUND_FILES = TEXT_BOUND_FILES[:6]  # text recipe 3 on: the token files are fields
 TEXT_BOUND_INFO = ("kind", "counts", "tokens", "bytes", "tokenizer", "files", "raw_files", "achieved_split", "contamination")
 
 
@@ -82,23 +86,34 @@ def bound_files(info: dict[str, Any]) -> tuple[str, ...]:
     """The files a stored version's id binds by their SHA-256 (recipe 3 on), by its kind and recipe; from recipe 7 on
     its shards are bound through `fields` instead (`shard_files`)."""
     if info.get("kind") == "text":
-        return TEXT_BOUND_FILES
-    return FIELD_BOUND_FILES if (recipe_of(info) or 0) >= FIELDS_SINCE else BOUND_FILES
+        return TEXT_FIELD_BOUND_FILES if has_fields(info) else TEXT_BOUND_FILES
+    return FIELD_BOUND_FILES if has_fields(info) else BOUND_FILES
 
 
 def has_fields(info: dict[str, Any]) -> bool:
-    """Whether a stored version's recipe keeps its data in fields (recipe 7 on, not a text version): the recipe it
-    declares decides, never whether a `fields` table happens to be there."""
-    return info.get("kind") != "text" and (recipe_of(info) or 0) >= FIELDS_SINCE
+    """Whether a stored version's recipe keeps its data in fields (image recipe 7 on, text recipe 3 on): the kind and
+    recipe it declares decide, never whether a `fields` table happens to be there."""
+    return (recipe_of(info) or 0) >= (TEXT_FIELDS_SINCE if info.get("kind") == "text" else FIELDS_SINCE)
+
+
+def token_field(split: str) -> str:
+    """The field of a text version holding a split's token stream."""
+    return f"tokens_{split}"
 
 
 def field_specs(info: dict[str, Any]) -> dict[str, FieldSpec]:
-    """The fields version.json lists, each checked (`FieldSpec.from_dict`; ShardError when one is malformed), with an
-    inputs field (INPUT_FIELDS) and `label`."""
+    """The fields version.json lists, each checked (`FieldSpec.from_dict`; ShardError when one is malformed): an
+    image version's inputs field (INPUT_FIELDS) and `label`, with one row per placed sample each; a text version's
+    token stream per split (one unsigned token a row)."""
     table = info.get("fields")
     if not isinstance(table, dict):
         raise ShardError("version.json: `fields` is not a table of fields")
     specs = {name: FieldSpec.from_dict(name, spec) for name, spec in table.items()}
+    if info.get("kind") == "text":
+        streams = [specs.get(token_field(name)) for name in SPLITS]
+        if any(s is None or s.layout != "array" or s.shape != () or np.dtype(s.dtype).kind != "u" for s in streams):
+            raise ShardError(f"version.json: `fields` lacks a stream of tokens ({', '.join(token_field(n) for n in SPLITS)})")
+        return specs
     if not any(name in specs for name in INPUT_FIELDS) or "label" not in specs:
         raise ShardError(f"version.json: `fields` lacks {' or '.join(INPUT_FIELDS)} or label")
     rows = {spec.rows for spec in specs.values()}
@@ -164,7 +179,7 @@ def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Iter
 def content_hash(info: dict[str, Any]) -> str:
     """SHA-256 of the parts of version.json that the id binds (BOUND_INFO, and BOUND_INFO_SINCE from its recipe on)."""
     if info.get("kind") == "text":
-        return sha256_json({key: info.get(key) for key in TEXT_BOUND_INFO})
+        return sha256_json({key: info.get(key) for key in TEXT_BOUND_INFO + (("fields",) if has_fields(info) else ())})
     recipe = recipe_of(info) or 0
     keys = BOUND_INFO + tuple(key for key, since in BOUND_INFO_SINCE.items() if recipe >= since)
     return sha256_json({key: info.get(key) for key in keys})
@@ -307,7 +322,7 @@ class TextVersion(DataVersion):
     every document followed by <|endoftext|>), `tokenizer_file` the tokenizer it was tokenized with. `inputs` and
     `targets` are empty: a language-model task cuts its windows from `tokens`."""
 
-    tokens: dict[str, np.ndarray] = field(default_factory=dict)
+    tokens: dict[str, Any] = field(default_factory=dict)
     tokenizer_file: Optional[Path] = None
 
     @property
@@ -319,8 +334,11 @@ def _load_text_version(path: Path, info: dict[str, Any]) -> TextVersion:
     with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
         placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
     dtype = np.dtype(str((info.get("tokenizer") or {}).get("dtype") or "uint16")).newbyteorder("<")
-    tokens = {}
-    for name in SPLITS:
+    tokens: dict[str, Any] = {}
+    if has_fields(info):  # chunk shards read through their checked blocks: a small stream whole now
+        specs = field_specs(info)
+        tokens = {name: array_of(specs[token_field(name)], path / FIELDS_FOLDER, IN_MEMORY_BYTES) for name in SPLITS}
+    for name in SPLITS if not tokens else ():
         file = path / "tokens" / f"{name}.bin"
         count = int((info.get("tokens") or {}).get(name) or 0)
         if file.stat().st_size != count * dtype.itemsize:

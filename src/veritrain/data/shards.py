@@ -39,7 +39,7 @@ import numpy as np
 from veritrain.core.errors import RunFailed
 
 BLOCK = 1 << 20  # bytes per block
-CACHE_BLOCKS = 8  # checked blocks a reader keeps (a row of a blob or an array may span several)
+CACHE_BYTES = 64 << 20  # checked blocks a field's reader keeps for the next reads, all its shards together
 LAYOUTS = ("array", "blob")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _MAX_ROWS = 1 << 40
@@ -334,13 +334,40 @@ def array_of(spec: FieldSpec, folder: Path, in_memory: int) -> Any:
 # ---------------------------------------------------------------- reading
 
 
-class Shard:
-    """One shard's rows, read from `path` with every block checked against `entry` before it is used."""
+class CheckedBlocks:
+    """The checked blocks a reader keeps, least recently used first out, up to `limit` bytes (shared by the shards of a
+    field, so memory stays bounded however many shards it has)."""
 
-    def __init__(self, path: Path, entry: ShardEntry) -> None:
+    def __init__(self, limit: int = CACHE_BYTES) -> None:
+        self.limit, self.held = limit, 0
+        self._blocks: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+
+    def get(self, key: tuple[int, int]) -> Optional[bytes]:
+        block = self._blocks.get(key)
+        if block is not None:
+            self._blocks.move_to_end(key)
+        return block
+
+    def put(self, key: tuple[int, int], block: bytes) -> None:
+        self._blocks[key] = block
+        self.held += len(block)
+        while self.held > self.limit and len(self._blocks) > 1:
+            _, dropped = self._blocks.popitem(last=False)
+            self.held -= len(dropped)
+
+    def drop(self, owner: int) -> None:
+        for key in [k for k in self._blocks if k[0] == owner]:
+            self.held -= len(self._blocks.pop(key))
+
+
+class Shard:
+    """One shard's rows, read from `path` with every block checked against `entry` before it is used; the checked
+    blocks are kept in `cache` (a field's readers share one) for the next reads."""
+
+    def __init__(self, path: Path, entry: ShardEntry, cache: Optional[CheckedBlocks] = None) -> None:
         self.path, self.entry = path, entry
         self._fd: Optional[int] = None
-        self._checked: OrderedDict[int, bytes] = OrderedDict()
+        self._cache = cache if cache is not None else CheckedBlocks()
         self._table: Optional[np.ndarray] = None  # a blob's offset table, once read
 
     def __len__(self) -> int:
@@ -356,7 +383,7 @@ class Shard:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-        self._checked.clear()
+        self._cache.drop(id(self))
 
     def get(self, row: int) -> Any:
         """Row `row`: an array of the entry's shape and dtype (a copy), or the bytes of a blob's row."""
@@ -430,14 +457,11 @@ class Shard:
         return joined[start - first * BLOCK:end - first * BLOCK]
 
     def _block(self, index: int) -> bytes:
-        held = self._checked.get(index)
+        held = self._cache.get((id(self), index))
         if held is not None:
-            self._checked.move_to_end(index)
             return held
         data = self._fetch(index)
-        self._checked[index] = data
-        if len(self._checked) > CACHE_BLOCKS:
-            self._checked.popitem(last=False)
+        self._cache.put((id(self), index), data)
         return data
 
     def _fetch(self, index: int) -> bytes:
@@ -462,7 +486,8 @@ class Field:
     shard that holds it."""
 
     def __init__(self, store: Path, entries: Sequence[ShardEntry]) -> None:
-        self.shards = [Shard(path_of(store, e.id), e) for e in entries]
+        cache = CheckedBlocks()
+        self.shards = [Shard(path_of(store, e.id), e, cache) for e in entries]
         self.ends = np.cumsum([len(s) for s in self.shards], dtype=np.int64)
 
     def __len__(self) -> int:

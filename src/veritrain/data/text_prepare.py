@@ -18,15 +18,17 @@ pictures. The stages run in this order:
    token-file order, so text cut into short documents is found); a train document sharing one is `contamination`: removed from train by `data.text.on_contamination:
    quarantine` (val and test documents are never removed), reported by `warn`, stopping the prepare by `fail`.
 5. **tokenizer**: byte-level, or BPE trained on the train split after decontamination (veritrain.data.tokenizer).
-6. **tokenize**: each split's documents, in id order, each followed by <|endoftext|>, into `tokens/<split>.bin`
-   (the tokenizer's dtype, little-endian, memory-mapped by readers).
+6. **tokenize**: each split's documents, in id order, each followed by <|endoftext|>, into the token stream
+   `tokens_<split>`: an array field of chunk shards of the tokenizer's dtype (text recipe 3 on; docs/shards.md), read
+   through checked blocks. Text recipe 2 wrote `tokens/<split>.bin`, which its versions keep.
 
 Documents holding a secret by its shape (the run record's secret scanner) or an e-mail address are flagged as
 `secret` and `email` findings (reported, not removed).
 
 The version id is `identity.version_id` over the documents (id, content hash, split or quarantined), the
 preprocessing config (the data config without locations, with the source's normalization) and the hash of every
-file written: the tokenizer's bytes, its special-token ids and every token array among them (TEXT_BOUND_FILES).
+file written: the tokenizer's bytes, its special-token ids and every block of every token chunk among them
+(TEXT_FIELD_BOUND_FILES and `fields`).
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
+
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file
 from veritrain.core.secrets import find_secret
-from veritrain.data import identity, split as splitting, text_dedup, tokenizer, tokenizer as tokenizer_module
-from veritrain.data.identity import CARD_FILE, TEXT_BOUND_FILES, TEXT_RECIPE, TextVersion
+from veritrain.data import identity, shards, split as splitting, text_dedup, tokenizer
+from veritrain.data.identity import CARD_FILE, TEXT_FIELD_BOUND_FILES, TEXT_RECIPE, TextVersion
 from veritrain.data.split import SPLITS
 from veritrain.data.store import MANIFEST_COLUMNS, merged_card, seal_reports, write_data_card as write_card
 from veritrain.data.text_sources import JsonlFields, TextDocument, TextFinding, TextListing, read_embedded, read_jsonl, read_text_folder
@@ -62,6 +66,7 @@ log = logging.getLogger("veritrain")
 
 EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
 TOP_PAIRS = 20  # contamination pairs (and near-duplicate pairs) shown in the report
+DOCUMENTS_PER_CHUNK = 4096  # documents a chunk shard of a token stream holds, on average (shards.cuts)
 
 
 def load_text_source(data_cfg: DataConfig, paths: dict[str, Path]) -> TextListing:
@@ -137,9 +142,10 @@ def prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path,
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".tmp-{uuid.uuid4().hex}"
     (tmp / "splits").mkdir(parents=True)
-    (tmp / "tokens").mkdir()
     try:
         info = _write(tmp, data_cfg, found, unreadable, rows, tokenizer, preprocessing, contamination, near, listing)
+        info["fields"] = _write_tokens(tmp, workspace_state / identity.SHARD_STORE, found.docs, rows, tokenizer)
+        info["tokens"] = {name: info["fields"][identity.token_field(name)]["rows"] for name in SPLITS}
         version = identity.version_id(preprocessing, DATA_HASH_ALGORITHM, samples, identity.content_hash(info))
         info["data_version"] = version
         if id_only:
@@ -359,8 +365,7 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
     for name in SPLITS:
         (out / "splits" / f"{name}.txt").write_text("".join(docs[i].doc_id + "\n" for i in rows[name]), encoding="utf-8")
     tokenizer.save(out / "tokenizer.json")
-    tokens = {name: tokenizer_module.write_tokens((docs[i].text for i in rows[name]), tokenizer, out / "tokens" / f"{name}.bin") for name in SPLITS}
-    files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in TEXT_BOUND_FILES}
+    files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in TEXT_FIELD_BOUND_FILES}
     counts = {name: len(rows[name]) for name in SPLITS}
     quarantined = Counter(f.kind for f in [*found.excluded.values(), *unreadable])
     return {
@@ -370,7 +375,7 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
         "hash_algorithm": DATA_HASH_ALGORITHM,
         "preprocessing": preprocessing,
         "counts": counts,
-        "tokens": tokens,
+        "tokens": None,  # counted as the streams are written
         "bytes": {name: sum(len(docs[i].text.encode("utf-8")) for i in rows[name]) for name in SPLITS},
         "tokenizer": {"file": "tokenizer.json", "kind": tokenizer.kind, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
                       "dtype": str(tokenizer.dtype), "special_ids": tokenizer.special_ids, "trained_with": _tokenizer_library(tokenizer)},
@@ -386,6 +391,24 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
         "findings_by_kind": dict(sorted(Counter(f.kind for f in [*found.findings, *found.excluded.values()]).items())),
         "statistics": {name: text_statistics([docs[i].text for i in rows[name]]) for name in SPLITS},
     }
+
+
+def _write_tokens(out: Path, shard_store: Path, docs: list[TextDocument], rows: dict[str, list[int]], tokenizer: Any) -> dict[str, Any]:
+    """Each split's documents, in id order, each followed by <|endoftext|>, as a token stream of chunk shards in
+    `shard_store` (`shards.StreamWriter`: a chunk ends after a document whose id ends a shard, so an added document
+    changes its chunk alone), linked into `out`; returns version.json's `fields`. Memory holds one chunk."""
+    dtype = tokenizer.dtype.newbyteorder("<")
+    end_of_text = np.array([tokenizer.end_of_text_id], dtype=dtype)
+    fields = {}
+    for name in SPLITS:
+        writer = shards.StreamWriter(shard_store, dtype.str, DOCUMENTS_PER_CHUNK)
+        for i in rows[name]:
+            writer.add(docs[i].doc_id, np.concatenate([tokenizer.encode(docs[i].text).astype(dtype, copy=False), end_of_text]))
+        entries, _ = writer.close()
+        for entry in entries:
+            shards.link(shard_store, entry, out / identity.FIELDS_FOLDER)
+        fields[identity.token_field(name)] = shards.FieldSpec.of(identity.token_field(name), entries, "array", dtype.str, ()).as_dict()
+    return fields
 
 
 def _tokenizer_library(tokenizer: Any) -> Optional[str]:
@@ -448,7 +471,7 @@ def _write_report(out: Path, info: dict[str, Any], found: _Documents, unreadable
 
 
 def _seal(out: Path, info: dict[str, Any], card: dict[str, Any]) -> None:
-    seal_reports(out, info, set(TEXT_BOUND_FILES) | {"version.json", CARD_FILE}, card)
+    seal_reports(out, info, set(identity.bound_files(info)) | set(identity.shard_files(info)) | {"version.json", CARD_FILE}, card)
 
 
 def _card(data_cfg: DataConfig, listing: TextListing) -> dict[str, Any]:
