@@ -147,3 +147,55 @@ def test_a_fields_table_is_bound_by_the_version_id(tmp_path, small_shards):
     problems = identity.data_version_problems(prepared.version, lambda name: (prepared.path / name).read_bytes(),
                                               lambda name: sha256_file(prepared.path / name), None)
     assert problems and problems[0]["path"] == "manifest.csv" and "not to the version id" in problems[0]["detail"]
+
+
+def test_a_placement_that_disagrees_with_the_manifest_is_found_by_the_whole_check(tmp_path, small_shards):
+    """The threat: a version re-hashed to a new id whose placed rows put a test sample in train. Opening trusts the
+    bound placement (it never parses the manifest); verify and import parse the manifest and compare."""
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=10, classes=range(3))
+    prepared = prepare_folder(root, tmp_path)
+    info = json.loads((prepared.path / "version.json").read_text())
+    placed = bytearray((prepared.path / identity.PLACED_FILE).read_bytes())
+    moved = placed.index(2)  # a test row
+    placed[moved] = 0
+    forged = prepared.path.parent / "forged"
+    import shutil
+
+    shutil.copytree(prepared.path, forged)
+    (forged / identity.PLACED_FILE).write_bytes(bytes(placed))
+    info["files"][identity.PLACED_FILE]["sha256"] = sha256_file(forged / identity.PLACED_FILE)
+    info["data_version"] = identity.id_of(info, ())
+    (forged / "version.json").write_text(json.dumps(info))
+    forged = forged.rename(forged.with_name(info["data_version"]))
+
+    def problems(size_of):
+        return identity.data_version_problems(forged.name, lambda name: (forged / name).read_bytes(),
+                                              lambda name: sha256_file(forged / name), None, size_of=size_of)
+
+    assert problems(lambda name: (forged / name).stat().st_size) == []  # what opening checks holds
+    (found,) = problems(None)
+    assert found["path"] == identity.PLACED_FILE and "otherwise than the manifest" in found["detail"]
+    identity._checked.clear()
+    opened = identity.load_version(forged)
+    assert moved in opened.splits["train"] and moved not in prepared.splits["train"]
+
+
+def test_opening_reads_the_placement_and_the_ids_only_when_asked(tmp_path, small_shards, monkeypatch):
+    root = write_mnist_imagefolder(tmp_path / "raw", per_class=10, classes=range(2))
+    prepared = prepare_folder(root, tmp_path)
+    identity._checked.clear()
+    reads = []
+    real_reader = csv.DictReader
+
+    def counting_reader(*args, **kwargs):
+        reads.append(args)
+        return real_reader(*args, **kwargs)
+
+    monkeypatch.setattr(csv, "DictReader", counting_reader)
+    opened = identity.load_version(prepared.path)
+    assert reads == [] and len(opened.sample_ids) == 20  # the manifest hashed, never parsed as a table
+    assert opened.sample_ids[0] == "0/" + sorted(p.name for p in (root / "0").iterdir())[0] and len(reads) == 1
+    assert list(opened.sample_ids)[0] == opened.sample_ids[0] and len(reads) == 1  # read once, then kept
+    ordered = [sid for split in ("train", "val", "test") for sid in (prepared.path / "splits" / f"{split}.txt").read_text().split()]
+    assert sorted(opened.sample_ids) == sorted(ordered)
+    assert {name: len(rows) for name, rows in opened.splits.items()} == prepared.counts

@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -62,7 +62,8 @@ BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val
 BOUND_INFO = ("classes", "counts", "counts_per_class", "input_shape", "input_dtype", "target_dtype", "normalization", "files", "achieved_split")
 
 
-FIELD_BOUND_FILES = BOUND_FILES[:5]  # recipe 7 on: the files beside the fields (which version.json's `fields` binds)
+PLACED_FILE = "splits/placed.u8"  # fields recipes: each placed row's split (0 train, 1 val, 2 test), one byte a row in row order
+FIELD_BOUND_FILES = BOUND_FILES[:5] + (PLACED_FILE,)  # recipe 7 on: the files beside the fields (which `fields` binds)
 
 
 BOUND_INFO_SINCE = {"listing_sha256": 5, "fields": FIELDS_SINCE}  # parts of version.json bound from a recipe on (earlier versions keep their ids)
@@ -78,7 +79,7 @@ TEXT_RECIPE = 3
 TEXT_FIELDS_SINCE = 3
 TEXT_BOUND_FILES = ("manifest.csv", "quarantine.csv", "splits/train.txt", "splits/val.txt", "splits/test.txt", "tokenizer.json",
                     "tokens/train.bin", "tokens/val.bin", "tokens/test.bin")
-TEXT_FIELD_BOUND_FILES = TEXT_BOUND_FILES[:6]  # text recipe 3 on: the token files are fields
+TEXT_FIELD_BOUND_FILES = TEXT_BOUND_FILES[:6] + (PLACED_FILE,)  # text recipe 3 on: the token files are fields
 TEXT_BOUND_INFO = ("kind", "counts", "tokens", "bytes", "tokenizer", "files", "raw_files", "achieved_split", "contamination")
 
 
@@ -176,6 +177,13 @@ def version_id(preprocessing: dict[str, Any], hash_algorithm: str, samples: Iter
     return sha256_json(bound)
 
 
+def id_of(info: dict[str, Any], samples: Iterable[tuple[str, Optional[str], str, str]]) -> str:
+    """The id of a version whose version.json holds `info` (its `data_version` aside) and whose manifest lists
+    `samples`. From the fields recipes on (image 7, text 3) the samples are bound through the manifest's SHA-256 in
+    `files`, not listed again, so the id is recomputed from version.json and the file hashes alone (`samples` unread)."""
+    return version_id(info["preprocessing"], info["hash_algorithm"], () if has_fields(info) else samples, content_hash(info))
+
+
 def content_hash(info: dict[str, Any]) -> str:
     """SHA-256 of the parts of version.json that the id binds (BOUND_INFO, and BOUND_INFO_SINCE from its recipe on)."""
     if info.get("kind") == "text":
@@ -206,6 +214,8 @@ def version_id_of_manifest(info: dict[str, Any], rows: list[dict[str, str]]) -> 
     recipe = recipe_of(info)
     if recipe is None:
         raise ValueError(f"format {info.get('format')!r} is not a data recipe")
+    if has_fields(info):
+        return id_of(info, ())
     content = content_hash(info) if recipe >= 3 or info.get("kind") == "text" else None
     return version_id(info["preprocessing"], key, (
         (r["sample_id"], r[key] or None, r["label"], r["split"] if r["status"] == "ok" else "quarantined") for r in rows), content)
@@ -292,15 +302,16 @@ def load_version(path: Path) -> DataVersion:
     info = json.loads((path / "version.json").read_text(encoding="utf-8"))
     if info.get("kind") == "text":
         return _load_text_version(path, info)
-    with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
-        placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
     if has_fields(info):  # read from checked blocks: a small inputs field whole now, a large one as rows are asked for
         specs = field_specs(info)
         inputs = array_of(specs[next(name for name in INPUT_FIELDS if name in specs)], path / FIELDS_FOLDER, IN_MEMORY_BYTES)
         targets = array_of(specs["label"], path / FIELDS_FOLDER, 1 << 62)
-    else:
-        inputs = np.load(path / "inputs.npy", mmap_mode="r")
-        targets = np.load(path / "targets.npy", mmap_mode="r")
+        return DataVersion(version=info["data_version"], path=path, info=info, inputs=inputs, targets=targets,
+                           splits=placed_splits(path, len(inputs)), sample_ids=ManifestIds(path / "manifest.csv", len(inputs)))  # type: ignore[arg-type]
+    with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
+        placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
+    inputs = np.load(path / "inputs.npy", mmap_mode="r")
+    targets = np.load(path / "targets.npy", mmap_mode="r")
     if len(inputs) != len(placed) or len(targets) != len(placed) or any(split not in SPLITS for _, split in placed):
         raise RunFailed(f"{path / 'manifest.csv'}: data version {path.name[:12]} does not match its arrays ({len(placed)} placed samples, "
                         f"{len(inputs)} rows); remove {path} and prepare it again, or import its run again")
@@ -331,14 +342,19 @@ class TextVersion(DataVersion):
 
 
 def _load_text_version(path: Path, info: dict[str, Any]) -> TextVersion:
+    empty = np.zeros(0, dtype=np.int64)
+    if has_fields(info):  # chunk shards read through their checked blocks: a small stream whole now
+        specs = field_specs(info)
+        tokens = {name: array_of(specs[token_field(name)], path / FIELDS_FOLDER, IN_MEMORY_BYTES) for name in SPLITS}
+        documents = int(np.fromfile(path / PLACED_FILE, dtype=np.uint8).size)
+        return TextVersion(version=info["data_version"], path=path, info=info, inputs=empty, targets=empty,
+                           splits=placed_splits(path, documents), sample_ids=ManifestIds(path / "manifest.csv", documents),  # type: ignore[arg-type]
+                           tokens=tokens, tokenizer_file=path / "tokenizer.json")
     with open(path / "manifest.csv", newline="", encoding="utf-8") as f:
         placed = [(row["sample_id"], row["split"]) for row in csv.DictReader(f) if row["status"] == "ok"]
     dtype = np.dtype(str((info.get("tokenizer") or {}).get("dtype") or "uint16")).newbyteorder("<")
     tokens: dict[str, Any] = {}
-    if has_fields(info):  # chunk shards read through their checked blocks: a small stream whole now
-        specs = field_specs(info)
-        tokens = {name: array_of(specs[token_field(name)], path / FIELDS_FOLDER, IN_MEMORY_BYTES) for name in SPLITS}
-    for name in SPLITS if not tokens else ():
+    for name in SPLITS:
         file = path / "tokens" / f"{name}.bin"
         count = int((info.get("tokens") or {}).get(name) or 0)
         if file.stat().st_size != count * dtype.itemsize:
@@ -346,7 +362,6 @@ def _load_text_version(path: Path, info: dict[str, Any]) -> TextVersion:
                             f"counts; remove {path} and prepare it again")
         tokens[name] = np.memmap(file, dtype=dtype, mode="r", shape=(count,)) if count else np.zeros(0, dtype=dtype)
     splits = {name: np.array([row for row, (_, split) in enumerate(placed) if split == name], dtype=np.int64) for name in SPLITS}
-    empty = np.zeros(0, dtype=np.int64)
     return TextVersion(version=info["data_version"], path=path, info=info, inputs=empty, targets=empty, splits=splits,
                        sample_ids=[sid for sid, _ in placed], tokens=tokens, tokenizer_file=path / "tokenizer.json")
 
@@ -380,13 +395,17 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
     except ValueError as err:  # JSON or UTF-8
         return [changed("version.json", f"version.json is not readable ({err})")]
     problems = []
+    rows: Optional[list[dict[str, str]]] = None
+    # a fields recipe binds the manifest by its SHA-256 (in `files`): opening hashes it without parsing its rows,
+    # a whole check (verify, import) parses them too, to compare them with the placed rows
+    parse = not (has_fields(info) and size_of is not None)
     try:
-        rows = list(csv.DictReader(io.StringIO(read("manifest.csv").decode("utf-8"), newline="")))
+        rows = list(csv.DictReader(io.StringIO(read("manifest.csv").decode("utf-8"), newline=""))) if parse else []
     except (OSError, KeyError):
         problems.append(changed("manifest.csv", "manifest.csv is missing"))
     except (ValueError, csv.Error) as err:  # UTF-8 or CSV
         problems.append(changed("manifest.csv", f"manifest.csv is not readable ({err})"))
-    else:
+    if rows is not None:
         try:
             recomputed = version_id_of_manifest(info, rows)
         except (KeyError, TypeError, AttributeError, ValueError) as err:
@@ -433,10 +452,69 @@ def data_version_problems(version: str, read: Callable[[str], bytes], sha256_of:
             return problems + [changed("version.json", f"its table of fields is malformed ({err})")]
         for name, entry in sorted(shards.items()):
             problems += _shard_problems(name, entry, read, size_of)
+        if parse and rows:
+            problems += _placement_problems(rows, read)
     if recipe3 and names is not None:
         for name in sorted(set(names) - set(expected) - set(shards) - {"version.json", CARD_FILE}):
             problems.append(changed(name, f"{name} is not part of the data version"))
     return problems
+
+
+def _placement_problems(rows: list[dict[str, str]], read: Callable[[str], bytes]) -> list[dict[str, str]]:
+    """The placed rows' splits (PLACED_FILE) against the manifest's: training reads the one, a person or a raw-data
+    check the other, so they must say the same."""
+    try:
+        placed = read(PLACED_FILE)
+        wanted = bytes(SPLITS.index(row["split"]) for row in rows if row.get("status") == "ok")
+    except (OSError, KeyError):
+        return [_changed(PLACED_FILE, f"{PLACED_FILE} is missing")]
+    except (ValueError, TypeError):
+        return [_changed("manifest.csv", "a placed sample of the manifest names no split (train, val or test)")]
+    if placed != wanted:
+        return [_changed(PLACED_FILE, f"{PLACED_FILE} places {len(placed)} rows otherwise than the manifest's {len(wanted)} placed samples")]
+    return []
+
+
+def placed_splits(path: Path, rows: int) -> dict[str, np.ndarray]:
+    """A fields version's row indices per split, from PLACED_FILE (bound by its SHA-256; `rows`: the fields' rows)."""
+    placed = np.fromfile(path / PLACED_FILE, dtype=np.uint8)
+    if len(placed) != rows or (len(placed) and placed.max() >= len(SPLITS)):
+        raise RunFailed(f"{path / PLACED_FILE}: data version {path.name[:12]} places {len(placed)} rows, its fields hold {rows}; "
+                        f"remove {path} and prepare it again")
+    return {name: np.flatnonzero(placed == k).astype(np.int64) for k, name in enumerate(SPLITS)}
+
+
+class ManifestIds(Sequence[str]):
+    """The placed samples' ids in row order, read from the manifest the first time one is asked for (training a large
+    version never asks): a sequence of `count` strings."""
+
+    def __init__(self, manifest: Path, count: int) -> None:
+        self.manifest, self.rows = manifest, count
+        self._ids: Optional[list[str]] = None
+
+    def _all(self) -> list[str]:
+        if self._ids is None:
+            with open(self.manifest, newline="", encoding="utf-8") as f:
+                ids = [row["sample_id"] for row in csv.DictReader(f) if row["status"] == "ok"]
+            if len(ids) != self.rows:
+                raise RunFailed(f"{self.manifest}: {len(ids)} placed samples, the data version's fields hold {self.rows} rows; "
+                                f"remove {self.manifest.parent} and prepare it again")
+            self._ids = ids
+        return self._ids
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._all()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _changed(name: str, detail: str) -> dict[str, str]:

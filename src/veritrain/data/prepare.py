@@ -318,7 +318,7 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
         if identity.FORMAT_VERSION >= BOUND_INFO_SINCE["listing_sha256"]:
             info["listing_sha256"] = listing_sha256(table, source)
         info["ignored"] = {"count": len(table.ignored), "files": table.ignored[:IGNORED_SHOWN]}  # not bound: no sample
-        version = version_id(preprocessing, DATA_HASH_ALGORITHM, samples, content_hash(info))
+        version = identity.id_of(info, samples)
         info["data_version"] = version
         if id_only:  # version_now: the id is all that is asked
             return version  # type: ignore[return-value]

@@ -230,6 +230,8 @@ def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[li
     for name in SPLITS:
         ids = [table.ids[i] for i in rows if assigned[i] == name]
         (out / "splits" / f"{name}.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
+    if identity.FORMAT_VERSION >= identity.FIELDS_SINCE:  # each placed row's split, which opening reads instead of the manifest
+        (out / identity.PLACED_FILE).write_bytes(bytes(SPLITS.index(assigned[i]) for i in rows))
 
     row_splits = np.array([assigned[i] for i in rows])
     counts = {s: int((row_splits == s).sum()) for s in SPLITS}

@@ -146,7 +146,7 @@ def prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path,
         info = _write(tmp, data_cfg, found, unreadable, rows, tokenizer, preprocessing, contamination, near, listing)
         info["fields"] = _write_tokens(tmp, workspace_state / identity.SHARD_STORE, found.docs, rows, tokenizer)
         info["tokens"] = {name: info["fields"][identity.token_field(name)]["rows"] for name in SPLITS}
-        version = identity.version_id(preprocessing, DATA_HASH_ALGORITHM, samples, identity.content_hash(info))
+        version = identity.id_of(info, samples)
         info["data_version"] = version
         if id_only:
             return version  # type: ignore[return-value]
@@ -364,6 +364,7 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
             writer.writerow([finding.where, finding.kind, finding.detail])
     for name in SPLITS:
         (out / "splits" / f"{name}.txt").write_text("".join(docs[i].doc_id + "\n" for i in rows[name]), encoding="utf-8")
+    (out / identity.PLACED_FILE).write_bytes(bytes(SPLITS.index(split) for split in found.split if split))  # the manifest's order
     tokenizer.save(out / "tokenizer.json")
     files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in TEXT_FIELD_BOUND_FILES}
     counts = {name: len(rows[name]) for name in SPLITS}
