@@ -166,6 +166,23 @@ def test_hash_pairs_equal_brute_force(radius, all_pair_distances):
         assert len(found) >= 100  # the planted near-duplicates are there to be found
 
 
+def test_hash_pairs_of_long_runs_of_one_band_value_are_all_found_in_order(monkeypatch):
+    """Hashes that share a band's value beyond LONG_RUN (600 blank frames, say) are paired a block at a time; the
+    pairs come out sorted, each once, whichever band found them first."""
+    from veritrain.data import dedup
+
+    monkeypatch.setattr(dedup, "HASH_BLOCK_CELLS", 1 << 14)  # several blocks
+    monkeypatch.setattr(dedup, "LONG_RUN", 256)
+    rng = np.random.default_rng(5)
+    hashes = np.concatenate([np.zeros(600, dtype=np.uint64), np.uint64(1) << rng.integers(0, 64, 40).astype(np.uint64),
+                             rng.integers(0, 2**63, 500, dtype=np.uint64)])
+    found = hash_pairs(hashes, 1)
+    distances = dedup._popcount(hashes[:640, None] ^ hashes[None, :640])
+    expected = np.argwhere(np.triu(distances <= 1, k=1))
+    assert np.array_equal(found[found[:, 1] < 640], expected)
+    assert np.array_equal(found, found[np.lexsort((found[:, 1], found[:, 0]))]) and len(np.unique(found, axis=0)) == len(found)
+
+
 # --- near-duplicates on real images ------------------------------------------------------------------
 
 
