@@ -226,6 +226,26 @@ def test_distinct_mnist_digits_are_never_linked_but_their_copies_are(mnist):
     assert difference(pictures[sample[:, 0]], pictures[sample[:, 1]]).min() > 0.15  # ... and distinct digits far outside it
 
 
+def test_beyond_the_brute_force_search_hashed_neighbours_still_find_every_copy(mnist, monkeypatch):
+    """Past EXACT_NEIGHBOURS_UP_TO pictures the nearest spectra come from hashed buckets (whole-number arithmetic):
+    the same 2,000 digits and 40 copies as above, searched that way, give the same confirmed pairs, and the same
+    candidates on every call."""
+    from veritrain.data import dedup
+
+    images, _ = mnist
+    originals = list(images[:2000])
+    changes = [lambda x: brighter(x, 2), lambda x: brighter(x, -2), lambda x: shifted(x, 1, 0), lambda x: shifted(x, 0, -1)]
+    copies = [changes[k % 4](originals[k * 37]) for k in range(40)]
+    phashes, pictures = features(originals + copies)
+    monkeypatch.setattr(dedup, "EXACT_NEIGHBOURS_UP_TO", 0)
+    monkeypatch.setattr(dedup, "SPECTRUM_BUCKET", 16)  # buckets as full as a million pictures' would be, relatively
+    found = near_duplicates(phashes, pictures, max_hash_distance=4, max_difference=0.1)
+    assert {tuple(p) for p in found.pairs.tolist()} == {(k * 37, 2000 + k) for k in range(40)}
+    spectra = dedup._spectra(pictures)
+    first, again = dedup.hashed_neighbours(spectra, 5), dedup.hashed_neighbours(spectra, 5)
+    assert np.array_equal(first, again) and len(first) <= 5 * len(spectra) and (first[:, 0] != first[:, 1]).all()
+
+
 def test_distinct_photo_patches_are_never_linked_but_their_copies_are():
     from sklearn.datasets import load_sample_images
 

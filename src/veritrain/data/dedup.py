@@ -132,6 +132,10 @@ CONFIRM_CHUNK = 1024  # candidate pairs compared at once (bounds memory: 2 × 10
 HASH_BLOCK_CELLS = 1 << 22  # hash pairs XORed at once: 4 Mi pairs, 32 MiB of uint64 (bounds memory)
 LONG_RUN = 2048  # hashes sharing a band's value beyond which their pairs are made a block of rows at a time
 KNN_WORKING_MEMORY = 32  # MiB scikit-learn may use for each chunk of neighbour distances (its default is 1 GiB)
+EXACT_NEIGHBOURS_UP_TO = 50_000  # pictures up to which each one's nearest spectra are found by brute force (beyond: hashed_neighbours)
+SPECTRUM_TABLES, SPECTRUM_BUCKET, MAX_BUCKET = 4, 64, 1024  # hashed_neighbours: tables, rows a bucket holds on average, at most
+SPECTRUM_SCALE = 1 << 12  # unit spectra rounded to multiples of 1/4096 for whole-number arithmetic
+SPECTRUM_SEED = 20261207  # the random ±1 vectors of hashed_neighbours' buckets
 
 
 def comparison_image(image: np.ndarray) -> np.ndarray:
@@ -182,12 +186,65 @@ def candidate_pairs(phashes: np.ndarray, pictures: np.ndarray, max_hash_distance
     found = [hash_pairs(np.asarray(phashes, dtype=np.uint64), max_hash_distance)]
     spectra = _spectra(pictures)
     k = min(neighbours + 1, n)
-    with config_context(working_memory=KNN_WORKING_MEMORY):
-        nearest = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(spectra).kneighbors(spectra, return_distance=False)
-    found.append(np.stack([np.repeat(np.arange(n), k), nearest.ravel()], axis=1))
+    if n <= EXACT_NEIGHBOURS_UP_TO:
+        with config_context(working_memory=KNN_WORKING_MEMORY):
+            nearest = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(spectra).kneighbors(spectra, return_distance=False)
+        found.append(np.stack([np.repeat(np.arange(n), k), nearest.ravel()], axis=1))
+    else:
+        found.append(hashed_neighbours(spectra, neighbours))
     pairs = np.sort(np.concatenate(found).astype(np.int64), axis=1)
     pairs = pairs[pairs[:, 0] != pairs[:, 1]]
     return np.unique(pairs, axis=0)
+
+
+def hashed_neighbours(spectra: np.ndarray, neighbours: int) -> np.ndarray:
+    """Each row's `neighbours` nearest other rows among those that share one of SPECTRUM_TABLES buckets with it, as
+    pairs (row, neighbour): an approximate nearest-neighbour search for more pictures than a brute-force one affords.
+
+    The rows are rounded to whole numbers (SPECTRUM_SCALE) and centred; each table's bucket is the signs of their
+    products with fixed random ±1 vectors (a seeded generator), as many bits as put SPECTRUM_BUCKET rows in a bucket on
+    average; within a bucket, squared distances are compared, ties by row. Whole-number arithmetic throughout, so the
+    buckets and the neighbours are the same on every machine and BLAS. Two spectra a few degrees apart, as a picture's
+    and its shifted copy's are, share a bucket in at least one of four tables with a probability above 0.99."""
+    n = len(spectra)
+    if n < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    rows = np.rint(spectra * SPECTRUM_SCALE).astype(np.int64)
+    centred = rows - np.rint(rows.mean(axis=0)).astype(np.int64)
+    bits = int(min(62, max(1, np.ceil(np.log2(n / SPECTRUM_BUCKET)))))
+    signs = np.random.default_rng(SPECTRUM_SEED).integers(0, 2, size=(SPECTRUM_TABLES, rows.shape[1], bits)) * 2 - 1
+    weights = np.int64(1) << np.arange(bits, dtype=np.int64)
+    found_i, found_j, found_d = [], [], []
+    for table in range(SPECTRUM_TABLES):
+        codes = ((centred @ signs[table]) > 0).astype(np.int64) @ weights
+        order = np.argsort(codes, kind="stable")
+        ordered = codes[order]
+        starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+        ends = np.concatenate([starts[1:], [n]])
+        for start, end in zip(starts.tolist(), ends.tolist()):
+            for block in range(start, end, MAX_BUCKET):  # an overfull bucket: in blocks of consecutive rows
+                members = order[block:min(block + MAX_BUCKET, end)]
+                if len(members) < 2:
+                    continue
+                x = rows[members]
+                squared = (x * x).sum(axis=1)
+                distance = squared[:, None] + squared[None, :] - 2 * (x @ x.T)
+                np.fill_diagonal(distance, np.iinfo(np.int64).max)
+                take = min(neighbours, len(members) - 1)
+                nearest = np.argsort(distance, axis=1, kind="stable")[:, :take]
+                found_i.append(np.repeat(members, take))
+                found_j.append(members[nearest].ravel())
+                found_d.append(np.take_along_axis(distance, nearest, axis=1).ravel())
+    if not found_i:
+        return np.zeros((0, 2), dtype=np.int64)
+    i, j, d = np.concatenate(found_i), np.concatenate(found_j), np.concatenate(found_d)
+    order = np.lexsort((j, d, i))  # per row: nearest first, ties by neighbour
+    i, j = i[order], j[order]
+    first = np.concatenate([[True], (i[1:] != i[:-1]) | (j[1:] != j[:-1])])  # a neighbour found by two tables once
+    i, j = i[first], j[first]
+    rank = np.arange(len(i)) - np.searchsorted(i, i, side="left")
+    keep = rank < neighbours
+    return np.stack([i[keep], j[keep]], axis=1).astype(np.int64)
 
 
 def hash_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
