@@ -41,13 +41,18 @@ def small_shards(monkeypatch):
     monkeypatch.setattr(store, "SHARD_BYTES", 28 * 28 * SHARD_ROWS)
 
 
-def test_an_added_image_adds_about_one_shard_per_field_and_moves_no_sample(tmp_path, small_shards):
+def test_an_added_image_adds_about_one_shard_per_field_and_moves_no_sample(tmp_path, small_shards, monkeypatch):
     root = write_mnist_imagefolder(tmp_path / "raw", per_class=30, classes=range(3))
     first = prepare_folder(root, tmp_path)
     images, labels = mnist_arrays()
     index = int(np.flatnonzero(labels == 2)[45])  # a digit the folder does not hold yet
     (root / "2" / f"{index:05d}.png").write_bytes(png_bytes(images[index]))
+    from veritrain.data import validate
+
+    decoded, real_decoded = [], validate.decoded
+    monkeypatch.setattr(validate, "decoded", lambda files, *args: decoded.extend(files) or real_decoded(files, *args))
     second = prepare_folder(root, tmp_path)
+    assert [Path(path).name for path, _ in decoded] == [f"{index:05d}.png"]  # the rest read from the first version's shards
 
     assert first.info["format"] == second.info["format"] == identity.FORMAT_VERSION >= identity.FIELDS_SINCE
     assert second.version != first.version and len(second.sample_ids) == len(first.sample_ids) + 1

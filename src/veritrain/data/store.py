@@ -11,7 +11,7 @@ import os
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -125,7 +125,7 @@ def write_fields(out: Path, shard_store: Path, rows: list[int], table: Table, so
         name, dtype, shape = "image", np.dtype(np.uint8), tuple(target["shape"])
         h, w, c = shape
         params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, near_duplicates=False)
-        values: Iterable[Optional[np.ndarray]] = validate.decoded([(str(table.paths[i]), str(table.hashes[i])) for i in rows], params, workers)
+        values: Iterable[Optional[np.ndarray]] = _decoded_or_kept(rows, table, params, workers, _decoded_before(out.parent, target))
     else:
         dtype, shape = source.inputs.dtype, tuple(source.inputs.shape[1:])
         name = "image" if dtype == np.uint8 and len(shape) == 3 else "features"
@@ -157,6 +157,41 @@ def write_fields(out: Path, shard_store: Path, rows: list[int], table: Table, so
         for entry in spec.shards:
             shards.link(shard_store, entry, out / FIELDS_FOLDER)
     return fields, histogram
+
+
+def _decoded_or_kept(rows: list[int], table: Table, params: validate.CheckParams, workers: int,
+                     before: Optional[tuple[Any, dict[str, int]]]) -> Iterator[Optional[np.ndarray]]:
+    """Each row's decoded pixels in order: a content a stored version decoded to this target by these decoders is
+    read from its image field (every block checked), the rest is decoded (validate.decoded)."""
+    kept_rows = before[1] if before is not None else {}
+    fresh = iter(validate.decoded([(str(table.paths[i]), str(table.hashes[i])) for i in rows if table.hashes[i] not in kept_rows],
+                                  params, workers))
+    for i in rows:
+        row = kept_rows.get(str(table.hashes[i]))
+        yield np.asarray(before[0][row]) if before is not None and row is not None else next(fresh)
+
+
+def _decoded_before(versions: Path, target: dict[str, Any]) -> Optional[tuple[Any, dict[str, int]]]:
+    """The image field of the newest stored version that decoded images to `target` with today's decoders (data recipe
+    7 on), opened and checked, with its rows by content hash: a re-prepare after an image was added decodes the new
+    image alone. None when there is none. `verify` prepares in a scratch folder, so it never reads one."""
+    candidates = []
+    for folder in versions.iterdir() if versions.is_dir() else []:
+        try:
+            info = json.loads((folder / "version.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(info, dict) and identity.has_fields(info) and info.get("kind") != "text" and info.get("decoders") == identity.decoder_versions() \
+                and info.get("hash_algorithm") == DATA_HASH_ALGORITHM and (info.get("preprocessing") or {}).get("target") == target \
+                and "image" in (info.get("fields") or {}):
+            candidates.append(((folder / "version.json").stat().st_mtime_ns, folder))
+    if not candidates:
+        return None
+    folder = max(candidates)[1]
+    former = identity.load_version(folder)
+    with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
+        hashes = [row[DATA_HASH_ALGORITHM] for row in csv.DictReader(f) if row["status"] == "ok"]
+    return former.inputs, {digest: row for row, digest in enumerate(hashes)}
 
 
 def _array_field(shard_store: Path, name: str, keys: list[str], values: np.ndarray) -> FieldSpec:
