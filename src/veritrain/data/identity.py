@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 # keep the version it prepared (see `run`'s `recorded`). 7: the inputs, labels, groups and timestamps are fields in
 # shards (data/shards.py, docs/shards.md) that version.json lists and the id binds (`fields`), kept once in the
 # workspace's shard store and linked into each version that holds them; opening a version checks its small files and
-# each shard's presence and size, and every block is checked when it is read.
+# each shard's presence and size, and every block is checked when it is read; beyond 50,000 distinct pictures, the
+# near-duplicate candidates by spectrum come from hashed buckets (dedup.hashed_neighbours), not a brute-force search.
 FORMAT_VERSION = 7
 FIELDS_SINCE = 7  # the first recipe whose inputs and targets are fields in shards (earlier: inputs.npy, targets.npy)
 FIELDS_FOLDER = "fields"  # where such a version holds its shards: fields/<id[:2]>/<id>, linked from the store
