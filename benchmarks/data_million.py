@@ -112,7 +112,10 @@ def prepare(root: Path, workspace: Path) -> dict:
     if code != 0:
         sys.exit(f"error: prepare exited {code}:\n{err_file.read_text()[-3000:]}")
     result = json.loads(out_file.read_text())
-    return {"seconds": seconds, "main_peak": int(peak_file.read_text()), "tree_peak": tree_peak, "version": result["data_version"]}
+    report = workspace / ".veritrain" / "data" / result["data_version"] / "data_report.json"
+    stages = json.loads(report.read_text()).get("timings_seconds", {})  # where the time went, by stage
+    return {"seconds": seconds, "main_peak": int(peak_file.read_text()), "tree_peak": tree_peak, "version": result["data_version"],
+            "stages": stages}
 
 
 def fields_of(version_dir: Path) -> dict[str, set[str]]:
@@ -199,6 +202,7 @@ def main() -> None:
               f"{v['bytes'] / MIB / v['ours']:.0f} MiB/s vs sha256sum {v['bytes'] / MIB / v['sha256sum']:.0f} MiB/s ({v['ratio']:.2f}×); "
               f"one image added: re-prepare {a['seconds']:.0f} s, new shards {a['new_shards']}, store +{a['store_gained']}, "
               f"moved {a['moved']}", flush=True)
+        print(f"  stages of the first prepare (s): {p['stages']}\n  stages of the second: {a['stages']}", flush=True)
     if len(results) > 1:
         small, large = results[0], results[-1]
         print(f"{large['images']} vs {small['images']}: peak memory {large['prepare']['main_peak'] / small['prepare']['main_peak']:.2f}× "

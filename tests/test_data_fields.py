@@ -53,6 +53,7 @@ def test_an_added_image_adds_about_one_shard_per_field_and_moves_no_sample(tmp_p
     monkeypatch.setattr(validate, "decoded", lambda files, *args: decoded.extend(files) or real_decoded(files, *args))
     second = prepare_folder(root, tmp_path)
     assert [Path(path).name for path, _ in decoded] == [f"{index:05d}.png"]  # the rest read from the first version's shards
+    assert prepare_folder(root, tmp_path / "afresh").version == second.version  # as if every image were decoded again
 
     assert first.info["format"] == second.info["format"] == identity.FORMAT_VERSION >= identity.FIELDS_SINCE
     assert second.version != first.version and len(second.sample_ids) == len(first.sample_ids) + 1

@@ -166,9 +166,13 @@ def _decoded_or_kept(rows: list[int], table: Table, params: validate.CheckParams
     kept_rows = before[1] if before is not None else {}
     fresh = iter(validate.decoded([(str(table.paths[i]), str(table.hashes[i])) for i in rows if table.hashes[i] not in kept_rows],
                                   params, workers))
-    for i in rows:
-        row = kept_rows.get(str(table.hashes[i]))
-        yield np.asarray(before[0][row]) if before is not None and row is not None else next(fresh)
+    for start in range(0, len(rows), ARRAY_CHUNK):  # the kept rows of a chunk read together: each block they touch once
+        chunk = rows[start:start + ARRAY_CHUNK]
+        former = [kept_rows.get(str(table.hashes[i]), -1) for i in chunk]
+        wanted = np.array([row for row in former if row >= 0], dtype=np.int64)
+        kept = iter(np.asarray(before[0][wanted]) if before is not None and len(wanted) else ())
+        for row in former:
+            yield next(kept) if row >= 0 else next(fresh)
 
 
 def _decoded_before(versions: Path, target: dict[str, Any]) -> Optional[tuple[Any, dict[str, int]]]:
