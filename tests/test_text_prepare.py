@@ -58,7 +58,7 @@ def test_the_shipped_corpus_prepares_to_one_id_and_its_tokens_decode_to_its_docu
     assert again.version == data.version  # another workspace, the same bytes: the same id
 
 
-def test_one_changed_token_or_tokenizer_byte_is_refused_on_open(pydoc, tmp_path):
+def test_one_changed_token_or_tokenizer_byte_is_refused_before_it_is_used(pydoc, tmp_path):
     import shutil
 
     root, data = pydoc
@@ -72,8 +72,8 @@ def test_one_changed_token_or_tokenizer_byte_is_refused_on_open(pydoc, tmp_path)
         content[len(content) // 2] ^= 1
         target.unlink()  # a new file: a shard's is a link the store shares
         target.write_bytes(bytes(content))
-        with pytest.raises(RunFailed, match=said):
-            identity.load_version(copy)
+        with pytest.raises(RunFailed, match=said):  # the chunk when its tokens are first read, the tokenizer on open
+            np.asarray(identity.load_version(copy).tokens["train"])  # type: ignore[attr-defined]
 
 
 def write_jsonl(path, rows):

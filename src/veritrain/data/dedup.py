@@ -203,8 +203,9 @@ def hashed_neighbours(spectra: np.ndarray, neighbours: int) -> np.ndarray:
 
     The rows are rounded to whole numbers (SPECTRUM_SCALE) and centred; each table's bucket is the signs of their
     products with fixed random ±1 vectors (a seeded generator), as many bits as put SPECTRUM_BUCKET rows in a bucket on
-    average; within a bucket, squared distances are compared, ties by row. Whole-number arithmetic throughout, so the
-    buckets and the neighbours are the same on every machine and BLAS. Two spectra a few degrees apart, as a picture's
+    average; within a bucket, squared distances are compared, ties by row. Whole-number arithmetic throughout (products
+    of numbers this small are exact in float64 too, which BLAS computes fast), so the buckets and the neighbours are
+    the same on every machine and BLAS. Two spectra a few degrees apart, as a picture's
     and its shifted copy's are, share a bucket in at least one of four tables with a probability above 0.99."""
     n = len(spectra)
     if n < 2:
@@ -214,27 +215,34 @@ def hashed_neighbours(spectra: np.ndarray, neighbours: int) -> np.ndarray:
     bits = int(min(62, max(1, np.ceil(np.log2(n / SPECTRUM_BUCKET)))))
     signs = np.random.default_rng(SPECTRUM_SEED).integers(0, 2, size=(SPECTRUM_TABLES, rows.shape[1], bits)) * 2 - 1
     weights = np.int64(1) << np.arange(bits, dtype=np.int64)
+    # whole numbers below 2^53 in float64, so BLAS products of them are exact whatever the order of summing
+    exact_float, signs = centred.astype(np.float64), signs.astype(np.float64)
     found_i, found_j, found_d = [], [], []
     for table in range(SPECTRUM_TABLES):
-        codes = ((centred @ signs[table]) > 0).astype(np.int64) @ weights
+        codes = ((exact_float @ signs[table]) > 0).astype(np.int64) @ weights
         order = np.argsort(codes, kind="stable")
         ordered = codes[order]
         starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
         ends = np.concatenate([starts[1:], [n]])
-        for start, end in zip(starts.tolist(), ends.tolist()):
-            for block in range(start, end, MAX_BUCKET):  # an overfull bucket: in blocks of consecutive rows
-                members = order[block:min(block + MAX_BUCKET, end)]
-                if len(members) < 2:
-                    continue
+        # an overfull bucket is taken in blocks of consecutive rows; blocks of one length are compared together
+        blocks = [(block, min(block + MAX_BUCKET, end)) for start, end in zip(starts.tolist(), ends.tolist())
+                  for block in range(start, end, MAX_BUCKET)]
+        begins = np.array([a for a, _ in blocks], dtype=np.int64)
+        lengths = np.array([b - a for a, b in blocks], dtype=np.int64)
+        for length in np.unique(lengths[lengths > 1]).tolist():
+            take = min(neighbours, length - 1)
+            same = begins[lengths == length]
+            for chunk in range(0, len(same), max(1, (1 << 22) // (length * length))):  # about 32 MiB of distances at once
+                members = order[same[chunk:chunk + max(1, (1 << 22) // (length * length)), None] + np.arange(length)]  # B × length
                 x = rows[members]
-                squared = (x * x).sum(axis=1)
-                distance = squared[:, None] + squared[None, :] - 2 * (x @ x.T)
-                np.fill_diagonal(distance, np.iinfo(np.int64).max)
-                take = min(neighbours, len(members) - 1)
-                nearest = np.argsort(distance, axis=1, kind="stable")[:, :take]
-                found_i.append(np.repeat(members, take))
-                found_j.append(members[nearest].ravel())
-                found_d.append(np.take_along_axis(distance, nearest, axis=1).ravel())
+                squared = (x * x).sum(axis=2)
+                gram = np.matmul(x.astype(np.float64), x.transpose(0, 2, 1).astype(np.float64)).astype(np.int64)  # exact: see above
+                distance = squared[:, :, None] + squared[:, None, :] - 2 * gram
+                distance[:, np.arange(length), np.arange(length)] = np.iinfo(np.int64).max
+                nearest = np.argsort(distance, axis=2, kind="stable")[:, :, :take]
+                found_i.append(np.repeat(members.ravel(), take))
+                found_j.append(np.take_along_axis(members[:, None, :], nearest, axis=2).ravel())
+                found_d.append(np.take_along_axis(distance, nearest, axis=2).ravel())
     if not found_i:
         return np.zeros((0, 2), dtype=np.int64)
     i, j, d = np.concatenate(found_i), np.concatenate(found_j), np.concatenate(found_d)

@@ -22,6 +22,7 @@ from veritrain.core.config import load_config
 from veritrain.core.errors import ConfigError, UserError
 from veritrain.data import prepare
 from veritrain.data.identity import DataVersion, data_summary
+from veritrain.data.shards import FieldArray
 from veritrain.records.workspace import Workspace
 
 
@@ -61,6 +62,7 @@ def data(config: Union[str, Path, Mapping[str, Any], None] = None, workdir: Unio
         raise UserError(f"vt.data: a {type(config).__name__} is not a data config; give a YAML config's path, a dict of data keys or None")
     workspace = Workspace.open(workdir)
     version: DataVersion = prepare.run(resolved.config.data, resolved.data_paths, workspace.state_dir)
-    return Data(version=version.version, path=version.path, inputs=version.inputs, targets=version.targets, splits=version.splits,
+    inputs = version.inputs.whole() if isinstance(version.inputs, FieldArray) else version.inputs  # an array when it fits in memory
+    return Data(version=version.version, path=version.path, inputs=inputs, targets=version.targets, splits=version.splits,
                 classes=version.classes, summary=data_summary(version), config=resolved.config.data.model_dump(mode="json"),
                 recorded_paths=resolved.recorded_data_paths())

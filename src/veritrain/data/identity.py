@@ -306,7 +306,7 @@ def load_version(path: Path) -> DataVersion:
     if has_fields(info):  # read from checked blocks: a small inputs field whole now, a large one as rows are asked for
         specs = field_specs(info)
         inputs = array_of(specs[next(name for name in INPUT_FIELDS if name in specs)], path / FIELDS_FOLDER, IN_MEMORY_BYTES)
-        targets = array_of(specs["label"], path / FIELDS_FOLDER, 1 << 62)
+        targets = array_of(specs["label"], path / FIELDS_FOLDER, 1 << 62, eager=True)  # a few bytes a row
         return DataVersion(version=info["data_version"], path=path, info=info, inputs=inputs, targets=targets,
                            splits=placed_splits(path, len(inputs)), sample_ids=ManifestIds(path / "manifest.csv", len(inputs)))  # type: ignore[arg-type]
     with open(path / "manifest.csv", newline="", encoding="utf-8") as f:

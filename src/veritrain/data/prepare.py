@@ -50,7 +50,6 @@ from veritrain.data.identity import (
     FIELDS_FOLDER,
     FIELDS_SINCE,
     FORMAT_VERSION,
-    IN_MEMORY_BYTES,
     INPUT_FIELDS,
     SHARD_STORE,
     DataVersion,
@@ -214,7 +213,9 @@ def run(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, reh
     in a scratch folder) writes nothing to the workspace and takes no lock."""
 
     if data_cfg.source in TEXT_SOURCES:  # documents for a language model: the text data gate
-
+        kept = _stored_by_an_earlier_recipe(workspace_state, recorded) if recorded is not None and not id_only else None
+        if kept is not None:
+            return kept
         if id_only:
             return text_prepare.prepare(data_cfg, paths, workspace_state, id_only=True)
         key = sha256_json({"data": data_cfg.model_dump(mode="json"), "paths": {k: str(v) for k, v in sorted(paths.items())}})[:32]
@@ -363,8 +364,8 @@ def _write_data(out: Path, shard_store: Path, rows: list[int], assigned: dict[in
     train = np.array([assigned[i] == "train" for i in rows], dtype=bool)
     fields, histogram = write_fields(out, shard_store, rows, table, source, data_cfg, target, classes, workers, train)
     folder = out / FIELDS_FOLDER
-    inputs = array_of(fields[next(name for name in INPUT_FIELDS if name in fields)], folder, IN_MEMORY_BYTES)
-    info = write_version(out, data_cfg, table, classes, assigned, rows, *described, inputs, array_of(fields["label"], folder, 1 << 62),
+    inputs = array_of(fields[next(name for name in INPUT_FIELDS if name in fields)], folder, 0)  # read back as rows are asked for
+    info = write_version(out, data_cfg, table, classes, assigned, rows, *described, inputs, array_of(fields["label"], folder, 1 << 62, eager=True),
                          histogram.stats() if histogram is not None else None)
     info["fields"] = {name: spec.as_dict() for name, spec in fields.items()}
     return inputs, info
@@ -374,10 +375,15 @@ def _stored_by_an_earlier_recipe(workspace_state: Path, recorded: str) -> Option
     """The stored version a run used, when an earlier data recipe prepared it (this recipe would give another id)."""
     stored = workspace_state / "data" / recorded
     recipe = stored_recipe(stored)
-    if recipe is None or recipe >= identity.FORMAT_VERSION:
+    try:  # a text version has recipes of its own
+        current = identity.TEXT_RECIPE if json.loads((stored / "version.json").read_text(encoding="utf-8")).get("kind") == "text" \
+            else identity.FORMAT_VERSION
+    except (OSError, ValueError, AttributeError):
+        return None
+    if recipe is None or recipe >= current:
         return None
     log.info("data: using the stored data version %s, prepared by data recipe %d (this veritrain prepares with recipe %d)",
-             recorded[:12], recipe, identity.FORMAT_VERSION)
+             recorded[:12], recipe, current)
     loaded = load_version(stored)
     loaded.reused = True
     return loaded

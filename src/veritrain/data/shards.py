@@ -312,12 +312,13 @@ class FieldSpec:
         return Field(folder, self.shards)
 
 
-def array_of(spec: FieldSpec, folder: Path, in_memory: int) -> Any:
-    """An array field of a version in `folder`, for reading like an array: read whole into memory (every block checked
-    once, as a read-only array) when it is at most `in_memory` bytes, else a `FieldArray` that reads the rows asked for."""
+def array_of(spec: FieldSpec, folder: Path, in_memory: int, eager: bool = False) -> Any:
+    """An array field of a version in `folder`, for reading like an array: a `FieldArray` that reads the rows asked for,
+    and reads the whole field into memory at its first read (every block checked once) when it is at most `in_memory`
+    bytes; with `eager`, that whole read now, as a read-only array."""
     if spec.layout != "array":
         raise ShardError(f"field {spec.name} is a {spec.layout} field, not an array")
-    if spec.size <= in_memory:
+    if eager and spec.size <= in_memory:
         if not spec.shards:
             values = np.empty((0, *(spec.shape or ())), dtype=np.dtype(spec.dtype))
         else:
@@ -328,7 +329,7 @@ def array_of(spec: FieldSpec, folder: Path, in_memory: int) -> Any:
         return values
     if not spec.shards:
         return np.empty((0, *(spec.shape or ())), dtype=np.dtype(spec.dtype))
-    return FieldArray(spec.reader(folder))
+    return FieldArray(spec.reader(folder), whole_up_to=in_memory)
 
 
 # ---------------------------------------------------------------- reading
@@ -546,7 +547,11 @@ class Field:
             return np.empty(0)
         if len(self.shards) == 1:
             return self.shards[0].values()
-        return np.concatenate([shard.values() for shard in self.shards])
+        shape, dtype = self.shards[0]._array_type()
+        out = np.empty((len(self), *shape), dtype=np.dtype(dtype))  # filled shard by shard: one copy in memory, not two
+        for shard, end in zip(self.shards, self.ends.tolist()):
+            out[end - len(shard):end] = shard.values()
+        return out
 
     def close(self) -> None:
         for shard in self.shards:
@@ -556,9 +561,11 @@ class Field:
 class FieldArray:
     """An array field read like the read-only array a data version's `inputs` was: `shape`, `dtype`, `ndim`, `len`,
     and indexing by a row, a slice of rows or an array of rows (each read from checked blocks), so a task that
-    indexes `data.inputs[rows]` reads shards unchanged."""
+    indexes `data.inputs[rows]` reads shards unchanged. A field of at most `whole_up_to` bytes is read whole at its
+    first read (every block checked once) and served from memory after: small data trains as fast as from an array,
+    and a process that never reads it (a prepare that reuses a version) never holds it."""
 
-    def __init__(self, field: Field) -> None:
+    def __init__(self, field: Field, whole_up_to: int = 0) -> None:
         if not field.shards:
             raise ShardError("an array field needs at least one shard (an empty one names its dtype and shape)")
         shape, dtype = field.shards[0]._array_type()
@@ -567,11 +574,25 @@ class FieldArray:
         self.field, self.dtype = field, np.dtype(dtype)
         self.shape = (len(field), *shape)
         self.ndim = len(self.shape)
+        self.whole_up_to = whole_up_to
+        self._whole: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return self.shape[0]
 
+    def whole(self) -> Any:
+        """The field as one read-only array when it is at most `whole_up_to` bytes (read now if not yet), else itself."""
+        if self._whole is None and sum(s.entry.size for s in self.field.shards) <= self.whole_up_to:
+            values = self.field.values()
+            values.flags.writeable = False
+            self._whole = values
+            self.field.close()
+        return self._whole if self._whole is not None else self
+
     def __getitem__(self, index: Any) -> np.ndarray:
+        whole = self.whole()
+        if whole is not self:
+            return whole[index]
         if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
             row = int(index) + (len(self) if index < 0 else 0)
             return self.field.take(np.array([row], dtype=np.int64))[0]
@@ -591,7 +612,8 @@ class FieldArray:
         return taken.reshape(*rows.shape, *self.shape[1:])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        values = self.field.values()
+        whole = self.whole()
+        values = whole if whole is not self else self.field.values()
         return values if dtype is None else values.astype(dtype)
 
 
