@@ -197,3 +197,15 @@ def test_a_field_array_is_indexed_like_the_array_it_replaces(tmp_path):
     with pytest.raises(IndexError):
         field[np.array([30])]
 
+
+
+def test_a_field_that_fits_in_memory_is_read_whole_once_and_acts_as_an_array(tmp_path):
+    images = np.random.default_rng(4).integers(0, 255, size=(40, 2, 2, 3), dtype=np.uint8)
+    entries = [shards.write_array(tmp_path, images[:25]), shards.write_array(tmp_path, images[25:])]
+    small = shards.FieldArray(Field(tmp_path, entries), whole_up_to=1 << 20)
+    assert small.max() == images.max() and np.array_equal(small[..., 0], images[..., 0])  # from the whole field, read once
+    assert isinstance(small.whole(), np.ndarray) and not small.whole().flags.writeable
+    large = shards.FieldArray(Field(tmp_path, entries), whole_up_to=0)
+    assert large.whole() is large and np.array_equal(large[[3, 30]], images[[3, 30]])
+    with pytest.raises(AttributeError, match="is read by rows"):
+        large.max()

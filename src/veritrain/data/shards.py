@@ -611,6 +611,16 @@ class FieldArray:
         taken = self.field.take(np.where(flat < 0, flat + len(self), flat))
         return taken.reshape(*rows.shape, *self.shape[1:])
 
+    def __getattr__(self, name: str) -> Any:
+        """What else an array has (`max`, `astype`, ...), from the whole field when it fits in memory."""
+        if name.startswith("_") or name in ("field", "whole_up_to"):
+            raise AttributeError(name)
+        whole = self.whole()
+        if whole is self:
+            raise AttributeError(f"{name}: a field of {self.shape} {self.dtype} larger than {self.whole_up_to} bytes is read by rows "
+                                 "(index it, or np.asarray(field) to read it all)")
+        return getattr(whole, name)
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         whole = self.whole()
         values = whole if whole is not self else self.field.values()
