@@ -55,9 +55,10 @@ def hand_loop(data_dir: Path, workers: int, batch_size: int, epochs: int, seed: 
 
     torch.manual_seed(seed)
     torch.set_num_threads(2)
+    from reference_loop import version_arrays
+
     info = json.loads((data_dir / "version.json").read_text())
-    inputs = np.load(data_dir / "inputs.npy", mmap_mode="r")
-    targets = np.load(data_dir / "targets.npy", mmap_mode="r")
+    inputs, targets = version_arrays(data_dir, info)
     with open(data_dir / "manifest.csv", newline="", encoding="utf-8") as f:
         ids = [entry["sample_id"] for entry in csv.DictReader(f) if entry["status"] == "ok"]
     row = {sid: i for i, sid in enumerate(ids)}

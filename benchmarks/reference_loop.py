@@ -30,6 +30,20 @@ from veritrain import models
 from veritrain.core.config import load_config
 
 
+def version_arrays(data_dir: Path, info: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A data version's inputs and targets read as anyone would without veritrain: `inputs.npy` and `targets.npy`
+    (data recipe 6 and before), or the shards of its `image` (or `features`) and `label` fields, one after another
+    (docs/shards.md), their blocks unchecked."""
+    if "fields" not in info:
+        return np.load(data_dir / "inputs.npy", mmap_mode="r"), np.load(data_dir / "targets.npy", mmap_mode="r")
+
+    def field(name: str) -> np.ndarray:
+        spec = info["fields"][name]
+        return np.concatenate([np.fromfile(data_dir / "fields" / e["id"][:2] / e["id"], dtype=spec["dtype"]).reshape(e["rows"], *spec["shape"])
+                               for e in spec["shards"]])
+    return field("image" if "image" in info["fields"] else "features"), field("label")
+
+
 def main() -> None:
     data_dir, config_path, out_dir = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     device = torch.device(sys.argv[4] if len(sys.argv) > 4 else "cpu")
@@ -42,8 +56,7 @@ def main() -> None:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     info = json.loads((data_dir / "version.json").read_text())
-    inputs = np.load(data_dir / "inputs.npy", mmap_mode="r")
-    targets = np.load(data_dir / "targets.npy", mmap_mode="r")
+    inputs, targets = version_arrays(data_dir, info)
     with open(data_dir / "manifest.csv", newline="", encoding="utf-8") as f:  # the rows of the arrays: the samples whose status is ok
         ids = [entry["sample_id"] for entry in csv.DictReader(f) if entry["status"] == "ok"]
     row = {sid: i for i, sid in enumerate(ids)}
