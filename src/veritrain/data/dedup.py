@@ -14,6 +14,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from veritrain.data.row_images import Images, RowImages, RowView
+
 HASH_BITS = 64
 HASH_SIDE = 32  # the grey image is resized to 32×32 before the DCT
 LOW_FREQUENCIES = 8  # the top-left 8×8 DCT coefficients make the 64 bits
@@ -157,7 +159,7 @@ def comparison_image(image: np.ndarray) -> np.ndarray:
     return thumbnail(array, COMPARISON_SIDE)[:, :, 0]
 
 
-def _spectra(pictures: np.ndarray) -> np.ndarray:
+def _spectra(pictures: Images) -> np.ndarray:
     """Unit-length low-frequency Fourier magnitudes of each picture with its mean removed: a shift of the
     picture leaves them (nearly) unchanged, so a shifted copy is among an image's nearest neighbours here."""
     spectra = np.empty((len(pictures), SPECTRUM_SIDE * SPECTRUM_SIDE))
@@ -169,7 +171,7 @@ def _spectra(pictures: np.ndarray) -> np.ndarray:
     return spectra
 
 
-def candidate_pairs(phashes: np.ndarray, pictures: np.ndarray, max_hash_distance: int, neighbours: int = 5) -> np.ndarray:
+def candidate_pairs(phashes: np.ndarray, pictures: Images, max_hash_distance: int, neighbours: int = 5) -> np.ndarray:
     """Pairs (i < j) worth comparing pixel by pixel, as an int64 array P×2, sorted, without repeats.
 
     Two indexes feed it: perceptual hashes within `max_hash_distance` bits (re-encodes, resizes, brightness),
@@ -184,17 +186,30 @@ def candidate_pairs(phashes: np.ndarray, pictures: np.ndarray, max_hash_distance
     if n < 2:
         return np.zeros((0, 2), dtype=np.int64)
     found = [hash_pairs(np.asarray(phashes, dtype=np.uint64), max_hash_distance)]
-    spectra = _spectra(pictures)
     k = min(neighbours + 1, n)
     if n <= EXACT_NEIGHBOURS_UP_TO:
+        spectra = _spectra(pictures)
         with config_context(working_memory=KNN_WORKING_MEMORY):
             nearest = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(spectra).kneighbors(spectra, return_distance=False)
         found.append(np.stack([np.repeat(np.arange(n), k), nearest.ravel()], axis=1))
     else:
-        found.append(hashed_neighbours(spectra, neighbours))
-    pairs = np.sort(np.concatenate(found).astype(np.int64), axis=1)
-    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
-    return np.unique(pairs, axis=0)
+        found.append(_hashed_neighbours(_rounded_spectra(pictures), neighbours))
+    keys = np.concatenate([np.minimum(f[:, 0], f[:, 1]).astype(np.int64) * n + np.maximum(f[:, 0], f[:, 1]) for f in found])
+    del found
+    keys = np.unique(keys[keys // n != keys % n])  # one int64 a pair: sorting it takes a fraction of sorting rows of two
+    return np.stack([keys // n, keys % n], axis=1)
+
+
+def _rounded_spectra(pictures: Images) -> Images:
+    """The unit spectra (`_spectra`) rounded to multiples of 1/SPECTRUM_SCALE, int16 N × SPECTRUM_SIDE², a chunk of
+    pictures at a time: in a scratch file beside the pictures when they are read from one (row_images), else in memory."""
+    n = len(pictures)
+    if isinstance(pictures, RowView) and pictures.images.path is not None:
+        stored = RowImages(pictures.images.path.with_name("spectra.i16"), n, dtype=np.int16)
+        for start in range(0, n, CONFIRM_CHUNK):
+            stored.put_rows(start, np.rint(_spectra(pictures[start : start + CONFIRM_CHUNK]) * SPECTRUM_SCALE))
+        return stored.of(np.arange(n))
+    return np.rint(_spectra(pictures) * SPECTRUM_SCALE).astype(np.int16)
 
 
 def hashed_neighbours(spectra: np.ndarray, neighbours: int) -> np.ndarray:
@@ -207,23 +222,38 @@ def hashed_neighbours(spectra: np.ndarray, neighbours: int) -> np.ndarray:
     of numbers this small are exact in float64 too, which BLAS computes fast), so the buckets and the neighbours are
     the same on every machine and BLAS. Two spectra a few degrees apart, as a picture's
     and its shifted copy's are, share a bucket in at least one of four tables with a probability above 0.99."""
-    n = len(spectra)
+    return _hashed_neighbours(np.rint(np.asarray(spectra) * SPECTRUM_SCALE).astype(np.int16), neighbours)
+
+
+def _hashed_neighbours(rows: Images, neighbours: int) -> np.ndarray:
+    """`hashed_neighbours` of spectra rounded already (int16, `_rounded_spectra`), read CONFIRM_CHUNK rows at a time
+    for the buckets and a bucket block at a time for the distances; each row's nearest so far are kept as they come
+    (`_merge_nearest`), so memory holds them and one block's distances, not every table's candidates at once."""
+    n = len(rows)
     if n < 2:
         return np.zeros((0, 2), dtype=np.int64)
-    rows = np.rint(spectra * SPECTRUM_SCALE).astype(np.int64)
-    centred = rows - np.rint(rows.mean(axis=0)).astype(np.int64)
+    total = np.zeros(rows.shape[1], dtype=np.int64)
+    for start in range(0, n, CONFIRM_CHUNK):
+        total += rows[start : start + CONFIRM_CHUNK].astype(np.int64).sum(axis=0)
+    mean = np.rint(total / n).astype(np.int64)  # the exact sum over n: as the whole array's mean, since every partial sum is exact
     bits = int(min(62, max(1, np.ceil(np.log2(n / SPECTRUM_BUCKET)))))
     signs = np.random.default_rng(SPECTRUM_SEED).integers(0, 2, size=(SPECTRUM_TABLES, rows.shape[1], bits)) * 2 - 1
     weights = np.int64(1) << np.arange(bits, dtype=np.int64)
     # whole numbers below 2^53 in float64, so BLAS products of them are exact whatever the order of summing
-    exact_float, signs = centred.astype(np.float64), signs.astype(np.float64)
-    found_i, found_j, found_d = [], [], []
+    signs = signs.astype(np.float64)
+    best_j = np.full((n, neighbours), -1, dtype=np.int32 if n < 2**31 else np.int64)
+    best_d = np.full((n, neighbours), np.iinfo(np.int64).max, dtype=np.int64)
     for table in range(SPECTRUM_TABLES):
-        codes = ((exact_float @ signs[table]) > 0).astype(np.int64) @ weights
+        codes = np.empty(n, dtype=np.int64)
+        for start in range(0, n, CONFIRM_CHUNK):
+            centred = (rows[start : start + CONFIRM_CHUNK].astype(np.int64) - mean).astype(np.float64)
+            codes[start : start + len(centred)] = ((centred @ signs[table]) > 0).astype(np.int64) @ weights
         order = np.argsort(codes, kind="stable")
         ordered = codes[order]
+        del codes
         starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
         ends = np.concatenate([starts[1:], [n]])
+        del ordered
         # an overfull bucket is taken in blocks of consecutive rows; blocks of one length are compared together
         blocks = [(block, min(block + MAX_BUCKET, end)) for start, end in zip(starts.tolist(), ends.tolist())
                   for block in range(start, end, MAX_BUCKET)]
@@ -232,27 +262,39 @@ def hashed_neighbours(spectra: np.ndarray, neighbours: int) -> np.ndarray:
         for length in np.unique(lengths[lengths > 1]).tolist():
             take = min(neighbours, length - 1)
             same = begins[lengths == length]
-            for chunk in range(0, len(same), max(1, (1 << 22) // (length * length))):  # about 32 MiB of distances at once
-                members = order[same[chunk:chunk + max(1, (1 << 22) // (length * length)), None] + np.arange(length)]  # B × length
-                x = rows[members]
+            at_once = max(1, (1 << 22) // (length * length))  # about 32 MiB of distances at once
+            for chunk in range(0, len(same), at_once):
+                members = order[same[chunk:chunk + at_once, None] + np.arange(length)]  # B × length
+                x = rows[members.ravel()].reshape(*members.shape, -1).astype(np.int64)
                 squared = (x * x).sum(axis=2)
                 gram = np.matmul(x.astype(np.float64), x.transpose(0, 2, 1).astype(np.float64)).astype(np.int64)  # exact: see above
                 distance = squared[:, :, None] + squared[:, None, :] - 2 * gram
                 distance[:, np.arange(length), np.arange(length)] = np.iinfo(np.int64).max
                 nearest = np.argsort(distance, axis=2, kind="stable")[:, :, :take]
-                found_i.append(np.repeat(members.ravel(), take))
-                found_j.append(np.take_along_axis(members[:, None, :], nearest, axis=2).ravel())
-                found_d.append(np.take_along_axis(distance, nearest, axis=2).ravel())
-    if not found_i:
-        return np.zeros((0, 2), dtype=np.int64)
-    i, j, d = np.concatenate(found_i), np.concatenate(found_j), np.concatenate(found_d)
-    order = np.lexsort((j, d, i))  # per row: nearest first, ties by neighbour
-    i, j = i[order], j[order]
-    first = np.concatenate([[True], (i[1:] != i[:-1]) | (j[1:] != j[:-1])])  # a neighbour found by two tables once
-    i, j = i[first], j[first]
-    rank = np.arange(len(i)) - np.searchsorted(i, i, side="left")
-    keep = rank < neighbours
-    return np.stack([i[keep], j[keep]], axis=1).astype(np.int64)
+                _merge_nearest(best_j, best_d, members.ravel(), np.take_along_axis(members[:, None, :], nearest, axis=2).reshape(-1, take),
+                               np.take_along_axis(distance, nearest, axis=2).reshape(-1, take))
+    i = np.repeat(np.arange(n, dtype=np.int64), neighbours)
+    j = best_j.ravel().astype(np.int64)
+    return np.stack([i[j >= 0], j[j >= 0]], axis=1)
+
+
+def _merge_nearest(best_j: np.ndarray, best_d: np.ndarray, rows: np.ndarray, found_j: np.ndarray, found_d: np.ndarray) -> None:
+    """Rows `rows` (distinct) keep their `best_j.shape[1]` nearest of what they had and what was `found`: nearest
+    first, ties by neighbour, a neighbour found twice (by two tables, at one distance) once."""
+    k = best_j.shape[1]
+    j = np.concatenate([best_j[rows].astype(np.int64), found_j], axis=1)
+    d = np.concatenate([best_d[rows], found_d], axis=1)
+    j = np.where(j < 0, np.iinfo(np.int64).max, j)  # empty places last
+    row = np.repeat(np.arange(len(rows)), j.shape[1])
+    order = np.lexsort((j.ravel(), d.ravel(), row))
+    j, d, row = j.ravel()[order], d.ravel()[order], row[order]
+    again = np.concatenate([[False], (row[1:] == row[:-1]) & (j[1:] == j[:-1])])
+    j, d, row = j[~again], d[~again], row[~again]
+    rank = np.arange(len(row)) - np.searchsorted(row, row, side="left")
+    keep = rank < k
+    j = np.where(j[keep] == np.iinfo(np.int64).max, -1, j[keep])
+    best_j[rows[row[keep]], rank[keep]] = j
+    best_d[rows[row[keep]], rank[keep]] = d[keep]
 
 
 def hash_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
@@ -353,7 +395,7 @@ class NearDuplicates:
     candidates: int  # pairs proposed by the indexes and compared
 
 
-def near_duplicates(phashes: np.ndarray, pictures: np.ndarray, max_hash_distance: int, max_difference: float) -> NearDuplicates:
+def near_duplicates(phashes: np.ndarray, pictures: Images, max_hash_distance: int, max_difference: float) -> NearDuplicates:
     """Near-duplicate pairs proven by pixels: candidates from the indexes, kept when their `difference` is at
     most `max_difference`; items are grouped by scipy's connected components of the kept pairs only, so a
     chain of merely similar images never joins a group."""

@@ -123,8 +123,7 @@ def _near_duplicates(cfg: DataConfig, table: Table, links: list[list[int]]) -> n
     candidates = [members[0] for members in copies.values()]
     if len(candidates) < 2:
         return np.zeros((0, 2), dtype=np.int64)
-    found = near_duplicates(np.array([table.phash[i] for i in candidates], dtype=np.uint64),
-                            np.stack([table.pictures[i] for i in candidates]), cfg.near_duplicate_distance, cfg.near_duplicate_difference)
+    found = near_duplicates(table.phash[candidates], table.pictures.of(candidates), cfg.near_duplicate_distance, cfg.near_duplicate_difference)
     index = np.array(candidates, dtype=np.int64)
     pairs = index[found.pairs] if len(found.pairs) else np.zeros((0, 2), dtype=np.int64)
     difference_of = {(int(a), int(b)): float(d) for (a, b), d in zip(pairs, found.differences)}
@@ -400,7 +399,7 @@ def label_issues_and_outliers(cfg: DataConfig, table: Table, assigned: dict[int,
 
     def find(rows: list[int]) -> Any:
         return label_issues.find_label_issues_and_outliers(
-            np.stack([table.thumbs[i] for i in rows]), np.array([class_index[table.label(i)] for i in rows], dtype=np.int64),
+            table.thumbs.of(rows), np.array([class_index[table.label(i)] for i in rows], dtype=np.int64),
             len(classes), cfg.split_seed)
 
     found = find(placed)

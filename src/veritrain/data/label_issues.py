@@ -17,6 +17,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from veritrain.data.row_images import Images
+
 METHOD_NAME = "thumbnail-knn-v1"  # change it whenever a rule or default below changes (it is recorded)
 BLUR_SIGMA = 0.7  # px of the 16×16 thumbnail: a light Gaussian blur makes 1-px shifts of a stroke count less
 FEATURE_DIMS = 40  # principal components kept; a 41st coordinate holds the norm of the part they miss, ...
@@ -58,7 +60,7 @@ class Findings:
     method: dict[str, Any]  # JSON-able: the method and its parameters, for the data report
 
 
-def find_label_issues_and_outliers(thumbnails: np.ndarray, labels: np.ndarray, num_classes: int, seed: int) -> Findings:
+def find_label_issues_and_outliers(thumbnails: Images, labels: np.ndarray, num_classes: int, seed: int) -> Findings:
     """Label issues and outliers among N samples, ranked, from their thumbnails (uint8 N×16×16×C, C = 1 or 3,
     any side works) and labels (N class indices in [0, num_classes)).
 
@@ -95,7 +97,7 @@ def find_label_issues_and_outliers(thumbnails: np.ndarray, labels: np.ndarray, n
         return _find(thumbnails, labels, num_classes, seed, method)
 
 
-def _find(thumbnails: np.ndarray, labels: np.ndarray, num_classes: int, seed: int, method: dict[str, Any]) -> Findings:
+def _find(thumbnails: Images, labels: np.ndarray, num_classes: int, seed: int, method: dict[str, Any]) -> Findings:
     features = _features(thumbnails)
     copy_group = _copy_groups(thumbnails)
     reference = _reference_rows(thumbnails, labels, copy_group, seed)
@@ -119,8 +121,9 @@ def _find(thumbnails: np.ndarray, labels: np.ndarray, num_classes: int, seed: in
     )
 
 
-def _checked(thumbnails: np.ndarray, labels: np.ndarray, num_classes: int) -> tuple[np.ndarray, np.ndarray]:
-    thumbnails = np.asarray(thumbnails)
+def _checked(thumbnails: Images, labels: np.ndarray, num_classes: int) -> tuple[Images, np.ndarray]:
+    if not hasattr(thumbnails, "shape"):  # an array, or rows read a chunk at a time (row_images.RowView), are taken as they are
+        thumbnails = np.asarray(thumbnails)
     labels = np.asarray(labels)
     if thumbnails.dtype != np.uint8 or thumbnails.ndim != 4 or thumbnails.shape[3] not in (1, 3):
         raise ValueError(f"label issues: expected uint8 thumbnails N×H×W×C with C = 1 or 3, got {thumbnails.dtype} {thumbnails.shape}")
@@ -131,7 +134,7 @@ def _checked(thumbnails: np.ndarray, labels: np.ndarray, num_classes: int) -> tu
     return thumbnails, labels.astype(np.int64)
 
 
-def _method(thumbnails: np.ndarray, num_classes: int, seed: int) -> dict[str, Any]:
+def _method(thumbnails: Images, num_classes: int, seed: int) -> dict[str, Any]:
     return {
         "name": METHOD_NAME,
         "features": {"thumbnail": list(thumbnails.shape[1:]), "blur_sigma_px": BLUR_SIGMA, "normalize": "mean removed, unit length",
@@ -150,7 +153,7 @@ def _method(thumbnails: np.ndarray, num_classes: int, seed: int) -> dict[str, An
     }
 
 
-def _features(thumbnails: np.ndarray) -> np.ndarray:
+def _features(thumbnails: Images) -> np.ndarray:
     """N × (FEATURE_DIMS + 1): PCA coordinates of the normalized thumbnails and the norm of what PCA leaves out
     (noise and other images unlike the rest keep most of their energy there)."""
     n = len(thumbnails)
@@ -188,15 +191,18 @@ def _normalized(thumbnails: np.ndarray) -> np.ndarray:
     return rows / np.maximum(norms, 1e-9)
 
 
-def _copy_groups(thumbnails: np.ndarray) -> np.ndarray:
-    """A group id per row; rows with identical thumbnails share it (they are never each other's evidence)."""
-    rows = np.ascontiguousarray(thumbnails.reshape(len(thumbnails), -1))
-    as_bytes = rows.view(np.dtype((np.void, rows.shape[1]))).ravel()  # one opaque value per row: a fast exact sort
-    _, group = np.unique(as_bytes, return_inverse=True)
+def _copy_groups(thumbnails: Images) -> np.ndarray:
+    """A group id per row; rows with identical thumbnails share it (they are never each other's evidence). Rows are
+    told apart by a 16-byte BLAKE2b of their pixels, a chunk of rows at a time."""
+    digests = np.empty(len(thumbnails), dtype=np.dtype((np.void, 16)))
+    for start in range(0, len(thumbnails), ROW_CHUNK):
+        rows = np.ascontiguousarray(thumbnails[start : start + ROW_CHUNK]).reshape(-1, int(np.prod(thumbnails.shape[1:])))
+        digests[start : start + len(rows)] = [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in rows]
+    _, group = np.unique(digests, return_inverse=True)
     return group.ravel().astype(np.int64)
 
 
-def _reference_rows(thumbnails: np.ndarray, labels: np.ndarray, copy_group: np.ndarray, seed: int) -> np.ndarray:
+def _reference_rows(thumbnails: Images, labels: np.ndarray, copy_group: np.ndarray, seed: int) -> np.ndarray:
     """Boolean mask of the rows neighbours are drawn from: one row per (copy group, label), and beyond
     MAX_REFERENCE_SAMPLES a per-class share of them chosen by a seeded hash of the thumbnail (order-independent)."""
     order = np.lexsort((np.arange(len(labels)), labels, copy_group))
@@ -208,8 +214,12 @@ def _reference_rows(thumbnails: np.ndarray, labels: np.ndarray, copy_group: np.n
     if total <= MAX_REFERENCE_SAMPLES:
         return reference
     salt = int(seed).to_bytes(16, "little", signed=True)
-    keys = np.array([int.from_bytes(hashlib.blake2b(thumbnails[i].tobytes(), digest_size=8, salt=salt).digest(), "little")
-                     if reference[i] else 0 for i in range(len(labels))], dtype=np.uint64)
+    keys = np.zeros(len(labels), dtype=np.uint64)
+    chosen = np.flatnonzero(reference)
+    for start in range(0, len(chosen), ROW_CHUNK):
+        rows = chosen[start : start + ROW_CHUNK]
+        keys[rows] = [int.from_bytes(hashlib.blake2b(np.ascontiguousarray(picture).tobytes(), digest_size=8, salt=salt).digest(), "little")
+                      for picture in thumbnails[rows]]
     for c in np.unique(labels[reference]):
         members = np.flatnonzero(reference & (labels == c))
         quota = max(int(np.ceil(MAX_REFERENCE_SAMPLES * len(members) / total)), min(len(members), MIN_CLASS_REFERENCE))

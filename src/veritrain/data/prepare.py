@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -245,6 +246,15 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     files_memo = None if id_only else _files_memo(data_cfg, paths, workspace_state / "cache")
     if files_memo is not None and not rehash and (same_files := _version_of_files(files_memo, data_cfg, workspace_state)) is not None:
         return same_files
+    scratch_root = workspace_state / "tmp"  # the checked samples' pictures and thumbnails, on disk while the stage runs
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"prepare-{os.getpid()}-", dir=scratch_root) as scratch:
+        return _prepare_in(data_cfg, paths, workspace_state, rehash, id_only, versions, files_memo, Path(scratch))
+
+
+def _prepare_in(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, rehash: bool, id_only: bool, versions: Optional[Path],
+                files_memo: Optional[tuple[Path, dict[str, str]]], scratch: Path) -> DataVersion:
+    """`_prepare` past the memos that name a stored version: the gate itself, its features kept in `scratch`."""
     timings: dict[str, float] = {}
     started = time.perf_counter()
     former_dir = former_version(data_cfg, versions or workspace_state / "data")
@@ -257,7 +267,18 @@ def _prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path
     cache_dir = workspace_state / "cache"
     workers = data_cfg.workers or _default_workers()
 
-    table = sample_table(data_cfg, source, paths, cache_dir, rehash, timings)
+    table = sample_table(data_cfg, source, paths, cache_dir, rehash, timings, scratch=scratch)
+    try:
+        return _gate(data_cfg, paths, workspace_state, id_only, files_memo, source, table, timings, started, former_dir, workers)
+    finally:
+        table.close()
+
+
+def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, id_only: bool, files_memo: Optional[tuple[Path, dict[str, str]]],
+          source: Source, table: Table, timings: dict[str, float], started: float, former_dir: Optional[Path], workers: int) -> DataVersion:
+    """The gate over the listed and hashed samples of `table`: reuse a version made from them, or check, split and
+    write a new one."""
+    cache_dir = workspace_state / "cache"
     classes = source.classes
 
     # Everything the version depends on is known now; a prepare of the same inputs that already

@@ -18,6 +18,7 @@ from veritrain.core.errors import UserError
 from veritrain.core.hashing import StatCache, hash_files
 from veritrain.core.secrets import expand_env
 from veritrain.data import dedup, identity, validate
+from veritrain.data.row_images import RowImages
 from veritrain.data.sources import FileListing, Source, SourceData
 from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE, Check, CheckCache, CheckParams
 
@@ -65,12 +66,24 @@ class Table:
     keep_usable: bool = False  # data.on_bad_file: warn — only samples that cannot be used are excluded
     findings: list[Finding] = field(default_factory=list)
     excluded: dict[int, Finding] = field(default_factory=dict)  # sample index → the finding that removed it
-    phash: dict[int, int] = field(default_factory=dict)  # near-duplicate search: perceptual hash per sample
-    pictures: dict[int, np.ndarray] = field(default_factory=dict)  # near-duplicate search: dedup.comparison_image
-    thumbs: dict[int, np.ndarray] = field(default_factory=dict)  # label issues and outliers: dedup.thumbnail
     units_of: dict[int, str] = field(default_factory=dict)  # sample index → why it is tied to others (for split_skew)
     ignored: list[str] = field(default_factory=list)  # files under data.root that are not images (recipe 5 on), by relpath
     timestamp_formats: Counter[str] = field(default_factory=Counter)  # data.split_by: time: values parsed per format
+
+    def __post_init__(self) -> None:
+        self.keep_features_in(None)
+
+    def keep_features_in(self, scratch: Optional[Path]) -> None:
+        """Where the samples' pictures and thumbnails go as they are checked: files in `scratch` (a folder the stage
+        removes after it), not memory. None: nowhere, for a table whose features are never taken."""
+        n = len(self.ids)
+        self.phash = np.zeros(n, dtype=np.uint64)  # near-duplicate search: perceptual hash per sample (where it has a picture)
+        self.pictures = RowImages(scratch / "pictures.u8" if scratch else None, n)  # near-duplicates: dedup.comparison_image
+        self.thumbs = RowImages(scratch / "thumbs.u8" if scratch else None, n)  # label issues and outliers: dedup.thumbnail
+
+    def close(self) -> None:
+        self.pictures.close()
+        self.thumbs.close()
 
     def add(self, kind: str, indices: list[int], reason: str, exclude: bool = False) -> Finding:
         finding = Finding(kind, [self.ids[i] for i in indices], reason)
@@ -104,9 +117,11 @@ class Table:
 
 
 def sample_table(cfg: DataConfig, source: Source, paths: dict[str, Path], cache_dir: Optional[Path], rehash: bool,
-                  timings: dict[str, float], recipe: Optional[int] = None) -> Table:
-    """Every sample of the source with its content hash (as `recipe` lists them), and the fixed test split of data.test_split_file."""
+                  timings: dict[str, float], recipe: Optional[int] = None, scratch: Optional[Path] = None) -> Table:
+    """Every sample of the source with its content hash (as `recipe` lists them), and the fixed test split of data.test_split_file.
+    `scratch`: the folder its checked samples' pictures and thumbnails are kept in (`Table.keep_features_in`)."""
     table = _list_files(cfg, source, cache_dir, rehash, timings, recipe) if isinstance(source, FileListing) else _table_from_arrays(source)
+    table.keep_features_in(scratch)
     if cfg.split_by == "time" and table.ids and not any(table.timestamps):  # config refuses known sources; this catches registered ones
         raise UserError(f"data.split_by: 'time' needs data.source: csv with a timestamp column; data.source {cfg.source!r} gave no timestamps, use split_by: random")
     if cfg.test_split_file is not None:
@@ -146,30 +161,47 @@ def _array_features(inputs: np.ndarray, table: Table, near_duplicates: bool, cac
 
     params = CheckParams(0, 0, 0, False, 0, near_duplicates)  # arrays: nothing but the features is checked
     cache = CheckCache(cache_dir / "images.sqlite")
+    first: dict[str, int] = {}  # content hash → the first row with it: a copy takes that row's features
     try:
-        known = cache.checks(sorted(set(h for h in table.hashes if h)), params)
-        fresh: dict[str, Check] = {}
-        for i, h in enumerate(table.hashes):
-            assert h is not None  # an array source hashes every sample (SourceData.content_hashes)
-            check = known.get(h) or fresh.get(h)
-            if check is None:
-                image = np.asarray(inputs[i])
-                check = fresh[h] = Check(thumb=dedup.thumbnail(image))
-                if near_duplicates:
-                    check.phash, check.picture = dedup.perceptual_hash(image), dedup.comparison_image(image)
-            _take_features(table, i, check)
-        cache.store_checks(fresh, params)
+        for start in range(0, len(table.hashes), validate.CACHE_BATCH):  # a batch of checks in memory at a time
+            batch = range(start, min(start + validate.CACHE_BATCH, len(table.hashes)))
+            known = cache.checks(sorted(set(h for h in table.hashes[start:batch.stop] if h)), params)
+            fresh: dict[str, Check] = {}
+            for i in batch:
+                h = table.hashes[i]
+                assert h is not None  # an array source hashes every sample (SourceData.content_hashes)
+                if h in first and h not in known and h not in fresh:
+                    _copy_features(table, first[h], i)
+                    continue
+                first.setdefault(h, i)
+                check = known.get(h) or fresh.get(h)
+                if check is None:
+                    image = np.asarray(inputs[i])
+                    check = fresh[h] = Check(thumb=dedup.thumbnail(image))
+                    if near_duplicates:
+                        check.phash, check.picture = dedup.perceptual_hash(image), dedup.comparison_image(image)
+                _take_features(table, i, check)
+            cache.store_checks(fresh, params)
     finally:
         cache.close()
 
 
+def _copy_features(table: Table, source: int, row: int) -> None:
+    """Row `row` takes the features of `source`, a row with the same content."""
+    picture, thumb = table.pictures.get(source), table.thumbs.get(source)
+    if picture is not None:
+        table.phash[row] = table.phash[source]
+        table.pictures.put(row, picture)
+    if thumb is not None:
+        table.thumbs.put(row, thumb)
+
+
 def _take_features(table: Table, i: int, check: Check) -> None:
-    if check.phash is not None:
+    if check.picture is not None and check.phash is not None:
         table.phash[i] = check.phash
-    if check.picture is not None:
-        table.pictures[i] = check.picture
+        table.pictures.put(i, check.picture)
     if check.thumb is not None:
-        table.thumbs[i] = check.thumb
+        table.thumbs.put(i, check.thumb)
 
 
 def _near_duplicates_on(cfg: DataConfig, shape: list[int]) -> bool:
@@ -261,16 +293,22 @@ def validate_files(cfg: DataConfig, table: Table, cache_dir: Path, workers: int,
                   "resize": "bilinear" if cfg.convert else None, "image_size_from": "config" if cfg.image_size else "most common in data",
                   "exif_orientation": "not applied"}
         params = validate.CheckParams(height, width, channels, cfg.convert, cfg.max_pixels, _near_duplicates_on(cfg, [height, width]))
-        checks = validate.checks_for(files, headers, params, check_cache, workers)
+        rows_of: dict[str, list[int]] = {}  # content hash → the included rows with it (one, but for exact copies)
+        for i in table.included():
+            rows_of.setdefault(table.content_hash(i), []).append(i)
+        found: dict[int, list[tuple[str, str]]] = {}  # row → its findings: few rows, added in row order below
+        for digest, check in validate.checks_for(files, headers, params, check_cache, workers):
+            for i in rows_of[digest]:
+                if check.findings:
+                    found[i] = check.findings
+                if check.usable:
+                    _take_features(table, i, check)
     finally:
         check_cache.close()
-    timings["validate"] = time.perf_counter() - t
-    for i in table.included():
-        check = checks[table.content_hash(i)]
-        for kind, reason in check.findings:
+    for i in sorted(found):
+        for kind, reason in found[i]:
             table.add(kind, [i], reason, exclude=kind in UNUSABLE)
-        if check.usable:
-            _take_features(table, i, check)
+    timings["validate"] = time.perf_counter() - t
     summary = {
         "sizes": {f"{w}×{h}": n for (h, w), n in sizes.most_common(10)},
         "modes": dict(Counter(h.mode for h in headers.values() if h.error is None).most_common()),

@@ -309,15 +309,32 @@ def headers_for(files: dict[str, str], cache: Optional[CheckCache], workers: int
     return {**found, **fresh}
 
 
-def checks_for(files: dict[str, str], headers: dict[str, Header], params: CheckParams, cache: Optional[CheckCache], workers: int) -> dict[str, Check]:
-    """content hash → check, without the decoded pixels (those are decoded again, row by row, straight into
-    the version's arrays by `decode_into`, so memory never holds the whole data set)."""
-    found = cache.checks(list(files), params) if cache else {}
-    todo = [(h, p, headers[h]) for h, p in files.items() if h not in found]
-    fresh = dict(_in_parallel(_check_batch, todo, workers, params))
+CACHE_BATCH = 4096  # checks read from or written to the check cache at once
+
+
+def checks_for(files: dict[str, str], headers: dict[str, Header], params: CheckParams, cache: Optional[CheckCache],
+               workers: int) -> Iterator[tuple[str, Check]]:
+    """(content hash, check) of every file, as they come: those the cache holds first, CACHE_BATCH at a time, then
+    the others as the workers check them, stored in the cache a batch at a time; so memory holds a batch of checks,
+    never all of them. The decoded pixels are not kept (they are decoded again, row by row, straight into the
+    version's fields by `decoded`)."""
+    hashes = list(files)
+    todo = []
+    for start in range(0, len(hashes), CACHE_BATCH):
+        batch = hashes[start:start + CACHE_BATCH]
+        found = cache.checks(batch, params) if cache else {}
+        yield from found.items()
+        todo.extend((h, files[h], headers[h]) for h in batch if h not in found)
+    fresh: dict[str, Check] = {}
+    for digest, check in _in_parallel(_check_batch, todo, workers, params):
+        yield digest, check
+        if cache:
+            fresh[digest] = check
+            if len(fresh) >= CACHE_BATCH:
+                cache.store_checks(fresh, params)
+                fresh = {}
     if cache and fresh:
         cache.store_checks(fresh, params)
-    return {**found, **fresh}
 
 
 def decode_into(out: np.ndarray, files: list[tuple[str, str]], params: CheckParams, workers: int) -> list[int]:

@@ -107,7 +107,7 @@ def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
         age = now - folder.lstat().st_mtime
         if age > LEFTOVER_AGE and workspace.lock_is_stale(folder.name.split(".", 1)[0]):
             found.append((folder, age))
-    scratch = workspace.state_dir / "tmp"  # audit replays (audit-<pid>-*) and imported code copies (code-<pid>-*)
+    scratch = workspace.state_dir / "tmp"  # audit replays (audit-<pid>-*), imported code copies (code-<pid>-*), data prepare features (prepare-<pid>-*)
     for folder in sorted(scratch.iterdir()) if scratch.is_dir() else []:
         age = now - folder.lstat().st_mtime
         if folder.is_dir() and not folder.is_symlink() and _scratch_orphaned(folder.name, age):
@@ -120,7 +120,7 @@ def _leftovers(workspace: Workspace) -> list[tuple[Path, float]]:
     return found
 
 
-SCRATCH_NAME = re.compile(r"^(?:audit-eval|audit|code)-(?:(?P<pid>[0-9]+)-)?")
+SCRATCH_NAME = re.compile(r"^(?:audit-eval|audit|code|prepare)-(?:(?P<pid>[0-9]+)-)?")
 UNNAMED_SCRATCH_AGE = 86_400.0  # seconds: a scratch folder that names no process (older veritrain) is kept a day
 
 

@@ -1,0 +1,99 @@
+"""Pictures and thumbnails kept per sample row in scratch files while data prepare runs: what is written is what is
+read back, in any order; the near-duplicate search reads them from there and finds what it found in memory; and the
+scratch folder is gone when prepare ends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from veritrain.data import dedup
+from veritrain.data.row_images import RowImages
+
+
+def test_rows_written_in_any_order_read_back_by_index_slice_and_view(tmp_path: Path):
+    images = RowImages(tmp_path / "p.u8", 10)
+    rng = np.random.default_rng(0)
+    written = {row: rng.integers(0, 256, (4, 5), dtype=np.uint8) for row in (7, 2, 9, 0)}
+    for row, image in written.items():
+        images.put(row, image)
+    assert [r for r in range(10) if r in images] == [0, 2, 7, 9] and 3 not in images and -1 not in images
+    assert images.get(3) is None and np.array_equal(images.get(7), written[7])
+    assert np.array_equal(images.take(np.array([9, 0, 9])), np.stack([written[9], written[0], written[9]]))
+    view = images.of([2, 7, 9])
+    assert view.shape == (3, 4, 5) and np.array_equal(view[1], written[7]) and np.array_equal(view[1:], np.stack([written[7], written[9]]))
+    with pytest.raises(KeyError, match="row 3"):
+        images.take(np.array([3]))
+    with pytest.raises(ValueError, match="the others"):
+        images.put(1, np.zeros((5, 4), dtype=np.uint8))
+    spectra = RowImages(tmp_path / "s.i16", 3, dtype=np.int16)
+    spectra.put_rows(0, np.array([[-4096, 1], [2, 3], [4096, -1]]))
+    assert spectra.take(np.array([2, 0])).tolist() == [[4096, -1], [-4096, 1]]
+    with pytest.raises(RuntimeError, match="no features"):
+        RowImages(None, 2).put(0, np.zeros(2))
+
+
+def test_nearest_neighbours_kept_as_they_come_equal_the_nearest_of_everything_found():
+    """`_merge_nearest`, fed one table's finds at a time, keeps what sorting all of them at once keeps: per row the
+    k nearest by (distance, neighbour), a neighbour found twice once."""
+    rng = np.random.default_rng(3)
+    n, k = 50, 4
+    best_j, best_d = np.full((n, k), -1, dtype=np.int32), np.full((n, k), np.iinfo(np.int64).max, dtype=np.int64)
+    everything = []
+    distance = rng.integers(0, 20, (n, n))
+    distance = distance + distance.T  # a pair has one distance, whichever table finds it
+    for _ in range(4):
+        rows = rng.permutation(n)[:30]
+        found_j = np.stack([rng.choice(np.delete(np.arange(n), r), 3, replace=False) for r in rows])
+        found_d = distance[rows[:, None], found_j]
+        dedup._merge_nearest(best_j, best_d, rows, found_j, found_d)
+        everything += [(int(r), int(j), int(d)) for r, js, ds in zip(rows, found_j, found_d) for j, d in zip(js, ds)]
+    for row in range(n):
+        expected = sorted({(d, j) for r, j, d in everything if r == row})[:k]
+        assert [(int(d), int(j)) for j, d in zip(best_j[row], best_d[row]) if j >= 0] == expected
+
+
+def test_the_search_over_pictures_in_a_scratch_file_finds_what_it_finds_in_memory(tmp_path: Path, monkeypatch):
+    rng = np.random.default_rng(1)
+    pictures = rng.integers(0, 256, (600, 32, 32), dtype=np.uint8)
+    pictures[300:330] = np.roll(pictures[:30], 1, axis=1)  # shifted copies, which only the spectra find
+    phashes = np.array([dedup.perceptual_hash(p) for p in pictures], dtype=np.uint64)
+    monkeypatch.setattr(dedup, "EXACT_NEIGHBOURS_UP_TO", 0)
+    monkeypatch.setattr(dedup, "SPECTRUM_BUCKET", 16)
+    monkeypatch.setattr(dedup, "CONFIRM_CHUNK", 64)  # many chunks
+    stored = RowImages(tmp_path / "pictures.u8", len(pictures))
+    stored.put_rows(0, pictures)
+    in_memory = dedup.near_duplicates(phashes, pictures, 4, 0.1)
+    from_file = dedup.near_duplicates(phashes, stored.of(np.arange(len(pictures))), 4, 0.1)
+    assert {tuple(p) for p in from_file.pairs.tolist()} == {(k, 300 + k) for k in range(30)}
+    assert np.array_equal(in_memory.pairs, from_file.pairs) and in_memory.candidates == from_file.candidates
+    assert (tmp_path / "spectra.i16").exists()  # the spectra went beside the pictures
+
+
+def test_prepare_keeps_its_features_in_a_scratch_folder_it_removes(tmp_path: Path):
+    from realdata import write_png_dataset
+
+    from veritrain.core.config import DataConfig
+    from veritrain.data import prepare
+
+    root = tmp_path / "images"
+    write_png_dataset(root, 40, size=20)
+    state = tmp_path / "ws" / ".veritrain"
+    seen = []
+    real = dedup.near_duplicates
+
+    def watching(phashes, pictures, *args):
+        seen.append(sorted(p.name for p in pictures.images.path.parent.iterdir()))
+        return real(phashes, pictures, *args)
+
+    monkeypatch = pytest.MonkeyPatch()
+    from veritrain.data import grouping
+    monkeypatch.setattr(grouping, "near_duplicates", watching)
+    try:
+        version = prepare.run(DataConfig(source="imagefolder", root=str(root), near_duplicates="on", on_split_skew="warn"), {"root": root}, state)
+    finally:
+        monkeypatch.undo()
+    assert seen == [["pictures.u8", "thumbs.u8"]]
+    assert version.inputs.shape[0] > 0 and list((state / "tmp").iterdir()) == []
