@@ -97,3 +97,39 @@ def test_prepare_keeps_its_features_in_a_scratch_folder_it_removes(tmp_path: Pat
         monkeypatch.undo()
     assert seen == [["pictures.u8", "thumbs.u8"]]
     assert version.inputs.shape[0] > 0 and list((state / "tmp").iterdir()) == []
+
+
+def test_rows_hashed_a_batch_at_a_time_give_the_digest_of_the_whole_list(monkeypatch):
+    """`JsonRows` (the listing's and the fingerprint's million rows) hash to the SHA-256 of the canonical JSON of the
+    whole list: the bound `listing_sha256` of versions made before stays what it was."""
+    import hashlib
+
+    from veritrain.core import hashing
+
+    rows = [[f"class_{i % 3}/{i}.png", None, "test" if i % 5 == 0 else None, "2026-01-01T00:00:0" + str(i % 10) + "é\""] for i in range(50)]
+    monkeypatch.setattr(hashing, "JSON_ROWS_AT_ONCE", 7)  # batches, and a last one shorter
+    for n in (0, 1, 7, 50):
+        whole = {"samples": rows[:n], "findings": [["kind", ["a"], "why"]], "z": {"nested": 1}}
+        lazy = {**whole, "samples": hashing.JsonRows(lambda n=n: iter(rows[:n]))}
+        assert hashing.sha256_json(lazy) == hashlib.sha256(hashing.canonical_json(whole)).hexdigest() == hashing.sha256_json(whole)
+
+
+def test_table_columns_read_like_the_lists_they_replace():
+    from veritrain.data.columns import Codes, Digests, Names, Texts
+
+    values = ["a/1.png", None, "ü/ß.png", "", None]
+    texts = Texts(iter(values))
+    assert list(texts) == values and [texts[i] for i in range(5)] == values and texts[-3] == "ü/ß.png" and texts[1:4] == values[1:4]
+    assert list(Texts([None, None])) == [None, None] and len(Texts([])) == 0 and list(Names(["x", "y"])) == ["x", "y"]
+    with pytest.raises(IndexError):
+        texts[5]
+    codes = Codes(["cat", None, "dog", "cat"])
+    codes[1] = "test"
+    codes[0] = None
+    assert list(codes) == [None, "test", "dog", "cat"] and codes[2] == "dog" and codes[1:] == ["test", "dog", "cat"]
+    hexed = "ab" * 32
+    digests = Digests.of([hexed, None, "sha256:odd", "AB" * 32])
+    assert list(digests) == [hexed, None, "sha256:odd", "AB" * 32] and digests[0] == hexed
+    digests[2] = hexed
+    digests[0] = None
+    assert digests[:3] == [None, None, hexed]

@@ -16,7 +16,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 if TYPE_CHECKING:
     import sqlite3
@@ -38,7 +38,47 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def sha256_json(obj: Any) -> str:
-    return hashlib.sha256(canonical_json(obj)).hexdigest()
+    """SHA-256 of `canonical_json(obj)`. A `JsonRows` anywhere in `obj` (under dicts) is hashed as the list of its rows,
+    a batch at a time, so a million rows are never one list or one string: the digest is the one of the whole list."""
+    digest = hashlib.sha256()
+    _feed_json(digest, obj)
+    return digest.hexdigest()
+
+
+class JsonRows:
+    """A list that `sha256_json` reads row by row from `rows()` (called once), never holding them all."""
+
+    def __init__(self, rows: Callable[[], Iterable[Any]]):
+        self.rows = rows
+
+
+JSON_ROWS_AT_ONCE = 4096
+
+
+def _feed_json(digest: Any, obj: Any) -> None:
+    if isinstance(obj, JsonRows):
+        digest.update(b"[")
+        first, batch = True, []
+        for row in obj.rows():
+            batch.append(row)
+            if len(batch) == JSON_ROWS_AT_ONCE:
+                digest.update((b"" if first else b",") + canonical_json(batch)[1:-1])
+                first, batch = False, []
+        if batch:
+            digest.update((b"" if first else b",") + canonical_json(batch)[1:-1])
+        digest.update(b"]")
+    elif isinstance(obj, dict) and _holds_rows(obj):
+        digest.update(b"{")
+        for k, key in enumerate(sorted(obj)):
+            digest.update((b"," if k else b"") + canonical_json(key) + b":")
+            _feed_json(digest, obj[key])
+        digest.update(b"}")
+    else:
+        digest.update(canonical_json(obj))
+
+
+def _holds_rows(obj: Any) -> bool:
+    return isinstance(obj, JsonRows) or (isinstance(obj, dict) and any(_holds_rows(v) for v in obj.values()))
 
 
 def state_dict_sha256(state_dict: Mapping[str, object]) -> str:

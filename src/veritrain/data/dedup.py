@@ -262,7 +262,7 @@ def _hashed_neighbours(rows: Images, neighbours: int) -> np.ndarray:
         for length in np.unique(lengths[lengths > 1]).tolist():
             take = min(neighbours, length - 1)
             same = begins[lengths == length]
-            at_once = max(1, (1 << 22) // (length * length))  # about 32 MiB of distances at once
+            at_once = max(1, (1 << 20) // (length * length))  # about 8 MiB of distances at once
             for chunk in range(0, len(same), at_once):
                 members = order[same[chunk:chunk + at_once, None] + np.arange(length)]  # B × length
                 x = rows[members.ravel()].reshape(*members.shape, -1).astype(np.int64)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Op
 import numpy as np
 
 from veritrain.core.errors import RunFailed
-from veritrain.core.hashing import sha256_file, sha256_json
+from veritrain.core.hashing import JsonRows, sha256_file, sha256_json
 from veritrain.data.report import card_gaps, card_warnings
 from veritrain.data.shards import BLOCK, FieldSpec, ShardError, array_of
 from veritrain.data.split import SPLITS
@@ -198,7 +198,7 @@ def listing_sha256(table: Table, source: Source) -> str:
     """SHA-256 of what the listing gives each sample beyond the manifest's columns (group, fixed split, timestamp)
     and of the listing's own findings: with the manifest and the source's preprocessing it binds every input of
     preparing (recipe 5 on), so that unchanged raw data can be told from its hashes without decoding it again."""
-    return sha256_json({"samples": [[table.ids[i], table.groups[i], table.fixed[i], table.timestamps[i]] for i in range(len(table.ids))],
+    return sha256_json({"samples": JsonRows(lambda: ([table.ids[i], table.groups[i], table.fixed[i], table.timestamps[i]] for i in range(len(table.ids)))),
                         "findings": [[kind, ids, reason] for kind, ids, reason in getattr(source, "findings", [])]})
 
 

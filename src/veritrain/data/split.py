@@ -30,7 +30,7 @@ SPLITS = ("train", "val", "test")
 PLACEMENT_SCALE = 2**64  # u = placement value / 2⁶⁴, in [0, 1)
 
 
-@dataclass
+@dataclass(slots=True)  # one a sample, for most samples: no per-object dict
 class Unit:
     members: list[int]  # sample indices
     labels: list[Optional[int]] = field(default_factory=list)  # class index per member (None: no classes)

@@ -5,6 +5,7 @@ memo that maps a prepare's inputs to the version it made (so unchanged data is n
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import os
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 import numpy as np
 
 from veritrain.core.errors import RunFailed
-from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file, sha256_json
+from veritrain.core.hashing import DATA_HASH_ALGORITHM, JsonRows, sha256_file, sha256_json
 from veritrain.core.secrets import redact_text
 from veritrain.core.version import __version__
 from veritrain.data import croissant, identity, shards, split as splitting, validate
@@ -47,7 +48,7 @@ def prepare_fingerprint(cfg: DataConfig, source: Source, table: Table) -> str:
 
     return sha256_json({
         "config": preprocessing_config(cfg, source.preprocessing),
-        "samples": list(zip(table.ids, table.hashes, table.labels, table.groups, table.fixed, table.timestamps, table.source_ids)),
+        "samples": JsonRows(lambda: zip(table.ids, table.hashes, table.labels, table.groups, table.fixed, table.timestamps, table.source_ids)),
         "findings": [f.as_dict() for f in table.findings],
         "versions": {"veritrain": __version__, "pillow": PIL.__version__, "numpy": np.__version__},
     })
@@ -67,9 +68,9 @@ def made_from(data: DataVersion, data_cfg: DataConfig, source: Source, table: Ta
     wanted = preprocessing_config(data_cfg, source.preprocessing)
     if stored.get("data") != wanted["data"] or stored.get("source") != wanted["source"] or stored.get("format") != wanted["format"]:
         return False
-    with open(data.path / "manifest.csv", newline="", encoding="utf-8") as f:
-        rows = [(row["sample_id"], row[DATA_HASH_ALGORITHM] or None, row["label"] or None, row.get("key") or None) for row in csv.DictReader(f)]
-    return rows == list(zip(table.ids, table.hashes, table.labels, table.source_ids))
+    with open(data.path / "manifest.csv", newline="", encoding="utf-8") as f:  # row by row: neither side is held whole
+        rows = ((row["sample_id"], row[DATA_HASH_ALGORITHM] or None, row["label"] or None, row.get("key") or None) for row in csv.DictReader(f))
+        return all(a == b for a, b in itertools.zip_longest(rows, zip(table.ids, table.hashes, table.labels, table.source_ids)))
 
 
 def picture_lookup(inputs: Any, table: Table, rows: list[int]) -> Callable[[str], Optional[np.ndarray]]:

@@ -18,6 +18,7 @@ from veritrain.core.errors import UserError
 from veritrain.core.hashing import StatCache, hash_files
 from veritrain.core.secrets import expand_env
 from veritrain.data import dedup, identity, validate
+from veritrain.data.columns import Codes, Digests, Names, Texts
 from veritrain.data.row_images import RowImages
 from veritrain.data.sources import FileListing, Source, SourceData
 from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE, Check, CheckCache, CheckParams
@@ -29,6 +30,7 @@ IMAGE_EXTENSIONS = frozenset((".bmp", ".gif", ".jfif", ".jpe", ".jpeg", ".jpg", 
                               ".tif", ".tiff", ".webp"))  # compared lower-cased; a fixed list, not Pillow's plugins of the day
 
 
+HASH_BATCH = 8192  # files stat-ed and hashed at a time (bounds the stat results held)
 NEAR_DUPLICATE_MIN_SIDE = 16  # px: below this a perceptual hash says little (digits are 8×8)
 
 log = logging.getLogger("veritrain")
@@ -54,15 +56,16 @@ class Finding:
 class Table:
     """Every sample of the source, in sample-id order, as the stage works on it."""
 
-    ids: list[str]
-    paths: list[Optional[str]]  # absolute, as text (see FileSample.path); None for array sources
-    sizes: list[int]
-    hashes: list[Optional[str]]
-    labels: list[Optional[str]]
-    groups: list[Optional[str]]
-    fixed: list[Optional[str]]
-    timestamps: list[Optional[str]]
-    source_ids: list[Optional[str]]  # the source's own id per sample (csv `id` column); None: placed by content hash
+    # columns (veritrain.data.columns): indexed like lists, kept as a few flat buffers each
+    ids: Names
+    paths: Texts  # absolute, as text (see FileSample.path); None for array sources
+    sizes: np.ndarray  # int64 bytes per sample
+    hashes: Digests
+    labels: Codes
+    groups: Texts
+    fixed: Codes
+    timestamps: Texts
+    source_ids: Texts  # the source's own id per sample (csv `id` column); None: placed by content hash
     keep_usable: bool = False  # data.on_bad_file: warn — only samples that cannot be used are excluded
     findings: list[Finding] = field(default_factory=list)
     excluded: dict[int, Finding] = field(default_factory=dict)  # sample index → the finding that removed it
@@ -133,15 +136,15 @@ def sample_table(cfg: DataConfig, source: Source, paths: dict[str, Path], cache_
 def _table_from_arrays(source: SourceData) -> Table:
     n = len(source.sample_ids)
     table = Table(
-        ids=list(source.sample_ids),
-        paths=[None] * n,
-        sizes=list(source.sizes),
-        hashes=list(source.content_hashes),
-        labels=list(source.label_names()),
-        groups=[None] * n,
-        fixed=list(source.fixed_split) if source.fixed_split else [None] * n,
-        timestamps=[None] * n,
-        source_ids=[None] * n,
+        ids=Names(source.sample_ids),
+        paths=Texts([None] * n),
+        sizes=np.array(source.sizes, dtype=np.int64),
+        hashes=Digests.of(source.content_hashes),
+        labels=Codes(source.label_names()),
+        groups=Texts([None] * n),
+        fixed=Codes(source.fixed_split if source.fixed_split else [None] * n),
+        timestamps=Texts([None] * n),
+        source_ids=Texts([None] * n),
     )
     return table
 
@@ -225,46 +228,53 @@ def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path],
     skipped = set(ignored)
     samples = sorted((s for s in source.samples if s.sample_id not in skipped), key=lambda s: s.sample_id)
     n = len(samples)
+    file_paths = Names(s.path for s in samples)
     table = Table(
-        ids=[s.sample_id for s in samples],
-        paths=[s.path for s in samples],
-        sizes=[0] * n,
-        hashes=[None] * n,
-        labels=[s.label for s in samples],
-        groups=[s.group for s in samples],
-        fixed=[s.fixed_split for s in samples],
-        timestamps=[s.timestamp for s in samples],
-        source_ids=[s.source_id for s in samples],
+        ids=Names(s.sample_id for s in samples),
+        paths=file_paths,
+        sizes=np.zeros(n, dtype=np.int64),
+        hashes=Digests(n),
+        labels=Codes(s.label for s in samples),
+        groups=Texts(s.group for s in samples),
+        fixed=Codes(s.fixed_split for s in samples),
+        timestamps=Texts(s.timestamp for s in samples),
+        source_ids=Texts(s.source_id for s in samples),
         ignored=ignored,
     )
     if ignored:
         log.info("data: %d file(s) under data.root are not images and are ignored (%s%s); see the data report",
                  len(ignored), ", ".join(ignored[:3]), ", …" if len(ignored) > 3 else "")
-    index_of = {sid: i for i, sid in enumerate(table.ids)}
+    index_of = {sid: i for i, sid in enumerate(table.ids)} if source.findings else {}
     for kind, ids, reason in source.findings:
         if kind == "unreadable":  # listed (e.g. in a label map) but not on disk: nothing to quarantine
             table.findings.append(Finding(kind, ids, reason))
         else:
             table.add(kind, [index_of[i] for i in ids if i in index_of], reason)
+    del index_of
+    source.samples = []  # the table holds them now, in columns: a million listed samples are not kept twice
 
     t = time.perf_counter()
     stat_cache = StatCache(cache_dir / "files.sqlite") if cache_dir is not None else None
+    cached = 0
     try:
-        hashed = hash_files([s.path for s in samples], stat_cache, rehash=rehash or stat_cache is None)
+        for start in range(0, n, HASH_BATCH):  # a batch of stat results and digests in memory at a time
+            paths = file_paths[start:start + HASH_BATCH]
+            hashed = hash_files(paths, stat_cache, rehash=rehash or stat_cache is None)
+            for i, path in enumerate(paths, start):
+                result = hashed[path]
+                cached += result.cached
+                table.sizes[i] = result.size
+                if result.digest is None:
+                    table.add("unreadable", [i], f"cannot be read ({result.error})", exclude=True)
+                else:
+                    table.hashes[i] = result.digest
+                    if result.size == 0:
+                        table.add("empty", [i], "zero-byte file", exclude=True)
     finally:
         if stat_cache is not None:
             stat_cache.close()
     timings["hash"] = time.perf_counter() - t
-    timings["hash_cached_files"] = sum(1 for h in hashed.values() if h.cached)
-    for i, s in enumerate(samples):
-        result = hashed[s.path]
-        table.sizes[i] = result.size
-        if result.digest is None:
-            table.add("unreadable", [i], f"cannot be read ({result.error})", exclude=True)
-        else:
-            table.hashes[i] = result.digest
-            if result.size == 0:
-                table.add("empty", [i], "zero-byte file", exclude=True)
+    timings["hash_cached_files"] = cached
     return table
 
 
