@@ -55,7 +55,7 @@ def test_unchanged_raw_data_is_told_from_its_hashes_without_decoding_under_eithe
 
     from veritrain.data import validate
 
-    monkeypatch.setattr(validate, "headers_for", no_decoding)
+    monkeypatch.setattr(validate, "header_counts", no_decoding)
     monkeypatch.setattr(validate, "checks_for", no_decoding)
     monkeypatch.setattr(validate, "decode_into", no_decoding)
     monkeypatch.setattr(validate, "decoded", no_decoding)

@@ -165,6 +165,20 @@ class Digests:
     def __iter__(self) -> Iterator[Optional[str]]:
         return (self._at(i) for i in range(len(self)))
 
+    def raw(self, rows: np.ndarray) -> np.ndarray:
+        """The 32 bytes of each row's hex digest as one `S32` array (rows without one: 32 zero bytes, which no
+        digest a search looks up equals), for sorting and searching without a string a row."""
+        return np.ascontiguousarray(self._bytes[rows]).view("S32").ravel()
+
+    def all_hex(self, rows: np.ndarray) -> bool:
+        """Whether each of `rows` holds a hex digest (so `raw` tells their contents apart)."""
+        return bool((self._kind[rows] == 1).all())
+
+
+def hex_digests(values: Iterable[str]) -> np.ndarray:
+    """64-digit hex digests as an `S32` array of their bytes (compare `Digests.raw`)."""
+    return np.array([bytes.fromhex(v) for v in values], dtype="S32")
+
 
 def _is_hex(value: str) -> bool:
     try:

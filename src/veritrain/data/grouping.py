@@ -18,10 +18,10 @@ import numpy as np
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import DATA_HASH_ALGORITHM
 from veritrain.data import label_issues, split as splitting
-from veritrain.data.dedup import exact_duplicate_groups, near_duplicates
+from veritrain.data.dedup import near_duplicates
 from veritrain.data.identity import check_version
-from veritrain.data.split import SPLITS
-from veritrain.data.table import Table
+from veritrain.data.split import SPLITS, Placement
+from veritrain.data.table import ContentGroups, Table
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -40,8 +40,9 @@ def duplicates_and_units(cfg: DataConfig, table: Table, classes: Optional[list[s
     included = table.included()
     # exact duplicates: same content, same label → kept together; different labels → all quarantined
     links: list[list[int]] = []
-    for group in exact_duplicate_groups([table.content_hash(i) for i in included]):
-        members = [included[k] for k in group]
+    contents = ContentGroups(table, np.array(included, dtype=np.int64))
+    for k in contents.copied():
+        members = contents.members(k)
         labels = {table.labels[i] for i in members}
         if len(labels) > 1:
             shown = ", ".join(f"{table.ids[i]}={table.labels[i]}" for i in members[:6])
@@ -116,19 +117,16 @@ def _near_duplicates(cfg: DataConfig, table: Table, links: list[list[int]]) -> n
 
     # one picture per distinct content: exact copies are linked by their hash already, and 10,000 copies of one
     # blank frame would otherwise make 50 million candidate pairs
-    copies: dict[str, list[int]] = defaultdict(list)
-    for i in table.included():
-        if i in table.pictures:
-            copies[table.content_hash(i)].append(i)
-    candidates = [members[0] for members in copies.values()]
+    included = np.array(table.included(), dtype=np.int64)
+    copies = ContentGroups(table, included[table.pictures.present[included]])
+    candidates = copies.firsts
     if len(candidates) < 2:
         return np.zeros((0, 2), dtype=np.int64)
     found = near_duplicates(table.phash[candidates], table.pictures.of(candidates), cfg.near_duplicate_distance, cfg.near_duplicate_difference)
-    index = np.array(candidates, dtype=np.int64)
-    pairs = index[found.pairs] if len(found.pairs) else np.zeros((0, 2), dtype=np.int64)
+    pairs = candidates[found.pairs] if len(found.pairs) else np.zeros((0, 2), dtype=np.int64)
     difference_of = {(int(a), int(b)): float(d) for (a, b), d in zip(pairs, found.differences)}
     for component in found.components:
-        members = sorted(i for k in component for i in copies[table.content_hash(candidates[k])])
+        members = sorted(i for k in component for i in copies.members(k))
         inside = [(int(a), int(b)) for a, b in pairs[np.isin(pairs[:, 0], members)][:2]]  # a pair never leaves its group (of representatives)
         examples = "; ".join(f"{table.ids[a]} ~ {table.ids[b]} (difference {difference_of[(a, b)]:.3f})" for a, b in inside[:2])
         labels = {table.labels[i] for i in members}
@@ -229,7 +227,7 @@ def mark_former_splits(folder: Path, table: Table, units: list[splitting.Unit]) 
 
 
 def test_from_outcome(cfg: DataConfig, former: _Former, table: Table, units: list[splitting.Unit],
-                       assigned: dict[int, str]) -> dict[str, Any]:
+                       assigned: Placement) -> dict[str, Any]:
     """What data.test_from did, bound with the achieved split: former test samples kept in test, former train/val
     samples kept out of the test split the hash gave them, and each group that mixes the two (`test_from_leak`:
     kept out of test, so its former test members leave it; data.on_split_skew decides whether that stops)."""
@@ -257,19 +255,22 @@ def test_from_outcome(cfg: DataConfig, former: _Former, table: Table, units: lis
     return outcome
 
 
-def assign_splits(cfg: DataConfig, table: Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> dict[int, str]:
+def assign_splits(cfg: DataConfig, table: Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> splitting.Placement:
     splits = splitting.assign(units, cfg.split_ratios, cfg.split_seed, by_time=cfg.split_by == "time", class_names=classes)
-    return {i: s for unit, s in zip(units, splits) for i in unit.members if i not in table.excluded}
+    assigned = splitting.Placement(len(table.ids))
+    for unit, split in zip(units, splits):
+        for i in unit.members:
+            if i not in table.excluded:
+                assigned[i] = split
+    return assigned
 
 
-def count_leakage_pairs(table: Table, assigned: dict[int, str], near_pairs: np.ndarray) -> int:
+def count_leakage_pairs(table: Table, assigned: Placement, near_pairs: np.ndarray) -> int:
     """Pairs of identical samples, or confirmed near-duplicate pairs, that sit in different splits."""
-    by_hash: dict[str, Counter] = defaultdict(Counter)
-    for i, s in assigned.items():
-        by_hash[table.content_hash(i)][s] += 1
+    contents = ContentGroups(table, np.fromiter(assigned, dtype=np.int64, count=len(assigned)))
     pairs = 0
-    for counts in by_hash.values():
-        values = list(counts.values())
+    for k in contents.copied():
+        values = list(Counter(assigned[i] for i in contents.members(k)).values())
         pairs += sum(a * b for k, a in enumerate(values) for b in values[k + 1 :])
     for a, b in near_pairs.tolist():
         if table.hashes[a] != table.hashes[b] and a in assigned and b in assigned and assigned[a] != assigned[b]:
@@ -277,7 +278,7 @@ def count_leakage_pairs(table: Table, assigned: dict[int, str], near_pairs: np.n
     return pairs
 
 
-def measure_achieved_split(cfg: DataConfig, table: Table, units: list[splitting.Unit], assigned: dict[int, str],
+def measure_achieved_split(cfg: DataConfig, table: Table, units: list[splitting.Unit], assigned: Placement,
                     classes: Optional[list[str]]) -> dict[str, Any]:
     """Each class's achieved train/val/test fractions over the samples the split was free to place, against the
     ratios they were meant to follow, and the same over all those samples together (`whole`). Each sample's place
@@ -360,7 +361,7 @@ def _shown_gaps(judged: dict[str, Any]) -> str:
     return "gaps " + " / ".join(f"{judged['gap_sigma'][s]:+.1f}σ" for s in SPLITS)
 
 
-def check_balance(cfg: DataConfig, table: Table, assigned: dict[int, str], classes: Optional[list[str]]) -> None:
+def check_balance(cfg: DataConfig, table: Table, assigned: Placement, classes: Optional[list[str]]) -> None:
     """`imbalance` when the largest class has at least data.imbalance_ratio times the samples of the smallest,
     over the whole set and within each split."""
     if not classes:
@@ -382,7 +383,7 @@ def check_balance(cfg: DataConfig, table: Table, assigned: dict[int, str], class
                       f"(ratio {ratio:.1f} ≥ data.imbalance_ratio {cfg.imbalance_ratio:g})")
 
 
-def label_issues_and_outliers(cfg: DataConfig, table: Table, assigned: dict[int, str], classes: Optional[list[str]]) -> dict[str, Any]:
+def label_issues_and_outliers(cfg: DataConfig, table: Table, assigned: Placement, classes: Optional[list[str]]) -> dict[str, Any]:
     """`label_issue` and `outlier` findings over the placed samples' thumbnails (data.label_issues).
 
     With data.on_label_issue: quarantine (and data.on_bad_file other than warn, which keeps every usable

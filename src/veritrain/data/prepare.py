@@ -20,7 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 import numpy as np
 
@@ -69,6 +69,7 @@ from veritrain.data.identity import (
 )
 from veritrain.data.shards import array_of
 from veritrain.data.sources import FILES_OF, FileListing, load_source
+from veritrain.data.split import SPLITS, Placement
 from veritrain.data.store import (
     ARRAY_CHUNK,
     MANIFEST_COLUMNS,
@@ -319,14 +320,16 @@ def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, i
     preprocessing = preprocessing_config(data_cfg, source_preprocessing, target)
     if data_cfg.on_label_issue == "quarantine":  # the method then decides which samples train: part of the id
         preprocessing["label_issues"] = label_method
-    split_of = [assigned.get(i, "quarantined") for i in range(len(table.ids))]
-    samples = list(zip(table.ids, table.hashes, [l or "" for l in table.labels], split_of))
+
+    def samples() -> Iterator[tuple[str, Optional[str], str, str]]:  # each sample's (id, content hash, label, split), made as read
+        return ((table.ids[i], table.hashes[i], table.labels[i] or "", assigned[i] if i in assigned else "quarantined") for i in range(len(table.ids)))
+
     store = workspace_state / "data"
     store.mkdir(parents=True, exist_ok=True)
     card = merged_card(data_cfg.card.model_dump(), getattr(source, "card", {}))
 
     log.info("data: writing a data version from %s (%d samples)", data_cfg.source, len(table.ids))
-    rows = [i for i in range(len(table.ids)) if i in assigned]
+    rows = [i for i in range(len(table.ids)) if i in assigned]  # the placed samples in id order: a version's rows
     if not rows:
         raise RunFailed("data: no usable samples; see the findings in the data report")
     tmp = store / f".tmp-{uuid.uuid4().hex}"
@@ -340,7 +343,7 @@ def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, i
         if identity.FORMAT_VERSION >= BOUND_INFO_SINCE["listing_sha256"]:
             info["listing_sha256"] = listing_sha256(table, source)
         info["ignored"] = {"count": len(table.ignored), "files": table.ignored[:IGNORED_SHOWN]}  # not bound: no sample
-        version = identity.id_of(info, samples)
+        version = identity.id_of(info, samples())
         info["data_version"] = version
         if id_only:  # version_now: the id is all that is asked
             return version  # type: ignore[return-value]
@@ -369,11 +372,11 @@ def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, i
     _remember_files(files_memo, version, card)
     _refuse_skew(data_cfg, loaded)
     if former_dir is None:  # without data.test_from: say when a test split moved
-        _moved_out_of_test(store, version, preprocessing, samples)
+        _moved_out_of_test(store, version, preprocessing, samples())
     return loaded
 
 
-def _write_data(out: Path, shard_store: Path, rows: list[int], assigned: dict[int, str], table: Table, source: Source, data_cfg: DataConfig,
+def _write_data(out: Path, shard_store: Path, rows: list[int], assigned: Placement, table: Table, source: Source, data_cfg: DataConfig,
                 target: dict[str, Any], classes: Optional[list[str]], workers: int,
                 described: tuple[dict[str, Any], dict[str, Any], list[Any]]) -> tuple[Any, dict[str, Any]]:
     """The placed rows' data as this recipe writes it, fields in shards (recipe 7 on) or the arrays inputs.npy and
@@ -382,7 +385,7 @@ def _write_data(out: Path, shard_store: Path, rows: list[int], assigned: dict[in
     if identity.FORMAT_VERSION < FIELDS_SINCE:  # an earlier recipe, as a test standing in for one sets it
         inputs, targets = write_arrays(out, rows, table, source, data_cfg, target, classes, workers)
         return inputs, write_version(out, data_cfg, table, classes, assigned, rows, *described, inputs, targets)
-    train = np.array([assigned[i] == "train" for i in rows], dtype=bool)
+    train = assigned.codes(np.asarray(rows, dtype=np.int64)) == SPLITS.index("train")
     fields, histogram = write_fields(out, shard_store, rows, table, source, data_cfg, target, classes, workers, train)
     folder = out / FIELDS_FOLDER
     inputs = array_of(fields[next(name for name in INPUT_FIELDS if name in fields)], folder, 0)  # read back as rows are asked for
@@ -410,7 +413,7 @@ def _stored_by_an_earlier_recipe(workspace_state: Path, recorded: str) -> Option
     return loaded
 
 
-def _moved_out_of_test(store: Path, version: str, preprocessing: dict[str, Any], samples: list[tuple[str, Any, str, str]]) -> Optional[str]:
+def _moved_out_of_test(store: Path, version: str, preprocessing: dict[str, Any], samples: Iterable[tuple[str, Any, str, str]]) -> Optional[str]:
     """One line, logged and returned, when samples that the newest earlier version of the same data config had in test
     are in train or val now (matched by the hash of their bytes; new samples, or a new near-copy of one, can move them),
     with the fix; None otherwise. Without data.test_from a test split is only as stable as the data: this says when it moved."""

@@ -19,10 +19,13 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from array import array
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
+
+import numpy as np
 
 from veritrain.core.errors import RunFailed
 
@@ -38,6 +41,58 @@ class Unit:
     timestamp: Optional[int] = None  # the latest member instant (parse_instant: µs since the epoch), for time splits
     key: str = ""  # the smallest member key: what places the unit
     former: frozenset[str] = frozenset()  # data.test_from: the splits its members had in that version
+
+
+class Placement:
+    """sample index → its split, read and written as a dict of them would be (iterated in the order placed), kept as
+    a byte a sample and the order: a million placed samples are not a million dict entries."""
+
+    def __init__(self, samples: int):
+        self._split = np.full(samples, -1, dtype=np.int8)  # SPLITS index, -1: not placed
+        self._order = array("q")
+
+    def __setitem__(self, i: int, split: str) -> None:
+        if self._split[i] < 0:
+            self._order.append(int(i))
+        self._split[i] = SPLITS.index(split)
+
+    def __contains__(self, i: object) -> bool:
+        return bool(isinstance(i, (int, np.integer)) and 0 <= i < len(self._split) and self._split[i] >= 0)
+
+    def __getitem__(self, i: int) -> str:
+        code = int(self._split[i]) if 0 <= i < len(self._split) else -1
+        if code < 0:
+            raise KeyError(i)
+        return SPLITS[code]
+
+    def get(self, i: int, default: Optional[str] = None) -> Optional[str]:
+        return self[i] if i in self else default
+
+    def __delitem__(self, i: int) -> None:
+        if i not in self:
+            raise KeyError(i)
+        self._split[i] = -1  # its place in the order is skipped from now on
+
+    def __iter__(self) -> Iterator[int]:
+        split = self._split
+        return (i for i in self._order if split[i] >= 0)
+
+    def keys(self) -> Iterator[int]:
+        return iter(self)
+
+    def items(self) -> Iterator[tuple[int, str]]:
+        split = self._split
+        return ((i, SPLITS[split[i]]) for i in self._order if split[i] >= 0)
+
+    def values(self) -> Iterator[str]:
+        return (split for _, split in self.items())
+
+    def __len__(self) -> int:
+        return int((self._split >= 0).sum())
+
+    def codes(self, rows: np.ndarray) -> np.ndarray:
+        """The SPLITS index of each of `rows` (-1: not placed)."""
+        return self._split[rows]
 
 
 TIMESTAMP_FORMATS = {

@@ -21,11 +21,12 @@ from veritrain.core.hashing import DATA_HASH_ALGORITHM, JsonRows, sha256_file, s
 from veritrain.core.secrets import redact_text
 from veritrain.core.version import __version__
 from veritrain.data import croissant, identity, shards, split as splitting, validate
+from veritrain.data.columns import hex_digests
 from veritrain.data.identity import CARD_FILE, FIELDS_FOLDER, DataVersion, preprocessing_config
 from veritrain.data.shards import FieldSpec
 from veritrain.data.sources import FileListing, Source
-from veritrain.data.split import SPLITS
-from veritrain.data.table import Table
+from veritrain.data.split import SPLITS, Placement
+from veritrain.data.table import FileRows, Table
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -96,7 +97,7 @@ def write_arrays(out: Path, rows: list[int], table: Table, source: Source, cfg: 
         h, w, c = target["shape"]
         inputs = open_memmap(out / "inputs.npy", mode="w+", dtype=np.uint8, shape=(len(rows), h, w, c))
         params = validate.CheckParams(h, w, c, cfg.convert, cfg.max_pixels, near_duplicates=False)
-        failed = validate.decode_into(inputs, [(str(table.paths[i]), str(table.hashes[i])) for i in rows], params, workers)
+        failed = validate.decode_into(inputs, FileRows(table, np.asarray(rows, dtype=np.int64), path_first=True), params, workers)
         if failed:
             raise RunFailed(f"data: {table.ids[rows[failed[0]]]} changed while preparing (its bytes or its decoding); prepare again, with --rehash if the file kept its size and time (`veritrain data prepare CONFIG --rehash`)")
     else:
@@ -161,25 +162,31 @@ def write_fields(out: Path, shard_store: Path, rows: list[int], table: Table, so
 
 
 def _decoded_or_kept(rows: list[int], table: Table, params: validate.CheckParams, workers: int,
-                     before: Optional[tuple[Any, dict[str, int]]]) -> Iterator[Optional[np.ndarray]]:
+                     before: Optional[tuple[Any, np.ndarray, np.ndarray]]) -> Iterator[Optional[np.ndarray]]:
     """Each row's decoded pixels in order: a content a stored version decoded to this target by these decoders is
     read from its image field (every block checked), the rest is decoded (validate.decoded)."""
-    kept_rows = before[1] if before is not None else {}
-    fresh = iter(validate.decoded([(str(table.paths[i]), str(table.hashes[i])) for i in rows if table.hashes[i] not in kept_rows],
-                                  params, workers))
-    for start in range(0, len(rows), ARRAY_CHUNK):  # the kept rows of a chunk read together: each block they touch once
-        chunk = rows[start:start + ARRAY_CHUNK]
-        former = [kept_rows.get(str(table.hashes[i]), -1) for i in chunk]
-        wanted = np.array([row for row in former if row >= 0], dtype=np.int64)
+    placed = np.asarray(rows, dtype=np.int64)
+    former_rows = np.full(len(placed), -1, dtype=np.int64)  # the row of each placed row's content in `before`, or -1
+    if before is not None and len(before[1]):
+        _, digests, row_of = before
+        for start in range(0, len(placed), ARRAY_CHUNK):
+            wanted = table.hashes.raw(placed[start:start + ARRAY_CHUNK])
+            at = np.minimum(np.searchsorted(digests, wanted), len(digests) - 1)
+            former_rows[start:start + len(wanted)] = np.where(digests[at] == wanted, row_of[at], -1)
+    fresh = iter(validate.decoded(FileRows(table, placed[former_rows < 0], path_first=True), params, workers))
+    for start in range(0, len(placed), ARRAY_CHUNK):  # the kept rows of a chunk read together: each block they touch once
+        former = former_rows[start:start + ARRAY_CHUNK]
+        wanted = former[former >= 0]
         kept = iter(np.asarray(before[0][wanted]) if before is not None and len(wanted) else ())
-        for row in former:
+        for row in former.tolist():
             yield next(kept) if row >= 0 else next(fresh)
 
 
-def _decoded_before(versions: Path, target: dict[str, Any]) -> Optional[tuple[Any, dict[str, int]]]:
+def _decoded_before(versions: Path, target: dict[str, Any]) -> Optional[tuple[Any, np.ndarray, np.ndarray]]:
     """The image field of the newest stored version that decoded images to `target` with today's decoders (data recipe
-    7 on), opened and checked, with its rows by content hash: a re-prepare after an image was added decodes the new
-    image alone. None when there is none. `verify` prepares in a scratch folder, so it never reads one."""
+    7 on), opened and checked, with the content hashes of its rows sorted (`S32`) and the row of each: a re-prepare
+    after an image was added decodes the new image alone. None when there is none. `verify` prepares in a scratch
+    folder, so it never reads one."""
     candidates = []
     for folder in versions.iterdir() if versions.is_dir() else []:
         try:
@@ -195,8 +202,9 @@ def _decoded_before(versions: Path, target: dict[str, Any]) -> Optional[tuple[An
     folder = max(candidates)[1]
     former = identity.load_version(folder)
     with open(folder / "manifest.csv", newline="", encoding="utf-8") as f:
-        hashes = [row[DATA_HASH_ALGORITHM] for row in csv.DictReader(f) if row["status"] == "ok"]
-    return former.inputs, {digest: row for row, digest in enumerate(hashes)}
+        digests = hex_digests(row[DATA_HASH_ALGORITHM] for row in csv.DictReader(f) if row["status"] == "ok")
+    order = np.argsort(digests, kind="stable")
+    return former.inputs, digests[order], order
 
 
 def _array_field(shard_store: Path, name: str, keys: list[str], values: np.ndarray) -> FieldSpec:
@@ -245,13 +253,13 @@ class PixelHistogram:
         return {"scale": "x / 255", "mean": mean, "std": std, "computed_on": "train"}
 
 
-def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[list[str]], assigned: dict[int, str],
+def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[list[str]], assigned: Placement,
                    rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit],
                    inputs: Any, targets: np.ndarray, normalization: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """manifest.csv, quarantine.csv and the split lists beside the inputs and targets written (row by placed sample);
     returns version.json's content (without the id, which hashes it). `normalization`: the train statistics when
     they were counted while writing, else computed here from `inputs`."""
-    unit_of = {i: unit.key for unit in units for i in unit.members}
+    unit_of = {i: unit.key for unit in units if len(unit.members) > 1 for i in unit.members}  # a lone sample's unit key is its own
     with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(MANIFEST_COLUMNS)
@@ -267,17 +275,18 @@ def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[li
         writer.writerow(["sample_id", "kind", "reason"])
         for i, finding in sorted(table.excluded.items()):
             writer.writerow([table.ids[i], finding.kind, finding.reason])
-    for name in SPLITS:
-        ids = [table.ids[i] for i in rows if assigned[i] == name]
-        (out / "splits" / f"{name}.txt").write_text("".join(i + "\n" for i in ids), encoding="utf-8")
+    placed = assigned.codes(np.asarray(rows, dtype=np.int64))
+    for n, name in enumerate(SPLITS):
+        with open(out / "splits" / f"{name}.txt", "w", encoding="utf-8") as f:
+            f.writelines(table.ids[i] + "\n" for i, code in zip(rows, placed.tolist()) if code == n)
     if identity.FORMAT_VERSION >= identity.FIELDS_SINCE:  # each placed row's split, which opening reads instead of the manifest
-        (out / identity.PLACED_FILE).write_bytes(bytes(SPLITS.index(assigned[i]) for i in rows))
+        (out / identity.PLACED_FILE).write_bytes(placed.astype(np.uint8).tobytes())
 
-    row_splits = np.array([assigned[i] for i in rows])
-    counts = {s: int((row_splits == s).sum()) for s in SPLITS}
+    row_splits = assigned.codes(np.asarray(rows, dtype=np.int64))
+    counts = {s: int((row_splits == n).sum()) for n, s in enumerate(SPLITS)}
     per_class = None
     if classes is not None:
-        per_class = {s: {c: int(((row_splits == s) & (targets == k)).sum()) for k, c in enumerate(classes)} for s in SPLITS}
+        per_class = {s: {c: int(((row_splits == n) & (targets == k)).sum()) for k, c in enumerate(classes)} for n, s in enumerate(SPLITS)}
 
     return {
         "data_version": None,
@@ -291,7 +300,7 @@ def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[li
         "input_shape": list(inputs.shape[1:]),
         "input_dtype": str(inputs.dtype),
         "target_dtype": str(targets.dtype),
-        "normalization": normalization or normalization_stats(inputs, np.flatnonzero(row_splits == "train")),
+        "normalization": normalization or normalization_stats(inputs, np.flatnonzero(row_splits == SPLITS.index("train"))),
         "origin": origin,
         "decoders": identity.decoder_versions(),
         # every file training reads, bound to the version id through `content_hash`

@@ -278,37 +278,77 @@ def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path],
     return table
 
 
+class ContentGroups:
+    """Some rows of a table (in ascending order) grouped by their content hash, by sorting the hashes' bytes rather than a dict of
+    strings: `firsts[k]` is the first row of the k-th content (contents in the order of their first row) and
+    `members(k)` its rows, in order."""
+
+    def __init__(self, table: Table, rows: np.ndarray):
+        rows = np.asarray(rows, dtype=np.int64)
+        keys = table.hashes.raw(rows) if table.hashes.all_hex(rows) else np.array([table.content_hash(int(i)) for i in rows])
+        self._rows, self._order = rows, np.argsort(keys, kind="stable")
+        ordered = keys[self._order]
+        del keys
+        starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]])) if len(rows) else np.zeros(0, np.int64)
+        del ordered
+        ends = np.concatenate([starts[1:], [len(rows)]]).astype(np.int64)
+        by_row = np.argsort(rows[self._order[starts]], kind="stable")  # stable: the first of a content is its first row
+        self._starts, self._ends = starts[by_row], ends[by_row]
+        self.firsts = rows[self._order[self._starts]]
+
+    def __len__(self) -> int:
+        return len(self.firsts)
+
+    def members(self, k: int) -> list[int]:
+        return self._rows[self._order[self._starts[k]:self._ends[k]]].tolist()
+
+    def copied(self) -> list[int]:
+        """The k of every content that two or more rows share."""
+        return np.flatnonzero(self._ends - self._starts > 1).tolist()
+
+
+class FileRows:
+    """The (content hash, path) of some rows of a table, or (path, content hash) with `path_first`, read as they are
+    asked for (validate.Pairs): a million rows are not a million tuples."""
+
+    def __init__(self, table: Table, rows: np.ndarray, path_first: bool = False):
+        self.table, self.rows, self.path_first = table, rows, path_first
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, k: int) -> tuple[str, str]:
+        i = int(self.rows[k])
+        digest, path = self.table.content_hash(i), str(self.table.paths[i])
+        return (path, digest) if self.path_first else (digest, path)
+
+
 def validate_files(cfg: DataConfig, table: Table, cache_dir: Path, workers: int,
                     timings: dict[str, float]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Decode and check every distinct content once (cached by content hash); returns the target
-    shape and a summary of sizes, modes and formats."""
+    shape and a summary of sizes, modes and formats. Contents are told apart by sorting the rows' digests, and
+    headers and checks stream through the check cache, so memory holds a few arrays of the rows, not an object each."""
 
     t = time.perf_counter()
-    files: dict[str, str] = {}
-    for i in table.included():
-        files.setdefault(table.content_hash(i), str(table.paths[i]))
+    contents = ContentGroups(table, np.array(table.included(), dtype=np.int64))  # every included file has its BLAKE3
+    files = FileRows(table, contents.firsts)
     check_cache = validate.CheckCache(cache_dir / "images.sqlite")
     try:
-        headers = validate.headers_for(files, check_cache, workers)
-        sizes = Counter((h.height, h.width) for h in headers.values() if h.error is None)
-        modes = Counter(1 if h.mode in ("L", "1", "I", "I;16", "F") else 3 for h in headers.values() if h.error is None)
+        counts = validate.header_counts(files, check_cache, workers)
         if cfg.image_size is not None:
             height, width = cfg.image_size
-        elif sizes:
-            (height, width), _ = sizes.most_common(1)[0]
+        elif counts.sizes:
+            (height, width), _ = counts.sizes.most_common(1)[0]
         else:
             height, width = 0, 0
-        channels = cfg.channels or (modes.most_common(1)[0][0] if modes else 3)
+        channels = cfg.channels or (counts.channels.most_common(1)[0][0] if counts.channels else 3)
         target = {"shape": [height, width, channels], "dtype": "uint8", "convert": cfg.convert,
                   "resize": "bilinear" if cfg.convert else None, "image_size_from": "config" if cfg.image_size else "most common in data",
                   "exif_orientation": "not applied"}
         params = validate.CheckParams(height, width, channels, cfg.convert, cfg.max_pixels, _near_duplicates_on(cfg, [height, width]))
-        rows_of: dict[str, list[int]] = {}  # content hash → the included rows with it (one, but for exact copies)
-        for i in table.included():
-            rows_of.setdefault(table.content_hash(i), []).append(i)
         found: dict[int, list[tuple[str, str]]] = {}  # row → its findings: few rows, added in row order below
-        for digest, check in validate.checks_for(files, headers, params, check_cache, workers):
-            for i in rows_of[digest]:
+        for k, check in validate.checks_for(files, params, check_cache, workers):
+            for i in contents.members(k):  # the content's rows: one, but for exact copies
                 if check.findings:
                     found[i] = check.findings
                 if check.usable:
@@ -320,9 +360,9 @@ def validate_files(cfg: DataConfig, table: Table, cache_dir: Path, workers: int,
             table.add(kind, [i], reason, exclude=kind in UNUSABLE)
     timings["validate"] = time.perf_counter() - t
     summary = {
-        "sizes": {f"{w}×{h}": n for (h, w), n in sizes.most_common(10)},
-        "modes": dict(Counter(h.mode for h in headers.values() if h.error is None).most_common()),
-        "formats": dict(Counter(h.format for h in headers.values() if h.error is None).most_common()),
+        "sizes": {f"{w}×{h}": n for (h, w), n in counts.sizes.most_common(10)},
+        "modes": dict(counts.modes.most_common()),
+        "formats": dict(counts.formats.most_common()),
     }
     return target, summary
 

@@ -11,16 +11,20 @@ Runs in worker processes; this module must stay importable without torch.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
+import itertools
 import json
 import os
 import warnings
+from array import array
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 import numpy as np
 
@@ -209,24 +213,28 @@ def check_file(path: str, header: Header, params: CheckParams, keep_array: bool,
     return check
 
 
-def _check_batch(items: list[tuple[str, str, Header]], params: CheckParams) -> list[tuple[str, Check]]:
-    return [(digest, check_file(path, header, params, keep_array=False)) for digest, path, header in items]
-
-
-def _header_batch(items: list[tuple[str, str]]) -> list[tuple[str, Header]]:
-    return [(digest, read_header(path)) for digest, path in items]
+def _check_batch(items: list[tuple[int, str, Header]], params: CheckParams) -> list[tuple[int, Check]]:
+    return [(k, check_file(path, header, params, keep_array=False)) for k, path, header in items]
 
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _in_parallel(func: Callable[..., Iterable[Any]], items: list[Any], workers: int, *args: Any) -> Iterable[Any]:
-    """Run `func(batch, *args)` over batches of items; serial for small inputs (process start-up costs ~0.3 s)."""
-    if workers <= 1 or len(items) < 200:
-        yield from func(items, *args)
+IN_FLIGHT_PER_WORKER = 4  # batches handed to each worker process ahead of the one being read back
+
+
+def _in_parallel(func: Callable[..., Iterable[Any]], items: Iterable[Any], workers: int, *args: Any, total: Optional[int] = None) -> Iterable[Any]:
+    """Run `func(batch, *args)` over batches of `items` (a list, or an iterable of `total` items), results in order;
+    serial for small inputs (process start-up costs ~0.3 s). Batches are made as the workers take them, at most
+    IN_FLIGHT_PER_WORKER a worker ahead, so memory holds those, never every item."""
+    count = len(items) if total is None else total  # type: ignore[arg-type]
+    size = max(16, min(256, count // (max(workers, 1) * 4)))
+    iterator = iter(items)
+    batches = iter(lambda: list(itertools.islice(iterator, size)), [])
+    if workers <= 1 or count < 200:
+        for batch in batches:
+            yield from func(batch, *args)
         return
-    size = max(16, min(256, len(items) // (workers * 4)))
-    batches = [items[i : i + size] for i in range(0, len(items), size)]
     # spawn: a clean interpreter, safe even when the parent has torch and its thread pools loaded.
     # One BLAS thread per worker: the workers already use every core, and oversubscribed BLAS
     # threads (numpy's matmul in the perceptual hash) made 2 workers slower than 1.
@@ -234,8 +242,13 @@ def _in_parallel(func: Callable[..., Iterable[Any]], items: list[Any], workers: 
     os.environ.update({k: "1" for k in _THREAD_VARIABLES})
     try:
         with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            for result in pool.map(func, batches, *([a] * len(batches) for a in args)):
-                yield from result
+            pending: collections.deque[Any] = collections.deque()
+            for batch in batches:
+                pending.append(pool.submit(func, batch, *args))
+                if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
     finally:
         for key, value in saved.items():
             if value is None:
@@ -293,68 +306,105 @@ class CheckCache:
         self.db.close()
 
 
-def headers_for(files: dict[str, str], cache: Optional[CheckCache], workers: int) -> dict[str, Header]:
-    """content hash → header, for one path per distinct content. Headers are a few hundred bytes:
-    threads suffice (and cost no process start-up)."""
-
-    found = cache.headers(list(files)) if cache else {}
-    todo = [(h, p) for h, p in files.items() if h not in found]
-    if workers > 1 and len(todo) > 200:
-        with ThreadPoolExecutor(workers) as pool:
-            fresh = dict(pool.map(lambda item: (item[0], read_header(item[1])), todo))
-    else:
-        fresh = dict(_header_batch(todo))
-    if cache and fresh:
-        cache.store_headers(fresh)
-    return {**found, **fresh}
+CACHE_BATCH = 4096  # headers or checks read from or written to the check cache at once
 
 
-CACHE_BATCH = 4096  # checks read from or written to the check cache at once
+class Pairs(Protocol):
+    """Pairs of texts by position ((content hash, path), or (path, content hash)): a list of them, or a view that
+    reads each from a table as it is asked for."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, k: int) -> tuple[str, str]: ...
 
 
-def checks_for(files: dict[str, str], headers: dict[str, Header], params: CheckParams, cache: Optional[CheckCache],
-               workers: int) -> Iterator[tuple[str, Check]]:
-    """(content hash, check) of every file, as they come: those the cache holds first, CACHE_BATCH at a time, then
-    the others as the workers check them, stored in the cache a batch at a time; so memory holds a batch of checks,
-    never all of them. The decoded pixels are not kept (they are decoded again, row by row, straight into the
-    version's fields by `decoded`)."""
-    hashes = list(files)
-    todo = []
-    for start in range(0, len(hashes), CACHE_BATCH):
-        batch = hashes[start:start + CACHE_BATCH]
-        found = cache.checks(batch, params) if cache else {}
-        yield from found.items()
-        todo.extend((h, files[h], headers[h]) for h in batch if h not in found)
+@dataclass
+class HeaderCounts:
+    """What the headers of the distinct files say, counted (`header_counts`): (height, width), channels as the
+    target would take them (1 or 3), mode and format of each readable one."""
+
+    sizes: Counter[tuple[int, int]] = field(default_factory=Counter)
+    channels: Counter[int] = field(default_factory=Counter)
+    modes: Counter[str] = field(default_factory=Counter)
+    formats: Counter[str] = field(default_factory=Counter)
+
+    def add(self, header: Header) -> None:
+        if header.error is None:
+            self.sizes[(header.height, header.width)] += 1
+            self.channels[1 if header.mode in ("L", "1", "I", "I;16", "F") else 3] += 1
+            self.modes[header.mode] += 1
+            self.formats[str(header.format)] += 1
+
+
+def header_counts(files: Pairs, cache: CheckCache, workers: int) -> HeaderCounts:
+    """The headers of `files` ((content hash, path) per distinct content) counted, CACHE_BATCH at a time: those the
+    cache lacks are read (in threads: a header is a few hundred bytes, and threads cost no process start-up) and
+    stored, so `checks_for` finds every one there."""
+    counts = HeaderCounts()
+    with ThreadPoolExecutor(max(workers, 1)) as pool:
+        for start in range(0, len(files), CACHE_BATCH):
+            batch = [files[k] for k in range(start, min(start + CACHE_BATCH, len(files)))]
+            found = cache.headers([h for h, _ in batch])
+            todo = [(h, p) for h, p in batch if h not in found]
+            fresh = dict(pool.map(lambda item: (item[0], read_header(item[1])), todo)) if workers > 1 and len(todo) > 200 \
+                else {h: read_header(p) for h, p in todo}
+            if fresh:
+                cache.store_headers(fresh)
+            for h, _ in batch:
+                counts.add(found.get(h) or fresh[h])
+    return counts
+
+
+def checks_for(files: Pairs, params: CheckParams, cache: CheckCache, workers: int) -> Iterator[tuple[int, Check]]:
+    """(k, check of files[k]) for every (content hash, path) of `files`, as they come: those the cache holds first,
+    CACHE_BATCH at a time, then the others as the workers check them (their headers read from the cache, where
+    `header_counts` put them), stored in the cache a batch at a time; so memory holds a batch of checks, never all
+    of them. The decoded pixels are not kept (they are decoded again, row by row, straight into the version's
+    fields by `decoded`)."""
+    todo = array("q")  # positions in `files` of those to check: 8 bytes each
+    for start in range(0, len(files), CACHE_BATCH):
+        position = {files[k][0]: k for k in range(start, min(start + CACHE_BATCH, len(files)))}
+        for digest, check in cache.checks(list(position), params).items():
+            yield position.pop(digest), check
+        todo.extend(sorted(position.values()))
+
+    def work() -> Iterator[tuple[int, str, Header]]:
+        for start in range(0, len(todo), CACHE_BATCH):
+            batch = [(k, *files[k]) for k in todo[start:start + CACHE_BATCH]]
+            headers = cache.headers([h for _, h, _ in batch])
+            for k, h, path in batch:
+                yield k, path, headers.get(h) or read_header(path)
+
     fresh: dict[str, Check] = {}
-    for digest, check in _in_parallel(_check_batch, todo, workers, params):
-        yield digest, check
-        if cache:
-            fresh[digest] = check
-            if len(fresh) >= CACHE_BATCH:
-                cache.store_checks(fresh, params)
-                fresh = {}
-    if cache and fresh:
+    for k, check in _in_parallel(_check_batch, work(), workers, params, total=len(todo)):
+        yield k, check
+        fresh[files[k][0]] = check
+        if len(fresh) >= CACHE_BATCH:
+            cache.store_checks(fresh, params)
+            fresh = {}
+    if fresh:
         cache.store_checks(fresh, params)
 
 
-def decode_into(out: np.ndarray, files: list[tuple[str, str]], params: CheckParams, workers: int) -> list[int]:
+def decode_into(out: np.ndarray, files: Pairs, params: CheckParams, workers: int) -> list[int]:
     """Decode each row's (path, BLAKE3 content hash) into `out[row]` (a memory-mapped array), in worker
     processes that hand back one batch at a time. The bytes decoded are the bytes hashed: returns the rows
     whose file changed since it was listed, or no longer decodes."""
     failed = []
-    for row, array in enumerate(decoded(files, params, workers)):
-        if array is None:
+    for row, pixels in enumerate(decoded(files, params, workers)):
+        if pixels is None:
             failed.append(row)
         else:
-            out[row] = array
+            out[row] = pixels
     return failed
 
 
-def decoded(files: list[tuple[str, str]], params: CheckParams, workers: int) -> Iterator[Optional[np.ndarray]]:
+def decoded(files: Pairs, params: CheckParams, workers: int) -> Iterator[Optional[np.ndarray]]:
     """Each (path, BLAKE3 content hash) decoded as `decode_into` decodes it, in the order given (None: the file changed
     since it was listed, or no longer decodes), so a writer can take the rows as they come."""
-    for _, array in _in_parallel(_decode_batch, [(row, path, digest) for row, (path, digest) in enumerate(files)], workers, params):
-        yield array
+    items = ((row, *files[row]) for row in range(len(files)))
+    for _, pixels in _in_parallel(_decode_batch, items, workers, params, total=len(files)):
+        yield pixels
 
 
 def _decode_batch(items: list[tuple[int, str, str]], params: CheckParams) -> list[tuple[int, Optional[np.ndarray]]]:

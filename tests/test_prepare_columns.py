@@ -1,6 +1,7 @@
-"""Pictures and thumbnails kept per sample row in scratch files while data prepare runs: what is written is what is
-read back, in any order; the near-duplicate search reads them from there and finds what it found in memory; and the
-scratch folder is gone when prepare ends."""
+"""What data prepare keeps of each sample, kept compact: pictures and thumbnails in scratch files (what is written is
+what is read back, in any order; the near-duplicate search reads them from there and finds what it found in memory;
+the scratch folder is gone when prepare ends), the sample table as columns, contents grouped by sorting their digests,
+the placement as a byte a sample, and JSON rows hashed a batch at a time."""
 
 from __future__ import annotations
 
@@ -133,3 +134,29 @@ def test_table_columns_read_like_the_lists_they_replace():
     digests[2] = hexed
     digests[0] = None
     assert digests[:3] == [None, None, hexed]
+
+
+def test_contents_grouped_by_sorting_digests_and_the_placement_read_as_dicts_were():
+    from veritrain.data.columns import Codes, Digests, Names, Texts
+    from veritrain.data.split import Placement
+    from veritrain.data.table import ContentGroups, Table
+
+    a, b, c = "aa" * 32, "bb" * 32, "0c" * 32
+    n = 7
+    table = Table(ids=Names(f"s{i}" for i in range(n)), paths=Texts([None] * n), sizes=np.zeros(n, dtype=np.int64),
+                  hashes=Digests.of([b, a, c, a, b, a, "not-hex"]), labels=Codes([None] * n), groups=Texts([None] * n),
+                  fixed=Codes([None] * n), timestamps=Texts([None] * n), source_ids=Texts([None] * n))
+    groups = ContentGroups(table, np.array([0, 1, 2, 3, 4, 5]))
+    assert groups.firsts.tolist() == [0, 1, 2] and [groups.members(k) for k in range(3)] == [[0, 4], [1, 3, 5], [2]]
+    assert groups.copied() == [0, 1]
+    mixed = ContentGroups(table, np.array([1, 5, 6]))  # a digest that is not hex: the texts are sorted instead
+    assert mixed.firsts.tolist() == [1, 6] and mixed.members(0) == [1, 5]
+    placed = Placement(6)
+    for i, split in ((4, "test"), (0, "train"), (2, "val"), (0, "val")):
+        placed[i] = split
+    del placed[2]
+    assert list(placed) == [4, 0] and dict(placed.items()) == {4: "test", 0: "val"} and len(placed) == 2
+    assert 2 not in placed and 9 not in placed and placed.get(2, "quarantined") == "quarantined" and placed[4] == "test"
+    assert placed.codes(np.array([0, 1, 4])).tolist() == [1, -1, 2]
+    with pytest.raises(KeyError):
+        placed[1]
