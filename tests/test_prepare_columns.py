@@ -160,3 +160,53 @@ def test_contents_grouped_by_sorting_digests_and_the_placement_read_as_dicts_wer
     assert placed.codes(np.array([0, 1, 4])).tolist() == [1, -1, 2]
     with pytest.raises(KeyError):
         placed[1]
+
+
+def test_units_kept_as_arrays_read_as_the_unit_objects_they_replace():
+    """`grouping._units` against the construction it replaces (one Unit object per component, sorted by first
+    member): random components, fixed splits that disagree inside a unit (leak_duplicate), labels and timestamps."""
+    from veritrain.data import grouping
+    from veritrain.data.columns import Codes, Digests, Names, Texts
+    from veritrain.data.grouping import SPLIT_PRIORITY
+    from veritrain.data.split import Unit, unit_key
+    from veritrain.data.table import Table
+
+    rng = np.random.default_rng(5)
+    n = 300
+    fixed = [None if f == "" else f for f in rng.choice(["", "", "", "", "train", "test", "val"], n).tolist()]
+    labels = [None if label == "" else label for label in rng.choice(["", "cat", "dog", "eel"], n).tolist()]
+    unreadable = rng.permutation(n)[:20].tolist()
+
+    def table() -> Table:
+        made = Table(ids=Names(f"s{i:03d}" for i in range(n)), paths=Texts([None] * n), sizes=np.zeros(n, dtype=np.int64),
+                     hashes=Digests.of([f"{i:064x}" for i in range(n)]), labels=Codes(labels), groups=Texts([None] * n),
+                     fixed=Codes(fixed), timestamps=Texts([None] * n), source_ids=Texts([None] * n))
+        for i in unreadable:
+            made.add("undecodable", [i], "planted", exclude=True)
+        return made
+
+    component_of = rng.integers(0, 120, n)  # many components of several members, some of one
+    instants = {i: int(rng.integers(0, 10**6)) for i in range(0, n, 3)}
+    classes = ["cat", "dog"]  # eel is not a class: no class index
+    got_table, want_table = table(), table()
+    got = list(grouping._units(got_table, np.array(got_table.included()), component_of, classes, instants))
+
+    components: dict[int, list[int]] = {}
+    for i in want_table.included():
+        components.setdefault(int(component_of[i]), []).append(i)
+    want = []
+    for members in components.values():
+        splits = {want_table.fixed[i] for i in members if want_table.fixed[i]}
+        winner = min(splits, key=SPLIT_PRIORITY.__getitem__) if splits else None
+        if len(splits) > 1:
+            keepers = [i for i in members if want_table.fixed[i] in (winner, None)]
+            for i in members:
+                if want_table.fixed[i] not in (winner, None):
+                    want_table.add("leak_duplicate", [i], "x", exclude=True)
+            members = keepers
+        found = [instants[i] for i in members if i in instants]
+        want.append(Unit(sorted(members), [{"cat": 0, "dog": 1}.get(labels[i]) for i in members], winner, max(found) if found else None,
+                         unit_key(want_table.key(i) for i in members)))
+    want.sort(key=lambda u: u.members[0])
+    assert got == want and any(len(u.members) > 1 for u in got) and any(u.fixed for u in got)
+    assert sorted(got_table.excluded) == sorted(want_table.excluded)

@@ -111,6 +111,11 @@ class Codes:
         values = self.values
         return (values[c] if c >= 0 else None for c in self._codes.tolist())
 
+    def mapped(self, rows: np.ndarray, to: dict[str, int]) -> np.ndarray:
+        """`to[value]` of each of `rows` as int32 (-1: None, or a value `to` lacks)."""
+        lookup = np.array([to.get(v, -1) for v in self.values] + [-1], dtype=np.int32)  # code -1 reads the last
+        return lookup[self._codes[rows]]
+
 
 class Digests:
     """Optional hex digests: 32 bytes a row for a 64-digit lowercase hex one, any other text kept aside; settable."""

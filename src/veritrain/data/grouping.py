@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 SPLIT_PRIORITY = {"test": 0, "val": 1, "train": 2}  # where copies disagree, the most protected split wins
 
 
-def duplicates_and_units(cfg: DataConfig, table: Table, classes: Optional[list[str]]) -> tuple[list[splitting.Unit], np.ndarray]:
+def duplicates_and_units(cfg: DataConfig, table: Table, classes: Optional[list[str]]) -> tuple[splitting.Units, np.ndarray]:
     """Exact duplicates, confirmed near-duplicates and groups, joined into the units the split keeps whole.
     Returns the units and the confirmed near-duplicate pairs (sample indices), which the leakage count checks."""
     from scipy.sparse import coo_matrix
@@ -80,14 +80,26 @@ def duplicates_and_units(cfg: DataConfig, table: Table, classes: Optional[list[s
     graph = coo_matrix((np.ones(len(heads)), (heads, tails)), shape=(n, n))
     _, component_of = connected_components(graph, directed=False)
 
-    # a unit whose members have different fixed splits would leak: the most protected split wins and
-    # the copies fixed elsewhere are quarantined as `leak_duplicate`
-    components: dict[int, list[int]] = defaultdict(list)
-    for i in table.included():
-        components[int(component_of[i])].append(i)
-    class_index: dict[Optional[str], int] = {c: k for k, c in enumerate(classes)} if classes else {}  # get(None): None
-    units = []
-    for members in components.values():
+    return _units(table, np.array(table.included(), dtype=np.int64), component_of, classes, instants), near_pairs
+
+
+def _units(table: Table, included: np.ndarray, component_of: np.ndarray, classes: Optional[list[str]], instants: dict[int, int]) -> splitting.Units:
+    """The included samples as units, one per component, in the order of their first member: lone samples as arrays,
+    and the few units of several members one by one. A unit whose members have different fixed splits would leak:
+    the most protected split wins and the copies fixed elsewhere are quarantined as `leak_duplicate`."""
+    order = np.argsort(component_of[included], kind="stable")  # stable: a component's members in row order
+    grouped = included[order]
+    ordered = component_of[grouped]
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]])) if len(grouped) else np.zeros(0, np.int64)
+    ends = np.concatenate([starts[1:], [len(grouped)]]).astype(np.int64)
+    lone = ends - starts == 1
+    firsts = [grouped[starts[lone]]]
+    member_lists = [grouped[starts[lone]]]
+    fixed_of_lone = table.fixed.mapped(grouped[starts[lone]], {name: k for k, name in enumerate(SPLITS)})
+    fixed_codes = [fixed_of_lone]
+    keys, timestamps, several = {}, {}, []
+    for a, b in zip(starts[~lone].tolist(), ends[~lone].tolist()):
+        members = grouped[a:b].tolist()
         fixed = {split for split in (table.fixed[i] for i in members) if split}
         winner = min(fixed, key=SPLIT_PRIORITY.__getitem__) if fixed else None
         if len(fixed) > 1:
@@ -98,16 +110,35 @@ def duplicates_and_units(cfg: DataConfig, table: Table, classes: Optional[list[s
                               f"a copy (or group member) of {table.ids[keepers[0]]} in the fixed {winner} split, fixed to {table.fixed[i]}; quarantined so nothing leaks",
                               exclude=True)
             members = keepers
-        timestamps = [instants[i] for i in members if i in instants]
-        units.append(splitting.Unit(
-            members=sorted(members),
-            labels=[class_index.get(table.labels[i]) if classes else None for i in members],
-            fixed=winner,
-            timestamp=max(timestamps) if timestamps else None,
-            key=splitting.unit_key(table.key(i) for i in members),
-        ))
-    units.sort(key=lambda u: u.members[0])
-    return units, near_pairs
+        several.append((members, winner))
+    if several:
+        firsts.append(np.array([members[0] for members, _ in several], dtype=np.int64))
+        member_lists.append(np.array([i for members, _ in several for i in members], dtype=np.int64))
+        fixed_codes.append(np.array([SPLITS.index(winner) if winner else -1 for _, winner in several], dtype=np.int32))
+    # units in the order of their first member: each member moved to its unit's new place, all at once
+    sizes = np.concatenate([np.ones(int(lone.sum()), dtype=np.int64), np.array([len(m) for m, _ in several], dtype=np.int64)])
+    by_first = np.argsort(np.concatenate(firsts), kind="stable")
+    position = np.empty(len(by_first), dtype=np.int64)
+    position[by_first] = np.arange(len(by_first))
+    unit_starts = np.concatenate([[0], np.cumsum(sizes[by_first])]).astype(np.int64)
+    flat = np.concatenate(member_lists)
+    unit_of_flat = np.repeat(np.arange(len(sizes)), sizes)
+    within = np.arange(len(flat)) - (np.cumsum(sizes) - sizes)[unit_of_flat]
+    members = np.empty_like(flat)
+    members[unit_starts[position[unit_of_flat]] + within] = flat
+    del unit_of_flat, within, flat
+    fixed = np.concatenate(fixed_codes)[by_first].astype(np.int8)
+    lone_count = int(lone.sum())
+    for k, (unit_members, _) in enumerate(several):
+        keys[int(position[lone_count + k])] = splitting.unit_key(table.key(i) for i in unit_members)
+    class_index = {c: k for k, c in enumerate(classes)} if classes else {}
+    labels = table.labels.mapped(members, class_index) if classes else np.full(len(members), -1, dtype=np.int32)
+    if instants:
+        for u in range(len(by_first)):
+            found = [instants[i] for i in members[unit_starts[u]:unit_starts[u + 1]].tolist() if i in instants]
+            if found:
+                timestamps[u] = max(found)
+    return splitting.Units(len(table.ids), members, unit_starts, labels, fixed, keys, timestamps, table.key)
 
 
 def _near_duplicates(cfg: DataConfig, table: Table, links: list[list[int]]) -> np.ndarray:
@@ -194,7 +225,7 @@ class _Former:
     split_of: dict[int, str]  # sample index → its split in that version (samples it placed; quarantined ones are new)
 
 
-def mark_former_splits(folder: Path, table: Table, units: list[splitting.Unit]) -> _Former:
+def mark_former_splits(folder: Path, table: Table, units: splitting.Units) -> _Former:
     """Give each unit the splits its members had in data.test_from's version (`Unit.former`), matching samples by
     key and by content hash (the most protected split where they disagree), so a sample whose id was renamed keeps
     its former split; a version of recipe 3 or before has no key column, so there the content hash alone matches."""
@@ -215,18 +246,18 @@ def mark_former_splits(folder: Path, table: Table, units: list[splitting.Unit]) 
                 if key and (key not in table_of or SPLIT_PRIORITY[row["split"]] < SPLIT_PRIORITY[table_of[key]]):
                     table_of[key] = row["split"]
     split_of = {}
-    for unit in units:
+    for u, unit in enumerate(units):
         for i in unit.members:
             # by key, and by content as well: a renamed id does not move a former test sample (recipe 6 on)
             found = [split for split in (former_by_key.get(table.key(i)), former_by_content.get(table.hashes[i] or ""))
                      if split is not None]
             if found:
                 split_of[i] = min(found, key=SPLIT_PRIORITY.__getitem__)
-        unit.former = frozenset(split_of[i] for i in unit.members if i in split_of)
+        units.set_former(u, frozenset(split_of[i] for i in unit.members if i in split_of))
     return _Former(folder.name, f"key and {DATA_HASH_ALGORITHM}" if by_key else DATA_HASH_ALGORITHM, split_of)
 
 
-def test_from_outcome(cfg: DataConfig, former: _Former, table: Table, units: list[splitting.Unit],
+def test_from_outcome(cfg: DataConfig, former: _Former, table: Table, units: splitting.Units,
                        assigned: Placement) -> dict[str, Any]:
     """What data.test_from did, bound with the achieved split: former test samples kept in test, former train/val
     samples kept out of the test split the hash gave them, and each group that mixes the two (`test_from_leak`:
@@ -255,7 +286,7 @@ def test_from_outcome(cfg: DataConfig, former: _Former, table: Table, units: lis
     return outcome
 
 
-def assign_splits(cfg: DataConfig, table: Table, units: list[splitting.Unit], classes: Optional[list[str]]) -> splitting.Placement:
+def assign_splits(cfg: DataConfig, table: Table, units: splitting.Units, classes: Optional[list[str]]) -> splitting.Placement:
     splits = splitting.assign(units, cfg.split_ratios, cfg.split_seed, by_time=cfg.split_by == "time", class_names=classes)
     assigned = splitting.Placement(len(table.ids))
     for unit, split in zip(units, splits):
@@ -278,7 +309,7 @@ def count_leakage_pairs(table: Table, assigned: Placement, near_pairs: np.ndarra
     return pairs
 
 
-def measure_achieved_split(cfg: DataConfig, table: Table, units: list[splitting.Unit], assigned: Placement,
+def measure_achieved_split(cfg: DataConfig, table: Table, units: splitting.Units, assigned: Placement,
                     classes: Optional[list[str]]) -> dict[str, Any]:
     """Each class's achieved train/val/test fractions over the samples the split was free to place, against the
     ratios they were meant to follow, and the same over all those samples together (`whole`). Each sample's place
@@ -297,10 +328,10 @@ def measure_achieved_split(cfg: DataConfig, table: Table, units: list[splitting.
                                 "without_timestamp": sum(1 for i in assigned if not table.timestamps[i])}
     if not result["judged"]:
         return result
-    unit_of = {i: unit for unit in units for i in unit.members}
+    unit_of = units.unit_of_row
     free: dict[str, list[int]] = defaultdict(list)
     for i in assigned:
-        if unit_of.get(i) is not None and unit_of[i].fixed is None:
+        if unit_of[i] >= 0 and units.fixed[unit_of[i]] < 0:
             free[table.labels[i] or ""].append(i)
     for name in classes or []:
         members = free.get(name, [])
@@ -311,7 +342,7 @@ def measure_achieved_split(cfg: DataConfig, table: Table, units: list[splitting.
         if judged["skewed"]:
             # the biggest tied unit of this class in the split that got too many: what forced the skew
             over = max(SPLITS, key=lambda s: judged[s] - wanted[SPLITS.index(s)])
-            tied = [unit_of[i] for i in members if assigned[i] == over and len(unit_of[i].members) > 1]
+            tied = [units[int(unit_of[i])] for i in members if assigned[i] == over and units.size(int(unit_of[i])) > 1]
             biggest = max(tied, key=lambda u: len(u.members), default=None)
             cause = (f"a unit of {len(biggest.members)} samples that must stay together ({table.units_of.get(biggest.members[0], 'tied samples')}, "
                      f"e.g. {table.ids[biggest.members[0]]}) went to {over}") if biggest else "no group forced it: the hash of the keys placed them so by chance, another data.split_seed places every sample anew"

@@ -69,7 +69,7 @@ from veritrain.data.identity import (
 )
 from veritrain.data.shards import array_of
 from veritrain.data.sources import FILES_OF, FileListing, load_source
-from veritrain.data.split import SPLITS, Placement
+from veritrain.data.split import SPLITS, Placement, Units
 from veritrain.data.store import (
     ARRAY_CHUNK,
     MANIFEST_COLUMNS,
@@ -378,7 +378,7 @@ def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, i
 
 def _write_data(out: Path, shard_store: Path, rows: list[int], assigned: Placement, table: Table, source: Source, data_cfg: DataConfig,
                 target: dict[str, Any], classes: Optional[list[str]], workers: int,
-                described: tuple[dict[str, Any], dict[str, Any], list[Any]]) -> tuple[Any, dict[str, Any]]:
+                described: tuple[dict[str, Any], dict[str, Any], Units]) -> tuple[Any, dict[str, Any]]:
     """The placed rows' data as this recipe writes it, fields in shards (recipe 7 on) or the arrays inputs.npy and
     targets.npy, and the manifest and split lists beside it (`write_version`, given the preprocessing, origin and
     units `described`); returns the inputs as written, for reading back, and version.json's content so far."""

@@ -51,7 +51,7 @@ class SourceData:
         return [repr(float(t)) for t in self.targets]
 
 
-@dataclass
+@dataclass(slots=True)  # a million of them while a folder is listed: no per-object dict
 class FileSample:
     sample_id: str  # the path relative to data.root, with `/` separators
     path: str  # absolute (text, not Path: listing a million files should not build a million Paths)
@@ -214,9 +214,10 @@ def load_imagefolder_source(cfg: DataConfig, paths: dict[str, Path]) -> FileList
     """`root/<class name>/<image files>`, any nesting below the class folder."""
     root = _root(paths)
     samples = []
+    labels: dict[str, str] = {}  # one string a class, not one a sample
     for rel, path in walk_files(root):
         label = rel.split("/", 1)[0] if "/" in rel else None  # a file directly in root has no class folder
-        samples.append(FileSample(rel, path, label, walked=True))
+        samples.append(FileSample(rel, path, labels.setdefault(label, label) if label is not None else None, walked=True))
     discovered = sorted({s.label for s in samples if s.label is not None})
     return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "imagefolder"})
 

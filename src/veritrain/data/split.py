@@ -23,7 +23,7 @@ from array import array
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
@@ -41,6 +41,53 @@ class Unit:
     timestamp: Optional[int] = None  # the latest member instant (parse_instant: µs since the epoch), for time splits
     key: str = ""  # the smallest member key: what places the unit
     former: frozenset[str] = frozenset()  # data.test_from: the splits its members had in that version
+
+
+class Units:
+    """The units of a split, read as a list of `Unit` would be (`units[u]`, iteration, `len`; each Unit made as it
+    is read, so setting a field of one changes nothing: `set_former`), kept as arrays: a million units that are one
+    sample each are not a million objects. Units are in the order of their first member.
+
+    `members`, `labels` (class index per member, -1: none) and `fixed` (SPLITS index per unit, -1: none) are
+    arrays; a unit's members are members[starts[u]:starts[u + 1]]. Keys and timestamps are kept only where given
+    (`keys`, `timestamps`); a lone sample's key is `key_of(row)`."""
+
+    def __init__(self, samples: int, members: np.ndarray, starts: np.ndarray, labels: np.ndarray, fixed: np.ndarray,
+                 keys: dict[int, str], timestamps: dict[int, int], key_of: Callable[[int], str]):
+        self.members, self.starts, self.labels, self.fixed = members, starts, labels, fixed
+        self._keys, self._timestamps, self._key_of = keys, timestamps, key_of
+        self._former: dict[int, frozenset[str]] = {}
+        self.unit_of_row = np.full(samples, -1, dtype=np.int32 if len(starts) < 2**31 else np.int64)
+        self.unit_of_row[members] = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def size(self, u: int) -> int:
+        return int(self.starts[u + 1] - self.starts[u])
+
+    def __getitem__(self, u: int) -> Unit:
+        if not 0 <= u < len(self):
+            raise IndexError(u)
+        a, b = int(self.starts[u]), int(self.starts[u + 1])
+        members = self.members[a:b].tolist()
+        fixed = int(self.fixed[u])
+        return Unit(members=members, labels=[None if label < 0 else label for label in self.labels[a:b].tolist()],
+                    fixed=SPLITS[fixed] if fixed >= 0 else None, timestamp=self._timestamps.get(u),
+                    key=self._keys[u] if u in self._keys else self._key_of(members[0]), former=self._former.get(u, frozenset()))
+
+    def __iter__(self) -> Iterator[Unit]:
+        return (self[u] for u in range(len(self)))
+
+    def multi(self) -> Iterator[Unit]:
+        """The units of two or more members."""
+        return (self[u] for u in np.flatnonzero(np.diff(self.starts) > 1).tolist())
+
+    def set_former(self, u: int, former: frozenset[str]) -> None:
+        if former:
+            self._former[u] = former
+        else:
+            self._former.pop(u, None)
 
 
 class Placement:
@@ -184,7 +231,7 @@ def settled(unit: Unit, hashed: str) -> str:
     return hashed
 
 
-def assign(units: list[Unit], ratios: Sequence[float], seed: int, by_time: bool = False,
+def assign(units: Union[Sequence[Unit], Units], ratios: Sequence[float], seed: int, by_time: bool = False,
            class_names: Optional[Sequence[str]] = None) -> list[str]:
     """A split name per unit: fixed ones keep theirs, the others follow `place` on their key (and `settled`)."""
     result: list[Optional[str]] = [u.fixed for u in units]
@@ -200,7 +247,7 @@ def assign(units: list[Unit], ratios: Sequence[float], seed: int, by_time: bool 
     return [r or "train" for r in result]
 
 
-def _refuse_classes_without_train(units: list[Unit], free: list[int], result: list[Optional[str]], ratios: Sequence[float],
+def _refuse_classes_without_train(units: Union[Sequence[Unit], Units], free: list[int], result: list[Optional[str]], ratios: Sequence[float],
                                   class_names: Optional[Sequence[str]]) -> None:
     """A class the split was free to place but that got no train sample at all cannot be learned: too_small.
     (A small class may well get no val or test sample: the report's per-class counts show it.)"""
@@ -231,7 +278,7 @@ def _targets(total: int, ratios: Sequence[float]) -> tuple[int, int]:
     return n_val, n_test
 
 
-def _assign_by_time(units: list[Unit], free: list[int], ratios: Sequence[float], result: list[Optional[str]]) -> None:
+def _assign_by_time(units: Union[Sequence[Unit], Units], free: list[int], ratios: Sequence[float], result: list[Optional[str]]) -> None:
     """Chronological: the latest samples form test, the ones before them val, the rest train."""
     order = sorted(free, key=lambda i: (units[i].timestamp if units[i].timestamp is not None else -math.inf, i), reverse=True)
     total = sum(len(units[i].members) for i in order)

@@ -254,12 +254,12 @@ class PixelHistogram:
 
 
 def write_version(out: Path, cfg: DataConfig, table: Table, classes: Optional[list[str]], assigned: Placement,
-                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: list[splitting.Unit],
+                   rows: list[int], preprocessing: dict[str, Any], origin: dict[str, Any], units: splitting.Units,
                    inputs: Any, targets: np.ndarray, normalization: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """manifest.csv, quarantine.csv and the split lists beside the inputs and targets written (row by placed sample);
     returns version.json's content (without the id, which hashes it). `normalization`: the train statistics when
     they were counted while writing, else computed here from `inputs`."""
-    unit_of = {i: unit.key for unit in units if len(unit.members) > 1 for i in unit.members}  # a lone sample's unit key is its own
+    unit_of = {i: unit.key for unit in units.multi() for i in unit.members}  # a lone sample's unit key is its own
     with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(MANIFEST_COLUMNS)
