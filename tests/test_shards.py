@@ -155,9 +155,8 @@ def test_a_field_written_as_its_rows_come_is_cut_where_cuts_says(tmp_path):
     assert [field.get(i) for i in (0, 699)] == [keys[0].encode(), keys[699].encode()]
     mixed = shards.FieldWriter(tmp_path, "array", 1000)
     mixed.add("a", np.zeros(2, dtype=np.uint8))
-    mixed.add("b", np.zeros(3, dtype=np.uint8))
-    with pytest.raises(ValueError, match="share one shape and dtype"):
-        mixed.close()
+    with pytest.raises(ValueError, match="share one shape and dtype"):  # refused as it comes
+        mixed.add("b", np.zeros(3, dtype=np.uint8))
 
 
 def test_a_token_stream_is_chunked_by_document_and_an_added_document_changes_one_chunk(tmp_path):

@@ -163,6 +163,9 @@ def cuts(keys: Sequence[str], rows_per_shard: int) -> list[int]:
     return ends
 
 
+BLOCK_ROWS = 1024  # an array field's rows are gathered this many at a time before its shard is written
+
+
 class FieldWriter:
     """A field written as its rows come, in the order of their keys: a shard is written at each cut (`cuts`), so
     memory holds one shard's rows at most. `close()` returns the field's entries in order."""
@@ -173,16 +176,33 @@ class FieldWriter:
         _check_rows_per_shard(rows_per_shard)
         self.store, self.layout, self.rows_per_shard = store, layout, rows_per_shard
         self.entries: list[ShardEntry] = []
-        self._rows: list[Any] = []
+        self._rows: list[Any] = []  # a blob field's values; an array field's blocks of rows (BLOCK_ROWS each)
+        self._count = 0  # rows since the last shard
 
     def add(self, key: str, value: Any) -> None:
         """The next row (`value`: an array of the field's shape and dtype, or bytes) and the key it is stored by."""
-        self._rows.append(value)
-        if _ends_shard(key, len(self._rows), self.rows_per_shard):
+        if self.layout == "blob":
+            self._rows.append(value)
+        else:  # into blocks of rows: a shard of a million small rows is not a million objects
+            value = np.asarray(value)
+            if not self._rows or self._count % BLOCK_ROWS == 0:
+                if self._rows and (value.shape != self._rows[0].shape[1:] or value.dtype != self._rows[0].dtype):
+                    self._refuse(value)
+                self._rows.append(np.empty((BLOCK_ROWS, *value.shape), dtype=value.dtype))
+            elif value.shape != self._rows[0].shape[1:] or value.dtype != self._rows[0].dtype:
+                self._refuse(value)
+            self._rows[-1][self._count % BLOCK_ROWS] = value
+        self._count += 1
+        if _ends_shard(key, self._count, self.rows_per_shard):
             self._flush()
 
+    def _refuse(self, value: np.ndarray) -> None:
+        first = self._rows[0]
+        raise ValueError(f"an array field's rows share one shape and dtype ({first.shape[1:]} {first.dtype}, then {value.shape} {value.dtype}); "
+                         "give a blob field otherwise")
+
     def close(self) -> list[ShardEntry]:
-        if self._rows:
+        if self._count:
             self._flush()
         return list(self.entries)
 
@@ -190,11 +210,8 @@ class FieldWriter:
         if self.layout == "blob":
             self.entries.append(write_blob(self.store, self._rows))
         else:
-            first = np.asarray(self._rows[0])
-            if any(np.asarray(v).shape != first.shape or np.asarray(v).dtype != first.dtype for v in self._rows):
-                raise ValueError(f"an array field's rows share one shape and dtype ({first.shape} {first.dtype}); give a blob field otherwise")
-            self.entries.append(write_array(self.store, np.stack(self._rows)))
-        self._rows = []
+            self.entries.append(write_array(self.store, np.concatenate(self._rows)[:self._count]))
+        self._rows, self._count = [], 0
 
 
 class StreamWriter:

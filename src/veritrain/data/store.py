@@ -4,6 +4,7 @@ memo that maps a prepare's inputs to the version it made (so unchanged data is n
 
 from __future__ import annotations
 
+import bisect
 import csv
 import itertools
 import json
@@ -77,13 +78,20 @@ def made_from(data: DataVersion, data_cfg: DataConfig, source: Source, table: Ta
 def picture_lookup(inputs: Any, table: Table, rows: list[int]) -> Callable[[str], Optional[np.ndarray]]:
     """sample id → its picture for the report's gallery: the decoded row of `inputs` (the version's inputs, row by
     placed sample), or the thumbnail of a quarantined one."""
-    row_of = {table.ids[i]: k for k, i in enumerate(rows)}
-    index_of = {sid: i for i, sid in enumerate(table.ids)}
+    index_of: dict[str, int] = {}  # only for a source whose ids are not in order (a registered one may give them so)
 
-    def picture(sample_id: str) -> Optional[np.ndarray]:
-        if sample_id in row_of and inputs.dtype == np.uint8 and inputs.ndim == 4:
-            return np.asarray(inputs[row_of[sample_id]])
-        return table.thumbs.get(index_of.get(sample_id, -1))
+    def picture(sample_id: str) -> Optional[np.ndarray]:  # found by bisection: a file table is in id order, `rows` ascending
+        i = bisect.bisect_left(table.ids, sample_id)  # type: ignore[arg-type]  # a sequence of ids
+        if i == len(table.ids) or table.ids[i] != sample_id:
+            if not index_of:
+                index_of.update((sid, k) for k, sid in enumerate(table.ids))
+            if sample_id not in index_of:
+                return None
+            i = index_of[sample_id]
+        k = bisect.bisect_left(rows, i)
+        if k < len(rows) and rows[k] == i and inputs.dtype == np.uint8 and inputs.ndim == 4:
+            return np.asarray(inputs[k])
+        return table.thumbs.get(i)
     return picture
 
 
@@ -122,7 +130,9 @@ def write_fields(out: Path, shard_store: Path, rows: list[int], table: Table, so
     source's rows of another type), `label` (the class index, or the value of a regression target) and, where the
     source gives them, `group` and `timestamp` (UTF-8). Memory holds one shard per field. Returns the fields and, for
     uint8 inputs, the histogram of the pixels of the rows `train` marks (normalization_stats from it)."""
-    keys = [table.ids[i] for i in rows]
+    def keys() -> Iterator[str]:  # the rows' sample ids, read as written
+        return (table.ids[i] for i in rows)
+
     if isinstance(source, FileListing):
         name, dtype, shape = "image", np.dtype(np.uint8), tuple(target["shape"])
         h, w, c = shape
@@ -135,7 +145,7 @@ def write_fields(out: Path, shard_store: Path, rows: list[int], table: Table, so
     row_bytes = max(1, dtype.itemsize * int(np.prod(shape, dtype=np.int64)))
     inputs = shards.FieldWriter(shard_store, "array", max(1, SHARD_BYTES // row_bytes))
     histogram = PixelHistogram(shape[-1] if shape else 1) if dtype == np.uint8 else None
-    for k, (key, value) in enumerate(zip(keys, values)):
+    for k, (key, value) in enumerate(zip(keys(), values)):
         if value is None:
             raise RunFailed(f"data: {key} changed while preparing (its bytes or its decoding); prepare again, with --rehash if the file kept "
                             "its size and time (`veritrain data prepare CONFIG --rehash`)")
@@ -143,16 +153,17 @@ def write_fields(out: Path, shard_store: Path, rows: list[int], table: Table, so
         if histogram is not None and train[k]:
             histogram.add(value)
     fields = {name: shards.FieldSpec.of(name, inputs.close(), "array", np.dtype(dtype).newbyteorder("<").str, shape)}
+    placed = np.asarray(rows, dtype=np.int64)
     if classes is not None:
-        class_index = {c: k for k, c in enumerate(classes)}
-        labels = np.array([class_index[table.label(i)] for i in rows], dtype=np.int64)
+        labels = table.labels.mapped(placed, {c: k for k, c in enumerate(classes)}).astype(np.int64)
+        assert (labels >= 0).all(), "a placed sample without a class"  # check_labels excluded them
     else:
-        labels = np.array([float(table.label(i)) for i in rows], dtype=np.float32)
-    fields["label"] = _array_field(shard_store, "label", keys, labels)
+        labels = np.fromiter((float(table.label(i)) for i in rows), dtype=np.float32, count=len(rows))
+    fields["label"] = _array_field(shard_store, "label", keys(), labels)
     for text_name, column in (("group", table.groups), ("timestamp", table.timestamps)):
         if any(column[i] is not None for i in rows):
             writer = shards.FieldWriter(shard_store, "blob", TEXT_ROWS_PER_SHARD)
-            for key, i in zip(keys, rows):
+            for key, i in zip(keys(), rows):
                 writer.add(key, (column[i] or "").encode("utf-8"))
             fields[text_name] = shards.FieldSpec.of(text_name, writer.close(), "blob")
     for spec in fields.values():
@@ -207,7 +218,7 @@ def _decoded_before(versions: Path, target: dict[str, Any]) -> Optional[tuple[An
     return former.inputs, digests[order], order
 
 
-def _array_field(shard_store: Path, name: str, keys: list[str], values: np.ndarray) -> FieldSpec:
+def _array_field(shard_store: Path, name: str, keys: Iterable[str], values: np.ndarray) -> FieldSpec:
     writer = shards.FieldWriter(shard_store, "array", max(1, SHARD_BYTES // max(1, values[:1].nbytes)))
     for key, value in zip(keys, values):
         writer.add(key, value)
