@@ -210,3 +210,27 @@ def test_units_kept_as_arrays_read_as_the_unit_objects_they_replace():
     want.sort(key=lambda u: u.members[0])
     assert got == want and any(len(u.members) > 1 for u in got) and any(u.fixed for u in got)
     assert sorted(got_table.excluded) == sorted(want_table.excluded)
+
+
+def test_label_issues_from_thumbnails_in_a_scratch_file_read_in_chunks_equal_those_in_memory(tmp_path: Path, monkeypatch):
+    from veritrain.data import label_issues
+
+    rng = np.random.default_rng(0)
+    n = 900
+    labels = rng.integers(0, 4, n)
+    centres = rng.integers(0, 256, (4, 16, 16, 3))
+    thumbs = np.clip(centres[labels] + rng.normal(0, 40, (n, 16, 16, 3)), 0, 255).astype(np.uint8)
+    thumbs[:8] = rng.integers(0, 256, (8, 16, 16, 3))  # noise: outliers
+    flipped = rng.permutation(n)[:30]
+    labels[flipped] = (labels[flipped] + 1) % 4  # label errors
+    in_memory = label_issues.find_label_issues_and_outliers(thumbs, labels, 4, 1)
+    stored = RowImages(tmp_path / "thumbs.u8", n)
+    stored.put_rows(0, thumbs)
+    monkeypatch.setattr(label_issues, "QUERY_CHUNK", 100)  # ROW_CHUNK stays: it orders the sums of the PCA
+    from_file = label_issues.find_label_issues_and_outliers(stored.of(np.arange(n)), labels, 4, 1)
+    assert from_file == in_memory and in_memory.label_issues and in_memory.outliers
+    assert (tmp_path / "features.f64").exists()  # the features went beside the thumbnails
+    monkeypatch.setattr(label_issues, "MAX_RELABELLINGS", 500)  # a seeded share of the wrong labels, drawn chunk by chunk
+    sampled = label_issues.find_label_issues_and_outliers(stored.of(np.arange(n)), labels, 4, 1)
+    monkeypatch.setattr(label_issues, "QUERY_CHUNK", 65_536)
+    assert label_issues.find_label_issues_and_outliers(thumbs, labels, 4, 1) == sampled != in_memory

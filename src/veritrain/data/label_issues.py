@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from veritrain.data.row_images import Images
+from veritrain.data.row_images import Images, RowImages, RowView
 
 METHOD_NAME = "thumbnail-knn-v1"  # change it whenever a rule or default below changes (it is recorded)
 BLUR_SIGMA = 0.7  # px of the 16×16 thumbnail: a light Gaussian blur makes 1-px shifts of a stroke count less
@@ -40,6 +40,7 @@ DISTANCE_FLOOR = 1e-6  # feature-space distances below this are float error on u
 WORKING_MEMORY_MB = 32  # scikit-learn's working memory for the distance chunks (bounds memory)
 MAX_RELABELLINGS = 5_000_000  # wrong-label scores kept for the calibration (a seeded share beyond; bounds memory)
 ROW_CHUNK = 1024  # thumbnails turned into features at a time (bounds memory)
+QUERY_CHUNK = 65_536  # rows whose nearest references are asked for at once (bounds memory)
 THREADS = 1  # BLAS/OpenMP threads: as fast as 2 on 5,000 thumbnails on an idle 2-core machine, and 8× faster
 # than 2 when another process competes for the cores (OpenMP threads spin-wait for each other)
 
@@ -153,9 +154,9 @@ def _method(thumbnails: Images, num_classes: int, seed: int) -> dict[str, Any]:
     }
 
 
-def _features(thumbnails: Images) -> np.ndarray:
+def _features(thumbnails: Images) -> Images:
     """N × (FEATURE_DIMS + 1): PCA coordinates of the normalized thumbnails and the norm of what PCA leaves out
-    (noise and other images unlike the rest keep most of their energy there)."""
+    (noise and other images unlike the rest keep most of their energy there); float64, read a chunk of rows at a time."""
     n = len(thumbnails)
     width = int(np.prod(thumbnails.shape[1:]))
     total = np.zeros(width)
@@ -169,14 +170,22 @@ def _features(thumbnails: Images) -> np.ndarray:
     _, vectors = np.linalg.eigh(covariance)  # ascending eigenvalues; exact, so no seed is needed
     dims = min(FEATURE_DIMS, width)
     components = vectors[:, ::-1][:, :dims]
-    features = np.empty((n, dims + 1))
+    # beside the thumbnails when they are read from a scratch file (row_images), else in memory
+    stored = RowImages(thumbnails.images.path.with_name("features.f64"), n, dtype=np.float64) \
+        if isinstance(thumbnails, RowView) and thumbnails.images.path is not None else None
+    features = np.empty((n if stored is None else 0, dims + 1))
     for start in range(0, n, ROW_CHUNK):
         centred = _normalized(thumbnails[start : start + ROW_CHUNK]) - mean
         projected = centred @ components
         left_out = np.einsum("ij,ij->i", centred, centred) - np.einsum("ij,ij->i", projected, projected)
-        features[start : start + len(centred), :dims] = projected
-        features[start : start + len(centred), dims] = RESIDUAL_WEIGHT * np.sqrt(np.maximum(left_out, 0.0))
-    return features
+        chunk = np.empty((len(centred), dims + 1))
+        chunk[:, :dims] = projected
+        chunk[:, dims] = RESIDUAL_WEIGHT * np.sqrt(np.maximum(left_out, 0.0))
+        if stored is None:
+            features[start : start + len(centred)] = chunk
+        else:
+            stored.put_rows(start, chunk)
+    return features if stored is None else stored.of(np.arange(n))
 
 
 def _normalized(thumbnails: np.ndarray) -> np.ndarray:
@@ -228,9 +237,10 @@ def _reference_rows(thumbnails: Images, labels: np.ndarray, copy_group: np.ndarr
     return reference
 
 
-def _kth_log_distance(features: np.ndarray, copy_group: np.ndarray, pool: np.ndarray, k: int) -> np.ndarray:
+def _kth_log_distance(features: Images, copy_group: np.ndarray, pool: np.ndarray, k: int) -> np.ndarray:
     """For every row: log distance to its k-th nearest row of `pool` (indices), not counting its own copy group;
-    the farthest available when the pool holds fewer than k others, +inf when it holds none."""
+    the farthest available when the pool holds fewer than k others, +inf when it holds none. The rows ask QUERY_CHUNK
+    at a time, so the neighbours found are held for a chunk, not for every row."""
     from sklearn import config_context
     from sklearn.neighbors import NearestNeighbors
 
@@ -238,17 +248,19 @@ def _kth_log_distance(features: np.ndarray, copy_group: np.ndarray, pool: np.nda
     if len(pool) == 0:
         return np.full(n, np.inf)
     asked = min(k + 1, len(pool))  # one spare: a row's own copy group can be among its pool neighbours
+    kth = np.empty(n)
     with config_context(working_memory=WORKING_MEMORY_MB):
         index = NearestNeighbors(n_neighbors=asked, algorithm="brute").fit(features[pool])
-        distances, neighbours = index.kneighbors(features)
-    distances = np.where(copy_group[pool][neighbours] == copy_group[:, None], np.inf, distances)
-    distances.sort(axis=1)
-    available = np.isfinite(distances).sum(axis=1)
-    kth = distances[np.arange(n), np.clip(np.minimum(available, k) - 1, 0, None)]
+        for start in range(0, n, QUERY_CHUNK):
+            distances, neighbours = index.kneighbors(features[start : start + QUERY_CHUNK])
+            distances = np.where(copy_group[pool][neighbours] == copy_group[start : start + len(distances), None], np.inf, distances)
+            distances.sort(axis=1)
+            available = np.isfinite(distances).sum(axis=1)
+            kth[start : start + len(distances)] = distances[np.arange(len(distances)), np.clip(np.minimum(available, k) - 1, 0, None)]
     return np.log(np.maximum(kth, DISTANCE_FLOOR))
 
 
-def _class_log_distances(features: np.ndarray, labels: np.ndarray, copy_group: np.ndarray, reference: np.ndarray,
+def _class_log_distances(features: Images, labels: np.ndarray, copy_group: np.ndarray, reference: np.ndarray,
                          num_classes: int) -> np.ndarray:
     """N × num_classes: L[i, c] = log distance from row i to class c (its CLASS_NEIGHBOUR-th nearest member)."""
     distances = np.full((len(labels), num_classes), np.inf)
@@ -258,7 +270,7 @@ def _class_log_distances(features: np.ndarray, labels: np.ndarray, copy_group: n
     return distances
 
 
-def _global_log_distance(features: np.ndarray, copy_group: np.ndarray, reference: np.ndarray) -> np.ndarray:
+def _global_log_distance(features: Images, copy_group: np.ndarray, reference: np.ndarray) -> np.ndarray:
     pool = np.flatnonzero(reference)
     _, first = np.unique(copy_group[pool], return_index=True)  # a copy group labelled twice counts once
     return _kth_log_distance(features, copy_group, pool[np.sort(first)], GLOBAL_NEIGHBOUR)
@@ -287,28 +299,35 @@ def _outlier_z(class_distance: np.ndarray, global_distance: np.ndarray, labels: 
 
 def _label_evidence(class_distance: np.ndarray, labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Evidence per row (NaN where its class has no other member), the nearest other class, and the evidence
-    every row would show under each wrong label it could have (the scores of label errors, by construction)."""
+    every row would show under each wrong label it could have (the scores of label errors, by construction).
+    QUERY_CHUNK rows at a time (the seeded share of wrong labels drawn in the same order as for all rows at once)."""
     n, num_classes = class_distance.shape
-    rows = np.arange(n)
     if num_classes < 2:
         return np.full(n, np.nan), np.zeros(n, dtype=np.int64), np.zeros(0)
-    order = np.argsort(class_distance, axis=1, kind="stable")  # ties: the smaller class index first
-    nearest, second = order[:, 0], order[:, 1]
-    nearest_distance, second_distance = class_distance[rows, nearest], class_distance[rows, second]
-    own = class_distance[rows, labels]
-    suggested = np.where(nearest == labels, second, nearest)
-    other = class_distance[rows, suggested]
-    with np.errstate(invalid="ignore"):
-        evidence = np.where(np.isfinite(own) & np.isfinite(other), own - other, np.nan)
-        # label g ≠ own: distance to g minus distance to the nearest class other than g
-        relabelled = class_distance - nearest_distance[:, None]
-        relabelled[rows, nearest] = nearest_distance - second_distance
-    wrong = np.ones_like(relabelled, dtype=bool)
-    wrong[rows, labels] = False
-    if n * (num_classes - 1) > MAX_RELABELLINGS:  # many classes: a seeded share of the wrong labels is enough
-        wrong &= np.random.default_rng(seed).random(relabelled.shape) < MAX_RELABELLINGS / (n * (num_classes - 1))
-    relabelled = relabelled[wrong & np.isfinite(relabelled)]
-    return evidence, suggested, relabelled
+    evidence, suggested, kept = np.empty(n), np.empty(n, dtype=np.int64), []
+    sampled = n * (num_classes - 1) > MAX_RELABELLINGS  # many classes: a seeded share of the wrong labels is enough
+    draw = np.random.default_rng(seed)
+    for start in range(0, n, QUERY_CHUNK):
+        distance, label = class_distance[start : start + QUERY_CHUNK], labels[start : start + QUERY_CHUNK]
+        rows = np.arange(len(distance))
+        order = np.argsort(distance, axis=1, kind="stable")  # ties: the smaller class index first
+        nearest, second = order[:, 0], order[:, 1]
+        nearest_distance, second_distance = distance[rows, nearest], distance[rows, second]
+        own = distance[rows, label]
+        found = np.where(nearest == label, second, nearest)
+        other = distance[rows, found]
+        with np.errstate(invalid="ignore"):
+            evidence[start : start + len(rows)] = np.where(np.isfinite(own) & np.isfinite(other), own - other, np.nan)
+            # label g ≠ own: distance to g minus distance to the nearest class other than g
+            relabelled = distance - nearest_distance[:, None]
+            relabelled[rows, nearest] = nearest_distance - second_distance
+        suggested[start : start + len(rows)] = found
+        wrong = np.ones_like(relabelled, dtype=bool)
+        wrong[rows, label] = False
+        if sampled:
+            wrong &= draw.random(relabelled.shape) < MAX_RELABELLINGS / (n * (num_classes - 1))
+        kept.append(relabelled[wrong & np.isfinite(relabelled)])
+    return evidence, suggested, np.concatenate(kept)
 
 
 def _label_issue_precision(evidence: np.ndarray, relabelled: np.ndarray) -> tuple[np.ndarray, Optional[float]]:
