@@ -234,3 +234,25 @@ def test_label_issues_from_thumbnails_in_a_scratch_file_read_in_chunks_equal_tho
     sampled = label_issues.find_label_issues_and_outliers(stored.of(np.arange(n)), labels, 4, 1)
     monkeypatch.setattr(label_issues, "QUERY_CHUNK", 65_536)
     assert label_issues.find_label_issues_and_outliers(thumbs, labels, 4, 1) == sampled != in_memory
+
+
+def test_a_walked_folder_is_listed_as_columns_and_tabled_as_its_samples_would_be(tmp_path: Path):
+    from veritrain.core.config import DataConfig
+    from veritrain.data import sources, table
+
+    for name in ("cat/a.png", "cat/sub/b.png", "dog/c.JPG", "root.png", ".hidden/x.png", "cat/.h.png", "README.txt", "dog/Thumbs.db"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(name.encode())
+    listing = sources.load_imagefolder_source(DataConfig(source="imagefolder", root=str(tmp_path)), {"root": tmp_path})
+    assert isinstance(listing.samples, sources.WalkedFolder) and listing.classes == ["cat", "dog"]
+    samples = list(listing.samples)
+    assert [(s.sample_id, s.path, s.label, s.walked) for s in samples] == [
+        (rel, path, rel.split("/", 1)[0] if "/" in rel else None, True) for rel, path in sources.walk_files(tmp_path)]
+    assert [s.sample_id for s in samples] == ["README.txt", "cat/a.png", "cat/sub/b.png", "dog/Thumbs.db", "dog/c.JPG", "root.png"]
+    for recipe in (4, 7):  # before recipe 5 every walked file is a sample
+        columns = table._walked_table(listing.samples, recipe)
+        as_list = sources.FileListing(tmp_path, samples, listing.classes, {})
+        made = table._list_files(DataConfig(source="imagefolder", root=str(tmp_path)), as_list, None, True, {}, recipe)
+        assert list(columns.ids) == list(made.ids) and list(columns.paths) == list(made.paths) and columns.ignored == made.ignored
+        assert list(columns.labels) == list(made.labels) and list(columns.fixed) == list(made.fixed) == [None] * len(made.ids)
+    assert columns.ignored == ["README.txt", "dog/Thumbs.db"]

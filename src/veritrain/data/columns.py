@@ -75,6 +75,29 @@ class Names(Texts):
         return super().__iter__()  # type: ignore[return-value]
 
 
+class Joined:
+    """Strings made as they are read: `prefix` + each of `names` (the paths of files found under a folder, from their
+    relative paths), so they take no memory of their own."""
+
+    def __init__(self, prefix: str, names: Names):
+        self.prefix, self.names = prefix, names
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+    def __getitem__(self, index: Union[int, slice]) -> Union[str, list[str]]:
+        if isinstance(index, slice):
+            return [self.prefix + name for name in self.names[index]]
+        return self.prefix + self.names[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return (self.prefix + name for name in self.names)
+
+
 class Codes:
     """Optional strings from few distinct values: an int32 code per row (-1: None) and the values; settable."""
 

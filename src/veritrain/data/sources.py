@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass, field
 from importlib import metadata, util
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from veritrain.core import source_registry
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.data import cifar10
 from veritrain.data.cifar10 import load_cifar10
+from veritrain.data.columns import Codes, Names
 from veritrain.data.split import SPLITS
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ class FileSample:
 @dataclass
 class FileListing:
     root: Path
-    samples: list[FileSample]
+    samples: Union[list[FileSample], WalkedFolder]  # WalkedFolder: columns that read as the list
     classes: Optional[list[str]]  # declared or discovered class names, in target-index order
     preprocessing: dict[str, Any]
     origin: dict[str, Any] = field(default_factory=dict)
@@ -195,31 +196,48 @@ def _root(paths: dict[str, Path]) -> Path:
     return root
 
 
-def walk_files(root: Path) -> list[tuple[str, str]]:
-    """(relpath, absolute path) of every regular file under `root`, sorted by relpath; hidden files
-    and folders (`.name`) are skipped."""
+def walk_names(root: Path) -> list[str]:
+    """The relative path (with `/` separators) of every regular file under `root`, sorted; hidden files and folders
+    (`.name`) are skipped."""
     found = []
     base = str(root)
     for folder, dirs, files in os.walk(base):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         prefix = folder[len(base) + 1 :].replace(os.sep, "/")
-        for name in sorted(files):
-            if not name.startswith("."):
-                found.append((f"{prefix}/{name}" if prefix else name, os.path.join(folder, name)))
+        found.extend(f"{prefix}/{name}" if prefix else name for name in files if not name.startswith("."))
     found.sort()
     return found
+
+
+def walk_files(root: Path) -> list[tuple[str, str]]:
+    """(relpath, absolute path) of every regular file under `root`, sorted by relpath (`walk_names`)."""
+    return [(rel, os.path.join(str(root), *rel.split("/"))) for rel in walk_names(root)]
+
+
+class WalkedFolder:
+    """The files found by walking a folder whose first level names their classes (`imagefolder`), as columns: their
+    relative paths, sorted, and the class folder of each. Read as the list of FileSample it stands for (each made as
+    it is read); the sample table takes the columns themselves (`table.sample_table`), so a million files listed are
+    never a million objects."""
+
+    def __init__(self, root: Path, names: Names):
+        self.root, self.names = root, names
+        self.labels = Codes(name.split("/", 1)[0] if "/" in name else None for name in names)  # a file in root has no class
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __iter__(self) -> Iterator[FileSample]:
+        root = str(self.root)
+        return (FileSample(name, os.path.join(root, *name.split("/")), label, walked=True) for name, label in zip(self.names, self.labels))
 
 
 def load_imagefolder_source(cfg: DataConfig, paths: dict[str, Path]) -> FileListing:
     """`root/<class name>/<image files>`, any nesting below the class folder."""
     root = _root(paths)
-    samples = []
-    labels: dict[str, str] = {}  # one string a class, not one a sample
-    for rel, path in walk_files(root):
-        label = rel.split("/", 1)[0] if "/" in rel else None  # a file directly in root has no class folder
-        samples.append(FileSample(rel, path, labels.setdefault(label, label) if label is not None else None, walked=True))
-    discovered = sorted({s.label for s in samples if s.label is not None})
-    return FileListing(root, samples, list(cfg.classes) if cfg.classes else discovered, {"source": "imagefolder"})
+    listed = WalkedFolder(root, Names(walk_names(root)))
+    discovered = sorted(label for label in listed.labels.values)
+    return FileListing(root, listed, list(cfg.classes) if cfg.classes else discovered, {"source": "imagefolder"})
 
 
 def load_csv_source(cfg: DataConfig, paths: dict[str, Path]) -> FileListing:

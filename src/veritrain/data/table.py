@@ -4,13 +4,14 @@ decoded once per distinct content to check them; array sources give their featur
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import numpy as np
 
@@ -18,9 +19,9 @@ from veritrain.core.errors import UserError
 from veritrain.core.hashing import StatCache, hash_files
 from veritrain.core.secrets import expand_env
 from veritrain.data import dedup, identity, validate
-from veritrain.data.columns import Codes, Digests, Names, Texts
+from veritrain.data.columns import Codes, Digests, Joined, Names, Texts
 from veritrain.data.row_images import RowImages
-from veritrain.data.sources import FileListing, Source, SourceData
+from veritrain.data.sources import FileListing, Source, SourceData, WalkedFolder
 from veritrain.data.validate import FINDING_SEVERITY, UNUSABLE, Check, CheckCache, CheckParams
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ class Table:
 
     # columns (veritrain.data.columns): indexed like lists, kept as a few flat buffers each
     ids: Names
-    paths: Texts  # absolute, as text (see FileSample.path); None for array sources
+    paths: Union[Texts, Joined]  # absolute, as text (see FileSample.path); None for array sources
     sizes: np.ndarray  # int64 bytes per sample
     hashes: Digests
     labels: Codes
@@ -224,23 +225,27 @@ def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path],
     images are left out."""
 
     recipe = identity.FORMAT_VERSION if recipe is None else recipe
-    ignored = sorted(s.sample_id for s in source.samples if recipe >= 5 and s.walked and not is_image_name(s.sample_id))
-    skipped = set(ignored)
-    samples = sorted((s for s in source.samples if s.sample_id not in skipped), key=lambda s: s.sample_id)
-    n = len(samples)
-    file_paths = Names(s.path for s in samples)
-    table = Table(
-        ids=Names(s.sample_id for s in samples),
-        paths=file_paths,
-        sizes=np.zeros(n, dtype=np.int64),
-        hashes=Digests(n),
-        labels=Codes(s.label for s in samples),
-        groups=Texts(s.group for s in samples),
-        fixed=Codes(s.fixed_split for s in samples),
-        timestamps=Texts(s.timestamp for s in samples),
-        source_ids=Texts(s.source_id for s in samples),
-        ignored=ignored,
-    )
+    if isinstance(source.samples, WalkedFolder):
+        table = _walked_table(source.samples, recipe)
+    else:
+        ignored = sorted(s.sample_id for s in source.samples if recipe >= 5 and s.walked and not is_image_name(s.sample_id))
+        skipped = set(ignored)
+        samples = sorted((s for s in source.samples if s.sample_id not in skipped), key=lambda s: s.sample_id)
+        n = len(samples)
+        table = Table(
+            ids=Names(s.sample_id for s in samples),
+            paths=Names(s.path for s in samples),
+            sizes=np.zeros(n, dtype=np.int64),
+            hashes=Digests(n),
+            labels=Codes(s.label for s in samples),
+            groups=Texts(s.group for s in samples),
+            fixed=Codes(s.fixed_split for s in samples),
+            timestamps=Texts(s.timestamp for s in samples),
+            source_ids=Texts(s.source_id for s in samples),
+            ignored=ignored,
+        )
+    n, ignored = len(table.ids), table.ignored
+    file_paths: Union[Names, Joined] = table.paths  # type: ignore[assignment]  # a file's path is never None
     if ignored:
         log.info("data: %d file(s) under data.root are not images and are ignored (%s%s); see the data report",
                  len(ignored), ", ".join(ignored[:3]), ", …" if len(ignored) > 3 else "")
@@ -276,6 +281,20 @@ def _list_files(cfg: DataConfig, source: FileListing, cache_dir: Optional[Path],
     timings["hash"] = time.perf_counter() - t
     timings["hash_cached_files"] = cached
     return table
+
+
+def _walked_table(walked: WalkedFolder, recipe: int) -> Table:
+    """The table of a walked folder's files, from its columns (sorted already): under recipe 5 on, files that are
+    not images are left out; a file's path is the folder's joined with its relative path, made as it is read."""
+    names, labels = walked.names, walked.labels
+    ignored = [name for name in names if not is_image_name(name)] if recipe >= 5 else []
+    if ignored:
+        names = Names(name for name in walked.names if is_image_name(name))
+        labels = Codes(label for name, label in zip(walked.names, walked.labels) if is_image_name(name))
+    n = len(names)
+    nothing = Texts(itertools.repeat(None, n))
+    return Table(ids=names, paths=Joined(os.path.join(str(walked.root), ""), names), sizes=np.zeros(n, dtype=np.int64), hashes=Digests(n),
+                 labels=labels, groups=nothing, fixed=Codes(itertools.repeat(None, n)), timestamps=nothing, source_ids=nothing, ignored=ignored)
 
 
 class ContentGroups:
