@@ -20,6 +20,7 @@ import hashlib
 import math
 import re
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -82,6 +83,33 @@ class Units:
     def multi(self) -> Iterator[Unit]:
         """The units of two or more members."""
         return (self[u] for u in np.flatnonzero(np.diff(self.starts) > 1).tolist())
+
+    @classmethod
+    def of(cls, units: Sequence[Unit]) -> Units:
+        """The units of a list, in its order (each key kept: no table reads them)."""
+        sizes = [len(unit.members) for unit in units]
+        members = np.array([i for unit in units for i in unit.members], dtype=np.int64)
+        made = cls(int(members.max()) + 1 if len(members) else 0, members, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+                   np.array([-1 if label is None else label for unit in units for label in unit.labels] or np.zeros(0), dtype=np.int32)
+                   if all(len(unit.labels) == len(unit.members) for unit in units) else np.full(len(members), -1, dtype=np.int32),
+                   np.array([SPLITS.index(unit.fixed) if unit.fixed else -1 for unit in units], dtype=np.int8),
+                   {u: unit.key for u, unit in enumerate(units)},
+                   {u: unit.timestamp for u, unit in enumerate(units) if unit.timestamp is not None}, lambda row: "")
+        for u, unit in enumerate(units):
+            made.set_former(u, unit.former)
+        return made
+
+    def fixed_names(self) -> list[Optional[str]]:
+        return [SPLITS[code] if code >= 0 else None for code in self.fixed.tolist()]
+
+    def key(self, u: int) -> str:
+        return self._keys[u] if u in self._keys else self._key_of(int(self.members[self.starts[u]]))
+
+    def former(self, u: int) -> frozenset[str]:
+        return self._former.get(u, frozenset())
+
+    def timestamp(self, u: int) -> Optional[int]:
+        return self._timestamps.get(u)
 
     def set_former(self, u: int, former: frozenset[str]) -> None:
         if former:
@@ -223,8 +251,12 @@ def settled(unit: Unit, hashed: str) -> str:
     """Where a free unit goes, given where the hash puts it and data.test_from: a unit whose members were
     all test (of those the former version holds) stays in test; one with a former train or val member never
     enters test: when the hash says test it keeps its former split (train if it had members in both)."""
-    earlier_training = unit.former & {"train", "val"}
-    if "test" in unit.former and not earlier_training:
+    return _settled(unit.former, hashed)
+
+
+def _settled(former: frozenset[str], hashed: str) -> str:
+    earlier_training = former & {"train", "val"}
+    if "test" in former and not earlier_training:
         return "test"
     if earlier_training and hashed == "test":
         return "train" if "train" in earlier_training else "val"
@@ -234,34 +266,29 @@ def settled(unit: Unit, hashed: str) -> str:
 def assign(units: Union[Sequence[Unit], Units], ratios: Sequence[float], seed: int, by_time: bool = False,
            class_names: Optional[Sequence[str]] = None) -> list[str]:
     """A split name per unit: fixed ones keep theirs, the others follow `place` on their key (and `settled`)."""
-    result: list[Optional[str]] = [u.fixed for u in units]
-    fixed_present = {u.fixed for u in units if u.fixed}
-    ratios = free_ratios(ratios, fixed_present)  # type: ignore[arg-type]
-    free = [i for i, u in enumerate(units) if u.fixed is None]
+    view = units if isinstance(units, Units) else Units.of(units)
+    result = view.fixed_names()
+    ratios = free_ratios(ratios, {fixed for fixed in result if fixed})  # type: ignore[arg-type]
+    free = [u for u, fixed in enumerate(result) if fixed is None]
     if by_time:
-        _assign_by_time(units, free, ratios, result)
+        _assign_by_time(view, free, ratios, result)
     else:
-        for i in free:
-            result[i] = settled(units[i], place(units[i].key, ratios, seed))
-        _refuse_classes_without_train(units, free, result, ratios, class_names)
+        for u in free:
+            result[u] = _settled(view.former(u), place(view.key(u), ratios, seed))
+        _refuse_classes_without_train(view, free, result, ratios, class_names)
     return [r or "train" for r in result]
 
 
-def _refuse_classes_without_train(units: Union[Sequence[Unit], Units], free: list[int], result: list[Optional[str]], ratios: Sequence[float],
+def _refuse_classes_without_train(units: Units, free: list[int], result: list[Optional[str]], ratios: Sequence[float],
                                   class_names: Optional[Sequence[str]]) -> None:
     """A class the split was free to place but that got no train sample at all cannot be learned: too_small.
     (A small class may well get no val or test sample: the report's per-class counts show it.)"""
-    in_train: set[int] = set()
-    placed_freely: dict[int, int] = {}
-    free_units = set(free)  # a set: `in` on the list made this quadratic (56 s at 100,000 samples)
-    for i, unit in enumerate(units):
-        for label in unit.labels:
-            if label is None:
-                continue
-            if result[i] == "train":
-                in_train.add(label)
-            if i in free_units:
-                placed_freely[label] = placed_freely.get(label, 0) + 1
+    unit_of_member = np.repeat(np.arange(len(units)), np.diff(units.starts))
+    known = units.labels >= 0
+    in_train = set(units.labels[known & np.array([r == "train" for r in result] + [False], dtype=bool)[unit_of_member]].tolist())
+    is_free = np.zeros(len(units) + 1, dtype=bool)
+    is_free[free] = True
+    placed_freely = Counter(units.labels[known & is_free[unit_of_member]].tolist())
     for label in sorted(set(placed_freely) - in_train):
         shown = repr(class_names[label]) if class_names is not None else str(label)
         raise RunFailed(
@@ -278,10 +305,10 @@ def _targets(total: int, ratios: Sequence[float]) -> tuple[int, int]:
     return n_val, n_test
 
 
-def _assign_by_time(units: Union[Sequence[Unit], Units], free: list[int], ratios: Sequence[float], result: list[Optional[str]]) -> None:
+def _assign_by_time(units: Units, free: list[int], ratios: Sequence[float], result: list[Optional[str]]) -> None:
     """Chronological: the latest samples form test, the ones before them val, the rest train."""
-    order = sorted(free, key=lambda i: (units[i].timestamp if units[i].timestamp is not None else -math.inf, i), reverse=True)
-    total = sum(len(units[i].members) for i in order)
+    order = sorted(free, key=lambda i: (stamp if (stamp := units.timestamp(i)) is not None else -math.inf, i), reverse=True)
+    total = sum(units.size(i) for i in order)
     n_val, n_test = _targets(total, ratios)
     filled = 0
     for i in order:
@@ -291,7 +318,7 @@ def _assign_by_time(units: Union[Sequence[Unit], Units], free: list[int], ratios
             result[i] = "val"
         else:
             result[i] = "train"
-        filled += len(units[i].members)
+        filled += units.size(i)
 
 
 def split_of_keys(keys: Sequence[str], ratios: Sequence[float], seed: int) -> list[str]:
