@@ -169,7 +169,7 @@ def warm(root: Path) -> float:
     return time.perf_counter() - started
 
 
-def one_size(folder: Path, images: int) -> dict:
+def one_size(folder: Path, images: int, reprepare: bool = True) -> dict:
     root = dataset(folder, images)
     workspace = Path(tempfile.mkdtemp(prefix=f"vt-million-{images}-", dir=folder))
     try:
@@ -178,6 +178,8 @@ def one_size(folder: Path, images: int) -> dict:
         before = workspace / ".veritrain" / "data" / first["version"]
         timing = first_batch(before)
         verify = verify_throughput(before)
+        if not reprepare:
+            return {"images": images, "prepare": first, "first_batch": timing, "verify": verify, "reprepare": None}
         store_before = {p.name for p in (workspace / ".veritrain" / "shards").glob("*/*")}
         added = root / "class_0" / f"{images:07d}.png"
         _write_range((str(root), images, images + 1))
@@ -200,21 +202,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--dir", default="/tmp/vt-million")
+    parser.add_argument("--reprepare-up-to", type=int, default=None, help="re-prepare after an added image only up to this size")
     args = parser.parse_args()
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     results = []
     for images in sorted(args.sizes):
-        r = one_size(folder, images)
+        r = one_size(folder, images, args.reprepare_up_to is None or images <= args.reprepare_up_to)
         results.append(r)
         p, b, v, a = r["prepare"], r["first_batch"], r["verify"], r["reprepare"]
         print(f"{images} images: prepare {p['seconds']:.0f} s ({p['seconds'] / images * 1e3:.2f} ms/image), peak {p['main_peak'] / MIB:.0f} MiB "
               f"(all processes {p['tree_peak'] / MIB:.0f} MiB); open {b['open']:.3f} s + first batch {b['batch']:.3f} s = "
               f"{b['open_to_batch']:.3f} s (interpreter {b['interpreter']:.2f} s, imports {b['imports']:.2f} s apart); verify "
-              f"{v['bytes'] / MIB / v['ours']:.0f} MiB/s vs sha256sum {v['bytes'] / MIB / v['sha256sum']:.0f} MiB/s ({v['ratio']:.2f}×); "
-              f"one image added: re-prepare {a['seconds']:.0f} s, new shards {a['new_shards']}, store +{a['store_gained']}, "
-              f"moved {a['moved']}", flush=True)
-        print(f"  stages of the first prepare (s): {p['stages']}\n  stages of the second: {a['stages']}", flush=True)
+              f"{v['bytes'] / MIB / v['ours']:.0f} MiB/s vs sha256sum {v['bytes'] / MIB / v['sha256sum']:.0f} MiB/s ({v['ratio']:.2f}×)"
+              + (f"; one image added: re-prepare {a['seconds']:.0f} s, new shards {a['new_shards']}, store +{a['store_gained']}, "
+                 f"moved {a['moved']}" if a else ""), flush=True)
+        print(f"  stages of the first prepare (s): {p['stages']}" + (f"\n  stages of the second: {a['stages']}" if a else ""), flush=True)
     if len(results) > 1:
         small, large = results[0], results[-1]
         print(f"{large['images']} vs {small['images']}: peak memory {large['prepare']['main_peak'] / small['prepare']['main_peak']:.2f}× "
