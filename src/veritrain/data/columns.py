@@ -214,3 +214,51 @@ def _is_hex(value: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+class GrowingNames:
+    """Strings appended one at a time, kept as one UTF-8 buffer with an offset a row (the text gate's document ids
+    and groups, read while more are added)."""
+
+    def __init__(self) -> None:
+        self._blob, self._offsets = bytearray(), array("q", [0])
+
+    def append(self, value: str) -> None:
+        self._blob += value.encode("utf-8", "surrogatepass")
+        self._offsets.append(len(self._blob))
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def raw(self, index: int) -> bytes:
+        """Row `index` as UTF-8: in the order of the strings (code point order is UTF-8's byte order)."""
+        return bytes(self._blob[self._offsets[index]:self._offsets[index + 1]])
+
+    def __getitem__(self, index: int) -> str:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._blob[self._offsets[index]:self._offsets[index + 1]].decode("utf-8", "surrogatepass")
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self)))
+
+
+class GrowingDigests:
+    """Fixed-size digests (raw bytes) appended one at a time: `hex(i)`, and all of them as one `S<size>` array."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size, self._blob = size, bytearray()
+
+    def append(self, digest: bytes) -> None:
+        if len(digest) != self.size:
+            raise ValueError(f"a digest of {len(digest)} bytes; this column holds {self.size}")
+        self._blob += digest
+
+    def __len__(self) -> int:
+        return len(self._blob) // self.size
+
+    def hex(self, index: int) -> str:
+        return self._blob[index * self.size:(index + 1) * self.size].hex()
+
+    def raw(self) -> np.ndarray:
+        return np.frombuffer(bytes(self._blob), dtype=f"S{self.size}")

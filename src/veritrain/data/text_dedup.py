@@ -22,10 +22,13 @@ import hashlib
 import itertools
 import re
 import sys
+import tempfile
 import unicodedata
+from array import array
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -43,6 +46,7 @@ _BAG_TAG = _U64(0xE7037ED1A0B428DB)  # xored into a bag's sum, so a bag value is
 SIGNATURE_CHUNK = 4096  # shingle values hashed per block: 3 buffers of num_perm × 4096 uint64 stay in L2/L3
 SIGNATURE_GROUP = 1 << 18  # shingle values of consecutive documents gathered at once (2 MiB per uint64 copy)
 CONFIRM_CHUNK = 1 << 20  # shingle look-ups per block of candidate pairs (about 35 MB of temporaries)
+CONFIRM_VALUES = 1 << 21  # shingle values of the documents whose candidate pairs are confirmed at once
 
 NGRAM_WORDS = 13  # contamination n-gram length in words(), as in GPT-3's decontamination
 
@@ -502,25 +506,37 @@ def lsh_candidates(signatures: np.ndarray, bands: int = DEFAULT_SETTINGS.bands,
     if signatures.shape[1] < bands * rows:
         raise ValueError(f"lsh_candidates: {bands} bands × {rows} rows need {bands * rows} values per signature, "
                          f"got {signatures.shape[1]}")
-    found = []
-    for band in range(bands):
-        key = np.zeros(count, dtype=_U64)
-        for column in range(band * rows, (band + 1) * rows):
-            key ^= signatures[:, column]
-            key = _splitmix(key * _BAND_MIX)
-        order = np.argsort(key, kind="stable")
-        ordered = key[order]
-        run_starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-        run_lengths = np.diff(np.concatenate([run_starts, [count]]))
-        for length in np.unique(run_lengths[run_lengths >= 2]):
-            first, second = np.triu_indices(int(length), 1)
-            starts = run_starts[run_lengths == length][:, None]
-            left, right = order[starts + first], order[starts + second]
-            found.append(np.minimum(left, right).ravel() * count + np.maximum(left, right).ravel())
-    if not found:
-        return np.zeros((0, 2), dtype=np.int64)
-    codes = np.unique(np.concatenate(found).astype(np.int64))
-    return np.stack([codes // count, codes % count], axis=1)
+    found = [_band_pairs(_band_key(signatures, band, rows), count) for band in range(bands)]
+    return _distinct_pairs(found, count)
+
+
+def _band_key(signatures: np.ndarray, band: int, rows: int) -> np.ndarray:
+    """A 64-bit mix of the `rows` values of one band of each signature."""
+    key = np.zeros(len(signatures), dtype=_U64)
+    for column in range(band * rows, (band + 1) * rows):
+        key ^= signatures[:, column]
+        key = _splitmix(key * _BAND_MIX)
+    return key
+
+
+def _band_pairs(key: np.ndarray, count: int) -> np.ndarray:
+    """The pairs of rows with equal band keys, each as the int64 code first · count + second (first < second)."""
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    run_starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    run_lengths = np.diff(np.concatenate([run_starts, [count]]))
+    found = [np.zeros(0, dtype=np.int64)]
+    for length in np.unique(run_lengths[run_lengths >= 2]):
+        first, second = np.triu_indices(int(length), 1)
+        starts = run_starts[run_lengths == length][:, None]
+        left, right = order[starts + first], order[starts + second]
+        found.append((np.minimum(left, right).ravel() * count + np.maximum(left, right).ravel()).astype(np.int64))
+    return np.unique(np.concatenate(found))
+
+
+def _distinct_pairs(codes: list[np.ndarray], count: int) -> np.ndarray:
+    merged = np.unique(np.concatenate(codes)) if codes else np.zeros(0, dtype=np.int64)
+    return np.stack([merged // count, merged % count], axis=1) if len(merged) else np.zeros((0, 2), dtype=np.int64)
 
 
 def pair_overlaps(shingle_sets: Sequence[np.ndarray], pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -593,20 +609,86 @@ def near_duplicates(texts: Sequence[str], settings: NearDuplicateSettings = DEFA
     """Near-duplicate documents: MinHash signatures of the shingle sets, LSH banding for candidates, and each
     candidate kept only when the exact Jaccard of the two shingle sets is ≥ settings.threshold (so no pair below
     the threshold is ever reported; a pair above it is missed only when no band agrees, see NearDuplicateSettings).
-    Documents with fewer than settings.min_words words() are skipped. Groups join pairs transitively."""
+    Documents with fewer than settings.min_words words() are skipped. Groups join pairs transitively.
+    (NearDuplicateIndex over the texts, its band keys in a temporary folder.)"""
     _check_texts(texts, "near_duplicates")
-    shingles = shingle_sets(texts, settings.shingle_words, settings.min_words)
-    kept, skipped, sets = shingles.kept, shingles.skipped, shingles.sets
-    signatures = minhash_signatures(sets, settings.num_perm, settings.seed)
-    candidates = lsh_candidates(signatures, settings.bands, settings.rows)
-    shared, union = pair_overlaps(sets, candidates)
-    jaccards = shared / np.maximum(union, 1)
-    confirmed = np.flatnonzero(jaccards >= settings.threshold)
-    index_of = np.array(kept, dtype=np.int64)
-    pairs = [NearDuplicatePair(int(index_of[candidates[c, 0]]), int(index_of[candidates[c, 1]]), float(jaccards[c]),
-                               int(shared[c]), int(union[c])) for c in confirmed]
-    return NearDuplicateReport(pairs=pairs, groups=connected_groups([(p.first, p.second) for p in pairs]),
-                               candidates=len(candidates), skipped=skipped, settings=settings)
+    cache: dict[str, int] = {}
+    values = [_word_values(text, cache) for text in texts]
+    with tempfile.TemporaryDirectory(prefix="veritrain-near-") as folder:
+        index = NearDuplicateIndex(Path(folder), settings)
+        for i, document in enumerate(values):
+            index.add(i, document)
+        return index.finish(values.__getitem__)
+
+
+class NearDuplicateIndex:
+    """near_duplicates over documents given one at a time by their word values (`document_readings`), in memory that
+    does not grow with their text: the shingle sets of about SIGNATURE_GROUP values at a time are signed, and each
+    band's keys appended to a file of `folder`; `finish` reads one band at a time for the candidates, and confirms
+    them a block at a time from the word values `values_of(i)` gives again (CONFIRM_VALUES shingles a block). What
+    stays in memory is 8 bytes a document (kept or skipped) and the candidate pairs. The same documents give the
+    same report as near_duplicates, pair for pair."""
+
+    def __init__(self, folder: Path, settings: NearDuplicateSettings = DEFAULT_SETTINGS):
+        self.settings, self.folder = settings, folder
+        self.kept, self.skipped, self.sizes = array("q"), array("q"), array("q")
+        self._sets: list[np.ndarray] = []
+        self._pending = 0
+        self._bands = [folder / f"band-{band:03d}.u64" for band in range(settings.bands)]
+        for path in self._bands:
+            path.write_bytes(b"")
+
+    def add(self, index: int, values: np.ndarray) -> None:
+        """The document `index` (ascending) by the uint64 values of its words()."""
+        if len(values) < max(self.settings.min_words, self.settings.shingle_words, 1):
+            self.skipped.append(index)
+            return
+        shingles = _sorted_distinct(_window_values(values, self.settings.shingle_words))
+        self.kept.append(index)
+        self.sizes.append(len(shingles))
+        self._sets.append(shingles)
+        self._pending += len(shingles)
+        if self._pending >= SIGNATURE_GROUP:
+            self._sign()
+
+    def _sign(self) -> None:
+        if not self._sets:
+            return
+        signatures = minhash_signatures(self._sets, self.settings.num_perm, self.settings.seed)
+        for band, path in enumerate(self._bands):
+            with open(path, "ab") as stream:
+                stream.write(_band_key(signatures, band, self.settings.rows).astype("<u8").tobytes())
+        self._sets, self._pending = [], 0
+
+    def finish(self, values_of: Callable[[int], np.ndarray]) -> NearDuplicateReport:
+        self._sign()
+        count = len(self.kept)
+        candidates = _distinct_pairs([_band_pairs(np.fromfile(path, dtype="<u8"), count) for path in self._bands], count)
+        shared, union = np.zeros(len(candidates), dtype=np.int64), np.zeros(len(candidates), dtype=np.int64)
+        kept = np.frombuffer(self.kept, dtype=np.int64) if count else np.zeros(0, dtype=np.int64)
+        sizes = np.frombuffer(self.sizes, dtype=np.int64) if count else np.zeros(0, dtype=np.int64)
+        for start, stop in _pair_blocks(candidates, sizes, CONFIRM_VALUES):
+            block = candidates[start:stop]
+            involved = np.unique(block)
+            sets = [_sorted_distinct(_window_values(values_of(int(kept[d])), self.settings.shingle_words)) for d in involved]
+            shared[start:stop], union[start:stop] = pair_overlaps(sets, np.searchsorted(involved, block))
+        jaccards = shared / np.maximum(union, 1)
+        confirmed = np.flatnonzero(jaccards >= self.settings.threshold)
+        pairs = [NearDuplicatePair(int(kept[candidates[c, 0]]), int(kept[candidates[c, 1]]), float(jaccards[c]),
+                                   int(shared[c]), int(union[c])) for c in confirmed]
+        return NearDuplicateReport(pairs=pairs, groups=connected_groups([(p.first, p.second) for p in pairs]),
+                                   candidates=len(candidates), skipped=list(self.skipped), settings=self.settings)
+
+
+def _pair_blocks(pairs: np.ndarray, sizes: np.ndarray, budget: int) -> Iterator[tuple[int, int]]:
+    """[start, stop) blocks of consecutive pairs whose documents hold about `budget` values in all (at least a pair)."""
+    start = 0
+    while start < len(pairs):
+        stop = min(len(pairs), start + 4096)
+        while stop - start > 1 and int(sizes[np.unique(pairs[start:stop])].sum()) > budget:
+            stop = start + (stop - start) // 2
+        yield start, stop
+        start = stop
 
 
 # ---------------------------------------------------------------------------------------------- ground truth
@@ -689,47 +771,232 @@ def contamination(eval_texts: Sequence[str], train_texts: Sequence[str], ngram_w
       `streams` (lists of train indices; default: the order given), and a window that runs over a boundary belongs
       to every train document it touches.
 
-    The train keys (distinct per document) are sorted once with their document; each eval document's keys are
-    looked up by np.searchsorted, so the cost is one sort of the train keys plus a log-time look-up per eval key."""
+    (ContaminationIndex over the texts, its keys in a temporary folder.)"""
     _check_texts(eval_texts, "contamination")
     _check_texts(train_texts, "contamination")
     if ngram_words < 1 or top < 0:
         raise ValueError(f"contamination: ngram_words must be ≥ 1 and top ≥ 0, got {ngram_words} and {top}")
     cache: dict[str, int] = {}
-    keys, owners = _train_keys(train_texts, ngram_words, streams, cache)
-    bag_width = bag_words(ngram_words)
-    contaminated: list[EvalContamination] = []
-    too_short: list[int] = []
-    all_overlaps: list[Overlap] = []
-    for eval_index, text in enumerate(eval_texts):
-        eval_words, shown = _tokens_shown(text)
-        values = _values_of(eval_words, cache)
-        if len(values) < ngram_words:
-            too_short.append(eval_index)
-            continue
-        positions, trains = _eval_matches(values, ngram_words, bag_width, keys, owners)
-        if len(positions) == 0:
-            continue
-        order = np.lexsort((positions, trains))
-        positions, trains = positions[order], trains[order]
-        word_count = len(eval_words)
-        boundaries = np.flatnonzero(np.diff(trains)) + 1
-        overlaps = []
-        for train_positions, train_index in zip(np.split(positions, boundaries), trains[np.concatenate([[0], boundaries])]):
-            ranges = shared_spans(train_positions, ngram_words)
-            covered = covered_words(ranges)
-            spans = tuple(SharedSpan(start, end, " ".join(shown[start:end])) for start, end in ranges)
-            overlaps.append(Overlap(eval_index, int(train_index), len(np.unique(train_positions)), covered,
-                                    covered / word_count, spans))
-        overlaps.sort(key=lambda o: (-o.covered_words, o.train_index))
-        covered_any = covered_words(shared_spans(positions, ngram_words))
-        contaminated.append(EvalContamination(eval_index, word_count, covered_any, covered_any / word_count,
-                                              tuple(sorted(o.train_index for o in overlaps)), tuple(overlaps)))
-        all_overlaps.extend(overlaps)
-    all_overlaps.sort(key=lambda o: (-o.covered_words, o.eval_index, o.train_index))
-    train_indices = sorted({index for item in contaminated for index in item.train_indices})
-    return ContaminationReport(ngram_words, len(eval_texts), len(train_texts), contaminated, all_overlaps[:top],
-                               train_indices, too_short)
+    with tempfile.TemporaryDirectory(prefix="veritrain-contamination-") as folder:
+        index = ContaminationIndex(Path(folder), ngram_words, words=sum(len(t) for t in [*eval_texts, *train_texts]) // 4)
+        for i, text in enumerate(train_texts):
+            index.add_train(i, document_readings(text, cache)[1])
+        for order in streams if streams is not None else [range(len(train_texts))]:
+            index.add_stream(order)
+        for i, text in enumerate(eval_texts):
+            index.add_eval(i, _word_values(text, cache))
+        return index.report(eval_texts.__getitem__, top)
+
+
+def document_readings(text: str, cache: dict[str, int]) -> tuple[str, list[np.ndarray]]:
+    """(match_form(text), the word values of the ways it is read for contamination): words(text), and when it holds
+    a default-ignorable or format character also the reading with those as spaces (a zero-width space can hide
+    inside a word or stand for the space between two). `cache` memoizes word values (results never depend on it)."""
+    form = match_form(text)
+    values = [_values_of(form.split(), cache)]
+    if _ignorable_search()(text):
+        values.append(_values_of(match_form(text, ignorable_as_space=True).split(), cache))
+    return form, values
+
+
+_TRAIN_ENTRY = np.dtype([("key", "<u8"), ("owner", "<u4")])
+_EVAL_ENTRY = np.dtype([("key", "<u8"), ("owner", "<u4"), ("at", "<u4")])  # at: the window's first word; the top bit marks a bag
+_BAG_BIT = np.uint32(1 << 31)
+PARTITION_ENTRIES = 1 << 21  # train entries a partition holds, about: what is read and sorted at once
+FLUSH_ENTRIES = 1 << 22  # entries gathered in memory before they are appended to their partitions
+
+
+class ContaminationIndex:
+    """contamination() with its n-gram keys on disk, so memory does not grow with the text: train documents, the
+    windows over their boundaries in each stream order, and eval documents are added in any order; each key goes
+    to one of a power of two of partition files by its top bits (about PARTITION_ENTRIES train keys each, from the
+    `words` expected); `report` reads one partition at a time, keeps the train keys an eval key equals and joins
+    them. Each train document's first and last max(n, bag) − 1 words are kept in an edge file for the streams.
+    In memory: 8 bytes a train document, 4 an eval one, and the matches."""
+
+    def __init__(self, folder: Path, ngram_words: int = NGRAM_WORDS, words: int = 0):
+        self.folder, self.ngram_words, self.bag_width = folder, ngram_words, bag_words(ngram_words)
+        self.reach = max(ngram_words, self.bag_width) - 1
+        partitions = 1
+        while partitions < 4096 and partitions * PARTITION_ENTRIES < 2 * words:
+            partitions *= 2
+        self.shift = _U64(64 - partitions.bit_length() + 1) if partitions > 1 else None
+        self.partitions = partitions
+        self._pending: dict[str, list[np.ndarray]] = {"train": [], "eval": []}
+        self._pending_entries = 0
+        self.eval_words = array("q")  # words() of each eval document, by eval index
+        self.train_documents = 0
+        self._edge_at = array("q")  # where each train document's edge record starts in the edge file
+        self._train_words = array("q")  # words() of each train document's first reading
+        self._edges = open(folder / "edges.bin", "wb")
+        self._edge_bytes = 0
+
+    def add_train(self, index: int, readings: list[np.ndarray]) -> None:
+        """Train document `index` (0, 1, 2, ... in turn) by the word values of its readings (document_readings)."""
+        if index != self.train_documents:
+            raise ValueError(f"ContaminationIndex: train document {index} added after {self.train_documents - 1}")
+        self.train_documents += 1
+        grams = _sorted_distinct(np.concatenate([_gram_keys(values, self.ngram_words) for values in readings]))
+        self._put("train", grams, index, None)
+        primary = readings[0]
+        length = len(primary)
+        reach = self.reach
+        at = np.arange(length) if length <= 2 * reach else np.concatenate([np.arange(reach), np.arange(length - reach, length)])
+        record = np.concatenate([np.array([length, len(at)], dtype="<u8"), primary[at].astype("<u8"), at.astype("<u8")])
+        self._edge_at.append(self._edge_bytes)
+        self._train_words.append(length)
+        self._edges.write(record.tobytes())
+        self._edge_bytes += record.nbytes
+
+    def add_stream(self, order: Sequence[int]) -> None:
+        """The windows over the boundaries of the train documents read one after another in `order` (train indices),
+        for every train document a window touches; a block of documents at a time, each block read with the last
+        max(n, bag) documents before it, so a window over a block's start is found too."""
+        self._edges.flush()
+        edges = np.memmap(self.folder / "edges.bin", dtype="<u8", mode="r") if self._edge_bytes else np.zeros(0, dtype="<u8")
+        starts = np.frombuffer(self._edge_at, dtype=np.int64) // 8 if len(self._edge_at) else np.zeros(0, dtype=np.int64)
+        ordered = np.asarray(order, dtype=np.int64)
+        if len(ordered):  # documents without a word are no part of a stream: a window spans at most `context` others
+            ordered = ordered[np.frombuffer(self._train_words, dtype=np.int64)[ordered] > 0]
+        context = max(self.ngram_words, self.bag_width)
+        for block_start in range(0, len(ordered), STREAM_BLOCK):
+            block = ordered[max(0, block_start - context) : block_start + STREAM_BLOCK]
+            records = [_edge_record(edges, int(starts[i])) for i in block]
+            keys, owners = _crossing_keys([(values, at, length) for values, at, length in records],
+                                          range(len(block)), self.ngram_words)
+            if len(keys):
+                self._put("train", keys, block[owners], None)
+        del edges
+
+    def add_eval(self, index: int, values: np.ndarray) -> None:
+        """Eval document `index` (0, 1, 2, ... in turn) by the values of its words()."""
+        if index != len(self.eval_words):
+            raise ValueError(f"ContaminationIndex: eval document {index} added after {len(self.eval_words) - 1}")
+        self.eval_words.append(len(values))
+        if len(values) < self.ngram_words:
+            return
+        ordered, bags = _window_values(values, self.ngram_words), _bag_values(values, self.bag_width)
+        at = np.concatenate([np.arange(len(ordered), dtype=np.uint32), np.arange(len(bags), dtype=np.uint32) | _BAG_BIT])
+        self._put("eval", np.concatenate([ordered, bags]), index, at)
+
+    def _put(self, side: str, keys: np.ndarray, owners: Any, at: Optional[np.ndarray]) -> None:
+        entries = np.empty(len(keys), dtype=_TRAIN_ENTRY if at is None else _EVAL_ENTRY)
+        entries["key"], entries["owner"] = keys, owners
+        if at is not None:
+            entries["at"] = at
+        self._pending[side].append(entries)
+        self._pending_entries += len(entries)
+        if self._pending_entries >= FLUSH_ENTRIES:
+            self._flush()
+
+    def _flush(self) -> None:
+        for side, parts in self._pending.items():
+            if not parts:
+                continue
+            entries = np.concatenate(parts)
+            part = (entries["key"] >> self.shift).astype(np.int64) if self.shift is not None else np.zeros(len(entries), dtype=np.int64)
+            order = np.argsort(part, kind="stable")
+            entries, part = entries[order], part[order]
+            bounds = np.searchsorted(part, np.arange(self.partitions + 1))
+            for p in np.flatnonzero(np.diff(bounds)):
+                with open(self.folder / f"{side}-{p:04d}.bin", "ab") as stream:
+                    stream.write(entries[bounds[p] : bounds[p + 1]].tobytes())
+        self._pending = {"train": [], "eval": []}
+        self._pending_entries = 0
+
+    def matches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(eval document, n-gram position, train document) of every match, as int64 arrays: an ordered n-gram at p
+        gives position p; a bag at p covers the n-grams at p … p + bag − n."""
+        self._flush()
+        self._edges.close()
+        found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        for p in range(self.partitions):
+            train_path, eval_path = self.folder / f"train-{p:04d}.bin", self.folder / f"eval-{p:04d}.bin"
+            if train_path.exists() and eval_path.exists():
+                found.append(_partition_matches(np.fromfile(train_path, dtype=_TRAIN_ENTRY), np.fromfile(eval_path, dtype=_EVAL_ENTRY),
+                                                self.bag_width - self.ngram_words))
+        if not found:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return tuple(np.concatenate([f[k] for f in found]) for k in range(3))  # type: ignore[return-value]
+
+    def report(self, eval_text: Callable[[int], str], top: int = 20) -> ContaminationReport:
+        """The ContaminationReport of what was added; `eval_text(i)` gives eval document i's text again, asked for
+        the contaminated ones only (for their shared spans as written)."""
+        evals, positions, trains = self.matches()
+        order = np.lexsort((positions, trains, evals))
+        evals, positions, trains = evals[order], positions[order], trains[order]
+        contaminated: list[EvalContamination] = []
+        all_overlaps: list[Overlap] = []
+        bounds = np.flatnonzero(np.diff(evals)) + 1
+        for start, stop in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(evals)]])):
+            if start == stop:
+                continue
+            item = _eval_contamination(int(evals[start]), positions[start:stop], trains[start:stop], self.ngram_words, eval_text)
+            contaminated.append(item)
+            all_overlaps.extend(item.overlaps)
+        all_overlaps.sort(key=lambda o: (-o.covered_words, o.eval_index, o.train_index))
+        train_indices = sorted({index for item in contaminated for index in item.train_indices})
+        too_short = [i for i, words in enumerate(self.eval_words) if words < self.ngram_words]
+        return ContaminationReport(self.ngram_words, len(self.eval_words), self.train_documents, contaminated, all_overlaps[:top],
+                                   train_indices, too_short)
+
+
+STREAM_BLOCK = 1 << 14  # train documents whose boundary windows are made at once
+
+
+def _edge_record(edges: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
+    length, kept = int(edges[start]), int(edges[start + 1])
+    return (np.asarray(edges[start + 2 : start + 2 + kept]), np.asarray(edges[start + 2 + kept : start + 2 + 2 * kept]).astype(np.int64), length)
+
+
+def _partition_matches(train: np.ndarray, evals: np.ndarray, bag_extra: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The matches of one partition: the train entries whose key some eval entry has (distinct by key and owner,
+    sorted), joined to every eval entry with that key."""
+    eval_keys = _sorted_distinct(evals["key"])
+    hit = train[_member(train["key"], eval_keys)]
+    hit = hit[np.lexsort((hit["owner"], hit["key"]))]
+    if len(hit) > 1:
+        hit = hit[np.concatenate([[True], (hit["key"][1:] != hit["key"][:-1]) | (hit["owner"][1:] != hit["owner"][:-1])])]
+    keys = hit["key"]
+    asked = evals[_member(evals["key"], _sorted_distinct(keys))]
+    low = np.searchsorted(keys, asked["key"], side="left")
+    sizes = np.searchsorted(keys, asked["key"], side="right") - low
+    rows = np.arange(sizes.sum()) - np.repeat(np.cumsum(sizes) - sizes, sizes) + np.repeat(low, sizes)
+    at = np.repeat(asked["at"], sizes)
+    is_bag = (at & _BAG_BIT) != 0
+    positions = (at & ~_BAG_BIT).astype(np.int64)
+    owners = np.repeat(asked["owner"], sizes).astype(np.int64)
+    trains = hit["owner"][rows].astype(np.int64)
+    extra = [(positions[is_bag] + shift, owners[is_bag], trains[is_bag]) for shift in range(1, bag_extra + 1)]
+    return (np.concatenate([owners] + [e for _, e, _ in extra]), np.concatenate([positions] + [p for p, _, _ in extra]),
+            np.concatenate([trains] + [t for _, _, t in extra]))
+
+
+def _member(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    if not len(sorted_keys):
+        return np.zeros(len(values), dtype=bool)
+    where = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
+    return sorted_keys[where] == values
+
+
+def _eval_contamination(eval_index: int, positions: np.ndarray, trains: np.ndarray, ngram_words: int,
+                        eval_text: Callable[[int], str]) -> EvalContamination:
+    """What the train documents `trains` cover of eval document `eval_index` at n-gram `positions` (sorted by train
+    document, then position). Its words are read again with their shown form (_tokens_shown's words are words(),
+    since the match table maps no whitespace character to a non-space one)."""
+    eval_words, shown = _tokens_shown(eval_text(eval_index))
+    word_count = len(eval_words)
+    boundaries = np.flatnonzero(np.diff(trains)) + 1
+    overlaps = []
+    for train_positions, train_index in zip(np.split(positions, boundaries), trains[np.concatenate([[0], boundaries])]):
+        ranges = shared_spans(train_positions, ngram_words)
+        covered = covered_words(ranges)
+        spans = tuple(SharedSpan(start, end, " ".join(shown[start:end])) for start, end in ranges)
+        overlaps.append(Overlap(eval_index, int(train_index), len(np.unique(train_positions)), covered, covered / word_count, spans))
+    overlaps.sort(key=lambda o: (-o.covered_words, o.train_index))
+    covered_any = covered_words(shared_spans(positions, ngram_words))
+    return EvalContamination(eval_index, word_count, covered_any, covered_any / word_count,
+                             tuple(sorted(o.train_index for o in overlaps)), tuple(overlaps))
 
 
 def bag_words(ngram_words: int) -> int:
@@ -752,39 +1019,6 @@ def _bag_values(word_values: np.ndarray, width: int) -> np.ndarray:
 def _gram_keys(word_values: np.ndarray, ngram_words: int) -> np.ndarray:
     """Every ordered n-gram value and every bag value of a document, concatenated."""
     return np.concatenate([_window_values(word_values, ngram_words), _bag_values(word_values, bag_words(ngram_words))])
-
-
-def _train_keys(train_texts: Sequence[str], ngram_words: int, streams: Optional[Sequence[Sequence[int]]],
-                cache: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
-    """(keys, owners): every distinct (key, train document) pair, sorted by key, then by document. A document's own
-    windows in each of its readings, then the windows over its boundaries in each stream order. Only a document's
-    first and last max(n, bag) − 1 words can be in a window over a boundary, so only those are kept for the
-    streams (with their positions, so no window is made across the gap between them)."""
-    reach = max(ngram_words, bag_words(ngram_words)) - 1
-    key_parts, owner_parts = [], []
-    edges: list[tuple[np.ndarray, np.ndarray, int]] = []
-    for index, text in enumerate(train_texts):
-        readings = _readings(text, cache)
-        grams = _sorted_distinct(np.concatenate([_gram_keys(values, ngram_words) for values in readings]))
-        key_parts.append(grams)
-        owner_parts.append(np.full(len(grams), index, dtype=np.int32))
-        primary = readings[0]
-        length = len(primary)
-        at = np.arange(length) if length <= 2 * reach else np.concatenate([np.arange(reach), np.arange(length - reach, length)])
-        edges.append((primary[at], at, length))
-    for order in streams if streams is not None else [range(len(train_texts))]:
-        crossing_keys, crossing_owners = _crossing_keys(edges, order, ngram_words)
-        key_parts.append(crossing_keys)
-        owner_parts.append(crossing_owners)
-    keys = np.concatenate(key_parts) if key_parts else np.zeros(0, dtype=_U64)
-    owners = np.concatenate(owner_parts) if owner_parts else np.zeros(0, dtype=np.int32)
-    del key_parts, owner_parts, edges
-    order = np.lexsort((owners, keys))
-    keys, owners = keys[order], owners[order]
-    if len(keys) > 1:
-        distinct = np.concatenate([[True], (keys[1:] != keys[:-1]) | (owners[1:] != owners[:-1])])
-        keys, owners = keys[distinct], owners[distinct]
-    return keys, owners
 
 
 def _crossing_keys(edges: list[tuple[np.ndarray, np.ndarray, int]], order: Sequence[int],
@@ -817,26 +1051,3 @@ def _crossing_keys(edges: list[tuple[np.ndarray, np.ndarray, int]], order: Seque
     if not keys:
         return np.zeros(0, dtype=_U64), np.zeros(0, dtype=np.int32)
     return np.concatenate(keys), np.concatenate(owners)
-
-
-def _eval_matches(values: np.ndarray, ngram_words: int, bag_width: int, keys: np.ndarray,
-                  owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(positions, train documents) of every match of an eval document's windows: an ordered n-gram at p gives
-    position p; a bag at p covers the n-grams at p … p + bag_width − ngram_words."""
-    ordered = _window_values(values, ngram_words)
-    bags = _bag_values(values, bag_width)
-    query = np.concatenate([ordered, bags])
-    at = np.concatenate([np.arange(len(ordered)), np.arange(len(bags))])
-    low = np.searchsorted(keys, query, side="left")
-    counts = np.searchsorted(keys, query, side="right") - low
-    matched = np.flatnonzero(counts)
-    if len(matched) == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    sizes = counts[matched]
-    firsts = np.cumsum(sizes) - sizes
-    rows = np.arange(sizes.sum()) - np.repeat(firsts, sizes) + np.repeat(low[matched], sizes)
-    positions = np.repeat(at[matched], sizes)
-    trains = owners[rows].astype(np.int64)
-    is_bag = np.repeat(matched >= len(ordered), sizes)
-    extra = [(positions[is_bag] + shift, trains[is_bag]) for shift in range(1, bag_width - ngram_words + 1)]
-    return (np.concatenate([positions] + [p for p, _ in extra]), np.concatenate([trains] + [t for _, t in extra]))

@@ -34,30 +34,34 @@ file written: the tokenizer's bytes, its special-token ids and every block of ev
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 import unicodedata
 import uuid
+from array import array
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional
 
 import numpy as np
 
 from veritrain.core.errors import RunFailed, UserError
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_file
 from veritrain.core.secrets import find_secret
-from veritrain.data import identity, shards, split as splitting, text_dedup, tokenizer
+from veritrain.data import identity, shards, split as splitting, text_dedup, text_sources, tokenizer
+from veritrain.data.columns import GrowingDigests, GrowingNames
 from veritrain.data.identity import CARD_FILE, TEXT_FIELD_BOUND_FILES, TEXT_RECIPE, TextVersion
 from veritrain.data.split import SPLITS
 from veritrain.data.store import MANIFEST_COLUMNS, merged_card, seal_reports, write_data_card as write_card
-from veritrain.data.text_sources import JsonlFields, TextDocument, TextFinding, TextListing, read_embedded, read_jsonl, read_text_folder
+from veritrain.data.text_sources import JsonlFields, TextDocument, TextFinding, TextListing
 
 if TYPE_CHECKING:
     from veritrain.core.config import DataConfig
@@ -70,90 +74,242 @@ DOCUMENTS_PER_CHUNK = 4096  # documents a chunk shard of a token stream holds, o
 
 
 def load_text_source(data_cfg: DataConfig, paths: dict[str, Path]) -> TextListing:
-    """The documents of `data.source` (text, jsonl or pydoc_topics)."""
-    text = data_cfg.text
-    if data_cfg.source == "pydoc_topics":
-        return read_embedded(text.split_documents, text.max_chars)
+    """The documents of `data.source` (text, jsonl or pydoc_topics), all read."""
+    listing, documents = stream_text_source(data_cfg, paths)
+    listing.documents = list(documents)
+    return listing
+
+
+def _source_root(data_cfg: DataConfig, paths: dict[str, Path]) -> Path:
     root = paths.get("root")
     if root is None:
         raise UserError(f"data.root: the {data_cfg.source} source reads its documents from data.root; give the folder"
                         + (" (or the .jsonl file)" if data_cfg.source == "jsonl" else ""))
     if not root.exists():
         raise UserError(f"data.root: {root} does not exist; give the folder of the documents")
-    if data_cfg.source == "text":
-        if not root.is_dir():
-            raise UserError(f"data.root: {root} is not a folder; the text source reads the .txt files in a folder")
-        return read_text_folder(root, text.split_documents, text.max_chars)
-    fields = text.fields
-    return read_jsonl(root, JsonlFields(fields.text, fields.id, fields.split, fields.group, fields.timestamp), text.max_chars)
+    if data_cfg.source == "text" and not root.is_dir():
+        raise UserError(f"data.root: {root} is not a folder; the text source reads the .txt files in a folder")
+    return root
 
 
-@dataclass
 class _Documents:
-    """The documents as the gate places them: `split[i]` is a split name or None (quarantined, `excluded[i]` says why)."""
+    """The documents as the gate reads and places them, as columns (about 100 bytes a document, whatever its
+    length); their texts and word values are in `scratch`. `split(i)` is a split name or None (quarantined,
+    `excluded[i]` says why)."""
 
-    docs: list[TextDocument]
-    keys: list[str]  # what places each document: its JSONL id, else its content hash
-    hashes: list[str]  # content hash (DATA_HASH_ALGORITHM of the normalized text as UTF-8)
-    split: list[Optional[str]] = field(default_factory=list)
-    excluded: dict[int, TextFinding] = field(default_factory=dict)
-    findings: list[TextFinding] = field(default_factory=list)
+    def __init__(self, scratch: _ScratchTexts):
+        self.scratch = scratch
+        self.ids = GrowingNames()
+        self.hashes = GrowingDigests()  # content hash (DATA_HASH_ALGORITHM of the normalized text as UTF-8)
+        self.explicit = bytearray()  # 1: its JSONL id places it (it stays put when the text is edited); 0: its content
+        self.fixed = bytearray()  # a split the data fixes: SPLITS index + 1, 0 for none
+        self.groups = GrowingNames()  # the JSONL group, "" for none (has_group tells)
+        self.has_group = bytearray()
+        self.sizes = array("q")  # UTF-8 bytes
+        self.matched = GrowingDigests()  # SHA-256 of the match form (exact duplicates), zeros for a text without a word
+        self.split_codes = np.zeros(0, dtype=np.int8)  # SPLITS index, -1: quarantined (set by placing)
+        self.excluded: dict[int, TextFinding] = {}
+        self.findings: list[TextFinding] = []
+        self.flagged: list[TextFinding] = []  # secrets and e-mail addresses, reported after every other finding
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def add(self, doc: TextDocument, data: bytes, form: str) -> None:
+        self.ids.append(doc.doc_id)
+        self.hashes.append(_content_digest(data))
+        self.explicit.append(doc.line is not None and doc.doc_id != f"{doc.file}:{doc.line}")
+        self.fixed.append(SPLITS.index(doc.split) + 1 if doc.split else 0)
+        self.groups.append(doc.group or "")
+        self.has_group.append(doc.group is not None)
+        self.sizes.append(len(data))
+        self.matched.append(hashlib.sha256(form.encode("utf-8", "surrogatepass")).digest() if form else bytes(32))
+
+    def key(self, i: int) -> str:
+        """What places document i: its JSONL id, else its content hash."""
+        return self.ids[i] if self.explicit[i] else self.hashes.hex(i)
+
+    def fixed_split(self, i: int) -> Optional[str]:
+        return SPLITS[self.fixed[i] - 1] if self.fixed[i] else None
+
+    def split(self, i: int) -> Optional[str]:
+        code = int(self.split_codes[i])
+        return SPLITS[code] if code >= 0 else None
+
+    def exclude(self, i: int, finding: TextFinding) -> None:
+        self.excluded[i] = finding
+        self.split_codes[i] = -1
+
+    def rows(self, name: str) -> list[int]:
+        """The documents placed in split `name`, in id order (the order of their tokens)."""
+        return sorted(np.flatnonzero(self.split_codes == SPLITS.index(name)).tolist(), key=self.ids.raw)
 
 
-def _content_hash(text: str) -> str:
+class _ScratchTexts:
+    """Each document's text (UTF-8) and the uint64 values of its words as read for matching (primary reading, and
+    the second one of a text holding ignorable characters) in files of a scratch folder, read back by offset: the
+    later passes of the gate read them rather than the source, so they see exactly the documents the first read."""
+
+    def __init__(self, folder: Path):
+        self._texts = open(folder / "texts.bin", "w+b")
+        self._values = open(folder / "words.u64", "w+b")
+        self._text_at, self._values_at = array("q", [0]), array("q", [0])
+        self._second_at: dict[int, int] = {}  # a document read twice → where its second reading starts
+
+    def add(self, data: bytes, readings: list[np.ndarray]) -> None:
+        document = len(self._text_at) - 1
+        self._texts.write(data)
+        self._text_at.append(self._text_at[-1] + len(data))
+        at = self._values_at[-1]
+        for k, values in enumerate(readings):
+            if k == 1:
+                self._second_at[document] = at
+            self._values.write(values.astype("<u8", copy=False).tobytes())
+            at += 8 * len(values)
+        self._values_at.append(at)
+
+    def text(self, i: int) -> str:
+        return os.pread(self._texts.fileno(), self._text_at[i + 1] - self._text_at[i], self._text_at[i]).decode("utf-8")
+
+    def readings(self, i: int) -> list[np.ndarray]:
+        start, end = self._values_at[i], self._values_at[i + 1]
+        if i not in self._second_at:
+            return [self._read_values(start, end)]
+        return [self._read_values(start, self._second_at[i]), self._read_values(self._second_at[i], end)]
+
+    def words(self, i: int) -> np.ndarray:
+        """The values of document i's words()."""
+        return self._read_values(self._values_at[i], self._second_at.get(i, self._values_at[i + 1]))
+
+    def _read_values(self, start: int, end: int) -> np.ndarray:
+        return np.frombuffer(os.pread(self._values.fileno(), end - start, start), dtype="<u8").astype(np.uint64)
+
+    def flush(self) -> None:
+        self._texts.flush()
+        self._values.flush()
+
+    def close(self) -> None:
+        self._texts.close()
+        self._values.close()
+
+
+def _content_digest(data: bytes) -> bytes:
     import blake3
 
-    return blake3.blake3(text.encode("utf-8")).hexdigest()
+    return blake3.blake3(data).digest()
 
 
 def prepare(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, id_only: bool = False) -> TextVersion:
-    """Prepare (or reuse) the text data version for `data_cfg`; `id_only` (verify) returns only the id and writes nothing."""
+    """Prepare (or reuse) the text data version for `data_cfg`; `id_only` (verify) returns only the id and writes nothing
+    but its scratch files (in `.veritrain/tmp/prepare-<pid>-*`, removed as it ends)."""
     started = time.perf_counter()
-    listing = load_text_source(data_cfg, paths)
-    unreadable = [f for f in listing.findings if f.quarantines]
-    if unreadable and data_cfg.on_bad_file == "fail":
-        first = unreadable[0]
-        raise RunFailed(f"data: {first.where}: {first.kind} ({first.detail}); {len(unreadable)} document(s) cannot be used: fix them, "
-                        "or set data.on_bad_file: quarantine")
-    docs = listing.documents
-    hashes = [_content_hash(d.text) for d in docs]
-    # a JSONL id places its document (it stays put when the text is edited); every other document by its content
-    explicit = [d.line is not None and d.doc_id != f"{d.file}:{d.line}" for d in docs]
-    found = _Documents(docs, [d.doc_id if own else digest for d, own, digest in zip(docs, explicit, hashes)], hashes)
+    scratch_root = workspace_state / "tmp"
+    scratch_root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"prepare-{os.getpid()}-", dir=scratch_root) as scratch:
+        return _prepare_in(data_cfg, paths, workspace_state, id_only, Path(scratch), started)
+
+
+def _prepare_in(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, id_only: bool, scratch: Path,
+                started: float) -> TextVersion:
+    texts = _ScratchTexts(scratch)
+    try:
+        listing, found, near = _read(data_cfg, paths, texts, scratch)
+        unreadable = [f for f in listing.findings if f.quarantines]
+        if unreadable and data_cfg.on_bad_file == "fail":
+            first = unreadable[0]
+            raise RunFailed(f"data: {first.where}: {first.kind} ({first.detail}); {len(unreadable)} document(s) cannot be used: fix them, "
+                            "or set data.on_bad_file: quarantine")
+        _place(data_cfg, found, near)
+        contamination = _decontaminate(data_cfg, found, scratch)
+        found.findings += found.flagged
+        rows = {name: found.rows(name) for name in SPLITS}
+        if not rows["train"]:
+            raise RunFailed("data: no train document is left (see the findings in the data report); add documents or change data.split_ratios")
+        tokenizer = _tokenizer(data_cfg, (texts.text(i) for i in rows["train"]))
+        return _store(data_cfg, workspace_state, id_only, started, listing, found, unreadable, rows, tokenizer, contamination, near)
+    finally:
+        texts.close()
+
+
+def _read(data_cfg: DataConfig, paths: dict[str, Path], texts: _ScratchTexts,
+          scratch: Path) -> tuple[TextListing, _Documents, text_dedup.NearDuplicateReport]:
+    """The first pass: every document of the source, read once and in order, into the columns and the scratch files,
+    with what is learnt of it as it passes (content hash, match form and its hash, shingles for near duplicates,
+    secrets); the near-duplicate report once all are read."""
+    listing, documents = stream_text_source(data_cfg, paths)
+    found = _Documents(texts)
+    settings = data_cfg.text.near_duplicates
+    (scratch / "near").mkdir()
+    near_index = text_dedup.NearDuplicateIndex(scratch / "near", text_dedup.NearDuplicateSettings(
+        shingle_words=settings.shingle_words, threshold=settings.threshold, bands=settings.bands, rows=settings.rows,
+        min_words=settings.min_words))
+    cache: dict[str, int] = {}
+    for i, doc in enumerate(documents):
+        data = doc.text.encode("utf-8")
+        form, readings = text_dedup.document_readings(doc.text, cache)
+        found.add(doc, data, form)
+        texts.add(data, readings)
+        near_index.add(i, readings[0])
+        found.flagged += _flags(doc)
+        if len(cache) > WORD_CACHE:
+            cache.clear()
     found.findings = list(listing.findings)
-    texts = [d.text for d in docs]
-    units, near = _units(data_cfg, found, texts)
+    found.split_codes = np.full(len(found), -1, dtype=np.int8)
+    texts.flush()
+    return listing, found, near_index.finish(texts.words)
+
+
+WORD_CACHE = 1 << 20  # distinct words whose values are remembered (then forgotten, all at once): memoizing only
+
+
+def stream_text_source(data_cfg: DataConfig, paths: dict[str, Path]) -> tuple[TextListing, Iterator[TextDocument]]:
+    """The listing of `data.source` (its files and findings filled as the documents are read) and its documents, one
+    at a time."""
+    text = data_cfg.text
+    if data_cfg.source == "pydoc_topics":
+        listing = text_sources.embedded_listing(text.split_documents)
+        return listing, text_sources.iter_embedded(listing, text.split_documents, text.max_chars)
+    root = _source_root(data_cfg, paths)
+    if data_cfg.source == "text":
+        listing = TextListing("text", preprocessing={"split_documents": text.split_documents, "normalization": text_sources.TEXT_NORMALIZATION})
+        return listing, text_sources.iter_text_folder(listing, root, text.split_documents, text.max_chars)
+    fields = JsonlFields(text.fields.text, text.fields.id, text.fields.split, text.fields.group, text.fields.timestamp)
+    listing = text_sources.jsonl_listing(fields)
+    return listing, text_sources.iter_jsonl(listing, root, fields, text.max_chars)
+
+
+def _place(data_cfg: DataConfig, found: _Documents, near: text_dedup.NearDuplicateReport) -> None:
+    """Every document's split: its unit's, placed by splitting.assign; a member of a unit that the data fixes to
+    another split stays quarantined (`_units`)."""
+    units = _units(found, near)
     placed = splitting.assign(units, data_cfg.split_ratios, data_cfg.split_seed)
-    found.split = [None] * len(docs)
-    for unit, name in zip(units, placed):
-        for i in unit.members:
-            if i not in found.excluded:
-                found.split[i] = name
-    contamination = _decontaminate(data_cfg, found, texts)
-    _flag_secrets(found)
-    rows = {name: sorted((i for i in range(len(docs)) if found.split[i] == name), key=lambda i: docs[i].doc_id) for name in SPLITS}
-    if not rows["train"]:
-        raise RunFailed("data: no train document is left (see the findings in the data report); add documents or change data.split_ratios")
-    tokenizer = _tokenizer(data_cfg, [texts[i] for i in rows["train"]])
+    codes = np.array([SPLITS.index(name) for name in placed], dtype=np.int8)
+    found.split_codes[units.members] = np.repeat(codes, np.diff(units.starts))
+    for i in found.excluded:
+        found.split_codes[i] = -1
+
+
+def _store(data_cfg: DataConfig, workspace_state: Path, id_only: bool, started: float, listing: TextListing, found: _Documents,
+           unreadable: list[TextFinding], rows: dict[str, list[int]], tokenizer: Any, contamination: text_dedup.ContaminationReport,
+           near: text_dedup.NearDuplicateReport) -> TextVersion:
+    """The version's files written in a temporary folder of the store and renamed to its id (or the stored one reused)."""
     preprocessing = text_preprocessing(data_cfg, listing.preprocessing)
-    samples = [(d.doc_id, found.hashes[i], "", found.split[i] or "quarantined") for i, d in enumerate(docs)]
-    samples += [(f.where, None, "", "quarantined") for f in unreadable]
     store = workspace_state / "data"
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".tmp-{uuid.uuid4().hex}"
     (tmp / "splits").mkdir(parents=True)
     try:
         info = _write(tmp, data_cfg, found, unreadable, rows, tokenizer, preprocessing, contamination, near, listing)
-        info["fields"] = _write_tokens(tmp, workspace_state / identity.SHARD_STORE, found.docs, rows, tokenizer)
+        info["fields"], info["statistics"] = _write_tokens(tmp, workspace_state / identity.SHARD_STORE, found, rows, tokenizer)
         info["tokens"] = {name: info["fields"][identity.token_field(name)]["rows"] for name in SPLITS}
-        version = identity.id_of(info, samples)
+        version = identity.id_of(info, ())  # text recipe 3 on: the documents are bound through the manifest's hash
         info["data_version"] = version
         if id_only:
             return version  # type: ignore[return-value]
         info["created_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")  # outside the id, as for images
         final = store / version
         if (final / "version.json").exists():
-            log.info("data: reusing data version %s (%d documents)", version[:12], len(docs))
+            log.info("data: reusing data version %s (%d documents)", version[:12], len(found))
         else:
             info["timings"] = {"total": round(time.perf_counter() - started, 3)}
             _write_report(tmp, info, found, unreadable, contamination, near)
@@ -228,20 +384,17 @@ def text_preprocessing(data_cfg: DataConfig, source_preprocessing: dict[str, Any
     return {"format": TEXT_RECIPE, "kind": "text", "data": {**cfg, **kept}, "source": source_preprocessing}
 
 
-def _units(data_cfg: DataConfig, found: _Documents, texts: list[str]) -> tuple[list[splitting.Unit], text_dedup.NearDuplicateReport]:
-    """Exact and near duplicates and JSONL groups joined into units (each kept in one split); a unit the data fixes to
-    more than one split keeps its most protected one, the members fixed elsewhere quarantined as `split_leak`."""
-    settings = data_cfg.text.near_duplicates
-    near = text_dedup.near_duplicates(texts, text_dedup.NearDuplicateSettings(
-        shingle_words=settings.shingle_words, threshold=settings.threshold, bands=settings.bands, rows=settings.rows,
-        min_words=settings.min_words))
-    exact = text_dedup.exact_duplicates(texts)
-    parent = list(range(len(texts)))
+def _units(found: _Documents, near: text_dedup.NearDuplicateReport) -> splitting.Units:
+    """Exact and near duplicates and JSONL groups joined into units (each kept in one split), in the order of their
+    first member; a unit the data fixes to more than one split keeps its most protected one, the members fixed
+    elsewhere quarantined as `split_leak`. Lone documents stay arrays (splitting.Units)."""
+    count = len(found)
+    parent = np.arange(count, dtype=np.int64)
 
     def root(i: int) -> int:
         while parent[i] != i:
             parent[i] = parent[parent[i]]
-            i = parent[i]
+            i = int(parent[i])
         return i
 
     def join(a: int, b: int) -> None:
@@ -249,112 +402,178 @@ def _units(data_cfg: DataConfig, found: _Documents, texts: list[str]) -> tuple[l
         if ra != rb:
             parent[max(ra, rb)] = min(ra, rb)
 
+    exact = _exact_groups(found)
     for group in exact:
         for i in group[1:]:
             join(group[0], i)
-        found.findings.append(TextFinding("exact_duplicate", found.docs[group[0]].doc_id,
-                                          f"{len(group)} documents with the same text: " + ", ".join(found.docs[i].doc_id for i in group[:5]),
+        found.findings.append(TextFinding("exact_duplicate", found.ids[group[0]],
+                                          f"{len(group)} documents with the same text: " + ", ".join(found.ids[i] for i in group[:5]),
                                           quarantines=False))
-    exact_sets = [set(group) for group in exact]
+    exact_of = {i: k for k, group in enumerate(exact) for i in group}
     for pair in near.pairs:
         join(pair.first, pair.second)
-        if not any(pair.first in s and pair.second in s for s in exact_sets):
-            found.findings.append(TextFinding("near_duplicate", found.docs[pair.first].doc_id,
-                                              f"Jaccard {pair.jaccard:.3f} with {found.docs[pair.second].doc_id}", quarantines=False))
-    by_group: dict[str, int] = {}
-    for i, doc in enumerate(found.docs):
-        if doc.group is not None:
-            if doc.group in by_group:
-                join(by_group[doc.group], i)
-            else:
-                by_group[doc.group] = i
-    members: dict[int, list[int]] = {}
-    for i in range(len(texts)):
-        members.setdefault(root(i), []).append(i)
-    units = []
-    for group in sorted(members.values()):
-        fixed = {found.docs[i].split for i in group} - {None}
-        unit_fixed = next((name for name in ("test", "val", "train") if name in fixed), None)
-        if len(fixed) > 1:
-            for i in group:
-                if found.docs[i].split not in (None, unit_fixed):
-                    found.excluded[i] = TextFinding("split_leak", found.docs[i].doc_id,
-                                                    f"fixed to {found.docs[i].split}, but a duplicate or group member is fixed to {unit_fixed}")
-        units.append(splitting.Unit(members=group, fixed=unit_fixed, key=splitting.unit_key(found.keys[i] for i in group)))
-    return units, near
+        if exact_of.get(pair.first, -1) != exact_of.get(pair.second, -2):
+            found.findings.append(TextFinding("near_duplicate", found.ids[pair.first],
+                                              f"Jaccard {pair.jaccard:.3f} with {found.ids[pair.second]}", quarantines=False))
+    grouped = np.flatnonzero(np.frombuffer(bytes(found.has_group), dtype=np.uint8)) if count else np.zeros(0, dtype=np.int64)
+    first_of: dict[str, int] = {}
+    for i in grouped.tolist():
+        group = found.groups[i]
+        if group in first_of:
+            join(first_of[group], i)
+        else:
+            first_of[group] = i
+    del first_of
+    while True:  # every document's root: the first member of its unit
+        jumped = parent[parent]
+        if np.array_equal(jumped, parent):
+            break
+        parent = jumped
+    members = np.argsort(parent, kind="stable")  # by unit, each unit's members ascending
+    firsts = np.flatnonzero(np.concatenate([[True], parent[members][1:] != parent[members][:-1]])) if count else np.zeros(0, dtype=np.int64)
+    starts = np.concatenate([firsts, [count]]).astype(np.int64)
+    fixed = np.frombuffer(bytes(found.fixed), dtype=np.uint8).astype(np.int8)[members[firsts]] - 1 if count else np.zeros(0, dtype=np.int8)
+    keys = {}
+    for u in np.flatnonzero(np.diff(starts) > 1).tolist():
+        group = members[starts[u]:starts[u + 1]].tolist()
+        fixed[u] = _unit_fixed(found, group)
+        keys[u] = splitting.unit_key(found.key(i) for i in group)
+    return splitting.Units(count, members, starts, np.full(count, -1, dtype=np.int32), fixed, keys, {}, found.key)
 
 
-def _decontaminate(data_cfg: DataConfig, found: _Documents, texts: list[str]) -> text_dedup.ContaminationReport:
-    """Train documents sharing an n-gram with a val or test document, handled as data.text.on_contamination says."""
-    train = [i for i, name in enumerate(found.split) if name == "train"]
-    held_out = [i for i, name in enumerate(found.split) if name in ("val", "test")]
+def _exact_groups(found: _Documents) -> list[list[int]]:
+    """Documents whose match forms have the same SHA-256: groups of two or more, each ascending, by first member;
+    documents without a word are left out (text_dedup.exact_duplicates, from the digests kept)."""
+    digests = found.matched.raw()
+    worded = np.flatnonzero(digests != b"")  # a text without a word kept 32 zero bytes, which S32 reads as empty
+    order = worded[np.argsort(digests[worded], kind="stable")]
+    ordered = digests[order]
+    if len(ordered) < 2:
+        return []
+    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
+    ends = np.concatenate([starts[1:], [len(ordered)]])
+    return sorted(order[a:b].tolist() for a, b in zip(starts.tolist(), ends.tolist()) if b - a >= 2)
+
+
+def _unit_fixed(found: _Documents, group: list[int]) -> int:
+    """The SPLITS index a unit of several documents is fixed to (-1: none); members fixed elsewhere quarantined."""
+    fixed = {found.fixed_split(i) for i in group} - {None}
+    unit_fixed = next((name for name in ("test", "val", "train") if name in fixed), None)
+    if len(fixed) > 1:
+        for i in group:
+            if found.fixed_split(i) not in (None, unit_fixed):
+                found.excluded[i] = TextFinding("split_leak", found.ids[i],
+                                                f"fixed to {found.fixed_split(i)}, but a duplicate or group member is fixed to {unit_fixed}")
+    return SPLITS.index(unit_fixed) if unit_fixed else -1
+
+
+def _decontaminate(data_cfg: DataConfig, found: _Documents, scratch: Path) -> text_dedup.ContaminationReport:
+    """Train documents sharing an n-gram with a val or test document, handled as data.text.on_contamination says:
+    a second pass over the scratch files into a text_dedup.ContaminationIndex."""
+    codes = found.split_codes
+    train = np.flatnonzero(codes == 0)
+    held_out = np.flatnonzero((codes == 1) | (codes == 2))
+    (scratch / "contamination").mkdir()
+    index = text_dedup.ContaminationIndex(scratch / "contamination", data_cfg.text.ngram_words, words=int(sum(found.sizes)) // 5)
+    for k, i in enumerate(train.tolist()):
+        index.add_train(k, found.scratch.readings(i))
     # the train documents read as one stream in the order of the source and in the order of the token file
-    token_order = sorted(range(len(train)), key=lambda k: found.docs[train[k]].doc_id)
-    report = text_dedup.contamination([texts[i] for i in held_out], [texts[i] for i in train], data_cfg.text.ngram_words, TOP_PAIRS,
-                                      streams=[range(len(train)), token_order])
+    index.add_stream(range(len(train)))
+    index.add_stream(sorted(range(len(train)), key=lambda k: found.ids.raw(int(train[k]))))
+    for k, i in enumerate(held_out.tolist()):
+        index.add_eval(k, found.scratch.words(i))
+    report = index.report(lambda k: found.scratch.text(int(held_out[k])), TOP_PAIRS)
     policy = data_cfg.text.on_contamination
-    for index in report.train_indices:
-        i = train[index]
-        shared = [o for c in report.contaminated for o in c.overlaps if o.train_index == index]
-        worst = max(shared, key=lambda o: o.covered_words)
-        detail = (f"shares {worst.covered_words} words of {found.docs[held_out[worst.eval_index]].doc_id} "
-                  f"({found.split[held_out[worst.eval_index]]}): {worst.spans[0].text[:120]!r}")
-        finding = TextFinding("contamination", found.docs[i].doc_id, detail, quarantines=policy == "quarantine")
+    worst_of: dict[int, text_dedup.Overlap] = {}
+    for item in report.contaminated:
+        for overlap in item.overlaps:
+            best = worst_of.get(overlap.train_index)
+            if best is None or overlap.covered_words > best.covered_words:
+                worst_of[overlap.train_index] = overlap
+    for k in report.train_indices:
+        i = int(train[k])
+        worst = worst_of[k]
+        eval_doc = int(held_out[worst.eval_index])
+        detail = (f"shares {worst.covered_words} words of {found.ids[eval_doc]} "
+                  f"({found.split(eval_doc)}): {worst.spans[0].text[:120]!r}")
+        finding = TextFinding("contamination", found.ids[i], detail, quarantines=policy == "quarantine")
         if policy == "fail":
-            raise RunFailed(f"data: contamination: {found.docs[i].doc_id} {detail}; remove it, or set data.text.on_contamination: quarantine")
+            raise RunFailed(f"data: contamination: {found.ids[i]} {detail}; remove it, or set data.text.on_contamination: quarantine")
         if policy == "quarantine":
-            found.excluded[i] = finding
-            found.split[i] = None
+            found.exclude(i, finding)
         else:
             found.findings.append(finding)
-    report.train_indices = [train[k] for k in report.train_indices]  # as document indices from here on
+    report.train_indices = [int(train[k]) for k in report.train_indices]  # as document indices from here on
     return report
 
 
-def _flag_secrets(found: _Documents) -> None:
-    for i, doc in enumerate(found.docs):
-        kind = find_secret(doc.text)
-        if kind is not None:
-            found.findings.append(TextFinding("secret", doc.doc_id, f"holds {kind}", quarantines=False))
-        emails = EMAIL.findall(doc.text)
-        if emails:
-            found.findings.append(TextFinding("email", doc.doc_id, f"{len(emails)} e-mail address(es)", quarantines=False))
+def _flags(doc: TextDocument) -> list[TextFinding]:
+    """A secret by its shape, or e-mail addresses, in the document: reported, not removed."""
+    flags = []
+    kind = find_secret(doc.text)
+    if kind is not None:
+        flags.append(TextFinding("secret", doc.doc_id, f"holds {kind}", quarantines=False))
+    emails = EMAIL.findall(doc.text)
+    if emails:
+        flags.append(TextFinding("email", doc.doc_id, f"{len(emails)} e-mail address(es)", quarantines=False))
+    return flags
 
 
-def _tokenizer(data_cfg: DataConfig, train_texts: list[str]) -> Any:
+def _tokenizer(data_cfg: DataConfig, train_texts: Iterator[str]) -> Any:
     if data_cfg.tokenizer.kind == "byte_level":
         return tokenizer.byte_level()
     return tokenizer.train_bpe(train_texts, data_cfg.tokenizer.vocab_size)
 
 
-def text_statistics(texts: list[str]) -> dict[str, Any]:
+class TextStatistics:
     """Characters, UTF-8 bytes, the share of ASCII characters and the characters by Unicode script (the first word of
-    each non-ASCII letter's Unicode name, e.g. LATIN, CJK, CYRILLIC), of the given documents."""
-    chars = sum(len(t) for t in texts)
-    non_ascii = Counter()
+    each non-ASCII letter's Unicode name, e.g. LATIN, CJK, CYRILLIC), of the documents added one at a time."""
+
+    NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+
+    def __init__(self) -> None:
+        self.documents = self.characters = self.bytes = self.ascii = 0
+        self.scripts: Counter[str] = Counter()
+
+    def add(self, text: str, size: Optional[int] = None) -> None:
+        self.documents += 1
+        self.characters += len(text)
+        self.bytes += len(text.encode("utf-8")) if size is None else size
+        if text.isascii():
+            self.ascii += len(text)
+            return
+        others = "".join(self.NON_ASCII.findall(text))
+        self.ascii += len(text) - len(others)
+        for ch in others:
+            if ch.isalpha():
+                self.scripts[unicodedata.name(ch, "UNKNOWN").split(" ")[0]] += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"documents": self.documents, "characters": self.characters, "bytes": self.bytes,
+                "ascii_fraction": round(self.ascii / self.characters, 6) if self.characters else None,
+                "non_ascii_letters_by_script": dict(sorted(self.scripts.items(), key=lambda kv: (-kv[1], kv[0]))[:10])}
+
+
+def text_statistics(texts: Iterable[str]) -> dict[str, Any]:
+    """TextStatistics of these documents."""
+    statistics = TextStatistics()
     for text in texts:
-        for ch in text:
-            if ord(ch) > 127 and ch.isalpha():
-                non_ascii[unicodedata.name(ch, "UNKNOWN").split(" ")[0]] += 1
-    ascii_chars = sum(sum(1 for ch in t if ord(ch) < 128) for t in texts)
-    return {"documents": len(texts), "characters": chars, "bytes": sum(len(t.encode("utf-8")) for t in texts),
-            "ascii_fraction": round(ascii_chars / chars, 6) if chars else None,
-            "non_ascii_letters_by_script": dict(sorted(non_ascii.items(), key=lambda kv: (-kv[1], kv[0]))[:10])}
+        statistics.add(text)
+    return statistics.as_dict()
 
 
 def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[TextFinding], rows: dict[str, list[int]], tokenizer: Any,
            preprocessing: dict[str, Any], contamination: text_dedup.ContaminationReport, near: text_dedup.NearDuplicateReport,
            listing: TextListing) -> dict[str, Any]:
-    """The bound files (manifest, quarantine list, split lists, tokenizer, token arrays); returns version.json's content."""
-
-    docs = found.docs
+    """The bound files (manifest, quarantine list, split lists, tokenizer); returns version.json's content, the
+    token fields and statistics to come (`_write_tokens`)."""
     with open(out / "manifest.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(MANIFEST_COLUMNS)
-        for i, doc in enumerate(docs):
-            placed = found.split[i]
-            explicit = found.keys[i] if found.keys[i] != found.hashes[i] else ""
-            writer.writerow([doc.doc_id, len(doc.text.encode("utf-8")), found.hashes[i], "", placed or "", "ok" if placed else "quarantined", explicit, ""])
+        for i in range(len(found)):
+            placed = found.split(i)
+            explicit = found.ids[i] if found.explicit[i] and found.ids[i] != found.hashes.hex(i) else ""
+            writer.writerow([found.ids[i], found.sizes[i], found.hashes.hex(i), "", placed or "", "ok" if placed else "quarantined", explicit, ""])
         for finding in unreadable:
             writer.writerow([finding.where, "", "", "", "", "quarantined", "", ""])
     with open(out / "quarantine.csv", "w", newline="", encoding="utf-8") as f:
@@ -363,12 +582,15 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
         for finding in [*sorted(found.excluded.values(), key=lambda x: x.where), *unreadable]:
             writer.writerow([finding.where, finding.kind, finding.detail])
     for name in SPLITS:
-        (out / "splits" / f"{name}.txt").write_text("".join(docs[i].doc_id + "\n" for i in rows[name]), encoding="utf-8")
-    (out / identity.PLACED_FILE).write_bytes(bytes(SPLITS.index(split) for split in found.split if split))  # the manifest's order
+        with open(out / "splits" / f"{name}.txt", "w", encoding="utf-8", newline="") as f:
+            f.writelines(found.ids[i] + "\n" for i in rows[name])
+    codes = found.split_codes
+    (out / identity.PLACED_FILE).write_bytes(codes[codes >= 0].astype(np.uint8).tobytes())  # the manifest's order
     tokenizer.save(out / "tokenizer.json")
     files = {name: {"sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size} for name in TEXT_FIELD_BOUND_FILES}
     counts = {name: len(rows[name]) for name in SPLITS}
     quarantined = Counter(f.kind for f in [*found.excluded.values(), *unreadable])
+    sizes = np.frombuffer(found.sizes, dtype=np.int64) if len(found) else np.zeros(0, dtype=np.int64)
     return {
         "format": TEXT_RECIPE,
         "kind": "text",
@@ -377,7 +599,7 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
         "preprocessing": preprocessing,
         "counts": counts,
         "tokens": None,  # counted as the streams are written
-        "bytes": {name: sum(len(docs[i].text.encode("utf-8")) for i in rows[name]) for name in SPLITS},
+        "bytes": {name: int(sizes[codes == k].sum()) for k, name in enumerate(SPLITS)},
         "tokenizer": {"file": "tokenizer.json", "kind": tokenizer.kind, "sha256": tokenizer.sha256, "vocab_size": tokenizer.vocab_size,
                       "dtype": str(tokenizer.dtype), "special_ids": tokenizer.special_ids, "trained_with": _tokenizer_library(tokenizer)},
         "files": files,
@@ -390,26 +612,32 @@ def _write(out: Path, data_cfg: DataConfig, found: _Documents, unreadable: list[
         "near_duplicates": {"pairs": len(near.pairs), "groups": len(near.groups), "candidates": near.candidates},
         "quarantined": dict(sorted(quarantined.items())),
         "findings_by_kind": dict(sorted(Counter(f.kind for f in [*found.findings, *found.excluded.values()]).items())),
-        "statistics": {name: text_statistics([docs[i].text for i in rows[name]]) for name in SPLITS},
+        "statistics": None,  # gathered as the tokens are written
     }
 
 
-def _write_tokens(out: Path, shard_store: Path, docs: list[TextDocument], rows: dict[str, list[int]], tokenizer: Any) -> dict[str, Any]:
+def _write_tokens(out: Path, shard_store: Path, found: _Documents, rows: dict[str, list[int]],
+                  tokenizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Each split's documents, in id order, each followed by <|endoftext|>, as a token stream of chunk shards in
     `shard_store` (`shards.StreamWriter`: a chunk ends after a document whose id ends a shard, so an added document
-    changes its chunk alone), linked into `out`; returns version.json's `fields`. Memory holds one chunk."""
+    changes its chunk alone), linked into `out`; returns version.json's `fields` and each split's statistics
+    (TextStatistics), gathered on the way. Memory holds one chunk."""
     dtype = tokenizer.dtype.newbyteorder("<")
     end_of_text = np.array([tokenizer.end_of_text_id], dtype=dtype)
-    fields = {}
+    fields, statistics = {}, {}
     for name in SPLITS:
         writer = shards.StreamWriter(shard_store, dtype.str, DOCUMENTS_PER_CHUNK)
+        counted = TextStatistics()
         for i in rows[name]:
-            writer.add(docs[i].doc_id, np.concatenate([tokenizer.encode(docs[i].text).astype(dtype, copy=False), end_of_text]))
+            text = found.scratch.text(i)
+            counted.add(text, found.sizes[i])
+            writer.add(found.ids[i], np.concatenate([tokenizer.encode(text).astype(dtype, copy=False), end_of_text]))
         entries, _ = writer.close()
         for entry in entries:
             shards.link(shard_store, entry, out / identity.FIELDS_FOLDER)
         fields[identity.token_field(name)] = shards.FieldSpec.of(identity.token_field(name), entries, "array", dtype.str, ()).as_dict()
-    return fields
+        statistics[name] = counted.as_dict()
+    return fields, statistics
 
 
 def _tokenizer_library(tokenizer: Any) -> Optional[str]:
@@ -429,7 +657,6 @@ def _write_report(out: Path, info: dict[str, Any], found: _Documents, unreadable
                   contamination: text_dedup.ContaminationReport, near: text_dedup.NearDuplicateReport) -> None:
     """data_report.json and data_report.md: every finding, the contamination pairs with their shared text, the
     near-duplicate pairs, the statistics (reports: hashed in version.json, outside the id)."""
-    docs = found.docs
     findings = [{"kind": f.kind, "where": f.where, "detail": f.detail, "quarantined": f.quarantines}
                 for f in [*found.findings, *found.excluded.values()]]
     report = {
@@ -446,7 +673,7 @@ def _write_report(out: Path, info: dict[str, Any], found: _Documents, unreadable
                           "top_pairs": [{"eval_index": o.eval_index, "train_index": o.train_index, "covered_words": o.covered_words,
                                          "covered_fraction": o.covered_fraction, "shared_text": [s.text for s in o.spans[:3]]}
                                         for o in contamination.top_pairs]},
-        "near_duplicate_pairs": [{"first": docs[p.first].doc_id, "second": docs[p.second].doc_id, "jaccard": round(p.jaccard, 4)}
+        "near_duplicate_pairs": [{"first": found.ids[p.first], "second": found.ids[p.second], "jaccard": round(p.jaccard, 4)}
                                  for p in near.pairs[:TOP_PAIRS]],
         "statistics": info["statistics"],
         "hash_algorithm": info["hash_algorithm"],

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional
 
+import numpy as np
+
 from veritrain.data import text_corpus
 
 TEXT_NORMALIZATION = {"decode": "utf-8 strict", "bom": "removed", "newlines": "CRLF and CR to LF", "nul": "removed",
@@ -96,8 +98,14 @@ def paragraphs(text: str) -> list[str]:
 
 
 def read_text_folder(root: Path, split_documents: str, max_chars: int) -> TextListing:
-    """The `.txt` files under `root`, each a document (or its paragraphs)."""
+    """The `.txt` files under `root`, each a document (or its paragraphs), all read at once."""
     listing = TextListing("text", preprocessing={"split_documents": split_documents, "normalization": TEXT_NORMALIZATION})
+    listing.documents = list(iter_text_folder(listing, root, split_documents, max_chars))
+    return listing
+
+
+def iter_text_folder(listing: TextListing, root: Path, split_documents: str, max_chars: int) -> Iterator[TextDocument]:
+    """The documents of the `.txt` files under `root`, one file read at a time; the files and findings go to `listing`."""
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() == ".txt") if root.is_dir() else []
     for path in files:
         name = path.relative_to(root).as_posix()
@@ -108,24 +116,30 @@ def read_text_folder(root: Path, split_documents: str, max_chars: int) -> TextLi
             continue
         raw = path.read_bytes()
         listing.files.append({"path": name, "sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)})
-        _add_text(listing, raw, name, name, split_documents, max_chars)
-    return listing
+        yield from _texts_of(listing, raw, name, name, split_documents, max_chars)
 
 
 def read_embedded(split_documents: str, max_chars: int) -> TextListing:
     """The corpus veritrain ships, each topic a document (or its paragraphs), in topic order."""
-
-    data = text_corpus.corpus_bytes()
-    listing = TextListing("pydoc_topics", card=dict(text_corpus.CARD),
-                          preprocessing={"split_documents": split_documents, "normalization": TEXT_NORMALIZATION,
-                                         "corpus_sha256": text_corpus.CORPUS_SHA256})
-    listing.files.append({"path": text_corpus.CORPUS_FILE.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)})
-    for topic, text in sorted(json.loads(data.decode("utf-8")).items()):
-        _add_text(listing, text.encode("utf-8"), topic, text_corpus.CORPUS_FILE.name, split_documents, max_chars)
+    listing = embedded_listing(split_documents)
+    listing.documents = list(iter_embedded(listing, split_documents, max_chars))
     return listing
 
 
-def _add_text(listing: TextListing, raw: bytes, doc_id: str, file: str, split_documents: str, max_chars: int) -> None:
+def embedded_listing(split_documents: str) -> TextListing:
+    return TextListing("pydoc_topics", card=dict(text_corpus.CARD),
+                       preprocessing={"split_documents": split_documents, "normalization": TEXT_NORMALIZATION,
+                                      "corpus_sha256": text_corpus.CORPUS_SHA256})
+
+
+def iter_embedded(listing: TextListing, split_documents: str, max_chars: int) -> Iterator[TextDocument]:
+    data = text_corpus.corpus_bytes()
+    listing.files.append({"path": text_corpus.CORPUS_FILE.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)})
+    for topic, text in sorted(json.loads(data.decode("utf-8")).items()):
+        yield from _texts_of(listing, text.encode("utf-8"), topic, text_corpus.CORPUS_FILE.name, split_documents, max_chars)
+
+
+def _texts_of(listing: TextListing, raw: bytes, doc_id: str, file: str, split_documents: str, max_chars: int) -> Iterator[TextDocument]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -144,19 +158,30 @@ def _add_text(listing: TextListing, raw: bytes, doc_id: str, file: str, split_do
         elif len(part) > max_chars:
             listing.findings.append(TextFinding("too_long", part_id, f"{len(part)} characters, over data.max_chars ({max_chars})"))
         else:
-            listing.documents.append(TextDocument(part_id, part, file))
+            yield TextDocument(part_id, part, file)
 
 
 def read_jsonl(path: Path, fields: JsonlFields, max_chars: int) -> TextListing:
-    """The documents of a `.jsonl` file, or of every `.jsonl` file under a folder (sorted)."""
-    listing = TextListing("jsonl", preprocessing={"fields": vars(fields), "normalization": TEXT_NORMALIZATION})
+    """The documents of a `.jsonl` file, or of every `.jsonl` file under a folder (sorted), all read at once."""
+    listing = jsonl_listing(fields)
+    listing.documents = list(iter_jsonl(listing, path, fields, max_chars))
+    return listing
+
+
+def jsonl_listing(fields: JsonlFields) -> TextListing:
+    return TextListing("jsonl", preprocessing={"fields": vars(fields), "normalization": TEXT_NORMALIZATION})
+
+
+def iter_jsonl(listing: TextListing, path: Path, fields: JsonlFields, max_chars: int) -> Iterator[TextDocument]:
+    """The documents of the JSONL file(s), a line at a time; the files and findings go to `listing`. A repeated id is
+    a `duplicate_id` finding (the first document with it is kept), told by `SeenIds` (16 bytes an id, not a dict)."""
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() == ".jsonl")
         base = path
     else:
         files, base = ([path] if path.is_file() else []), path.parent
-    seen: dict[str, str] = {}
-    for file in files:
+    seen = SeenIds()
+    for file_number, file in enumerate(files):
         name = file.relative_to(base).as_posix()
         digest = hashlib.sha256()
         with open(file, "rb") as stream:
@@ -168,13 +193,46 @@ def read_jsonl(path: Path, fields: JsonlFields, max_chars: int) -> TextListing:
                 document = _jsonl_document(listing, raw, where, name, number, fields, max_chars)
                 if document is None:
                     continue
-                if document.doc_id in seen:
-                    listing.findings.append(TextFinding("duplicate_id", where, f"id {document.doc_id!r} is also at {seen[document.doc_id]}"))
+                first = seen.add(document.doc_id, file_number, number)
+                if first is not None:
+                    listing.findings.append(TextFinding("duplicate_id", where, f"id {document.doc_id!r} is also at {files[first[0]].relative_to(base).as_posix()}:{first[1]}"))
                     continue
-                seen[document.doc_id] = where
-                listing.documents.append(document)
+                yield document
         listing.files.append({"path": name, "sha256": digest.hexdigest(), "bytes": file.stat().st_size})
-    return listing
+
+
+class SeenIds:
+    """The ids seen so far, each as its 16-byte BLAKE2b digest with the file and line it was first at: sorted arrays
+    and a small dict of the latest, merged into them when it grows (a repeated id among 10^9 distinct ones collides
+    by chance with probability about 10^-21)."""
+
+    MERGE_AT = 1 << 16
+
+    def __init__(self) -> None:
+        self._digests = np.zeros(0, dtype="S16")
+        self._places = np.zeros(0, dtype=np.int64)  # file number << 32 | line
+        self._recent: dict[bytes, int] = {}
+
+    def add(self, doc_id: str, file_number: int, line: int) -> Optional[tuple[int, int]]:
+        """None for an id not seen before (now recorded); else (file number, line) where it was first."""
+        digest = hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        place = self._recent.get(digest)
+        if place is None and len(self._digests):
+            at = int(np.searchsorted(self._digests, np.array(digest, dtype="S16")))
+            if at < len(self._digests) and bytes(self._digests[at]).ljust(16, b"\0") == digest:  # S16 drops trailing NULs
+                place = int(self._places[at])
+        if place is not None:
+            return place >> 32, place & 0xFFFFFFFF
+        self._recent[digest] = file_number << 32 | line
+        if len(self._recent) >= self.MERGE_AT:
+            self._merge()
+        return None
+
+    def _merge(self) -> None:
+        digests = np.concatenate([self._digests, np.array(list(self._recent), dtype="S16")])
+        places = np.concatenate([self._places, np.fromiter(self._recent.values(), dtype=np.int64, count=len(self._recent))])
+        order = np.argsort(digests, kind="stable")
+        self._digests, self._places, self._recent = digests[order], places[order], {}
 
 
 def _lines(stream: BinaryIO, limit: int, digest: Any) -> Iterator[tuple[int, Optional[bytes]]]:

@@ -40,7 +40,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -133,17 +133,21 @@ def byte_level(special_tokens: Sequence[str] = (END_OF_TEXT,)) -> Tokenizer:
     return _tokenizer("byte_level", specials, ())
 
 
-def train_bpe(texts: Sequence[str], vocab_size: int, special_tokens: Sequence[str] = (END_OF_TEXT,)) -> Tokenizer:
-    """Byte-level BPE trained on `texts`: at most `vocab_size` ids (256 bytes + the specials + merged tokens;
-    fewer when the texts run out of pairs to merge). The same texts give the same file, byte for byte."""
-    specials = _checked_specials(special_tokens)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not BYTE_TOKENS + len(specials) <= vocab_size < 2**32:
-        raise UserError(f"vocab_size {vocab_size!r} must be a whole number from {BYTE_TOKENS + len(specials)} (the 256 bytes and {len(specials)} special tokens) to 2**32 - 1")
+def _checked_texts(texts: Iterable[str]) -> Iterator[str]:
     for n, text in enumerate(texts):
         if not isinstance(text, str):
             raise UserError(f"training text {n} is a {type(text).__name__}, not a str; give the documents' texts")
         if SURROGATE.search(text):
             raise UserError(f"training text {n}: {_surrogate_message(text)}")
+        yield text
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str] = (END_OF_TEXT,)) -> Tokenizer:
+    """Byte-level BPE trained on `texts`: at most `vocab_size` ids (256 bytes + the specials + merged tokens;
+    fewer when the texts run out of pairs to merge). The same texts give the same file, byte for byte."""
+    specials = _checked_specials(special_tokens)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or not BYTE_TOKENS + len(specials) <= vocab_size < 2**32:
+        raise UserError(f"vocab_size {vocab_size!r} must be a whole number from {BYTE_TOKENS + len(specials)} (the 256 bytes and {len(specials)} special tokens) to 2**32 - 1")
     tokenizers = _import_tokenizers("train a BPE tokenizer")
     hf = tokenizers.Tokenizer(tokenizers.models.BPE())
     hf.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -154,7 +158,7 @@ def train_bpe(texts: Sequence[str], vocab_size: int, special_tokens: Sequence[st
         min_frequency=0,
         show_progress=False,
     )
-    hf.train_from_iterator(list(texts), trainer=trainer)
+    hf.train_from_iterator(_checked_texts(texts), trainer=trainer)  # read once, as they come: never all held
     model = json.loads(hf.to_str())["model"]
     byte_of = {char: byte for byte, char in enumerate(_BYTE_CHARS)}
     id_of = {bytes([byte]): byte for byte in range(BYTE_TOKENS)}
