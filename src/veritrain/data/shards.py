@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import uuid
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,30 +227,80 @@ class StreamWriter:
             raise ValueError(f"dtype {dtype!r}; tokens are stored as unsigned whole numbers (e.g. '<u2')")
         self.store, self.dtype, self.per_chunk = store, np.dtype(dtype).newbyteorder("<"), documents_per_chunk
         self.entries: list[ShardEntry] = []
-        self.starts: list[int] = []
-        self._pending: list[np.ndarray] = []
-        self._written = 0
+        self.starts = array("q")
+        self._chunk: Optional[_GrowingShard] = None
+        self._rows = 0  # documents in the chunk being written
+        self._written = 0  # tokens written before it
 
     def add(self, key: str, tokens: np.ndarray) -> None:
         tokens = np.asarray(tokens)
         whole = tokens.dtype.kind in "iu" and (not tokens.size or 0 <= tokens.min() <= tokens.max() <= np.iinfo(self.dtype).max)
         if tokens.ndim != 1 or not whole:
             raise ValueError(f"a document's tokens are one row of whole numbers ≥ 0 that fit {self.dtype}")
-        self.starts.append(self._written + sum(len(t) for t in self._pending))
-        self._pending.append(tokens.astype(self.dtype))
-        if _ends_shard(key, len(self._pending), self.per_chunk):
+        if self._chunk is None:
+            self._chunk = _GrowingShard(self.store)
+        self.starts.append(self._written + self._chunk.size // self.dtype.itemsize)
+        self._chunk.write(tokens.astype(self.dtype, copy=False).tobytes())
+        self._rows += 1
+        if _ends_shard(key, self._rows, self.per_chunk):
             self._flush()
 
     def close(self) -> tuple[list[ShardEntry], list[int]]:
-        if self._pending:
+        if self._chunk is not None:
             self._flush()
-        return list(self.entries), list(self.starts)
+        return list(self.entries), self.starts.tolist()
 
     def _flush(self) -> None:
-        chunk = np.concatenate(self._pending) if self._pending else np.empty(0, dtype=self.dtype)
-        self.entries.append(write_array(self.store, chunk))
-        self._written += len(chunk)
-        self._pending = []
+        chunk = self._chunk if self._chunk is not None else _GrowingShard(self.store)
+        entry = chunk.close()
+        rows = entry.size // self.dtype.itemsize
+        self.entries.append(ShardEntry(entry.id, "array", rows, entry.size, entry.blocks, self.dtype.str, ()))
+        self._written += rows
+        self._chunk, self._rows = None, 0
+
+
+class _GrowingShard:
+    """A shard written as its bytes come, in the same bytes `_store` would write: each whole block hashed as it fills
+    and appended to a partial file in the store, renamed to the shard's id at `close` (or dropped when the store
+    already holds those exact bytes). Memory holds one block."""
+
+    def __init__(self, store: Path):
+        store.mkdir(parents=True, exist_ok=True)
+        self.store, self.size = store, 0
+        self._partial = store / f".{uuid.uuid4().hex}.partial"
+        self._file = open(self._partial, "wb")
+        self._pending = bytearray()
+        self._blocks: list[str] = []
+
+    def write(self, data: bytes) -> None:
+        self._pending += data
+        self.size += len(data)
+        if len(self._pending) >= BLOCK:
+            whole = len(self._pending) - len(self._pending) % BLOCK
+            view = memoryview(self._pending)
+            for k in range(0, whole, BLOCK):
+                self._blocks.append(hashlib.sha256(view[k:k + BLOCK]).hexdigest())
+            self._file.write(view[:whole])
+            view.release()
+            del self._pending[:whole]
+
+    def close(self) -> ShardEntry:
+        try:
+            if self._pending:
+                self._blocks.append(hashlib.sha256(self._pending).hexdigest())
+                self._file.write(self._pending)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+        finally:
+            self._file.close()
+        entry = ShardEntry(shard_id(tuple(self._blocks)), "blob", 0, self.size, tuple(self._blocks))
+        target = path_of(self.store, entry.id)
+        if target.is_file() and target.stat().st_size == self.size and not verify_shard(target, entry):
+            self._partial.unlink()
+            return entry
+        target.parent.mkdir(parents=True, exist_ok=True)
+        self._partial.replace(target)
+        return entry
 
 
 def _ends_shard(key: str, since: int, rows_per_shard: int) -> bool:

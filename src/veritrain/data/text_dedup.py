@@ -802,8 +802,8 @@ def document_readings(text: str, cache: dict[str, int]) -> tuple[str, list[np.nd
 _TRAIN_ENTRY = np.dtype([("key", "<u8"), ("owner", "<u4")])
 _EVAL_ENTRY = np.dtype([("key", "<u8"), ("owner", "<u4"), ("at", "<u4")])  # at: the window's first word; the top bit marks a bag
 _BAG_BIT = np.uint32(1 << 31)
-PARTITION_ENTRIES = 1 << 21  # train entries a partition holds, about: what is read and sorted at once
-FLUSH_ENTRIES = 1 << 22  # entries gathered in memory before they are appended to their partitions
+PARTITION_ENTRIES = 1 << 20  # train entries a partition holds, about: what is read and sorted at once (12 MiB)
+FLUSH_ENTRIES = 1 << 19  # entries gathered in memory before they are appended to their partitions (6-8 MiB)
 
 
 class ContaminationIndex:

@@ -181,6 +181,10 @@ class _ScratchTexts:
         """The values of document i's words()."""
         return self._read_values(self._values_at[i], self._second_at.get(i, self._values_at[i + 1]))
 
+    def words_read(self) -> int:
+        """The word values kept, of every reading of every document."""
+        return self._values_at[-1] // 8
+
     def _read_values(self, start: int, end: int) -> np.ndarray:
         return np.frombuffer(os.pread(self._values.fileno(), end - start, start), dtype="<u8").astype(np.uint64)
 
@@ -474,7 +478,7 @@ def _decontaminate(data_cfg: DataConfig, found: _Documents, scratch: Path) -> te
     train = np.flatnonzero(codes == 0)
     held_out = np.flatnonzero((codes == 1) | (codes == 2))
     (scratch / "contamination").mkdir()
-    index = text_dedup.ContaminationIndex(scratch / "contamination", data_cfg.text.ngram_words, words=int(sum(found.sizes)) // 5)
+    index = text_dedup.ContaminationIndex(scratch / "contamination", data_cfg.text.ngram_words, words=found.scratch.words_read())
     for k, i in enumerate(train.tolist()):
         index.add_train(k, found.scratch.readings(i))
     # the train documents read as one stream in the order of the source and in the order of the token file
