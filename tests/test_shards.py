@@ -182,6 +182,22 @@ def test_a_token_stream_is_chunked_by_document_and_an_added_document_changes_one
         shards.StreamWriter(tmp_path, "<u2", 16).add("k", np.array([-1]))
 
 
+def test_a_token_chunk_written_as_its_documents_come_is_the_shard_the_whole_array_gives(tmp_path):
+    """StreamWriter writes a chunk a block at a time (never the chunk in memory): the same bytes, blocks and id as
+    write_array of the whole chunk, across block boundaries, and nothing left behind but the shard."""
+    rng = np.random.default_rng(5)
+    pieces = [rng.integers(0, 60000, size=int(rng.integers(1, 300_000)), dtype=np.uint16) for _ in range(12)]
+    writer = shards.StreamWriter(tmp_path / "store", "<u2", 1000)  # one chunk: no key of these ends it
+    for k, piece in enumerate(pieces):
+        writer.add(f"k{k}", piece)
+    (entry,), starts = writer.close()
+    whole = shards.write_array(tmp_path / "other", np.concatenate(pieces))
+    assert (entry.id, entry.rows, entry.size, entry.blocks) == (whole.id, whole.rows, whole.size, whole.blocks) and len(entry.blocks) > 2
+    assert starts == np.concatenate([[0], np.cumsum([len(p) for p in pieces])[:-1]]).tolist()
+    assert sorted(p.name for p in (tmp_path / "store").rglob("*") if p.is_file()) == [entry.id]
+    assert shards.StreamWriter(tmp_path / "store", "<u2", 16).close() == ([], [])
+
+
 def test_a_field_array_is_indexed_like_the_array_it_replaces(tmp_path):
     images = np.random.default_rng(3).integers(0, 255, size=(30, 2, 2, 3), dtype=np.uint8)
     field = shards.FieldArray(Field(tmp_path, [shards.write_array(tmp_path, images[:11]), shards.write_array(tmp_path, images[11:])]))

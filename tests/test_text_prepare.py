@@ -129,3 +129,22 @@ def test_unreadable_files_are_quarantined_and_named(tmp_path):
     assert sum(data.counts.values()) == 12
     with pytest.raises(RunFailed, match="empty.txt: empty_document .*2 document"):
         prepared(tmp_path / "f", "data.source=text", f"data.root={docs}", "data.on_bad_file=fail")
+
+
+def test_the_gate_reads_the_source_once_and_leaves_no_scratch_file(tmp_path, monkeypatch):
+    """The later passes read the documents back from the gate's scratch files, never the source again (so a file
+    edited while the gate runs cannot give two passes two texts); the scratch folder goes when the gate ends. A lone
+    surrogate escaped in the JSON is a finding, not a traceback."""
+    from veritrain.data import text_sources
+
+    rows = [{"id": f"d{k}", "text": words(200 + k, 90)} for k in range(30)]
+    write_jsonl(tmp_path / "docs.jsonl", rows)
+    with open(tmp_path / "docs.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": "odd", "text": "half \\udc80 a pair"}\n')
+    reads = []
+    original = text_sources.iter_jsonl
+    monkeypatch.setattr(text_sources, "iter_jsonl", lambda *args: (reads.append(1), original(*args))[1])
+    data = prepared(tmp_path, "data.source=jsonl", f"data.root={tmp_path / 'docs.jsonl'}")
+    assert reads == [1] and sum(data.counts.values()) == 30
+    assert {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]} == {"docs.jsonl:31": "bad_text"}
+    assert not list((tmp_path / ".veritrain" / "tmp").iterdir())

@@ -3,6 +3,7 @@ stated normalization, and every kind of bad input a finding that names the file 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 from veritrain.data import text_corpus
@@ -73,3 +74,32 @@ def test_normalization_helpers():
     assert normalize_text("\ufeffa\r\nb\x00c\r") == ("a\nbc\n", 1)
     assert normalize_text("\ufeff\ufeffx")[0] == "\ufeffx"  # one mark only: a second is text
     assert paragraphs("a\n\nb\n  \n\n c \n") == ["a", "b", "c"]
+
+
+def test_a_lone_surrogate_escaped_in_json_is_a_finding_and_repeated_ids_are_found_across_merges(tmp_path, monkeypatch):
+    from veritrain.data import text_sources
+
+    monkeypatch.setattr(text_sources.SeenIds, "MERGE_AT", 3)  # the sorted arrays take over after every third id
+    ids = [f"id{k}" for k in range(20)]
+    lines = [json.dumps({"id": i, "text": f"text {i}"}) for i in ids]
+    lines += [json.dumps({"id": "id0", "text": "again"}), json.dumps({"id": "id19", "text": "again"}), '{"id": "s", "text": "a \\ud800 b"}']
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    listing = read_jsonl(tmp_path / "data.jsonl", JsonlFields(), max_chars=100)
+    assert [d.doc_id for d in listing.documents] == ids
+    assert kinds(listing) == {"data.jsonl:21": "duplicate_id", "data.jsonl:22": "duplicate_id", "data.jsonl:23": "bad_text"}
+    details = {f.where: f.detail for f in listing.findings}
+    assert details["data.jsonl:21"].endswith("is also at data.jsonl:1") and details["data.jsonl:22"].endswith("is also at data.jsonl:20")
+    assert "U+D800" in details["data.jsonl:23"]
+
+
+def test_seen_ids_tell_digests_apart_that_end_in_zero_bytes(monkeypatch):
+    from veritrain.data import text_sources
+
+    monkeypatch.setattr(text_sources.SeenIds, "MERGE_AT", 1)
+    seen = text_sources.SeenIds()
+    # ids whose 16-byte digests end in a zero byte: numpy's S16 drops trailing NULs when it reads one back
+    zeros = [f"z{k}" for k in range(4000) if hashlib.blake2b(f"z{k}".encode(), digest_size=16).digest()[-1] == 0][:5]
+    assert zeros
+    for line, doc_id in enumerate(zeros, 1):
+        assert seen.add(doc_id, 0, line) is None
+    assert [seen.add(doc_id, 0, 99) for doc_id in zeros] == [(0, line) for line in range(1, len(zeros) + 1)]

@@ -309,3 +309,10 @@ def test_a_hand_written_bpe_file_encodes_by_its_merges(tmp_path):
     tokenizer = load_tokenizer(tmp_path / "tok.json")
     assert tokenizer.encode("his hi h!").tolist() == [258, 32, 257, 32, 104, 33]
     assert tokenizer.encode("hi's").tolist() == [257, 39, 115]  # the GPT-2 split makes "'s" a word of its own
+
+
+@BPE
+def test_bpe_trains_from_texts_given_one_at_a_time_to_the_same_file(bpe, corpus):
+    """The text gate hands train_bpe a generator (the documents read back one at a time): the same file as a list."""
+    need_tokenizers()
+    assert train_bpe((text for text in corpus), 2048).file_bytes == bpe.file_bytes

@@ -621,6 +621,18 @@ def near_duplicates(texts: Sequence[str], settings: NearDuplicateSettings = DEFA
         return index.finish(values.__getitem__)
 
 
+def band_keys(values: Sequence[np.ndarray], settings: NearDuplicateSettings = DEFAULT_SETTINGS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kept, sizes, keys) of documents given by their word values: which have at least max(min_words, shingle_words,
+    1) words, the size of each kept one's shingle set, and its LSH band keys (kept × bands uint64). A pure function,
+    so worker processes can make them."""
+    kept = np.array([len(v) >= max(settings.min_words, settings.shingle_words, 1) for v in values], dtype=bool)
+    sets = [_sorted_distinct(_window_values(v, settings.shingle_words)) for v, keep in zip(values, kept) if keep]
+    signatures = minhash_signatures(sets, settings.num_perm, settings.seed)
+    keys = np.stack([_band_key(signatures, band, settings.rows) for band in range(settings.bands)], axis=1) if sets \
+        else np.zeros((0, settings.bands), dtype=_U64)
+    return kept, np.array([len(s) for s in sets], dtype=np.int64), keys
+
+
 class NearDuplicateIndex:
     """near_duplicates over documents given one at a time by their word values (`document_readings`), in memory that
     does not grow with their text: the shingle sets of about SIGNATURE_GROUP values at a time are signed, and each
@@ -632,7 +644,7 @@ class NearDuplicateIndex:
     def __init__(self, folder: Path, settings: NearDuplicateSettings = DEFAULT_SETTINGS):
         self.settings, self.folder = settings, folder
         self.kept, self.skipped, self.sizes = array("q"), array("q"), array("q")
-        self._sets: list[np.ndarray] = []
+        self._waiting: list[tuple[int, np.ndarray]] = []
         self._pending = 0
         self._bands = [folder / f"band-{band:03d}.u64" for band in range(settings.bands)]
         for path in self._bands:
@@ -640,25 +652,26 @@ class NearDuplicateIndex:
 
     def add(self, index: int, values: np.ndarray) -> None:
         """The document `index` (ascending) by the uint64 values of its words()."""
-        if len(values) < max(self.settings.min_words, self.settings.shingle_words, 1):
-            self.skipped.append(index)
-            return
-        shingles = _sorted_distinct(_window_values(values, self.settings.shingle_words))
-        self.kept.append(index)
-        self.sizes.append(len(shingles))
-        self._sets.append(shingles)
-        self._pending += len(shingles)
+        self._waiting.append((index, values))
+        self._pending += len(values)
         if self._pending >= SIGNATURE_GROUP:
             self._sign()
 
     def _sign(self) -> None:
-        if not self._sets:
-            return
-        signatures = minhash_signatures(self._sets, self.settings.num_perm, self.settings.seed)
+        waiting, self._waiting, self._pending = self._waiting, [], 0
+        if waiting:
+            self.add_keys([index for index, _ in waiting], *band_keys([values for _, values in waiting], self.settings))
+
+    def add_keys(self, indices: Sequence[int], kept: np.ndarray, sizes: np.ndarray, keys: np.ndarray) -> None:
+        """Documents (ascending `indices`) by what `band_keys` made of them, here or in a worker process."""
+        self._sign()
+        chosen = np.asarray(indices, dtype=np.int64)
+        self.kept.extend(chosen[kept].tolist())
+        self.skipped.extend(chosen[~kept].tolist())
+        self.sizes.extend(np.asarray(sizes, dtype=np.int64).tolist())
         for band, path in enumerate(self._bands):
             with open(path, "ab") as stream:
-                stream.write(_band_key(signatures, band, self.settings.rows).astype("<u8").tobytes())
-        self._sets, self._pending = [], 0
+                stream.write(np.ascontiguousarray(keys[:, band]).astype("<u8").tobytes())
 
     def finish(self, values_of: Callable[[int], np.ndarray]) -> NearDuplicateReport:
         self._sign()
@@ -794,7 +807,7 @@ def document_readings(text: str, cache: dict[str, int]) -> tuple[str, list[np.nd
     inside a word or stand for the space between two). `cache` memoizes word values (results never depend on it)."""
     form = match_form(text)
     values = [_values_of(form.split(), cache)]
-    if _ignorable_search()(text):
+    if not text.isascii() and _ignorable_search()(text):  # no ASCII character is ignorable
         values.append(_values_of(match_form(text, ignorable_as_space=True).split(), cache))
     return form, values
 
@@ -890,7 +903,8 @@ class ContaminationIndex:
             self._flush()
 
     def _flush(self) -> None:
-        for side, parts in self._pending.items():
+        pending, self._pending, self._pending_entries = self._pending, {"train": [], "eval": []}, 0
+        for side, parts in pending.items():
             if not parts:
                 continue
             entries = np.concatenate(parts)
@@ -901,8 +915,6 @@ class ContaminationIndex:
             for p in np.flatnonzero(np.diff(bounds)):
                 with open(self.folder / f"{side}-{p:04d}.bin", "ab") as stream:
                     stream.write(entries[bounds[p] : bounds[p + 1]].tobytes())
-        self._pending = {"train": [], "eval": []}
-        self._pending_entries = 0
 
     def matches(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(eval document, n-gram position, train document) of every match, as int64 arrays: an ordered n-gram at p
@@ -941,7 +953,7 @@ class ContaminationIndex:
                                    train_indices, too_short)
 
 
-STREAM_BLOCK = 1 << 14  # train documents whose boundary windows are made at once
+STREAM_BLOCK = 1 << 11  # train documents whose boundary windows are made at once
 
 
 def _edge_record(edges: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:

@@ -29,10 +29,17 @@ The version id is `identity.version_id` over the documents (id, content hash, sp
 preprocessing config (the data config without locations, with the source's normalization) and the hash of every
 file written: the tokenizer's bytes, its special-token ids and every block of every token chunk among them
 (TEXT_FIELD_BOUND_FILES and `fields`).
+
+The source is read once (`_read`), a document at a time, into compact columns (`_Documents`) and scratch files
+(`_ScratchTexts`: each text and its word values), with the near-duplicate band keys in files of their own
+(text_dedup.NearDuplicateIndex); decontamination and tokenization read the documents back from the scratch files,
+the n-grams going through partition files (text_dedup.ContaminationIndex). So memory grows by the columns only,
+never by the text (docs/data.md, "Memory while preparing text").
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import hashlib
 import json
@@ -59,6 +66,7 @@ from veritrain.core.secrets import find_secret
 from veritrain.data import identity, shards, split as splitting, text_dedup, text_sources, tokenizer
 from veritrain.data.columns import GrowingDigests, GrowingNames
 from veritrain.data.identity import CARD_FILE, TEXT_FIELD_BOUND_FILES, TEXT_RECIPE, TextVersion
+from veritrain.data.parallel import in_parallel
 from veritrain.data.split import SPLITS
 from veritrain.data.store import MANIFEST_COLUMNS, merged_card, seal_reports, write_data_card as write_card
 from veritrain.data.text_sources import JsonlFields, TextDocument, TextFinding, TextListing
@@ -115,7 +123,7 @@ class _Documents:
     def __len__(self) -> int:
         return len(self.sizes)
 
-    def add(self, doc: TextDocument, data: bytes, form: str) -> None:
+    def add(self, doc: TextDocument, data: bytes, matched: bytes) -> None:
         self.ids.append(doc.doc_id)
         self.hashes.append(_content_digest(data))
         self.explicit.append(doc.line is not None and doc.doc_id != f"{doc.file}:{doc.line}")
@@ -123,7 +131,7 @@ class _Documents:
         self.groups.append(doc.group or "")
         self.has_group.append(doc.group is not None)
         self.sizes.append(len(data))
-        self.matched.append(hashlib.sha256(form.encode("utf-8", "surrogatepass")).digest() if form else bytes(32))
+        self.matched.append(matched)
 
     def key(self, i: int) -> str:
         """What places document i: its JSONL id, else its content hash."""
@@ -243,24 +251,75 @@ def _read(data_cfg: DataConfig, paths: dict[str, Path], texts: _ScratchTexts,
     listing, documents = stream_text_source(data_cfg, paths)
     found = _Documents(texts)
     settings = data_cfg.text.near_duplicates
+    near_settings = text_dedup.NearDuplicateSettings(shingle_words=settings.shingle_words, threshold=settings.threshold,
+                                                     bands=settings.bands, rows=settings.rows, min_words=settings.min_words)
     (scratch / "near").mkdir()
-    near_index = text_dedup.NearDuplicateIndex(scratch / "near", text_dedup.NearDuplicateSettings(
-        shingle_words=settings.shingle_words, threshold=settings.threshold, bands=settings.bands, rows=settings.rows,
-        min_words=settings.min_words))
-    cache: dict[str, int] = {}
-    for i, doc in enumerate(documents):
-        data = doc.text.encode("utf-8")
-        form, readings = text_dedup.document_readings(doc.text, cache)
-        found.add(doc, data, form)
-        texts.add(data, readings)
-        near_index.add(i, readings[0])
-        found.flagged += _flags(doc)
-        if len(cache) > WORD_CACHE:
-            cache.clear()
+    near_index = text_dedup.NearDuplicateIndex(scratch / "near", near_settings)
+    sent: collections.deque[TextDocument] = collections.deque()  # the documents handed to the workers, in order
+
+    def handed() -> Iterator[str]:
+        for doc in documents:
+            sent.append(doc)
+            yield doc.text
+
+    workers = (data_cfg.workers or os.cpu_count() or 1) if _source_bytes(data_cfg, paths) >= PARALLEL_BYTES else 1
+    for look in in_parallel(_first_look, handed(), workers, near_settings, size=LOOK_BATCH):
+        first = len(found)
+        for matched, readings, flags in zip(look.matched, look.readings, look.flags):
+            doc = sent.popleft()
+            data = doc.text.encode("utf-8")
+            found.add(doc, data, matched)
+            texts.add(data, readings)
+            found.flagged += [TextFinding(kind, doc.doc_id, detail, quarantines=False) for kind, detail in flags]
+        near_index.add_keys(range(first, len(found)), look.kept, look.sizes, look.keys)
     found.findings = list(listing.findings)
     found.split_codes = np.full(len(found), -1, dtype=np.int8)
     texts.flush()
     return listing, found, near_index.finish(texts.words)
+
+
+PARALLEL_BYTES = 8 << 20  # a source of fewer bytes is read in this process alone (starting workers costs about a second)
+LOOK_BATCH = 64  # documents a worker looks at per task
+
+
+@dataclass
+class _FirstLook:
+    """What the first pass learns of a batch of documents (`_first_look`)."""
+
+    matched: list[bytes]  # SHA-256 of each match form, 32 zero bytes for a text without a word
+    readings: list[list[np.ndarray]]  # the word values of each document's readings (text_dedup.document_readings)
+    flags: list[list[tuple[str, str]]]  # (kind, detail) of each document's secret and e-mail findings
+    kept: np.ndarray  # text_dedup.band_keys of the batch
+    sizes: np.ndarray
+    keys: np.ndarray
+
+
+_WORD_VALUES: dict[str, int] = {}  # a process's memo of word values (text_dedup.document_readings)
+
+
+def _first_look(texts: list[str], settings: text_dedup.NearDuplicateSettings) -> list[_FirstLook]:
+    """The per-document work of the first pass, for a batch of texts: pure, so it runs in a worker process or here."""
+    look = _FirstLook([], [], [], *text_dedup.band_keys([], settings))
+    for text in texts:
+        form, readings = text_dedup.document_readings(text, _WORD_VALUES)
+        look.matched.append(hashlib.sha256(form.encode("utf-8", "surrogatepass")).digest() if form else bytes(32))
+        look.readings.append(readings)
+        look.flags.append(_flags(text))
+    if len(_WORD_VALUES) > WORD_CACHE:
+        _WORD_VALUES.clear()
+    look.kept, look.sizes, look.keys = text_dedup.band_keys([readings[0] for readings in look.readings], settings)
+    return [look]
+
+
+def _source_bytes(data_cfg: DataConfig, paths: dict[str, Path]) -> int:
+    """The bytes of the files a text or JSONL source reads (0 for the shipped corpus)."""
+    root = paths.get("root")
+    if data_cfg.source == "pydoc_topics" or root is None or not root.exists():
+        return 0
+    suffix = ".txt" if data_cfg.source == "text" else ".jsonl"
+    if root.is_file():
+        return root.stat().st_size
+    return sum(p.stat().st_size for p in root.rglob("*") if p.suffix.lower() == suffix and p.is_file())
 
 
 WORD_CACHE = 1 << 20  # distinct words whose values are remembered (then forgotten, all at once): memoizing only
@@ -347,7 +406,9 @@ def raw_files_check(data_cfg: DataConfig, paths: dict[str, Path], folder: Path) 
     if not info.get("raw_files"):
         return None
     recorded = {entry["path"]: entry["sha256"] for entry in info["raw_files"]}
-    listing = load_text_source(data_cfg, paths)
+    listing, documents = stream_text_source(data_cfg, paths)
+    for _ in documents:  # read through, one document at a time: the files' hashes are what is compared
+        pass
     now = {entry["path"]: entry["sha256"] for entry in listing.files}
     found = RawFiles(len(now))
     for path in sorted(set(recorded) | set(now)):
@@ -511,15 +572,15 @@ def _decontaminate(data_cfg: DataConfig, found: _Documents, scratch: Path) -> te
     return report
 
 
-def _flags(doc: TextDocument) -> list[TextFinding]:
-    """A secret by its shape, or e-mail addresses, in the document: reported, not removed."""
+def _flags(text: str) -> list[tuple[str, str]]:
+    """(kind, detail) of a secret by its shape and of e-mail addresses in the text: reported, not removed."""
     flags = []
-    kind = find_secret(doc.text)
+    kind = find_secret(text)
     if kind is not None:
-        flags.append(TextFinding("secret", doc.doc_id, f"holds {kind}", quarantines=False))
-    emails = EMAIL.findall(doc.text)
+        flags.append(("secret", f"holds {kind}"))
+    emails = EMAIL.findall(text) if "@" in text else []
     if emails:
-        flags.append(TextFinding("email", doc.doc_id, f"{len(emails)} e-mail address(es)", quarantines=False))
+        flags.append(("email", f"{len(emails)} e-mail address(es)"))
     return flags
 
 

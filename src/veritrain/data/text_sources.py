@@ -36,6 +36,7 @@ TEXT_NORMALIZATION = {"decode": "utf-8 strict", "bom": "removed", "newlines": "C
 SPLIT_NAMES = ("train", "val", "test")
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")  # a blank line (spaces or tabs allowed on it)
 READ_CHUNK = 1 << 20  # bytes read at a time when a JSONL line is skipped
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -282,6 +283,11 @@ def _jsonl_document(listing: TextListing, raw: bytes, where: str, file: str, num
     text = value[fields.text]
     if not isinstance(text, str):
         finding("bad_text", f"{fields.text!r} is a {type(text).__name__}, not a string")
+        return None
+    surrogate = LONE_SURROGATE.search(text)
+    if surrogate:  # a JSON escape such as "\ud800" decodes to a character UTF-8 cannot hold
+        finding("bad_text", f"{fields.text!r} holds a lone surrogate U+{ord(surrogate[0]):04X} at character {surrogate.start()}, "
+                            "which UTF-8 cannot encode")
         return None
     text, nul = normalize_text(text)
     if nul:

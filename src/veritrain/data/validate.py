@@ -11,18 +11,15 @@ Runs in worker processes; this module must stay importable without torch.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import io
-import itertools
 import json
 import os
 import warnings
 from array import array
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
@@ -30,6 +27,7 @@ import numpy as np
 
 from veritrain.core.hashing import open_cache_db, rows_where_in
 from veritrain.data import dedup
+from veritrain.data.parallel import in_parallel
 
 FINDING_SEVERITY = {
     # kind → what happens to the sample (the names are part of the public contract)
@@ -217,44 +215,12 @@ def _check_batch(items: list[tuple[int, str, Header]], params: CheckParams) -> l
     return [(k, check_file(path, header, params, keep_array=False)) for k, path, header in items]
 
 
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-IN_FLIGHT_PER_WORKER = 4  # batches handed to each worker process ahead of the one being read back
-
-
 def _in_parallel(func: Callable[..., Iterable[Any]], items: Iterable[Any], workers: int, *args: Any, total: Optional[int] = None) -> Iterable[Any]:
-    """Run `func(batch, *args)` over batches of `items` (a list, or an iterable of `total` items), results in order;
-    serial for small inputs (process start-up costs ~0.3 s). Batches are made as the workers take them, at most
-    IN_FLIGHT_PER_WORKER a worker ahead, so memory holds those, never every item."""
+    """parallel.in_parallel with batches sized by the item count (16-256): serial for small inputs (process start-up
+    costs ~0.3 s)."""
     count = len(items) if total is None else total  # type: ignore[arg-type]
     size = max(16, min(256, count // (max(workers, 1) * 4)))
-    iterator = iter(items)
-    batches = iter(lambda: list(itertools.islice(iterator, size)), [])
-    if workers <= 1 or count < 200:
-        for batch in batches:
-            yield from func(batch, *args)
-        return
-    # spawn: a clean interpreter, safe even when the parent has torch and its thread pools loaded.
-    # One BLAS thread per worker: the workers already use every core, and oversubscribed BLAS
-    # threads (numpy's matmul in the perceptual hash) made 2 workers slower than 1.
-    saved = {k: os.environ.get(k) for k in _THREAD_VARIABLES}
-    os.environ.update({k: "1" for k in _THREAD_VARIABLES})
-    try:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-            pending: collections.deque[Any] = collections.deque()
-            for batch in batches:
-                pending.append(pool.submit(func, batch, *args))
-                if len(pending) >= workers * IN_FLIGHT_PER_WORKER:
-                    yield from pending.popleft().result()
-            while pending:
-                yield from pending.popleft().result()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    return in_parallel(func, items, workers if count >= 200 else 1, *args, size=size)
 
 
 class CheckCache:
