@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import os
 import re
 import sys
 import tempfile
@@ -843,7 +844,7 @@ class ContaminationIndex:
         self.train_documents = 0
         self._edge_at = array("q")  # where each train document's edge record starts in the edge file
         self._train_words = array("q")  # words() of each train document's first reading
-        self._edges = open(folder / "edges.bin", "wb")
+        self._edges = open(folder / "edges.bin", "w+b")
         self._edge_bytes = 0
 
     def add_train(self, index: int, readings: list[np.ndarray]) -> None:
@@ -867,21 +868,25 @@ class ContaminationIndex:
         """The windows over the boundaries of the train documents read one after another in `order` (train indices),
         for every train document a window touches; a block of documents at a time, each block read with the last
         max(n, bag) documents before it, so a window over a block's start is found too."""
-        self._edges.flush()
-        edges = np.memmap(self.folder / "edges.bin", dtype="<u8", mode="r") if self._edge_bytes else np.zeros(0, dtype="<u8")
-        starts = np.frombuffer(self._edge_at, dtype=np.int64) // 8 if len(self._edge_at) else np.zeros(0, dtype=np.int64)
+        self._edges.flush()  # records are read with pread: pages of a map would stay in this process's resident set
         ordered = np.asarray(order, dtype=np.int64)
         if len(ordered):  # documents without a word are no part of a stream: a window spans at most `context` others
             ordered = ordered[np.frombuffer(self._train_words, dtype=np.int64)[ordered] > 0]
         context = max(self.ngram_words, self.bag_width)
         for block_start in range(0, len(ordered), STREAM_BLOCK):
             block = ordered[max(0, block_start - context) : block_start + STREAM_BLOCK]
-            records = [_edge_record(edges, int(starts[i])) for i in block]
-            keys, owners = _crossing_keys([(values, at, length) for values, at, length in records],
-                                          range(len(block)), self.ngram_words)
+            records = [self._edge_record(int(i)) for i in block]
+            keys, owners = _crossing_keys(records, range(len(block)), self.ngram_words)
             if len(keys):
                 self._put("train", keys, block[owners], None)
-        del edges
+
+    def _edge_record(self, index: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(the kept word values, their positions, the word count) of train document `index`."""
+        start = self._edge_at[index]
+        end = self._edge_at[index + 1] if index + 1 < len(self._edge_at) else self._edge_bytes
+        record = np.frombuffer(os.pread(self._edges.fileno(), end - start, start), dtype="<u8")
+        kept = int(record[1])
+        return record[2 : 2 + kept].astype(np.uint64), record[2 + kept : 2 + 2 * kept].astype(np.int64), int(record[0])
 
     def add_eval(self, index: int, values: np.ndarray) -> None:
         """Eval document `index` (0, 1, 2, ... in turn) by the values of its words()."""
@@ -956,11 +961,6 @@ class ContaminationIndex:
 
 
 STREAM_BLOCK = 1 << 11  # train documents whose boundary windows are made at once
-
-
-def _edge_record(edges: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray, int]:
-    length, kept = int(edges[start]), int(edges[start + 1])
-    return (np.asarray(edges[start + 2 : start + 2 + kept]), np.asarray(edges[start + 2 + kept : start + 2 + 2 * kept]).astype(np.int64), length)
 
 
 def _partition_matches(train: np.ndarray, evals: np.ndarray, bag_extra: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
