@@ -22,6 +22,10 @@ document and the next as val and test), `tokenizer.write_tokens` of every docume
 Before each it resets the high-water mark (/proc/self/clear_refs) and prints the stage's peak above the resident
 memory at its start, and what stayed resident after it. `--quick`: 1, 2 and 4 MB.
 
+Since the gate streams (its documents in scratch files, their keys in partition files, 2 workers from 8 MB on):
+95 / 95 / 111 / 120 MiB at 5 / 10 / 20 / 40 MB, 0.69 MiB per MB, the gate at 2.7-4.1 MB/s (benchmarks/README.md;
+benchmarks/text_gigabyte.py for 100 MB and 1 GB). What follows was measured before, when the gate held the corpus.
+
 Measured on the 2-core reference machine (default sizes; the times with other processes on the cores):
 
     corpus MB  documents  peak RSS MiB  growth MiB/MB  gate s  gate MB/s  process s  quarantined  tokens MiB  token stage MiB
