@@ -131,7 +131,7 @@ COMPARISON_SIDE = 32  # px: images larger than this are area-resized to 32×32 g
 SPECTRUM_SIDE = 8  # the lowest 8×8 spatial frequencies of the Fourier magnitude make the translation-tolerant feature
 SHIFT_RADIUS = 1  # px: pixel comparisons try every offset within ±1 px in each direction
 CONFIRM_CHUNK = 1024  # candidate pairs compared at once (bounds memory: 2 × 1024 × 32 × 32 × 8 bytes = 16 MiB)
-HASH_BLOCK_CELLS = 1 << 22  # hash pairs XORed at once: 4 Mi pairs, 32 MiB of uint64 (bounds memory)
+HASH_BLOCK_CELLS = 1 << 20  # hash pairs XORed at once: 1 Mi pairs, 8 MiB of uint64 (with its temporaries about 40 MiB)
 LONG_RUN = 2048  # hashes sharing a band's value beyond which their pairs are made a block of rows at a time
 KNN_WORKING_MEMORY = 32  # MiB scikit-learn may use for each chunk of neighbour distances (its default is 1 GiB)
 EXACT_NEIGHBOURS_UP_TO = 50_000  # pictures up to which each one's nearest spectra are found by brute force (beyond: hashed_neighbours)
@@ -185,18 +185,20 @@ def candidate_pairs(phashes: np.ndarray, pictures: Images, max_hash_distance: in
     n = len(phashes)
     if n < 2:
         return np.zeros((0, 2), dtype=np.int64)
-    found = [hash_pairs(np.asarray(phashes, dtype=np.uint64), max_hash_distance)]
+    found = [hash_pair_codes(np.asarray(phashes, dtype=np.uint64), max_hash_distance)]
     k = min(neighbours + 1, n)
     if n <= EXACT_NEIGHBOURS_UP_TO:
         spectra = _spectra(pictures)
         with config_context(working_memory=KNN_WORKING_MEMORY):
             nearest = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(spectra).kneighbors(spectra, return_distance=False)
-        found.append(np.stack([np.repeat(np.arange(n), k), nearest.ravel()], axis=1))
+        near = np.stack([np.repeat(np.arange(n), k), nearest.ravel()], axis=1)
     else:
-        found.append(_hashed_neighbours(_rounded_spectra(pictures), neighbours))
-    keys = np.concatenate([np.minimum(f[:, 0], f[:, 1]).astype(np.int64) * n + np.maximum(f[:, 0], f[:, 1]) for f in found])
+        near = _hashed_neighbours(_rounded_spectra(pictures), neighbours)
+    found.append(np.minimum(near[:, 0], near[:, 1]).astype(np.int64) * n + np.maximum(near[:, 0], near[:, 1]))
+    del near
+    keys = np.concatenate(found)  # one int64 a pair: sorting it takes a fraction of sorting rows of two
     del found
-    keys = np.unique(keys[keys // n != keys % n])  # one int64 a pair: sorting it takes a fraction of sorting rows of two
+    keys = np.unique(keys[keys // n != keys % n])
     return np.stack([keys // n, keys % n], axis=1)
 
 
@@ -298,15 +300,22 @@ def _merge_nearest(best_j: np.ndarray, best_d: np.ndarray, rows: np.ndarray, fou
 
 
 def hash_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
-    """Every pair (i < j) of 64-bit hashes within `max_distance` differing bits, exactly, as an int64 array P×2 sorted
-    by i then j. Two hashes that differ in at most d bits agree exactly on at least one of d + 1 disjoint bands of
+    """`hash_pair_codes` as pairs: an int64 array P×2 sorted by i then j."""
+    codes = hash_pair_codes(hashes, max_distance)
+    n = len(hashes)
+    return np.stack([codes // n, codes % n], axis=1) if len(codes) else np.zeros((0, 2), dtype=np.int64)
+
+
+def hash_pair_codes(hashes: np.ndarray, max_distance: int) -> np.ndarray:
+    """Every pair (i < j) of 64-bit hashes within `max_distance` differing bits, exactly, each as the int64 code
+    i · n + j, sorted (so by i, then j). Two hashes that differ in at most d bits agree exactly on at least one of d + 1 disjoint bands of
     their bits (pigeonhole), so each band's hashes are sorted by the band's value and only those sharing it are
     compared: about n²/2^b pairs a band for bands of b bits (13 for d = 4), where XORing every pair took 0.2 s for
     10,000 hashes and 5 s for 40,000 (and a day for a million). A pair is kept at the first band it agrees on."""
     hashes = np.asarray(hashes, dtype=np.uint64)
     n = len(hashes)
     if n < 2:
-        return np.zeros((0, 2), dtype=np.int64)
+        return np.zeros(0, dtype=np.int64)
     bands = min(max_distance + 1, HASH_BITS)
     widths = [HASH_BITS // bands + (1 if b < HASH_BITS % bands else 0) for b in range(bands)]
     shifts = np.cumsum([0] + widths[:-1])
@@ -320,9 +329,9 @@ def hash_pairs(hashes: np.ndarray, max_distance: int) -> np.ndarray:
             for earlier in range(band):  # agreeing on an earlier band: found there already
                 mask = np.uint64(((1 << widths[earlier]) - 1) << int(shifts[earlier]))
                 keep &= (x & mask) != 0
-            found.append(np.stack([np.minimum(a, b)[keep], np.maximum(a, b)[keep]], axis=1))
-    pairs = np.concatenate(found).astype(np.int64) if found else np.zeros((0, 2), dtype=np.int64)
-    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
+            a, b = a[keep].astype(np.int64), b[keep].astype(np.int64)
+            found.append(np.minimum(a, b) * n + np.maximum(a, b))  # one int64 a pair: half of two columns
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
 
 
 def _pairs_within_runs(order: np.ndarray, sorted_keys: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:

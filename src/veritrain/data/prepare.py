@@ -27,6 +27,7 @@ import numpy as np
 from veritrain.core import locks
 from veritrain.core.errors import RunFailed
 from veritrain.core.hashing import DATA_HASH_ALGORITHM, sha256_json
+from veritrain.core.memory import give_back
 from veritrain.core.source_registry import TEXT_SOURCES
 from veritrain.core.version import __version__
 from veritrain.data import identity, text_prepare
@@ -293,6 +294,7 @@ def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, i
 
     if isinstance(source, FileListing):
         target, headers = validate_files(data_cfg, table, cache_dir, workers, timings)
+        give_back()
     else:
         target, headers = array_target(data_cfg, source, table, cache_dir, timings)
     origin = source.origin
@@ -302,6 +304,7 @@ def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, i
     table.keep_usable = data_cfg.on_bad_file == "warn"
     check_labels(table, classes)
     units, near_pairs = duplicates_and_units(data_cfg, table, classes)
+    give_back()  # the near-duplicate search's temporaries, so the stages after it do not stack on them
     apply_policy(data_cfg, table)
     earlier = mark_former_splits(former_dir, table, units) if former_dir is not None else None
     assigned = assign_splits(data_cfg, table, units, classes)
@@ -311,6 +314,7 @@ def _gate(data_cfg: DataConfig, paths: dict[str, Path], workspace_state: Path, i
     timings["validate_split"] = time.perf_counter() - t
     t = time.perf_counter()
     label_method = label_issues_and_outliers(data_cfg, table, assigned, classes)
+    give_back()
     timings["label_issues"] = time.perf_counter() - t
     leakage_pairs = count_leakage_pairs(table, assigned, near_pairs)
     if leakage_pairs:  # cannot happen by construction; refuse rather than train on a leaking split
