@@ -289,3 +289,26 @@ def test_exact_duplicate_groups():
     assert exact_duplicate_groups(["a", "b", "a", "c", "b", "a"]) == [[0, 2, 5], [1, 4]]
     assert exact_duplicate_groups(["a", "b"]) == []
     assert exact_duplicate_groups([]) == []
+
+
+def test_candidates_come_in_disjoint_blocks_that_near_duplicates_compares_as_they_come(mnist, monkeypatch):
+    """near_duplicates never holds every candidate pair (their number grows faster than the pictures'): the blocks
+    of candidate_blocks are disjoint, together they are candidate_pairs, whatever the block size, and the pairs,
+    differences and candidate count near_duplicates gives do not depend on it."""
+    from veritrain.data import dedup
+
+    images, _ = mnist
+    originals = list(images[:1500])
+    copies = [brighter(originals[k * 31], 2) for k in range(30)]
+    phashes, pictures = features(originals + copies)
+    n = len(phashes)
+    expected = candidate_pairs(phashes, pictures, 6)
+    reference = near_duplicates(phashes, pictures, max_hash_distance=6, max_difference=0.1)
+    monkeypatch.setattr(dedup, "HASH_BLOCK_CELLS", 64)
+    blocks = list(dedup.candidate_blocks(phashes, pictures, 6))
+    codes = np.concatenate(blocks)
+    assert len(blocks) > 10 and len(np.unique(codes)) == len(codes) == len(expected)
+    assert np.array_equal(np.sort(codes), expected[:, 0] * n + expected[:, 1])
+    small = near_duplicates(phashes, pictures, max_hash_distance=6, max_difference=0.1)
+    assert np.array_equal(small.pairs, reference.pairs) and np.array_equal(small.differences, reference.differences)
+    assert small.candidates == reference.candidates == len(expected) and len(small.pairs) >= 30

@@ -179,13 +179,24 @@ def candidate_pairs(phashes: np.ndarray, pictures: Images, max_hash_distance: in
     NearestNeighbors), which finds shifted copies whose perceptual hash moves 14–22 bits on 28×28 digits.
     Candidates are only proposals: `near_duplicates` keeps a pair only when its pixels prove it.
     """
+    n = len(phashes)
+    found = list(candidate_blocks(phashes, pictures, max_hash_distance, neighbours))
+    codes = np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+    return np.stack([codes // n, codes % n], axis=1)
+
+
+def candidate_blocks(phashes: np.ndarray, pictures: Images, max_hash_distance: int, neighbours: int = 5) -> Iterator[np.ndarray]:
+    """The pairs of `candidate_pairs` as int64 codes i · n + j, a block at a time, no pair in two blocks: the hash
+    pairs as `hash_code_blocks` finds them, then the spectrum neighbours that are not hash pairs. So a caller can
+    compare each block as it comes, never holding every candidate (their number grows faster than the pictures')."""
     from sklearn import config_context
     from sklearn.neighbors import NearestNeighbors
 
     n = len(phashes)
     if n < 2:
-        return np.zeros((0, 2), dtype=np.int64)
-    found = [hash_pair_codes(np.asarray(phashes, dtype=np.uint64), max_hash_distance)]
+        return
+    hashes = np.asarray(phashes, dtype=np.uint64)
+    yield from hash_code_blocks(hashes, max_hash_distance)
     k = min(neighbours + 1, n)
     if n <= EXACT_NEIGHBOURS_UP_TO:
         spectra = _spectra(pictures)
@@ -194,12 +205,12 @@ def candidate_pairs(phashes: np.ndarray, pictures: Images, max_hash_distance: in
         near = np.stack([np.repeat(np.arange(n), k), nearest.ravel()], axis=1)
     else:
         near = _hashed_neighbours(_rounded_spectra(pictures), neighbours)
-    found.append(np.minimum(near[:, 0], near[:, 1]).astype(np.int64) * n + np.maximum(near[:, 0], near[:, 1]))
+    first, second = np.minimum(near[:, 0], near[:, 1]).astype(np.int64), np.maximum(near[:, 0], near[:, 1]).astype(np.int64)
     del near
-    keys = np.concatenate(found)  # one int64 a pair: sorting it takes a fraction of sorting rows of two
-    del found
-    keys = np.unique(keys[keys // n != keys % n])
-    return np.stack([keys // n, keys % n], axis=1)
+    fresh = (first != second) & (_popcount(hashes[first] ^ hashes[second]) > max_hash_distance)  # hash pairs came first
+    codes = np.unique(first[fresh] * n + second[fresh])
+    if len(codes):
+        yield codes
 
 
 def _rounded_spectra(pictures: Images) -> Images:
@@ -312,14 +323,20 @@ def hash_pair_codes(hashes: np.ndarray, max_distance: int) -> np.ndarray:
     their bits (pigeonhole), so each band's hashes are sorted by the band's value and only those sharing it are
     compared: about n²/2^b pairs a band for bands of b bits (13 for d = 4), where XORing every pair took 0.2 s for
     10,000 hashes and 5 s for 40,000 (and a day for a million). A pair is kept at the first band it agrees on."""
+    found = list(hash_code_blocks(hashes, max_distance))
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+
+
+def hash_code_blocks(hashes: np.ndarray, max_distance: int) -> Iterator[np.ndarray]:
+    """The codes of `hash_pair_codes`, a block at a time as they are found (about HASH_BLOCK_CELLS pairs compared a
+    block), unsorted; no pair in two blocks."""
     hashes = np.asarray(hashes, dtype=np.uint64)
     n = len(hashes)
     if n < 2:
-        return np.zeros(0, dtype=np.int64)
+        return
     bands = min(max_distance + 1, HASH_BITS)
     widths = [HASH_BITS // bands + (1 if b < HASH_BITS % bands else 0) for b in range(bands)]
     shifts = np.cumsum([0] + widths[:-1])
-    found = []
     for band, (shift, width) in enumerate(zip(shifts.tolist(), widths)):
         keys = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
         order = np.argsort(keys, kind="stable")
@@ -330,8 +347,8 @@ def hash_pair_codes(hashes: np.ndarray, max_distance: int) -> np.ndarray:
                 mask = np.uint64(((1 << widths[earlier]) - 1) << int(shifts[earlier]))
                 keep &= (x & mask) != 0
             a, b = a[keep].astype(np.int64), b[keep].astype(np.int64)
-            found.append(np.minimum(a, b) * n + np.maximum(a, b))  # one int64 a pair: half of two columns
-    return np.sort(np.concatenate(found)) if found else np.zeros(0, dtype=np.int64)
+            if len(a):
+                yield np.minimum(a, b) * n + np.maximum(a, b)  # one int64 a pair: half of two columns
 
 
 def _pairs_within_runs(order: np.ndarray, sorted_keys: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -412,16 +429,19 @@ def near_duplicates(phashes: np.ndarray, pictures: Images, max_hash_distance: in
     from scipy.sparse.csgraph import connected_components
 
     n = len(phashes)
-    candidates = candidate_pairs(phashes, pictures, max_hash_distance)
-    kept, values = [], []
-    for start in range(0, len(candidates), CONFIRM_CHUNK):
-        chunk = candidates[start : start + CONFIRM_CHUNK]
-        found = difference(pictures[chunk[:, 0]], pictures[chunk[:, 1]])
-        close = found <= max_difference
-        kept.append(chunk[close])
-        values.append(found[close])
-    pairs = np.concatenate(kept) if kept else np.zeros((0, 2), dtype=np.int64)
-    differences = np.concatenate(values) if values else np.zeros(0)
+    kept, values, candidates = [], [], 0
+    for codes in candidate_blocks(phashes, pictures, max_hash_distance):  # compared as they come: never all held
+        candidates += len(codes)
+        for start in range(0, len(codes), CONFIRM_CHUNK):
+            chunk = codes[start : start + CONFIRM_CHUNK]
+            found = difference(pictures[chunk // n], pictures[chunk % n])
+            close = found <= max_difference
+            kept.append(chunk[close])
+            values.append(found[close])
+    confirmed = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+    order = np.argsort(confirmed)
+    pairs = np.stack([confirmed[order] // n, confirmed[order] % n], axis=1) if len(confirmed) else np.zeros((0, 2), dtype=np.int64)
+    differences = np.concatenate(values)[order] if values else np.zeros(0)
     components: list[list[int]] = []
     if len(pairs):
         graph = coo_matrix((np.ones(len(pairs)), (pairs[:, 0], pairs[:, 1])), shape=(n, n))
@@ -430,7 +450,7 @@ def near_duplicates(phashes: np.ndarray, pictures: Images, max_hash_distance: in
         for item in np.unique(pairs):
             members.setdefault(int(label_of[item]), []).append(int(item))
         components = sorted(members.values())
-    return NearDuplicates(pairs, differences, components, len(candidates))
+    return NearDuplicates(pairs, differences, components, candidates)
 
 
 def exact_duplicate_groups(content_hashes: Sequence[str]) -> list[list[int]]:
