@@ -148,3 +148,23 @@ def test_the_gate_reads_the_source_once_and_leaves_no_scratch_file(tmp_path, mon
     assert reads == [1] and sum(data.counts.values()) == 30
     assert {q["sample_id"]: q["kind"] for q in data.report()["quarantined"]} == {"docs.jsonl:31": "bad_text"}
     assert not list((tmp_path / ".veritrain" / "tmp").iterdir())
+
+
+def test_workers_give_the_version_one_process_gives(tmp_path, monkeypatch):
+    """The first look at each document runs in worker processes for a large source: results come back in order,
+    so the version (every id, split, finding and token) is the one a single process makes."""
+    from veritrain.data import text_prepare
+
+    rows = [{"id": f"d{k}", "text": words(300 + k, 60)} for k in range(40)]
+    rows += [{"id": "copy", "text": rows[3]["text"]}, {"id": "mail", "text": words(9, 30) + " write to a.b@example.org"}]
+    write_jsonl(tmp_path / "docs.jsonl", rows)
+    source = ["data.source=jsonl", f"data.root={tmp_path / 'docs.jsonl'}"]
+    alone = prepared(tmp_path / "one", *source)
+    monkeypatch.setattr(text_prepare, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(text_prepare, "LOOK_BATCH", 7)
+    asked = []
+    original = text_prepare.in_parallel
+    monkeypatch.setattr(text_prepare, "in_parallel", lambda func, items, workers, *args, **kw: (asked.append(workers), original(func, items, workers, *args, **kw))[1])
+    together = prepared(tmp_path / "two", *source, "data.workers=2")
+    assert asked == [2] and together.version == alone.version
+    assert together.info["findings_by_kind"] == alone.info["findings_by_kind"] == {"email": 1, "exact_duplicate": 1}
